@@ -1,0 +1,1 @@
+"""Command groups of the `lstar` CLI; each module exposes `register(app)`."""

@@ -1,0 +1,71 @@
+"""Build tiny but real causal-LM checkpoints (safetensors + config + a real tokenizer)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+ARCHITECTURES = ("llama", "gpt_neox")
+
+
+def copy_tokenizer(tokenizer_dir: str | Path, out_dir: str | Path) -> None:
+    """Copy the tokenizer files of `tokenizer_dir` into a checkpoint folder."""
+    tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        src = tokenizer_dir / name
+        if src.exists():
+            shutil.copyfile(src, out_dir / name)
+
+
+def tiny_config(arch: str, vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4,
+                max_positions: int = 256, tie_embeddings: bool = False):
+    """A transformers config for a tiny model of architecture `arch` ('llama' or 'gpt_neox')."""
+    from transformers import GPTNeoXConfig, LlamaConfig
+
+    if arch == "llama":
+        return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                           num_hidden_layers=layers, num_attention_heads=heads,
+                           num_key_value_heads=max(1, heads // 2),
+                           max_position_embeddings=max_positions,
+                           tie_word_embeddings=tie_embeddings)
+    if arch == "gpt_neox":
+        return GPTNeoXConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             max_position_embeddings=max_positions, rotary_pct=0.5,
+                             tie_word_embeddings=tie_embeddings)
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {ARCHITECTURES}")
+
+
+def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, *, arch: str = "llama",
+                     seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4,
+                     max_positions: int = 256, tie_embeddings: bool = False,
+                     lm_head_bias: bool = False, init_std: float = 0.2) -> Path:
+    """Save a randomly initialised tiny causal LM with the tokenizer of `tokenizer_dir`.
+
+    The vocabulary size is the tokenizer's, so any real tokenizer from shared/ can drive it.
+    `init_std` is larger than transformers' default so the random model's predictions are
+    not nearly uniform (uniform outputs would hide indexing bugs in tests).
+    `lm_head_bias=True` adds a bias to the output layer (as some families have), saved in
+    the state dict; it is loaded back only by code that handles it explicitly.
+    """
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    out_dir = Path(out_dir)
+    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    config = tiny_config(arch, vocab_size, hidden=hidden, layers=layers, heads=heads,
+                         max_positions=max_positions, tie_embeddings=tie_embeddings)
+    config.initializer_range = init_std
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.eval()
+    head = model.get_output_embeddings()
+    if lm_head_bias:
+        head.bias = torch.nn.Parameter(torch.randn(vocab_size) * init_std)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    copy_tokenizer(tokenizer_dir, out_dir)
+    return out_dir

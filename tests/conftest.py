@@ -1,0 +1,34 @@
+"""Shared fixtures: the ../shared data folder, and a hardened environment for transformers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()
+
+# Must be set before transformers / huggingface_hub are imported anywhere in the session.
+os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The shared data folder (corpus, tokenizers, tasks) beside the checkout."""
+    if not (SHARED_DIR / "corpus" / "calib-v0" / "manifest.json").exists():
+        pytest.fail(f"shared data not found at {SHARED_DIR}: the tests need ../shared beside the checkout")
+    return SHARED_DIR
+
+
+@pytest.fixture(scope="session")
+def calib_v0(shared_dir: Path) -> Path:
+    """Path of the pinned calibration corpus calib-v0."""
+    return shared_dir / "corpus" / "calib-v0"
