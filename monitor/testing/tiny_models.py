@@ -56,7 +56,8 @@ def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, *, arch: st
 
     out_dir = Path(out_dir)
     tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    # 1 + the largest id: some vocabularies (o200k) have gaps, so the count is too small.
+    vocab_size = 1 + max(tok.get_vocab(with_added_tokens=True).values())
     config = tiny_config(arch, vocab_size, hidden=hidden, layers=layers, heads=heads,
                          max_positions=max_positions, tie_embeddings=tie_embeddings)
     config.initializer_range = init_std

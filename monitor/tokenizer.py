@@ -1,0 +1,180 @@
+"""Tokenizers: load a tokenizer folder, decide its prefix token, fingerprint it, encode a corpus.
+
+The fast `tokenizers.Tokenizer` is loaded straight from `tokenizer.json`; on the shared
+tokenizers it gives exactly the ids of `transformers.AutoTokenizer` (both match special-token
+strings that occur in raw text, even with `add_special_tokens=False`). The special tokens come
+from `tokenizer_config.json` and `special_tokens_map.json`, read as transformers 5 reads them.
+
+Prefix policy of scoring spec `lstar-score/1`: each document is scored after one prefix
+token, BOS if the tokenizer defines one, else EOS; with neither ("none") the first token of
+each document is not scored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from monitor.errors import TokenizerError
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+PREFIX_POLICIES = ("bos", "eos", "none")
+
+# transformers writes int(1e30) as model_max_length when a tokenizer has no limit.
+_UNBOUNDED_MAX_LENGTH = 10**12
+
+
+@dataclass
+class TokenizerHandle:
+    """A loaded tokenizer with the facts scoring needs about it."""
+
+    tokenizer: Tokenizer
+    source: str                  # the folder it was loaded from
+    vocab_size: int              # 1 + largest token id (ids may have gaps, e.g. o200k)
+    prefix_policy: str           # "bos" | "eos" | "none"
+    prefix_token_id: int | None
+    fingerprint: str             # sha256(canonical tokenizer.json + "\n" + policy + ":" + id)
+    model_max_length: int | None
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    def encode_documents(self, corpus: Any) -> list[list[int]]:
+        """Token ids of each document (a `Corpus`, or a sequence of texts), in order.
+
+        As the spec says: `add_special_tokens=False`, no truncation, no padding; special-token
+        strings that occur in the text are matched as the Hugging Face tokenizer does.
+        """
+        texts = [d.text for d in corpus.documents] if hasattr(corpus, "documents") else list(corpus)
+        return [enc.ids for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def as_row(self) -> dict[str, Any]:
+        """The row `Store.upsert_tokenizer` expects."""
+        return {"fingerprint": self.fingerprint, "source": self.source,
+                "vocab_size": self.vocab_size, "prefix_policy": self.prefix_policy,
+                "prefix_token_id": self.prefix_token_id}
+
+
+def canonical_tokenizer_json(data: Any) -> str:
+    """tokenizer.json content in canonical form (sorted keys, no whitespace, UTF-8 kept)."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def tokenizer_fingerprint(canonical_json: str, prefix_policy: str, prefix_token_id: int | None) -> str:
+    """sha256 of `canonical_json + "\\n" + policy + ":" + id` (id empty for policy "none")."""
+    suffix = f"\n{prefix_policy}:{'' if prefix_token_id is None else prefix_token_id}"
+    return hashlib.sha256((canonical_json + suffix).encode("utf-8")).hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path} is not valid JSON ({exc})",
+                             hint="restore the file from the tokenizer's source") from exc
+
+
+def _token_content(value: Any) -> str | None:
+    """A special token as written in the config: a string, or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def special_tokens(folder: Path) -> dict[str, Any]:
+    """The special tokens and settings of a tokenizer folder, merged as transformers 5 does.
+
+    `tokenizer_config.json` is read first; `special_tokens_map.json` overrides it, except
+    when the config carries `added_tokens_decoder` (then transformers ignores the map).
+    """
+    config_path, map_path = folder / CONFIG_FILE, folder / SPECIAL_TOKENS_FILE
+    config = _read_json(config_path) if config_path.is_file() else {}
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{config_path}: expected a JSON object")
+    merged = dict(config)
+    if map_path.is_file() and "added_tokens_decoder" not in config:
+        token_map = _read_json(map_path)
+        if not isinstance(token_map, dict):
+            raise TokenizerError(f"{map_path}: expected a JSON object")
+        merged.update(token_map)
+    return merged
+
+
+def _resolve_paths(path: str | Path) -> tuple[Path, Path]:
+    """(folder, tokenizer.json) for a folder or a tokenizer.json path."""
+    path = Path(path)
+    if path.is_dir():
+        folder, file = path, path / TOKENIZER_FILE
+    elif path.is_file():
+        folder, file = path.parent, path
+    else:
+        raise TokenizerError(f"tokenizer {path} does not exist",
+                             hint="pass a folder holding tokenizer.json (or the file itself)")
+    if not file.is_file():
+        raise TokenizerError(f"{file} is missing",
+                             hint="only fast tokenizers (tokenizer.json) are supported")
+    return folder, file
+
+
+def load_tokenizer(path: str | Path) -> TokenizerHandle:
+    """Load a tokenizer folder (or its tokenizer.json) and decide its prefix policy."""
+    folder, file = _resolve_paths(path)
+    try:
+        # One read feeds both the tokenizer and the fingerprint, so they describe the same bytes.
+        raw = file.read_text(encoding="utf-8")
+        data = json.loads(raw)
+        tokenizer = Tokenizer.from_str(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{file} is not valid JSON ({exc})") from exc
+    except Exception as exc:  # the Rust side raises a plain Exception
+        raise TokenizerError(f"{file} cannot be loaded by tokenizers: {str(exc).splitlines()[0]}",
+                             hint="it may need a newer tokenizers release") from exc
+    # The spec scores whole documents: no truncation or padding, whatever the file says.
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+
+    settings = special_tokens(folder)
+    bos, eos = _token_content(settings.get("bos_token")), _token_content(settings.get("eos_token"))
+    policy, token = ("bos", bos) if bos else ("eos", eos) if eos else ("none", None)
+    prefix_id = None
+    if token is not None:
+        prefix_id = tokenizer.token_to_id(token)
+        if prefix_id is None:
+            raise TokenizerError(f"{folder}: the {policy} token {token!r} is not in {file.name}",
+                                 hint="fix the special tokens in tokenizer_config.json")
+    max_length = settings.get("model_max_length")
+    if not isinstance(max_length, int) or isinstance(max_length, bool) \
+            or not 0 < max_length < _UNBOUNDED_MAX_LENGTH:
+        max_length = None
+    return TokenizerHandle(
+        tokenizer=tokenizer, source=str(folder.resolve()),
+        vocab_size=_id_space(data, tokenizer),
+        prefix_policy=policy, prefix_token_id=prefix_id,
+        fingerprint=tokenizer_fingerprint(canonical_tokenizer_json(data), policy, prefix_id),
+        model_max_length=max_length, bos_token=bos, eos_token=eos)
+
+
+def _id_space(data: Any, tokenizer: Tokenizer) -> int:
+    """1 + the largest token id, read from the JSON (much cheaper than `get_vocab()`)."""
+    vocab = data.get("model", {}).get("vocab") if isinstance(data, dict) else None
+    ids = [t["id"] for t in data.get("added_tokens") or [] if isinstance(t, dict) and "id" in t]
+    if isinstance(vocab, dict) and all(isinstance(i, int) for i in vocab.values()):
+        ids.append(max(vocab.values(), default=-1))
+    elif isinstance(vocab, list):                      # Unigram: ids are list positions
+        ids.append(len(vocab) - 1)
+    else:                                              # an unusual model: ask the library
+        ids.extend(tokenizer.get_vocab(with_added_tokens=True).values())
+    return max(ids, default=-1) + 1
+
+
+def ids_sha256(token_seqs: Sequence[Sequence[int]]) -> str:
+    """sha256 of the ids, one document per line, ids space-separated (as calib-v0-fingerprints.json)."""
+    text = "\n".join(" ".join(map(str, seq)) for seq in token_seqs)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
