@@ -15,8 +15,18 @@ import typer
 
 from monitor.errors import LstarError
 
+try:  # typer >= 0.20 vendors click; its exceptions are not click's
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _TyperClickException = None
+import click
+
+_CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (click.exceptions.ClickException, _TyperClickException) if cls is not None)
+
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
-COMMAND_MODULES = ("db",)
+COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "policy", "alerts", "silence",
+                   "curves", "eval", "run", "report", "demo")
 
 app = typer.Typer(
     name="lstar",
@@ -49,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `lstar` console script."""
     _harden_environment()
     try:
-        app(args=argv, standalone_mode=False)
+        # In non-standalone mode click returns the exit code of a `typer.Exit(code)`.
+        return int(app(args=argv, standalone_mode=False) or 0)
     except LstarError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
@@ -62,13 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            print(f"error: {exc.format_message()}", file=sys.stderr)
-            return exc.exit_code
-        raise
+    except _CLICK_ERRORS as exc:  # usage errors (bad flags) arrive here in non-standalone mode
+        print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        return int(exc.exit_code)
     return 0
 
 

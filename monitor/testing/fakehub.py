@@ -444,7 +444,10 @@ class FakeHub(HubState):
         needs_commit = {"sha", "siblings", "safetensors", "config", "usedStorage"}
         if commit is None and needs_commit.intersection(names):
             self._materialise(repo)
-            commit = repo.commits[repo.branches["main"]]
+            # A repo made only of other branches (e.g. step branches) has no main: use the
+            # first branch by name so listings stay answerable and deterministic.
+            branch = "main" if "main" in repo.branches else min(repo.branches)
+            commit = repo.commits[repo.branches[branch]]
         item: dict[str, Any] = {}
         for name in names:
             if name == "_id":

@@ -1,0 +1,53 @@
+"""`lstar checkpoints`: list discovered checkpoints and where they are in the pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.store import DEFAULT_DB_PATH, Store
+
+STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("checkpoints")
+    def checkpoints(
+        status: str = typer.Option(None, "--status", help=f"Only rows in this status ({', '.join(STATUSES)})."),
+        repo: str = typer.Option(None, "--repo", help="Only rows of this repo."),
+        limit: int = typer.Option(None, "--limit", min=1, help="At most this many rows."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """List checkpoint rows: repo, commit, refs, status and reason (opens the file read-only)."""
+        if status is not None and status not in STATUSES:
+            raise click.BadParameter(f"{status!r} is not one of {', '.join(STATUSES)}",
+                                     param_hint="--status")
+        rows = read_checkpoints(db_path, status=status, repo=repo, limit=limit)
+        if as_json:
+            print(json.dumps(rows, indent=2, default=str))
+            return
+        table = Table(title=f"{len(rows)} checkpoint(s)", title_justify="left")
+        for col in ("id", "repo", "sha", "refs", "status", "attempts", "reason"):
+            table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
+        for r in rows:
+            table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
+                          str(r["attempts"]), r["reason"] or "")
+        Console().print(table)
+
+
+def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
+                     limit: int | None) -> list[dict]:
+    """Rows from the daemon running on the database's folder (its API), else a read-only open."""
+    from monitor.daemon_api import api_get, live_daemon_url
+
+    url = live_daemon_url(Path(db_path).parent)
+    if url is not None:
+        return api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit})
+    with Store.open(db_path, read_only=True) as store:
+        return store.list_checkpoints(status=status, repo=repo, limit=limit)

@@ -1,0 +1,87 @@
+"""`lstar poll --once`: discover new checkpoints on the Hub and gate them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.errors import HubError
+from monitor.store import DEFAULT_DB_PATH, Store
+
+
+def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
+    """The watch rules of a policy file, or of a rule file (a YAML with only a `watch:` list)."""
+    if (policy is None) == (rule_file is None):
+        raise click.UsageError("give exactly one of --policy FILE or --rule-file FILE")
+    if policy is not None:
+        from monitor.policy import load_policy
+
+        return list(load_policy(policy, check_curves=False).watch)  # curves are not needed to poll
+    from monitor.hub import load_watch_rules
+
+    return load_watch_rules(rule_file)
+
+
+def _render(report: dict[str, Any], console: Console) -> None:
+    rules = Table(title="watch rules", title_justify="left")
+    for col in ("rule", "changed repos", "new rows", "requests", "watermark", "note"):
+        rules.add_column(col, justify="right" if col in ("changed repos", "new rows", "requests") else "left")
+    for r in report["rules"]:
+        rules.add_row(r["rule"], str(r["listed"]), str(r["new"]), str(r["requests"]),
+                      r["watermark"] or "—",
+                      r["error"] or ("scan_limit reached: older changes were not listed"
+                                     if r["truncated"] else ""))
+    console.print(rules)
+    if report["gate"]:
+        gate = Table(title="gate", title_justify="left")
+        for col in ("id", "repo", "sha", "status", "reason"):
+            gate.add_column(col)
+        for g in report["gate"]:
+            gate.add_row(str(g["id"]), g["repo"], g["sha"][:12], g["status"], g["reason"] or "")
+        console.print(gate)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("poll")
+    def poll(
+        once: bool = typer.Option(False, "--once", help="Poll every rule once, gate, and exit."),
+        policy: Path = typer.Option(None, "--policy", help="Policy file whose watch rules to poll."),
+        rule_file: Path = typer.Option(None, "--rule-file", help="YAML file with a top-level `watch:` list."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        endpoint: str = typer.Option(None, "--endpoint", help="Hub URL (default: HF_ENDPOINT or the Hub)."),
+        cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub cache (default: HF_HUB_CACHE)."),
+        gate: bool = typer.Option(True, "--gate/--no-gate", help="Gate what was discovered."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Discover new (repo, commit) pairs for each watch rule and run the safety gate.
+
+        Costs one listing request per rule when nothing changed. Exits 4 if the Hub failed
+        for any rule (the watermark of that rule is kept for the next poll).
+        """
+        if not once:
+            raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")
+        rules = load_rules(policy, rule_file)
+        from monitor.gate import gate_pending
+        from monitor.hub import HubClient, poll_once
+
+        with Store.open(db_path) as store:
+            client = HubClient(endpoint, store=store)
+            polled = poll_once(store, client, rules)
+            gated = gate_pending(store, client, rules, cache_dir=cache_dir) if gate else []
+            report = {"endpoint": client.endpoint, "rules": [p.as_dict() for p in polled],
+                      "gate": [g.as_dict() for g in gated]}
+        if as_json:
+            print(json.dumps(report, indent=2, default=str))
+        else:
+            _render(report, Console())
+        failed = [f"{r['rule']}: {r['error']}" for r in report["rules"] if r["error"]]
+        failed += [f"gate of {g['repo']}@{g['sha'][:12]}: {g['reason']}"
+                   for g in report["gate"] if g["status"] == "discovered"]
+        if failed:
+            raise HubError(f"the Hub failed during the poll ({'; '.join(failed)})")

@@ -1,0 +1,508 @@
+"""The gate before any weight byte, and the pinned, verified download.
+
+`gate_checkpoint` decides from the Hub's metadata alone (plus config.json, a small file,
+and the safetensors headers read by range requests) whether a (repo, commit) may be
+fetched: safetensors weights only, no remote code, budgets on parameters, bytes,
+vocabulary and context length, a tokenizer present, file names that stay inside the cache.
+Repos the Hub will not serve (gated, private, disabled, missing) are skipped with the Hub's
+reason.
+
+`fetch_pinned` downloads exactly the files the model needs at the commit sha, then checks
+every one itself (existence, announced size, LFS sha256 or git blob id, path inside the
+cache): `snapshot_download` can return a partial folder without raising, so its return
+value is never trusted. A mismatch raises `IntegrityError` and the bad file is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from monitor.errors import GateRefusedError, HubError, IntegrityError
+from monitor.hub import Budgets, HubClient, WatchRule, describe_error, refusal_reason
+from monitor.queue import failpoint
+from monitor.store import Store, utcnow
+
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+# Small files a transformers checkpoint may need besides weights, config and tokenizer.json.
+OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "added_tokens.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+CONFIG_MAX_BYTES = 1 << 20
+TOKENIZER_MAX_BYTES = 64 << 20
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
+                "max_sequence_length")
+# Bytes per element of the safetensors dtypes we accept.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
+               "BOOL": 1}
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+@cache
+def known_model_types() -> frozenset[str]:
+    """Model types transformers implements itself (their code never comes from a repo)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def unsafe_name_reason(name: str) -> str | None:
+    """Why a repo file name could escape the snapshot folder, or None if it is safe."""
+    if not name or "\x00" in name or any(ord(ch) < 32 for ch in name):
+        return "empty or control characters"
+    if "\\" in name:
+        return "backslash"
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "parent-directory component '..'"
+    if any(part in ("", ".") for part in parts):
+        return "empty or '.' path component"
+    return None
+
+
+@dataclass(frozen=True)
+class ExpectedFile:
+    """A file of the pinned snapshot and what the Hub announced about it."""
+
+    name: str
+    size: int
+    sha256: str | None = None   # LFS files
+    blob_id: str | None = None  # git blob sha1 (regular files)
+
+
+@dataclass
+class Verdict:
+    """The gate's decision for one (repo, commit)."""
+
+    status: str                 # gated | skipped
+    reason: str | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _siblings(info: Any) -> dict[str, Any]:
+    return {s.rfilename: s for s in (info.siblings or [])}
+
+
+def _announced(name: str, sibling: Any) -> ExpectedFile:
+    lfs = sibling.lfs
+    size = lfs.size if lfs is not None else sibling.size
+    if size is None:
+        raise GateRefusedError(f"the Hub announced no size for {name}; it cannot be verified")
+    return ExpectedFile(name, int(size), sha256=(lfs.sha256 if lfs is not None else None),
+                        blob_id=(None if lfs is not None else sibling.blob_id))
+
+
+def check_file_names(names: Sequence[str], cache_dir: Path) -> None:
+    """Refuse the repo if any file name could land outside the snapshot folder."""
+    root = cache_dir.resolve()
+    probe = root / "models--probe" / "snapshots" / ("0" * 40)
+    for name in names:
+        why = unsafe_name_reason(name)
+        if why is None and not Path(os.path.normpath(probe / name)).is_relative_to(probe):
+            why = "resolves outside the cache"
+        if why is not None:
+            raise GateRefusedError(f"unsafe file path {name!r} ({why})")
+
+
+def weight_files(info: Any) -> list[str]:
+    """Root-level safetensors weights the model loads from; refuses pickle-only repos."""
+    names = _siblings(info)
+    if WEIGHTS_FILE in names:
+        return [WEIGHTS_FILE]
+    if WEIGHTS_INDEX in names:
+        return [WEIGHTS_INDEX]  # shards are read from the index
+    pickles = sorted(n for n in names if n.lower().endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise GateRefusedError(f"pickle weights refused ({', '.join(pickles[:3])}); "
+                               "only safetensors are ever loaded")
+    raise GateRefusedError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX} in the repo")
+
+
+def _positive_int(config: dict[str, Any], key: str) -> int | None:
+    for scope in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
+        if key in scope:
+            value = scope[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise GateRefusedError(f"config.json: {key} = {value!r} is not a positive integer")
+            return value
+    return None
+
+
+def check_config(config: Any, budgets: Budgets) -> dict[str, Any]:
+    """Remote code, architecture and vocabulary/context budgets from config.json."""
+    if not isinstance(config, dict):
+        raise GateRefusedError("config.json is not a JSON object")
+    model_type = config.get("model_type")
+    known = known_model_types()
+    if config.get("auto_map") and model_type not in known:
+        raise GateRefusedError(f"remote code: config.json has auto_map for model_type {model_type!r}, "
+                               "which transformers does not implement (trust_remote_code is never set)")
+    if model_type not in known:
+        raise GateRefusedError(f"unknown model_type {model_type!r} in config.json")
+    vocab = _positive_int(config, "vocab_size")
+    if vocab is not None and vocab > budgets.max_vocab:
+        raise GateRefusedError(f"over budget: vocab_size {vocab:,} > max_vocab {budgets.max_vocab:,}")
+    context = None
+    for key in CONTEXT_KEYS:
+        context = _positive_int(config, key)
+        if context is not None:
+            if context > budgets.max_context:
+                raise GateRefusedError(f"over budget: {key} {context:,} > max_context "
+                                       f"{budgets.max_context:,}")
+            break
+    return {"model_type": model_type, "vocab_size": vocab, "max_positions": context,
+            "auto_map_ignored": bool(config.get("auto_map"))}
+
+
+def read_headers(client: HubClient, repo: str, sha: str, weights: list[str], siblings: dict[str, Any],
+                 cache_dir: Path) -> dict[str, Any]:
+    """{file: SafetensorsFileMetadata} for the model's weight files, headers only.
+
+    What `get_safetensors_metadata` does, but the sharded index goes into our cache and
+    no HEAD probes are spent on files model_info already listed.
+    """
+    from huggingface_hub.errors import SafetensorsParsingError
+
+    names = weights
+    try:
+        if weights == [WEIGHTS_INDEX]:
+            names = _index_shards(client, repo, sha, siblings, cache_dir)
+        return {name: client.safetensors_header(repo, name, sha) for name in names}
+    except (SafetensorsParsingError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise GateRefusedError(f"malformed safetensors header: {describe_error(exc)}") from exc
+
+
+def _index_shards(client: HubClient, repo: str, sha: str, siblings: dict[str, Any],
+                  cache_dir: Path) -> list[str]:
+    """The shard files the weight index names, each checked to be a safe repo file."""
+    index_path = client.download(repo, WEIGHTS_INDEX, sha, cache_dir=cache_dir)
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise GateRefusedError(f"{WEIGHTS_INDEX} is malformed: {exc}") from exc
+    if not shards or not all(isinstance(s, str) for s in shards):
+        raise GateRefusedError(f"{WEIGHTS_INDEX} names no shard files")
+    check_file_names(shards, cache_dir)
+    missing = [name for name in shards if name not in siblings]
+    if missing:
+        raise GateRefusedError(f"{WEIGHTS_INDEX} names shards not in the repo: {', '.join(missing)}")
+    return shards
+
+
+def check_safetensors(headers: dict[str, Any], announced: dict[str, ExpectedFile],
+                      budgets: Budgets) -> dict[str, Any]:
+    """Validate every tensor entry of the headers, count parameters, apply the budgets.
+
+    The parameter budget is checked before the file sizes, so a header declaring a huge
+    model is reported as over budget rather than as merely inconsistent.
+    """
+    n_params = 0
+    dtypes: dict[str, int] = {}
+    data_end: dict[str, int] = {}
+    for filename, fm in headers.items():
+        if filename not in announced:
+            raise GateRefusedError(f"malformed safetensors index: {filename} is not in the repo")
+        data_end[filename] = 0
+        spans: list[tuple[int, int]] = []
+        for tensor_name, t in fm.tensors.items():
+            where = f"malformed safetensors header in {filename}: tensor {tensor_name!r}"
+            if t.dtype not in DTYPE_BYTES:
+                raise GateRefusedError(f"{where} has unsupported dtype {t.dtype!r}")
+            if not isinstance(t.shape, list) or not all(type(d) is int and d >= 0 for d in t.shape):
+                raise GateRefusedError(f"{where} has shape {t.shape!r}")
+            numel = 1
+            for d in t.shape:
+                numel *= d
+            offsets = tuple(t.data_offsets)
+            if not (len(offsets) == 2 and all(type(o) is int for o in offsets)
+                    and 0 <= offsets[0] <= offsets[1]
+                    and offsets[1] - offsets[0] == numel * DTYPE_BYTES[t.dtype]):
+                raise GateRefusedError(f"{where} has data_offsets {list(offsets)} that do not "
+                                       f"match shape {t.shape} x {t.dtype}")
+            data_end[filename] = max(data_end[filename], offsets[1])
+            spans.append(offsets)
+            n_params += numel
+            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + numel
+        # The format requires the tensors to tile the data buffer: no overlaps, no holes.
+        position = 0
+        for begin, end in sorted(spans):
+            if begin != position:
+                raise GateRefusedError(f"malformed safetensors header in {filename}: tensor data "
+                                       f"{'overlaps' if begin < position else 'leaves a hole'} at "
+                                       f"byte {min(begin, position):,}")
+            position = end
+    if n_params > budgets.max_params:
+        raise GateRefusedError(f"over budget: {n_params:,} parameters > max_params "
+                               f"{budgets.max_params:,}")
+    # What loading would need: the larger of the declared tensor data and the files' sizes.
+    n_bytes = max(sum(data_end.values()), sum(announced[name].size for name in data_end))
+    if n_bytes > budgets.max_bytes:
+        raise GateRefusedError(f"over budget: {n_bytes:,} bytes of weights > max_bytes "
+                               f"{budgets.max_bytes:,}")
+    for filename, end in data_end.items():
+        if end + 8 > announced[filename].size:
+            raise GateRefusedError(f"malformed safetensors header in {filename}: its tensors need "
+                                   f"{end + 8:,} bytes but the file has {announced[filename].size:,}")
+    return {"n_params": n_params, "dtypes": dtypes, "n_bytes": n_bytes}
+
+
+def _read_config(client: HubClient, repo: str, sha: str, cache_dir: Path, size: int | None) -> Any:
+    if size is not None and size > CONFIG_MAX_BYTES:
+        raise GateRefusedError(f"config.json is {size:,} bytes (limit {CONFIG_MAX_BYTES:,})")
+    path = client.download(repo, CONFIG_FILE, sha, cache_dir=cache_dir)
+    if not path.resolve().is_relative_to(cache_dir.resolve()):
+        raise GateRefusedError("config.json resolved outside the cache")
+    try:
+        return json.loads(path.read_bytes()[:CONFIG_MAX_BYTES + 1])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GateRefusedError(f"config.json is not valid JSON: {exc}") from exc
+
+
+def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchRule | None,
+          cache_dir: Path) -> dict[str, Any]:
+    info = client.model_info(repo, sha, files_metadata=True)
+    if info.sha and info.sha != sha:
+        raise GateRefusedError(f"the Hub answered for commit {info.sha} instead of {sha}")
+    if getattr(info, "disabled", False):
+        raise GateRefusedError("the Hub reports the repo as disabled")
+    siblings = _siblings(info)
+    check_file_names(list(siblings), cache_dir)
+    weights = weight_files(info)
+    if TOKENIZER_FILE not in siblings:
+        raise GateRefusedError(f"no {TOKENIZER_FILE}: a tokenizer is required to score")
+    tokenizer_size = siblings[TOKENIZER_FILE].size
+    if tokenizer_size is not None and tokenizer_size > TOKENIZER_MAX_BYTES:
+        raise GateRefusedError(f"{TOKENIZER_FILE} is {tokenizer_size:,} bytes "
+                               f"(limit {TOKENIZER_MAX_BYTES:,})")
+    if CONFIG_FILE not in siblings:
+        raise GateRefusedError(f"no {CONFIG_FILE}")
+    config_facts = check_config(
+        _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size), budgets)
+    headers = read_headers(client, repo, sha, weights, siblings, cache_dir)
+    announced = {name: _announced(name, siblings[name]) for name in headers}
+    header_facts = check_safetensors(headers, announced, budgets)
+    if rule is not None and not rule.params_in_range(header_facts["n_params"]):
+        raise GateRefusedError(f"{header_facts['n_params']:,} parameters is outside rule "
+                               f"{rule.name!r}'s range [{rule.min_params}, {rule.max_params}]")
+    files = [_announced(n, s) for n, s in sorted(siblings.items())
+             if n in announced or n in (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_INDEX, *OPTIONAL_FILES)]
+    unverifiable = [f.name for f in files if f.name in announced and f.sha256 is None and f.blob_id is None]
+    if unverifiable:
+        raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
+    return {**config_facts, **header_facts, "files": [asdict(f) for f in files]}
+
+
+def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,
+                    budgets: Budgets | None = None, cache_dir: str | Path | None = None) -> Verdict:
+    """Decide whether (repo, sha) may be fetched, from metadata and config only.
+
+    Returns `gated` when every check passes, `skipped` with a readable reason when the
+    repo is refused or unavailable. Raises HubError when the Hub could not be asked (the
+    row stays `discovered` and the next poll tries again).
+    """
+    budgets = budgets or (rule.budgets if rule is not None else Budgets())
+    cache_dir = resolve_cache_dir(cache_dir)
+    try:
+        facts = _gate(client, repo, sha, budgets, rule, cache_dir)
+    except GateRefusedError as exc:
+        return Verdict("skipped", f"refused: {exc.message}", {"gate": {"verdict": "refused"}})
+    except HubError:
+        raise
+    except Exception as exc:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        reason = refusal_reason(exc)
+        if reason is None and isinstance(exc, HfHubHTTPError):  # any other "no" from the Hub
+            reason = f"refused by the Hub: {describe_error(exc)}"
+        if reason is None:
+            raise
+        return Verdict("skipped", reason, {"gate": {"verdict": "unavailable"}})
+    return Verdict("gated", None, {"gate": {"verdict": "passed", **facts}})
+
+
+@dataclass
+class GateOutcome:
+    """One row the gate looked at."""
+
+    id: int
+    repo: str
+    sha: str
+    status: str
+    reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
+                 cache_dir: str | Path | None = None,
+                 now_fn: Callable[[], datetime] = utcnow, limit: int | None = None) -> list[GateOutcome]:
+    """Gate every `discovered` Hub row; stop at the first Hub outage (rows stay discovered)."""
+    by_name = {rule.name: rule for rule in rules}
+    outcomes: list[GateOutcome] = []
+    for row in store.list_checkpoints(status="discovered", limit=limit):
+        if row["source"] != "hub":
+            continue
+        try:
+            verdict = gate_checkpoint(client, row["repo"], row["sha"], rule=by_name.get(row["rule"]),
+                                      cache_dir=cache_dir)
+        except HubError as exc:
+            outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], "discovered", exc.one_line()))
+            break
+        store.set_checkpoint_verdict(row["id"], expect_status="discovered", status=verdict.status,
+                                     reason=verdict.reason, meta=verdict.meta, now=now_fn())
+        outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], verdict.status, verdict.reason))
+    store.checkpoint()
+    return outcomes
+
+
+# -- pinned download ------------------------------------------------------------------------
+def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
+    """The Hub cache folder: the argument, else huggingface_hub's HF_HUB_CACHE."""
+    if cache_dir is None:
+        from huggingface_hub import constants
+
+        cache_dir = constants.HF_HUB_CACHE
+    return Path(cache_dir)
+
+
+def snapshot_dir(cache_dir: Path, repo: str, sha: str) -> Path:
+    """Where huggingface_hub keeps the files of `repo` at commit `sha`."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    return cache_dir / repo_folder_name(repo_id=repo, repo_type="model") / "snapshots" / sha
+
+
+def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Path) -> list[ExpectedFile]:
+    """The files to fetch at `sha` (weights, config, tokenizer), with what the Hub announced."""
+    siblings = _siblings(info)
+    check_file_names(list(siblings), cache_dir)
+    weights = weight_files(info)
+    if weights == [WEIGHTS_INDEX]:
+        weights = [WEIGHTS_INDEX, *_index_shards(client, repo, sha, siblings, cache_dir)]
+    wanted = [*weights, CONFIG_FILE, TOKENIZER_FILE, *OPTIONAL_FILES]
+    files = [_announced(n, siblings[n]) for n in dict.fromkeys(wanted) if n in siblings]
+    if not any(f.name == TOKENIZER_FILE for f in files) or not any(f.name == CONFIG_FILE for f in files):
+        raise GateRefusedError(f"{repo}@{sha} lacks {CONFIG_FILE} or {TOKENIZER_FILE}")
+    return files
+
+
+def _digest(path: Path, algorithm: str, prefix: bytes = b"") -> str:
+    h = hashlib.new(algorithm)
+    h.update(prefix)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _discard(link: Path) -> None:
+    """Remove a bad file (its snapshot link and the blob behind it) so nothing loads it."""
+    target = link.resolve()
+    for p in (link, target):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def verify_snapshot(cache_dir: Path, repo: str, sha: str, files: Sequence[ExpectedFile]) -> Path:
+    """Check each expected file: present, inside the cache, announced size and hash.
+
+    A missing file raises HubError (an interrupted download; retryable); a wrong size or
+    hash, or a path leaving the cache, raises IntegrityError and the bad file is removed.
+    """
+    root = cache_dir.resolve()
+    snap = snapshot_dir(cache_dir, repo, sha)
+    where = f"{repo}@{sha}"
+    if not snap.is_dir():
+        raise HubError(f"{where}: no snapshot folder after the download", hint="retried later")
+    for entry in snap.rglob("*"):
+        if not entry.resolve().is_relative_to(root):
+            raise IntegrityError(f"{where}: {entry.relative_to(snap)} resolves outside the cache")
+    for f in files:
+        path = snap / f.name
+        if not path.is_file():
+            # snapshot_download hands back a partial folder when the Hub fails mid-way: the
+            # Hub's fault, so retryable rather than an integrity failure.
+            raise HubError(f"{where}: {f.name} is missing after the download (incomplete snapshot)",
+                           hint="retried later")
+        size = path.stat().st_size
+        if size != f.size:
+            _discard(path)
+            raise IntegrityError(f"{where}: {f.name} is {size:,} bytes, the Hub announced {f.size:,}")
+        if f.sha256 is not None:
+            actual = _digest(path, "sha256")
+            expected = f.sha256.lower()
+        elif f.blob_id is not None:
+            actual = _digest(path, "sha1", b"blob %d\0" % size)
+            expected = f.blob_id.lower()
+        else:
+            continue
+        if actual != expected:
+            _discard(path)
+            kind = "sha256" if f.sha256 is not None else "git blob id"
+            raise IntegrityError(f"{where}: {f.name} {kind} is {actual}, the Hub announced {expected}")
+    return snap
+
+
+def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, info: Any = None,
+                 client: HubClient | None = None) -> Path:
+    """Download the model files of `repo` at commit `sha` into the cache and verify them.
+
+    `sha` may also be a branch or tag name; it is resolved to its commit first, and the
+    returned folder is always `snapshots/<commit sha>`. Raises GateRefusedError for a repo
+    that is not safe to fetch (or no longer available), IntegrityError when a file does not
+    match what the Hub announced, HubError when the Hub cannot be reached.
+    """
+    client = client or HubClient()
+    cache_dir = resolve_cache_dir(cache_dir)
+    try:
+        if info is None or not COMMIT_RE.fullmatch(sha):
+            info = client.model_info(repo, sha, files_metadata=True)
+        if not info.sha or not COMMIT_RE.fullmatch(info.sha):
+            raise GateRefusedError(f"the Hub gave no commit sha for {repo}@{sha}")
+        if COMMIT_RE.fullmatch(sha) and info.sha != sha:
+            raise GateRefusedError(f"the Hub answered for commit {info.sha} instead of {sha}")
+        sha = info.sha
+        files = plan_files(client, repo, sha, info, cache_dir)
+        client.snapshot(repo, sha, allow_patterns=[f.name for f in files], cache_dir=cache_dir)
+        failpoint("mid_download")
+    except (GateRefusedError, HubError):
+        raise
+    except OSError as exc:
+        reason = refusal_reason(exc)
+        if reason is not None:
+            raise GateRefusedError(f"{repo}@{sha}: {reason}") from exc
+        if "Consistency check failed" in str(exc):
+            raise IntegrityError(f"{repo}@{sha}: {describe_error(exc)}") from exc
+        raise HubError(f"downloading {repo}@{sha} failed: {describe_error(exc)}") from exc
+    return verify_snapshot(cache_dir, repo, sha, files)
+
+
+def fetch_job(store: Store, job: dict[str, Any], *, owner: str, client: HubClient | None = None,
+              cache_dir: str | Path | None = None, now_fn: Callable[[], datetime] = utcnow) -> Path:
+    """Queue step: fetch a leased `gated`/`fetched` row and record it as `fetched`.
+
+    Re-running it on a `fetched` row re-verifies the cached files without downloading.
+    """
+    path = fetch_pinned(job["repo"], job["sha"], cache_dir=cache_dir, client=client)
+    store.advance_checkpoint(job["id"], owner, status="fetched",
+                             meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat()},
+                             now=now_fn())
+    return path
