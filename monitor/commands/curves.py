@@ -1,0 +1,252 @@
+"""`lstar curves fit|show|validate|predict`: task curves from labelled checkpoints.
+
+The curve and label modules (scipy, scikit-learn, matplotlib behind them) are imported inside
+the commands, so that `lstar --help` and unrelated commands do not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.errors import CurveError, LabelError
+from monitor.store import DEFAULT_DB_PATH, Store
+
+if TYPE_CHECKING:
+    from monitor.curve_artifact import CurveArtifact, ScoringRef
+    from monitor.tasks import Label
+
+LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
+               "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
+               "Without it, labels stored by `lstar eval` are used.")
+
+
+def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpus_sha256: str | None,
+                    family: str | None) -> tuple[list[Label], dict[str, Any] | None]:
+    """Labels with predictors from a CSV, or from lm-eval results / the store joined with the
+    store's score runs; the second value holds the corpus and spec pins of a join."""
+    from monitor.tasks import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
+
+    if labels_path is not None and labels_path.suffix.lower() == ".csv":
+        labels = read_labels_csv(labels_path)
+        if family is not None:
+            labels = [label.with_(family=family) for label in labels]
+        return labels, None
+    if labels_path is not None:
+        raw = read_lm_eval_results(labels_path, family=family)
+    else:
+        with Store.open(db_path, read_only=True) as store:
+            raw = labels_from_rows(store.labels(task=task))
+        if not raw:
+            raise CurveError(f"no stored labels for task {task!r} in {db_path}",
+                             hint="run `lstar eval MODEL --task FILE` first, or pass --labels")
+        if family is not None:
+            raw = [label.with_(family=family) for label in raw]
+    tasks = sorted({label.task for label in raw if label.task is not None})
+    if task not in tasks:
+        raise LabelError(f"unknown task {task!r} in the labels", hint=f"available: {', '.join(tasks)}")
+    raw = [label for label in raw if label.task == task]
+    with Store.open(db_path, read_only=True) as store:
+        return join_scores(raw, store, corpus_sha256=corpus_sha256)
+
+
+def _resolve_pins(pins: dict[str, Any] | None, corpus_sha: str | None,
+                  spec: str | None) -> tuple[str | None, ScoringRef | None]:
+    from monitor.curve_artifact import ScoringRef
+
+    given = ScoringRef.parse(spec) if spec else None
+    if pins is None:
+        return corpus_sha, given
+    joined = ScoringRef(spec_version=pins["spec_version"], window=pins["window"], stride=pins["stride"],
+                        prefix_policy=pins["prefix_policy"])
+    if given is not None and given != joined:
+        raise CurveError(f"--spec {given.describe()} differs from the scores' spec {joined.describe()}")
+    return pins["corpus_sha256"], joined
+
+
+def _fmt(v: float | None, digits: int = 4) -> str:
+    return "—" if v is None else f"{v:.{digits}g}"
+
+
+def print_summary(curve: CurveArtifact, console: Console) -> None:
+    """A rich summary of a curve artifact."""
+    from monitor.curves import PREDICTORS
+
+    thr = curve.threshold
+    table = Table(title=f"curve {curve.curve_id[:12]}: {curve.task} · {curve.metric}", title_justify="left",
+                  show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    pred = PREDICTORS[curve.predictor]
+    rows = [
+        ("checkpoints", f"{curve.n_checkpoints} in {len(curve.families)} families "
+                        f"({', '.join(curve.families) or '—'})"),
+        (f"{pred.label} range", f"{curve.x_range[0]:.4g} … {curve.x_range[1]:.4g}"),
+        ("baseline b, margin ε", f"{curve.baseline:g}, {curve.margin:g} (threshold {curve.level:g})"),
+        ("η̂ (threshold)", f"{_fmt(thr.estimate)} [{_fmt(thr.lower)}, {_fmt(thr.upper)}] at "
+                          f"{thr.confidence:.0%} · {thr.status} · never in {thr.never_share:.0%} of resamples"),
+        ("logistic check", f"threshold {_fmt(curve.logistic.threshold)}, ceiling {_fmt(curve.logistic.ceiling)}"
+         if curve.logistic.converged else f"did not converge ({curve.logistic.message})"),
+        ("emergence score", _fmt(curve.emergence_score, 3)),
+        ("corpus", curve.corpus_sha256 or "not pinned"),
+        ("scoring spec", curve.scoring_spec.describe() if curve.scoring_spec else "not pinned"),
+        ("bootstrap", f"{curve.bootstrap.resamples} resamples, seed {curve.bootstrap.seed}, "
+                      f"dispersion {curve.bootstrap.dispersion:.3g}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if curve.lofo is not None:
+        lofo = Table(title=f"leave-one-family-out ({len(curve.lofo.families)} families)", title_justify="left")
+        for name in ("predictor", "RMSE", "crossing error", "Brier", "held out"):
+            lofo.add_column(name, justify="left" if name == "predictor" else "right")
+        for r in curve.lofo.rows:
+            lofo.add_row(r.label, f"{r.rmse:.4f}", f"{r.crossing_error:.3f}", f"{r.brier:.4f}", str(r.n_heldout))
+        console.print(lofo)
+
+
+def _warn(messages: list[str]) -> None:
+    for message in messages:
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    curves = typer.Typer(help="Task curves: fit, show, validate and apply them.", no_args_is_help=True)
+
+    @curves.command("fit")
+    def fit(
+        out: Path = typer.Option(..., "--out", help="Where to write the curve artifact (JSON)."),
+        task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
+        baseline: float = typer.Option(..., "--baseline", help="The task's random baseline b_t."),
+        margin: float = typer.Option(..., "--margin", help="Margin ε above the baseline."),
+        labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
+        metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
+        confidence: float = typer.Option(0.9, "--confidence", help="Band and interval confidence."),
+        bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples."),
+        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 the L* values are on."),
+        spec: str = typer.Option(None, "--spec", help="Scoring spec, e.g. lstar-score/1:window=2048,stride=1024,prefix=bos."),
+        family: str = typer.Option(None, "--family", help="Family for every row (lm-eval/stored labels)."),
+        no_lofo: bool = typer.Option(False, "--no-lofo", help="Skip leave-one-family-out validation."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Fit a monotone curve of task performance on L* and write its artifact."""
+        from monitor.curve_artifact import curve_summary, save_curve
+        from monitor.curve_fit import fit_curve
+
+        rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
+        corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
+        curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
+                          confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
+                          scoring_spec=scoring, lofo=not no_lofo)
+        save_curve(curve, out)
+        _warn(curve.warnings)
+        if as_json:
+            print(json.dumps({**curve_summary(curve), "path": str(out)}, indent=2))
+            return
+        console = Console()
+        print_summary(curve, console)
+        console.print(f"wrote {out}")
+
+    @curves.command("show")
+    def show(
+        curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
+        png: Path = typer.Option(None, "--png", help="Also render the curve to this PNG file."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Summarise a curve (and plot it with --png)."""
+        from monitor.curve_artifact import curve_summary, load_curve
+        from monitor.curve_plot import plot_curve
+
+        curve = load_curve(curve_path)
+        if png is not None:
+            plot_curve(curve, png)
+        if as_json:
+            print(json.dumps(curve_summary(curve), indent=2))
+            return
+        console = Console()
+        print_summary(curve, console)
+        _warn(curve.warnings)
+        if png is not None:
+            console.print(f"wrote {png}")
+
+    @curves.command("validate")
+    def validate(
+        task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
+        baseline: float = typer.Option(..., "--baseline", help="The task's random baseline b_t."),
+        margin: float = typer.Option(..., "--margin", help="Margin ε above the baseline."),
+        labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
+        metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
+        confidence: float = typer.Option(0.9, "--confidence", help="Band confidence."),
+        bootstrap: int = typer.Option(200, "--bootstrap", help="Bootstrap resamples per fold."),
+        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 (store joins)."),
+        family: str = typer.Option(None, "--family", help="Family for every row."),
+        out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+    ) -> None:
+        """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs."""
+        from monitor.curve_validation import lofo_validate
+        from monitor.tasks import select_labels
+
+        rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
+        chosen, _metric = select_labels(rows, task=task, metric=metric)
+        result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
+                               resamples=bootstrap, seed=seed)
+        if out is not None:
+            result.write(out)
+        if as_json:
+            print(json.dumps(result.as_dict(), indent=2))
+            return
+        console = Console()
+        console.print(result.rich_table())
+        for key, reason in result.skipped.items():
+            console.print(f"skipped {key}: {reason}")
+        if out is not None:
+            console.print(f"wrote {out}")
+
+    @curves.command("predict")
+    def predict_cmd(
+        curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
+        lstar: float = typer.Option(None, "--lstar", help="L* of the checkpoint."),
+        se: float = typer.Option(0.0, "--se", help="Standard error of L*."),
+        run: str = typer.Option(None, "--run", help="Take L*, SE, corpus and spec from this score run."),
+        corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
+        spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for --run)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """P̂ = g(L*), its interval widened by SE(L*), and the state (clear / at_risk / emerged)."""
+        from monitor.curve_artifact import ScoringRef, load_curve, predict, predict_score_run
+
+        curve = load_curve(curve_path)
+        if run is not None:
+            if lstar is not None:
+                raise CurveError("give either --run or --lstar, not both")
+            with Store.open(db_path, read_only=True) as store:
+                row = store.score_run(run)
+            if row is None:
+                raise CurveError(f"no score run {run!r} in {db_path}")
+            result = predict_score_run(curve, row)
+        else:
+            if lstar is None:
+                raise CurveError("give --lstar (and --se), or --run RUN_ID")
+            result = predict(curve, lstar, se, corpus_sha256=corpus_sha,
+                             scoring_spec=ScoringRef.parse(spec) if spec else None)
+        if as_json:
+            print(json.dumps(result.as_dict(), indent=2))
+            return
+        Console().print(f"{curve.task} ({curve.metric}): P̂ = {result.p_hat:.4f} "
+                        f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → "
+                        f"[bold]{result.state}[/bold] (threshold {result.level:g})"
+                        + (" · extrapolated beyond the fitted range" if result.extrapolated else ""))
+
+    app.add_typer(curves, name="curves")

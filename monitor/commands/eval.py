@@ -1,0 +1,69 @@
+"""`lstar eval MODEL --task FILE`: the built-in multiple-choice evaluator; results become labels."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.store import DEFAULT_DB_PATH, Store
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        model: str = typer.Argument(..., help="Checkpoint: a local directory or org/name[@revision]."),
+        task: Path = typer.Option(..., "--task", help="Multiple-choice task file (JSON lines, cloze-v0 format)."),
+        limit: int = typer.Option(None, "--limit", min=1, help="Evaluate only the first N items."),
+        family: str = typer.Option(None, "--family", help="Family recorded with the labels (default: the repo)."),
+        batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
+        dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
+        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Evaluate a checkpoint on a multiple-choice task and store the metrics as labels."""
+        # Imported here: the evaluator loads models (torch, transformers) and is not needed
+        # for `lstar --help` or other commands.
+        from monitor.tasks import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
+
+        evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype, device=device,
+                                         batch_size=batch_size)
+        result = evaluation.result
+        run_id = f"eval-{uuid.uuid4().hex[:16]}"
+        family = family or evaluation.repo
+        labels = evaluation_labels(evaluation, family=family, run_id=run_id)
+        stored = 0
+        if not no_store:
+            run = {"run_id": run_id, "model_repo": evaluation.repo, "model_sha": evaluation.sha,
+                   "model_source": evaluation.source, "task": result.task,
+                   "task_sha256": result.task_sha256, "n_items": result.n_items, "item_limit": limit,
+                   "tokenizer_fingerprint": evaluation.tokenizer_fingerprint, "dtype": evaluation.dtype,
+                   "device": evaluation.device, "metrics": result.as_dict()["metrics"],
+                   "model": evaluation.model_info, "wall_s": evaluation.wall_s,
+                   "finished_at": datetime.now(timezone.utc)}
+            with Store.open(db_path) as store:
+                stored = store.record_labels(label_rows(labels, source_ref=run_id, eval_run_id=run_id),
+                                             eval_run=run)
+        if as_json:
+            print(json.dumps({"run_id": None if no_store else run_id, "repo": evaluation.repo,
+                              "sha": evaluation.sha, "family": family, "labels_stored": stored,
+                              "wall_s": evaluation.wall_s, **result.as_dict()}, indent=2))
+            return
+        table = Table(title=f"{result.task} · {evaluation.repo} @ {evaluation.sha[:12]} · "
+                            f"{result.n_items} items", title_justify="left")
+        for name in ("metric", "value", "stderr", "random baseline"):
+            table.add_column(name, justify="left" if name == "metric" else "right")
+        for name in MC_METRICS:
+            value, stderr = result.metrics[name]
+            table.add_row(name, f"{value:.4f}", f"{stderr:.4f}", f"{result.baselines[name]:.4f}")
+        console = Console()
+        console.print(table)
+        console.print(f"{evaluation.wall_s:.1f} s on {evaluation.device} ({evaluation.dtype})"
+                      + ("" if no_store else f" · stored {stored} labels as run {run_id} in {db_path}"))

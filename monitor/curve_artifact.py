@@ -1,0 +1,373 @@
+"""The task-curve artifact `lstar-curve/1`, and prediction from it (design.md §2-§3).
+
+A fitted curve is stored as versioned JSON holding everything needed to predict without
+refitting: the knots of g, the band on a grid, the threshold with its interval, the corpus
+and scoring spec the L* values were measured on, and the validation results. The schema is a
+strict pydantic model; loading rejects unknown keys, another schema version, and contents
+that no longer match the curve id (a content hash).
+
+`predict` turns an L* (with its standard error) into P̂ = g(L*), an interval and a state
+(clear / at_risk / emerged), refusing a score from another corpus or scoring spec. This
+module stays free of scipy and scikit-learn at import time so that policies can load and
+apply curves cheaply; the fitting lives in `monitor.curves` and `monitor.curve_fit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from monitor.errors import CurveError
+
+SCHEMA = "lstar-curve/1"
+_SCHEMA_FAMILY = "lstar-curve/"
+
+
+# -- the artifact -------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ScoringRef(_Strict):
+    """The parts of a scoring spec that change L*: spec version, window, stride, prefix."""
+
+    spec_version: str
+    window: int = Field(gt=0)
+    stride: int = Field(gt=0)
+    prefix_policy: Literal["bos", "eos", "none"]
+
+    @classmethod
+    def parse(cls, text: str) -> "ScoringRef":
+        """From `lstar-score/1:window=2048,stride=1024,prefix=bos` (or a JSON object)."""
+        text = text.strip()
+        try:
+            if text.startswith("{"):
+                return cls.model_validate(json.loads(text))
+            version, _, rest = text.partition(":")
+            fields: dict[str, Any] = {"spec_version": version.strip()}
+            for part in filter(None, (p.strip() for p in rest.split(","))):
+                key, eq, value = part.partition("=")
+                if not eq:
+                    raise ValueError(f"{part!r} is not key=value")
+                key = {"prefix": "prefix_policy", "window_len": "window"}.get(key.strip(), key.strip())
+                fields[key] = value.strip()
+            return cls.model_validate(fields)
+        except (ValueError, ValidationError) as exc:
+            raise CurveError(f"cannot read the scoring spec {text!r}: {_first_error(exc)}",
+                             hint="write it as lstar-score/1:window=2048,stride=1024,prefix=bos") from exc
+
+    @classmethod
+    def from_score_run(cls, run: Mapping[str, Any]) -> "ScoringRef":
+        """From a `score_runs` row."""
+        return cls(spec_version=str(run["spec_version"]), window=int(run["window_len"]),
+                   stride=int(run["stride"]), prefix_policy=run["prefix_policy"])
+
+    def describe(self) -> str:
+        return f"{self.spec_version}:window={self.window},stride={self.stride},prefix={self.prefix_policy}"
+
+
+class Knots(_Strict):
+    x: list[float]
+    y: list[float]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Knots":
+        if not self.x or len(self.x) != len(self.y):
+            raise ValueError("knots need equal, non-empty x and y")
+        if any(b <= a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("knot x values must be strictly increasing")
+        return self
+
+
+class Band(_Strict):
+    x: list[float]
+    fit: list[float]
+    lower: list[float]
+    upper: list[float]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Band":
+        n = len(self.x)
+        if n < 2 or not (len(self.fit) == len(self.lower) == len(self.upper) == n):
+            raise ValueError("band arrays need equal lengths of at least 2")
+        if any(b < a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("band x values must be increasing")
+        if any(lo > hi for lo, hi in zip(self.lower, self.upper)):
+            raise ValueError("band lower edge exceeds its upper edge")
+        return self
+
+
+class BootstrapThreshold(_Strict):
+    early: float | None
+    median: float | None
+    late: float | None
+
+
+class Threshold(_Strict):
+    estimate: float | None
+    lower: float | None
+    upper: float | None
+    never_share: float = Field(ge=0.0, le=1.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    status: Literal["crosses", "never", "before_range"]
+    level: float
+    bootstrap: BootstrapThreshold
+
+
+class BootstrapInfo(_Strict):
+    resamples: int
+    seed: int
+    method: str
+    dispersion: float
+    n_blocks: int
+
+
+class LogisticCheck(_Strict):
+    converged: bool
+    message: str | None = None
+    ceiling: float | None = None
+    midpoint: float | None = None
+    scale: float | None = None
+    threshold: float | None = None
+    threshold_in_range: bool | None = None
+    max_abs_difference: float | None = None
+
+
+class LofoRowModel(_Strict):
+    predictor: str
+    label: str
+    rmse: float
+    crossing_error: float
+    brier: float
+    n_heldout: int
+    n_folds: int
+    extrapolated: float
+
+
+class LofoSummary(_Strict):
+    level: float
+    confidence: float
+    families: list[str]
+    rows: list[LofoRowModel]
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+class CurvePoint(_Strict):
+    checkpoint: str
+    family: str | None
+    x: float
+    value: float
+    weight: float
+
+
+class CurveArtifact(_Strict):
+    """A fitted task curve (`lstar-curve/1`): everything needed to predict without refitting."""
+
+    schema_: Literal["lstar-curve/1"] = Field(alias="schema")
+    curve_id: str
+    created_at: datetime
+    task: str
+    metric: str
+    predictor: Literal["lstar", "raw_ce", "log_params", "log_flops"]
+    direction: Literal["non-increasing", "non-decreasing"]
+    baseline: float
+    margin: float = Field(gt=0.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    corpus_sha256: str | None
+    scoring_spec: ScoringRef | None
+    training_data_sha256: str
+    n_checkpoints: int
+    families: list[str]
+    x_range: tuple[float, float]
+    knots: Knots
+    band: Band
+    threshold: Threshold
+    bootstrap: BootstrapInfo
+    logistic: LogisticCheck
+    emergence_score: float | None
+    emergence_by_family: dict[str, float | None]
+    lofo: LofoSummary | None
+    points: list[CurvePoint]
+    warnings: list[str]
+
+    @property
+    def level(self) -> float:
+        """b_t + ε."""
+        return self.baseline + self.margin
+
+    def content_id(self) -> str:
+        """sha256 of the canonical JSON of everything but `curve_id` and `created_at`."""
+        data = self.model_dump(mode="json", by_alias=True, exclude={"curve_id", "created_at"})
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2, allow_nan=False) + "\n"
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors()[:3]:
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                parts.append(f"unknown key {loc!r}")
+            else:
+                parts.append(f"{loc}: {err['msg']}")
+        more = len(exc.errors()) - 3
+        return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    return " ".join(str(exc).split())
+
+
+def save_curve(curve: CurveArtifact, path: str | Path) -> Path:
+    """Write the artifact as JSON (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(curve.to_json(), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_curve(path: str | Path) -> CurveArtifact:
+    """Read and validate a curve artifact; unknown keys, another schema version, or contents
+    that do not match the curve id are errors."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CurveError(f"no curve file at {path}") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CurveError(f"{path} is not a JSON curve artifact: {_first_error(exc)}") from exc
+    if not isinstance(data, dict) or "schema" not in data:
+        raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",
+                         hint=f"fit one with `lstar curves fit`; expected schema {SCHEMA}")
+    schema = data["schema"]
+    if schema != SCHEMA:
+        if isinstance(schema, str) and schema.startswith(_SCHEMA_FAMILY):
+            raise CurveError(f"{path} has schema {schema!r}; this version reads {SCHEMA!r}",
+                             hint="refit the curve with this version, or upgrade lstar-monitor")
+        raise CurveError(f"{path} has schema {schema!r}, not a curve artifact ({SCHEMA!r})")
+    try:
+        curve = CurveArtifact.model_validate(data)
+    except ValidationError as exc:
+        raise CurveError(f"{path} is not a valid {SCHEMA} artifact: {_first_error(exc)}") from exc
+    if curve.content_id() != curve.curve_id:
+        raise CurveError(f"{path}: contents do not match curve id {curve.curve_id[:16]}",
+                         hint="the file was edited after fitting; refit it")
+    return curve
+
+
+# -- prediction ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePrediction:
+    """P̂ = g(L*) with its interval and state (design §3)."""
+
+    lstar: float
+    se: float
+    p_hat: float
+    lower: float
+    upper: float
+    state: Literal["clear", "at_risk", "emerged"]
+    level: float
+    confidence: float
+    extrapolated: bool
+    curve_id: str
+    task: str
+    metric: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "metric": self.metric, "lstar": self.lstar, "se": self.se,
+                "p_hat": self.p_hat, "lower": self.lower, "upper": self.upper, "state": self.state,
+                "level": self.level, "confidence": self.confidence,
+                "extrapolated": self.extrapolated, "curve_id": self.curve_id}
+
+
+def check_compatible(curve: CurveArtifact, *, corpus_sha256: str | None,
+                     scoring_spec: ScoringRef | None) -> None:
+    """Refuse to apply a curve to a score measured on another corpus or scoring spec."""
+    if corpus_sha256 is not None:
+        if curve.corpus_sha256 is None:
+            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is not pinned to a corpus; "
+                             f"cannot apply it to a score on corpus {corpus_sha256[:12]}",
+                             hint="refit the curve with --corpus-sha and --spec")
+        if corpus_sha256 != curve.corpus_sha256:
+            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) was fitted on corpus "
+                             f"{curve.corpus_sha256}, but the score is on corpus {corpus_sha256}",
+                             hint="score on the curve's corpus, or fit a curve on this one")
+    if scoring_spec is not None:
+        if curve.scoring_spec is None:
+            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is not pinned to a scoring spec; "
+                             f"cannot apply it to a score with spec {scoring_spec.describe()}",
+                             hint="refit the curve with --corpus-sha and --spec")
+        if scoring_spec != curve.scoring_spec:
+            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) was fitted with scoring spec "
+                             f"{curve.scoring_spec.describe()}, but the score used {scoring_spec.describe()}",
+                             hint="rescore with the curve's spec, or fit a curve for this one")
+
+
+def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
+            corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None) -> CurvePrediction:
+    """P̂ = g(x) and its interval at the curve's confidence, widened for the SE of x.
+
+    Widening rule: the interval is the lowest lower edge and the highest upper edge of the
+    band over [x - z·se, x + z·se], z the two-sided normal quantile of the curve's confidence
+    (the band is monotone, so this is the band at the two ends of that range). State:
+    emerged if lower ≥ b_t + ε, at_risk if upper ≥ b_t + ε, else clear.
+    """
+    if not math.isfinite(lstar):
+        raise CurveError(f"cannot predict at L* = {lstar}")
+    if not math.isfinite(se) or se < 0:
+        raise CurveError(f"the standard error must be a finite number ≥ 0, got {se}")
+    check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
+    from scipy.stats import norm  # imported here: loading this module must stay cheap
+
+    z = float(norm.ppf(0.5 + curve.confidence / 2.0))
+    gx = np.asarray(curve.band.x)
+    lo_x, hi_x = lstar - z * se, lstar + z * se
+    inside = gx[(gx > lo_x) & (gx < hi_x)]
+    xs = np.concatenate([[lo_x, lstar, hi_x], inside])
+    lower = float(np.min(np.interp(xs, gx, curve.band.lower)))
+    upper = float(np.max(np.interp(xs, gx, curve.band.upper)))
+    p_hat = float(np.interp(lstar, curve.knots.x, curve.knots.y))
+    lower, upper = min(lower, p_hat), max(upper, p_hat)
+    level = curve.level
+    state: Literal["clear", "at_risk", "emerged"] = (
+        "emerged" if lower >= level else "at_risk" if upper >= level else "clear")
+    lo_r, hi_r = curve.x_range
+    return CurvePrediction(lstar=lstar, se=se, p_hat=p_hat, lower=lower, upper=upper, state=state,
+                           level=level, confidence=curve.confidence,
+                           extrapolated=not (lo_r <= lstar <= hi_r), curve_id=curve.curve_id,
+                           task=curve.task, metric=curve.metric)
+
+
+def predict_score_run(curve: CurveArtifact, run: Mapping[str, Any]) -> CurvePrediction:
+    """Predict for a stored score run (a `score_runs` row), checking corpus and spec."""
+    if curve.predictor != "lstar":
+        raise CurveError(f"curve {curve.curve_id[:12]} is fitted on {curve.predictor}, not L*")
+    return predict(curve, float(run["lstar"]), float(run["se_ce"]),
+                   corpus_sha256=str(run["corpus_sha256"]), scoring_spec=ScoringRef.from_score_run(run))
+
+
+# -- presentation ------------------------------------------------------------------------------
+def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
+    """The headline numbers of a curve, as `lstar curves show --json` prints them."""
+    return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric,
+            "predictor": curve.predictor, "n_checkpoints": curve.n_checkpoints,
+            "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
+            "level": curve.level, "confidence": curve.confidence,
+            "threshold": curve.threshold.model_dump(), "logistic_threshold": curve.logistic.threshold,
+            "emergence_score": curve.emergence_score, "corpus_sha256": curve.corpus_sha256,
+            "scoring_spec": curve.scoring_spec.describe() if curve.scoring_spec else None,
+            "x_range": list(curve.x_range), "warnings": curve.warnings,
+            "lofo": curve.lofo.model_dump() if curve.lofo else None}
