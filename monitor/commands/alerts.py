@@ -1,0 +1,217 @@
+"""`lstar alerts list|show|retry|test|evaluate|dispatch|enable`: the alert outbox."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.commands.silence import NOW_OPTION, parse_now
+from monitor.errors import DeliveryError, PolicyError
+from monitor.store import DEFAULT_DB_PATH, Store
+
+DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
+POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
+
+
+def _policies(paths: list[Path]) -> list[Any]:
+    from monitor.commands.policy import expand_policy_paths
+    from monitor.policy import load_policies
+
+    return load_policies(expand_policy_paths(paths))
+
+
+def test_message(policy: Any, receiver: str, now: Any) -> Any:
+    """A synthetic notification for `lstar alerts test` (never stored)."""
+    from monitor.notify.base import Outgoing
+    from monitor.notify.payload import build_body
+
+    labels = {"alertname": "LstarTest", "policy": policy.name, "receiver": receiver, "severity": "info"}
+    alert = {"status": "firing", "labels": labels, "starts_at": now, "ends_at": None,
+             "annotations": {"summary": f"test notification from lstar-monitor to {receiver}",
+                             "description": "Sent by `lstar alerts test`; no action needed."},
+             "numbers": {"test": True}, "fingerprint": uuid.uuid4().hex[:16]}
+    body = build_body(policy=policy.name, receiver=receiver, group_key=f"test/{policy.name}/{receiver}",
+                      group_labels={"alertname": "LstarTest"}, alerts=[alert],
+                      external_url=policy.external_url)
+    return Outgoing(id=f"msg_test_{uuid.uuid4().hex[:24]}", policy=policy.name, receiver=receiver, body=body)
+
+
+def register(app: typer.Typer) -> None:
+    alerts = typer.Typer(help="Alerts and their deliveries (the outbox).", no_args_is_help=True)
+
+    @alerts.command("list")
+    def list_(
+        policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
+        limit: int = typer.Option(50, "--limit", min=1, help="At most this many alerts."),
+        db_path: Path = DB_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Newest alerts with the state of each delivery (opens the file read-only)."""
+        with Store.open(db_path, read_only=True) as store:
+            rows = store.list_alerts(limit=limit, policy=policy)
+        if as_json:
+            print(json.dumps(rows, indent=2, default=str))
+            return
+        table = Table(title=f"{len(rows)} alert(s)", title_justify="left")
+        for col in ("id", "created", "policy", "task", "repo@commit", "state", "status", "deliveries"):
+            table.add_column(col, justify="right" if col == "id" else "left")
+        for r in rows:
+            where = f"{r['repo']}@{r['commit_sha'][:12]}" if r["repo"] else "—"
+            deliveries = ", ".join(f"{d['receiver']}:{d['status']}" for d in r["deliveries"])
+            table.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"), r["policy"],
+                          r["task"] or r["kind"], where, r["state"], r["status"], deliveries)
+        Console().print(table)
+
+    @alerts.command("show")
+    def show(
+        alert_id: int = typer.Argument(..., help="Alert id (from `lstar alerts list`)."),
+        db_path: Path = DB_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """One alert: labels, numbers, deliveries, and every delivery attempt."""
+        with Store.open(db_path, read_only=True) as store:
+            detail = store.alert_detail(alert_id)
+        if detail is None:
+            raise DeliveryError(f"no alert with id {alert_id}", hint="see `lstar alerts list`")
+        if as_json:
+            print(json.dumps(detail, indent=2, default=str))
+            return
+        console = Console()
+        console.print(f"[bold]alert {detail['id']}[/bold] {detail['status']} ({detail['kind']}) "
+                      f"key {detail['alert_key']}")
+        console.print(f"  {detail['annotations'].get('summary', '')}")
+        console.print(f"  {detail['annotations'].get('description', '')}")
+        console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
+        table = Table(title="deliveries and attempts", title_justify="left")
+        for col in ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"):
+            table.add_column(col)
+        by_id = {n["id"]: n for n in detail["notifications"]}
+        for d in detail["deliveries"]:
+            n = by_id.get(d["notification_id"])
+            table.add_row(d["receiver"], d["status"], d["notification_id"] or "—", "", "", "", "",
+                          d["reason"] or "")
+            for a in (n["attempts_log"] if n else []):
+                table.add_row("", "", "", str(a["attempt"]), a["started_at"].isoformat(), a["outcome"],
+                              str(a["status_code"] or ""), a["error"] or "")
+        console.print(table)
+
+    @alerts.command("retry")
+    def retry(
+        ident: str = typer.Argument(..., help="Alert id, or a notification id (msg_...)."),
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+    ) -> None:
+        """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
+        now = parse_now(now_text)
+        with Store.open(db_path) as store:
+            if ident.startswith("msg_"):
+                ids = [ident]
+            else:
+                if not ident.isdigit():
+                    raise DeliveryError(f"{ident!r} is neither an alert id nor a notification id")
+                detail = store.alert_detail(int(ident))
+                if detail is None:
+                    raise DeliveryError(f"no alert with id {ident}", hint="see `lstar alerts list`")
+                ids = [n["id"] for n in detail["notifications"]]
+            done = store.requeue_notifications(ids, now=now)
+        if not done:
+            raise DeliveryError(f"nothing to retry for {ident}: no dead-lettered notification",
+                                hint="see `lstar alerts show ID`")
+        for nid in done:
+            print(f"requeued {nid}")
+
+    @alerts.command("test")
+    def test(
+        receiver: str = typer.Argument(..., help="Receiver name in the policy."),
+        policy_file: Path = typer.Option(..., "--policy", help="Policy file defining the receiver."),
+        now_text: str = NOW_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Send a test notification through one receiver now (nothing is stored).
+
+        Exits 0 when it was delivered, 2 otherwise (the error says why).
+        """
+        from monitor.notify.dispatcher import default_senders
+        from monitor.policy import load_policy
+
+        policy = load_policy(policy_file)
+        target = policy.receiver(receiver)
+        now = parse_now(now_text)
+        message = test_message(policy, receiver, now)
+        result = default_senders()[target.kind].send(message, target, policy, now=now)
+        out = {"receiver": receiver, "kind": target.kind, "id": message.id, "outcome": result.outcome,
+               "status_code": result.status_code, "error": result.error}
+        if as_json:
+            print(json.dumps(out, indent=2))
+        else:
+            print(f"{result.outcome}: {receiver} ({target.kind}) {message.id}"
+                  + (f" — {result.error}" if result.error else ""))
+        if result.outcome != "delivered":
+            raise DeliveryError(f"the test notification to {receiver} was not delivered ({result.outcome})"
+                                + (f": {result.error}" if result.error else ""))
+
+    @alerts.command("evaluate")
+    def evaluate(
+        policies: list[Path] = POLICIES_OPTION,
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Evaluate new scores against the policies and write the outbox (idempotent)."""
+        from monitor.notify.outbox import evaluate_pending
+
+        loaded = _policies(policies)
+        with Store.open(db_path) as store:
+            report = evaluate_pending(store, loaded, now=parse_now(now_text))
+        print(json.dumps(report.as_dict(), indent=2) if as_json else
+              f"{report.predictions} prediction(s), {report.alerts} alert(s), {report.deliveries} "
+              f"delivery row(s)" + "".join(f"\nskipped: {s}" for s in report.skipped))
+
+    @alerts.command("dispatch")
+    def dispatch(
+        policies: list[Path] = POLICIES_OPTION,
+        evaluate_first: bool = typer.Option(True, "--evaluate/--no-evaluate",
+                                            help="Evaluate new scores first."),
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it.
+
+        The same pass runs as `python -m monitor.notify` (for cron, without the whole CLI).
+        """
+        from monitor.notify.dispatcher import run_pass
+
+        loaded = _policies(policies)
+        with Store.open(db_path) as store:
+            out = run_pass(store, loaded, now=parse_now(now_text), evaluate=evaluate_first)
+        if as_json:
+            print(json.dumps(out, indent=2, default=str))
+            return
+        for s in out["sent"]:
+            print(f"{s['outcome']}: {s['receiver']} {s['id']} attempt {s['attempt']}"
+                  + (f" — {s['error']}" if s.get("error") else ""))
+        print(f"{len(out['formed'])} message(s) formed, {len(out['sent'])} send(s), "
+              f"{out['silenced']} silenced, {len(out['waiting'])} waiting")
+
+    @alerts.command("enable")
+    def enable(
+        receiver: str = typer.Argument(..., help="Receiver name."),
+        policy: str = typer.Option(..., "--policy", help="Policy name."),
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+    ) -> None:
+        """Re-enable a receiver that was disabled (after HTTP 410) once it is fixed."""
+        with Store.open(db_path) as store:
+            changed = store.enable_endpoint(policy, receiver, now=parse_now(now_text))
+        if not changed:
+            raise PolicyError(f"receiver {receiver} of policy {policy} is not disabled")
+        print(f"enabled {policy}/{receiver}")
+
+    app.add_typer(alerts, name="alerts")

@@ -1,0 +1,102 @@
+"""`lstar policy check|test`: validate policy files; show what a score would trigger."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.errors import PolicyError
+
+
+def expand_policy_paths(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder stands for its *.yaml and *.yml files (sorted)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
+        else:
+            out.append(p)
+    return out
+
+
+def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: str) -> dict[str, Any]:
+    """For each task of the policy: the prediction and the receivers an alert would reach."""
+    from monitor.evaluate import route_alert, task_labels
+    from monitor.policy import load_policy, load_task_curve, predict_task
+
+    if not math.isfinite(lstar) or not math.isfinite(se) or se < 0:
+        raise PolicyError(f"--lstar {lstar} / --se {se}: give a finite L* and a standard error ≥ 0")
+    policy = load_policy(path)
+    tasks = []
+    for task in policy.tasks:
+        curve = load_task_curve(policy.resolve_path(task.curve))
+        prediction = predict_task(curve, task, lstar=lstar, se=se)
+        labels = task_labels(policy=policy.name, task=task.name, repo=repo, lineage=repo, commit=commit,
+                             state=prediction.state, extra={**policy.labels, **task.labels})
+        receivers = [t.receiver for t in route_alert(policy.route, labels)] \
+            if prediction.state != "clear" else []
+        tasks.append({**prediction.as_dict(), "receivers": receivers})
+    return {"policy": policy.name, "file": str(path), "lstar": lstar, "se": se, "tasks": tasks,
+            "sent": False}
+
+
+def register(app: typer.Typer) -> None:
+    policy = typer.Typer(help="Policy files: validate them, try a score against them.",
+                         no_args_is_help=True)
+
+    @policy.command("check")
+    def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml).")) -> None:
+        """Validate policy files strictly; prints SUCCESS or FAILED per file.
+
+        Each error names the file, line, key path and value. Exits 0 only when every file
+        passes (2 otherwise).
+        """
+        from monitor.policy import check_policy_files
+
+        paths = expand_policy_paths(files)
+        if not paths:
+            raise PolicyError("no policy files found in " + ", ".join(str(f) for f in files))
+        failed = 0
+        for result in check_policy_files(paths):
+            if result.ok:
+                print(f"SUCCESS {result.path}")
+                continue
+            failed += 1
+            for line in result.errors:
+                # Errors start with the file name (and line); others get it prefixed.
+                print(f"FAILED {line}" if line.startswith(result.path) else f"FAILED {result.path}: {line}")
+        if failed:
+            raise PolicyError(f"{failed} of {len(paths)} policy file(s) failed the check")
+
+    @policy.command("test")
+    def test(
+        file: Path = typer.Argument(..., help="Policy file."),
+        lstar: float = typer.Option(..., "--lstar", help="L* of a hypothetical score."),
+        se: float = typer.Option(0.0, "--se", help="Its standard error."),
+        repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
+        commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Print each task's decision (P̂, interval, threshold, state, receivers) for one
+        L* ± SE. Nothing is stored or sent."""
+        result = policy_decisions(file, lstar=lstar, se=se, repo=repo, commit=commit)
+        if as_json:
+            print(json.dumps(result, indent=2))
+            return
+        table = Table(title=f"policy {result['policy']}: L* = {lstar:.4f} ± {se:.4f} (nothing sent)",
+                      title_justify="left")
+        for col in ("task", "P̂", "interval", "threshold", "state", "would notify"):
+            table.add_column(col)
+        for t in result["tasks"]:
+            lo, hi = t["interval"]
+            table.add_row(t["task"], f"{t['p_hat']:.3f}", f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}",
+                          f"{t['threshold']:.3f}", t["state"], ", ".join(t["receivers"]) or "—")
+        Console().print(table)
+
+    app.add_typer(policy, name="policy")

@@ -1,0 +1,92 @@
+"""`lstar silence add|list|expire`: runtime silences (not part of any policy file)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.store import DEFAULT_DB_PATH, Store
+
+DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
+
+
+def parse_now(text: str | None) -> datetime:
+    """--now ISO (replays, tests) or the current time, as aware UTC."""
+    if text is None:
+        return datetime.now(timezone.utc)
+    from monitor.notify.silences import parse_time
+
+    return parse_time(text)
+
+
+NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
+
+
+def register(app: typer.Typer) -> None:
+    silence = typer.Typer(help="Silences: stop matching alerts from being sent, until a time.",
+                          no_args_is_help=True)
+
+    @silence.command("add")
+    def add(
+        match: list[str] = typer.Option(..., "--match", help="KEY=VALUE, KEY!=VALUE, KEY=~REGEX or KEY!~REGEX "
+                                                             "(repeat: all must match)."),
+        until: str = typer.Option(..., "--until", help="End: a time (2025-06-01T12:00Z) or a duration (2h)."),
+        comment: str = typer.Option(..., "--comment", help="Why (kept with the silence)."),
+        start: str = typer.Option(None, "--start", help="Start later than now (ISO 8601)."),
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
+    ) -> None:
+        """Add a silence; prints its id."""
+        from monitor.notify.silences import add_silence, parse_until
+
+        now = parse_now(now_text)
+        starts = parse_until(start, now=now) if start else None
+        ends = parse_until(until, now=starts or now)
+        with Store.open(db_path) as store:
+            row = add_silence(store, match, until=ends, comment=comment, now=now, starts_at=starts)
+        if as_json:
+            print(json.dumps(row, indent=2, default=str))
+        else:
+            print(row["id"])
+
+    @silence.command("list")
+    def list_(
+        include_expired: bool = typer.Option(False, "--all", help="Include expired silences."),
+        db_path: Path = DB_OPTION,
+        now_text: str = NOW_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """List active and pending silences (opens the file read-only)."""
+        from monitor.notify.silences import list_silences
+
+        now = parse_now(now_text)
+        with Store.open(db_path, read_only=True) as store:
+            rows = list_silences(store, now=now, include_expired=include_expired)
+        if as_json:
+            print(json.dumps(rows, indent=2, default=str))
+            return
+        table = Table(title=f"{len(rows)} silence(s)", title_justify="left")
+        for col in ("id", "state", "matchers", "until", "by", "comment"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
+                          r["created_by"], r["comment"])
+        Console().print(table)
+
+    @silence.command("expire")
+    def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
+               db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
+        """End a silence now."""
+        from monitor.notify.silences import expire_silence
+
+        with Store.open(db_path) as store:
+            expire_silence(store, silence_id, now=parse_now(now_text))
+        print(f"expired {silence_id}")
+
+    app.add_typer(silence, name="silence")

@@ -1,0 +1,95 @@
+"""What every channel shares: the message handed to a sender, the outcome it reports, and
+reading secrets without ever storing or logging them."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+from monitor.errors import DeliveryError
+
+Outcome = Literal["delivered", "retry", "dead", "gone"]
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One notification as a sender sees it.
+
+    id: stable across retries (the `webhook-id`; the email Message-ID derives from it)
+    body: the Alertmanager-format payload; `body_text` is its canonical JSON, byte-identical
+    on every attempt.
+    """
+
+    id: str
+    policy: str
+    receiver: str
+    body: dict[str, Any]
+
+    @property
+    def body_text(self) -> str:
+        return canonical_json(self.body)
+
+
+def canonical_json(data: Any) -> str:
+    """The one JSON spelling of a body (sorted keys, no spaces): stored and sent as is."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What one attempt did.
+
+    outcome: delivered; retry (transient: try again later); dead (permanent: retrying
+    cannot help); gone (HTTP 410: the endpoint asked never to be called again).
+    throttle: the channel as a whole must wait (429, 503 with Retry-After).
+    """
+
+    outcome: Outcome
+    status_code: int | None = None
+    error: str | None = None
+    retry_after_s: float | None = None
+    throttle: bool = False
+
+
+class Sender(Protocol):
+    """A channel: sends one notification through one receiver, never raises for delivery faults."""
+
+    def send(self, message: Outgoing, receiver: Any, policy: Any, *, now: datetime) -> SendResult:
+        ...
+
+
+def read_secret(env: str | None, file: str | None, policy: Any, what: str) -> str | None:
+    """A secret from an environment variable or a file (relative to the policy file).
+
+    The value is returned to the caller only; errors name the variable or file, never the
+    value. None when neither source is configured.
+    """
+    if env is not None:
+        value = os.environ.get(env)
+        if not value:
+            raise DeliveryError(f"{what}: environment variable {env} is not set",
+                                hint=f"export {env} in the daemon's environment")
+        return value
+    if file is not None:
+        path = policy.resolve_path(file)
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise DeliveryError(f"{what}: cannot read {path}: {exc.strerror}") from None
+        if not value:
+            raise DeliveryError(f"{what}: {path} is empty")
+        return value
+    return None
+
+
+def redact_url(url: str) -> str:
+    """scheme://host[:port]/path without credentials or query (tokens often live there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"

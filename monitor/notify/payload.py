@@ -1,0 +1,112 @@
+"""Message bodies: Prometheus Alertmanager's webhook JSON (version "4") plus an `lstar` object.
+
+Existing Alertmanager receivers read `status`, `receiver`, `groupLabels`, `commonLabels`,
+`commonAnnotations`, `externalURL`, `truncatedAlerts` and `alerts[]` (each with status,
+labels, annotations, startsAt, endsAt, generatorURL, fingerprint) and ignore the rest; the
+`lstar` object carries the numbers behind each alert in the same order as `alerts[]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+ALERTMANAGER_VERSION = "4"
+LSTAR_SCHEMA = "lstar-alerts/1"
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt for an alert still firing
+
+
+def rfc3339(moment: datetime | None) -> str:
+    """UTC RFC 3339 with a Z, as Alertmanager writes times; None is the zero time."""
+    if moment is None:
+        return ZERO_TIME
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def notification_id(policy: str, receiver: str, group_key: str, alert_keys: Sequence[str]) -> str:
+    """A deterministic id for the message carrying these alerts to this receiver."""
+    blob = "\n".join([policy, receiver, group_key, *sorted(alert_keys)])
+    return "msg_" + hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def message_id(notification: str, domain: str = "lstar-monitor") -> str:
+    """The email Message-ID of a notification: `<sha256(key)[:32]@lstar-monitor>`."""
+    return f"<{hashlib.sha256(notification.encode()).hexdigest()[:32]}@{domain}>"
+
+
+def _common(items: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    if not items:
+        return {}
+    first = dict(items[0])
+    return {k: v for k, v in sorted(first.items()) if all(i.get(k) == v for i in items[1:])}
+
+
+def build_body(*, policy: str, receiver: str, group_key: str, group_labels: Mapping[str, str],
+               alerts: Sequence[Mapping[str, Any]], external_url: str = "") -> dict[str, Any]:
+    """The webhook body for `alerts` (alert rows: status, labels, annotations, numbers,
+    starts_at, ends_at, fingerprint). Status is firing if any alert is firing."""
+    items = []
+    for a in alerts:
+        items.append({
+            "status": a["status"],
+            "labels": dict(sorted(a["labels"].items())),
+            "annotations": dict(sorted(a["annotations"].items())),
+            "startsAt": rfc3339(a["starts_at"]),
+            "endsAt": rfc3339(a["ends_at"]) if a["status"] == "resolved" else ZERO_TIME,
+            "generatorURL": external_url,
+            "fingerprint": a["fingerprint"],
+        })
+    status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
+    return {
+        "version": ALERTMANAGER_VERSION,
+        "groupKey": group_key,
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": receiver,
+        "groupLabels": dict(sorted(group_labels.items())),
+        "commonLabels": _common([i["labels"] for i in items]),
+        "commonAnnotations": _common([i["annotations"] for i in items]),
+        "externalURL": external_url,
+        "alerts": items,
+        "lstar": {"schema": LSTAR_SCHEMA, "policy": policy,
+                  "alerts": [dict(a["numbers"]) for a in alerts]},
+    }
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, state: str,
+                     resolved: bool = False) -> dict[str, str]:
+    """Human-readable summary and description of a task alert (also used by the email)."""
+    lo, hi = numbers["interval"]
+    where = f"{repo}@{commit[:12]}"
+    level = f"{numbers['confidence'] * 100:.0f}%"
+    if resolved:
+        summary = f"{numbers['task']} is clear again for {where}"
+    else:
+        summary = f"{numbers['task']} {state.replace('_', ' ')} for {where}"
+    description = (
+        f"L* = {_fmt(numbers['lstar'], 4)} ± {_fmt(numbers['se'], 4)} (SE). The task curve "
+        f"{str(numbers['curve_id'])[:12]} predicts performance {_fmt(numbers['p_hat'])}, {level} interval "
+        f"[{_fmt(lo)}, {_fmt(hi)}], against the threshold b + ε = {_fmt(numbers['floor'])} + "
+        f"{_fmt(numbers['margin'])} = {_fmt(numbers['threshold'])}. State: {numbers['state']}.")
+    return {"summary": summary, "description": description}
+
+
+def gaming_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str,
+                       resolved: bool = False) -> dict[str, str]:
+    """Summary and description of a calibration-gaming alert."""
+    where = f"{repo}@{commit[:12]}"
+    summary = (f"public and private L* agree again for {where}" if resolved else
+               f"possible calibration gaming: {where} is better on the public corpus")
+    description = (
+        f"L*(public) − L*(private) = {_fmt(numbers['diff'], 4)}, expected "
+        f"{_fmt(numbers['expected_offset'], 4)} from {numbers['n_references']} reference "
+        f"checkpoint(s); SE of the difference {_fmt(numbers['se_diff'], 4)}; "
+        f"z = {_fmt(numbers['z'], 2)} against k = {_fmt(numbers['k'], 2)}. A public corpus can "
+        "be trained on; the private one cannot.")
+    return {"summary": summary, "description": description}

@@ -1,0 +1,682 @@
+"""Policy files: what to watch, which task curves apply, and whom to tell.
+
+A policy is YAML, read defensively and validated strictly:
+
+1. size check (policy files are small; a huge one is a mistake or an attack);
+2. composed into a node tree by `monitor.policy_yaml`, which refuses any tag beyond plain
+   strings, numbers, booleans, null, lists and mappings (so `!!python/object` never
+   reaches a constructor), aliases that expand beyond a small budget (alias bombs), and
+   duplicate keys (YAML silently keeps the last one);
+3. validated by strict pydantic models (unknown keys are errors, no type coercion);
+4. cross-checked like Alertmanager's config: every receiver a route names exists, every
+   curve file exists and loads, names are unique.
+
+Every error names the file, the line, the key path and the offending value, e.g.
+``policies/bad.yaml:12: tasks[0].margin: value 'x' is not a number``; the line comes from
+the node tree, so it points at the key the user has to edit.
+
+The vocabulary of routes follows Prometheus Alertmanager (receiver, group_by, group_wait,
+group_interval, repeat_interval, matchers, continue) with the same defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
+                      field_validator, model_validator)
+
+from monitor.errors import LstarError, PolicyError
+from monitor.evaluate import Matcher, TaskPrediction, make_prediction, parse_matcher
+from monitor.hub import WatchRule
+from monitor.policy_yaml import compose, construct, format_key_path, node_line, validation_lines
+
+POLICY_MAX_BYTES = 1 << 20
+DEFAULT_GROUP_BY = ("policy", "repo", "commit")
+GROUP_BY_ALL = "..."
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# -- durations -------------------------------------------------------------------------------
+_DURATION_RE = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse a Prometheus-style duration ("30s", "5m", "4h", "1d", "1h30m") into a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if not isinstance(value, str) or not value or (match := _DURATION_RE.match(value)) is None:
+        raise ValueError(f"value {value!r} is not a duration (write it with units: 30s, 5m, 4h, 1d)")
+    seconds = sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_UNITS_S) if part)
+    return timedelta(seconds=seconds)
+
+
+def format_duration(delta: timedelta) -> str:
+    """The shortest Prometheus-style spelling of a duration (inverse of `parse_duration`)."""
+    total_ms = round(delta.total_seconds() * 1000)
+    if total_ms == 0:
+        return "0s"
+    out = ""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, total_ms = divmod(total_ms, size)
+        if count:
+            out += f"{count}{unit}"
+    return out
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def _matcher_from(value: Any) -> Matcher:
+    if isinstance(value, Matcher):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"value {value!r} is not a matcher (write KEY=VALUE, KEY!=VALUE, "
+                         "KEY=~REGEX or KEY!~REGEX)")
+    return parse_matcher(value)
+
+
+MatcherField = Annotated[Matcher, BeforeValidator(_matcher_from)]
+
+
+def _string_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# -- tasks and the calibration-gaming rule -----------------------------------------------------
+class Task(_Strict):
+    """One task curve applied to each new score.
+
+    curve:      path of a curve artifact (JSON, `lstar-curve/1`), relative to the policy file
+    margin:     ε; the task counts as emerged when performance reaches b_t + ε (default: the
+                margin the curve was fitted with)
+    confidence: 1 − δ, the level of the interval [lo, hi] around P̂; it must equal the level
+                the curve's band was fitted at (say it here to have that checked)
+    labels:     extra alert labels (e.g. severity)
+    """
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    curve: str
+    margin: float | None = Field(None, gt=0.0, le=1.0)
+    confidence: float | None = Field(None, gt=0.0, lt=1.0)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Corpora(_Strict):
+    """Which corpora a policy reads L* on (manifest sha256 of each).
+
+    public:  the corpus the task curves were fitted on; scores on other corpora are ignored
+    private: a governance corpus kept off the Hub; with it, `calibration_gaming` can run
+    """
+
+    public: str | None = None
+    private: str | None = None
+
+    @field_validator("public", "private")
+    @classmethod
+    def _is_sha256(cls, value: str | None) -> str | None:
+        if value is not None and not _SHA256_RE.match(value):
+            raise ValueError(f"value {value!r} is not a corpus sha256 (64 lowercase hex digits)")
+        return value
+
+
+class CalibrationGaming(_Strict):
+    """Flag checkpoints whose L* is suspiciously better on the public corpus than the private one.
+
+    k:                     how many standard errors of the difference count as suspicious
+    reference_checkpoints: `repo@sha` of checkpoints trusted not to have seen either corpus;
+                           their mean public − private offset is the expected gap
+    """
+
+    k: float = Field(3.0, gt=0.0)
+    reference_checkpoints: list[str] = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("reference_checkpoints")
+    @classmethod
+    def _refs(cls, value: list[str]) -> list[str]:
+        for ref in value:
+            repo, _, sha = ref.partition("@")
+            if not repo or not sha:
+                raise ValueError(f"value {ref!r} is not a checkpoint reference (write repo@commit)")
+        return value
+
+    def references(self) -> list[tuple[str, str]]:
+        """The reference checkpoints as (repo, sha) pairs."""
+        return [tuple(ref.rsplit("@", 1)) for ref in self.reference_checkpoints]  # type: ignore[misc]
+
+
+# -- routes ----------------------------------------------------------------------------------
+class Route(_Strict):
+    """A node of the routing tree (Alertmanager's `route`).
+
+    An alert enters at the root; the first child whose matchers all match takes it (and the
+    search goes on past that child only with `continue: true`); a node no child took
+    handles the alert itself. Unset group_by and timers are inherited from the parent.
+    """
+
+    receiver: str | None = None
+    matchers: list[MatcherField] = Field(default_factory=list)
+    group_by: list[str] | None = None
+    group_wait: Duration | None = None
+    group_interval: Duration | None = None
+    repeat_interval: Duration | None = None
+    continue_: bool = Field(False, alias="continue")
+    routes: list["Route"] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @field_validator("group_by")
+    @classmethod
+    def _label_names(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
+            if name != GROUP_BY_ALL and not _LABEL_NAME_RE.match(name):
+                raise ValueError(f"value {name!r} is not a label name")
+        return value
+
+    def walk(self) -> Iterator[tuple[str, "Route"]]:
+        """Every node with its key path below `route` ('' for the root)."""
+        yield "", self
+        for i, child in enumerate(self.routes):
+            for sub, node in child.walk():
+                yield f".routes[{i}]{sub}", node
+
+
+class RootRoute(Route):
+    """The root of the routing tree: it must name a receiver and carries the defaults."""
+
+    receiver: str
+    group_by: list[str] = Field(default_factory=lambda: list(DEFAULT_GROUP_BY))
+    group_wait: Duration = timedelta(seconds=30)
+    group_interval: Duration = timedelta(minutes=5)
+    repeat_interval: Duration = timedelta(hours=4)
+
+
+# -- receivers -------------------------------------------------------------------------------
+def _one_secret_source(env: str | None, file: str | None, what: str) -> None:
+    """A secret comes from an environment variable or a file (never the policy itself)."""
+    if env is not None and file is not None:
+        raise ValueError(f"give {what}_env or {what}_file, not both")
+
+
+class WebhookConfig(_Strict):
+    """An HTTP endpoint receiving Alertmanager-format JSON, signed per Standard Webhooks.
+
+    secret_env / secret_file: the `whsec_...` signing secret (optional; unsigned without)
+    timeout: per request (default 15s); redirects are never followed
+    """
+
+    url: str
+    secret_env: str | None = None
+    secret_file: str | None = None
+    timeout: Duration = timedelta(seconds=15)
+    max_alerts: int = Field(0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"value {value!r} is not an http(s) URL")
+        return value
+
+    @model_validator(mode="after")
+    def _secret(self) -> "WebhookConfig":
+        _one_secret_source(self.secret_env, self.secret_file, "secret")
+        return self
+
+
+class EmailConfig(_Strict):
+    """An SMTP server and the mails to send through it.
+
+    tls: `starttls` (upgrade a plain connection; the default on port 587), `ssl` (TLS from
+    the first byte; port 465) or `none` (local relays only). Credentials come from the
+    environment or a file; the password is never written into the policy.
+    """
+
+    to: Annotated[list[str], BeforeValidator(_string_list)] = Field(min_length=1)
+    from_: str = Field(alias="from")
+    host: str
+    port: int = Field(587, ge=1, le=65535)
+    tls: Literal["none", "starttls", "ssl"] = "starttls"
+    ca_file: str | None = None
+    username: str | None = None
+    username_env: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+    timeout: Duration = timedelta(seconds=30)
+    subject_prefix: str = "[lstar]"
+    templates: str | None = None
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    @field_validator("to")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for address in value:
+            if not isinstance(address, str) or "@" not in address:
+                raise ValueError(f"value {address!r} is not an email address")
+        return value
+
+    @field_validator("from_")
+    @classmethod
+    def _from_address(cls, value: str) -> str:
+        if "@" not in value:
+            raise ValueError(f"value {value!r} is not an email address")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> "EmailConfig":
+        if self.username is not None and self.username_env is not None:
+            raise ValueError("give username or username_env, not both")
+        _one_secret_source(self.password_env, self.password_file, "password")
+        has_user = self.username is not None or self.username_env is not None
+        has_password = self.password_env is not None or self.password_file is not None
+        if has_user != has_password:
+            raise ValueError("give both a username and a password source, or neither")
+        return self
+
+
+class FileConfig(_Strict):
+    """An append-only JSON-lines file (relative paths are relative to the policy file)."""
+
+    path: str
+
+
+class RateLimit(_Strict):
+    """At most `max` notifications per `per` through one receiver; the rest wait."""
+
+    max: int = Field(20, ge=1)
+    per: Duration = timedelta(hours=1)
+
+
+class RetryConfig(_Strict):
+    """Full-jitter exponential backoff: attempt n waits U(0, min(max_backoff, initial·2^(n−1)))."""
+
+    max_attempts: int = Field(15, ge=1, le=100)
+    initial_backoff: Duration = timedelta(seconds=30)
+    max_backoff: Duration = timedelta(hours=6)
+
+
+class Receiver(_Strict):
+    """A named channel: exactly one of webhook, email, file."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    webhook: WebhookConfig | None = None
+    email: EmailConfig | None = None
+    file: FileConfig | None = None
+    send_resolved: bool | None = None
+    rate_limit: RateLimit = RateLimit()
+    retry: RetryConfig = RetryConfig()
+
+    @model_validator(mode="after")
+    def _one_channel(self) -> "Receiver":
+        given = [k for k in ("webhook", "email", "file") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of webhook, email, file"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        return self
+
+    @property
+    def kind(self) -> Literal["webhook", "email", "file"]:
+        return "webhook" if self.webhook else "email" if self.email else "file"
+
+    @property
+    def resolved_notifications(self) -> bool:
+        """Whether to send resolved notifications (Alertmanager defaults: webhook yes, email no)."""
+        return self.send_resolved if self.send_resolved is not None else self.kind != "email"
+
+
+# -- reports ---------------------------------------------------------------------------------
+class Schedule(_Strict):
+    """When a report runs: a crontab line (`0 9 * * MON`) or an interval (`7d`)."""
+
+    cron: str | None = None
+    every: Duration | None = None
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _crontab(cls, value: str | None) -> str | None:
+        if value is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(value, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"value {value!r} is not a crontab line: {exc}") from exc
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"value {value!r} is not a time zone name") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one(self) -> "Schedule":
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give exactly one of cron or every")
+        return self
+
+
+class Report(_Strict):
+    """A periodic governance summary (the daemon runs it; the policy only says when and to whom)."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    schedule: Schedule
+    receivers: list[str] = Field(min_length=1)
+    format: Literal["markdown", "html", "json"] = "markdown"
+    window: Duration = timedelta(days=7)
+
+
+# -- the policy ------------------------------------------------------------------------------
+class Policy(_Strict):
+    """A whole policy file. `path` is set by `load_policy` (relative paths resolve against it)."""
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    description: str = ""
+    external_url: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    watch: list[WatchRule] = Field(default_factory=list)
+    corpora: Corpora = Corpora()
+    tasks: list[Task] = Field(default_factory=list)
+    calibration_gaming: CalibrationGaming | None = None
+    route: RootRoute
+    receivers: list[Receiver] = Field(min_length=1)
+    meta_receivers: list[str] = Field(default_factory=list)
+    reports: list[Report] = Field(default_factory=list)
+
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def path(self) -> Path | None:
+        """The file this policy was loaded from (None when built in code)."""
+        return self._path
+
+    def receiver(self, name: str) -> Receiver:
+        """The receiver called `name` (raises PolicyError when undefined)."""
+        for r in self.receivers:
+            if r.name == name:
+                return r
+        raise PolicyError(f"policy {self.name!r} has no receiver {name!r}",
+                          hint=f"defined: {', '.join(r.name for r in self.receivers)}")
+
+    def task(self, name: str) -> Task:
+        """The task called `name` (raises PolicyError when undefined)."""
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise PolicyError(f"policy {self.name!r} has no task {name!r}")
+
+    def resolve_path(self, value: str) -> Path:
+        """A path from the policy, resolved against the policy file's folder."""
+        p = Path(value).expanduser()
+        if p.is_absolute() or self.path is None:
+            return p
+        return self.path.parent / p
+
+
+# -- task curves (artifacts of monitor.curve_artifact) ------------------------------------------
+def load_task_curve(path: str | Path) -> Any:
+    """Load a curve artifact (`monitor.curve_artifact.CurveArtifact`); raises CurveError."""
+    from monitor.curve_artifact import load_curve
+
+    return load_curve(path)
+
+
+def predict_task(curve: Any, task: Task, *, lstar: float, se: float, corpus_sha256: str | None = None,
+                 scoring_spec: Any = None) -> TaskPrediction:
+    """P̂, its interval and the state of `task` for one L* (and its SE).
+
+    The interval is the curve's band at its confidence, widened for the SE of L*; the
+    threshold is the curve's floor b_t plus the task's margin ε (default: the curve's).
+    With `corpus_sha256`/`scoring_spec` given, a curve fitted on another corpus or spec is
+    refused (CurveError).
+    """
+    from monitor.curve_artifact import predict
+
+    out = predict(curve, lstar, se, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
+    margin = task.margin if task.margin is not None else curve.margin
+    return make_prediction(task.name, lstar=lstar, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,
+                           floor=curve.baseline, margin=margin, confidence=curve.confidence,
+                           curve_id=curve.curve_id, corpus_sha256=curve.corpus_sha256,
+                           extrapolated=out.extrapolated)
+
+
+# -- loading ----------------------------------------------------------------------------------
+@dataclass
+class LoadedPolicy:
+    """A validated policy and the node tree it came from (for cross-reference line numbers)."""
+
+    policy: Policy
+    root: yaml.Node
+
+
+def read_policy_text(path: Path, label: str) -> str:
+    """The file's text after the size and encoding checks."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise PolicyError(f"{label}: cannot read: {exc.strerror}") from None
+    if size > POLICY_MAX_BYTES:
+        raise PolicyError(f"{label}: file is {size:,} bytes; policy files are limited to "
+                          f"{POLICY_MAX_BYTES:,} bytes")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{label}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{label}: not UTF-8 text (byte {exc.start})") from None
+
+
+def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPolicy:
+    """Validate policy text (no cross-reference checks). `label` names the file in errors."""
+    root = compose(text, label)
+    if root is None:
+        raise PolicyError(f"{label}:1: the file is empty; a policy needs name, route and receivers")
+    data = construct(root, label)
+    if not isinstance(data, dict):
+        raise PolicyError(f"{label}:{root.start_mark.line + 1}: expected a mapping at the top "
+                          f"level, got {type(data).__name__}")
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        lines = validation_lines(exc, root, label, Policy)
+        raise PolicyError("\n".join(lines)) from None
+    policy._path = path
+    return LoadedPolicy(policy, root)
+
+
+def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: bool) -> list[str]:
+    policy, root = loaded.policy, loaded.root
+    errors: list[str] = []
+
+    def error(loc: Sequence[Any], message: str) -> None:
+        line, _ = node_line(root, loc)
+        errors.append(f"{label}:{line}: {format_key_path(loc)}: {message}")
+
+    names = [r.name for r in policy.receivers]
+    defined = ", ".join(names)
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            error(["receivers", i, "name"], f"receiver {name!r} is defined twice")
+    tasks = [t.name for t in policy.tasks]
+    for i, name in enumerate(tasks):
+        if tasks.index(name) != i:
+            error(["tasks", i, "name"], f"task {name!r} is defined twice")
+    rules = [w.name for w in policy.watch]
+    for i, name in enumerate(rules):
+        if rules.index(name) != i:
+            error(["watch", i, "name"], f"watch rule {name!r} is defined twice")
+
+    for sub, node in policy.route.walk():
+        if node.receiver is not None and node.receiver not in names:
+            loc = _loc_of(f"route{sub}") + ["receiver"]
+            error(loc, f"receiver {node.receiver!r} is not defined (defined: {defined})")
+    for i, name in enumerate(policy.meta_receivers):
+        if name not in names:
+            error(["meta_receivers", i], f"receiver {name!r} is not defined (defined: {defined})")
+    for i, report in enumerate(policy.reports):
+        for j, name in enumerate(report.receivers):
+            if name not in names:
+                error(["reports", i, "receivers", j],
+                      f"receiver {name!r} is not defined (defined: {defined})")
+    if policy.calibration_gaming is not None and policy.corpora.private is None:
+        error(["calibration_gaming"], "needs corpora.private (the governance corpus) beside "
+                                      "corpora.public")
+    if policy.calibration_gaming is not None and policy.corpora.public is None:
+        error(["calibration_gaming"], "needs corpora.public beside corpora.private")
+    for i, receiver in enumerate(policy.receivers):
+        for key in ("secret_file", "password_file", "ca_file"):
+            cfg = receiver.webhook or receiver.email
+            value = getattr(cfg, key, None) if cfg is not None else None
+            if value is not None and not policy.resolve_path(value).is_file():
+                error(["receivers", i, receiver.kind, key],
+                      f"file {value!r} does not exist (paths are relative to the policy file)")
+    if check_curves:
+        for i, task in enumerate(policy.tasks):
+            curve_path = policy.resolve_path(task.curve)
+            if not curve_path.is_file():
+                error(["tasks", i, "curve"],
+                      f"curve file {task.curve!r} does not exist (paths are relative to the policy file)")
+                continue
+            try:
+                curve = load_task_curve(curve_path)
+            except LstarError as exc:
+                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {exc.one_line()}")
+                continue
+            if curve.predictor != "lstar":
+                error(["tasks", i, "curve"], f"curve {task.curve!r} is fitted on {curve.predictor}, not L*")
+            public = policy.corpora.public
+            if public is not None and curve.corpus_sha256 != public:
+                error(["tasks", i, "curve"],
+                      f"curve {task.curve!r} was fitted on corpus {str(curve.corpus_sha256)[:12]}, "
+                      f"not on corpora.public {public[:12]}")
+            if task.confidence is not None and not math.isclose(task.confidence, curve.confidence):
+                error(["tasks", i, "confidence"],
+                      f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
+                      f"{task.curve!r}; refit the curve at this confidence or drop the key")
+    return errors
+
+
+def _loc_of(path: str) -> list[Any]:
+    """'route.routes[0].routes[1]' -> ['route', 'routes', 0, 'routes', 1]."""
+    out: list[Any] = []
+    for part in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\[\d+\]", path):
+        out.append(int(part[1:-1]) if part.startswith("[") else part)
+    return out
+
+
+def load_policy(path: str | Path, *, check_curves: bool = True) -> Policy:
+    """Read, validate and cross-check one policy file.
+
+    Raises PolicyError whose message lists every problem found, one per line, each as
+    `FILE:LINE: KEY.PATH: what is wrong with VALUE`.
+    """
+    path = Path(path)
+    label = str(path)
+    text = read_policy_text(path, label)
+    loaded = parse_policy(text, label, path=path)
+    errors = _cross_reference_errors(loaded, label, check_curves=check_curves)
+    if errors:
+        errors.sort(key=lambda text: int(text[len(label) + 1:].split(":", 1)[0]))
+        raise PolicyError("\n".join(errors))
+    return loaded.policy
+
+
+def load_policies(paths: Sequence[str | Path]) -> list[Policy]:
+    """Load several policy files; their names must be unique (alert keys start with them)."""
+    policies = [load_policy(p) for p in paths]
+    seen: dict[str, Path | None] = {}
+    for p in policies:
+        if p.name in seen:
+            raise PolicyError(f"{p.path}: name: policy name {p.name!r} is also used by {seen[p.name]}",
+                              hint="policy names must be unique")
+        seen[p.name] = p.path
+    return policies
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of checking one file: `errors` is empty when it passed."""
+
+    path: str
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_policy_files(paths: Sequence[str | Path]) -> list[CheckResult]:
+    """Check each file independently (a bad file never hides the verdict on the others)."""
+    results = []
+    for p in paths:
+        try:
+            load_policy(p)
+        except PolicyError as exc:
+            results.append(CheckResult(str(p), tuple(exc.message.splitlines())))
+        else:
+            results.append(CheckResult(str(p), ()))
+    return results
+
+
+class PolicySet:
+    """The policies in force, kept on reload failure: a bad file never replaces a good one.
+
+    `reload()` re-reads every file; files that fail keep their last good version and the
+    errors are returned so the daemon can tell the operator (file, line, key path, value).
+    """
+
+    def __init__(self, paths: Sequence[str | Path]) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.policies: dict[Path, Policy] = {}
+        self.errors: dict[Path, str] = {}
+
+    def reload(self) -> dict[Path, str]:
+        """Load every file; returns {path: error} for the ones that failed (kept at last good)."""
+        errors: dict[Path, str] = {}
+        for path in self.paths:
+            try:
+                policy = load_policy(path)
+            except PolicyError as exc:
+                errors[path] = exc.message
+                continue
+            clash = next((p for q, p in self.policies.items() if q != path and p.name == policy.name), None)
+            if clash is not None:
+                errors[path] = f"{path}: name: policy name {policy.name!r} is also used by {clash.path}"
+                continue
+            self.policies[path] = policy
+        self.errors = errors
+        return errors
+
+    def current(self) -> list[Policy]:
+        """The policies in force (the last good version of each file)."""
+        return [self.policies[p] for p in self.paths if p in self.policies]
+
+
+__all__ = ["Policy", "Task", "Corpora", "CalibrationGaming", "Route", "RootRoute", "Receiver",
+           "WebhookConfig", "EmailConfig", "FileConfig", "RateLimit", "RetryConfig", "Report",
+           "Schedule", "PolicySet", "CheckResult", "LoadedPolicy",
+           "load_policy", "load_policies", "load_task_curve", "predict_task", "parse_policy", "check_policy_files",
+           "parse_duration", "format_duration", "POLICY_MAX_BYTES", "DEFAULT_GROUP_BY"]

@@ -1,0 +1,285 @@
+"""Policy files: strict schema, exact error lines (file:line: key path: value), the
+`lstar policy check|test` commands, and keeping the last good policy (reliability row 18)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import main
+from monitor.errors import PolicyError
+from monitor.policy import (POLICY_MAX_BYTES, PolicySet, check_policy_files, format_duration, load_policy,
+                            parse_duration)
+from monitor.policy_yaml import ALIAS_EXPANSION_LIMIT
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path("tests/fixtures/policies")  # relative: error lines name files as given
+
+MINIMAL = """\
+name: p
+route:
+  receiver: log
+receivers:
+  - name: log
+    file: {path: alerts.jsonl}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    return info.value.message
+
+
+# -- the fixture folder through `lstar policy check` ---------------------------------------------
+EXPECTED_CHECK = """\
+FAILED tests/fixtures/policies/bad-alias-bomb.yaml:7: aliases expand to more than 10,000 nodes (an alias bomb?); write the values out instead
+FAILED tests/fixtures/policies/bad-duplicate-key.yaml:7: receivers[0].file: duplicate key
+FAILED tests/fixtures/policies/bad-missing-curve.yaml:4: tasks[0].curve: curve file 'curves/nope.json' does not exist (paths are relative to the policy file)
+FAILED tests/fixtures/policies/bad-python-tag.yaml:6: receivers[0].file: tag '!!python/object/apply:os.system' is not allowed; policy files hold only strings, numbers, booleans, null, lists and mappings
+FAILED tests/fixtures/policies/bad-syntax.yaml:4: YAML syntax error: mapping values are not allowed here
+FAILED tests/fixtures/policies/bad-type.yaml:5: tasks[0].margin: value 'x' is not a number
+FAILED tests/fixtures/policies/bad-type.yaml:8: route.repeat_interval: value 4 is not a duration (write it with units: 30s, 5m, 4h, 1d)
+FAILED tests/fixtures/policies/bad-undefined-receiver.yaml:6: route.routes[0].receiver: receiver 'pager' is not defined (defined: log)
+FAILED tests/fixtures/policies/bad-unknown-key.yaml:4: route.repeat_intervall: unknown key (did you mean 'repeat_interval'?); allowed: continue, group_by, group_interval, group_wait, matchers, receiver, repeat_interval, routes
+SUCCESS tests/fixtures/policies/good-full.yaml
+SUCCESS tests/fixtures/policies/good-minimal.yaml
+"""
+
+
+def test_check_folder_prints_exact_lines_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["policy", "check", str(FIXTURES)])
+    out, err = capsys.readouterr()
+    assert out == EXPECTED_CHECK
+    assert code != 0
+    assert err.strip() == "error: 8 of 10 policy file(s) failed the check"
+
+
+def test_check_exits_zero_only_when_every_file_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    good = [str(FIXTURES / "good-full.yaml"), str(FIXTURES / "good-minimal.yaml"), "policies/example.yaml"]
+    assert main(["policy", "check", *good]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"SUCCESS {g}" for g in good]
+    assert main(["policy", "check", good[0], str(FIXTURES / "bad-type.yaml")]) != 0
+
+
+def test_python_tag_is_refused_before_anything_is_constructed(tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f'name: x\nroute: !!python/object/apply:os.system ["touch {canary}"]\n')
+    assert _error(path) == (f"{path}:2: route: tag '!!python/object/apply:os.system' is not allowed; "
+                            "policy files hold only strings, numbers, booleans, null, lists and mappings")
+    assert not canary.exists()
+
+
+def test_alias_bomb_is_refused_quickly() -> None:
+    # The file would expand to 9^9 strings; refusal must come from the composed graph.
+    message = _error(FIXTURES / "bad-alias-bomb.yaml")
+    assert f"more than {ALIAS_EXPANSION_LIMIT:,} nodes" in message
+
+
+def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "aliases.yaml"
+    path.write_text(MINIMAL + "meta_receivers: &m [log]\nreports:\n  - name: r\n"
+                    "    schedule: {every: 1d}\n    receivers: *m\n")
+    assert load_policy(path).reports[0].receivers == ["log"]
+
+
+def test_recursive_alias_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "loop.yaml"
+    path.write_text("name: &a [*a]\n")
+    assert _error(path) == f"{path}:1: name[0]: recursive alias; a value cannot contain itself"
+
+
+def test_size_limit_and_encoding(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text(MINIMAL + "description: " + "x" * POLICY_MAX_BYTES + "\n")
+    size = big.stat().st_size
+    assert _error(big) == (f"{big}: file is {size:,} bytes; policy files are limited to "
+                           f"{POLICY_MAX_BYTES:,} bytes")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    assert _error(latin) == f"{latin}: not UTF-8 text (byte 9)"
+
+
+def test_every_error_of_a_file_is_listed_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "many.yaml"
+    path.write_text("""\
+name: many
+tasks:
+  - name: t
+    curve: c.json
+    margin: 2
+route:
+  receiver: log
+  group_by: [policy, "bad label"]
+receivers:
+  - name: log
+    email: {to: nobody, from: a@b.c, host: h, tls: sometimes}
+""")
+    assert _error(path).splitlines() == [
+        f"{path}:5: tasks[0].margin: value 2 must be at most 1.0",
+        f"{path}:8: route.group_by: value 'bad label' is not a label name",
+        f"{path}:11: receivers[0].email.to: value 'nobody' is not an email address",
+        f"{path}:11: receivers[0].email.tls: value 'sometimes' is not one of 'none', 'starttls' or 'ssl'",
+    ]
+
+
+def test_missing_keys_and_wrong_shapes(tmp_path: Path) -> None:
+    path = tmp_path / "shape.yaml"
+    path.write_text("name: s\nroute: {}\nreceivers:\n  - name: hook\n    webhook: {url: ftp://x}\n"
+                    "  - name: two\n    file: {path: a}\n    webhook: {url: 'http://x'}\n")
+    assert _error(path).splitlines() == [
+        f"{path}:2: route.receiver: missing required key",
+        f"{path}:5: receivers[0].webhook.url: value 'ftp://x' is not an http(s) URL",
+        f"{path}:6: receivers[1]: give exactly one of webhook, email, file (got webhook, file)",
+    ]
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    assert _error(top) == f"{top}:1: expected a mapping at the top level, got list"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    assert _error(empty) == f"{empty}:1: the file is empty; a policy needs name, route and receivers"
+
+
+def test_union_value_and_watch_rule_errors(tmp_path: Path) -> None:
+    path = tmp_path / "watch.yaml"
+    path.write_text(MINIMAL + "watch:\n  - name: w\n    author: x\n    revisions: mian\n")
+    assert _error(path) == f"{path}:10: watch[0].revisions: value 'mian' is not one of 'main' or a mapping"
+
+
+def test_cross_references(tmp_path: Path) -> None:
+    curve = tmp_path / "arith.json"
+    shutil.copy(FIXTURES / "curves" / "arith.json", curve)
+    path = tmp_path / "xref.yaml"
+    path.write_text(f"""\
+name: x
+corpora: {{public: {"ab" * 32}}}
+tasks:
+  - name: arith
+    curve: arith.json
+    confidence: 0.95
+  - name: arith
+    curve: arith.json
+calibration_gaming:
+  reference_checkpoints: [org/m@abc]
+route:
+  receiver: log
+receivers:
+  - name: log
+    file: {{path: a}}
+meta_receivers: [log, pager]
+reports:
+  - name: weekly
+    schedule: {{cron: "0 9 * * MON"}}
+    receivers: [mail]
+""")
+    assert _error(path).splitlines() == [
+        f"{path}:5: tasks[0].curve: curve 'arith.json' was fitted on corpus 9f269a7db0b1, not on corpora.public abababababab",
+        f"{path}:6: tasks[0].confidence: value 0.95 differs from the 0.9 band of curve 'arith.json'; refit the curve at this confidence or drop the key",
+        f"{path}:7: tasks[1].name: task 'arith' is defined twice",
+        f"{path}:8: tasks[1].curve: curve 'arith.json' was fitted on corpus 9f269a7db0b1, not on corpora.public abababababab",
+        f"{path}:9: calibration_gaming: needs corpora.private (the governance corpus) beside corpora.public",
+        f"{path}:16: meta_receivers[1]: receiver 'pager' is not defined (defined: log)",
+        f"{path}:20: reports[0].receivers[0]: receiver 'mail' is not defined (defined: log)",
+    ]
+
+
+def test_defaults_follow_alertmanager() -> None:
+    policy = load_policy(FIXTURES / "good-minimal.yaml")
+    route = policy.route
+    assert route.group_by == ["policy", "repo", "commit"]
+    assert (route.group_wait, route.group_interval, route.repeat_interval) == (
+        timedelta(seconds=30), timedelta(minutes=5), timedelta(hours=4))
+    full = load_policy(FIXTURES / "good-full.yaml")
+    assert full.receiver("hook").resolved_notifications is True
+    assert full.receiver("mail").resolved_notifications is False
+    assert full.receiver("hook").webhook.timeout == timedelta(seconds=2)
+    assert full.path == FIXTURES / "good-full.yaml"
+    assert full.resolve_path("curves/arith.json") == FIXTURES / "curves" / "arith.json"
+
+
+@pytest.mark.parametrize("text,seconds", [("30s", 30), ("5m", 300), ("4h", 14400), ("1d", 86400),
+                                          ("1h30m", 5400), ("2w", 1209600), ("1500ms", 1.5), ("0s", 0)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+    assert parse_duration(format_duration(parse_duration(text))) == parse_duration(text)
+
+
+@pytest.mark.parametrize("bad", ["", "4", "4x", "h", "-1h", "1.5h", "1m1h"])
+def test_bad_durations(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_last_good_policy_is_kept_on_a_bad_reload(tmp_path: Path) -> None:
+    path = tmp_path / "live.yaml"
+    path.write_text(MINIMAL)
+    live = PolicySet([path])
+    assert live.reload() == {}
+    assert [p.name for p in live.current()] == ["p"]
+    path.write_text(MINIMAL.replace("receiver: log", "receiver: log\n  group_wait: soon"))
+    errors = live.reload()
+    assert errors == {path: f"{path}:4: route.group_wait: value 'soon' is not a duration "
+                            "(write it with units: 30s, 5m, 4h, 1d)"}
+    assert [p.name for p in live.current()] == ["p"]  # the last good version still rules
+    assert live.current()[0].route.group_wait == timedelta(seconds=30)
+    path.write_text(MINIMAL.replace("name: p", "name: p2"))
+    assert live.reload() == {}
+    assert [p.name for p in live.current()] == ["p2"]
+
+
+def test_check_policy_files_reports_each_file_separately() -> None:
+    results = check_policy_files([FIXTURES / "bad-syntax.yaml", FIXTURES / "good-minimal.yaml"])
+    assert [r.ok for r in results] == [False, True]
+    assert results[0].errors == (
+        "tests/fixtures/policies/bad-syntax.yaml:4: YAML syntax error: mapping values are not allowed here",)
+
+
+# -- lstar policy test -------------------------------------------------------------------------
+def test_policy_test_prints_each_task_decision_and_sends_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    from monitor.curve_artifact import load_curve, predict
+
+    code = main(["policy", "test", str(FIXTURES / "good-full.yaml"), "--lstar", "-2.0", "--se", "0.02",
+                 "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sent"] is False and result["policy"] == "full"
+    by_task = {t["task"]: t for t in result["tasks"]}
+    for name in ("arith", "cloze"):
+        expected = predict(load_curve(FIXTURES / "curves" / f"{name}.json"), -2.0, 0.02)
+        got = by_task[name]
+        assert got["p_hat"] == pytest.approx(expected.p_hat)
+        assert got["interval"] == pytest.approx([expected.lower, expected.upper])
+        assert got["threshold"] == pytest.approx(0.30)
+        # the state follows design §3 from the interval and b + ε, computed here by hand
+        lo, hi = got["interval"]
+        assert got["state"] == ("emerged" if lo >= 0.30 else "at_risk" if hi >= 0.30 else "clear")
+    assert by_task["arith"]["state"] == "at_risk" and by_task["arith"]["receivers"] == ["hook"]
+    assert by_task["cloze"]["state"] == "clear" and by_task["cloze"]["receivers"] == []
+
+
+def test_policy_test_routes_emerged_to_both_receivers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "test", str(FIXTURES / "good-full.yaml"), "--lstar", "-2.6", "--json"]) == 0
+    by_task = {t["task"]: t for t in json.loads(capsys.readouterr().out)["tasks"]}
+    assert by_task["arith"]["state"] == "emerged"
+    # Alertmanager semantics: the matching child takes the alert; `continue` only lets later
+    # siblings match too, and the root handles only alerts no child took.
+    assert by_task["arith"]["receivers"] == ["mail"]
+    assert main(["policy", "test", str(FIXTURES / "good-full.yaml"), "--lstar", "-2.6"]) == 0
+    table = capsys.readouterr().out
+    assert "arith" in table and "emerged" in table and "nothing sent" in table
+
+
+def test_policy_test_on_a_bad_file_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "test", str(FIXTURES / "bad-type.yaml"), "--lstar", "-2"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: tests/fixtures/policies/bad-type.yaml:5: tasks[0].margin: value 'x' is not a number")
