@@ -1,0 +1,104 @@
+"""`lstar score --pending`: the queue of gated Hub checkpoints scored exactly once.
+
+The scorer is the real CLI in a subprocess, fetching from the fake Hub through the official
+client; it is SIGKILLed after scoring but before completing (fail point `mid_score`), then
+restarted. The job must end `scored` with exactly one score run and its per-document rows,
+pinned to the checkpoint's commit sha, and the numbers must equal a direct score of the same
+files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.gate import gate_pending
+from monitor.hub import HubClient, WatchRule, poll_once
+from monitor.store import Store
+from monitor.testing.fakehub import FakeHub
+from monitor.testing.hub_repos import tiny_model_files
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCORE_FLAGS = ["--max-context", "64", "--docs", "3", "--no-tcb", "--quiet"]
+
+
+def run_scorer(db: Path, hub: FakeHub, cache: Path, corpus: Path, failpoint: str | None):
+    env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env.pop("LSTAR_FAILPOINT", None)
+    if failpoint:
+        env["LSTAR_FAILPOINT"] = failpoint
+    cmd = [sys.executable, "-m", "monitor.cli", "score", "--pending", "--db", str(db),
+           "--endpoint", hub.url, "--cache-dir", str(cache), "--corpus", str(corpus), "--json",
+           *SCORE_FLAGS]
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def gated_hub(tmp_path, shared_dir):
+    """A fake Hub with one tiny model, polled and gated into a fresh state file."""
+    with FakeHub() as hub:
+        sha = hub.add_repo("acme/tiny", tiny_model_files("gpt2", arch="llama", seed=3))
+        db = tmp_path / "state.duckdb"
+        cache = tmp_path / "hf-cache"
+        with Store.open(db) as store:
+            client = HubClient(hub.url, store=store)
+            rule = WatchRule(name="acme", author="acme")
+            poll_once(store, client, [rule])
+            outcomes = gate_pending(store, client, [rule], cache_dir=cache)
+            assert [o.status for o in outcomes] == ["gated"], outcomes
+        yield hub, db, cache, sha
+
+
+def test_killed_scorer_restarts_and_completes_exactly_once(gated_hub, calib_v0):
+    hub, db, cache, sha = gated_hub
+
+    killed = run_scorer(db, hub, cache, calib_v0, failpoint="mid_score")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Store.open(db, read_only=True) as store:
+        row = store.list_checkpoints()[0]
+        assert row["status"] == "fetched" and row["lease_owner"] is not None
+        assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 0
+
+    # The dead scorer's lease must expire before the job can be claimed again.
+    with Store.open(db) as store:
+        store.conn.execute("UPDATE checkpoints SET lease_expires_at = now() - INTERVAL 1 SECOND")
+
+    done = run_scorer(db, hub, cache, calib_v0, failpoint=None)
+    assert done.returncode == 0, done.stderr
+    jobs = json.loads(done.stdout)
+    assert [(j["repo"], j["sha"], j["status"]) for j in jobs] == [("acme/tiny", sha, "scored")]
+
+    again = run_scorer(db, hub, cache, calib_v0, failpoint=None)
+    assert again.returncode == 0 and json.loads(again.stdout) == []
+
+    with Store.open(db, read_only=True) as store:
+        row = store.list_checkpoints()[0]
+        assert (row["status"], row["attempts"], row["lease_owner"]) == ("scored", 2, None)
+        runs = store.query("SELECT * FROM score_runs")
+        assert len(runs) == 1
+        run = runs[0]
+        assert (run["model_repo"], run["model_sha"], run["checkpoint_id"]) == ("acme/tiny", sha, row["id"])
+        docs = store.score_documents(run["run_id"])
+        assert len(docs) == 3
+        assert sum(d["n_tokens"] for d in docs) == run["n_tokens"]
+        assert sum(d["nll"] for d in docs) == pytest.approx(run["nll_sum"], rel=1e-12)
+
+    # The queued score equals a direct `lstar score org/name@sha` through the Hub path.
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache),
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("LSTAR_FAILPOINT", None)
+    direct = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "score", f"acme/tiny@{sha}", "--corpus", str(calib_v0),
+         "--no-db", "--json", *SCORE_FLAGS], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert direct.returncode == 0, direct.stderr
+    result = json.loads(direct.stdout)
+    assert (result["model"]["repo"], result["model"]["sha"], result["model"]["source"]) == (
+        "acme/tiny", sha, "hub")
+    assert result["lstar"] == pytest.approx(run["lstar"], rel=1e-12)
