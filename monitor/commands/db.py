@@ -28,8 +28,14 @@ def register(app: typer.Typer) -> None:
     def info(db_path: Path = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Schema version and row counts (opens the file read-only)."""
-        with Store.open(db_path, read_only=True) as store:
-            data = store.info()
+        from monitor.daemon_api import api_get, live_daemon_url
+
+        url = live_daemon_url(Path(db_path).parent)  # a running daemon answers: no lock error
+        if url is not None:
+            data = api_get(url, "/db/info")
+        else:
+            with Store.open(db_path, read_only=True) as store:
+                data = store.info()
         if as_json:
             print(json.dumps(data, indent=2))
             return

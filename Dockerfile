@@ -1,0 +1,38 @@
+# lstar-monitor: the unattended watcher (`lstar run`) on a CUDA-capable PyTorch runtime.
+#
+#   docker build -t lstar-monitor .
+#   docker run --gpus all -v lstar-state:/app/state -v hf-cache:/home/lstar/.cache/huggingface \
+#       -v $PWD/policies:/app/policies:ro lstar-monitor --policies /app/policies --state /app/state
+FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    DISABLE_SAFETENSORS_CONVERSION=1 \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    HF_HOME=/home/lstar/.cache/huggingface \
+    LSTAR_API_PORT=8787
+
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin lstar
+WORKDIR /app
+
+# Dependencies first (cached while only the code changes); torch comes from the base image.
+COPY pyproject.toml README.md ./
+COPY monitor ./monitor
+COPY alerts ./alerts
+COPY policies ./policies
+RUN pip install --no-cache-dir . \
+    && mkdir -p /app/state "$HF_HOME" \
+    && chown -R lstar:lstar /app/state /home/lstar
+
+USER lstar
+VOLUME ["/app/state", "/home/lstar/.cache/huggingface"]
+
+# The daemon's local API answers /health with 200 while its jobs are alive.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD python -c "import os, urllib.request, sys; \
+url = 'http://127.0.0.1:%s/health' % os.environ.get('LSTAR_API_PORT', '8787'); \
+sys.exit(0 if urllib.request.urlopen(url, timeout=4).status == 200 else 1)"
+
+ENTRYPOINT ["lstar", "run"]
+CMD ["--policies", "/app/policies", "--state", "/app/state", "--api-port", "8787"]

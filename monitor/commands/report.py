@@ -1,0 +1,96 @@
+"""`lstar report`: the governance summary of a policy, in the terminal (rich), or as JSON,
+Markdown or a self-contained HTML file. Opens the database read-only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.store import DEFAULT_DB_PATH, Store, utcnow
+
+STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
+
+
+def _policies(paths: list[Path]) -> list[Any]:
+    from monitor.policy import load_policies
+
+    files: list[Path] = []
+    for p in paths:
+        files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml")) if p.is_dir() else [p]
+    return load_policies(files)
+
+
+def print_rich(data: dict[str, Any], console: Console) -> None:
+    """Render a report's data as rich tables."""
+    from monitor.report import fmt, ref_name, short
+
+    s = data["summary"]
+    console.print(f"[bold]Governance report: {data['policy']}[/bold]  "
+                  f"{fmt(data['period']['start'])} → {fmt(data['period']['end'])}")
+    console.print(f"new checkpoints {s['new_checkpoints']} · new scores {s['new_scores']} · lineages "
+                  f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
+    for problem in data["problems"]:
+        console.print(f"[red]problem:[/red] {problem}")
+    table = Table(title="L* by family")
+    for col in ("lineage", "checkpoint", "L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin", "new"):
+        table.add_column(col, justify="right" if col not in ("lineage", "checkpoint", "new") else "left")
+    for r in data["lstar_table"]:
+        st = r["stability"] or {}
+        table.add_row(r["lineage"], ref_name(r), fmt(r["lstar"]), fmt(r["se"]), fmt(r["ce"]),
+                      fmt(r["ce_unigram"]), fmt(st.get("median")), fmt(st.get("v_eff_mean"), 1),
+                      fmt(st.get("margin_mean")), "yes" if r["new"] else "")
+    console.print(table)
+    for t in data["tasks"]:
+        tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
+                         f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
+        for col in ("lineage", "state", "L*", "P̂", "interval", "threshold"):
+            tt.add_column(col)
+        for x in t["lineages"]:
+            colour = STATE_COLOURS.get(x["state"], "")
+            tt.add_row(x["lineage"], f"[{colour}]{x['state']}[/{colour}]" if colour else x["state"],
+                       fmt(x["lstar"]), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
+        console.print(tt)
+    if data["crossings"]:
+        ct = Table(title="crossings")
+        for col in ("task", "lineage", "checkpoint", "from", "to", "L*"):
+            ct.add_column(col)
+        for c in data["crossings"]:
+            ct.add_row(c["task"], c["lineage"], f"{c['repo']}@{short(c['commit'])}", c["from"] or "new", c["to"],
+                       fmt(c["lstar"]))
+        console.print(ct)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        policy: list[Path] = typer.Option(..., "--policy", help="Policy file or folder (repeatable)."),
+        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (opened read-only)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
+        html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
+    ) -> None:
+        """The governance summary of each policy since its last report (or its report window)."""
+        from monitor.report import render_plots, report_for_cli, to_html, to_json, to_markdown
+
+        policies = _policies(policy)
+        now = utcnow()
+        with Store.open(db_path, read_only=True) as store:
+            reports = [report_for_cli(store, p, now=now) for p in policies]
+        console = Console()
+        for data in reports:
+            if html is not None:
+                figures = render_plots(data)
+                target = html if len(reports) == 1 else html.with_name(f"{html.stem}-{data['policy']}{html.suffix}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(to_html(data, figures), encoding="utf-8")
+                console.print(f"wrote {target}")
+            if as_json:
+                print(to_json(data), end="")
+            elif markdown:
+                print(to_markdown(data), end="")
+            elif html is None:
+                print_rich(data, console)

@@ -1,0 +1,665 @@
+"""`lstar run`: the unattended watcher — poll, gate, fetch, score, evaluate, dispatch, report.
+
+APScheduler 3.11 is only a clock. Every job is an idempotent reconciler over the database
+(the queue of checkpoints, the outbox, the Hub's circuit state), so a run the scheduler
+loses (it saves `next_run_time` before running a job), a crash at any instant, or a restart
+changes nothing but timing. Triggers are intervals in UTC with `coalesce=True`,
+`max_instances=1` and a `misfire_grace_time` of at least one interval: a clock jump or a
+DST change yields at most one late run, never two.
+
+One process writes the database. Jobs run in scheduler threads, each on its own DuckDB
+cursor. Scoring runs in a child process (`monitor.score_child`) that never opens the
+database: it returns the score rows as JSON, and the daemon writes them together with the
+checkpoint's lease completion in one transaction. Baselines and fetch status are written
+by the daemon. A child that runs out of time is killed, one that runs out of memory dies at
+its address-space limit; either way the daemon goes on.
+
+A lock (`flock` on STATE/lstar.lock, holding the pid) keeps a second daemon off the same
+state directory. SIGTERM/SIGINT stop new work, let running jobs finish (bounded by
+`drain`), CHECKPOINT the database and exit 0. Policy files are re-read when they change; a
+bad file keeps its last good version and the error shows in the log and in /status.
+
+Fail points (`LSTAR_FAILPOINT`, crash tests): `hang_<job>` makes a job sleep until
+shutdown (the watchdog reports it); `enospc_writes=N` makes the first N write transactions
+fail with ENOSPC (disk full); plus those of `monitor.queue`, `monitor.gate` and
+`monitor.score_child`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from monitor.engine import ScoreRequest
+from monitor.errors import LstarError, StoreError
+from monitor.store import Store, utcnow
+
+log = logging.getLogger("lstar.daemon")
+
+LOCK_NAME = "lstar.lock"
+DB_NAME = "lstar.duckdb"
+INFO_NAME = "daemon.json"
+POLICY_SUFFIXES = (".yaml", ".yml")
+JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "watchdog")
+
+
+@dataclass
+class DaemonConfig:
+    """Everything `lstar run` is told; intervals and limits in seconds."""
+
+    policies_dir: Path
+    state_dir: Path
+    endpoint: str | None = None
+    api_port: int = 8787
+    once: bool = False
+    cache_dir: Path | None = None
+    poll_interval: float = 900.0
+    score_interval: float = 60.0
+    outbox_interval: float = 30.0
+    reload_interval: float = 10.0
+    report_interval: float = 300.0
+    watchdog_interval: float = 10.0
+    stuck_after: float = 7200.0       # a job running longer than this is reported as stuck
+    score_timeout: float = 3600.0
+    score_memory: int | None = None   # bytes of address space for the scoring child
+    lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
+    score_batch: int = 4              # queue jobs one scoring run takes on at most
+    drain: float = 60.0
+    hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
+    hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
+    webhook_secret_file: Path | None = None
+    template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / DB_NAME
+
+    @property
+    def lease_s(self) -> float:
+        return self.lease if self.lease is not None else self.score_timeout + 600.0
+
+
+# -- the single-instance lock ------------------------------------------------------------------
+class StateLock:
+    """An exclusive `flock` on STATE/lstar.lock; the file holds the owner's pid."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise StoreError naming the pid that holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreError(f"another daemon (pid {holder}) holds {self.path}",
+                             hint="stop it first, or give this one another --state directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+# -- fail points -------------------------------------------------------------------------------
+def _failpoint_values() -> dict[str, str]:
+    out = {}
+    for part in os.environ.get("LSTAR_FAILPOINT", "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name:
+            out[name] = value
+    return out
+
+
+class _DiskFailpoint:
+    """`enospc_writes=N`: the first N write transactions of this process fail with ENOSPC."""
+
+    def __init__(self) -> None:
+        value = _failpoint_values().get("enospc_writes")
+        self.left = (int(value) if value else 1 << 30) if value is not None else 0
+        self.lock = threading.Lock()
+
+    def check(self) -> None:
+        with self.lock:
+            if self.left <= 0:
+                return
+            self.left -= 1
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class DaemonStore(Store):
+    """A Store on one cursor of the daemon's connection, with the disk-full fail point."""
+
+    disk: _DiskFailpoint | None = None
+
+    @contextlib.contextmanager
+    def transaction(self):  # type: ignore[override]
+        with super().transaction() as conn:
+            if self.disk is not None:
+                self.disk.check()  # inside the transaction: it is rolled back, as on a real ENOSPC
+            yield conn
+
+    def checkpoint(self) -> None:
+        """CHECKPOINT unless another job's write transaction is open (its data is committed;
+        the next batch, or shutdown, folds the WAL in)."""
+        import duckdb
+
+        try:
+            super().checkpoint()
+        except duckdb.TransactionException as exc:
+            if "other write transactions" not in str(exc):
+                raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError ENOSPC, or DuckDB's report of one."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    text = str(exc).lower()
+    return "no space left" in text or "disk full" in text
+
+
+# -- the scheduler -------------------------------------------------------------------------------
+def build_scheduler(intervals: dict[str, float], *, blocking: bool = False, executor: Any = None):
+    """A UTC scheduler with the job defaults the reliability notes require.
+
+    `misfire_grace_time` is the longest interval (and per job its own interval), so a late
+    run still runs; `coalesce` folds a backlog into one run; `max_instances=1` never
+    overlaps a job with itself.
+    """
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    grace = max(1, int(max(intervals.values(), default=60)))
+    cls = BlockingScheduler if blocking else BackgroundScheduler
+    return cls(timezone=timezone.utc,
+               executors={"default": executor or ThreadPoolExecutor(max_workers=len(intervals) + 2)},
+               job_defaults={"misfire_grace_time": grace, "coalesce": True, "max_instances": 1})
+
+
+def add_interval_job(scheduler: Any, name: str, fn: Callable[[], None], seconds: float,
+                     first_run: datetime | None) -> None:
+    """An interval job in UTC whose misfire grace is one whole interval."""
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    scheduler.add_job(fn, IntervalTrigger(seconds=seconds, timezone=timezone.utc), id=name, name=name,
+                      misfire_grace_time=max(1, int(seconds)), next_run_time=first_run)
+
+
+# -- the daemon ----------------------------------------------------------------------------------
+@dataclass
+class JobState:
+    """What the status API tells about one job."""
+
+    name: str
+    runs: int = 0
+    failures: int = 0
+    running_since: float | None = None   # time.time() of the current run's start
+    last_start: str | None = None
+    last_success: str | None = None
+    last_duration_s: float | None = None
+    last_error: str | None = None
+    last_result: Any = None
+
+
+class Daemon:
+    """The running watcher: lock, store, policies, scheduler, API. Use `run()`."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        from monitor.daemon_metrics import DaemonMetrics
+        from monitor.policy import PolicySet
+
+        self.config = config
+        self.lock = StateLock(config.state_dir)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.store: Store | None = None
+        self.policy_set = PolicySet([])
+        self.policy_digest: str | None = None
+        self.metrics = DaemonMetrics()
+        self.jobs = {name: JobState(name) for name in JOB_NAMES}
+        self.jobs_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.poll_requested = threading.Event()
+        self.disk_error: dict[str, Any] | None = None
+        self.disk_history: list[dict[str, Any]] = []
+        self.disk = _DiskFailpoint()
+        self.scheduler: Any = None
+        self.api: Any = None
+        self.started_at = utcnow()
+        self.report_fn = _report_function()
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
+        self.lock.acquire()
+        try:
+            self._start()
+            if self.config.once:
+                for name in ("reload", "poll", "score", "evaluate", "dispatch", "report"):
+                    if name != "report" or self.report_fn is not None:
+                        self._run_job(name)
+            else:
+                self._install_signal_handlers()
+                self._start_scheduler()
+                while not self.stopping.wait(0.5):
+                    pass
+                log.info("stopping: no new work; waiting up to %.0f s for running jobs", self.config.drain)
+            return self._shutdown()
+        finally:
+            self.lock.release()
+
+    def _start(self) -> None:
+        from monitor.daemon_api import ApiServer
+
+        cfg = self.config
+        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
+        self._reload_policies(force=True)
+        self.api = ApiServer(self, port=cfg.api_port).start()
+        info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
+                "db": str(cfg.db_path)}
+        tmp = cfg.state_dir / (INFO_NAME + ".part")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, cfg.state_dir / INFO_NAME)
+        log.info("lstar daemon pid %d: state %s, API %s", os.getpid(), cfg.state_dir, self.api.url)
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum: int, _frame: Any) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def intervals(self) -> dict[str, float]:
+        cfg = self.config
+        out = {"poll": cfg.poll_interval, "score": cfg.score_interval, "evaluate": cfg.outbox_interval,
+               "dispatch": cfg.outbox_interval, "reload": cfg.reload_interval,
+               "watchdog": cfg.watchdog_interval}
+        if self.report_fn is not None:
+            out["report"] = cfg.report_interval
+        return out
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = build_scheduler(self.intervals())
+        now = datetime.now(timezone.utc)
+        for name, seconds in self.intervals().items():
+            add_interval_job(self.scheduler, name, lambda n=name: self._run_job(n), seconds, now)
+        self.scheduler.start()
+
+    def _shutdown(self) -> int:
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        deadline = time.monotonic() + self.config.drain
+        while self._running_jobs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._running_jobs():
+            from monitor.score_child import kill_active_children
+
+            # A score that outlives the drain is killed; its lease goes back and it is retried.
+            if kill_active_children():
+                log.warning("killed the scoring child still running after the %.0f s drain", self.config.drain)
+            deadline = time.monotonic() + 10
+            while self._running_jobs() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        left = self._running_jobs()
+        if left:
+            log.warning("jobs still running after the %.0f s drain: %s", self.config.drain, ", ".join(left))
+        if self.api is not None:
+            self.api.stop()
+        with contextlib.suppress(OSError):
+            (self.config.state_dir / INFO_NAME).unlink()
+        if self.store is not None:
+            try:
+                self.store.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - reported, and the exit code says so
+                log.error("CHECKPOINT on shutdown failed: %s", exc)
+                return 1
+            self.store.close()
+        log.info("stopped cleanly")
+        return 0
+
+    def _running_jobs(self) -> list[str]:
+        with self.jobs_lock:
+            return [j.name for j in self.jobs.values() if j.running_since is not None]
+
+    # -- job plumbing --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def job_store(self) -> Iterator[DaemonStore]:
+        """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""
+        assert self.store is not None
+        store = DaemonStore(self.store.cursor(), self.config.db_path, read_only=False)
+        store.disk = self.disk
+        try:
+            yield store
+        finally:
+            with contextlib.suppress(Exception):
+                store.conn.close()
+
+    @contextlib.contextmanager
+    def read_store(self) -> Iterator[Store]:
+        """A store on a fresh cursor for the API's reads (never blocks on a job)."""
+        assert self.store is not None
+        store = Store(self.store.cursor(), self.config.db_path, read_only=True)
+        try:
+            yield store
+        finally:
+            with contextlib.suppress(Exception):
+                store.conn.close()
+
+    def _run_job(self, name: str) -> None:
+        if self.stopping.is_set() and not self.config.once:
+            return
+        job = self.jobs[name]
+        start = time.time()
+        with self.jobs_lock:
+            job.running_since = start
+            job.last_start = datetime.fromtimestamp(start, timezone.utc).isoformat()
+        try:
+            if f"hang_{name}" in _failpoint_values():
+                log.warning("fail point hang_%s: job %s sleeps until shutdown", name, name)
+                self.stopping.wait()
+                return
+            job.last_result = getattr(self, f"job_{name}")()
+        except Exception as exc:  # noqa: BLE001 - a job failure must never stop the daemon
+            job.failures += 1
+            reason = exc.one_line() if isinstance(exc, LstarError) else f"{type(exc).__name__}: {exc}"
+            job.last_error = reason
+            self.metrics.job_failures.labels(job=name).inc()
+            if is_disk_full(exc):
+                self._disk_full(name, reason)
+            else:
+                log.error("job %s failed: %s", name, reason, exc_info=not isinstance(exc, LstarError))
+        else:
+            job.last_error = None
+            job.last_success = utcnow().isoformat()
+            self.metrics.last_success.labels(job=name).set(time.time())
+            if self.disk_error is not None and name != "watchdog":
+                self._disk_recovered(name)
+        finally:
+            duration = time.time() - start
+            with self.jobs_lock:
+                job.runs += 1
+                job.running_since = None
+                job.last_duration_s = round(duration, 3)
+            self.metrics.job_duration.labels(job=name).observe(duration)
+
+    def _disk_full(self, job: str, reason: str) -> None:
+        now = utcnow().isoformat()
+        if self.disk_error is None:
+            self.disk_error = {"since": now, "job": job, "failures": 0, "error": reason}
+            log.error("DISK FULL: job %s could not write (%s); nothing was committed, it is retried "
+                      "on the next tick. Free space in %s.", job, reason, self.config.state_dir)
+        self.disk_error["failures"] += 1
+        self.disk_error["last"] = now
+        self.metrics.disk_full.set(1)
+
+    def _disk_recovered(self, job: str) -> None:
+        """A job succeeded while writes were failing: recovered only once the operator alert
+        (itself a write) goes through; otherwise the episode goes on."""
+        from monitor.daemon_alerts import operator_alerts
+
+        assert self.disk_error is not None
+        episode = {**self.disk_error, "recovered_at": utcnow().isoformat(), "recovered_by": job}
+        alerts = operator_alerts(self.policies(), kind="disk-full", key=episode["since"],
+                                 summary=f"the disk of {self.config.state_dir} was full; writes failed "
+                                         f"from {episode['since']} to {episode['recovered_at']}",
+                                 description=episode["error"], now=utcnow())
+        try:
+            with self.job_store() as store:
+                store.raise_operator_alerts(alerts, now=utcnow())
+        except Exception as exc:  # noqa: BLE001 - still failing: the episode is not over
+            if is_disk_full(exc):
+                self.disk_error["failures"] += 1
+                return
+            log.error("could not record the disk-full operator alert: %s", exc)
+        self.disk_error = None
+        self.disk_history = [*self.disk_history[-9:], episode]
+        self.metrics.disk_full.set(0)
+        log.warning("disk writes work again (full since %s, %d failed writes)", episode["since"],
+                    episode["failures"])
+        self.nudge("dispatch")
+
+    # -- policies ------------------------------------------------------------------------------
+    def policy_files(self) -> list[Path]:
+        folder = self.config.policies_dir
+        return sorted(p for p in folder.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file()) \
+            if folder.is_dir() else []
+
+    def _reload_policies(self, *, force: bool = False) -> bool:
+        files = self.policy_files()
+        digest = hashlib.sha256()
+        for p in files:
+            digest.update(str(p).encode() + b"\0")
+            with contextlib.suppress(OSError):
+                digest.update(p.read_bytes())
+        if not force and digest.hexdigest() == self.policy_digest:
+            return False
+        self.policy_digest = digest.hexdigest()
+        kept = {p: pol for p, pol in self.policy_set.policies.items() if p in files}
+        self.policy_set.paths = files
+        self.policy_set.policies = kept
+        errors = self.policy_set.reload()
+        for path, message in errors.items():
+            kept_note = "the last good version stays in force" if path in self.policy_set.policies \
+                else "no version of it is in force"
+            log.error("policy %s not loaded (%s):\n%s", path, kept_note, message)
+        if not files:
+            log.warning("no policy files (*.yaml) in %s", self.config.policies_dir)
+        log.info("policies in force: %s", ", ".join(p.name for p in self.policies()) or "none")
+        return True
+
+    def policies(self) -> list[Any]:
+        return self.policy_set.current()
+
+    def watch_rules(self) -> list[Any]:
+        seen: dict[str, Any] = {}
+        for policy in self.policies():
+            for rule in policy.watch:
+                seen.setdefault(rule.name, rule)
+        return list(seen.values())
+
+    # -- the jobs ------------------------------------------------------------------------------
+    def hub_client(self, store: Store):
+        from monitor.hub import HubClient, RetryPolicy
+
+        policy = RetryPolicy(max_wait_s=self.config.hub_max_wait, circuit_cooldown_s=self.config.hub_cooldown)
+        return HubClient(self.config.endpoint, store=store, policy=policy)
+
+    def job_reload(self) -> dict[str, Any]:
+        changed = self._reload_policies()
+        return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
+
+    def job_poll(self) -> dict[str, Any]:
+        from monitor.gate import gate_pending
+        from monitor.hub import poll_once
+
+        rules = self.watch_rules()
+        out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
+        if not rules:
+            return out
+        for _ in range(3):  # a webhook that arrives during a poll asks for one more
+            self.poll_requested.clear()
+            with self.job_store() as store:
+                client = self.hub_client(store)
+                polls = poll_once(store, client, rules)
+                for p in polls:
+                    self.metrics.polls.labels(result="error" if p.error else "ok").inc()
+                    self.metrics.discovered.inc(p.new)
+                out["polls"] = [p.as_dict() for p in polls]
+                outcomes = gate_pending(store, client, rules, cache_dir=self.cache_dir())
+                out["gated"] = [o.as_dict() for o in outcomes]
+            if not self.poll_requested.is_set() or self.stopping.is_set():
+                break
+        if any(o["status"] == "gated" for o in out["gated"]):
+            self.nudge("score")
+        return out
+
+    def cache_dir(self) -> Path | None:
+        return self.config.cache_dir
+
+    def job_score(self) -> list[dict[str, Any]]:
+        from monitor.daemon_scoring import score_next
+
+        done: list[dict[str, Any]] = []
+        while not self.stopping.is_set():
+            with self.job_store() as store:
+                results = score_next(self, store)
+            if not results:
+                break
+            for r in results:
+                self.metrics.scores.labels(result=r.status).inc()
+            done.extend(r.as_dict() for r in results)
+        if any(r["status"] == "scored" for r in done):
+            self.nudge("evaluate")
+        return done
+
+    def job_evaluate(self) -> dict[str, Any]:
+        from monitor.notify.outbox import evaluate_pending
+
+        with self.job_store() as store:
+            report = evaluate_pending(store, self.policies(), now=utcnow()).as_dict()
+        self.metrics.alerts_raised.inc(report["alerts"])
+        if report["deliveries"]:
+            self.nudge("dispatch")
+        return report
+
+    def job_dispatch(self) -> dict[str, Any]:
+        from monitor.daemon_alerts import raise_hub_outage_alerts
+        from monitor.notify.dispatcher import Dispatcher
+
+        with self.job_store() as store:
+            outages = raise_hub_outage_alerts(store, self.policies(), now=utcnow())
+            report = Dispatcher(store, self.policies(), owner=self.owner).run_once(utcnow()).as_dict()
+        for sent in report["sent"]:
+            self.metrics.notifications.labels(outcome=str(sent.get("outcome"))).inc()
+        return {"outage_alerts": outages, **report}
+
+    def job_report(self) -> Any:
+        assert self.report_fn is not None
+        with self.job_store() as store:
+            return self.report_fn(store, self.policies(), out_dir=self.config.state_dir / "reports",
+                                  now=utcnow())
+
+    def job_watchdog(self) -> dict[str, str]:
+        stuck = self.stuck_jobs()
+        for name in self.jobs:
+            self.metrics.stuck.labels(job=name).set(1 if name in stuck else 0)
+        for name, reason in stuck.items():
+            log.error("watchdog: %s", reason)
+        return stuck
+
+    def stuck_jobs(self) -> dict[str, str]:
+        """Jobs running longer than `stuck_after`, with a reason each."""
+        now = time.time()
+        out = {}
+        with self.jobs_lock:
+            for job in self.jobs.values():
+                if job.running_since is not None and now - job.running_since > self.config.stuck_after:
+                    out[job.name] = (f"job {job.name} has been running for {now - job.running_since:.0f} s "
+                                     f"(limit {self.config.stuck_after:g} s), since {job.last_start}")
+        return out
+
+    def nudge(self, name: str) -> None:
+        """Run job `name` as soon as possible (its schedule stays as it was)."""
+        if self.scheduler is None or self.stopping.is_set():
+            return
+        with contextlib.suppress(Exception):  # the scheduler may be shutting down
+            self.scheduler.modify_job(name, next_run_time=datetime.now(timezone.utc))
+
+    def request_poll(self) -> None:
+        """Poll now (a Hub webhook said something changed)."""
+        self.poll_requested.set()
+        self.nudge("poll")
+
+    # -- what the API reports --------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        with self.read_store() as store:
+            counts = store.checkpoint_counts()
+            outages = [o for o in store.hub_outages() if o["ended_at"] is None]
+        with self.jobs_lock:
+            jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
+        for j in jobs.values():
+            j["last_result"] = _summary(j["last_result"])
+            j["running_for_s"] = round(time.time() - j["running_since"], 1) if j["running_since"] else None
+        next_runs = {}
+        if self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                next_runs = {j.id: j.next_run_time.isoformat() if j.next_run_time else None
+                             for j in self.scheduler.get_jobs()}
+        for name, when in next_runs.items():
+            jobs[name]["next_run"] = when
+        return {"pid": os.getpid(), "started_at": self.started_at.isoformat(),
+                "state_dir": str(self.config.state_dir), "db": str(self.config.db_path),
+                "stopping": self.stopping.is_set(),
+                "checkpoints": counts,
+                "policies": [{"name": p.name, "path": str(p.path)} for p in self.policies()],
+                "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
+                "jobs": jobs, "stuck": self.stuck_jobs(),
+                "disk": {"error": self.disk_error, "history": self.disk_history},
+                "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.items()}
+                                for o in outages]}
+
+    def health(self) -> tuple[bool, list[str]]:
+        reasons = list(self.stuck_jobs().values())
+        if self.disk_error is not None:
+            reasons.append(f"disk full since {self.disk_error['since']}: {self.disk_error['error']}")
+        return not reasons, reasons
+
+
+def _summary(value: Any) -> Any:
+    """A JSON-safe, short form of a job's last result."""
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)[:2000]
+    return json.loads(text) if len(text) <= 20000 else text[:2000]
+
+
+def _report_function() -> Callable[..., Any] | None:
+    """`monitor.report.write_due_reports` when the report module provides it."""
+    try:
+        from monitor import report
+    except ImportError:
+        return None
+    return getattr(report, "write_due_reports", None)
+
+
+def run_daemon(config: DaemonConfig) -> int:
+    """Run the daemon in this process until stopped; returns the exit code."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("apscheduler", "httpx", "httpx2", "huggingface_hub"):  # one line per job run or request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A tick that finds its job still running is expected (max_instances=1), not a warning.
+    logging.getLogger("apscheduler.scheduler").addFilter(
+        lambda record: "maximum number of running instances" not in record.getMessage())
+    return Daemon(config).run()
+
+
+__all__ = ["DaemonConfig", "Daemon", "StateLock", "run_daemon", "build_scheduler", "add_interval_job",
+           "DaemonStore", "is_disk_full"]

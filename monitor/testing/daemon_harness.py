@@ -1,0 +1,123 @@
+"""Run the real daemon (`python -m monitor.cli run`) as a subprocess in tests and the demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAST_FLAGS = ("--poll-every", "1s", "--score-every", "1s", "--outbox-every", "1s", "--reload-every", "1s",
+              "--watchdog-every", "1s", "--report-every", "2s", "--drain", "20s")
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll `predicate` until it returns something truthy; raise AssertionError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+class DaemonProcess:
+    """One `lstar run` subprocess on `state_dir`, with its output in STATE/daemon-<n>.log."""
+
+    count = 0
+
+    def __init__(self, policies_dir: Path, state_dir: Path, *, endpoint: str | None = None,
+                 args: Sequence[str] = (), env: dict[str, str] | None = None, fast: bool = True) -> None:
+        self.policies_dir, self.state_dir = Path(policies_dir), Path(state_dir)
+        self.endpoint = endpoint
+        self.args = [*(FAST_FLAGS if fast else ()), *args]
+        self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
+        if env is None or "LSTAR_FAILPOINT" not in env:
+            self.env.pop("LSTAR_FAILPOINT", None)
+        self.proc: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self.url: str | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "monitor.cli", "run", "--policies", str(self.policies_dir),
+               "--state", str(self.state_dir), "--api-port", "0", *self.args]
+        if self.endpoint:
+            cmd += ["--endpoint", self.endpoint]
+        return cmd
+
+    def start(self, *, wait: bool = True, timeout: float = 60) -> "DaemonProcess":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        DaemonProcess.count += 1
+        self.log_path = self.state_dir / f"daemon-{DaemonProcess.count}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=REPO_ROOT)
+        log.close()
+        if wait:
+            self.url = wait_for(self._api_url, timeout=timeout, what=f"the daemon's API\n{self.log()}")
+        return self
+
+    def _api_url(self) -> str | None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the daemon exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            info = json.loads((self.state_dir / "daemon.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return info["url"] if info.get("pid") == self.proc.pid else None
+
+    def request(self, path: str, *, method: str = "GET", headers: dict[str, str] | None = None,
+                body: bytes | None = None) -> tuple[int, bytes]:
+        """(status, body) of one API request."""
+        assert self.url is not None
+        req = urllib.request.Request(self.url + path, method=method, headers=headers or {}, data=body)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def get_json(self, path: str) -> Any:
+        status, body = self.request(path)
+        assert status in (200, 503), (status, body)
+        return json.loads(body)
+
+    def status(self) -> dict[str, Any]:
+        return self.get_json("/status")
+
+    def wait(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Send `sig` and wait for the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash); the exit is awaited."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()

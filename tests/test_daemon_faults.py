@@ -1,0 +1,174 @@
+"""Faults against the real daemon in a subprocess (reliability rows 6, 17, 19, 21) and the
+scheduler's behaviour under clock jumps (row 20, with a fake clock)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from monitor.testing.daemon_harness import DaemonProcess, wait_for
+from monitor.testing.fakehub import FakeHub
+from monitor.testing.hub_repos import add_lineage
+from tests.test_daemon import write_policy
+
+
+@pytest.fixture(scope="module")
+def hub():
+    with FakeHub() as server:
+        add_lineage(server, "fake-org/tiny", steps=(1000, 2000))
+        yield server
+
+
+def alerts_file(policies: Path) -> list[dict]:
+    path = policies / "alerts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_rate_limit_and_long_outage(hub, tmp_path):
+    """Row 6: no request before Retry-After, watermark kept, one meta-alert per outage."""
+    policies = write_policy(tmp_path / "policies")
+    hub.reset_log()
+    hub.fail_next(1, 429, retry_after=4, path_prefix="/api/models/fake-org/tiny/refs")
+    args = ["--cache-dir", str(tmp_path / "cache"), "--hub-max-wait", "0s", "--hub-cooldown", "3s",
+            "--score-every", "1h"]
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
+        rows = wait_for(lambda: daemon.get_json("/checkpoints"), timeout=60, what="discovery after the 429")
+        assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]  # watermark was kept
+        log = hub.requests
+        limited = [r for r in log if r.status == 429]
+        assert len(limited) == 1
+        after = [r for r in log if r.time > limited[0].time]
+        assert after and min(r.time for r in after) - limited[0].time >= 4.0
+
+        hub.set_outage(True)
+        outage = wait_for(lambda: daemon.status()["hub_outages"], timeout=60, what="the outage row")
+        assert len(outage) == 1
+        meta = wait_for(lambda: [a for a in alerts_file(policies) if "hub-outage" in json.dumps(a)],
+                        timeout=30, what="the outage meta-alert")
+        polls_then = daemon.status()["jobs"]["poll"]["runs"]
+        wait_for(lambda: daemon.status()["jobs"]["poll"]["runs"] >= polls_then + 3, timeout=30,
+                 what="more polls during the outage")
+        hub.set_outage(False)
+        assert daemon.stop() == 0
+    with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
+        assert len(store.hub_outages()) == 1
+        n_meta = store.query("SELECT count(*) AS n FROM alerts WHERE alert_key LIKE 'meta|%|hub-outage|%'")
+        assert n_meta[0]["n"] == 1
+    assert len([a for a in alerts_file(policies) if "hub-outage" in json.dumps(a)]) == len(meta) == 1
+
+
+@pytest.mark.parametrize("failpoint, extra, reason", [
+    ("hang_score_child", ["--score-timeout", "2s"], "killed after the 2 s time limit"),
+    ("oom_score_child", ["--score-memory", "1500M"], "ran out of memory"),
+])
+def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint, extra, reason):
+    """Row 17: a loader out of time or memory ends in its child; the daemon keeps running."""
+    policies = write_policy(tmp_path / "policies")
+    args = ["--cache-dir", str(tmp_path / "cache"), *extra]
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args,
+                       env={"LSTAR_FAILPOINT": failpoint}) as daemon:
+        rows = wait_for(lambda: [r for r in daemon.get_json("/checkpoints?status=failed")],
+                        timeout=90, what=f"a failed row\n{daemon.log()}")
+        assert reason in rows[0]["reason"]
+        assert daemon.proc.poll() is None
+        assert daemon.request("/health")[0] == 200
+        assert daemon.stop() == 0
+
+
+def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path):
+    """Row 19: writes fail with ENOSPC, the next ticks retry, the operator is told."""
+    policies = write_policy(tmp_path / "policies")
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       env={"LSTAR_FAILPOINT": "enospc_writes=5"}) as daemon:
+        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="discovery after the disk frees")
+        status = wait_for(lambda: (s := daemon.status())["disk"]["history"] and s, timeout=30,
+                          what="the disk episode in /status")
+        episode = status["disk"]["history"][0]
+        assert "No space left on device" in episode["error"] and episode["failures"] >= 1
+        assert status["disk"]["error"] is None
+        assert "DISK FULL" in daemon.log()
+        wait_for(lambda: [a for a in alerts_file(policies) if "disk-full" in json.dumps(a)], timeout=30,
+                 what="the operator alert")
+        assert daemon.stop() == 0
+    with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
+        rows = store.list_checkpoints()
+        assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]
+        assert len({(r["repo"], r["sha"]) for r in rows}) == 2
+
+
+def test_a_hung_job_is_reported_by_the_watchdog_and_health(hub, tmp_path):
+    """Row 21."""
+    policies = write_policy(tmp_path / "policies")
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
+                       args=["--stuck-after", "2s", "--score-every", "1h"],
+                       env={"LSTAR_FAILPOINT": "hang_poll"}) as daemon:
+        body = wait_for(lambda: (r := daemon.request("/health"))[0] == 503 and json.loads(r[1]),
+                        timeout=30, what="/health to turn 503")
+        assert body["ok"] is False and body["reasons"][0].startswith("job poll has been running for")
+        status = daemon.status()
+        assert list(status["stuck"]) == ["poll"]
+        evaluated = status["jobs"]["evaluate"]["runs"]
+        wait_for(lambda: daemon.status()["jobs"]["evaluate"]["runs"] > evaluated, timeout=30,
+                 what="other jobs to keep running")
+        assert "watchdog: job poll has been running" in daemon.log()
+        assert daemon.stop() == 0
+
+
+def _counting_executor():
+    """A DebugExecutor that records run times instead of running jobs (the scheduler's seam)."""
+    from apscheduler.executors.debug import DebugExecutor
+
+    class Counting(DebugExecutor):
+        runs: list[datetime] = []
+
+        def _do_submit_job(self, job, run_times):
+            self.runs.append(run_times[-1])
+            self._run_job_success(job.id, [])  # finished at once: one instance at a time holds
+
+    return Counting()
+
+
+def test_clock_jumps_and_dst_cause_no_double_runs(monkeypatch):
+    """Row 20: the daemon's scheduler (UTC interval triggers, coalesce, max one instance)."""
+    import apscheduler.schedulers.base as base
+    from apscheduler.schedulers.base import STATE_RUNNING
+
+    from monitor.daemon import add_interval_job, build_scheduler
+
+    clock = {"now": datetime(2025, 3, 30, 0, 30, tzinfo=timezone.utc)}  # Europe's DST change at 01:00 UTC
+
+    class FakeDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return clock["now"].astimezone(tz) if tz else clock["now"]
+
+    monkeypatch.setattr(base, "datetime", FakeDatetime)
+    executor = _counting_executor()
+    scheduler = build_scheduler({"poll": 3600}, executor=executor)
+    assert str(scheduler.timezone) == "UTC"
+    scheduler.start(paused=True)
+    add_interval_job(scheduler, "poll", lambda: None, 3600, clock["now"])
+    job = scheduler.get_job("poll")
+    assert (job.coalesce, job.max_instances, job.misfire_grace_time) == (True, 1, 3600)
+    time.sleep(0.2)  # the scheduler thread has seen the job while paused and now waits indefinitely
+    scheduler.state = STATE_RUNNING  # ticks are driven by hand below, on the fake clock
+
+    def tick(to: datetime) -> None:
+        clock["now"] = to
+        scheduler._process_jobs()
+
+    start = clock["now"]
+    tick(start)                                   # first run
+    tick(start + timedelta(minutes=30))           # across the DST change: nothing due
+    tick(start + timedelta(hours=1))              # second run, one hour later in UTC
+    tick(start + timedelta(hours=4, minutes=10))  # clock jumps 3 h forward: one coalesced run
+    tick(start + timedelta(hours=2))              # and back: nothing runs twice
+    tick(start + timedelta(hours=4, minutes=20))
+    scheduler.shutdown(wait=False)
+    assert executor.runs == [start, start + timedelta(hours=1), start + timedelta(hours=4)]

@@ -1,0 +1,59 @@
+"""`lstar demo` end to end, as a subprocess: fake Hub, two tokenizer families, cloze curve, the daemon
+once, local webhook and SMTP receivers, a report; then what it produced is checked in the files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from email import message_from_bytes, policy as email_policy
+from pathlib import Path
+
+from monitor.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
+    workdir = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--json", "--workdir", str(workdir),
+                           "--shared", str(shared_dir)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)
+    assert summary["ok"] is True
+
+    with Store.open(summary["db"], read_only=True) as store:
+        runs = store.query("SELECT model_repo, lstar, tokenizer_fingerprint FROM score_runs "
+                           "WHERE model_repo LIKE 'demo-org/%' ORDER BY model_repo, finished_at")
+        preds = store.query("SELECT lineage, state, lstar, lo, hi, threshold FROM predictions WHERE policy = 'demo'")
+        reports = store.reports(policy="demo")
+    lineages = {"demo-org/neox-tiny", "demo-org/llama-tiny"}
+    # three steps per lineage scored, two tokenizers, one prediction per score
+    assert {r["model_repo"] for r in runs} == lineages and len(runs) == 6
+    assert len({r["tokenizer_fingerprint"] for r in runs}) == 2
+    assert len(preds) == 6
+    # each state is what the interval says about the level b + ε
+    for p in preds:
+        expected = "emerged" if p["lo"] >= p["threshold"] else "at_risk" if p["hi"] >= p["threshold"] else "clear"
+        assert p["state"] == expected
+    firing = {p["lineage"] for p in preds if p["state"] in ("at_risk", "emerged")}
+    assert firing, "the demo must put at least one lineage at risk"
+
+    # one grouped message per (policy, lineage) with firing alerts, at the webhook and by mail
+    bodies = json.loads(Path(summary["webhook"]["file"]).read_text())
+    assert sorted(b["groupLabels"]["lineage"] for b in bodies) == sorted(firing)
+    assert all(b["groupLabels"]["policy"] == "demo" and b["status"] == "firing" for b in bodies)
+    mails = [message_from_bytes(Path(f).read_bytes(), policy=email_policy.default) for f in summary["email"]["files"]]
+    alert_mails = [m for m in mails if m["X-Lstar-Report"] is None]
+    assert len(alert_mails) == len(firing)
+    assert summary["email"]["report_messages"] == 1
+
+    # a report written to the folder, recorded, and delivered to the audit file and by mail
+    (report,) = reports
+    folder = Path(report["folder"])
+    data = json.loads((folder / "report.json").read_text())
+    assert {f["lineage"] for f in data["families"]} == lineages
+    assert sorted(r["lstar"] for r in data["lstar_table"]) == sorted(r["lstar"] for r in runs)
+    assert (folder / "report.html").read_text().count("data:image/png;base64,") == 3
+    assert {d["receiver"]: d["outcome"] for d in report["deliveries"]} == {"demo-audit": "delivered",
+                                                                          "demo-email": "delivered"}
