@@ -195,10 +195,10 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     live: dict[str, list[Path]] = {}
     for i, (family, tokenizer, arch) in enumerate(FAMILIES):
         tok_dir = shared / "tokenizers" / tokenizer
-        seqs = load_tokenizer(tok_dir).encode_documents(alt)
+        handle = load_tokenizer(tok_dir)
+        seqs = handle.encode_documents(alt)
         log(f"building the {family} checkpoints (bigram interpolations, tokenizer {tokenizer})")
-        from transformers import AutoConfig  # noqa: F401  (the first transformers import is the slow one)
-        vocab = 1 + max(load_tokenizer(tok_dir).tokenizer.get_vocab(with_added_tokens=True).values())
+        vocab = handle.vocab_size  # 1 + the largest id
         factors = bigram_factors(seqs, vocab, 24)
         history[family] = build_lineage(models / f"{family}-history", tok_dir, seqs, arch=arch, seed=100 + i,
                                         steps=HISTORY_T, factors=factors)

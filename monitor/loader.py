@@ -28,7 +28,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # and the only files fetched from the Hub.
 CHECKPOINT_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "config.json",
                             "generation_config.json", "tokenizer*", "special_tokens_map.json", "*.jinja")
-HUB_ALLOW_PATTERNS = list(CHECKPOINT_FILE_PATTERNS)
 # Config keys that hold the longest sequence a model was built for, most specific first.
 MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "max_seq_len",
                      "seq_length", "n_ctx")

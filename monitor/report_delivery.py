@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import smtplib
-import ssl
 from collections.abc import Mapping
 from datetime import datetime
 from email.message import EmailMessage
@@ -20,8 +18,9 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-from monitor.errors import DeliveryError, PolicyError
-from monitor.notify.base import Outgoing, SendResult, read_secret
+from monitor.errors import PolicyError
+from monitor.notify.base import Outgoing, SendResult
+from monitor.notify.email import EmailSender
 from monitor.notify.filesink import FileSender
 from monitor.notify.webhook import WebhookSender
 from monitor.policy import Policy, Report
@@ -36,11 +35,6 @@ def report_message_id(policy: str, name: str, period_end: datetime) -> str:
 def _send_email(message: Outgoing, receiver: Any, policy: Policy, *, subject: str, text: str, html: str,
                 now: datetime) -> SendResult:
     cfg = receiver.email
-    try:
-        username = cfg.username or read_secret(cfg.username_env, None, policy, f"receiver {receiver.name!r} SMTP username")
-        password = read_secret(cfg.password_env, cfg.password_file, policy, f"receiver {receiver.name!r} SMTP password")
-    except DeliveryError as exc:
-        return SendResult("dead", None, exc.one_line())
     mail = EmailMessage()
     mail["Subject"] = f"{cfg.subject_prefix} {subject}".strip()
     mail["From"] = cfg.from_
@@ -50,22 +44,7 @@ def _send_email(message: Outgoing, receiver: Any, policy: Policy, *, subject: st
     mail["X-Lstar-Report"] = message.id
     mail.set_content(text)
     mail.add_alternative(html, subtype="html")
-    context = ssl.create_default_context(cafile=policy.resolve_path(cfg.ca_file) if cfg.ca_file else None)
-    timeout = cfg.timeout.total_seconds()
-    try:
-        smtp = (smtplib.SMTP_SSL(cfg.host, cfg.port, timeout=timeout, context=context) if cfg.tls == "ssl"
-                else smtplib.SMTP(cfg.host, cfg.port, timeout=timeout))
-        with smtp:
-            smtp.ehlo()
-            if cfg.tls == "starttls":
-                smtp.starttls(context=context)
-                smtp.ehlo()
-            if username is not None:
-                smtp.login(username, password or "")
-            smtp.send_message(mail)
-    except (smtplib.SMTPException, OSError) as exc:
-        return SendResult("retry", None, f"cannot send to {cfg.host}:{cfg.port}: {type(exc).__name__}: {exc}"[:300])
-    return SendResult("delivered", 250)
+    return EmailSender().send_mail(mail, receiver, policy)
 
 
 def deliver_report(policy: Policy, spec: Report, data: Mapping[str, Any], paths: Mapping[str, Path], *,

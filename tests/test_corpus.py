@@ -74,7 +74,7 @@ def test_an_edited_byte_names_the_document_and_file(calib_copy: Path, raw_docs: 
     with pytest.raises(CorpusError) as err:
         load_corpus(calib_copy)
     message = str(err.value)
-    assert victim["id"] in message and f"documents.jsonl:101" in message
+    assert victim["id"] in message and "documents.jsonl:101" in message
     # Without verification it loads, but its pin is no longer calib-v0's.
     unverified = load_corpus(calib_copy, verify=False)
     assert unverified.sha256 != CALIB_SHA

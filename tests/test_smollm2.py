@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,10 +103,14 @@ def test_bits_per_byte_equals_lm_eval_definition(smollm2, texts, shared_dir):
 
 
 def test_cache_location_follows_lstar_cache_dir(monkeypatch, tmp_path):
-    from monitor.testing.smollm2 import MODEL_DIRNAME, REPO_ROOT, default_cache_root
+    from monitor.testing.smollm2 import MODEL_DIRNAME, default_cache_root
 
+    # Default: one user-level cache shared by every checkout on the machine.
     monkeypatch.delenv("LSTAR_CACHE_DIR", raising=False)
-    assert default_cache_root() == REPO_ROOT / "state" / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_root() == tmp_path / "xdg" / "lstar-monitor"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_root() == Path.home() / ".cache" / "lstar-monitor"
     monkeypatch.setenv("LSTAR_CACHE_DIR", str(tmp_path))
     assert default_cache_root() == tmp_path
     # a complete entry is returned as is, without downloading or converting anything

@@ -82,14 +82,23 @@ class EmailSender:
 
     def send(self, message: Outgoing, receiver: Any, policy: Any, *, now: datetime) -> SendResult:
         cfg = receiver.email
+        try:
+            templates = policy.resolve_path(cfg.templates) if cfg.templates else None
+            mail = build_email(message, cfg, now=now, templates=templates)
+        except DeliveryError as exc:
+            return SendResult("dead", None, exc.one_line())
+        return self.send_mail(mail, receiver, policy)
+
+    def send_mail(self, mail: EmailMessage, receiver: Any, policy: Any) -> SendResult:
+        """One SMTP session for a built message: credentials, TLS, login, and the reply
+        classified as delivered, retry (4xx, connection errors) or dead (5xx, auth)."""
+        cfg = receiver.email
         server = f"{cfg.host}:{cfg.port}"
         try:
             username = cfg.username or read_secret(cfg.username_env, None, policy,
                                                    f"receiver {receiver.name!r} SMTP username")
             password = read_secret(cfg.password_env, cfg.password_file, policy,
                                    f"receiver {receiver.name!r} SMTP password")
-            templates = policy.resolve_path(cfg.templates) if cfg.templates else None
-            mail = build_email(message, cfg, now=now, templates=templates)
         except DeliveryError as exc:
             return SendResult("dead", None, exc.one_line())
         context = ssl.create_default_context(cafile=policy.resolve_path(cfg.ca_file) if cfg.ca_file else None)
