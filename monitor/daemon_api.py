@@ -6,8 +6,22 @@
     GET  /checkpoints?status=S&repo=R&limit=N   rows as `lstar checkpoints --json` prints them
     GET  /db/info               as `lstar db info --json`
     GET  /report/latest         the newest file under STATE/reports (404 when none)
+    GET  /report?policy=FILE... `lstar report --json` of each policy file (absolute paths)
+    GET  /alerts?policy=P&limit=N   as `lstar alerts list --json`
+    GET  /alerts/ID             as `lstar alerts show ID --json` (404 when there is none)
+    GET  /silences?all=1&now=T  as `lstar silence list --json`
+    POST /silences              `lstar silence add`: {"match": [...], "until", "comment",
+                                "start", "now", "created_by"}; answers the new silence's row
+    POST /silences/ID/expire    `lstar silence expire ID`: {"now"}; answers {"expired": ID}
+    POST /alerts/IDENT/retry    `lstar alerts retry IDENT`: {"now"}; answers {"requeued": [...]}
     POST /hooks/hub             Hub webhook: `X-Webhook-Secret` checked in constant time;
                                 401 when missing, 403 when wrong, 202 and a poll when right
+
+Errors the commands would raise come back as 4xx {"error", "hint", "kind"} and the client
+raises the same `monitor.errors` class, so the command prints the same one line either way.
+The state-changing POSTs need `Content-Type: application/json` (a web page cannot send that
+to 127.0.0.1 without a CORS preflight, which this server never grants) and write through the
+daemon's own connection, on a fresh cursor, as its jobs do.
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -19,19 +33,26 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from monitor.errors import LstarError, StoreError
 
 if TYPE_CHECKING:
     from monitor.daemon import Daemon
 
 SECRET_ENV = "LSTAR_HUB_WEBHOOK_SECRET"
 MAX_HOOK_BODY = 1 << 20
+MAX_JSON_BODY = 1 << 16
+ALERT_PATH = re.compile(r"/alerts/(\d+)")
+EXPIRE_PATH = re.compile(r"/silences/([^/]+)/expire")
+RETRY_PATH = re.compile(r"/alerts/([^/]+)/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
                 ".json": "application/json", ".png": "image/png"}
 
@@ -51,6 +72,18 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, default=str).encode()
 
 
+def _error_body(exc: LstarError) -> bytes:
+    return _json_bytes({"error": exc.message, "hint": exc.hint, "kind": type(exc).__name__})
+
+
+class _BadRequest(Exception):
+    """A request the API cannot take (status, message)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: "_Server"
     protocol_version = "HTTP/1.1"
@@ -66,7 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         daemon = self.server.daemon
         url = urlsplit(self.path)
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        lists = parse_qs(url.query)
+        query = {k: v[-1] for k, v in lists.items()}
         try:
             if url.path == "/health":
                 ok, reasons = daemon.health()
@@ -88,10 +122,52 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, _json_bytes(store.info()))
             elif url.path == "/report/latest":
                 self._latest_report(daemon.config.state_dir / "reports", query.get("format"))
+            elif url.path == "/report":
+                self._send(200, _json_bytes(self._reports(lists.get("policy", []))))
+            elif url.path == "/alerts":
+                limit = int(query["limit"]) if query.get("limit") else 50
+                with daemon.read_store() as store:
+                    self._send(200, _json_bytes(store.list_alerts(limit=limit, policy=query.get("policy"))))
+            elif (m := ALERT_PATH.fullmatch(url.path)) is not None:
+                with daemon.read_store() as store:
+                    detail = store.alert_detail(int(m.group(1)))
+                if detail is None:
+                    from monitor.errors import DeliveryError
+
+                    error = DeliveryError(f"no alert with id {m.group(1)}", hint="see `lstar alerts list`")
+                    self._send(404, _error_body(error))
+                else:
+                    self._send(200, _json_bytes(detail))
+            elif url.path == "/silences":
+                from monitor.notify.silences import list_silences
+                from monitor.state_ops import parse_now
+
+                now = parse_now(query.get("now"))
+                with daemon.read_store() as store:
+                    rows = list_silences(store, now=now, include_expired=query.get("all") == "1")
+                self._send(200, _json_bytes(rows))
             else:
                 self._send(404, _json_bytes({"error": f"no such endpoint {url.path}"}))
+        except LstarError as exc:
+            self._send(400, _error_body(exc))
+        except ValueError as exc:
+            self._send(400, _json_bytes({"error": f"bad request {url.path}: {exc}"}))
         except Exception as exc:  # noqa: BLE001 - an API error must not kill the server thread
             self._send(500, _json_bytes({"error": f"{type(exc).__name__}: {exc}"}))
+
+    def _reports(self, files: list[str]) -> list[dict[str, Any]]:
+        """`lstar report --json` of each policy file, as data (times in ISO 8601)."""
+        from monitor.policy import load_policies
+        from monitor.report import report_for_cli, to_json
+        from monitor.store import utcnow
+
+        paths = [Path(f) for f in files]
+        if not paths or any(not p.is_absolute() or p.suffix not in (".yaml", ".yml") for p in paths):
+            raise ValueError("give each policy as an absolute path to a .yaml/.yml file")
+        policies = load_policies(paths)
+        now = utcnow()
+        with self.server.daemon.read_store() as store:
+            return [json.loads(to_json(report_for_cli(store, p, now=now))) for p in policies]
 
     def do_HEAD(self) -> None:  # noqa: N802
         self.do_GET()
@@ -106,10 +182,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, newest.read_bytes(), REPORT_TYPES[newest.suffix])
 
     def do_POST(self) -> None:  # noqa: N802
-        daemon = self.server.daemon
-        if urlsplit(self.path).path != "/hooks/hub":
-            self._send(404, _json_bytes({"error": "no such endpoint"}))
+        path = urlsplit(self.path).path
+        if path != "/hooks/hub":
+            self._state_change(path)
             return
+        daemon = self.server.daemon
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_HOOK_BODY:
             self._send(413, _json_bytes({"error": "body too large"}))
@@ -129,8 +206,71 @@ class _Handler(BaseHTTPRequestHandler):
         daemon.request_poll()
         self._send(202, _json_bytes({"poll": "requested"}))
 
+    def _json_body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_JSON_BODY:
+            raise _BadRequest(413, "body too large")
+        raw = self.rfile.read(length)
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise _BadRequest(415, "send the body as Content-Type: application/json")
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise _BadRequest(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise _BadRequest(400, "the body must be a JSON object")
+        return body
+
+    def _state_change(self, path: str) -> None:
+        """The POSTs that change runtime state (silences, retries), written by the daemon."""
+        from monitor.state_ops import add_silence_from_args, parse_now, retry_dead_letters
+
+        daemon = self.server.daemon
+        try:
+            expire = EXPIRE_PATH.fullmatch(path)
+            retry = RETRY_PATH.fullmatch(path)
+            if path != "/silences" and expire is None and retry is None:
+                raise _BadRequest(404, f"no such endpoint {path}")
+            body = self._json_body()
+            now = parse_now(_text(body, "now", required=False))
+            with daemon.job_store() as store:
+                if expire is not None:
+                    from monitor.notify.silences import expire_silence
+
+                    silence_id = unquote(expire.group(1))
+                    expire_silence(store, silence_id, now=now)
+                    answer: Any = {"expired": silence_id}
+                elif retry is not None:
+                    answer = {"requeued": retry_dead_letters(store, unquote(retry.group(1)), now=now)}
+                else:
+                    match = body.get("match")
+                    if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+                        raise _BadRequest(400, "'match' must be a list of strings")
+                    answer = add_silence_from_args(
+                        store, match=match, until=_text(body, "until"), comment=_text(body, "comment"),
+                        start=_text(body, "start", required=False), now=now,
+                        created_by=_text(body, "created_by", required=False))
+            self._send(200, _json_bytes(answer))
+        except _BadRequest as exc:
+            self.close_connection = True  # the body may be unread: this connection is done
+            self._send(exc.status, _json_bytes({"error": str(exc)}))
+        except LstarError as exc:
+            self._send(400, _error_body(exc))
+        except Exception as exc:  # noqa: BLE001 - an API error must not kill the server thread
+            self._send(500, _json_bytes({"error": f"{type(exc).__name__}: {exc}"}))
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
         pass
+
+
+def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise _BadRequest(400, f"{key!r} must be a string")
+    return value
 
 
 class _Server(ThreadingHTTPServer):
@@ -189,10 +329,66 @@ def live_daemon_url(state_dir: Path) -> str | None:
 
 
 def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
-    """GET `path` from the daemon's API and decode the JSON answer."""
+    """GET `path` from the daemon's API and decode the JSON answer (list values repeat the
+    parameter); an error answer raises as `_call` says."""
     from urllib.parse import urlencode
 
     query = {k: v for k, v in (params or {}).items() if v is not None}
-    target = f"{url}{path}" + (f"?{urlencode(query)}" if query else "")
-    with urllib.request.urlopen(target, timeout=30) as response:
-        return json.loads(response.read())
+    target = f"{url}{path}" + (f"?{urlencode(query, doseq=True)}" if query else "")
+    return _call(urllib.request.Request(target))
+
+
+def api_post(url: str, path: str, body: dict[str, Any]) -> Any:
+    """POST `body` as JSON to `path` on the daemon's API and decode the JSON answer."""
+    data = json.dumps(body, default=str).encode()
+    return _call(urllib.request.Request(f"{url}{path}", data=data, method="POST",
+                                        headers={"Content-Type": "application/json"}))
+
+
+def _call(request: urllib.request.Request) -> Any:
+    """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
+    refused what the command itself would refuse), else a StoreError naming the daemon."""
+    from monitor import errors
+
+    what = f"{request.get_method()} {urlsplit(request.full_url).path}"
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            answer = json.loads(exc.read())
+        except ValueError:
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        cls = getattr(errors, str(answer.get("kind")), None)
+        if isinstance(cls, type) and issubclass(cls, LstarError):
+            raise cls(str(answer.get("error")), hint=answer.get("hint")) from None
+        raise StoreError(f"the running daemon answered {exc.code} to {what}: "
+                         f"{answer.get('error') or exc.reason}",
+                         hint="see the daemon's log; `lstar status` shows its state") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"the running daemon did not answer {what}: {exc}",
+                         hint="it may have stopped; run the command again") from None
+
+
+_TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
+
+
+def revive_times(obj: Any, keys: tuple[str, ...] = ()) -> Any:
+    """The API's JSON with its times as datetimes again: strings under keys ending in `_at`,
+    or named in `keys`, that read as ISO 8601. Re-encoding gives the text the daemon sent."""
+    from datetime import datetime
+
+    if isinstance(obj, list):
+        return [revive_times(x, keys) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for k, v in obj.items():
+        if isinstance(v, str) and (k.endswith("_at") or k in keys) and _TIME_TEXT.match(v):
+            try:
+                v = datetime.fromisoformat(v)
+            except ValueError:
+                pass
+        out[k] = revive_times(v, keys)
+    return out

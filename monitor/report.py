@@ -44,7 +44,7 @@ def _public_corpus(policy: Policy, curves: Mapping[str, Any]) -> str | None:
     return shas.pop() if len(shas) == 1 else None
 
 
-def _load_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
+def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
     from monitor.policy import load_task_curve
 
     curves, problems = {}, []
@@ -69,7 +69,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`)."""
     from monitor.notify.outbox import watches
 
-    curves, problems = _load_curves(policy)
+    curves, problems = load_policy_curves(policy)
     corpus = _public_corpus(policy, curves)
     runs = [r for r in store.report_score_runs(corpus) if watches(policy, r["repo"], r["rule"])]
     latest: dict[tuple[str, str], dict[str, Any]] = {}

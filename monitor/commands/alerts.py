@@ -1,17 +1,22 @@
-"""`lstar alerts list|show|retry|test|evaluate|dispatch|enable`: the alert outbox."""
+"""`lstar alerts list|show|retry|test|evaluate|dispatch|enable`: the alert outbox.
+
+While `lstar run` holds the database, `list`, `show` and `retry` ask the daemon's API
+instead, with the same output.
+"""
 
 from __future__ import annotations
 
 import json
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.silence import NOW_OPTION, parse_now
+from monitor.commands.silence import NOW_OPTION, live_daemon, parse_now
 from monitor.errors import DeliveryError, PolicyError
 from monitor.store import DEFAULT_DB_PATH, Store
 
@@ -53,8 +58,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        with Store.open(db_path, read_only=True) as store:
-            rows = store.list_alerts(limit=limit, policy=policy)
+        from monitor.daemon_api import api_get, revive_times
+
+        url = live_daemon(db_path)
+        if url is not None:
+            rows = revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit}))
+        else:
+            with Store.open(db_path, read_only=True) as store:
+                rows = store.list_alerts(limit=limit, policy=policy)
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -75,8 +86,14 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        with Store.open(db_path, read_only=True) as store:
-            detail = store.alert_detail(alert_id)
+        from monitor.daemon_api import api_get, revive_times
+
+        url = live_daemon(db_path)
+        if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
+            detail = revive_times(api_get(url, f"/alerts/{alert_id}"))
+        else:
+            with Store.open(db_path, read_only=True) as store:
+                detail = store.alert_detail(alert_id)
         if detail is None:
             raise DeliveryError(f"no alert with id {alert_id}", hint="see `lstar alerts list`")
         if as_json:
@@ -108,21 +125,16 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
+        from monitor.daemon_api import api_post
+        from monitor.state_ops import retry_dead_letters
+
         now = parse_now(now_text)
-        with Store.open(db_path) as store:
-            if ident.startswith("msg_"):
-                ids = [ident]
-            else:
-                if not ident.isdigit():
-                    raise DeliveryError(f"{ident!r} is neither an alert id nor a notification id")
-                detail = store.alert_detail(int(ident))
-                if detail is None:
-                    raise DeliveryError(f"no alert with id {ident}", hint="see `lstar alerts list`")
-                ids = [n["id"] for n in detail["notifications"]]
-            done = store.requeue_notifications(ids, now=now)
-        if not done:
-            raise DeliveryError(f"nothing to retry for {ident}: no dead-lettered notification",
-                                hint="see `lstar alerts show ID`")
+        url = live_daemon(db_path)
+        if url is not None:
+            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()})["requeued"]
+        else:
+            with Store.open(db_path) as store:
+                done = retry_dead_letters(store, ident, now=now)
         for nid in done:
             print(f"requeued {nid}")
 

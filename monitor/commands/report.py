@@ -1,5 +1,6 @@
 """`lstar report`: the governance summary of a policy, in the terminal (rich), or as JSON,
-Markdown or a self-contained HTML file. Opens the database read-only."""
+Markdown or a self-contained HTML file. Opens the database read-only, or, while `lstar run`
+holds it, asks the daemon's API for the same data."""
 
 from __future__ import annotations
 
@@ -15,13 +16,33 @@ from monitor.store import DEFAULT_DB_PATH, Store, utcnow
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
 
 
-def _policies(paths: list[Path]) -> list[Any]:
-    from monitor.policy import load_policies
-
+def _policy_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml")) if p.is_dir() else [p]
-    return load_policies(files)
+    return files
+
+
+def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
+    """The report data of each policy file: from the daemon running next to the database (its
+    API computes it on its own connection), else from a read-only open."""
+    from monitor.daemon_api import api_get, live_daemon_url, revive_times
+    from monitor.policy import load_policies
+    from monitor.report import report_for_cli
+
+    policies = load_policies(files)  # validated here either way: the same errors
+    url = live_daemon_url(Path(db_path).parent)
+    if url is None:
+        now = utcnow()
+        with Store.open(db_path, read_only=True) as store:
+            return [report_for_cli(store, p, now=now) for p in policies]
+    from monitor.report import load_policy_curves
+
+    reports = revive_times(api_get(url, "/report", {"policy": [str(f.resolve()) for f in files]}),
+                           keys=("start", "end", "at"))
+    for data, policy in zip(reports, policies, strict=True):
+        data["_curves"] = load_policy_curves(policy)[0]  # the plots need the curve objects, not their JSON
+    return reports
 
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
@@ -74,12 +95,9 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
-        from monitor.report import render_plots, report_for_cli, to_html, to_json, to_markdown
+        from monitor.report import render_plots, to_html, to_json, to_markdown
 
-        policies = _policies(policy)
-        now = utcnow()
-        with Store.open(db_path, read_only=True) as store:
-            reports = [report_for_cli(store, p, now=now) for p in policies]
+        reports = read_reports(db_path, _policy_files(policy))
         console = Console()
         for data in reports:
             if html is not None:

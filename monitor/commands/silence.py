@@ -1,27 +1,30 @@
-"""`lstar silence add|list|expire`: runtime silences (not part of any policy file)."""
+"""`lstar silence add|list|expire`: runtime silences (not part of any policy file).
+
+While `lstar run` holds the database, each subcommand asks the daemon's API instead (the
+daemon validates and writes with the same code), so the output is the same either way.
+"""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.state_ops import parse_now
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
 
 
-def parse_now(text: str | None) -> datetime:
-    """--now ISO (replays, tests) or the current time, as aware UTC."""
-    if text is None:
-        return datetime.now(timezone.utc)
-    from monitor.notify.silences import parse_time
+def live_daemon(db_path: Path) -> str | None:
+    """The API URL of a daemon running next to `db_path`, else None."""
+    from monitor.daemon_api import live_daemon_url
 
-    return parse_time(text)
+    return live_daemon_url(Path(db_path).parent)
 
 
 NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
@@ -43,13 +46,21 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id."""
-        from monitor.notify.silences import add_silence, parse_until
+        from monitor.daemon_api import api_post, revive_times
+        from monitor.state_ops import add_silence_from_args
 
         now = parse_now(now_text)
-        starts = parse_until(start, now=now) if start else None
-        ends = parse_until(until, now=starts or now)
-        with Store.open(db_path) as store:
-            row = add_silence(store, match, until=ends, comment=comment, now=now, starts_at=starts)
+        url = live_daemon(db_path)
+        if url is not None:
+            from monitor.notify.silences import _user
+
+            row = revive_times(api_post(url, "/silences", {
+                "match": list(match), "until": until, "comment": comment, "start": start,
+                "now": now.isoformat(), "created_by": _user()}))
+        else:
+            with Store.open(db_path) as store:
+                row = add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
+                                            now=now)
         if as_json:
             print(json.dumps(row, indent=2, default=str))
         else:
@@ -63,11 +74,17 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List active and pending silences (opens the file read-only)."""
+        from monitor.daemon_api import api_get, revive_times
         from monitor.notify.silences import list_silences
 
         now = parse_now(now_text)
-        with Store.open(db_path, read_only=True) as store:
-            rows = list_silences(store, now=now, include_expired=include_expired)
+        url = live_daemon(db_path)
+        if url is not None:
+            rows = revive_times(api_get(url, "/silences", {"now": now.isoformat(),
+                                                           "all": "1" if include_expired else None}))
+        else:
+            with Store.open(db_path, read_only=True) as store:
+                rows = list_silences(store, now=now, include_expired=include_expired)
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -83,10 +100,16 @@ def register(app: typer.Typer) -> None:
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
                db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
+        from monitor.daemon_api import api_post
         from monitor.notify.silences import expire_silence
 
-        with Store.open(db_path) as store:
-            expire_silence(store, silence_id, now=parse_now(now_text))
+        now = parse_now(now_text)
+        url = live_daemon(db_path)
+        if url is not None:
+            api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()})
+        else:
+            with Store.open(db_path) as store:
+                expire_silence(store, silence_id, now=now)
         print(f"expired {silence_id}")
 
     app.add_typer(silence, name="silence")

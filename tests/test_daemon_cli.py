@@ -1,0 +1,134 @@
+"""The CLI while a real daemon (`lstar run`, a subprocess) holds the database: reads and
+runtime-state writes (silences, retries) go through the daemon's API, with the output the
+direct database path prints, and the daemon's refusals as the usual one-line errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.store import Store
+from monitor.testing.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
+from monitor.testing.fakehub import FakeHub
+
+POLICY = """\
+name: watcher
+watch:
+  - name: tiny
+    author: fake-org
+    revisions: {branches: "step\\\\d+"}
+route: {receiver: log, group_wait: 0s, group_interval: 0s}
+receivers:
+  - name: log
+    file: {path: alerts.jsonl}
+"""
+NOW = "2030-01-01T00:00:00+00:00"
+
+
+def lstar(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    """One daemon on an empty fake Hub (nothing to fetch or score: the test stays light)."""
+    tmp = tmp_path_factory.mktemp("daemon-cli")
+    (tmp / "policies").mkdir()
+    (tmp / "policies" / "watcher.yaml").write_text(POLICY)
+    with FakeHub() as hub:
+        process = DaemonProcess(tmp / "policies", tmp / "state", endpoint=hub.url,
+                                args=["--poll-every", "1h", "--score-every", "1h",
+                                      "--cache-dir", str(tmp / "cache")])
+        with process:
+            wait_for(lambda: process.status()["jobs"]["poll"]["runs"] >= 1, timeout=60,
+                     what="the start-up poll")
+            yield process
+
+
+def test_alerts_and_report_are_answered_through_the_api(daemon):
+    db = str(daemon.state_dir / "lstar.duckdb")
+    with pytest.raises(Exception, match="(?i)lock|held"):  # the daemon holds the file
+        Store.open(db, read_only=True)
+
+    listed = lstar("alerts", "list", "--db", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []
+
+    # The daemon's refusals come back as the command's own one-line errors.
+    shown = lstar("alerts", "show", "7", "--db", db, "--json")
+    assert (shown.returncode, shown.stdout) == (2, "")
+    assert shown.stderr == "error: no alert with id 7; see `lstar alerts list`\n"
+    retried = lstar("alerts", "retry", "7", "--db", db)
+    assert (retried.returncode, retried.stderr) == (2, "error: no alert with id 7; see `lstar alerts list`\n")
+    retried = lstar("alerts", "retry", "seven", "--db", db)
+    assert (retried.returncode, retried.stderr) == (
+        2, "error: 'seven' is neither an alert id nor a notification id\n")
+
+    report = lstar("report", "--policy", str(daemon.policies_dir), "--db", db, "--json")
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert (data["schema"], data["policy"], data["report"]) == ("lstar-report/1", "watcher", "adhoc")
+    assert data["summary"] == {"new_checkpoints": 0, "new_scores": 0, "lineages": 0, "at_risk": 0,
+                               "emerged": 0, "crossings": 0}
+    assert data["period"]["end"] == data["generated_at"]
+    assert "_curves" not in data
+
+
+def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_stops(daemon, tmp_path):
+    db = str(daemon.state_dir / "lstar.duckdb")
+    added = lstar("silence", "add", "--match", "policy=watcher", "--match", "task=~arc.*", "--until", "2h",
+                  "--comment", "  maintenance  ", "--now", NOW, "--db", db, "--json")
+    assert added.returncode == 0, added.stderr
+    row = json.loads(added.stdout)
+    assert row["matchers"] == ['policy="watcher"', 'task=~"arc.*"']
+    assert (row["starts_at"], row["ends_at"]) == ("2030-01-01 00:00:00+00:00", "2030-01-01 02:00:00+00:00")
+    assert row["comment"] == "maintenance" and row["expired_at"] is None
+
+    other = lstar("silence", "add", "--match", "policy=other", "--until", "2030-01-02T00:00Z",
+                  "--comment", "second", "--now", NOW, "--db", db)
+    assert other.returncode == 0, other.stderr
+    other_id = other.stdout.strip()
+
+    listed = lstar("silence", "list", "--now", NOW, "--db", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted((r["id"], r["state"]) for r in json.loads(listed.stdout)) == sorted(
+        [(row["id"], "active"), (other_id, "active")])
+
+    expired = lstar("silence", "expire", row["id"], "--now", "2030-01-01T01:00:00Z", "--db", db)
+    assert (expired.returncode, expired.stdout) == (0, f"expired {row['id']}\n"), expired.stderr
+    again = lstar("silence", "expire", row["id"], "--now", "2030-01-01T01:00:00Z", "--db", db)
+    assert (again.returncode, again.stderr) == (
+        2, f"error: no active or pending silence with id {row['id']}; see `lstar silence list`\n")
+
+    # Input the daemon refuses fails exactly as it does on a database nobody holds.
+    bad = ["silence", "add", "--match", "policy=~", "--until", "2h", "--comment", "x", "--now", NOW]
+    through_daemon = lstar(*bad, "--db", db)
+    (tmp_path / "alone").mkdir()
+    direct = lstar(*bad, "--db", str(tmp_path / "alone" / "lstar.duckdb"))
+    assert through_daemon.returncode == direct.returncode == 2
+    assert through_daemon.stderr == direct.stderr
+    assert direct.stderr.startswith("error: these matchers would silence every alert")
+
+    later = ["silence", "list", "--all", "--now", "2030-01-01T01:30:00Z", "--db", db, "--json"]
+    served = lstar(*later)
+    assert served.returncode == 0, served.stderr
+    states = {r["id"]: r["state"] for r in json.loads(served.stdout)}
+    assert states == {row["id"]: "expired", other_id: "active"}
+    served_table = lstar(*later[:-1])
+    assert served_table.returncode == 0, served_table.stderr
+
+    # With the daemon gone the commands open the file themselves and print the same.
+    assert daemon.stop(signal.SIGTERM, timeout=60) == 0
+    wait_for(lambda: not (daemon.state_dir / "daemon.json").exists(), timeout=10, what="daemon.json removed")
+    assert lstar(*later).stdout == served.stdout
+    assert lstar(*later[:-1]).stdout == served_table.stdout
+    with Store.open(Path(db), read_only=True) as store:
+        stored = {s["id"]: s for s in store.silences()}
+    assert stored[row["id"]]["expired_at"].isoformat() == "2030-01-01T01:00:00+00:00"
+    assert stored[other_id]["comment"] == "second"
