@@ -81,6 +81,7 @@ class DaemonConfig:
     drain: float = 60.0
     hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
     hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
+    hub_circuit_threshold: int = 5    # consecutive Hub failures that open the circuit
     webhook_secret_file: Path | None = None
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
 
@@ -487,7 +488,8 @@ class Daemon:
     def hub_client(self, store: Store):
         from monitor.hub import HubClient, RetryPolicy
 
-        policy = RetryPolicy(max_wait_s=self.config.hub_max_wait, circuit_cooldown_s=self.config.hub_cooldown)
+        policy = RetryPolicy(max_wait_s=self.config.hub_max_wait, circuit_cooldown_s=self.config.hub_cooldown,
+                             circuit_threshold=self.config.hub_circuit_threshold)
         return HubClient(self.config.endpoint, store=store, policy=policy)
 
     def job_reload(self) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from monitor.testing.hub_repos import add_lineage
 from tests.test_daemon import write_policy
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def hub():
+    # One per test: fault injection (outages, 429s) must not leak into the next test.
     with FakeHub() as server:
         add_lineage(server, "fake-org/tiny", steps=(1000, 2000))
         yield server
@@ -34,8 +35,10 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
     policies = write_policy(tmp_path / "policies")
     hub.reset_log()
     hub.fail_next(1, 429, retry_after=4, path_prefix="/api/models/fake-org/tiny/refs")
+    # A failing listing costs ~23 s of huggingface_hub's own retries (1, 2, 4, 8, 8 s), so the
+    # circuit opens after one failed poll here rather than the default five.
     args = ["--cache-dir", str(tmp_path / "cache"), "--hub-max-wait", "0s", "--hub-cooldown", "3s",
-            "--score-every", "1h"]
+            "--hub-circuit-threshold", "1", "--score-every", "1h"]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
         rows = wait_for(lambda: daemon.get_json("/checkpoints"), timeout=60, what="discovery after the 429")
         assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]  # watermark was kept
@@ -46,14 +49,16 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
         assert after and min(r.time for r in after) - limited[0].time >= 4.0
 
         hub.set_outage(True)
-        outage = wait_for(lambda: daemon.status()["hub_outages"], timeout=60, what="the outage row")
-        assert len(outage) == 1
-        meta = wait_for(lambda: [a for a in alerts_file(policies) if "hub-outage" in json.dumps(a)],
-                        timeout=30, what="the outage meta-alert")
-        polls_then = daemon.status()["jobs"]["poll"]["runs"]
-        wait_for(lambda: daemon.status()["jobs"]["poll"]["runs"] >= polls_then + 3, timeout=30,
-                 what="more polls during the outage")
-        hub.set_outage(False)
+        try:
+            outage = wait_for(lambda: daemon.status()["hub_outages"], timeout=120, what="the outage row")
+            assert len(outage) == 1
+            meta = wait_for(lambda: [a for a in alerts_file(policies) if "hub-outage" in json.dumps(a)],
+                            timeout=30, what="the outage meta-alert")
+            polls_then = daemon.status()["jobs"]["poll"]["runs"]
+            wait_for(lambda: daemon.status()["jobs"]["poll"]["runs"] >= polls_then + 3, timeout=120,
+                     what="more polls during the outage")
+        finally:
+            hub.set_outage(False)
         assert daemon.stop() == 0
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         assert len(store.hub_outages()) == 1

@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
         hub_max_wait: str = typer.Option("1m", "--hub-max-wait",
                                          help="Longer Hub rate-limit waits end the job instead of sleeping."),
         hub_cooldown: str = typer.Option("5m", "--hub-cooldown", help="Circuit-breaker cool-down."),
+        hub_circuit_threshold: int = typer.Option(
+            5, "--hub-circuit-threshold", min=1,
+            help="Consecutive Hub failures that open the circuit (and raise one outage alert)."),
         webhook_secret_file: Path = typer.Option(None, "--webhook-secret-file",
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
@@ -88,6 +91,7 @@ def register(app: typer.Typer) -> None:
             lease=_seconds(lease, "--lease") if lease else None, drain=_seconds(drain, "--drain"),
             hub_max_wait=_seconds(hub_max_wait, "--hub-max-wait"),
             hub_cooldown=_seconds(hub_cooldown, "--hub-cooldown"),
+            hub_circuit_threshold=hub_circuit_threshold,
             webhook_secret_file=webhook_secret_file, template=template)
         raise typer.Exit(run_daemon(config))
 
