@@ -13,22 +13,11 @@ from pathlib import Path
 import pytest
 
 from monitor.store import Store
-from monitor.testing.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
+from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 from monitor.testing.fakehub import FakeHub
 from monitor.testing.hub_repos import add_lineage
 
 SECRET = "hub-webhook-secret-for-tests"
-POLICY = """\
-name: watcher
-watch:
-  - name: tiny
-    author: fake-org
-    revisions: {branches: "step\\\\d+"}
-route: {receiver: log, group_wait: 0s, group_interval: 0s}
-receivers:
-  - name: log
-    file: {path: alerts.jsonl}
-"""
 
 
 def write_policy(folder: Path) -> Path:

@@ -15,6 +15,19 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# A policy watching the fake Hub's `fake-org` step branches, alerting into a JSON-lines file.
+WATCHER_POLICY = """\
+name: watcher
+watch:
+  - name: tiny
+    author: fake-org
+    revisions: {branches: "step\\\\d+"}
+route: {receiver: log, group_wait: 0s, group_interval: 0s}
+receivers:
+  - name: log
+    file: {path: alerts.jsonl}
+"""
+
 FAST_FLAGS = ("--poll-every", "1s", "--score-every", "1s", "--outbox-every", "1s", "--reload-every", "1s",
               "--watchdog-every", "1s", "--report-every", "2s", "--drain", "20s")
 
