@@ -143,7 +143,9 @@ class LogisticCheck(_Strict):
     max_abs_difference: float | None = None
 
 
-class LofoRowModel(_Strict):
+class LofoRow(_Strict):
+    """Held-out performance of the curve on one predictor, pooled over folds."""
+
     predictor: str
     label: str
     rmse: float
@@ -158,7 +160,7 @@ class LofoSummary(_Strict):
     level: float
     confidence: float
     families: list[str]
-    rows: list[LofoRowModel]
+    rows: list[LofoRow]
     skipped: dict[str, str] = Field(default_factory=dict)
 
 

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from monitor.curve_artifact import (SCHEMA, Band, BootstrapInfo, CurveArtifact, CurvePoint, Knots,
-                                    LofoRowModel, LofoSummary, LogisticCheck, ScoringRef, Threshold)
+                                    LofoSummary, LogisticCheck, ScoringRef, Threshold)
 from monitor.curve_validation import emergence_score, lofo_validate, resolution_warnings
 from monitor.curves import (PREDICTORS, Predictor, fit_logistic, fit_monotone, label_weights,
                             logistic_value)
@@ -132,7 +132,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
                                resamples=lofo_resamples, seed=seed)
         lofo_summary = LofoSummary(level=result.level, confidence=result.confidence,
                                    families=result.families,
-                                   rows=[LofoRowModel(**r.as_dict()) for r in result.rows],
+                                   rows=list(result.rows),
                                    skipped=result.skipped)
 
     now = now or datetime.now(timezone.utc)

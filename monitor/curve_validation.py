@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from monitor.curve_artifact import LofoRow
 from monitor.curves import PREDICTORS, fit_monotone, label_weights
 from monitor.errors import CurveError, LabelError
 from monitor.tasks import Label
@@ -77,26 +78,6 @@ def resolution_warnings(n: Sequence[int | None], *, baseline: float, margin: flo
 
 # -- leave-one-family-out validation -------------------------------------------------------------
 @dataclass(frozen=True)
-class LofoRow:
-    """Held-out performance of the curve on one predictor, pooled over folds."""
-
-    predictor: str
-    label: str
-    rmse: float
-    crossing_error: float
-    brier: float
-    n_heldout: int
-    n_folds: int
-    extrapolated: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"predictor": self.predictor, "label": self.label, "rmse": self.rmse,
-                "crossing_error": self.crossing_error, "brier": self.brier,
-                "n_heldout": self.n_heldout, "n_folds": self.n_folds,
-                "extrapolated": self.extrapolated}
-
-
-@dataclass(frozen=True)
 class LofoResult:
     """Leave-one-family-out table: one row per predictor, plus per-family detail.
 
@@ -117,7 +98,7 @@ class LofoResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"level": self.level, "confidence": self.confidence, "families": self.families,
-                "rows": [r.as_dict() for r in self.rows], "per_family": self.per_family,
+                "rows": [r.model_dump() for r in self.rows], "per_family": self.per_family,
                 "skipped": self.skipped}
 
     def to_markdown(self) -> str:
@@ -130,11 +111,11 @@ class LofoResult:
 
     def to_csv(self) -> str:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(self.rows[0].as_dict()) if self.rows else ["predictor"],
+        writer = csv.DictWriter(buf, fieldnames=list(self.rows[0].model_dump()) if self.rows else ["predictor"],
                                 lineterminator="\n")
         writer.writeheader()
         for r in self.rows:
-            writer.writerow(r.as_dict())
+            writer.writerow(r.model_dump())
         return buf.getvalue()
 
     def write(self, path: str | Path) -> Path:
@@ -236,7 +217,8 @@ def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
         if folds == 0:
             skipped.setdefault(name, "no fold could be fitted")
             continue
-        rows.append(LofoRow(name, predictor.label, float(np.sqrt(np.mean(sq))), float(np.mean(wrong)),
-                            float(np.mean(brier)), count, folds, float(np.mean(extrap))))
+        rows.append(LofoRow(predictor=name, label=predictor.label, rmse=float(np.sqrt(np.mean(sq))),
+                            crossing_error=float(np.mean(wrong)), brier=float(np.mean(brier)),
+                            n_heldout=count, n_folds=folds, extrapolated=float(np.mean(extrap))))
     return LofoResult(rows=rows, families=families, per_family=per_family, level=level,
                       confidence=confidence, skipped=skipped)

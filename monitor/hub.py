@@ -28,7 +28,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import HubError, PolicyError
@@ -39,7 +38,6 @@ T = TypeVar("T")
 # What a listing asks the Hub to return per repo (the rest is fetched per candidate).
 LIST_EXPAND = ["sha", "lastModified", "createdAt", "gated", "private", "pipeline_tag", "tags",
                "safetensors"]
-RULE_FILE_MAX_BYTES = 1 << 20
 
 
 # -- watch rules ---------------------------------------------------------------------------
@@ -172,25 +170,19 @@ def _error_path(loc: Sequence[Any]) -> str:
 def load_watch_rules(path: str | Path) -> list[WatchRule]:
     """Read a YAML file whose top-level `watch:` is a list of `WatchRule` mappings.
 
-    Size-checked, `yaml.safe_load`, then strict validation; errors name the file, the key
-    path and the offending value.
+    Read with the policy files' checks (size, UTF-8, no tags, no alias bombs), then strict
+    validation; errors name the file, the key path and the offending value.
     """
+    from monitor.policy import read_policy_text
+    from monitor.policy_yaml import compose, construct
+
     path = Path(path)
+    text = read_policy_text(path, str(path))
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise PolicyError(f"cannot read rule file {path}: {exc.strerror}") from exc
-    if size > RULE_FILE_MAX_BYTES:
-        raise PolicyError(f"{path} is {size:,} bytes; rule files are limited to "
-                          f"{RULE_FILE_MAX_BYTES:,}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise PolicyError(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{path}: not UTF-8 text") from exc
+        root = compose(text, str(path))
+        data = construct(root, str(path)) if root is not None else None
+    except PolicyError as exc:
+        raise PolicyError(f"not valid YAML: {exc.message}") from None
     if not isinstance(data, dict) or "watch" not in data:
         raise PolicyError(f"{path}: expected a mapping with a top-level `watch:` list",
                           hint="see WatchRule in monitor/hub.py for the fields")
