@@ -11,7 +11,10 @@ in its own subprocess so its peak RSS is its own:
 4. `lm_eval_f64` — the same with `softmax_dtype=float64` on the first `--f64-docs` documents
                    (lm-eval's float32 log-softmax on the CPU is biased by ~1e-5 relative; this
                    run shows how close the two sides are without that);
-5. `bf16`        — monitor.scoring again with bf16 weights, on the first `--bf16-docs` documents.
+5. `bf16`        — monitor.scoring again with bf16 weights, on the first `--bf16-docs` documents;
+6. `lm_eval_heap` — lm-eval again with the glibc setting our scorer makes for itself
+                   (monitor.host_memory: freed activations kept for the next batch), so the
+                   report also shows how much of the ratio that setting alone accounts for.
 
 `--tune 1,2,4,8` first measures both float32 sides at each batch size on the first
 `--tune-docs` documents and runs each with its fastest.
@@ -134,6 +137,7 @@ def worker_ours(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from monitor.corpus import load_corpus
+    from monitor.host_memory import keep_freed_memory
     from monitor.loader import load_checkpoint
     from monitor.scoring import ScoringSpec, score_token_sequences
     from monitor.tokenizer import load_tokenizer
@@ -168,6 +172,7 @@ def worker_ours(job: dict[str, Any]) -> dict[str, Any]:
         "load_s": load_s, "tokenize_s": t_tokenized - t0, "score_s": out.wall_s, "wall_s": wall,
         "rss_loaded_mib": rss_loaded, "hwm_loaded_mib": hwm_loaded,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "keep_freed_memory": keep_freed_memory(),    # already made by score_token_sequences on the CPU
         "corpus_sha256": corpus.sha256, "corpus_selection": corpus.selection,
     }
 
@@ -181,6 +186,11 @@ def worker_lm_eval(job: dict[str, Any]) -> dict[str, Any]:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
+    kept = None
+    if job.get("keep_freed_memory"):
+        from monitor.host_memory import keep_freed_memory
+
+        kept = keep_freed_memory()
     t_start = time.perf_counter()
     options = {"softmax_dtype": job["softmax_dtype"]} if job.get("softmax_dtype") else {}
     lm = HFLM(pretrained=job["model_dir"], dtype=job["dtype"], device="cpu", batch_size=job["batch_size"],
@@ -235,6 +245,7 @@ def worker_lm_eval(job: dict[str, Any]) -> dict[str, Any]:
         "load_s": load_s, "score_s": call["seconds"], "wall_s": call["seconds"], "evaluate_s": evaluate_s,
         "rss_loaded_mib": rss_loaded, "hwm_loaded_mib": hwm_loaded,
         "threads": torch.get_num_threads(), "lm_eval": lm_eval.__version__, "torch": torch.__version__,
+        "keep_freed_memory": kept,
     }
 
 
@@ -364,7 +375,8 @@ def compare(sides: dict[str, Any], model_config: dict[str, Any], window: int) ->
     """Every figure the report prints, from the raw side results (missing or failed sides
     leave their figures out)."""
     ours, lm, bf16, peak = (sides.get(k) for k in ("ours", "lm_eval", "bf16", "peak"))
-    for name, side in (("ours", ours), ("lm_eval", lm), ("bf16", bf16)):
+    heap = sides.get("lm_eval_heap")
+    for name, side in (("ours", ours), ("lm_eval", lm), ("bf16", bf16), ("lm_eval_heap", heap)):
         if _ok(side):
             add_rates(side, name, peak, model_config, window)
     cmp: dict[str, Any] = {}
@@ -385,6 +397,12 @@ def compare(sides: dict[str, Any], model_config: dict[str, Any], window: int) ->
         cmp["bpb_rel_diff"] = rel(cmp["bpb_ours"], cmp["bpb_lm_eval"])
         cmp["speedup_fp32"] = ours["tokens_per_s"] / lm["tokens_per_s"]
         cmp["rss_ratio"] = ours["peak_rss_mib"] / lm["peak_rss_mib"]
+    if _ok(heap) and _ok(ours) and sorted(heap["doc_ids"]) == sorted(ours["doc_ids"]):
+        _reorder(heap, ours["doc_ids"])
+        cmp["speedup_fp32_same_allocator"] = ours["tokens_per_s"] / heap["tokens_per_s"]
+        cmp["bpb_rel_diff_same_allocator"] = rel(cmp.get("bpb_ours", bits_per_byte(ours["doc_nll"], ours["doc_bytes"])),
+                                                 heap["bits_per_byte"])
+        cmp["rss_ratio_same_allocator"] = ours["peak_rss_mib"] / heap["peak_rss_mib"]
     f64 = sides.get("lm_eval_f64")
     if _ok(f64) and _ok(ours):
         _reorder(f64, [doc_id for doc_id in ours["doc_ids"] if doc_id in set(f64["doc_ids"])])
@@ -477,6 +495,12 @@ def render(report: dict[str, Any]) -> tuple[str, str]:
            f"lm-eval float32 vs float64 softmax on those docs: {_f(c.get('f64_vs_f32_lm_eval_bpb_rel_diff'), '.2e')}"]
           if "f64_docs" in c else []),
         f"{'process CPU s, user+sys (incl. load)':34s}{_f(_cpu(ours)):>16s}{_f(_cpu(lm)):>16s}",
+        f"{'of which system s':34s}{_f(ours.get('cpu_sys_s')):>16s}{_f(lm.get('cpu_sys_s')):>16s}",
+        *([f"lm-eval with our glibc setting (freed memory kept, monitor.host_memory): "
+           f"{_f(s['lm_eval_heap']['tokens_per_s'])} tokens/s, system {_f(s['lm_eval_heap'].get('cpu_sys_s'))} s, "
+           f"peak RSS {_f(s['lm_eval_heap']['peak_rss_mib'], ',.0f')} MiB; lstar / that = "
+           f"{_x(c['speedup_fp32_same_allocator'])}; bits/byte rel diff {_f(c.get('bpb_rel_diff_same_allocator'), '.2e')}"]
+          if "speedup_fp32_same_allocator" in c else []),
         "",
     ]
     if bf16:
@@ -507,6 +531,8 @@ def render(report: dict[str, Any]) -> tuple[str, str]:
         "|---|---:|---:|---:|",
         f"| tokens/s | {_f(ours.get('tokens_per_s'))} | {_f(lm.get('tokens_per_s'))} | {_f(bf16.get('tokens_per_s'))} |",
         f"| throughput vs lm-eval | {_x(c.get('speedup_fp32'))} | 1.00x | {_x(c.get('speedup_bf16_vs_lm_eval_fp32'))} |",
+        *([f"| throughput vs lm-eval with the same glibc setting | {_x(c['speedup_fp32_same_allocator'])} | "
+           f"1.00x ({_f(s['lm_eval_heap']['tokens_per_s'])} tokens/s) | — |"] if "speedup_fp32_same_allocator" in c else []),
         f"| bits/byte | {_f(ours.get('bits_per_byte'), '.6f')} | {_f(lm.get('bits_per_byte'), '.6f')} | {_f(bf16.get('bits_per_byte'), '.6f')} |",
         f"| bits/byte rel. diff | {_f(c.get('bpb_rel_diff'), '.1e')} (vs lm-eval) | — | {_f(c.get('bpb_bf16_rel_dev'), '+.1e')} (vs float32) |",
         f"| peak RSS | {_f(ours.get('peak_rss_mib'), ',.0f')} MiB | {_f(lm.get('peak_rss_mib'), ',.0f')} MiB | {_f(bf16.get('peak_rss_mib'), ',.0f')} MiB |",
@@ -549,8 +575,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peak-budget-s", type=float, default=10.0, help="seconds per dtype for the matmul peak")
     parser.add_argument("--f64-docs", type=int, default=2,
                         help="documents for the lm-eval run with softmax_dtype=float64 (0 skips it)")
-    parser.add_argument("--sides", default="peak,ours,lm_eval,lm_eval_f64,bf16",
-                        help="which runs to make, comma-separated from peak,ours,lm_eval,lm_eval_f64,bf16")
+    parser.add_argument("--sides", default="peak,ours,lm_eval,lm_eval_heap,lm_eval_f64,bf16",
+                        help="which runs to make, comma-separated from peak,ours,lm_eval,lm_eval_heap,lm_eval_f64,bf16")
     parser.add_argument("--lm-eval-softmax-dtype", default=None,
                         help="lm-eval's softmax_dtype model argument (default: lm-eval's, the logits' dtype)")
     parser.add_argument("--tune", default=None, metavar="SIZES",
@@ -619,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     if "lm_eval" in wanted:
         sides["lm_eval"] = run_side("lm_eval", "lm_eval", dict(lm_eval_job, batch_size=args.lm_eval_batch_size),
                                     run_dir, env)
+    if "lm_eval_heap" in wanted:
+        sides["lm_eval_heap"] = run_side("lm_eval_heap", "lm_eval", dict(
+            lm_eval_job, batch_size=args.lm_eval_batch_size, keep_freed_memory=True), run_dir, env)
     if "lm_eval_f64" in wanted and f64_docs:
         write_task_data(corpus.select(first=f64_docs), TASK_DATA_FILE)
         sides["lm_eval_f64"] = run_side("lm_eval_f64", "lm_eval", dict(

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from monitor import SCORING_SPEC_VERSION
 from monitor.errors import ModelLoadError, SpecError
+from monitor.host_memory import keep_freed_memory
 
 DEFAULT_MAX_CONTEXT = 2048
 # Logit elements per loss chunk: 2**24 float32 values = 64 MiB, whatever the vocabulary.
@@ -205,6 +206,7 @@ class OutputHead:
             scale /= float(config.logits_scaling)
         self.scale = scale
         self.softcap: float | None = getattr(config, "final_logit_softcapping", None) or None
+        self._buffer: torch.Tensor | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -212,22 +214,45 @@ class OutputHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [n, V] of hidden states [n, d]; the matmul runs in the model dtype."""
-        z = F.linear(hidden, self.weight, self.bias).float()
+        out = torch.empty((hidden.shape[0], self.vocab_size), dtype=torch.float32, device=hidden.device)
+        return self._logits_into(hidden, out)
+
+    def _logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype == out.dtype:
+            # straight into `out`: no fresh [n, V] allocation per chunk
+            if self.bias is None:
+                torch.mm(hidden, self.weight.T, out=out)
+            else:
+                torch.addmm(self.bias, hidden, self.weight.T, out=out)
+        else:
+            out.copy_(F.linear(hidden, self.weight, self.bias))
         if self.scale != 1.0:
-            z = z * self.scale
+            out.mul_(self.scale)
         if self.softcap:
-            z = torch.tanh(z / self.softcap) * self.softcap
-        return z
+            out.div_(self.softcap).tanh_().mul_(self.softcap)
+        return out
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor, chunk_elements: int) -> torch.Tensor:
         """Per-position NLL (float32 [n]) of `targets` given hidden states [n, d], computed a
-        chunk of positions at a time so at most `chunk_elements` logits exist at once."""
+        chunk of positions at a time so at most `chunk_elements` logits exist at once.
+
+        One logits buffer serves every chunk and the log-sum-exp runs in place on it
+        (max, subtract, exp, sum); the buffer is kept for the next call. On the CPU a fresh
+        [c, V] block per chunk costs more in page faults than its exp does."""
         rows = max(1, chunk_elements // self.vocab_size)
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        for lo in range(0, hidden.shape[0], rows):
-            z = self.logits(hidden[lo:lo + rows])                       # [c, V] float32
+        n = hidden.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        buffer = self._buffer
+        if buffer is None or buffer.shape[0] < min(rows, n) or buffer.device != hidden.device:
+            buffer = torch.empty((min(rows, n), self.vocab_size), dtype=torch.float32, device=hidden.device)
+            self._buffer = buffer
+        for lo in range(0, n, rows):
+            h = hidden[lo:lo + rows]
+            z = self._logits_into(h, buffer[:h.shape[0]])                 # [c, V] float32
             target_logit = z.gather(1, targets[lo:lo + rows, None]).squeeze(1)
-            out[lo:lo + rows] = torch.logsumexp(z, dim=-1) - target_logit
+            peak = z.amax(dim=1)
+            z.sub_(peak[:, None]).exp_()
+            out[lo:lo + rows] = peak + z.sum(dim=1).log() - target_logit
         return out
 
 
@@ -421,6 +446,8 @@ def score_token_sequences(model: torch.nn.Module, token_seqs: Sequence[Sequence[
     """
     spec = resolved_spec
     device = torch.device(spec.device)
+    if device.type == "cpu":
+        keep_freed_memory()     # activations reused between batches, not page-faulted in again
     body, head = decoder_body(model), OutputHead(model)
     if head.weight.dtype != spec.torch_dtype or head.weight.device.type != device.type:
         raise SpecError(f"the model is loaded as {str(head.weight.dtype).removeprefix('torch.')} on "

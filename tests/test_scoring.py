@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from monitor.errors import SpecError
 from monitor.loader import load_checkpoint
-from monitor.scoring import ScoringSpec, plan_windows, score_token_sequences
+from monitor.scoring import OutputHead, ScoringSpec, decoder_body, plan_windows, score_token_sequences
 from monitor.testing.tiny_models import build_tiny_model
 
 MAX_POSITIONS = 64
@@ -356,3 +357,41 @@ def test_progress_bar_reports_tokens_per_second(tiny, capsys):
     out = score_token_sequences(ckpt.model, seqs[:3], prefix, spec, with_tcb=False, progress=True)
     err = capsys.readouterr().err
     assert "scoring" in err and "tok/s" in err and f"{out.n_tokens}/{out.n_tokens}" in err
+
+
+def _tiny_family(family: str, vocab: int):
+    """A tiny random model of a family whose logits are transformed after the matmul."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = {
+        "gemma2": lambda: tf.Gemma2Config(**common, head_dim=8, final_logit_softcapping=3.0),
+        "granite": lambda: tf.GraniteConfig(**common, logits_scaling=4.0),
+        "cohere": lambda: tf.CohereConfig(**common, logit_scale=0.37),
+        "llama": lambda: tf.LlamaConfig(**common),
+    }[family]()
+    torch.manual_seed(11)
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():   # large logits, so the soft-cap and the scale really bite
+        model.get_output_embeddings().weight.mul_(40.0)
+    return model
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite", "cohere", "llama"])
+@pytest.mark.parametrize("chunk_rows", [1, 7, 1000])
+def test_output_head_nll_equals_the_models_own_cross_entropy(family, chunk_rows):
+    """The in-place, buffer-reusing head (scale, soft-cap, several chunks, calls of different
+    lengths) against cross-entropy in float64 of the logits the model itself returns."""
+    vocab = 301
+    model = _tiny_family(family, vocab)
+    body, head = decoder_body(model), OutputHead(model)
+    for n in (23, 5, 40):       # later calls shorter and longer than the first: the buffer is reused and regrown
+        ids = torch.randint(0, vocab, (1, n + 1), generator=torch.Generator().manual_seed(n))
+        with torch.inference_mode():
+            reference = F.cross_entropy(model(input_ids=ids[:, :-1]).logits[0].double(), ids[0, 1:],
+                                        reduction="none")
+            hidden = body(input_ids=ids[:, :-1]).last_hidden_state[0]
+            ours = head.nll(hidden, ids[0, 1:], chunk_elements=chunk_rows * vocab)
+        assert reference.abs().max() > 1.0
+        torch.testing.assert_close(ours.double(), reference, rtol=1e-6, atol=1e-6)
