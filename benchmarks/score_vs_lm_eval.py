@@ -400,8 +400,7 @@ def compare(sides: dict[str, Any], model_config: dict[str, Any], window: int) ->
     if _ok(heap) and _ok(ours) and sorted(heap["doc_ids"]) == sorted(ours["doc_ids"]):
         _reorder(heap, ours["doc_ids"])
         cmp["speedup_fp32_same_allocator"] = ours["tokens_per_s"] / heap["tokens_per_s"]
-        cmp["bpb_rel_diff_same_allocator"] = rel(cmp.get("bpb_ours", bits_per_byte(ours["doc_nll"], ours["doc_bytes"])),
-                                                 heap["bits_per_byte"])
+        cmp["bpb_rel_diff_same_allocator"] = rel(ours["bits_per_byte"], heap["bits_per_byte"])
         cmp["rss_ratio_same_allocator"] = ours["peak_rss_mib"] / heap["peak_rss_mib"]
     f64 = sides.get("lm_eval_f64")
     if _ok(f64) and _ok(ours):

@@ -52,11 +52,11 @@ def register(app: typer.Typer) -> None:
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
-            from monitor.notify.silences import _user
+            from monitor.notify.silences import current_user
 
             row = revive_times(api_post(url, "/silences", {
                 "match": list(match), "until": until, "comment": comment, "start": start,
-                "now": now.isoformat(), "created_by": _user()}))
+                "now": now.isoformat(), "created_by": current_user()}))
         else:
             with Store.open(db_path) as store:
                 row = add_silence_from_args(store, match=match, until=until, comment=comment, start=start,

@@ -63,12 +63,13 @@ def add_silence(store: Store, matchers: Sequence[str], *, until: datetime, comme
         raise PolicyError("a silence needs a --comment saying why")
     row = {"id": str(uuid.uuid4()), "matchers": [str(m) for m in parsed], "starts_at": start,
            "ends_at": until, "comment": comment.strip(),
-           "created_by": created_by or _user(), "created_at": now, "expired_at": None}
+           "created_by": created_by or current_user(), "created_at": now, "expired_at": None}
     store.add_silence(row)
     return row
 
 
-def _user() -> str:
+def current_user() -> str:
+    """The login name recorded as a silence's creator ("unknown" where there is none)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):
