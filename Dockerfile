@@ -19,7 +19,6 @@ WORKDIR /app
 # Dependencies first (cached while only the code changes); torch comes from the base image.
 COPY pyproject.toml README.md ./
 COPY monitor ./monitor
-COPY alerts ./alerts
 COPY policies ./policies
 RUN pip install --no-cache-dir . \
     && mkdir -p /app/state "$HF_HOME" \

@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from monitor.hub import LIST_EXPAND, HubClient, WatchRule, poll_rule
     from monitor.store import Store
-    from monitor.testing.fakehub import FakeHub
-    from monitor.testing.hub_repos import add_filler_repos
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import add_filler_repos
 
     author = "filler-org"
     with tempfile.TemporaryDirectory(prefix="poll-cost-") as tmp, FakeHub(page_size=args.page_size) as hub:

@@ -561,7 +561,7 @@ def _cpu_name() -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Score a model with lstar and lm-evaluation-harness side by side.")
     parser.add_argument("--model", type=Path, default=None,
-                        help="checkpoint folder with tokenizer files (default: SmolLM2-135M from monitor.testing.smollm2)")
+                        help="checkpoint folder with tokenizer files (default: SmolLM2-135M from monitor.smollm2)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="corpus folder (default ../shared/corpus/calib-v0)")
     parser.add_argument("--docs", type=int, default=None, help="score only the first K documents")
     parser.add_argument("--max-length", type=int, default=2048, help="window length of both sides")
@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = args.model
     if model_dir is None:
-        from monitor.testing.smollm2 import ensure_smollm2
+        from monitor.smollm2 import ensure_smollm2
 
         print("preparing SmolLM2-135M (converted once, then cached) ...", flush=True)
         model_dir = ensure_smollm2()

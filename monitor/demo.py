@@ -41,7 +41,7 @@ def _score_request(corpus_dir: Path) -> Any:
 
 
 def _folder_files(folder: Path) -> dict[str, bytes]:
-    from monitor.testing.hub_repos import model_card
+    from monitor.sandbox.hub_repos import model_card
 
     files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != "lineage.json"}
     files["README.md"] = model_card()
@@ -51,7 +51,7 @@ def _folder_files(folder: Path) -> dict[str, bytes]:
 def _publish(hub: Any, repo: str, folders: list[Path]) -> dict[str, str]:
     from datetime import timedelta
 
-    from monitor.testing.hub_repos import BASE_TIME
+    from monitor.sandbox.hub_repos import BASE_TIME
 
     refs = {}
     for i, (step, folder) in enumerate(zip(LIVE_STEPS, folders)):
@@ -177,8 +177,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     from monitor.daemon import Daemon, DaemonConfig
     from monitor.demo_models import bigram_factors, build_lineage
     from monitor.store import Store
-    from monitor.testing.fakehub import FakeHub
-    from monitor.testing.receivers import SmtpReceiver, WebhookReceiver
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
     from monitor.tokenizer import load_tokenizer
 
     started = time.perf_counter()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.testing.tiny_models import build_tiny_model
+from monitor.sandbox.tiny_models import build_tiny_model
 
 # (parameter of the embedding, final norm weight, final norm bias or None, output matrix,
 #  parameters zeroed so that each block passes its input through)

@@ -54,7 +54,7 @@ class ScoreRequest:
 def resolve_model_ref(ref: str) -> str:
     """Map an embedded model name to a local directory; other refs pass through."""
     if ref in BUILTIN_MODELS:
-        from monitor.testing.smollm2 import ensure_smollm2
+        from monitor.smollm2 import ensure_smollm2
 
         return str(ensure_smollm2())
     return ref

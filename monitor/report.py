@@ -31,7 +31,7 @@ from monitor.policy import Policy, Report
 from monitor.store import Store
 
 SCHEMA = "lstar-report/1"
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "alerts"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 HTML_TEMPLATE = "report.html.j2"
 FIRING = ("at_risk", "emerged")
 

@@ -14,8 +14,8 @@ import pytest
 
 from monitor.store import Store
 from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
-from monitor.testing.fakehub import FakeHub
-from monitor.testing.hub_repos import add_lineage
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import add_lineage
 
 SECRET = "hub-webhook-secret-for-tests"
 

@@ -14,7 +14,7 @@ import pytest
 
 from monitor.store import Store
 from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
-from monitor.testing.fakehub import FakeHub
+from monitor.sandbox.fakehub import FakeHub
 
 NOW = "2030-01-01T00:00:00+00:00"
 

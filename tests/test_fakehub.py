@@ -31,8 +31,8 @@ from huggingface_hub.utils import get_session
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from monitor.testing import hub_repos
-from monitor.testing.fakehub import FakeHub
+from monitor.sandbox import hub_repos
+from monitor.sandbox.fakehub import FakeHub
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -445,7 +445,7 @@ def test_agent_harness_probe_gets_404(hub):
 
 def test_runs_as_a_process_with_a_scenario_and_control_api(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.testing.fakehub", "--port", "0", "--scenario",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.sandbox.fakehub", "--port", "0", "--scenario",
                              "empty", "--filler", "12", "--workdir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env)
     try:

@@ -19,8 +19,8 @@ from monitor.gate import (ExpectedFile, fetch_pinned, gate_checkpoint, gate_pend
                           unsafe_name_reason, verify_snapshot)
 from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
 from monitor.store import Store
-from monitor.testing.fakehub import FakeHub
-from monitor.testing.hub_repos import ESCAPING_NAMES, populate_standard
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import ESCAPING_NAMES, populate_standard
 
 RULES = [WatchRule(name="all", author="fake-org"),
          WatchRule(name="steps", author="fake-org", name_glob="pythia-*",
@@ -133,7 +133,7 @@ def test_rule_budgets_and_parameter_range_apply(standard, cache):
 
 
 def _variant(files: dict, case: str) -> dict:
-    from monitor.testing.hub_repos import header_only_safetensors, shard_safetensors
+    from monitor.sandbox.hub_repos import header_only_safetensors, shard_safetensors
 
     config = json.loads(files["config.json"])
     if case == "missing-shard":

@@ -1,7 +1,7 @@
 """Watch rules, incremental polling, rate limits and the circuit breaker, against the fake Hub.
 
 Every Hub call goes through the official client to a real HTTP server on 127.0.0.1
-(`monitor.testing.fakehub`); request counts and arrival times come from the server's log.
+(`monitor.sandbox.fakehub`); request counts and arrival times come from the server's log.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from monitor.errors import HubError, PolicyError
 from monitor.hub import (Budgets, HubClient, RetryPolicy, WatchRule, load_watch_rules,
                          poll_rule, rate_limit_wait)
 from monitor.store import MIGRATIONS, Store
-from monitor.testing.fakehub import FakeHub
+from monitor.sandbox.fakehub import FakeHub
 
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
 SMALL = {"config.json": b'{"model_type": "llama"}', "README.md": b"# a test repo\n"}

@@ -19,7 +19,7 @@ from monitor.errors import HubError, ModelLoadError, SpecError, UnsafeCheckpoint
 from monitor.loader import (check_checkpoint_dir, checkpoint_hash, load_checkpoint,
                             max_positions_from_config, parse_hub_ref, resolve_hub_revision)
 from monitor.scoring import ScoringSpec
-from monitor.testing.tiny_models import build_tiny_model
+from monitor.sandbox.tiny_models import build_tiny_model
 
 
 class CanaryPayload:
@@ -225,7 +225,7 @@ def _repo_files(folder: Path) -> dict[str, bytes]:
 
 
 def test_hub_reference_is_pinned_to_the_commit_sha(tmp_path, tiny_dir, shared_dir):
-    from monitor.testing.fakehub import FakeHub
+    from monitor.sandbox.fakehub import FakeHub
 
     files = _repo_files(tiny_dir)
     files["pytorch_model.bin"] = b"not fetched: only safetensors, config and tokenizer files are"

@@ -20,7 +20,7 @@ from monitor.notify import Dispatcher, evaluate_pending
 from monitor.notify.silences import add_silence
 from monitor.policy import Policy, load_policy
 from monitor.store import Store
-from monitor.testing.receivers import Reply, WebhookReceiver
+from monitor.sandbox.receivers import Reply, WebhookReceiver
 from monitor.testing.scores import fake_sha, record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"

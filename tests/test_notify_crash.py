@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from monitor.store import Store
-from monitor.testing.receivers import WebhookReceiver
+from monitor.sandbox.receivers import WebhookReceiver
 from monitor.testing.scores import record_fake_score
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from monitor.store import Store
-from monitor.testing.receivers import WebhookReceiver
+from monitor.sandbox.receivers import WebhookReceiver
 from test_notify_crash import T0, dispatch, killed, score, write_policy
 
 

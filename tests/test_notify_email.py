@@ -20,7 +20,7 @@ from monitor.notify.email import EmailSender, render
 from monitor.notify.payload import build_body, message_id
 from monitor.policy import Policy, load_policy
 from monitor.store import Store
-from monitor.testing.receivers import SmtpReceiver, free_port
+from monitor.sandbox.receivers import SmtpReceiver, free_port
 from monitor.testing.scores import record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"

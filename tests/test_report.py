@@ -25,7 +25,7 @@ CORPUS = "c" * 64
 SPEC = ScoringRef(spec_version="lstar-score/1", window=64, stride=32, prefix_policy="bos")
 T0 = datetime(2025, 3, 1, 12, tzinfo=timezone.utc)
 ROOT = Path(__file__).resolve().parents[1]
-FRAME = (17, 85, 204)  # the colour of the figure frames in alerts/report.html.j2
+FRAME = (17, 85, 204)  # the colour of the figure frames in monitor/templates/report.html.j2
 
 
 def _run(run_id: str, repo: str, sha: str, lstar: float, se: float, ce_uni: float, fp: str, when: datetime,

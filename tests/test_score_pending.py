@@ -21,8 +21,8 @@ import pytest
 from monitor.gate import gate_pending
 from monitor.hub import HubClient, WatchRule, poll_once
 from monitor.store import Store
-from monitor.testing.fakehub import FakeHub
-from monitor.testing.hub_repos import tiny_model_files
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import tiny_model_files
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCORE_FLAGS = ["--max-context", "64", "--docs", "3", "--no-tcb", "--quiet"]

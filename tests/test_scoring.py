@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from monitor.errors import SpecError
 from monitor.loader import load_checkpoint
 from monitor.scoring import OutputHead, ScoringSpec, decoder_body, plan_windows, score_token_sequences
-from monitor.testing.tiny_models import build_tiny_model
+from monitor.sandbox.tiny_models import build_tiny_model
 
 MAX_POSITIONS = 64
 

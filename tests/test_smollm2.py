@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from monitor.loader import load_checkpoint
 from monitor.scoring import ScoringSpec, score_token_sequences
-from monitor.testing.smollm2 import ensure_smollm2
+from monitor.smollm2 import ensure_smollm2
 from monitor.tokenizer import load_tokenizer
 
 MAX_LENGTH = 128
@@ -103,7 +103,7 @@ def test_bits_per_byte_equals_lm_eval_definition(smollm2, texts, shared_dir):
 
 
 def test_cache_location_follows_lstar_cache_dir(monkeypatch, tmp_path):
-    from monitor.testing.smollm2 import MODEL_DIRNAME, default_cache_root
+    from monitor.smollm2 import MODEL_DIRNAME, default_cache_root
 
     # Default: one user-level cache shared by every checkout on the machine.
     monkeypatch.delenv("LSTAR_CACHE_DIR", raising=False)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from monitor.loader import load_checkpoint
 from monitor.scoring import ScoringSpec, score_token_sequences, token_constraint_bound
-from monitor.testing.tiny_models import build_tiny_model
+from monitor.sandbox.tiny_models import build_tiny_model
 
 # torch.autograd.functional.jacobian(vectorize=True) goes through torch internals that warn
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

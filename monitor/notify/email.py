@@ -1,5 +1,5 @@
 """Email channel: SMTP with STARTTLS or implicit TLS, plain-text and HTML bodies from the
-Jinja2 templates in `alerts/`, and a Message-ID derived from the notification id so a
+Jinja2 templates in `monitor/templates/`, and a Message-ID derived from the notification id so a
 re-sent mail threads with (and can be de-duplicated against) the first.
 
 Outcomes: connection errors, timeouts and 4xx replies retry; 5xx replies are permanent;
@@ -23,7 +23,7 @@ from monitor.errors import DeliveryError
 from monitor.notify.base import Outgoing, SendResult, read_secret
 from monitor.notify.payload import message_id
 
-DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "alerts"
+DEFAULT_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE_NAMES = ("email_subject.txt.j2", "email.txt.j2", "email.html.j2")
 
 

@@ -1,5 +1,4 @@
-"""Real-but-small stand-ins used by the tests, the benchmarks and `lstar demo`.
+"""Helpers used only by the tests and benchmarks (never imported by production code).
 
-Nothing here is a mock: tiny models are real transformers checkpoints saved as
-safetensors with real tokenizers, and the fake Hub is a real HTTP server.
+The parts the demo also needs (fake Hub, receivers, tiny models) live in `monitor.sandbox`.
 """

@@ -14,7 +14,7 @@ faults (`fail_next`, `set_outage`, `latency`, `tamper`) and read the request log
 
 Run as a process for the daemon and the demo::
 
-    python -m monitor.testing.fakehub --port 8765 --scenario demo
+    python -m monitor.sandbox.fakehub --port 8765 --scenario demo
 
 It prints one JSON line `{"url": ..., "scenario": ..., "summary": ...}` and serves until
 SIGTERM/SIGINT. A small control API under `/_fakehub/` (log, faults) serves other processes.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from monitor.testing.fakehub_state import Commit, HubState, Repo, format_time, micros
+from monitor.sandbox.fakehub_state import Commit, HubState, Repo, format_time, micros
 
 DISABLED_MESSAGE = "Access to this resource is disabled."
 
@@ -754,9 +754,9 @@ class _Server(ThreadingHTTPServer):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a scenario until SIGTERM/SIGINT; prints one JSON line with the URL first."""
-    from monitor.testing.hub_repos import add_filler_repos, load_scenario
+    from monitor.sandbox.hub_repos import add_filler_repos, load_scenario
 
-    parser = argparse.ArgumentParser(prog="python -m monitor.testing.fakehub", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m monitor.sandbox.fakehub", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--scenario", default="empty",

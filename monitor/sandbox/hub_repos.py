@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from monitor.testing.fakehub import FakeHub
+from monitor.sandbox.fakehub import FakeHub
 
 SHARED_TOKENIZERS = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizers"
 BASE_TIME = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -46,7 +46,7 @@ def tokenizer_dir(name: str, tokenizers_dir: str | Path | None = None) -> Path:
 @functools.lru_cache(maxsize=64)
 def _built_model(tok_dir: str, arch: str, seed: int, hidden: int, layers: int, heads: int,
                  max_positions: int, init_std: float, build_root: str | None) -> tuple[tuple[str, bytes], ...]:
-    from monitor.testing.tiny_models import build_tiny_model
+    from monitor.sandbox.tiny_models import build_tiny_model
 
     with tempfile.TemporaryDirectory(dir=build_root) as tmp:
         out = build_tiny_model(Path(tmp) / "model", tok_dir, arch=arch, seed=seed, hidden=hidden, layers=layers,
