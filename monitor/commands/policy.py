@@ -15,13 +15,13 @@ from monitor.errors import PolicyError
 
 
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder stands for its *.yaml and *.yml files (sorted)."""
+    """Files as given; a folder stands for its *.yaml and *.yml entries (sorted), as the
+    daemon lists them (so a directory or FIFO named *.yaml is reported, not skipped)."""
+    from monitor.policy_files import policy_files_in
+
     out: list[Path] = []
     for p in paths:
-        if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
-        else:
-            out.append(p)
+        out.extend(policy_files_in(p) if p.is_dir() else [p])
     return out
 
 
