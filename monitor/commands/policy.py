@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import float_option
 from monitor.errors import PolicyError
 
 
@@ -77,8 +78,8 @@ def register(app: typer.Typer) -> None:
     @policy.command("test")
     def test(
         file: Path = typer.Argument(..., help="Policy file."),
-        lstar: float = typer.Option(..., "--lstar", help="L* of a hypothetical score."),
-        se: float = typer.Option(0.0, "--se", help="Its standard error."),
+        lstar: float = float_option(..., "--lstar", help="L* of a hypothetical score."),
+        se: float = float_option(0.0, "--se", low=0.0, help="Its standard error."),
         repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
         commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
