@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -53,7 +52,6 @@ log = logging.getLogger("lstar.daemon")
 LOCK_NAME = "lstar.lock"
 DB_NAME = "lstar.duckdb"
 INFO_NAME = "daemon.json"
-POLICY_SUFFIXES = (".yaml", ".yml")
 JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "watchdog")
 
 
@@ -447,24 +445,21 @@ class Daemon:
 
     # -- policies ------------------------------------------------------------------------------
     def policy_files(self) -> list[Path]:
-        folder = self.config.policies_dir
-        return sorted(p for p in folder.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file()) \
-            if folder.is_dir() else []
+        from monitor.policy_files import policy_files_in
+
+        return policy_files_in(self.config.policies_dir)
 
     def _reload_policies(self, *, force: bool = False) -> bool:
+        """Re-read the policy folder when anything in it changed; a file that fails keeps its
+        last good version (or none) and its error shows in /status, the others load."""
+        from monitor.policy_files import policy_fingerprint
+
         files = self.policy_files()
-        digest = hashlib.sha256()
-        for p in files:
-            digest.update(str(p).encode() + b"\0")
-            with contextlib.suppress(OSError):
-                digest.update(p.read_bytes())
-        if not force and digest.hexdigest() == self.policy_digest:
+        digest = policy_fingerprint(files)  # bounded reads: a FIFO or a huge file cannot stall it
+        if not force and digest == self.policy_digest:
             return False
-        self.policy_digest = digest.hexdigest()
-        kept = {p: pol for p, pol in self.policy_set.policies.items() if p in files}
-        self.policy_set.paths = files
-        self.policy_set.policies = kept
-        errors = self.policy_set.reload()
+        self.policy_digest = digest
+        errors = self.policy_set.reload(files)
         for path, message in errors.items():
             kept_note = "the last good version stays in force" if path in self.policy_set.policies \
                 else "no version of it is in force"

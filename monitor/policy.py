@@ -2,14 +2,19 @@
 
 A policy is YAML, read defensively and validated strictly:
 
-1. size check (policy files are small; a huge one is a mistake or an attack);
+1. read by `monitor.policy_files`: a regular file of at most 1 MiB (policy files are small;
+   a huge one, a FIFO or a device is a mistake or an attack);
 2. composed into a node tree by `monitor.policy_yaml`, which refuses any tag beyond plain
    strings, numbers, booleans, null, lists and mappings (so `!!python/object` never
-   reaches a constructor), aliases that expand beyond a small budget (alias bombs), and
-   duplicate keys (YAML silently keeps the last one);
+   reaches a constructor), aliases that expand beyond a small budget (alias bombs),
+   duplicate keys (YAML silently keeps the last one), and nesting or node counts no
+   configuration needs (checked while composing, before anything recurses deeply);
 3. validated by strict pydantic models (unknown keys are errors, no type coercion);
 4. cross-checked like Alertmanager's config: every receiver a route names exists, every
    curve file exists and loads, names are unique.
+
+Any other failure while loading a file (RecursionError, MemoryError, an OSError, ...) is a
+PolicyError naming that file too: one bad file never stops the others from loading.
 
 Every error names the file, the line, the key path and the offending value, e.g.
 ``policies/bad.yaml:12: tasks[0].margin: value 'x' is not a number``; the line comes from
@@ -36,9 +41,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from monitor.errors import LstarError, PolicyError
 from monitor.evaluate import Matcher, TaskPrediction, make_prediction, parse_matcher
 from monitor.hub import WatchRule
+from monitor.policy_files import POLICY_MAX_BYTES, read_policy_text
 from monitor.policy_yaml import compose, construct, format_key_path, node_line, validation_lines
 
-POLICY_MAX_BYTES = 1 << 20
 DEFAULT_GROUP_BY = ("policy", "repo", "commit")
 GROUP_BY_ALL = "..."
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -47,9 +52,12 @@ _LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # -- durations -------------------------------------------------------------------------------
-_DURATION_RE = re.compile(
-    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+# ASCII digits, at most 15 of them per unit: int() never sees a 4,300-digit string.
+_DURATION_UNITS = ("y", "w", "d", "h", "m", "s", "ms")
+_DURATION_RE = re.compile("^" + "".join(f"(?:([0-9]{{1,15}}){unit})?" for unit in _DURATION_UNITS) + "$")
 _DURATION_UNITS_S = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+# Far beyond any interval that makes sense, far below what timedelta can hold.
+MAX_DURATION_S = 100 * 365 * 86400
 
 
 def parse_duration(value: Any) -> timedelta:
@@ -59,6 +67,8 @@ def parse_duration(value: Any) -> timedelta:
     if not isinstance(value, str) or not value or (match := _DURATION_RE.match(value)) is None:
         raise ValueError(f"value {value!r} is not a duration (write it with units: 30s, 5m, 4h, 1d)")
     seconds = sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_UNITS_S) if part)
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"value {value!r} is longer than 100 years; write a shorter duration")
     return timedelta(seconds=seconds)
 
 
@@ -472,23 +482,6 @@ class LoadedPolicy:
     root: yaml.Node
 
 
-def read_policy_text(path: Path, label: str) -> str:
-    """The file's text after the size and encoding checks."""
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise PolicyError(f"{label}: cannot read: {exc.strerror}") from None
-    if size > POLICY_MAX_BYTES:
-        raise PolicyError(f"{label}: file is {size:,} bytes; policy files are limited to "
-                          f"{POLICY_MAX_BYTES:,} bytes")
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{label}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{label}: not UTF-8 text (byte {exc.start})") from None
-
-
 def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPolicy:
     """Validate policy text (no cross-reference checks). `label` names the file in errors."""
     root = compose(text, label)
@@ -565,6 +558,9 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
             except LstarError as exc:
                 error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {exc.one_line()}")
                 continue
+            except Exception as exc:  # noqa: BLE001 - a hostile curve file (e.g. JSON nested 10^5 deep)
+                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {_exception_text(exc)}")
+                continue
             if curve.predictor != "lstar":
                 error(["tasks", i, "curve"], f"curve {task.curve!r} is fitted on {curve.predictor}, not L*")
             public = policy.corpora.public
@@ -577,6 +573,12 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
                       f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
                       f"{task.curve!r}; refit the curve at this confidence or drop the key")
     return errors
+
+
+def _exception_text(exc: BaseException) -> str:
+    """'RecursionError: maximum recursion depth exceeded', on one line, bounded."""
+    detail = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 
 def _loc_of(path: str) -> list[Any]:
@@ -595,9 +597,19 @@ def load_policy(path: str | Path, *, check_curves: bool = True) -> Policy:
     """
     path = Path(path)
     label = str(path)
-    text = read_policy_text(path, label)
-    loaded = parse_policy(text, label, path=path)
-    errors = _cross_reference_errors(loaded, label, check_curves=check_curves)
+    try:
+        text = read_policy_text(path, label)
+        loaded = parse_policy(text, label, path=path)
+        errors = _cross_reference_errors(loaded, label, check_curves=check_curves)
+    except PolicyError:
+        raise
+    except LstarError as exc:
+        raise PolicyError(f"{label}: {exc.one_line()}") from None
+    except Exception as exc:  # noqa: BLE001 - hostile input must never escape as a crash
+        # RecursionError, MemoryError, an OSError or a library's own exception: whatever a
+        # file does to the loader is that file's error, and the other files still load.
+        raise PolicyError(f"{label}: cannot be loaded ({_exception_text(exc)})",
+                          hint="fix or remove the file; `lstar policy check FILE` shows its errors") from None
     if errors:
         errors.sort(key=lambda text: int(text[len(label) + 1:].split(":", 1)[0]))
         raise PolicyError("\n".join(errors))
@@ -614,6 +626,11 @@ def load_policies(paths: Sequence[str | Path]) -> list[Policy]:
                               hint="policy names must be unique")
         seen[p.name] = p.path
     return policies
+
+
+def error_text(exc: PolicyError) -> str:
+    """The error's lines, its hint (how to fix it) appended to the last one."""
+    return exc.message if exc.hint is None else f"{exc.message}; {exc.hint}"
 
 
 @dataclass(frozen=True)
@@ -635,7 +652,7 @@ def check_policy_files(paths: Sequence[str | Path]) -> list[CheckResult]:
         try:
             load_policy(p)
         except PolicyError as exc:
-            results.append(CheckResult(str(p), tuple(exc.message.splitlines())))
+            results.append(CheckResult(str(p), tuple(error_text(exc).splitlines())))
         else:
             results.append(CheckResult(str(p), ()))
     return results
@@ -653,14 +670,20 @@ class PolicySet:
         self.policies: dict[Path, Policy] = {}
         self.errors: dict[Path, str] = {}
 
-    def reload(self) -> dict[Path, str]:
-        """Load every file; returns {path: error} for the ones that failed (kept at last good)."""
+    def reload(self, paths: Sequence[str | Path] | None = None) -> dict[Path, str]:
+        """Load every file; returns {path: error} for the ones that failed (kept at last good).
+
+        With `paths`, they become the set of files (a file no longer listed is dropped).
+        """
+        if paths is not None:
+            self.paths = [Path(p) for p in paths]
+            self.policies = {p: pol for p, pol in self.policies.items() if p in self.paths}
         errors: dict[Path, str] = {}
         for path in self.paths:
             try:
                 policy = load_policy(path)
             except PolicyError as exc:
-                errors[path] = exc.message
+                errors[path] = error_text(exc)
                 continue
             clash = next((p for q, p in self.policies.items() if q != path and p.name == policy.name), None)
             if clash is not None:
@@ -677,6 +700,6 @@ class PolicySet:
 
 __all__ = ["Policy", "Task", "Corpora", "CalibrationGaming", "Route", "RootRoute", "Receiver",
            "WebhookConfig", "EmailConfig", "FileConfig", "RateLimit", "RetryConfig", "Report",
-           "Schedule", "PolicySet", "CheckResult", "LoadedPolicy",
-           "load_policy", "load_policies", "load_task_curve", "predict_task", "parse_policy", "check_policy_files",
-           "parse_duration", "format_duration", "POLICY_MAX_BYTES", "DEFAULT_GROUP_BY"]
+           "Schedule", "PolicySet", "CheckResult", "LoadedPolicy", "error_text", "read_policy_text",
+           "load_policy", "load_policies", "load_task_curve", "predict_task", "parse_policy",
+           "check_policy_files", "parse_duration", "format_duration", "POLICY_MAX_BYTES", "DEFAULT_GROUP_BY"]

@@ -3,7 +3,9 @@
 `compose(text, label)` builds the node tree with a SafeLoader subclass that refuses any tag
 beyond plain strings, numbers, booleans, null, lists and mappings (so `!!python/object`
 never reaches a constructor), refuses aliases that expand beyond a small budget (alias
-bombs) or contain themselves, and refuses duplicate keys (YAML silently keeps the last).
+bombs) or contain themselves, refuses duplicate keys (YAML silently keeps the last), and
+bounds nesting depth and node count while composing (so "[" * 100000 is refused at its
+65th bracket, before PyYAML, the checks here or pydantic recurse into it).
 `construct(root, label)` turns the checked tree into Python data. `validation_lines`
 maps pydantic errors back onto the tree, one line per problem:
 ``policies/bad.yaml:12: tasks[0].margin: value 'x' is not a number``.
@@ -23,6 +25,13 @@ from monitor.errors import PolicyError
 
 # A configuration file has no reason to expand aliases into more nodes than this.
 ALIAS_EXPANSION_LIMIT = 10_000
+# Nor to nest lists and mappings deeper than this (a route tree 30 levels deep still fits);
+# every recursive walk of the tree (PyYAML's composer, the checks below, pydantic) stays far
+# from Python's recursion limit.
+NESTING_LIMIT = 64
+# Nor to hold more nodes than this: composing is slow pure Python and keeps every node with
+# its marks, so a 1 MiB file of tiny nodes would cost seconds and hundreds of MiB.
+NODE_LIMIT = 50_000
 
 
 _ALLOWED_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null",
@@ -52,6 +61,8 @@ class StrictLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._expanded = 0
         self._sizes: dict[int, int] = {}
+        self._depth = 0
+        self._nodes = 0
 
     def _size(self, node: yaml.Node, stack: set[int]) -> int:
         """Nodes `node` expands to (memoised: linear in the composed graph)."""
@@ -81,7 +92,25 @@ class StrictLoader(yaml.SafeLoader):
                     raise YamlProblem(event.start_mark.line + 1,
                                    f"aliases expand to more than {ALIAS_EXPANSION_LIMIT:,} nodes "
                                    "(an alias bomb?); write the values out instead")
-        return super().compose_node(parent, index)
+            return super().compose_node(parent, index)
+        # Checked before descending: the composer recurses once per level, so the limit
+        # must hold before the recursion does (the parser below it keeps an explicit stack).
+        self._nodes += 1
+        if self._nodes > NODE_LIMIT:
+            raise YamlProblem(self.peek_event().start_mark.line + 1,
+                              f"more than {NODE_LIMIT:,} values; configuration files are far smaller "
+                              "than that")
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        if self._depth >= NESTING_LIMIT:
+            raise YamlProblem(self.peek_event().start_mark.line + 1,
+                              f"lists and mappings nested more than {NESTING_LIMIT} levels deep; "
+                              "flatten the structure")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _display_tag(tag: str) -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ from monitor.cli import main
 from monitor.errors import PolicyError
 from monitor.policy import (POLICY_MAX_BYTES, PolicySet, check_policy_files, format_duration, load_policy,
                             parse_duration)
-from monitor.policy_yaml import ALIAS_EXPANSION_LIMIT
+from monitor.policy_yaml import ALIAS_EXPANSION_LIMIT, NESTING_LIMIT, NODE_LIMIT, compose
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path("tests/fixtures/policies")  # relative: error lines name files as given
@@ -283,3 +284,115 @@ def test_policy_test_on_a_bad_file_is_an_error(capsys: pytest.CaptureFixture[str
     assert main(["policy", "test", str(FIXTURES / "bad-type.yaml"), "--lstar", "-2"]) == 2
     assert capsys.readouterr().err.startswith(
         "error: tests/fixtures/policies/bad-type.yaml:5: tasks[0].margin: value 'x' is not a number")
+
+
+# -- hostile files: every failure is a policy error naming the file -------------------------------
+DEEP = "[" * 100_000
+DEEP_ERROR = f"lists and mappings nested more than {NESTING_LIMIT} levels deep; flatten the structure"
+
+
+def test_deep_nesting_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(DEEP)
+    assert _error(flow) == f"{flow}:1: {DEEP_ERROR}"
+    block = tmp_path / "block.yaml"
+    block.write_text("".join(" " * i + f"k{i}:\n" for i in range(NESTING_LIMIT + 5)))
+    # Line n opens the mapping at depth n: the first one past the limit is on line NESTING_LIMIT + 1.
+    assert _error(block) == f"{block}:{NESTING_LIMIT + 1}: {DEEP_ERROR}"
+    assert compose("[" * NESTING_LIMIT + "]" * NESTING_LIMIT, "ok.yaml") is not None  # the limit itself is fine
+
+
+def test_a_file_of_too_many_values_is_refused(tmp_path: Path) -> None:
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("[" + "1, " * NODE_LIMIT + "1]")
+    assert _error(wide) == (f"{wide}:1: more than {NODE_LIMIT:,} values; "
+                            "configuration files are far smaller than that")
+
+
+def test_a_curve_file_nested_too_deep_is_an_error_of_its_task(tmp_path: Path) -> None:
+    (tmp_path / "deep.json").write_text(DEEP)
+    path = tmp_path / "p.yaml"
+    path.write_text(MINIMAL + "tasks:\n  - {name: t, curve: deep.json}\n")
+    message = _error(path)
+    assert message.startswith(f"{path}:8: tasks[0].curve: curve file 'deep.json' does not load: RecursionError: ")
+    assert "\n" not in message
+
+
+def test_any_other_failure_while_loading_names_the_file(tmp_path: Path) -> None:
+    # A path longer than the file system allows makes the existence check itself raise OSError.
+    path = tmp_path / "long.yaml"
+    path.write_text(MINIMAL.replace("file: {path: alerts.jsonl}",
+                                    "webhook: {url: 'http://x', secret_file: " + "x" * 5000 + "}"))
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.message.startswith(f"{path}: cannot be loaded (OSError: [Errno 36] File name too long")
+    assert len(info.value.one_line()) < 400 and "`lstar policy check FILE`" in info.value.one_line()
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "device", "vanished"])
+def test_what_is_not_a_regular_file_is_refused_without_reading(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)  # no writer: a blocking read would hang for ever
+    elif kind == "device":
+        path.symlink_to("/dev/zero")  # endless bytes
+    expected = {"directory": f"{path}: is a directory, not a policy file",
+                "fifo": f"{path}: is a named pipe (FIFO), not a policy file",
+                "device": f"{path}: is a character device, not a policy file",
+                "vanished": f"{path}: cannot read: No such file or directory"}[kind]
+    assert _error(path) == expected
+    [result] = check_policy_files([path])
+    assert len(result.errors) == 1 and result.errors[0].startswith(expected + "; ")  # with how to fix it
+
+
+def test_policy_check_on_a_deep_file_is_one_line_and_fails(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text(DEEP)
+    assert main(["policy", "check", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == f"FAILED {path}:1: {DEEP_ERROR}\n"
+    assert err == "error: 1 of 1 policy file(s) failed the check\n"
+
+
+def test_policy_check_of_a_folder_reports_entries_that_are_not_files(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "good.yaml").write_text(MINIMAL)
+    (tmp_path / "sub.yaml").mkdir()
+    os.mkfifo(tmp_path / "pipe.yaml")
+    (tmp_path / ".#good.yaml").symlink_to("nobody@host.1234")  # an editor's lock file: skipped
+    assert main(["policy", "check", str(tmp_path)]) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"SUCCESS {tmp_path / 'good.yaml'}",
+        f"FAILED {tmp_path / 'pipe.yaml'}: is a named pipe (FIFO), not a policy file; "
+        "policy files are regular YAML files; rename or remove it",
+        f"FAILED {tmp_path / 'sub.yaml'}: is a directory, not a policy file; "
+        "policy files are regular YAML files; rename or remove it"]
+
+
+def test_reload_keeps_the_last_good_version_when_a_file_turns_hostile(tmp_path: Path) -> None:
+    good, other = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    good.write_text(MINIMAL.replace("name: p", "name: a"))
+    other.write_text(MINIMAL.replace("name: p", "name: b"))
+    live = PolicySet([good, other])
+    assert live.reload() == {}
+    before = live.policies[other]
+    other.write_text(DEEP)
+    new = tmp_path / "c.yaml"
+    new.write_text(MINIMAL.replace("name: p", "name: c"))
+    assert live.reload([good, other, new]) == {other: f"{other}:1: {DEEP_ERROR}"}
+    assert [p.name for p in live.current()] == ["a", "b", "c"]
+    assert live.policies[other] is before
+    assert live.reload([good, new]) == {}  # a file that is gone no longer counts
+    assert [p.name for p in live.current()] == ["a", "c"]
+
+
+@pytest.mark.parametrize("value,message", [
+    ("101y", "value '101y' is longer than 100 years; write a shorter duration"),
+    ("1" * 40 + "s", "is not a duration"),
+])
+def test_absurd_durations_are_value_errors(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_duration(value)

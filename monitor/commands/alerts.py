@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_ID, MAX_ROWS, int_argument, int_option
 from monitor.commands.silence import NOW_OPTION, live_daemon, parse_now
 from monitor.errors import DeliveryError, PolicyError
 from monitor.store import DEFAULT_DB_PATH, Store
@@ -53,7 +54,7 @@ def register(app: typer.Typer) -> None:
     @alerts.command("list")
     def list_(
         policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
-        limit: int = typer.Option(50, "--limit", min=1, help="At most this many alerts."),
+        limit: int = int_option(50, "--limit", low=1, high=MAX_ROWS, help="At most this many alerts."),
         db_path: Path = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
 
     @alerts.command("show")
     def show(
-        alert_id: int = typer.Argument(..., help="Alert id (from `lstar alerts list`)."),
+        alert_id: int = int_argument(..., low=1, high=MAX_ID, help="Alert id (from `lstar alerts list`)."),
         db_path: Path = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_ROWS, int_option
 from monitor.store import DEFAULT_DB_PATH, Store
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
     def checkpoints(
         status: str = typer.Option(None, "--status", help=f"Only rows in this status ({', '.join(STATUSES)})."),
         repo: str = typer.Option(None, "--repo", help="Only rows of this repo."),
-        limit: int = typer.Option(None, "--limit", min=1, help="At most this many rows."),
+        limit: int = int_option(None, "--limit", low=1, high=MAX_ROWS, help="At most this many rows."),
         db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, float_option, int_option
 from monitor.errors import CurveError, LabelError
 from monitor.store import DEFAULT_DB_PATH, Store
 
@@ -25,6 +26,23 @@ if TYPE_CHECKING:
 LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
                "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
                "Without it, labels stored by `lstar eval` are used.")
+
+
+# Performance is a share (accuracy and the like): the baseline lies in [0, 1), the margin in (0, 1].
+BASELINE_OPTION = float_option(..., "--baseline", low=0.0, high=1.0, high_open=True,
+                               help="The task's random baseline b_t.")
+MARGIN_OPTION = float_option(..., "--margin", low=0.0, high=1.0, low_open=True,
+                             help="Margin ε above the baseline.")
+SEED_OPTION = int_option(0, "--seed", low=0, high=MAX_SEED, help="Bootstrap seed.")
+
+
+def confidence_option(help: str) -> Any:
+    return float_option(0.9, "--confidence", low=0.0, high=1.0, low_open=True, high_open=True, help=help)
+
+
+def bootstrap_option(default: int, help: str) -> Any:
+    # The fit needs at least 50 resamples for its percentile bands (monitor.curve_fit).
+    return int_option(default, "--bootstrap", "--n-boot", low=50, high=MAX_RESAMPLES, help=help)
 
 
 def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpus_sha256: str | None,
@@ -123,13 +141,13 @@ def register(app: typer.Typer) -> None:
     def fit(
         out: Path = typer.Option(..., "--out", help="Where to write the curve artifact (JSON)."),
         task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
-        baseline: float = typer.Option(..., "--baseline", help="The task's random baseline b_t."),
-        margin: float = typer.Option(..., "--margin", help="Margin ε above the baseline."),
+        baseline: float = BASELINE_OPTION,
+        margin: float = MARGIN_OPTION,
         labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
         metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
-        confidence: float = typer.Option(0.9, "--confidence", help="Band and interval confidence."),
-        bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples."),
-        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        confidence: float = confidence_option("Band and interval confidence."),
+        bootstrap: int = bootstrap_option(1000, "Bootstrap resamples."),
+        seed: int = SEED_OPTION,
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 the L* values are on."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec, e.g. lstar-score/1:window=2048,stride=1024,prefix=bos."),
         family: str = typer.Option(None, "--family", help="Family for every row (lm-eval/stored labels)."),
@@ -180,13 +198,13 @@ def register(app: typer.Typer) -> None:
     @curves.command("validate")
     def validate(
         task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
-        baseline: float = typer.Option(..., "--baseline", help="The task's random baseline b_t."),
-        margin: float = typer.Option(..., "--margin", help="Margin ε above the baseline."),
+        baseline: float = BASELINE_OPTION,
+        margin: float = MARGIN_OPTION,
         labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
         metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
-        confidence: float = typer.Option(0.9, "--confidence", help="Band confidence."),
-        bootstrap: int = typer.Option(200, "--bootstrap", help="Bootstrap resamples per fold."),
-        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        confidence: float = confidence_option("Band confidence."),
+        bootstrap: int = bootstrap_option(200, "Bootstrap resamples per fold."),
+        seed: int = SEED_OPTION,
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 (store joins)."),
         family: str = typer.Option(None, "--family", help="Family for every row."),
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
@@ -216,8 +234,8 @@ def register(app: typer.Typer) -> None:
     @curves.command("predict")
     def predict_cmd(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
-        lstar: float = typer.Option(None, "--lstar", help="L* of the checkpoint."),
-        se: float = typer.Option(0.0, "--se", help="Standard error of L*."),
+        lstar: float = float_option(None, "--lstar", help="L* of the checkpoint."),
+        se: float = float_option(0.0, "--se", low=0.0, help="Standard error of L*."),
         run: str = typer.Option(None, "--run", help="Take L*, SE, corpus and spec from this score run."),
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_BATCH, DType, device_option, int_option
 from monitor.store import DEFAULT_DB_PATH, Store
 
 
@@ -19,11 +20,11 @@ def register(app: typer.Typer) -> None:
     def eval_cmd(
         model: str = typer.Argument(..., help="Checkpoint: a local directory or org/name[@revision]."),
         task: Path = typer.Option(..., "--task", help="Multiple-choice task file (JSON lines, cloze-v0 format)."),
-        limit: int = typer.Option(None, "--limit", min=1, help="Evaluate only the first N items."),
+        limit: int = int_option(None, "--limit", low=1, help="Evaluate only the first N items."),
         family: str = typer.Option(None, "--family", help="Family recorded with the labels (default: the repo)."),
-        batch_size: int = typer.Option(8, "--batch-size", min=1, help="Sequences per forward pass."),
-        dtype: str = typer.Option("auto", "--dtype", help="auto, float32, bfloat16 or float16."),
-        device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+        batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Sequences per forward pass."),
+        dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
+        device: str = device_option(),
         db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
         no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
         # for `lstar --help` or other commands.
         from monitor.tasks import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
 
-        evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype, device=device,
+        evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
                                          batch_size=batch_size)
         result = evaluation.result
         run_id = f"eval-{uuid.uuid4().hex[:16]}"

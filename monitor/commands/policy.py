@@ -11,17 +11,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import float_option
 from monitor.errors import PolicyError
 
 
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder stands for its *.yaml and *.yml files (sorted)."""
+    """Files as given; a folder stands for its *.yaml and *.yml entries (sorted), as the
+    daemon lists them (so a directory or FIFO named *.yaml is reported, not skipped)."""
+    from monitor.policy_files import policy_files_in
+
     out: list[Path] = []
     for p in paths:
-        if p.is_dir():
-            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
-        else:
-            out.append(p)
+        out.extend(policy_files_in(p) if p.is_dir() else [p])
     return out
 
 
@@ -77,8 +78,8 @@ def register(app: typer.Typer) -> None:
     @policy.command("test")
     def test(
         file: Path = typer.Argument(..., help="Policy file."),
-        lstar: float = typer.Option(..., "--lstar", help="L* of a hypothetical score."),
-        se: float = typer.Option(0.0, "--se", help="Its standard error."),
+        lstar: float = float_option(..., "--lstar", help="L* of a hypothetical score."),
+        se: float = float_option(0.0, "--se", low=0.0, help="Its standard error."),
         repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
         commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -5,36 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_BATCH, MAX_RESAMPLES, device_option, int_option, seconds, size_bytes
 from monitor.engine import ScoreRequest
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
-
-
-def _seconds(value: str, flag: str) -> float:
-    from monitor.policy import parse_duration
-
-    try:
-        return parse_duration(value).total_seconds()
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=flag) from None
-
-
-def _bytes(value: str | None) -> int | None:
-    if value is None:
-        return None
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    text = value.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint="--score-memory") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -43,8 +21,8 @@ def register(app: typer.Typer) -> None:
         policies: Path = typer.Option(..., "--policies", help="Folder of policy files (*.yaml), re-read on change."),
         state: Path = STATE_OPTION,
         endpoint: str = typer.Option(None, "--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or the Hub)."),
-        api_port: int = typer.Option(8787, "--api-port", min=0, max=65535,
-                                     help="Port of the local API on 127.0.0.1 (0: any free port)."),
+        api_port: int = int_option(8787, "--api-port", low=0, high=65535,
+                                   help="Port of the local API on 127.0.0.1 (0: any free port)."),
         once: bool = typer.Option(False, "--once", help="Run every job once, then exit."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub download cache (default: the HF cache)."),
         poll_every: str = typer.Option("15m", "--poll-every", help="Hub poll interval."),
@@ -55,42 +33,49 @@ def register(app: typer.Typer) -> None:
         watchdog_every: str = typer.Option("10s", "--watchdog-every", help="Watchdog interval."),
         stuck_after: str = typer.Option("2h", "--stuck-after", help="A job running longer is reported stuck."),
         score_timeout: str = typer.Option("1h", "--score-timeout", help="Scoring child time limit."),
-        score_memory: str = typer.Option(None, "--score-memory", help="Scoring child memory limit (e.g. 16G)."),
+        score_memory: str = typer.Option(None, "--score-memory",
+                                         help="Scoring child memory limit (e.g. 16G; from 256M to 64T)."),
         lease: str = typer.Option(None, "--lease", help="Queue lease (default: score timeout + 10m)."),
-        drain: str = typer.Option("1m", "--drain", help="How long SIGTERM waits for running jobs."),
+        drain: str = typer.Option("1m", "--drain",
+                                  help="How long SIGTERM waits for running jobs (0s: not at all)."),
         hub_max_wait: str = typer.Option("1m", "--hub-max-wait",
-                                         help="Longer Hub rate-limit waits end the job instead of sleeping."),
+                                         help="Longer Hub rate-limit waits end the job instead of sleeping "
+                                              "(0s: never sleep)."),
         hub_cooldown: str = typer.Option("5m", "--hub-cooldown", help="Circuit-breaker cool-down."),
-        hub_circuit_threshold: int = typer.Option(
-            5, "--hub-circuit-threshold", min=1,
+        hub_circuit_threshold: int = int_option(
+            5, "--hub-circuit-threshold", low=1, high=1000,
             help="Consecutive Hub failures that open the circuit (and raise one outage alert)."),
         webhook_secret_file: Path = typer.Option(None, "--webhook-secret-file",
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
-        docs: int = typer.Option(None, "--docs", min=1, help="Score only the first N documents."),
-        max_context: int = typer.Option(None, "--max-context", min=2, help="Scoring window (tokens)."),
-        device: str = typer.Option("auto", "--device", help="cpu, cuda, or auto."),
-        batch_size: int = typer.Option(8, "--batch-size", min=1),
-        n_boot: int = typer.Option(1000, "--n-boot", min=0, help="Bootstrap resamples for the SE."),
+        docs: int = int_option(None, "--docs", low=1, help="Score only the first N documents."),
+        max_context: int = int_option(None, "--max-context", low=2, help="Scoring window (tokens)."),
+        device: str = device_option(),
+        batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Windows per forward pass."),
+        n_boot: int = int_option(1000, "--n-boot", low=2, high=MAX_RESAMPLES,
+                                 help="Bootstrap resamples for the SE."),
     ) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
         from monitor.daemon import DaemonConfig, run_daemon
 
         template = ScoreRequest(corpus_dir=corpus, docs=docs, max_context=max_context, device=device,
                                 batch_size=batch_size, n_boot=n_boot, progress=False)
+        # Intervals and limits are at least 1 s (a clock, not a busy loop); the two waits may be 0.
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
-            cache_dir=cache_dir, poll_interval=_seconds(poll_every, "--poll-every"),
-            score_interval=_seconds(score_every, "--score-every"),
-            outbox_interval=_seconds(outbox_every, "--outbox-every"),
-            reload_interval=_seconds(reload_every, "--reload-every"),
-            report_interval=_seconds(report_every, "--report-every"),
-            watchdog_interval=_seconds(watchdog_every, "--watchdog-every"),
-            stuck_after=_seconds(stuck_after, "--stuck-after"),
-            score_timeout=_seconds(score_timeout, "--score-timeout"), score_memory=_bytes(score_memory),
-            lease=_seconds(lease, "--lease") if lease else None, drain=_seconds(drain, "--drain"),
-            hub_max_wait=_seconds(hub_max_wait, "--hub-max-wait"),
-            hub_cooldown=_seconds(hub_cooldown, "--hub-cooldown"),
+            cache_dir=cache_dir, poll_interval=seconds(poll_every, "--poll-every"),
+            score_interval=seconds(score_every, "--score-every"),
+            outbox_interval=seconds(outbox_every, "--outbox-every"),
+            reload_interval=seconds(reload_every, "--reload-every"),
+            report_interval=seconds(report_every, "--report-every"),
+            watchdog_interval=seconds(watchdog_every, "--watchdog-every"),
+            stuck_after=seconds(stuck_after, "--stuck-after"),
+            score_timeout=seconds(score_timeout, "--score-timeout"),
+            score_memory=size_bytes(score_memory, "--score-memory", low=256 << 20, high=64 << 40),
+            lease=seconds(lease, "--lease") if lease is not None else None,
+            drain=seconds(drain, "--drain", low=0.0),
+            hub_max_wait=seconds(hub_max_wait, "--hub-max-wait", low=0.0),
+            hub_cooldown=seconds(hub_cooldown, "--hub-cooldown"),
             hub_circuit_threshold=hub_circuit_threshold,
             webhook_secret_file=webhook_secret_file, template=template)
         raise typer.Exit(run_daemon(config))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -12,24 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import MAX_BATCH, DType, Device, int_option
 from monitor.engine import DEFAULT_MODEL, ScoreRequest, score_checkpoint
 from monitor.errors import SpecError
 from monitor.store import DEFAULT_DB_PATH
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
-
-
-class DType(str, Enum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-
-
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -105,16 +92,16 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(DEFAULT_MODEL, help="Checkpoint: a local directory, "
                                     "'org/name@revision' on the Hub, or builtin:smollm2-135m."),
         corpus: Path = typer.Option(DEFAULT_CORPUS, "--corpus", help="Corpus folder."),
-        max_context: int | None = typer.Option(
-            None, "--max-context", help="Window length (default: 2048 capped by the model; "
+        max_context: int | None = int_option(
+            None, "--max-context", low=2, help="Window length (default: 2048 capped by the model; "
             "a value above the model's maximum positions is an error)."),
-        stride: int | None = typer.Option(None, "--stride", help="Stride (default window/2)."),
+        stride: int | None = int_option(None, "--stride", low=1, help="Stride (default window/2)."),
         disjoint: bool = typer.Option(False, "--disjoint", help="Disjoint windows (stride = window)."),
-        docs: int | None = typer.Option(None, "--docs", help="Score only the first K documents."),
+        docs: int | None = int_option(None, "--docs", low=1, help="Score only the first K documents."),
         slices: str | None = typer.Option(None, "--slices", help="Comma-separated slices to score."),
         dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
         device: Device = typer.Option(Device.auto, "--device"),
-        batch_size: int = typer.Option(8, "--batch-size", help="Windows per forward pass."),
+        batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Windows per forward pass."),
         tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder "
                                               "(default: the checkpoint's own)."),
         reference_tokenizer: Path | None = typer.Option(
@@ -126,7 +113,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
-        limit: int | None = typer.Option(None, "--limit", help="With --pending: at most N jobs."),
+        limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
         endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint (default "
                                             "HF_ENDPOINT or the public Hub)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache "
@@ -136,8 +123,6 @@ def register(app: typer.Typer) -> None:
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")
-        if batch_size < 1:
-            raise SpecError(f"--batch-size must be at least 1, got {batch_size}")
         request = ScoreRequest(
             model=model, corpus_dir=corpus, max_context=max_context, stride=stride,
             disjoint=disjoint, docs=docs,

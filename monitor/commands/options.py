@@ -1,0 +1,175 @@
+"""Numeric and enumerated flags shared by the commands, checked when the command line is parsed.
+
+`int_option`/`float_option` (and `int_argument`) build typer parameters whose callback
+refuses zero, negative, NaN, infinite or out-of-range values with one line naming the flag
+and the allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an integer
+from 2 to 100,000``), before any work starts. The range is appended to the help text, so
+`--help` shows it too. `seconds` and `size_bytes` do the same for durations (`15m`) and
+sizes (`16G`). `DType` and `Device` are the choices of `--dtype` and `--device`;
+`device_option` also takes `cuda:N`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from enum import Enum
+from typing import Any
+
+import click
+import typer
+
+# Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
+# zero or three) from turning into hours of work or gigabytes of memory.
+MAX_ROWS = 1_000_000          # --limit of the listing commands
+MAX_RESAMPLES = 100_000       # bootstrap resamples
+MAX_BATCH = 4096              # windows or sequences per forward pass
+MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32-bit seeds
+MAX_ID = 2**63 - 1            # DuckDB BIGINT
+
+
+class DType(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:[0-9]{1,3})$")
+
+
+def _check_device(value: str | None) -> str | None:
+    if value is not None and not _DEVICE_RE.match(value):
+        raise typer.BadParameter(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
+    return value
+
+
+def device_option(help: str = "auto, cpu, cuda or cuda:N.") -> Any:
+    """`--device`: auto, cpu, cuda or cuda:N (checked when parsed; availability when used)."""
+    return typer.Option("auto", "--device", callback=_check_device, help=help)
+
+
+def _fmt(bound: float, integer: bool) -> str:
+    return f"{int(bound):,}" if integer else f"{bound:g}"
+
+
+def describe_range(*, low: float | None = None, high: float | None = None, low_open: bool = False,
+                   high_open: bool = False, integer: bool = False) -> str:
+    """The allowed values in words: 'an integer from 1 to 4,096', 'a number > 0 and < 1'."""
+    kind = "an integer" if integer else "a finite number" if low is None and high is None else "a number"
+    if low is not None and high is not None and not low_open and not high_open:
+        return f"{kind} from {_fmt(low, integer)} to {_fmt(high, integer)}"
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low_open else '≥'} {_fmt(low, integer)}")
+    if high is not None:
+        parts.append(f"{'<' if high_open else '≤'} {_fmt(high, integer)}")
+    return " ".join([kind, " and ".join(parts)]) if parts else kind
+
+
+def in_range(*, low: float | None = None, high: float | None = None, low_open: bool = False,
+             high_open: bool = False, integer: bool = False) -> Callable[[Any], Any]:
+    """A typer callback that passes None and in-range finite values through, and refuses the rest."""
+    allowed = describe_range(low=low, high=high, low_open=low_open, high_open=high_open, integer=integer)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return value
+        ok = not isinstance(value, float) or math.isfinite(value)  # ints: any size compares
+        if ok and low is not None:
+            ok = value > low if low_open else value >= low
+        if ok and high is not None:
+            ok = value < high if high_open else value <= high
+        if not ok:
+            raise typer.BadParameter(f"{_show(value)} is not allowed; give {allowed}")
+        return value
+
+    return check
+
+
+def _show(value: Any) -> str:
+    # A 5,000-digit integer neither fits on a line nor converts to text (Python's digit limit).
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"a {value.bit_length() * 30103 // 100000 + 1}-digit {'negative ' if value < 0 else ''}number"
+    return str(value)
+
+
+def _help(text: str | None, allowed: str) -> str:
+    # Parentheses, not brackets: typer renders help through rich, which eats [markup].
+    return f"{text + ' ' if text else ''}({allowed.removeprefix('a ').removeprefix('an ')})"
+
+
+def int_option(default: Any, *names: str, low: int | None = 1, high: int | None = None,
+               help: str | None = None, **kwargs: Any) -> Any:
+    """An integer option that must lie in [low, high] (default: a count, at least 1)."""
+    allowed = describe_range(low=low, high=high, integer=True)
+    return typer.Option(default, *names, callback=in_range(low=low, high=high, integer=True),
+                        help=_help(help, allowed), **kwargs)
+
+
+def int_argument(default: Any, *, low: int | None = 1, high: int | None = None,
+                 help: str | None = None, **kwargs: Any) -> Any:
+    """An integer argument that must lie in [low, high]."""
+    allowed = describe_range(low=low, high=high, integer=True)
+    return typer.Argument(default, callback=in_range(low=low, high=high, integer=True),
+                          help=_help(help, allowed), **kwargs)
+
+
+def float_option(default: Any, *names: str, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, help: str | None = None,
+                 **kwargs: Any) -> Any:
+    """A finite number option within the given bounds (NaN and ±inf are always refused)."""
+    bounds = {"low": low, "high": high, "low_open": low_open, "high_open": high_open}
+    return typer.Option(default, *names, callback=in_range(**bounds), help=_help(help, describe_range(**bounds)),
+                        **kwargs)
+
+
+def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
+    """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
+    from monitor.policy import format_duration, parse_duration
+
+    try:
+        delta = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
+    if delta.total_seconds() < low:
+        raise click.BadParameter(f"{value!r} is not allowed; give a duration of at least "
+                                 f"{format_duration(timedelta(seconds=low))}", param_hint=f"'{flag}'")
+    return delta.total_seconds()
+
+
+_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_bytes(value: str | None, flag: str, *, low: int, high: int) -> int | None:
+    """A size flag (`512M`, `16G`, `1.5T`, or bytes) in bytes, within [low, high]."""
+    if value is None:
+        return None
+    text = value.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        number = float(text[:-1]) * _SIZE_UNITS[text[-1]] if text and text[-1] in _SIZE_UNITS else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint=f"'{flag}'") from None
+    if not (math.isfinite(number) and low <= number <= high):
+        raise click.BadParameter(f"{value!r} is not allowed; give a size from {_size(low)} to {_size(high)}",
+                                 param_hint=f"'{flag}'")
+    return int(number)
+
+
+def _size(n: int) -> str:
+    for unit, size in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n} bytes"
+
+
+__all__ = ["DType", "Device", "device_option", "describe_range", "in_range", "int_option", "int_argument",
+           "float_option", "seconds", "size_bytes", "MAX_ROWS", "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]
