@@ -23,9 +23,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from monitor.errors import CorpusError
+from monitor.errors import CorpusError, PolicyError
+from monitor.policy_yaml import load_yaml_file
 
 DOCUMENTS_FILE = "documents.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -376,10 +376,10 @@ def load_slice_rules(path: str | Path) -> SliceRules:
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"slice rules file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise CorpusError(f"{path}: not valid YAML/JSON ({str(exc).splitlines()[0]})") from exc
+    try:  # the policy files' defences: bounded size and nesting, no tags, no alias bombs
+        data = load_yaml_file(path)
+    except PolicyError as exc:
+        raise CorpusError(f"not valid YAML/JSON: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict):
         raise CorpusError(f"{path}: expected a mapping with keys name, version, rules")
     unknown = sorted(set(map(str, data)) - _RULES_KEYS)

@@ -27,9 +27,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from monitor.errors import CurveError
+from monitor.errors import CurveError, PolicyError
+from monitor.policy_files import read_policy_bytes
 
 SCHEMA = "lstar-curve/1"
+# Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
+CURVE_MAX_BYTES = 16 << 20
 _SCHEMA_FAMILY = "lstar-curve/"
 
 
@@ -245,11 +248,15 @@ def load_curve(path: str | Path) -> CurveArtifact:
     """Read and validate a curve artifact; unknown keys, another schema version, or contents
     that do not match the curve id are errors."""
     path = Path(path)
+    if not path.exists():
+        raise CurveError(f"no curve file at {path}")
+    try:  # a regular file of bounded size: a policy may point anywhere, a FIFO or /dev/zero too
+        raw = read_policy_bytes(path, str(path), limit=CURVE_MAX_BYTES)
+    except PolicyError as exc:
+        raise CurveError(exc.message, hint="a curve artifact is a JSON file written by `lstar curves fit`") from None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CurveError(f"no curve file at {path}") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CurveError(f"{path} is not a JSON curve artifact: {_first_error(exc)}") from exc
     if not isinstance(data, dict) or "schema" not in data:
         raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",

@@ -173,16 +173,13 @@ def load_watch_rules(path: str | Path) -> list[WatchRule]:
     Read with the policy files' checks (size, UTF-8, no tags, no alias bombs), then strict
     validation; errors name the file, the key path and the offending value.
     """
-    from monitor.policy import read_policy_text
-    from monitor.policy_yaml import compose, construct
+    from monitor.policy_yaml import load_yaml_file
 
     path = Path(path)
-    text = read_policy_text(path, str(path))
     try:
-        root = compose(text, str(path))
-        data = construct(root, str(path)) if root is not None else None
+        data = load_yaml_file(path)
     except PolicyError as exc:
-        raise PolicyError(f"not valid YAML: {exc.message}") from None
+        raise PolicyError(f"not valid YAML: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict) or "watch" not in data:
         raise PolicyError(f"{path}: expected a mapping with a top-level `watch:` list",
                           hint="see WatchRule in monitor/hub.py for the fields")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import typing
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -329,3 +330,15 @@ def construct(root: yaml.Node, label: str) -> Any:
         raise PolicyError(f"{label}:{line}: {exc.problem or exc.context}") from None
     finally:
         loader.dispose()
+
+
+def load_yaml_file(path: Path, label: str | None = None) -> Any:
+    """Python data of a small YAML file read with the policy files' defences (regular file,
+    bounded size, UTF-8, bounded nesting and node count, no tags, no alias bombs); None for
+    an empty document. Raises PolicyError naming the file and line."""
+    from monitor.policy_files import read_policy_text
+
+    label = label or str(path)
+    root = compose(read_policy_text(Path(path), label), label)
+    return construct(root, label) if root is not None else None
+

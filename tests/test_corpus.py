@@ -358,6 +358,14 @@ def test_build_checks_rules_and_unmatched_files(source_tree, tmp_path) -> None:
     bad.write_text("version: v1\nrules: []\n", encoding="utf-8")
     with pytest.raises(CorpusError, match=r"'name' must be a non-empty string"):
         load_slice_rules(bad)
+    # the policy files' defences: no deep nesting, no tags, no alias bombs
+    bad.write_text("[" * 100_000, encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad.yaml:1: .*nested more than"):
+        load_slice_rules(bad)
+    bad.write_text("name: !!python/object/apply:os.system ['true']\nversion: v1\nrules: []\n",
+                   encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"bad.yaml:1: .*tag"):
+        load_slice_rules(bad)
 
 
 # -- CLI ------------------------------------------------------------------------------------

@@ -374,6 +374,28 @@ def test_loading_rejects_unknown_keys_other_versions_and_edits(curve, tmp_path):
     assert "pickle" not in curve.to_json()
 
 
+def test_loading_refuses_what_is_not_a_bounded_regular_json_file(tmp_path):
+    """A policy may name any path as its curve: a device, a FIFO, a huge or deeply nested file
+    must be a one-line CurveError, never a hang, an endless read or a RecursionError."""
+    import os
+
+    with pytest.raises(CurveError, match="is a character device|not a regular file"):
+        load_curve("/dev/zero")
+    fifo = tmp_path / "curve.json"
+    os.mkfifo(fifo)
+    with pytest.raises(CurveError, match="named pipe"):
+        load_curve(fifo)
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as fh:  # sparse: the size is on record, the bytes are not on disk
+        fh.truncate(64 << 20)
+    with pytest.raises(CurveError, match="limited to"):
+        load_curve(huge)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CurveError, match="not a JSON curve artifact"):
+        load_curve(deep)
+
+
 # -- bad input ---------------------------------------------------------------------------------
 def test_bad_input_gives_clear_errors():
     good = synthetic_labels()

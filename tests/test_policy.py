@@ -314,7 +314,8 @@ def test_a_curve_file_nested_too_deep_is_an_error_of_its_task(tmp_path: Path) ->
     path = tmp_path / "p.yaml"
     path.write_text(MINIMAL + "tasks:\n  - {name: t, curve: deep.json}\n")
     message = _error(path)
-    assert message.startswith(f"{path}:8: tasks[0].curve: curve file 'deep.json' does not load: RecursionError: ")
+    assert message.startswith(f"{path}:8: tasks[0].curve: curve file 'deep.json' does not load: ")
+    assert "deep.json is not a JSON curve artifact: maximum recursion depth" in message
     assert "\n" not in message
 
 

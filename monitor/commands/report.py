@@ -11,16 +11,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.policy import expand_policy_paths
 from monitor.store import DEFAULT_DB_PATH, Store, utcnow
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
-
-
-def _policy_files(paths: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for p in paths:
-        files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml")) if p.is_dir() else [p]
-    return files
 
 
 def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
@@ -97,7 +91,7 @@ def register(app: typer.Typer) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
         from monitor.report import render_plots, to_html, to_json, to_markdown
 
-        reports = read_reports(db_path, _policy_files(policy))
+        reports = read_reports(db_path, expand_policy_paths(policy))
         console = Console()
         for data in reports:
             if html is not None:
