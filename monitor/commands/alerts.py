@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.silence import NOW_OPTION, live_daemon, parse_now
+from monitor.daemon_api_guard import MAX_LIMIT
 from monitor.errors import DeliveryError, PolicyError
 from monitor.store import DEFAULT_DB_PATH, Store
 
@@ -53,12 +54,12 @@ def register(app: typer.Typer) -> None:
     @alerts.command("list")
     def list_(
         policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
-        limit: int = typer.Option(50, "--limit", min=1, help="At most this many alerts."),
+        limit: int = typer.Option(50, "--limit", min=1, max=MAX_LIMIT, help="At most this many alerts."),
         db_path: Path = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        from monitor.daemon_api import api_get, revive_times
+        from monitor.daemon_client import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        from monitor.daemon_api import api_get, revive_times
+        from monitor.daemon_client import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
@@ -125,13 +126,14 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.daemon_api import api_post
+        from monitor.daemon_client import api_post
         from monitor.state_ops import retry_dead_letters
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
-            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()})["requeued"]
+            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
+                            state_dir=Path(db_path).parent)["requeued"]
         else:
             with Store.open(db_path) as store:
                 done = retry_dead_letters(store, ident, now=now)

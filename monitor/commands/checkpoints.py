@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.daemon_api_guard import MAX_LIMIT
 from monitor.store import DEFAULT_DB_PATH, Store
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
     def checkpoints(
         status: str = typer.Option(None, "--status", help=f"Only rows in this status ({', '.join(STATUSES)})."),
         repo: str = typer.Option(None, "--repo", help="Only rows of this repo."),
-        limit: int = typer.Option(None, "--limit", min=1, help="At most this many rows."),
+        limit: int = typer.Option(None, "--limit", min=1, max=MAX_LIMIT, help="At most this many rows."),
         db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
                      limit: int | None) -> list[dict]:
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
-    from monitor.daemon_api import api_get, live_daemon_url
+    from monitor.daemon_client import api_get, live_daemon_url
 
     url = live_daemon_url(Path(db_path).parent)
     if url is not None:

@@ -45,6 +45,11 @@ def register(app: typer.Typer) -> None:
         endpoint: str = typer.Option(None, "--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or the Hub)."),
         api_port: int = typer.Option(8787, "--api-port", min=0, max=65535,
                                      help="Port of the local API on 127.0.0.1 (0: any free port)."),
+        api_idle_timeout: str = typer.Option("15s", "--api-idle-timeout",
+                                             help="A request to the local API must arrive whole within this; "
+                                                  "idle connections are closed after it."),
+        api_workers: int = typer.Option(8, "--api-workers", min=1, max=256,
+                                        help="Connections the local API serves at once (more get 503)."),
         once: bool = typer.Option(False, "--once", help="Run every job once, then exit."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub download cache (default: the HF cache)."),
         poll_every: str = typer.Option("15m", "--poll-every", help="Hub poll interval."),
@@ -76,10 +81,14 @@ def register(app: typer.Typer) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
         from monitor.daemon import DaemonConfig, run_daemon
 
+        idle_timeout = _seconds(api_idle_timeout, "--api-idle-timeout")
+        if idle_timeout <= 0:
+            raise click.BadParameter("must be longer than 0s", param_hint="--api-idle-timeout")
         template = ScoreRequest(corpus_dir=corpus, docs=docs, max_context=max_context, device=device,
                                 batch_size=batch_size, n_boot=n_boot, progress=False)
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
+            api_idle_timeout=idle_timeout, api_workers=api_workers,
             cache_dir=cache_dir, poll_interval=_seconds(poll_every, "--poll-every"),
             score_interval=_seconds(score_every, "--score-every"),
             outbox_interval=_seconds(outbox_every, "--outbox-every"),
@@ -131,7 +140,7 @@ def register(app: typer.Typer) -> None:
 def read_status(state: Path) -> dict:
     """The daemon's /status when one runs on `state`, else counts from a read-only open."""
     from monitor.daemon import DB_NAME
-    from monitor.daemon_api import api_get, live_daemon_url
+    from monitor.daemon_client import api_get, live_daemon_url
     from monitor.store import Store
 
     url = live_daemon_url(state)
