@@ -63,6 +63,8 @@ class DaemonConfig:
     state_dir: Path
     endpoint: str | None = None
     api_port: int = 8787
+    api_idle_timeout: float = 15.0   # a request must arrive whole within this; idle connections close
+    api_workers: int = 8              # connections the local API serves at once (more get 503)
     once: bool = False
     cache_dir: Path | None = None
     poll_interval: float = 900.0
@@ -273,12 +275,14 @@ class Daemon:
 
     def _start(self) -> None:
         from monitor.daemon_api import ApiServer
+        from monitor.daemon_api_guard import create_api_token
 
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
         self._reload_policies(force=True)
-        self.api = ApiServer(self, port=cfg.api_port).start()
+        self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
+                             workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout).start()
         info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
                 "db": str(cfg.db_path)}
         tmp = cfg.state_dir / (INFO_NAME + ".part")

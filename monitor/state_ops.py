@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from monitor.errors import DeliveryError
+from monitor.errors import DeliveryError, PolicyError
 from monitor.store import Store
 
 
@@ -27,8 +27,13 @@ def add_silence_from_args(store: Store, *, match: Sequence[str], until: str, com
     """`lstar silence add`: parse --start/--until (times or durations), validate, store; the row."""
     from monitor.notify.silences import add_silence, parse_until
 
-    starts = parse_until(start, now=now) if start else None
-    ends = parse_until(until, now=starts or now)
+    try:
+        starts = parse_until(start, now=now) if start else None
+        ends = parse_until(until, now=starts or now)
+    except OverflowError:  # a duration or time past the calendar's end (year 9999)
+        what = f"--start {start!r} / --until {until!r}" if start else f"--until {until!r}"
+        raise PolicyError(f"{what} reaches beyond the year 9999",
+                          hint="write e.g. 2h, 3d, or 2025-06-01T12:00:00Z") from None
     return add_silence(store, list(match), until=ends, comment=comment, now=now, starts_at=starts,
                        created_by=created_by)
 

@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        from monitor.daemon_api import api_get, revive_times
+        from monitor.daemon_client import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        from monitor.daemon_api import api_get, revive_times
+        from monitor.daemon_client import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
@@ -126,13 +126,14 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.daemon_api import api_post
+        from monitor.daemon_client import api_post
         from monitor.state_ops import retry_dead_letters
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
-            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()})["requeued"]
+            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
+                            state_dir=Path(db_path).parent)["requeued"]
         else:
             with Store.open(db_path) as store:
                 done = retry_dead_letters(store, ident, now=now)

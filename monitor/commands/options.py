@@ -21,9 +21,11 @@ from typing import Any
 import click
 import typer
 
+from monitor.daemon_api_guard import MAX_LIMIT
+
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.
-MAX_ROWS = 1_000_000          # --limit of the listing commands
+MAX_ROWS = MAX_LIMIT          # --limit of the listing commands: what the daemon's API accepts
 MAX_RESAMPLES = 100_000       # bootstrap resamples
 MAX_BATCH = 4096              # windows or sequences per forward pass
 MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32-bit seeds

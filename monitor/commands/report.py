@@ -19,8 +19,9 @@ STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
 
 def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
     """The report data of each policy file: from the daemon running next to the database (its
-    API computes it on its own connection), else from a read-only open."""
-    from monitor.daemon_api import api_get, live_daemon_url, revive_times
+    API computes it on its own connection, for the policy of that name it has in force), else
+    from a read-only open."""
+    from monitor.daemon_client import api_get, live_daemon_url, revive_times
     from monitor.policy import load_policies
     from monitor.report import report_for_cli
 
@@ -32,7 +33,7 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
             return [report_for_cli(store, p, now=now) for p in policies]
     from monitor.report import load_policy_curves
 
-    reports = revive_times(api_get(url, "/report", {"policy": [str(f.resolve()) for f in files]}),
+    reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
                            keys=("start", "end", "at"))
     for data, policy in zip(reports, policies, strict=True):
         data["_curves"] = load_policy_curves(policy)[0]  # the plots need the curve objects, not their JSON

@@ -23,6 +23,11 @@ def register(app: typer.Typer) -> None:
         endpoint: str = typer.Option(None, "--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or the Hub)."),
         api_port: int = int_option(8787, "--api-port", low=0, high=65535,
                                    help="Port of the local API on 127.0.0.1 (0: any free port)."),
+        api_idle_timeout: str = typer.Option("15s", "--api-idle-timeout",
+                                             help="A request to the local API must arrive whole within this; "
+                                                  "idle connections are closed after it."),
+        api_workers: int = int_option(8, "--api-workers", low=1, high=256,
+                                      help="Connections the local API serves at once (more get 503)."),
         once: bool = typer.Option(False, "--once", help="Run every job once, then exit."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub download cache (default: the HF cache)."),
         poll_every: str = typer.Option("15m", "--poll-every", help="Hub poll interval."),
@@ -63,6 +68,7 @@ def register(app: typer.Typer) -> None:
         # Intervals and limits are at least 1 s (a clock, not a busy loop); the two waits may be 0.
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
+            api_idle_timeout=seconds(api_idle_timeout, "--api-idle-timeout", low=0.1), api_workers=api_workers,
             cache_dir=cache_dir, poll_interval=seconds(poll_every, "--poll-every"),
             score_interval=seconds(score_every, "--score-every"),
             outbox_interval=seconds(outbox_every, "--outbox-every"),
@@ -116,7 +122,7 @@ def register(app: typer.Typer) -> None:
 def read_status(state: Path) -> dict:
     """The daemon's /status when one runs on `state`, else counts from a read-only open."""
     from monitor.daemon import DB_NAME
-    from monitor.daemon_api import api_get, live_daemon_url
+    from monitor.daemon_client import api_get, live_daemon_url
     from monitor.store import Store
 
     url = live_daemon_url(state)

@@ -22,7 +22,7 @@ DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
 
 def live_daemon(db_path: Path) -> str | None:
     """The API URL of a daemon running next to `db_path`, else None."""
-    from monitor.daemon_api import live_daemon_url
+    from monitor.daemon_client import live_daemon_url
 
     return live_daemon_url(Path(db_path).parent)
 
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id."""
-        from monitor.daemon_api import api_post, revive_times
+        from monitor.daemon_client import api_post, revive_times
         from monitor.state_ops import add_silence_from_args
 
         now = parse_now(now_text)
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
 
             row = revive_times(api_post(url, "/silences", {
                 "match": list(match), "until": until, "comment": comment, "start": start,
-                "now": now.isoformat(), "created_by": current_user()}))
+                "now": now.isoformat(), "created_by": current_user()}, state_dir=Path(db_path).parent))
         else:
             with Store.open(db_path) as store:
                 row = add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List active and pending silences (opens the file read-only)."""
-        from monitor.daemon_api import api_get, revive_times
+        from monitor.daemon_client import api_get, revive_times
         from monitor.notify.silences import list_silences
 
         now = parse_now(now_text)
@@ -100,13 +100,14 @@ def register(app: typer.Typer) -> None:
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
                db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
-        from monitor.daemon_api import api_post
+        from monitor.daemon_client import api_post
         from monitor.notify.silences import expire_silence
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
-            api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()})
+            api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
+                     state_dir=Path(db_path).parent)
         else:
             with Store.open(db_path) as store:
                 expire_silence(store, silence_id, now=now)

@@ -101,6 +101,17 @@ class DaemonProcess:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
+    def api_token(self) -> str:
+        """The token the daemon wrote to STATE/api.token (state-changing requests need it)."""
+        return (self.state_dir / "api.token").read_text().strip()
+
+    def post_json(self, path: str, body: Any, *, token: str | None = None,
+                  headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """(status, body) of a JSON POST with the daemon's token (or `token`)."""
+        sent = {"Content-Type": "application/json",
+                "Authorization": f"Bearer {self.api_token() if token is None else token}", **(headers or {})}
+        return self.request(path, method="POST", headers=sent, body=json.dumps(body).encode())
+
     def get_json(self, path: str) -> Any:
         status, body = self.request(path)
         assert status in (200, 503), (status, body)
