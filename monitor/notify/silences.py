@@ -32,11 +32,14 @@ def parse_until(text: str, *, now: datetime) -> datetime:
     """The end of a silence: an ISO 8601 time (UTC if no offset) or a duration from now ("2h")."""
     try:
         return now + parse_duration(text.strip())
-    except ValueError:
-        pass
+    except ValueError as exc:
+        duration_error = str(exc)
     try:
         return parse_time(text)
     except PolicyError:
+        if "longer than" in duration_error:  # a duration, only too long: say that, not "neither"
+            raise PolicyError(f"--until {text!r}: {duration_error.removeprefix(f'value {text.strip()!r} ')}",
+                              hint="silence for at most 100 years, or give an ISO 8601 end time") from None
         raise PolicyError(f"--until {text!r} is neither a time nor a duration",
                           hint="write e.g. 2h, 3d, or 2025-06-01T12:00:00Z") from None
 
