@@ -46,6 +46,7 @@ from typing import Any
 
 from monitor.engine import ScoreRequest
 from monitor.errors import LstarError, StoreError
+from monitor.score_child import default_memory_limit
 from monitor.store import Store, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -75,7 +76,8 @@ class DaemonConfig:
     watchdog_interval: float = 10.0
     stuck_after: float = 7200.0       # a job running longer than this is reported as stuck
     score_timeout: float = 3600.0
-    score_memory: int | None = None   # bytes of address space for the scoring child
+    # bytes of address space for the scoring child; None: no limit
+    score_memory: int | None = field(default_factory=default_memory_limit)
     lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
     score_batch: int = 4              # queue jobs one scoring run takes on at most
     drain: float = 60.0

@@ -28,7 +28,7 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
     """Fetch and score up to `score_batch` queued checkpoints; returns what happened to each."""
     from monitor.gate import fetch_job
     from monitor.queue import Outcome, failpoint, process_pending
-    from monitor.score_child import run_score_child
+    from monitor.score_child import ScoringInterrupted, run_score_child
 
     cfg = daemon.config
     client = daemon.hub_client(store)
@@ -45,6 +45,10 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
                                                 "files_sha256_dir": str(snapshot)})
             scored = run_score_child(request, timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
                                      workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log")
+        except ScoringInterrupted as exc:
+            # Killed by our own shutdown: the lease and the attempt go back.
+            raise HubError(f"the daemon stopped while scoring this job ({exc})",
+                           hint="it runs after the restart") from None
         finally:
             shutil.rmtree(flat, ignore_errors=True)
         failpoint("mid_score")

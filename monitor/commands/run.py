@@ -24,17 +24,46 @@ def _seconds(value: str, flag: str) -> float:
         raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
-def _bytes(value: str | None) -> int | None:
+def _bytes(value: str | None, flag: str = "--score-memory") -> int | None:
     if value is None:
         return None
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     text = value.strip().lower().removesuffix("ib").removesuffix("b")
     try:
         if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
+            size = int(float(text[:-1]) * units[text[-1]])
+        else:
+            size = int(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint="--score-memory") from None
+        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint=flag) from None
+    if size < 0:
+        raise click.BadParameter(f"{value!r} is negative", param_hint=flag)
+    return size
+
+
+def _score_memory(value: str, device: str) -> int | None:
+    """`--score-memory`: auto (a share of the machine's memory), none, N% of it, or a size."""
+    from monitor.score_child import default_memory_limit, physical_memory
+
+    text = value.strip().lower()
+    if text == "auto":
+        return default_memory_limit(device)
+    if text in ("none", "off", "0"):
+        return None
+    if text.endswith("%"):
+        total = physical_memory()
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise click.BadParameter(f"{value!r} is not a share of memory between 0% and 100%",
+                                     param_hint="--score-memory")
+        if total is None:
+            raise click.BadParameter("this machine's memory size is unknown; give a size (e.g. 16G)",
+                                     param_hint="--score-memory")
+        return int(total * share / 100)
+    return _bytes(value)
 
 
 def register(app: typer.Typer) -> None:
@@ -55,7 +84,10 @@ def register(app: typer.Typer) -> None:
         watchdog_every: str = typer.Option("10s", "--watchdog-every", help="Watchdog interval."),
         stuck_after: str = typer.Option("2h", "--stuck-after", help="A job running longer is reported stuck."),
         score_timeout: str = typer.Option("1h", "--score-timeout", help="Scoring child time limit."),
-        score_memory: str = typer.Option(None, "--score-memory", help="Scoring child memory limit (e.g. 16G)."),
+        score_memory: str = typer.Option(
+            "auto", "--score-memory",
+            help="Scoring child address-space limit: auto (75% of memory; none on a GPU host), a size "
+                 "(16G), a share (50%), or none."),
         lease: str = typer.Option(None, "--lease", help="Queue lease (default: score timeout + 10m)."),
         drain: str = typer.Option("1m", "--drain", help="How long SIGTERM waits for running jobs."),
         hub_max_wait: str = typer.Option("1m", "--hub-max-wait",
@@ -87,7 +119,8 @@ def register(app: typer.Typer) -> None:
             report_interval=_seconds(report_every, "--report-every"),
             watchdog_interval=_seconds(watchdog_every, "--watchdog-every"),
             stuck_after=_seconds(stuck_after, "--stuck-after"),
-            score_timeout=_seconds(score_timeout, "--score-timeout"), score_memory=_bytes(score_memory),
+            score_timeout=_seconds(score_timeout, "--score-timeout"),
+            score_memory=_score_memory(score_memory, device),
             lease=_seconds(lease, "--lease") if lease else None, drain=_seconds(drain, "--drain"),
             hub_max_wait=_seconds(hub_max_wait, "--hub-max-wait"),
             hub_cooldown=_seconds(hub_cooldown, "--hub-cooldown"),
