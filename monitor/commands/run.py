@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.cache_prune import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.engine import ScoreRequest
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
@@ -66,6 +67,19 @@ def _score_memory(value: str, device: str) -> int | None:
     return _bytes(value)
 
 
+def _cache_keep(value: str) -> int | None:
+    if value.strip().lower() in ("all", "none", "off"):
+        return None
+    try:
+        keep = int(value)
+    except ValueError:
+        keep = -1
+    if keep < 0:
+        raise click.BadParameter(f"{value!r} is not a count of checkpoints (or 'all' to never prune)",
+                                 param_hint="--cache-keep")
+    return keep
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
@@ -88,6 +102,13 @@ def register(app: typer.Typer) -> None:
             "auto", "--score-memory",
             help="Scoring child address-space limit: auto (75% of memory; none on a GPU host), a size "
                  "(16G), a share (50%), or none."),
+        cache_keep: str = typer.Option(
+            str(DEFAULT_KEEP_LAST), "--cache-keep",
+            help="Finished checkpoints kept in the Hub cache after scoring ('all': never prune). "
+                 "Pending jobs' files are never pruned."),
+        cache_max_bytes: str = typer.Option(
+            f"{DEFAULT_MAX_BYTES >> 30}G", "--cache-max-bytes",
+            help="Prune finished checkpoints further while the cache holds more than this (or 'none')."),
         lease: str = typer.Option(None, "--lease", help="Queue lease (default: score timeout + 10m)."),
         drain: str = typer.Option("1m", "--drain", help="How long SIGTERM waits for running jobs."),
         hub_max_wait: str = typer.Option("1m", "--hub-max-wait",
@@ -120,7 +141,9 @@ def register(app: typer.Typer) -> None:
             watchdog_interval=_seconds(watchdog_every, "--watchdog-every"),
             stuck_after=_seconds(stuck_after, "--stuck-after"),
             score_timeout=_seconds(score_timeout, "--score-timeout"),
-            score_memory=_score_memory(score_memory, device),
+            score_memory=_score_memory(score_memory, device), cache_keep=_cache_keep(cache_keep),
+            cache_max_bytes=(None if cache_max_bytes.strip().lower() == "none"
+                             else _bytes(cache_max_bytes, "--cache-max-bytes")),
             lease=_seconds(lease, "--lease") if lease else None, drain=_seconds(drain, "--drain"),
             hub_max_wait=_seconds(hub_max_wait, "--hub-max-wait"),
             hub_cooldown=_seconds(hub_cooldown, "--hub-cooldown"),
