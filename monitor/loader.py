@@ -123,6 +123,7 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
             hint="use a checkpoint with *.safetensors weights")
     if not safetensors:
         raise ModelLoadError(f"{path} has no *.safetensors weights")
+    shards: set[str] = set()
     for index in [n for n in names if n.endswith(".safetensors.index.json")]:
         weight_map = _read_json(path / index, "weight index").get("weight_map", {})
         for shard in sorted(set(weight_map.values())):
@@ -131,6 +132,7 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
                 raise UnsafeCheckpointError(f"{path / index} names shard {shard!r} outside the folder")
             if not shard_path.is_file():
                 raise ModelLoadError(f"{path / index} lists {shard} but the file is missing")
+            shards.add(shard)
 
     config = _read_json(config_path, "config")
     model_type = config.get("model_type")
@@ -144,7 +146,9 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
                              hint="upgrade transformers or score a supported architecture")
     if model_type not in causal:
         raise ModelLoadError(f"{config_path}: model_type {model_type!r} is not a causal language model")
-    _check_weights_and_budgets(path, sorted(safetensors), config)
+    # The weights transformers loads: model.safetensors, else the indexed shards.
+    loaded = ["model.safetensors"] if "model.safetensors" in safetensors else sorted(shards or safetensors)
+    _check_weights_and_budgets(path, loaded, config)
     return config
 
 

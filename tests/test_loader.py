@@ -318,3 +318,17 @@ def test_a_config_claiming_more_than_its_weights_is_refused_before_anything_is_b
         check_checkpoint_dir(ckpt)
     with pytest.raises(ModelLoadError, match=message):
         load_checkpoint(str(ckpt), dtype="float32", device="cpu")
+
+
+def test_the_truncated_shard_of_a_sharded_checkpoint_is_named(tmp_path, tiny_dir):
+    from monitor.sandbox.hub_repos import shard_safetensors
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_dir, sharded)
+    shards = shard_safetensors((sharded / "model.safetensors").read_bytes(), 2)
+    (sharded / "model.safetensors").unlink()
+    shards["model-00002-of-00002.safetensors"] = shards["model-00002-of-00002.safetensors"][:-4]
+    for name, data in shards.items():
+        (sharded / name).write_bytes(data)
+    with pytest.raises(ModelLoadError, match=r"model-00002-of-00002\.safetensors is truncated"):
+        check_checkpoint_dir(sharded)
