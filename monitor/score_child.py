@@ -297,6 +297,7 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
         try:
             with contextlib.suppress(BrokenPipeError):  # a child that died at once says why below
                 child.stdin.write(request_to_json(request).encode())  # type: ignore[union-attr]
+            with contextlib.suppress(OSError):
                 child.stdin.close()  # type: ignore[union-attr]
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
