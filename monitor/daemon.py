@@ -43,8 +43,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from monitor.cache_prune import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.engine import ScoreRequest
 from monitor.errors import LstarError, StoreError
+from monitor.score_child import default_memory_limit
 from monitor.store import Store, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -75,7 +77,10 @@ class DaemonConfig:
     watchdog_interval: float = 10.0
     stuck_after: float = 7200.0       # a job running longer than this is reported as stuck
     score_timeout: float = 3600.0
-    score_memory: int | None = None   # bytes of address space for the scoring child
+    # bytes of address space for the scoring child; None: no limit
+    score_memory: int | None = field(default_factory=default_memory_limit)
+    cache_keep: int | None = DEFAULT_KEEP_LAST   # finished checkpoints kept in the Hub cache; None: all
+    cache_max_bytes: int | None = DEFAULT_MAX_BYTES  # and at most this many bytes with the pending ones
     lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
     score_batch: int = 4              # queue jobs one scoring run takes on at most
     drain: float = 60.0

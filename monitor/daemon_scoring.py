@@ -5,11 +5,13 @@ attempts. Here the worker downloads the pinned snapshot in the daemon (the fetch
 written by the daemon), scores it in `monitor.score_child` (which never opens the
 database), and hands the rows back so that the run and the lease's completion are written
 in one transaction. The same fetch-then-score steps as `engine.score_pending`, with the
-forward passes moved out of the daemon's process.
+forward passes moved out of the daemon's process. After a run that finished jobs, the Hub
+cache is pruned to the configured policy (`monitor.cache_prune`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import replace
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.errors import HubError
 from monitor.store import Store
+
+log = logging.getLogger("lstar.daemon")
 
 if TYPE_CHECKING:
     from monitor.daemon import Daemon
@@ -28,7 +32,7 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
     """Fetch and score up to `score_batch` queued checkpoints; returns what happened to each."""
     from monitor.gate import fetch_job
     from monitor.queue import Outcome, failpoint, process_pending
-    from monitor.score_child import run_score_child
+    from monitor.score_child import ScoringInterrupted, run_score_child
 
     cfg = daemon.config
     client = daemon.hub_client(store)
@@ -45,6 +49,10 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
                                                 "files_sha256_dir": str(snapshot)})
             scored = run_score_child(request, timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
                                      workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log")
+        except ScoringInterrupted as exc:
+            # Killed by our own shutdown: the lease and the attempt go back.
+            raise HubError(f"the daemon stopped while scoring this job ({exc})",
+                           hint="it runs after the restart") from None
         finally:
             shutil.rmtree(flat, ignore_errors=True)
         failpoint("mid_score")
@@ -53,7 +61,29 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
                                        "se": result["se_ce"], "corpus_sha256": result["corpus"]["sha256"]},
                        write=lambda conn: scored.write(store, conn))
 
-    return process_pending(store, worker, owner=daemon.owner, lease_s=cfg.lease_s, limit=cfg.score_batch)
+    results = process_pending(store, worker, owner=daemon.owner, lease_s=cfg.lease_s, limit=cfg.score_batch)
+    if any(r.status in ("scored", "skipped", "failed") for r in results):
+        prune_after_scoring(daemon, store)
+    return results
+
+
+def prune_after_scoring(daemon: "Daemon", store: Store) -> None:
+    """Prune the Hub cache to `--cache-keep` / `--cache-max-bytes`; a failure is logged, not raised."""
+    from monitor.cache_prune import prune_cache
+    from monitor.gate import resolve_cache_dir
+
+    cfg = daemon.config
+    if cfg.cache_keep is None:
+        return
+    try:
+        report = prune_cache(store, resolve_cache_dir(cfg.cache_dir), keep_last=cfg.cache_keep,
+                             max_bytes=cfg.cache_max_bytes)
+    except OSError as exc:
+        log.warning("pruning the Hub cache failed (retried after the next scoring run): %s", exc)
+        return
+    if report.removed:
+        log.info("pruned the Hub cache: removed %d checkpoint(s), %d bytes freed; kept %s",
+                 len(report.removed), report.freed_bytes, ", ".join(report.kept) or "none")
 
 
 def materialize_snapshot(snapshot: Path, dest: Path) -> Path:

@@ -40,6 +40,11 @@ class UnsafeCheckpointError(ModelLoadError):
     """A checkpoint was refused for safety (pickle weights, remote code, path escape)."""
 
 
+class UnsupportedCheckpointError(ModelLoadError):
+    """A checkpoint this installation cannot load, e.g. its quantization backend is not
+    installed: the queue skips it with the reason instead of retrying."""
+
+
 class SpecError(LstarError):
     """A scoring spec or flag combination is invalid (e.g. window longer than the model allows)."""
 

@@ -2,15 +2,20 @@
 
 `gate_checkpoint` decides from the Hub's metadata alone (plus config.json, a small file,
 and the safetensors headers read by range requests) whether a (repo, commit) may be
-fetched: safetensors weights only, no remote code, budgets on parameters, bytes,
-vocabulary and context length, a tokenizer present, file names that stay inside the cache.
-Repos the Hub will not serve (gated, private, disabled, missing) are skipped with the Hub's
-reason.
+fetched: safetensors weights only, no remote code, a tokenizer present, file names that
+stay inside the cache, and budgets: parameters and bytes of the weights, every config
+field that sizes an allocation (`monitor.config_budget`), and a byte limit on every other
+file it would fetch. Each weight file must be covered exactly by its header
+(`monitor.safetensors_layout`): a truncated or padded file is refused with the numbers.
+Repos the Hub will not serve (gated, private, disabled, missing) are skipped with the
+Hub's reason.
 
-`fetch_pinned` downloads exactly the files the model needs at the commit sha, then checks
-every one itself (existence, announced size, LFS sha256 or git blob id, path inside the
-cache): `snapshot_download` can return a partial folder without raising, so its return
-value is never trusted. A mismatch raises `IntegrityError` and the bad file is removed.
+`fetch_pinned` downloads exactly the files the model needs at the commit sha, each stopped
+as soon as it passes the size the Hub announced (a lying server cannot fill the disk),
+then checks every one itself (existence, announced size, LFS sha256 or git blob id, path
+inside the cache): `snapshot_download` can return a partial folder without raising, so
+its return value is never trusted. A mismatch raises `IntegrityError` and the bad file is
+removed.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from monitor.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
 from monitor.errors import GateRefusedError, HubError, IntegrityError
 from monitor.hub import Budgets, HubClient, WatchRule, describe_error, refusal_reason
 from monitor.queue import failpoint
+from monitor.safetensors_layout import LayoutError, SafetensorsHeader, check_file_size, tensor_layout
 from monitor.store import Store, utcnow
 
 WEIGHTS_FILE = "model.safetensors"
@@ -41,12 +48,13 @@ OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json", "special_to
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
 CONFIG_MAX_BYTES = 1 << 20
 TOKENIZER_MAX_BYTES = 64 << 20
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx",
-                "max_sequence_length")
-# Bytes per element of the safetensors dtypes we accept.
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-               "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
-               "BOOL": 1}
+# The most bytes each file besides the weights may have (the weights are under
+# Budgets.max_bytes). Checked against the Hub's listing before a download, and enforced
+# while downloading in case the server sends more than it announced.
+FILE_BYTE_LIMITS = {CONFIG_FILE: CONFIG_MAX_BYTES, TOKENIZER_FILE: TOKENIZER_MAX_BYTES,
+                    WEIGHTS_INDEX: 16 << 20, "generation_config.json": 1 << 20,
+                    "tokenizer_config.json": 16 << 20, "special_tokens_map.json": 1 << 20,
+                    "added_tokens.json": 16 << 20}
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
@@ -132,18 +140,20 @@ def weight_files(info: Any) -> list[str]:
     raise GateRefusedError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX} in the repo")
 
 
-def _positive_int(config: dict[str, Any], key: str) -> int | None:
-    for scope in (config, config.get("text_config") if isinstance(config.get("text_config"), dict) else {}):
-        if key in scope:
-            value = scope[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise GateRefusedError(f"config.json: {key} = {value!r} is not a positive integer")
-            return value
-    return None
+def check_file_budgets(files: Sequence[ExpectedFile]) -> None:
+    """Refuse any file besides the weights that the Hub announces over its byte limit."""
+    for f in files:
+        limit = FILE_BYTE_LIMITS.get(f.name)
+        if limit is not None and f.size > limit:
+            raise GateRefusedError(f"{f.name} is {f.size:,} bytes (limit {limit:,})")
 
 
-def check_config(config: Any, budgets: Budgets) -> dict[str, Any]:
-    """Remote code, architecture and vocabulary/context budgets from config.json."""
+def check_config(config: Any, budgets: Budgets) -> tuple[dict[str, Any], ConfigShape]:
+    """Remote code, architecture, quantization and every allocation-driving field of config.json.
+
+    Returns the facts to record and the fields found, which `check_against_weights`
+    later compares with the safetensors headers.
+    """
     if not isinstance(config, dict):
         raise GateRefusedError("config.json is not a JSON object")
     model_type = config.get("model_type")
@@ -153,43 +163,47 @@ def check_config(config: Any, budgets: Budgets) -> dict[str, Any]:
                                "which transformers does not implement (trust_remote_code is never set)")
     if model_type not in known:
         raise GateRefusedError(f"unknown model_type {model_type!r} in config.json")
-    vocab = _positive_int(config, "vocab_size")
-    if vocab is not None and vocab > budgets.max_vocab:
-        raise GateRefusedError(f"over budget: vocab_size {vocab:,} > max_vocab {budgets.max_vocab:,}")
-    context = None
-    for key in CONTEXT_KEYS:
-        context = _positive_int(config, key)
-        if context is not None:
-            if context > budgets.max_context:
-                raise GateRefusedError(f"over budget: {key} {context:,} > max_context "
-                                       f"{budgets.max_context:,}")
-            break
-    return {"model_type": model_type, "vocab_size": vocab, "max_positions": context,
-            "auto_map_ignored": bool(config.get("auto_map"))}
+    quantization = config.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        raise GateRefusedError("config.json: quantization_config is not a JSON object")
+    try:
+        shape = config_shape(config, budgets)
+    except ConfigBudgetError as exc:
+        raise GateRefusedError(str(exc)) from None
+    facts = {"model_type": model_type, "vocab_size": shape.get("vocab"),
+             "max_positions": shape.get("positions"), "auto_map_ignored": bool(config.get("auto_map")),
+             "quantization": quantization.get("quant_method") if quantization else None,
+             "config_fields": {shape.keys[name]: value for name, value in shape.values.items()
+                               if value is not None}}
+    return facts, shape
 
 
 def read_headers(client: HubClient, repo: str, sha: str, weights: list[str], siblings: dict[str, Any],
-                 cache_dir: Path) -> dict[str, Any]:
-    """{file: SafetensorsFileMetadata} for the model's weight files, headers only.
+                 cache_dir: Path) -> dict[str, SafetensorsHeader]:
+    """{file: SafetensorsHeader} for the model's weight files, by range requests.
 
-    What `get_safetensors_metadata` does, but the sharded index goes into our cache and
-    no HEAD probes are spent on files model_info already listed.
+    Only the header bytes are read (bounded by the file size the Hub announced); the
+    sharded index goes into our cache.
     """
-    from huggingface_hub.errors import SafetensorsParsingError
-
     names = weights
-    try:
-        if weights == [WEIGHTS_INDEX]:
-            names = _index_shards(client, repo, sha, siblings, cache_dir)
-        return {name: client.safetensors_header(repo, name, sha) for name in names}
-    except (SafetensorsParsingError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise GateRefusedError(f"malformed safetensors header: {describe_error(exc)}") from exc
+    if weights == [WEIGHTS_INDEX]:
+        names = _index_shards(client, repo, sha, siblings, cache_dir)
+    headers = {}
+    for name in names:
+        try:
+            headers[name] = client.safetensors_header(repo, name, sha,
+                                                      file_size=_announced(name, siblings[name]).size)
+        except LayoutError as exc:
+            raise GateRefusedError(f"malformed safetensors header in {name}: {exc}") from None
+    return headers
 
 
 def _index_shards(client: HubClient, repo: str, sha: str, siblings: dict[str, Any],
                   cache_dir: Path) -> list[str]:
     """The shard files the weight index names, each checked to be a safe repo file."""
-    index_path = client.download(repo, WEIGHTS_INDEX, sha, cache_dir=cache_dir)
+    announced = _announced(WEIGHTS_INDEX, siblings[WEIGHTS_INDEX])
+    check_file_budgets([announced])
+    index_path = client.download(repo, WEIGHTS_INDEX, sha, cache_dir=cache_dir, max_bytes=announced.size)
     try:
         weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted(set(weight_map.values()))
@@ -204,67 +218,50 @@ def _index_shards(client: HubClient, repo: str, sha: str, siblings: dict[str, An
     return shards
 
 
-def check_safetensors(headers: dict[str, Any], announced: dict[str, ExpectedFile],
+def check_safetensors(headers: dict[str, SafetensorsHeader], announced: dict[str, ExpectedFile],
                       budgets: Budgets) -> dict[str, Any]:
-    """Validate every tensor entry of the headers, count parameters, apply the budgets.
+    """Validate every tensor entry of the headers, count parameters, apply the budgets, and
+    check that each file is exactly 8 bytes + its header + its tensor data.
 
     The parameter budget is checked before the file sizes, so a header declaring a huge
     model is reported as over budget rather than as merely inconsistent.
     """
     n_params = 0
     dtypes: dict[str, int] = {}
-    data_end: dict[str, int] = {}
-    for filename, fm in headers.items():
+    layouts = {}
+    for filename, header in headers.items():
         if filename not in announced:
             raise GateRefusedError(f"malformed safetensors index: {filename} is not in the repo")
-        data_end[filename] = 0
-        spans: list[tuple[int, int]] = []
-        for tensor_name, t in fm.tensors.items():
-            where = f"malformed safetensors header in {filename}: tensor {tensor_name!r}"
-            if t.dtype not in DTYPE_BYTES:
-                raise GateRefusedError(f"{where} has unsupported dtype {t.dtype!r}")
-            if not isinstance(t.shape, list) or not all(type(d) is int and d >= 0 for d in t.shape):
-                raise GateRefusedError(f"{where} has shape {t.shape!r}")
-            numel = 1
-            for d in t.shape:
-                numel *= d
-            offsets = tuple(t.data_offsets)
-            if not (len(offsets) == 2 and all(type(o) is int for o in offsets)
-                    and 0 <= offsets[0] <= offsets[1]
-                    and offsets[1] - offsets[0] == numel * DTYPE_BYTES[t.dtype]):
-                raise GateRefusedError(f"{where} has data_offsets {list(offsets)} that do not "
-                                       f"match shape {t.shape} x {t.dtype}")
-            data_end[filename] = max(data_end[filename], offsets[1])
-            spans.append(offsets)
-            n_params += numel
-            dtypes[t.dtype] = dtypes.get(t.dtype, 0) + numel
-        # The format requires the tensors to tile the data buffer: no overlaps, no holes.
-        position = 0
-        for begin, end in sorted(spans):
-            if begin != position:
-                raise GateRefusedError(f"malformed safetensors header in {filename}: tensor data "
-                                       f"{'overlaps' if begin < position else 'leaves a hole'} at "
-                                       f"byte {min(begin, position):,}")
-            position = end
+        try:
+            layout = layouts[filename] = tensor_layout(header)
+        except LayoutError as exc:
+            raise GateRefusedError(f"malformed safetensors header in {filename}: {exc}") from None
+        n_params += layout.n_params
+        for dtype, count in layout.dtypes.items():
+            dtypes[dtype] = dtypes.get(dtype, 0) + count
     if n_params > budgets.max_params:
         raise GateRefusedError(f"over budget: {n_params:,} parameters > max_params "
                                f"{budgets.max_params:,}")
-    # What loading would need: the larger of the declared tensor data and the files' sizes.
-    n_bytes = max(sum(data_end.values()), sum(announced[name].size for name in data_end))
+    # What loading would need: the larger of the declared files and the files' sizes.
+    n_bytes = max(sum(layouts[name].file_size(headers[name].header_len) for name in layouts),
+                  sum(announced[name].size for name in layouts))
     if n_bytes > budgets.max_bytes:
         raise GateRefusedError(f"over budget: {n_bytes:,} bytes of weights > max_bytes "
                                f"{budgets.max_bytes:,}")
-    for filename, end in data_end.items():
-        if end + 8 > announced[filename].size:
-            raise GateRefusedError(f"malformed safetensors header in {filename}: its tensors need "
-                                   f"{end + 8:,} bytes but the file has {announced[filename].size:,}")
-    return {"n_params": n_params, "dtypes": dtypes, "n_bytes": n_bytes}
+    for filename, layout in layouts.items():
+        try:
+            check_file_size(headers[filename], layout, announced[filename].size)
+        except LayoutError as exc:
+            raise GateRefusedError(f"safetensors file {filename} is {exc}") from None
+    return {"n_params": n_params, "dtypes": dtypes, "n_bytes": n_bytes,
+            "tensor_bytes": sum(layout.data_end for layout in layouts.values())}
 
 
 def _read_config(client: HubClient, repo: str, sha: str, cache_dir: Path, size: int | None) -> Any:
     if size is not None and size > CONFIG_MAX_BYTES:
         raise GateRefusedError(f"config.json is {size:,} bytes (limit {CONFIG_MAX_BYTES:,})")
-    path = client.download(repo, CONFIG_FILE, sha, cache_dir=cache_dir)
+    path = client.download(repo, CONFIG_FILE, sha, cache_dir=cache_dir,
+                           max_bytes=min(size, CONFIG_MAX_BYTES) if size is not None else CONFIG_MAX_BYTES)
     if not path.resolve().is_relative_to(cache_dir.resolve()):
         raise GateRefusedError("config.json resolved outside the cache")
     try:
@@ -285,17 +282,20 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     weights = weight_files(info)
     if TOKENIZER_FILE not in siblings:
         raise GateRefusedError(f"no {TOKENIZER_FILE}: a tokenizer is required to score")
-    tokenizer_size = siblings[TOKENIZER_FILE].size
-    if tokenizer_size is not None and tokenizer_size > TOKENIZER_MAX_BYTES:
-        raise GateRefusedError(f"{TOKENIZER_FILE} is {tokenizer_size:,} bytes "
-                               f"(limit {TOKENIZER_MAX_BYTES:,})")
     if CONFIG_FILE not in siblings:
         raise GateRefusedError(f"no {CONFIG_FILE}")
-    config_facts = check_config(
+    # Every file it would fetch besides the weights, within its byte limit before any download.
+    check_file_budgets([_announced(n, s) for n, s in siblings.items() if n in FILE_BYTE_LIMITS])
+    config_facts, shape = check_config(
         _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size), budgets)
     headers = read_headers(client, repo, sha, weights, siblings, cache_dir)
     announced = {name: _announced(name, siblings[name]) for name in headers}
     header_facts = check_safetensors(headers, announced, budgets)
+    try:
+        estimates = check_against_weights(shape, header_facts["n_params"], header_facts["tensor_bytes"],
+                                          budgets)
+    except ConfigBudgetError as exc:
+        raise GateRefusedError(str(exc)) from None
     if rule is not None and not rule.params_in_range(header_facts["n_params"]):
         raise GateRefusedError(f"{header_facts['n_params']:,} parameters is outside rule "
                                f"{rule.name!r}'s range [{rule.min_params}, {rule.max_params}]")
@@ -304,7 +304,7 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     unverifiable = [f.name for f in files if f.name in announced and f.sha256 is None and f.blob_id is None]
     if unverifiable:
         raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
-    return {**config_facts, **header_facts, "files": [asdict(f) for f in files]}
+    return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files]}
 
 
 def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,
@@ -319,7 +319,7 @@ def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule |
     cache_dir = resolve_cache_dir(cache_dir)
     try:
         facts = _gate(client, repo, sha, budgets, rule, cache_dir)
-    except GateRefusedError as exc:
+    except (GateRefusedError, IntegrityError) as exc:
         return Verdict("skipped", f"refused: {exc.message}", {"gate": {"verdict": "refused"}})
     except HubError:
         raise
@@ -388,8 +388,14 @@ def snapshot_dir(cache_dir: Path, repo: str, sha: str) -> Path:
     return cache_dir / repo_folder_name(repo_id=repo, repo_type="model") / "snapshots" / sha
 
 
-def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Path) -> list[ExpectedFile]:
-    """The files to fetch at `sha` (weights, config, tokenizer), with what the Hub announced."""
+def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Path,
+               budgets: Budgets | None = None) -> list[ExpectedFile]:
+    """The files to fetch at `sha` (weights, config, tokenizer), with what the Hub announced.
+
+    Refuses a plan whose files the Hub announces over their byte limits (the weights
+    together over `budgets.max_bytes`), before anything but a shard index is downloaded.
+    """
+    budgets = budgets or Budgets()
     siblings = _siblings(info)
     check_file_names(list(siblings), cache_dir)
     weights = weight_files(info)
@@ -399,6 +405,11 @@ def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Pat
     files = [_announced(n, siblings[n]) for n in dict.fromkeys(wanted) if n in siblings]
     if not any(f.name == TOKENIZER_FILE for f in files) or not any(f.name == CONFIG_FILE for f in files):
         raise GateRefusedError(f"{repo}@{sha} lacks {CONFIG_FILE} or {TOKENIZER_FILE}")
+    check_file_budgets(files)
+    weight_bytes = sum(f.size for f in files if f.name not in FILE_BYTE_LIMITS)
+    if weight_bytes > budgets.max_bytes:
+        raise GateRefusedError(f"over budget: {weight_bytes:,} bytes of weights > max_bytes "
+                               f"{budgets.max_bytes:,}")
     return files
 
 
@@ -461,14 +472,25 @@ def verify_snapshot(cache_dir: Path, repo: str, sha: str, files: Sequence[Expect
     return snap
 
 
+def _require_present(cache_dir: Path, repo: str, sha: str, files: Sequence[ExpectedFile]) -> None:
+    snap = snapshot_dir(cache_dir, repo, sha)
+    for f in files:
+        if not (snap / f.name).is_file():
+            # snapshot_download hands back a partial folder when the Hub fails mid-way.
+            raise HubError(f"{repo}@{sha}: {f.name} is missing after the download (incomplete snapshot)",
+                           hint="retried later")
+
+
 def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, info: Any = None,
-                 client: HubClient | None = None) -> Path:
+                 client: HubClient | None = None, budgets: Budgets | None = None) -> Path:
     """Download the model files of `repo` at commit `sha` into the cache and verify them.
 
     `sha` may also be a branch or tag name; it is resolved to its commit first, and the
-    returned folder is always `snapshots/<commit sha>`. Raises GateRefusedError for a repo
-    that is not safe to fetch (or no longer available), IntegrityError when a file does not
-    match what the Hub announced, HubError when the Hub cannot be reached.
+    returned folder is always `snapshots/<commit sha>`. Every file is refused before the
+    download when the Hub announces it over its byte limit, and stopped while downloading
+    once it passes the size announced. Raises GateRefusedError for a repo that is not safe
+    to fetch (or no longer available), IntegrityError when a file does not match what the
+    Hub announced, HubError when the Hub cannot be reached.
     """
     client = client or HubClient()
     cache_dir = resolve_cache_dir(cache_dir)
@@ -480,10 +502,18 @@ def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, in
         if COMMIT_RE.fullmatch(sha) and info.sha != sha:
             raise GateRefusedError(f"the Hub answered for commit {info.sha} instead of {sha}")
         sha = info.sha
-        files = plan_files(client, repo, sha, info, cache_dir)
-        client.snapshot(repo, sha, allow_patterns=[f.name for f in files], cache_dir=cache_dir)
+        files = plan_files(client, repo, sha, info, cache_dir, budgets)
+        weights = [f for f in files if f.name not in FILE_BYTE_LIMITS]
+        others = [f for f in files if f.name in FILE_BYTE_LIMITS]
+        # The weights in one snapshot call, stopped once they pass their announced total;
+        # the small files one by one, each stopped past its own announced size.
+        client.snapshot(repo, sha, allow_patterns=[f.name for f in weights], cache_dir=cache_dir,
+                        max_bytes=sum(f.size for f in weights))
         failpoint("mid_download")
-    except (GateRefusedError, HubError):
+        _require_present(cache_dir, repo, sha, weights)
+        for f in others:
+            client.download(repo, f.name, sha, cache_dir=cache_dir, max_bytes=f.size)
+    except (GateRefusedError, HubError, IntegrityError):
         raise
     except OSError as exc:
         reason = refusal_reason(exc)

@@ -77,9 +77,12 @@ class Budgets(BaseModel):
     """Safety limits checked by the gate before any weight byte is downloaded.
 
     Parameters and bytes come from the safetensors headers (bytes: the larger of the
-    declared tensor data and the Hub's file sizes); vocabulary and context length from
-    config.json. Defaults admit mainstream open models up to ~15B parameters in bf16 and
-    refuse absurd values (a vocabulary of 10^9).
+    declared tensor data and the Hub's file sizes); every config.json field that sizes an
+    allocation (layers, hidden size, intermediate size, heads, experts, vocabulary, context
+    length) has its own limit, and the parameters the config implies must fit both
+    `max_params` and the weights (see `monitor.config_budget`). Defaults admit mainstream
+    open models up to ~15B parameters in bf16 and refuse absurd values (a vocabulary of
+    10^9, a million layers).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -88,6 +91,11 @@ class Budgets(BaseModel):
     max_bytes: int = Field(32 * 1024**3, gt=0)
     max_vocab: int = Field(1_048_576, gt=0)
     max_context: int = Field(16_777_216, gt=0)
+    max_layers: int = Field(1024, gt=0)
+    max_hidden: int = Field(65_536, gt=0)
+    max_intermediate: int = Field(262_144, gt=0)
+    max_heads: int = Field(1024, gt=0)
+    max_experts: int = Field(1024, gt=0)
 
 
 class WatchRule(BaseModel):
@@ -436,28 +444,67 @@ class HubClient:
     def list_repo_refs(self, repo: str) -> Any:
         return self.call(f"list_repo_refs({repo})", lambda: self.api.list_repo_refs(repo))
 
-    def safetensors_header(self, repo: str, filename: str, revision: str) -> Any:
-        """One file's safetensors header by range requests (no weight bytes)."""
-        return self.call(f"safetensors header({repo}@{revision}:{filename})",
-                         lambda: self.api.parse_safetensors_file_metadata(
-                             repo, filename, revision=revision))
+    def safetensors_header(self, repo: str, filename: str, revision: str, *, file_size: int) -> Any:
+        """One file's `SafetensorsHeader` by range requests: no weight byte is read.
 
-    def download(self, repo: str, filename: str, revision: str, *, cache_dir: Path) -> Path:
+        `file_size` is what the Hub announced; a header length running past it is refused
+        before the header itself is requested. Raises `LayoutError` for a malformed header.
+        """
+        from monitor.safetensors_layout import header_length, parse_header
+
+        first = min(file_size, 100_000)  # most headers fit: one request instead of two
+        prefix = self.read_range(repo, filename, revision, 0, first) if first else b""
+        n = header_length(prefix, file_size)
+        raw = prefix[8:8 + n] if 8 + n <= len(prefix) else self.read_range(repo, filename, revision, 8, n)
+        return parse_header(raw, n)
+
+    def read_range(self, repo: str, filename: str, revision: str, start: int, length: int) -> bytes:
+        """Bytes `[start, start + length)` of a repo file; never more are read from the wire."""
+        from huggingface_hub import constants, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        from monitor.hub_download import read_range
+
+        url = hf_hub_url(repo, filename, revision=revision, endpoint=self.endpoint)
+        return self.call(f"read bytes {start}-{start + length - 1} of {repo}@{revision}:{filename}",
+                         lambda: read_range(url, build_hf_headers(token=self.token), start, length,
+                                            timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT))
+
+    def download(self, repo: str, filename: str, revision: str, *, cache_dir: Path,
+                 max_bytes: int | None = None) -> Path:
+        """`hf_hub_download` of one file; with `max_bytes`, stopped past that many bytes
+        (IntegrityError) whatever size the server claims."""
         from huggingface_hub import hf_hub_download
 
-        return Path(self.call(
+        what = f"{repo}@{revision}: {filename}"
+        return Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"download({repo}@{revision}:{filename})",
             lambda: hf_hub_download(repo, filename, revision=revision, cache_dir=cache_dir,
-                                    endpoint=self.endpoint, token=self.token)))
+                                    endpoint=self.endpoint, token=self.token, tqdm_class=progress))))
 
-    def snapshot(self, repo: str, revision: str, *, allow_patterns: list[str], cache_dir: Path) -> Path:
+    def snapshot(self, repo: str, revision: str, *, allow_patterns: list[str], cache_dir: Path,
+                 max_bytes: int | None = None) -> Path:
+        """`snapshot_download` of the matching files; with `max_bytes`, stopped once their
+        bytes together pass it (IntegrityError)."""
         from huggingface_hub import snapshot_download
 
-        return Path(self.call(
+        what = f"{repo}@{revision}: {', '.join(allow_patterns)}"
+        return Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"snapshot_download({repo}@{revision})",
             lambda: snapshot_download(repo, revision=revision, allow_patterns=allow_patterns,
                                       cache_dir=cache_dir, endpoint=self.endpoint,
-                                      token=self.token)))
+                                      token=self.token, tqdm_class=progress))))
+
+    @staticmethod
+    def _capped(what: str, max_bytes: int | None, run: Callable[[Any], T]) -> T:
+        from monitor.errors import IntegrityError
+        from monitor.hub_download import DownloadTooLarge, capped_progress
+
+        try:
+            return run(capped_progress(max_bytes, what) if max_bytes is not None else None)
+        except DownloadTooLarge as exc:
+            raise IntegrityError(f"{exc}; download stopped",
+                                 hint="the server sent more than it announced; nothing was kept") from None
 
 
 # -- polling -------------------------------------------------------------------------------

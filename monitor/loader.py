@@ -1,15 +1,20 @@
 """Load a checkpoint safely: a local directory, or `org/name@revision` from the Hub.
 
-Every check that can refuse a checkpoint runs on the files, before any weight is read:
-safetensors only (pickle weights would run code when unpickled), no remote code, a known
-causal-LM architecture, no file or link that escapes the checkpoint folder. Loading then goes
-through transformers with `use_safetensors=True`, `trust_remote_code=False` and
-`DISABLE_SAFETENSORS_CONVERSION=1` (else transformers may ask an external service to
-convert a pickle repo and load the result).
+Every check that can refuse a checkpoint runs on the files, before any weight is read or
+any tensor allocated: safetensors only (pickle weights would run code when unpickled), no
+remote code, a known causal-LM architecture, no file or link that escapes the checkpoint
+folder, every weight file covered exactly by its header (`monitor.safetensors_layout`), and
+a config.json whose allocation-driving fields are within budget and describe the weights
+(`monitor.config_budget`). Loading then goes through transformers with
+`use_safetensors=True`, `trust_remote_code=False` and `DISABLE_SAFETENSORS_CONVERSION=1`
+(else transformers may ask an external service to convert a pickle repo and load the
+result). A `SafetensorError` from the library becomes a ModelLoadError naming the file; an
+ImportError (a quantization backend that is not installed) an UnsupportedCheckpointError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor.errors import HubError, ModelLoadError, UnsafeCheckpointError
+from monitor.errors import HubError, ModelLoadError, UnsafeCheckpointError, UnsupportedCheckpointError
 
 os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
 
@@ -118,6 +123,7 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
             hint="use a checkpoint with *.safetensors weights")
     if not safetensors:
         raise ModelLoadError(f"{path} has no *.safetensors weights")
+    shards: set[str] = set()
     for index in [n for n in names if n.endswith(".safetensors.index.json")]:
         weight_map = _read_json(path / index, "weight index").get("weight_map", {})
         for shard in sorted(set(weight_map.values())):
@@ -126,6 +132,7 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
                 raise UnsafeCheckpointError(f"{path / index} names shard {shard!r} outside the folder")
             if not shard_path.is_file():
                 raise ModelLoadError(f"{path / index} lists {shard} but the file is missing")
+            shards.add(shard)
 
     config = _read_json(config_path, "config")
     model_type = config.get("model_type")
@@ -139,7 +146,41 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
                              hint="upgrade transformers or score a supported architecture")
     if model_type not in causal:
         raise ModelLoadError(f"{config_path}: model_type {model_type!r} is not a causal language model")
+    # The weights transformers loads: model.safetensors, else the indexed shards.
+    loaded = ["model.safetensors"] if "model.safetensors" in safetensors else sorted(shards or safetensors)
+    _check_weights_and_budgets(path, loaded, config)
     return config
+
+
+def _check_weights_and_budgets(path: Path, safetensors: list[str], config: dict[str, Any]) -> None:
+    """Exact layout of every weight file, then config.json's fields against budgets and weights."""
+    from monitor.config_budget import ConfigBudgetError, check_against_weights, config_shape
+    from monitor.hub import Budgets
+    from monitor.safetensors_layout import LayoutError, check_file_size, read_local_header, tensor_layout
+
+    n_params = n_bytes = 0
+    for name in safetensors:
+        file = path / name
+        try:
+            header = read_local_header(file)
+            layout = tensor_layout(header)
+        except LayoutError as exc:
+            raise ModelLoadError(f"malformed safetensors header in {file}: {exc}",
+                                 hint="the file is damaged or not safetensors; fetch it again") from None
+        except OSError as exc:
+            raise ModelLoadError(f"cannot read {file}: {exc}") from None
+        try:
+            check_file_size(header, layout, file.stat().st_size)
+        except LayoutError as exc:
+            raise ModelLoadError(f"safetensors file {file} is {exc}",
+                                 hint="the file is damaged or incomplete; fetch it again") from None
+        n_params += layout.n_params
+        n_bytes += layout.data_end
+    budgets = Budgets()
+    try:
+        check_against_weights(config_shape(config, budgets), n_params, n_bytes, budgets)
+    except ConfigBudgetError as exc:
+        raise ModelLoadError(f"{path}: {exc}", hint="refused before anything was allocated") from None
 
 
 def check_checkpoint_dir(path: str | Path, *, allowed_root: str | Path | None = None) -> None:
@@ -273,7 +314,7 @@ def _attach_unloaded_head_bias(model: Any, model_dir: Path, unexpected: set[str]
     taken = set(model.state_dict())
     found: list[tuple[Path, str]] = []
     for file in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
+        with _safetensors_errors(file), safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
                 if key.endswith(".bias") and key not in taken and list(handle.get_slice(key).get_shape()) == [vocab]:
                     found.append((file, key))
@@ -283,14 +324,55 @@ def _attach_unloaded_head_bias(model: Any, model_dir: Path, unexpected: set[str]
         raise ModelLoadError(f"{model_dir}: several unloaded vocabulary-sized biases "
                              f"({', '.join(k for _, k in found)}); cannot tell which belongs to the output layer")
     file, key = found[0]
-    with safe_open(str(file), framework="pt") as handle:
+    with _safetensors_errors(file), safe_open(str(file), framework="pt") as handle:
         bias = handle.get_tensor(key)
     head.bias = torch.nn.Parameter(bias.to(dtype=head.weight.dtype, device=head.weight.device), requires_grad=False)
     return True
 
 
+@contextlib.contextmanager
+def _safetensors_errors(file: Path):
+    """A SafetensorError while reading `file` as one ModelLoadError naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        raise ModelLoadError(f"safetensors cannot read {file}: {' '.join(str(exc).split())[:300]}",
+                             hint="the file is damaged or incomplete; fetch it again") from None
+
+
+def _unreadable_safetensors(model_dir: Path, exc: BaseException) -> ModelLoadError:
+    """The ModelLoadError for a SafetensorError during loading, naming the file at fault."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as probe:
+            exc = probe
+            break
+    else:
+        file = model_dir
+    return ModelLoadError(f"safetensors cannot read {file}: {' '.join(str(exc).split())[:300]}",
+                          hint="the file is damaged or incomplete; fetch it again")
+
+
+def _missing_backend(model_dir: Path, exc: ImportError) -> UnsupportedCheckpointError:
+    """The error for an ImportError while loading: a package the checkpoint needs is missing."""
+    config = _read_json(model_dir / "config.json", "config")
+    quantization = config.get("quantization_config")
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    what = (f"its quantization_config (quant_method {method!r}) needs a package that is not installed"
+            if quantization is not None else "it needs a package that is not installed")
+    return UnsupportedCheckpointError(f"{model_dir / 'config.json'}: {what}: {' '.join(str(exc).split())[:300]}",
+                                      hint="install that backend to score it; it is skipped, not retried")
+
+
 def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tuple[str, ...]]:
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     from monitor.scoring import torch_dtype
@@ -308,6 +390,10 @@ def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tu
         model, info = AutoModelForCausalLM.from_pretrained(
             str(model_dir), use_safetensors=True, trust_remote_code=False, local_files_only=True,
             dtype=torch_dtype(dtype), output_loading_info=True)
+    except ImportError as exc:
+        raise _missing_backend(model_dir, exc) from exc
+    except SafetensorError as exc:
+        raise _unreadable_safetensors(model_dir, exc) from exc
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
         raise ModelLoadError(f"transformers cannot load {model_dir}: {' '.join(str(exc).split())[:400]}") from exc
     finally:

@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from monitor.errors import (CorpusError, GateRefusedError, HubError, IntegrityError, LstarError,
-                            ModelLoadError, SpecError, TokenizerError)
+                            ModelLoadError, SpecError, TokenizerError, UnsupportedCheckpointError)
 from monitor.store import Store, utcnow
 
 DEFAULT_STATUSES = ("gated", "fetched")
@@ -33,6 +33,9 @@ DEFAULT_LEASE_S = 1800.0
 # Failures that no retry can fix: the row fails at once with the error as its reason.
 PERMANENT_ERRORS: tuple[type[LstarError], ...] = (
     IntegrityError, GateRefusedError, ModelLoadError, SpecError, CorpusError, TokenizerError)
+# Checkpoints this installation cannot handle (a quantization backend not installed): the
+# row is skipped at once with the reason, like the gate's refusals.
+SKIP_ERRORS: tuple[type[LstarError], ...] = (UnsupportedCheckpointError,)
 
 
 def failpoint(name: str) -> None:
@@ -121,10 +124,10 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
     """Claim and run jobs until none is left (or `limit` jobs ran).
 
     The worker gets the claimed row (a dict with id, repo, sha, status, attempts, meta, ...)
-    and returns an `Outcome`. Permanent errors (integrity, gate refusal, model load, spec)
-    fail the row at once; a HubError gives the lease and the attempt back and ends the run
-    (the Hub is down); any other exception gives the lease back for a later run, up to
-    `max_attempts` attempts in all.
+    and returns an `Outcome`. Skip errors (an unsupported checkpoint) skip the row at once;
+    permanent errors (integrity, gate refusal, model load, spec) fail it at once; a HubError
+    gives the lease and the attempt back and ends the run (the Hub is down); any other
+    exception gives the lease back for a later run, up to `max_attempts` attempts in all.
     """
     results: list[JobResult] = []
     hub_down = False
@@ -137,6 +140,9 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
         failpoint("after_claim")
         try:
             outcome = worker(job)
+        except SKIP_ERRORS as exc:
+            held = complete(store, job["id"], owner, "skipped", {"error": type(exc).__name__},
+                            reason=_reason(exc), now=now_fn())
         except PERMANENT_ERRORS as exc:
             held = complete(store, job["id"], owner, "failed", {"error": type(exc).__name__},
                             reason=_reason(exc), now=now_fn())

@@ -146,6 +146,16 @@ def _variant(files: dict, case: str) -> dict:
         header = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                              "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}).encode()
         return {**files, "model.safetensors": struct.pack("<Q", len(header)) + header + bytes(24)}
+    if case == "truncated":           # a download cut short: the last tensor lacks 10 bytes
+        return {**files, "model.safetensors": files["model.safetensors"][:-10]}
+    if case == "padded":              # 16 bytes appended after the last tensor
+        return {**files, "model.safetensors": files["model.safetensors"] + bytes(16)}
+    if case == "million-layers":
+        config["num_hidden_layers"] = 10**6
+    if case == "claims-more-than-weights":   # every field under its budget, but not these weights
+        config.update(hidden_size=4096, intermediate_size=11008, num_attention_heads=32)
+    if case == "layers-not-int":
+        config["num_hidden_layers"] = True
     if case == "unknown-type":
         config["model_type"] = "mystery"
     if case == "nested-vocab":
@@ -158,7 +168,14 @@ def _variant(files: dict, case: str) -> dict:
 
 @pytest.mark.parametrize("case, reason", [
     ("missing-shard", "names shards not in the repo: model-00002-of-00002.safetensors"),
-    ("no-tensor-data", "its tensors need 16,392 bytes"),
+    ("no-tensor-data", "truncated: the header and tensors need 16,488 bytes but the file has 104"),
+    ("truncated", "model.safetensors is truncated: the header and tensors need"),
+    ("padded", "model.safetensors is padded: the file has"),
+    ("million-layers", "over budget: config.json num_hidden_layers 1,000,000 > max_layers 1,024"),
+    ("claims-more-than-weights", "implies about 315,752,448 parameters (num_hidden_layers 2, hidden_size "
+                                 "4,096, intermediate_size 11,008, vocab_size 32,000) but the safetensors "
+                                 "weights hold 1,028,688"),
+    ("layers-not-int", "num_hidden_layers = True is not a positive integer"),
     ("overlapping-tensors", "tensor data overlaps at byte 8"),
     ("unknown-type", "unknown model_type 'mystery'"),
     ("nested-vocab", "vocab_size 1,000,000,000 > max_vocab"),
@@ -265,3 +282,54 @@ def test_a_partial_snapshot_is_never_accepted(standard, cache):
     (path / "tokenizer.json").symlink_to(Path("/etc/hostname"))
     with pytest.raises(IntegrityError, match="outside the cache"):
         verify_snapshot(cache, repo, sha, files)
+
+
+# -- byte budgets on every fetched file ---------------------------------------------------------
+HUGE = 150_000_000   # never written anywhere: the fake Hub only announces or streams it
+
+
+def _resolved(hub: FakeHub, name: str) -> list:
+    return [r for r in hub.requests if "/resolve/" in r.path and r.path.endswith("/" + name)]
+
+
+def test_a_file_the_listing_announces_over_its_limit_is_refused_before_download(standard, cache):
+    hub, info = standard
+    repo = "budget-org/huge-tokenizer-config"
+    sha = hub.add_repo(repo, hub.files(f"{info['author']}/tiny-llama"))
+    hub.announce_size(repo, "tokenizer_config.json", HUGE)
+    hub.reset_log()
+    verdict = gate_checkpoint(client(hub), repo, sha, cache_dir=cache)
+    assert verdict.status == "skipped"
+    assert verdict.reason == "refused: tokenizer_config.json is 150,000,000 bytes (limit 16,777,216)"
+    with pytest.raises(GateRefusedError, match=r"tokenizer_config.json is 150,000,000 bytes"):
+        fetch_pinned(repo, sha, cache_dir=cache, client=client(hub))
+    assert not [r for r in hub.requests if "/resolve/" in r.path]   # not even config.json was read
+    assert not snapshot_dir(cache, repo, sha).exists()
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "model.safetensors"])
+def test_a_server_sending_more_than_it_announced_is_stopped_while_downloading(standard, tmp_path, cache,
+                                                                              name):
+    from monitor.gate import fetch_job
+    from monitor.queue import process_pending
+
+    hub, info = standard
+    repo = f"budget-org/lying-{name.split('.')[0]}"
+    hub.add_repo(repo, hub.files(f"{info['author']}/tiny-llama"), pipeline_tag="text-generation")
+    announced = hub.file_meta(repo, name).size
+    rule = WatchRule(name="budget", author="budget-org", name_glob=f"lying-{name.split('.')[0]}")
+    with Store.open(tmp_path / "state.duckdb") as store:
+        c = client(hub, store)
+        poll_once(store, c, [rule])
+        assert [o.status for o in gate_pending(store, c, [rule], cache_dir=cache)] == ["gated"]
+        hub.serve_generated(repo, name, HUGE)     # the listing still says `announced` bytes
+        results = process_pending(store, lambda job: fetch_job(store, job, owner="w", client=c,
+                                                                cache_dir=cache), owner="w")
+        row = store.get_checkpoint(results[0].id)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert f"{name}: the Hub sent more than the {announced:,} bytes allowed" in row["reason"]
+    # The client stopped at its first chunk past the budget: the server never got far.
+    assert 0 < hub.bytes_sent(repo, name) < HUGE // 4
+    on_disk = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not [p for p in on_disk if p.name.endswith(".incomplete")]
+    assert max(p.stat().st_size for p in on_disk) < 16 << 20

@@ -270,3 +270,65 @@ def test_tensors_the_architecture_does_not_use_are_recorded(tmp_path, tiny_dir):
     ckpt = load_checkpoint(str(extra), dtype="float32", device="cpu")
     assert ckpt.as_model_info()["ignored_weights"] == ["model.extra_projection.weight"]
     assert not ckpt.lm_head_bias
+
+
+# -- weights covered exactly, configs within budget ---------------------------------------------
+def _copy_with(tiny_dir: Path, dest: Path, *, weights: bytes | None = None, config: dict | None = None) -> Path:
+    shutil.copytree(tiny_dir, dest)
+    if weights is not None:
+        (dest / "model.safetensors").write_bytes(weights)
+    if config is not None:
+        (dest / "config.json").write_text(json.dumps({**json.loads((tiny_dir / "config.json").read_text()),
+                                                      **config}))
+    return dest
+
+
+@pytest.mark.parametrize("case, message", [
+    ("truncated", r"is truncated: the header and tensors need [\d,]+ bytes but the file has"),
+    ("padded", r"is padded: the file has [\d,]+ bytes, 16 after the last tensor")])
+def test_truncated_or_padded_weights_are_one_clear_error_naming_the_file(tmp_path, tiny_dir, case, message):
+    data = (tiny_dir / "model.safetensors").read_bytes()
+    weights = data[:-10] if case == "truncated" else data + bytes(16)
+    ckpt = _copy_with(tiny_dir, tmp_path / case, weights=weights)
+    with pytest.raises(ModelLoadError, match=message) as failure:
+        load_checkpoint(str(ckpt), dtype="float32", device="cpu")
+    assert str(ckpt / "model.safetensors") in failure.value.message
+    assert "\n" not in failure.value.one_line()
+
+
+def test_a_safetensors_error_while_loading_is_a_model_load_error_naming_the_file(tmp_path, tiny_dir):
+    from monitor.loader import _load_model
+
+    # The second line of defence, past the layout check: what the safetensors library refuses.
+    ckpt = _copy_with(tiny_dir, tmp_path / "short", weights=(tiny_dir / "model.safetensors").read_bytes()[:-10])
+    with pytest.raises(ModelLoadError, match=r"safetensors cannot read .*model\.safetensors: .*not fully covered"):
+        _load_model(ckpt, "float32", "cpu")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"num_hidden_layers": 10**6}, "over budget: config.json num_hidden_layers 1,000,000 > max_layers 1,024"),
+    ({"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32},
+     r"implies about [\d,]+ parameters .* but the safetensors weights hold [\d,]+: the config does not "
+     "describe these weights"),
+    ({"vocab_size": 10**9}, "over budget: config.json vocab_size 1,000,000,000 > max_vocab")])
+def test_a_config_claiming_more_than_its_weights_is_refused_before_anything_is_built(tmp_path, tiny_dir, config,
+                                                                                    message):
+    ckpt = _copy_with(tiny_dir, tmp_path / "claims", config=config)
+    with pytest.raises(ModelLoadError, match=message):
+        check_checkpoint_dir(ckpt)
+    with pytest.raises(ModelLoadError, match=message):
+        load_checkpoint(str(ckpt), dtype="float32", device="cpu")
+
+
+def test_the_truncated_shard_of_a_sharded_checkpoint_is_named(tmp_path, tiny_dir):
+    from monitor.sandbox.hub_repos import shard_safetensors
+
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_dir, sharded)
+    shards = shard_safetensors((sharded / "model.safetensors").read_bytes(), 2)
+    (sharded / "model.safetensors").unlink()
+    shards["model-00002-of-00002.safetensors"] = shards["model-00002-of-00002.safetensors"][:-4]
+    for name, data in shards.items():
+        (sharded / name).write_bytes(data)
+    with pytest.raises(ModelLoadError, match=r"model-00002-of-00002\.safetensors is truncated"):
+        check_checkpoint_dir(sharded)

@@ -5,14 +5,55 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.cache_prune import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.commands.options import MAX_BATCH, MAX_RESAMPLES, device_option, int_option, seconds, size_bytes
 from monitor.engine import ScoreRequest
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
+
+
+def _score_memory(value: str, device: str) -> int | None:
+    """`--score-memory`: auto (a share of the machine's memory), none, N% of it, or a size."""
+    from monitor.score_child import default_memory_limit, physical_memory
+
+    text = value.strip().lower()
+    if text == "auto":
+        return default_memory_limit(device)
+    if text in ("none", "off"):
+        return None
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise click.BadParameter(f"{value!r} is not a share of memory between 0% and 100%",
+                                     param_hint="'--score-memory'")
+        total = physical_memory()
+        if total is None:
+            raise click.BadParameter("this machine's memory size is unknown; give a size (e.g. 16G)",
+                                     param_hint="'--score-memory'")
+        return int(total * share / 100)
+    return size_bytes(value, "--score-memory", low=256 << 20, high=64 << 40)
+
+
+def _cache_keep(value: str) -> int | None:
+    """`--cache-keep`: a count of finished checkpoints, or all/none/off to never prune."""
+    if value.strip().lower() in ("all", "none", "off"):
+        return None
+    try:
+        keep = int(value)
+    except ValueError:
+        keep = -1
+    if not 0 <= keep <= 1_000_000:
+        raise click.BadParameter(f"{value!r} is not a count of checkpoints from 0 to 1,000,000 "
+                                 "(or 'all' to never prune)", param_hint="'--cache-keep'")
+    return keep
 
 
 def register(app: typer.Typer) -> None:
@@ -38,8 +79,17 @@ def register(app: typer.Typer) -> None:
         watchdog_every: str = typer.Option("10s", "--watchdog-every", help="Watchdog interval."),
         stuck_after: str = typer.Option("2h", "--stuck-after", help="A job running longer is reported stuck."),
         score_timeout: str = typer.Option("1h", "--score-timeout", help="Scoring child time limit."),
-        score_memory: str = typer.Option(None, "--score-memory",
-                                         help="Scoring child memory limit (e.g. 16G; from 256M to 64T)."),
+        score_memory: str = typer.Option(
+            "auto", "--score-memory",
+            help="Scoring child address-space limit: auto (75% of memory; none on a GPU host), a size "
+                 "(16G), a share (50%), or none."),
+        cache_keep: str = typer.Option(
+            str(DEFAULT_KEEP_LAST), "--cache-keep",
+            help="Finished checkpoints kept in the Hub cache after scoring ('all': never prune). "
+                 "Pending jobs' files are never pruned."),
+        cache_max_bytes: str = typer.Option(
+            f"{DEFAULT_MAX_BYTES >> 30}G", "--cache-max-bytes",
+            help="Prune finished checkpoints further while the cache holds more than this (or 'none')."),
         lease: str = typer.Option(None, "--lease", help="Queue lease (default: score timeout + 10m)."),
         drain: str = typer.Option("1m", "--drain",
                                   help="How long SIGTERM waits for running jobs (0s: not at all)."),
@@ -77,7 +127,9 @@ def register(app: typer.Typer) -> None:
             watchdog_interval=seconds(watchdog_every, "--watchdog-every"),
             stuck_after=seconds(stuck_after, "--stuck-after"),
             score_timeout=seconds(score_timeout, "--score-timeout"),
-            score_memory=size_bytes(score_memory, "--score-memory", low=256 << 20, high=64 << 40),
+            score_memory=_score_memory(score_memory, device), cache_keep=_cache_keep(cache_keep),
+            cache_max_bytes=(None if cache_max_bytes.strip().lower() == "none"
+                             else size_bytes(cache_max_bytes, "--cache-max-bytes", low=1 << 20, high=1 << 50)),
             lease=seconds(lease, "--lease") if lease is not None else None,
             drain=seconds(drain, "--drain", low=0.0),
             hub_max_wait=seconds(hub_max_wait, "--hub-max-wait", low=0.0),

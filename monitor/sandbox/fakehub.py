@@ -9,8 +9,9 @@ ETags, Range reads, LFS metadata, 302s to a CDN host), the rest is left out.
 State lives in `fakehub_state.HubState`, which `FakeHub` extends: repos hold commits (a
 40-hex sha derived from the content -> files), branches, tags and pull-request refs.
 Tests change the state while the server runs (`add_commit`, `set_gated`, ...), inject
-faults (`fail_next`, `set_outage`, `latency`, `tamper`) and read the request log
-(`requests`, `count_requests`).
+faults (`fail_next`, `set_outage`, `latency`, `tamper`, and for files larger than anything
+stored, `announce_size` and `serve_generated`) and read the request log (`requests`,
+`count_requests`).
 
 Run as a process for the daemon and the demo::
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from monitor.sandbox.fakehub_state import Commit, HubState, Repo, format_time, micros
@@ -92,6 +93,8 @@ class _Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
     content_length: int | None = None   # for HEAD: the length a GET would send
+    stream: Iterator[bytes] | None = None  # a body produced while sending (content_length bytes)
+    on_sent: Callable[[int], None] | None = None  # told how many stream bytes each write sent
 
 
 class _HttpError(Exception):
@@ -473,7 +476,7 @@ class FakeHub(HubState):
             elif name == "spaces":
                 item[name] = []
             elif name == "siblings":
-                item[name] = [self._sibling(commit, p, blobs) for p in sorted(commit.files)]
+                item[name] = [self._sibling(repo.repo_id, commit, p, blobs) for p in sorted(commit.files)]
             elif name == "safetensors":
                 info = commit.safetensors_info()
                 if info is not None:
@@ -486,11 +489,10 @@ class FakeHub(HubState):
                 item[name] = sum(len(d) for d in commit.files.values())
         return item
 
-    @staticmethod
-    def _sibling(commit: Commit, path: str, blobs: bool) -> dict:
+    def _sibling(self, repo_id: str, commit: Commit, path: str, blobs: bool) -> dict:
         if not blobs:
             return {"rfilename": path}
-        meta = commit.meta(path)
+        meta = self.announced_meta(repo_id, commit, path)
         sibling: dict[str, Any] = {"rfilename": path, "size": meta.size, "blobId": meta.blob_id}
         if meta.sha256:
             sibling["lfs"] = {"size": meta.size, "sha256": meta.sha256, "pointerSize": meta.pointer_size}
@@ -591,7 +593,7 @@ class FakeHub(HubState):
             entries.append({"type": "directory", "oid": hashlib.sha1(f"{commit.sha}:{d}".encode()).hexdigest(),
                             "size": 0, "path": d})
         for path in sorted(files):
-            meta = commit.meta(path)
+            meta = self.announced_meta(repo.repo_id, commit, path)
             entry: dict[str, Any] = {"type": "file", "oid": meta.blob_id, "size": meta.size, "path": path}
             if meta.sha256:
                 entry["lfs"] = {"oid": meta.sha256, "size": meta.size, "pointerSize": meta.pointer_size}
@@ -615,14 +617,20 @@ class FakeHub(HubState):
         commit = self._commit_at(repo, rev)
         if path not in commit.files:
             raise _HttpError(404, f"Entry not found: {path}", "EntryNotFound", [("X-Repo-Commit", commit.sha)])
-        meta = commit.meta(path)
+        meta = self.announced_meta(repo_id, commit, path)
         common = [("X-Repo-Commit", commit.sha), ("ETag", f'"{meta.etag}"'), ("Accept-Ranges", "bytes")]
         if meta.sha256 and self.cdn_redirect:
             location = (f"http://{self.cdn_host}:{self._port}/cdn/{meta.sha256}?"
                         + urlencode({"repo": repo_id, "rev": commit.sha, "path": path}))
             return _Response(302, common + [("X-Linked-Etag", f'"{meta.sha256}"'), ("X-Linked-Size", str(meta.size)),
                                             ("Location", location)])
-        data = self._tampered.get((repo_id, commit.sha, path), commit.files[path])
+        key = (repo_id, commit.sha, path)
+        if key in self._generated and method == "GET":
+            size = self._generated[key]
+            return _Response(200, common + [("Content-Type", "application/octet-stream")],
+                             content_length=size, stream=_generated_bytes(size),
+                             on_sent=lambda n: self._count_sent(key, n))
+        data = self._tampered.get(key, commit.files[path])
         return self._content(method, data, meta.size, common, headers)
 
     def _cdn(self, method: str, sha256: str, query: dict, headers: Mapping[str, str]) -> _Response:
@@ -679,6 +687,16 @@ class FakeHub(HubState):
         return _json({"ok": True})
 
 
+def _generated_bytes(size: int, block: int = 1 << 20) -> Iterator[bytes]:
+    """`size` bytes of a repeating pattern, one block at a time (never all in memory)."""
+    pattern = (b"lstar fake hub generated bytes\n" * (block // 31 + 1))[:block]
+    sent = 0
+    while sent < size:
+        chunk = pattern[:min(block, size - sent)]
+        sent += len(chunk)
+        yield chunk
+
+
 # ----------------------------------------------------------------------------- server
 
 class _Handler(BaseHTTPRequestHandler):
@@ -699,6 +717,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method != "HEAD" and response.body:
             self.wfile.write(response.body)
+        if method != "HEAD" and response.stream is not None:
+            for chunk in response.stream:  # a client that hangs up ends this with an OSError
+                self.wfile.write(chunk)
+                if response.on_sent is not None:
+                    response.on_sent(len(chunk))
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._serve("GET")

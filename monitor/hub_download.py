@@ -1,0 +1,88 @@
+"""Bounded reads from the Hub: byte budgets enforced while bytes arrive.
+
+Every byte from the Hub is hostile, and the size the Hub announces is only a claim. Two
+seams keep memory and disk within what was budgeted even when a server sends more:
+
+- `capped_progress(limit)` is a progress-bar class for huggingface_hub's downloads. The
+  client calls `update(len(chunk))` before it writes each chunk, so raising there stops a
+  download at the first chunk past `limit`; the client then deletes its temporary file.
+- `read_range` reads a byte range (a safetensors header) by a streamed GET and stops after
+  the bytes it asked for, even if the server ignores the Range header and sends the file.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+# How much of an error response is read to describe it.
+ERROR_BODY_BYTES = 64 << 10
+
+
+class DownloadTooLarge(Exception):
+    """A download went past its byte budget and was stopped."""
+
+    def __init__(self, what: str, limit: int, received: int) -> None:
+        self.what, self.limit, self.received = what, limit, received
+        super().__init__(f"{what}: the Hub sent more than the {limit:,} bytes allowed "
+                         f"({received:,} bytes by the time the download was stopped)")
+
+
+def capped_progress(limit: int, what: str) -> type:
+    """A huggingface_hub progress-bar class that raises DownloadTooLarge past `limit` bytes.
+
+    Only byte-counting bars are capped (huggingface_hub also counts files with the same
+    class in `snapshot_download`); several threads may update one bar.
+    """
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class CappedProgress(hf_tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._counts_bytes = kwargs.get("unit") == "B"
+            self._received = 0
+            self._count_lock = threading.Lock()
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            if self._counts_bytes:
+                with self._count_lock:
+                    self._received += int(n or 0)
+                    received = self._received
+                if received > limit:
+                    raise DownloadTooLarge(what, limit, received)
+            return super().update(n)
+
+    return CappedProgress
+
+
+def read_range(url: str, headers: dict[str, str], start: int, length: int, *,
+               timeout: float) -> bytes:
+    """Bytes `[start, start + length)` of `url`, never reading more than that from the wire.
+
+    Raises what `hf_raise_for_status` raises for an error status (gated, not found, ...).
+    Returns fewer bytes when the file is shorter.
+    """
+    import httpx2
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    wanted = {**headers, "Range": f"bytes={start}-{start + length - 1}"}
+    with get_session().stream("GET", url, headers=wanted, timeout=timeout) as response:
+        if response.status_code >= 400:
+            body = _read_at_most(response, ERROR_BODY_BYTES)
+            hf_raise_for_status(httpx2.Response(response.status_code, headers=response.headers,
+                                                content=body, request=response.request))
+        # A server that ignores the range answers 200 with the file from byte 0.
+        skip = start if response.status_code == 200 else 0
+        data = _read_at_most(response, skip + length)
+    return data[skip:]
+
+
+def _read_at_most(response: Any, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk[:limit - got])
+        got += len(chunks[-1])
+        if got >= limit:
+            break
+    return b"".join(chunks)

@@ -1,0 +1,117 @@
+"""The scoring child: its default memory limit, and the real reason when it fails or dies.
+
+Each test runs the real child process (`python -m monitor.score_child`) on a real tiny
+checkpoint or fail point; the queue tests use a real DuckDB file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor.engine import ScoreRequest
+from monitor.errors import ModelLoadError, TokenizerError, UnsupportedCheckpointError
+from monitor.hub import Candidate
+from monitor.queue import process_pending
+from monitor.score_child import default_memory_limit, physical_memory, run_score_child
+from monitor.store import Store
+from monitor.sandbox.tiny_models import build_tiny_model
+
+T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
+# A pre-tokenizer regex that backtracks exponentially on any run of words not followed by a digit.
+CATASTROPHIC_REGEX = r"(\w+\s?)+\d"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, shared_dir) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", shared_dir / "tokenizers" / "gpt2",
+                            arch="llama", hidden=16, layers=1, heads=2, max_positions=64)
+
+
+def request_for(model: Path, corpus: Path) -> ScoreRequest:
+    return ScoreRequest(model=str(model), corpus_dir=corpus, docs=2, max_context=32, device="cpu",
+                        dtype="float32", with_tcb=False, n_boot=10, progress=False)
+
+
+def variant(tiny_dir: Path, dest: Path, *, config: dict | None = None, tokenizer: dict | None = None) -> Path:
+    dest.mkdir()
+    for path in tiny_dir.iterdir():
+        (dest / path.name).write_bytes(path.read_bytes())
+    if config is not None:
+        base = json.loads((dest / "config.json").read_text())
+        (dest / "config.json").write_text(json.dumps({**base, **config}))
+    if tokenizer is not None:
+        (dest / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return dest
+
+
+def test_a_child_killed_by_a_signal_reports_the_signal_and_its_last_output(tmp_path, calib_v0, tiny_dir,
+                                                                             monkeypatch):
+    monkeypatch.setenv("LSTAR_FAILPOINT", "segfault_score_child")
+    log = tmp_path / "scoring.log"
+    with pytest.raises(ModelLoadError) as failure:
+        run_score_child(request_for(tiny_dir, calib_v0), timeout_s=120, memory_bytes=None,
+                        workdir=tmp_path / "work", log_path=log)
+    message = failure.value.one_line()
+    assert "killed by SIGSEGV without an answer" in message
+    assert "Fatal Python error: Segmentation fault" in message       # faulthandler's last words
+    assert "Segmentation fault" in log.read_text()                    # the whole output is logged
+    assert not list((tmp_path / "work").iterdir())                    # no result file left behind
+
+
+def test_the_regex_engine_limit_in_a_tokenizer_is_the_reason(tmp_path, calib_v0, tiny_dir):
+    tokenizer = json.loads((tiny_dir / "tokenizer.json").read_text())
+    hostile = copy.deepcopy(tokenizer)
+    hostile["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": CATASTROPHIC_REGEX}, "behavior": "Isolated", "invert": False},
+        tokenizer["pre_tokenizer"]]}
+    model = variant(tiny_dir, tmp_path / "regex", tokenizer=hostile)
+    with pytest.raises(TokenizerError) as failure:
+        run_score_child(request_for(model, calib_v0), timeout_s=120, memory_bytes=None,
+                        workdir=tmp_path / "work", log_path=tmp_path / "scoring.log")
+    message = failure.value.one_line()
+    assert "the tokenizer hit the regex engine limit" in message
+    assert "retry-limit-in-match over" in message
+
+
+def test_a_missing_quantization_backend_is_skipped_on_the_first_try(tmp_path, calib_v0, tiny_dir):
+    model = variant(tiny_dir, tmp_path / "gptq", config={
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}})
+    with Store.open(tmp_path / "state.duckdb") as store:
+        store.record_discoveries("k", "rule", "http://hub", [Candidate("org/gptq", "a" * 40, ("main",))],
+                                 watermark=None, boundary=[], now=T0, requests=0, listed=1)
+        (row,) = store.list_checkpoints()
+        store.set_checkpoint_verdict(row["id"], expect_status="discovered", status="gated", reason=None,
+                                     meta=None, now=T0)
+
+        def worker(job):
+            run_score_child(request_for(model, calib_v0), timeout_s=120, memory_bytes=None,
+                            workdir=tmp_path / "work")
+            raise AssertionError("a checkpoint without its quantization backend was scored")
+
+        (result,) = process_pending(store, worker, owner="w", now_fn=lambda: T0)
+        row = store.get_checkpoint(row["id"])
+        assert process_pending(store, worker, owner="w", now_fn=lambda: T0) == []   # nothing to retry
+    assert (result.status, row["status"], row["attempts"]) == ("skipped", "skipped", 1)
+    assert "quantization_config (quant_method 'gptq') needs a package that is not installed" in row["reason"]
+    assert "optimum" in row["reason"]
+    assert row["meta"]["error"] == UnsupportedCheckpointError.__name__
+
+
+def test_the_child_has_an_address_space_limit_by_default(tmp_path):
+    from monitor.commands.run import _score_memory
+    from monitor.daemon import DaemonConfig
+
+    total = physical_memory()
+    assert total is not None and total > 0
+    expected = max(int(total * 0.75), min(total, 4 << 30))
+    assert default_memory_limit("cpu") == expected
+    assert DaemonConfig(policies_dir=tmp_path, state_dir=tmp_path).score_memory == default_memory_limit()
+    assert _score_memory("auto", "cpu") == expected
+    assert _score_memory("50%", "cpu") == total // 2
+    assert _score_memory("1500M", "cpu") == 1500 << 20
+    assert _score_memory("none", "cpu") is None
