@@ -163,3 +163,49 @@ def test_lab_json_that_is_not_a_file_or_not_json(tmp_path: Path) -> None:
         load_lab(_write(tmp_path, "{" * 10))
     with pytest.raises(LabelError, match="not a lab.json"):
         load_lab(tmp_path)
+
+
+# -- the report ---------------------------------------------------------------------------------
+def test_write_lab_report_writes_every_number_text_and_figures(tmp_path: Path) -> None:
+    from monitor.lab.report import write_lab_report
+
+    lab = _write(tmp_path, json.dumps(synthetic_lab()))
+    out = tmp_path / "report"
+    data = write_lab_report(lab, out, config=FAST)
+    saved = json.loads((out / "lab-report.json").read_text())
+    assert saved == json.loads(json.dumps(data))
+    assert {f["family"] for f in saved["families"]} == set(FAMILIES)
+    [acc] = [a for a in saved["analyses"] if a["metric"] == "acc"]
+    assert {r["predictor"] for r in acc["lofo"]["rows"]} == set(AXES)
+    assert set(acc["differences"]) == set(AXES) - {"lstar"}
+    # the text states the best axis and what the intervals support, nothing more
+    md = (out / "lab-report.md").read_text()
+    assert "Smallest held-out error: RMSE — L*" in md
+    assert "L* erred less than raw CE, bits/byte" in md and "(interval excludes zero)" in md
+    assert "do not cover how a new family might differ" in md
+    ce = acc["differences"]["ce"]["rmse"]
+    assert f"{ce['difference']:+.4f} [{ce['lower']:+.4f}, {ce['upper']:+.4f}]" in md
+    # figures: one per task metric plus progress, each a real PNG, embedded in the HTML
+    html = (out / "lab-report.html").read_text()
+    assert [p["file"] for p in saved["plots"]] == ["progress.png", "task_kv-recall_acc.png",
+                                                   "task_kv-recall_prob_correct.png"]
+    for p in saved["plots"]:
+        assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert html.count("data:image/png;base64,") == 3
+    # one colour per family, the same everywhere
+    assert len(set(saved["family_colours"].values())) == len(FAMILIES)
+    for family, colour in saved["family_colours"].items():
+        assert f"background: {colour}" in html
+
+
+def test_a_bad_lab_json_leaves_an_existing_report_intact(tmp_path: Path) -> None:
+    from monitor.lab.report import write_lab_report
+
+    out = tmp_path / "report"
+    write_lab_report(_write(tmp_path, json.dumps(synthetic_lab(seeds=1, steps=4))), out, config=FAST)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = synthetic_lab(seeds=1, steps=4)
+    bad["checkpoints"][0]["metrics"]["lstar"] = "fast"
+    with pytest.raises(LabelError, match="checkpoints.0.metrics.lstar"):
+        write_lab_report(_write(tmp_path, json.dumps(bad)), out, config=FAST)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
