@@ -368,6 +368,130 @@ def predict_score_run(curve: CurveArtifact, run: Mapping[str, Any]) -> CurvePred
                    corpus_sha256=str(run["corpus_sha256"]), scoring_spec=ScoringRef.from_score_run(run))
 
 
+# -- the curve's own warnings -----------------------------------------------------------------
+# Warnings that make the threshold η̂ unresolved: a prediction resting on such a curve says so
+# in the governance report's problems and in its alert.
+UNRESOLVED_CODES = frozenset({"threshold_edge", "resolution", "logistic", "never_crosses"})
+
+
+@dataclass(frozen=True)
+class CurveWarning:
+    """One thing a curve artifact says about its own reliability.
+
+    code: threshold_edge (η̂ or its interval at or beyond the edge of the data), resolution
+    (ε below what the test set can resolve), logistic (the logistic check disagrees),
+    never_crosses (too many bootstrap resamples never reach b_t + ε), logistic_failed,
+    unpinned (no corpus/spec pin) or other (a stored fit-time warning of another kind).
+    """
+
+    code: str
+    message: str
+
+    @property
+    def unresolved(self) -> bool:
+        """Whether this warning means the threshold is not resolved by the data."""
+        return self.code in UNRESOLVED_CODES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "unresolved": self.unresolved}
+
+
+def _stored_code(text: str) -> str | None:
+    """The code of a warning stored at fit time (None: derived again from the artifact)."""
+    if "resolution 1/n" in text or "binomial standard error" in text:
+        return "resolution"
+    if "not pinned" in text:
+        return "unpinned"
+    if text.startswith("the logistic check"):
+        return None  # older artifacts stored this one; it is derived below for every artifact
+    return "other"
+
+
+# The predictors' display names (monitor.curves.PREDICTORS; not imported: it pulls in scipy).
+_AXIS_LABELS = {"lstar": "L*", "raw_ce": "raw CE", "log_params": "log10 params", "log_flops": "log10 FLOPs"}
+
+
+def _g(v: float | None) -> str:
+    return "none" if v is None else f"{v:.4g}"
+
+
+def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
+    """Every warning a curve artifact carries about itself, in one list.
+
+    Stored fit-time warnings that need the labels (resolution of the test set, missing
+    corpus/spec pins) are read from `curve.warnings`; the rest is derived from the artifact,
+    so an artifact written before a check existed is judged by it too:
+    - threshold_edge: the curve never reaches b_t + ε in the data, is above it from the least
+      advanced checkpoint, has η̂ on an end of the data, or an end of η̂'s interval open or on
+      an end of the data;
+    - never_crosses: more bootstrap resamples never reach b_t + ε than the interval's tail
+      allows ((1 - confidence)/2), so the percentile interval of η̂ is open;
+    - logistic: the logistic check's threshold lies outside η̂'s interval or the data, or only
+      one of the two fits reaches b_t + ε (logistic_failed: the check did not converge).
+    """
+    out: list[CurveWarning] = []
+    for text in curve.warnings:
+        code = _stored_code(text)
+        if code is not None:
+            out.append(CurveWarning(code, text))
+    label = _AXIS_LABELS.get(curve.predictor, curve.predictor)
+    thr = curve.threshold
+    lo_r, hi_r = curve.x_range
+    span = f"{label} {lo_r:.4g} … {hi_r:.4g}"
+    tol = 1e-9 * max(1.0, abs(hi_r - lo_r))
+    at_end = (lambda v: v is not None and (abs(v - lo_r) <= tol or abs(v - hi_r) <= tol))
+    level = f"b + ε = {curve.level:g}"
+    if thr.status == "never":
+        out.append(CurveWarning("threshold_edge", f"the curve never reaches {level} inside the data "
+                                f"({span}); the threshold lies beyond the most advanced checkpoint"))
+    elif thr.status == "before_range":
+        out.append(CurveWarning("threshold_edge", f"the curve is at or above {level} from the least advanced "
+                                f"checkpoint on ({span}); the threshold lies before the data"))
+    elif at_end(thr.estimate):
+        out.append(CurveWarning("threshold_edge", f"the threshold η̂ = {_g(thr.estimate)} sits at the edge of "
+                                f"the data ({span})"))
+    if thr.status == "crosses":
+        open_ends = [name for name, v in (("lower", thr.lower), ("upper", thr.upper)) if v is None]
+        edge_ends = [name for name, v in (("lower", thr.lower), ("upper", thr.upper)) if at_end(v)]
+        if open_ends or edge_ends:
+            what = ", ".join([f"{n} end open" for n in open_ends] + [f"{n} end at the edge" for n in edge_ends])
+            out.append(CurveWarning("threshold_edge", f"the {thr.confidence:.0%} interval of η̂ "
+                                    f"[{_g(thr.lower)}, {_g(thr.upper)}] reaches the edge of the data "
+                                    f"({what}; {span})"))
+    tail = (1.0 - thr.confidence) / 2.0
+    if thr.never_share > tail:
+        out.append(CurveWarning("never_crosses", f"{thr.never_share:.0%} of bootstrap resamples never reach "
+                                f"{level} (more than the {tail:.0%} tail of a {thr.confidence:.0%} interval); "
+                                f"the threshold may lie beyond the data"))
+    log = curve.logistic
+    if not log.converged:
+        out.append(CurveWarning("logistic_failed", f"the logistic check did not converge ({log.message})"))
+    elif thr.estimate is not None and thr.status == "crosses" and log.threshold is None:
+        out.append(CurveWarning("logistic", f"the logistic check never reaches {level} (ceiling "
+                                f"{_g(log.ceiling)}), but the isotonic curve crosses at η̂ = {_g(thr.estimate)}"))
+    elif log.threshold is not None:
+        outside_data = not (lo_r - tol <= log.threshold <= hi_r + tol)
+        outside_interval = thr.estimate is not None and (
+            (thr.lower is not None and log.threshold < thr.lower) or
+            (thr.upper is not None and log.threshold > thr.upper))
+        if thr.estimate is None or outside_interval or outside_data:
+            where = []
+            if thr.estimate is None:
+                where.append("the isotonic curve does not cross inside the data")
+            if outside_interval:
+                where.append(f"outside the isotonic interval [{_g(thr.lower)}, {_g(thr.upper)}]")
+            if outside_data:
+                where.append(f"outside the data ({span})")
+            out.append(CurveWarning("logistic", f"the logistic check puts the threshold at "
+                                    f"{log.threshold:.4g}: {'; '.join(where)}"))
+    return out
+
+
+def unresolved_warnings(curve: CurveArtifact) -> list[CurveWarning]:
+    """The warnings that leave the curve's threshold unresolved (empty: it is resolved)."""
+    return [w for w in curve_warnings(curve) if w.unresolved]
+
+
 # -- presentation ------------------------------------------------------------------------------
 def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
     """The headline numbers of a curve, as `lstar curves show --json` prints them."""
@@ -378,5 +502,7 @@ def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
             "threshold": curve.threshold.model_dump(), "logistic_threshold": curve.logistic.threshold,
             "emergence_score": curve.emergence_score, "corpus_sha256": curve.corpus_sha256,
             "scoring_spec": curve.scoring_spec.describe() if curve.scoring_spec else None,
-            "x_range": list(curve.x_range), "warnings": curve.warnings,
+            "x_range": list(curve.x_range),
+            "warnings": [w.message for w in curve_warnings(curve)],
+            "threshold_resolved": not unresolved_warnings(curve),
             "lofo": curve.lofo.model_dump() if curve.lofo else None}

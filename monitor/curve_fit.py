@@ -2,7 +2,9 @@
 
 `fit_curve` checks the rows (enough distinct checkpoints, finite values, no duplicates, a
 metric where higher is better), fits the centred isotonic curve with its band and threshold
-(`monitor.curves`), adds the logistic check, the emergence score, resolution warnings and,
+(`monitor.curves`), adds the logistic check, the emergence score, resolution warnings (the
+warnings that need the labels; `monitor.curve_artifact.curve_warnings` derives the others from
+the artifact) and,
 with two or more families, the leave-one-family-out table (`monitor.curve_validation`), and
 returns the validated artifact (`monitor.curve_artifact`) named by its content hash.
 """
@@ -119,12 +121,6 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     if corpus_sha256 is None or scoring_spec is None:
         warnings.append("the curve is not pinned to a corpus and scoring spec; predictions for "
                         "stored score runs will be refused (fit with --corpus-sha and --spec)")
-    if logistic.get("converged") and fit.threshold["estimate"] is not None \
-            and logistic.get("threshold") is not None:
-        lo_t, hi_t = fit.threshold["lower"], fit.threshold["upper"]
-        if (lo_t is not None and logistic["threshold"] < lo_t) or (hi_t is not None and logistic["threshold"] > hi_t):
-            warnings.append(f"the logistic check puts the threshold at {logistic['threshold']:.4g}, "
-                            f"outside the isotonic interval [{_fmt(lo_t)}, {_fmt(hi_t)}]")
 
     lofo_summary = None
     if lofo and len(families) >= 2 and all(label.family is not None for label in chosen):
@@ -160,6 +156,3 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     draft = CurveArtifact.model_validate(body)
     return draft.model_copy(update={"curve_id": draft.content_id()})
 
-
-def _fmt(v: float | None) -> str:
-    return "none" if v is None else f"{v:.4g}"

@@ -3,7 +3,7 @@ resolution warnings for task curves (design.md §2).
 
 - `lofo_validate`: for each model family, fit the curve (`monitor.curves.fit_monotone`) on
   the other families and predict the held-out one, on L* and on the alternatives it should
-  beat: raw CE, log10 parameters and log10 FLOPs. The table reports RMSE, the share of
+  beat: raw CE, log10 parameters and log10 FLOPs (`lofo_axes` does the same on any x-axes). The table reports RMSE, the share of
   checkpoints put on the wrong side of b_t + ε, a Brier score and the share extrapolated;
 - `emergence_score`: how abruptly performance changes along progress (BIG-bench's score);
 - `resolution_warnings`: when the test set is too small for the margin ε.
@@ -15,7 +15,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 from scipy.stats import norm
 
 from monitor.curve_artifact import LofoRow
-from monitor.curves import PREDICTORS, fit_monotone, label_weights
+from monitor.curves import PREDICTORS, Predictor, fit_monotone, label_weights
 from monitor.errors import CurveError, LabelError
 from monitor.tasks import Label
 
@@ -95,6 +95,8 @@ class LofoResult:
     level: float
     confidence: float
     skipped: dict[str, str] = field(default_factory=dict)
+    # per axis: held-out row index, g(x), P(value ≥ b_t + ε), squared error, wrong side, Brier
+    points: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {"level": self.level, "confidence": self.confidence, "families": self.families,
@@ -157,32 +159,52 @@ def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
     Predictors default to L*, raw CE, log10 params and log10 FLOPs, each where known.
     """
     labels = list(labels)
-    families = sorted({label.family for label in labels if label.family is not None})
     if any(label.family is None for label in labels):
         raise LabelError("leave-one-family-out needs a family on every row",
                          hint="add a `family` column (e.g. the tokenizer or model series)")
-    if len(families) < 2:
-        raise LabelError(f"leave-one-family-out needs at least 2 families (got {len(families)})")
-    level = baseline + margin
-    values = np.array([label.value for label in labels], dtype=np.float64)
-    weights, known = label_weights(values, [label.n for label in labels], [label.stderr for label in labels])
-    proportion = bool(np.all((values >= 0) & (values <= 1)))
-    z = float(norm.ppf(0.5 + confidence / 2.0))
     names = list(predictors) if predictors is not None else list(PREDICTORS)
-    rows: list[LofoRow] = []
-    per_family: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
-    fam = np.array([label.family for label in labels])
+    axes: dict[str, tuple[Predictor, np.ndarray | None]] = {}
     for name in names:
         if name not in PREDICTORS:
             raise CurveError(f"unknown predictor {name!r}", hint=f"choose from {', '.join(PREDICTORS)}")
-        predictor = PREDICTORS[name]
-        x = predictor.values(labels)
+        axes[name] = (PREDICTORS[name], PREDICTORS[name].values(labels))
+    return lofo_axes([label.value for label in labels], [str(label.family) for label in labels], axes,
+                     baseline=baseline, margin=margin, n=[label.n for label in labels],
+                     stderr=[label.stderr for label in labels], confidence=confidence,
+                     resamples=resamples, seed=seed)
+
+
+def lofo_axes(values: Sequence[float], families: Sequence[str],
+              axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float, margin: float,
+              n: Sequence[int | None] | None = None, stderr: Sequence[float | None] | None = None,
+              confidence: float = 0.9, resamples: int = 200, seed: int = 0) -> LofoResult:
+    """Leave-one-family-out validation on any set of x-axes (name -> (predictor, x per row);
+    x None: the axis is missing on some rows and skipped).
+
+    Every axis is raced with the same fit, weights, folds and seeds. `LofoResult.points` keeps
+    each held-out row's prediction per axis (row index, g(x), P(value ≥ b_t + ε), observed),
+    so differences between axes can be bootstrapped over the same checkpoints.
+    """
+    fam = np.asarray(list(families), dtype=object)
+    names = sorted(set(fam.tolist()))
+    if len(names) < 2:
+        raise LabelError(f"leave-one-family-out needs at least 2 families (got {len(names)})")
+    level = baseline + margin
+    values = np.asarray(values, dtype=np.float64)
+    weights, known = label_weights(values, n, stderr)
+    proportion = bool(np.all((values >= 0) & (values <= 1)))
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+    rows: list[LofoRow] = []
+    per_family: list[dict[str, Any]] = []
+    points: dict[str, dict[str, np.ndarray]] = {}
+    skipped: dict[str, str] = {}
+    for name, (predictor, x) in axes.items():
         if x is None:
             skipped[name] = f"column {predictor.column!r} missing on some rows"
             continue
-        sq, wrong, brier, extrap, count, folds = [], [], [], [], 0, 0
-        for k, family in enumerate(families):
+        x = np.asarray(x, dtype=np.float64)
+        idx, pred, probs, sq, wrong, brier, extrap, count, folds = [], [], [], [], [], [], [], 0, 0
+        for k, family in enumerate(names):
             test = fam == family
             train = ~test
             try:
@@ -205,6 +227,9 @@ def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
                 prob = np.where(spread > 0, norm.cdf((p_hat - level) / np.where(spread > 0, spread, 1.0)),
                                 (p_hat >= level).astype(float))
             outside = (x[test] < x[train].min()) | (x[test] > x[train].max())
+            idx.extend(np.flatnonzero(test))
+            pred.extend(p_hat)
+            probs.extend(prob)
             sq.extend((p_hat - values[test]) ** 2)
             wrong.extend((p_hat >= level) != observed)
             brier.extend((prob - observed) ** 2)
@@ -220,5 +245,10 @@ def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
         rows.append(LofoRow(predictor=name, label=predictor.label, rmse=float(np.sqrt(np.mean(sq))),
                             crossing_error=float(np.mean(wrong)), brier=float(np.mean(brier)),
                             n_heldout=count, n_folds=folds, extrapolated=float(np.mean(extrap))))
-    return LofoResult(rows=rows, families=families, per_family=per_family, level=level,
-                      confidence=confidence, skipped=skipped)
+        order = np.argsort(np.asarray(idx, dtype=np.int64), kind="stable")   # by row index
+        points[name] = {"index": np.asarray(idx, dtype=np.int64)[order], "p_hat": np.asarray(pred)[order],
+                        "prob": np.asarray(probs)[order], "sq_error": np.asarray(sq)[order],
+                        "wrong": np.asarray(wrong, dtype=np.float64)[order],
+                        "brier": np.asarray(brier)[order]}
+    return LofoResult(rows=rows, families=names, per_family=per_family, level=level,
+                      confidence=confidence, skipped=skipped, points=points)

@@ -63,10 +63,17 @@ class TaskPrediction:
     curve_id: str
     corpus_sha256: str | None
     extrapolated: bool = False
+    # The curve's own warnings ({code, message, unresolved}; `curve_artifact.curve_warnings`).
+    curve_warnings: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def threshold(self) -> float:
         return self.floor + self.margin
+
+    @property
+    def threshold_resolved(self) -> bool:
+        """False when a curve warning leaves the threshold unresolved."""
+        return not any(w.get("unresolved") for w in self.curve_warnings)
 
     def as_dict(self) -> dict[str, Any]:
         """The numbers as they appear in alerts (`lstar` object) and `policy test --json`."""
@@ -74,17 +81,21 @@ class TaskPrediction:
                 "interval": [self.lo, self.hi], "confidence": self.confidence,
                 "floor": self.floor, "margin": self.margin, "threshold": self.threshold,
                 "state": self.state, "curve_id": self.curve_id,
-                "corpus_sha256": self.corpus_sha256, "extrapolated": self.extrapolated}
+                "corpus_sha256": self.corpus_sha256, "extrapolated": self.extrapolated,
+                "threshold_resolved": self.threshold_resolved,
+                "curve_warnings": [dict(w) for w in self.curve_warnings]}
 
 
 def make_prediction(task: str, *, lstar: float, se: float, p_hat: float, lo: float, hi: float,
                     floor: float, margin: float, confidence: float, curve_id: str,
-                    corpus_sha256: str | None, extrapolated: bool = False) -> TaskPrediction:
+                    corpus_sha256: str | None, extrapolated: bool = False,
+                    curve_warnings: Iterable[Mapping[str, Any]] = ()) -> TaskPrediction:
     """A prediction with its state classified against b_t + ε."""
     return TaskPrediction(task=task, lstar=lstar, se=se, p_hat=p_hat, lo=lo, hi=hi, floor=floor,
                           margin=margin, confidence=confidence,
                           state=classify_state(lo, hi, floor + margin), curve_id=curve_id,
-                          corpus_sha256=corpus_sha256, extrapolated=extrapolated)
+                          corpus_sha256=corpus_sha256, extrapolated=extrapolated,
+                          curve_warnings=tuple(dict(w) for w in curve_warnings))
 
 
 # -- decisions ---------------------------------------------------------------------------------

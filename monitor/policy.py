@@ -459,18 +459,20 @@ def predict_task(curve: Any, task: Task, *, lstar: float, se: float, corpus_sha2
     """P̂, its interval and the state of `task` for one L* (and its SE).
 
     The interval is the curve's band at its confidence, widened for the SE of L*; the
-    threshold is the curve's floor b_t plus the task's margin ε (default: the curve's).
+    threshold is the curve's floor b_t plus the task's margin ε (default: the curve's). The
+    prediction carries the curve's own warnings, so an unresolved threshold reaches the alert.
     With `corpus_sha256`/`scoring_spec` given, a curve fitted on another corpus or spec is
     refused (CurveError).
     """
-    from monitor.curve_artifact import predict
+    from monitor.curve_artifact import curve_warnings, predict
 
     out = predict(curve, lstar, se, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
     margin = task.margin if task.margin is not None else curve.margin
     return make_prediction(task.name, lstar=lstar, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,
                            floor=curve.baseline, margin=margin, confidence=curve.confidence,
                            curve_id=curve.curve_id, corpus_sha256=curve.corpus_sha256,
-                           extrapolated=out.extrapolated)
+                           extrapolated=out.extrapolated,
+                           curve_warnings=[w.as_dict() for w in curve_warnings(curve)])
 
 
 # -- loading ----------------------------------------------------------------------------------

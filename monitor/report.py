@@ -56,6 +56,14 @@ def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
     return curves, problems
 
 
+def unresolved_problem(task: str, curve_id: str, lineages: Sequence[str], messages: Sequence[str]) -> str:
+    """The report problem for a task whose curve cannot place its threshold."""
+    states = (f"; the states of {', '.join(lineages)} rest on it and are not established" if lineages
+              else "; predictions from it are not established")
+    return (f"task {task}: the threshold of curve {curve_id[:12]} is unresolved ({'; '.join(messages)})"
+            + states)
+
+
 def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).isoformat() if moment is not None else None
 
@@ -67,6 +75,7 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`)."""
+    from monitor.curve_artifact import curve_warnings
     from monitor.notify.outbox import watches
 
     curves, problems = load_policy_curves(policy)
@@ -119,11 +128,17 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                             "p_hat": last["p_hat"], "lo": last["lo"], "hi": last["hi"],
                             "threshold": last["threshold"], "evaluated_at": last["evaluated_at"]})
         margin = task.margin if task.margin is not None else curve.margin
+        warnings = [w.as_dict() for w in curve_warnings(curve)]
+        unresolved = [w["message"] for w in warnings if w["unresolved"]]
+        if unresolved:
+            problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
+                                               unresolved))
         tasks.append({
             "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
             "baseline": curve.baseline, "margin": margin, "level": curve.baseline + margin,
             "confidence": curve.confidence, "eta": curve.threshold.estimate,
             "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
+            "threshold_resolved": not unresolved, "curve_warnings": warnings,
             "lineages": current,
             "new_points": [{"lstar": p["lstar"], "p_hat": p["p_hat"], "lo": p["lo"], "hi": p["hi"],
                             "state": p["state"], "repo": p["repo"], "commit": p["commit_sha"]}
@@ -225,7 +240,10 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     for t in data["tasks"]:
         out += [f"### {t['task']} ({t['metric']})", "",
                 f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
-                f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}.", "",
+                f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
+                + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
+        out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
+        out += ([""] if t["curve_warnings"] else []) + [
                 "| lineage | state | L* | P̂ | interval | threshold |", "|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
             out.append(f"| {x['lineage']} | **{x['state']}** | {fmt(x['lstar'])} | {fmt(x['p_hat'])} | "

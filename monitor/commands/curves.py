@@ -129,9 +129,12 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
         console.print(lofo)
 
 
-def _warn(messages: list[str]) -> None:
-    for message in messages:
-        print(f"warning: {message}", file=sys.stderr)
+def _warn(curve: CurveArtifact) -> None:
+    """The curve's own warnings (`curve_warnings`), one line each on stderr."""
+    from monitor.curve_artifact import curve_warnings
+
+    for warning in curve_warnings(curve):
+        print(f"warning: {warning.message}", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:
@@ -165,7 +168,7 @@ def register(app: typer.Typer) -> None:
                           confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
                           scoring_spec=scoring, lofo=not no_lofo)
         save_curve(curve, out)
-        _warn(curve.warnings)
+        _warn(curve)
         if as_json:
             print(json.dumps({**curve_summary(curve), "path": str(out)}, indent=2))
             return
@@ -191,7 +194,7 @@ def register(app: typer.Typer) -> None:
             return
         console = Console()
         print_summary(curve, console)
-        _warn(curve.warnings)
+        _warn(curve)
         if png is not None:
             console.print(f"wrote {png}")
 

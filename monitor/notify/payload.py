@@ -81,7 +81,11 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, state: str,
                      resolved: bool = False) -> dict[str, str]:
-    """Human-readable summary and description of a task alert (also used by the email)."""
+    """Human-readable summary and description of a task alert (also used by the email).
+
+    The curve's own warnings (`numbers["curve_warnings"]`) go into a `curve_warnings`
+    annotation, and an unresolved threshold is stated in the description.
+    """
     lo, hi = numbers["interval"]
     where = f"{repo}@{commit[:12]}"
     level = f"{numbers['confidence'] * 100:.0f}%"
@@ -94,7 +98,15 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
         f"{str(numbers['curve_id'])[:12]} predicts performance {_fmt(numbers['p_hat'])}, {level} interval "
         f"[{_fmt(lo)}, {_fmt(hi)}], against the threshold b + ε = {_fmt(numbers['floor'])} + "
         f"{_fmt(numbers['margin'])} = {_fmt(numbers['threshold'])}. State: {numbers['state']}.")
-    return {"summary": summary, "description": description}
+    annotations = {"summary": summary, "description": description}
+    warnings = numbers.get("curve_warnings") or []
+    unresolved = [w["message"] for w in warnings if w.get("unresolved")]
+    if unresolved:
+        annotations["description"] += (" The curve's threshold is UNRESOLVED, so this state is not "
+                                       "established: " + "; ".join(unresolved) + ".")
+    if warnings:
+        annotations["curve_warnings"] = "; ".join(w["message"] for w in warnings)
+    return annotations
 
 
 def gaming_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str,
