@@ -76,7 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     except _CLICK_ERRORS as exc:  # usage errors (bad flags) arrive here in non-standalone mode
         print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
         return int(exc.exit_code)
+    except Exception as exc:
+        if not _is_duckdb_error(exc):
+            raise
+        # A read that reaches a damaged part of the file fails only when it runs; the store
+        # names the file for every failure it can foresee, this is the net under the rest.
+        from monitor.errors import StoreError
+
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        error = StoreError(f"the database failed: {lines[0]}",
+                           hint="if the state file is truncated or corrupt, stop lstar, move the .duckdb "
+                                "and .wal files aside (never delete the WAL) and restore a backup")
+        print(f"error: {error.one_line()}", file=sys.stderr)
+        return error.exit_code
     return 0
+
+
+def _is_duckdb_error(exc: BaseException) -> bool:
+    return any(cls.__module__ in ("duckdb", "_duckdb") and cls.__name__ == "Error" for cls in type(exc).__mro__)
 
 
 if __name__ == "__main__":

@@ -19,16 +19,26 @@ state directory. SIGTERM/SIGINT stop new work, let running jobs finish (bounded 
 `drain`), CHECKPOINT the database and exit 0. Policy files are re-read when they change; a
 bad file keeps its last good version and the error shows in the log and in /status.
 
+Disk full: a job whose write fails for lack of space starts an episode (logged once,
+/health unhealthy); jobs keep retrying on their ticks, and the episode ends only when a job
+succeeds after committing a write that reached the database files. The operator alert that
+tells of it is then written once per episode. A DuckDB fatal error invalidates the
+connection: /health says so, jobs pause, and the watchdog re-opens the database (DuckDB
+replays the WAL; nothing is deleted) until that works. Log-like rows older than the
+retention are pruned by the `prune` job (`Store.prune_logs`).
+
 Fail points (`LSTAR_FAILPOINT`, crash tests): `hang_<job>` makes a job sleep until
-shutdown (the watchdog reports it); `enospc_writes=N` makes the first N write transactions
-fail with ENOSPC (disk full); plus those of `monitor.queue`, `monitor.gate` and
-`monitor.score_child`.
+shutdown (the watchdog reports it); `enospc_writes=N` makes the first N transactions that
+change rows fail at commit with DuckDB's disk-full error, `enospc_while=PATH` does so while
+PATH exists; `fatal_while=PATH` makes a transaction that changes rows raise
+`duckdb.FatalException` while PATH exists, after which the connection raises it for every
+use, and re-opening fails, until PATH is gone; plus those of `monitor.queue`,
+`monitor.gate` and `monitor.score_child`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import logging
@@ -39,22 +49,25 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from monitor.cache_prune import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
+from monitor.daemon_store import (DaemonStore, StoreFailpoints, check_writable, failpoint_values,
+                                  is_database_invalidated, is_disk_full)
 from monitor.engine import ScoreRequest
 from monitor.errors import LstarError, StoreError
 from monitor.score_child import default_memory_limit
-from monitor.store import Store, utcnow
+from monitor.store import Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
 
 LOCK_NAME = "lstar.lock"
 DB_NAME = "lstar.duckdb"
 INFO_NAME = "daemon.json"
-JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "watchdog")
+JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "prune", "watchdog")
+DAY_S = 86400.0
 
 
 @dataclass
@@ -87,6 +100,8 @@ class DaemonConfig:
     hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
     hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
     hub_circuit_threshold: int = 5    # consecutive Hub failures that open the circuit
+    retention: float = 90 * DAY_S     # log rows (Hub polls, delivery attempts) older than this are pruned
+    prune_interval: float = 6 * 3600.0
     webhook_secret_file: Path | None = None
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
 
@@ -108,9 +123,13 @@ class StateLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise StoreError naming the pid that holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock or raise StoreError naming the pid that holds it (or saying why the
+        state directory cannot be written)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise storage_error(self.path.parent, exc, doing="taking the daemon lock") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -118,9 +137,13 @@ class StateLock:
             os.close(fd)
             raise StoreError(f"another daemon (pid {holder}) holds {self.path}",
                              hint="stop it first, or give this one another --state directory") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)  # closing drops the flock
+            raise storage_error(self.path.parent, exc, doing="taking the daemon lock") from exc
         self.fd = fd
 
     def release(self) -> None:
@@ -128,64 +151,6 @@ class StateLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
-
-
-# -- fail points -------------------------------------------------------------------------------
-def _failpoint_values() -> dict[str, str]:
-    out = {}
-    for part in os.environ.get("LSTAR_FAILPOINT", "").split(","):
-        name, _, value = part.strip().partition("=")
-        if name:
-            out[name] = value
-    return out
-
-
-class _DiskFailpoint:
-    """`enospc_writes=N`: the first N write transactions of this process fail with ENOSPC."""
-
-    def __init__(self) -> None:
-        value = _failpoint_values().get("enospc_writes")
-        self.left = (int(value) if value else 1 << 30) if value is not None else 0
-        self.lock = threading.Lock()
-
-    def check(self) -> None:
-        with self.lock:
-            if self.left <= 0:
-                return
-            self.left -= 1
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-class DaemonStore(Store):
-    """A Store on one cursor of the daemon's connection, with the disk-full fail point."""
-
-    disk: _DiskFailpoint | None = None
-
-    @contextlib.contextmanager
-    def transaction(self):  # type: ignore[override]
-        with super().transaction() as conn:
-            if self.disk is not None:
-                self.disk.check()  # inside the transaction: it is rolled back, as on a real ENOSPC
-            yield conn
-
-    def checkpoint(self) -> None:
-        """CHECKPOINT unless another job's write transaction is open (its data is committed;
-        the next batch, or shutdown, folds the WAL in)."""
-        import duckdb
-
-        try:
-            super().checkpoint()
-        except duckdb.TransactionException as exc:
-            if "other write transactions" not in str(exc):
-                raise
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """An OSError ENOSPC, or DuckDB's report of one."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return True
-    text = str(exc).lower()
-    return "no space left" in text or "disk full" in text
 
 
 # -- the scheduler -------------------------------------------------------------------------------
@@ -252,7 +217,13 @@ class Daemon:
         self.poll_requested = threading.Event()
         self.disk_error: dict[str, Any] | None = None
         self.disk_history: list[dict[str, Any]] = []
-        self.disk = _DiskFailpoint()
+        self.disk_untold: list[dict[str, Any]] = []   # ended episodes whose operator alert is not written yet
+        self.disk_lock = threading.RLock()
+        self.db_error: dict[str, Any] | None = None   # set while the database is invalidated
+        self.db_history: list[dict[str, Any]] = []
+        self.db_lock = threading.RLock()
+        self.faults = StoreFailpoints()
+        self.job_local = threading.local()            # per job run: did it commit a real write?
         self.scheduler: Any = None
         self.api: Any = None
         self.started_at = utcnow()
@@ -263,9 +234,13 @@ class Daemon:
         """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
         self.lock.acquire()
         try:
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                self._abandon_start()
+                raise
             if self.config.once:
-                for name in ("reload", "poll", "score", "evaluate", "dispatch", "report"):
+                for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
                     if name != "report" or self.report_fn is not None:
                         self._run_job(name)
             else:
@@ -283,7 +258,7 @@ class Daemon:
         from monitor.daemon_api_guard import create_api_token
 
         cfg = self.config
-        cfg.state_dir.mkdir(parents=True, exist_ok=True)
+        check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
         self._reload_policies(force=True)
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
@@ -291,9 +266,25 @@ class Daemon:
         info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
                 "db": str(cfg.db_path)}
         tmp = cfg.state_dir / (INFO_NAME + ".part")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, cfg.state_dir / INFO_NAME)
+        try:
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, cfg.state_dir / INFO_NAME)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise storage_error(cfg.state_dir, exc, doing=f"writing {INFO_NAME}") from exc
         log.info("lstar daemon pid %d: state %s, API %s", os.getpid(), cfg.state_dir, self.api.url)
+
+    def _abandon_start(self) -> None:
+        """Undo a start-up that failed half-way: the API stops, the database closes."""
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                self.api.stop()
+            self.api = None
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+            self.store = None
 
     def _install_signal_handlers(self) -> None:
         def stop(signum: int, _frame: Any) -> None:
@@ -307,7 +298,7 @@ class Daemon:
         cfg = self.config
         out = {"poll": cfg.poll_interval, "score": cfg.score_interval, "evaluate": cfg.outbox_interval,
                "dispatch": cfg.outbox_interval, "reload": cfg.reload_interval,
-               "watchdog": cfg.watchdog_interval}
+               "prune": cfg.prune_interval, "watchdog": cfg.watchdog_interval}
         if self.report_fn is not None:
             out["report"] = cfg.report_interval
         return out
@@ -341,6 +332,12 @@ class Daemon:
             self.api.stop()
         with contextlib.suppress(OSError):
             (self.config.state_dir / INFO_NAME).unlink()
+        if self.db_error is not None:  # its supervisor starts it again, which re-opens the file
+            log.error("stopping with the database still invalidated: %s", self.db_error["error"])
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.close()
+            return 1
         if self.store is not None:
             try:
                 self.store.checkpoint()
@@ -356,12 +353,19 @@ class Daemon:
             return [j.name for j in self.jobs.values() if j.running_since is not None]
 
     # -- job plumbing --------------------------------------------------------------------------
+    def _cursor(self) -> Any:
+        store = self.store
+        if store is None:
+            raise StoreError(f"{self.config.db_path} is being re-opened after a fatal database error",
+                             hint="see /health; try again shortly")
+        return store.cursor()
+
     @contextlib.contextmanager
     def job_store(self) -> Iterator[DaemonStore]:
         """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""
-        assert self.store is not None
-        store = DaemonStore(self.store.cursor(), self.config.db_path, read_only=False)
-        store.disk = self.disk
+        store = DaemonStore(self._cursor(), self.config.db_path, read_only=False)
+        store.faults = self.faults
+        store.on_write = self._wrote
         try:
             yield store
         finally:
@@ -371,24 +375,31 @@ class Daemon:
     @contextlib.contextmanager
     def read_store(self) -> Iterator[Store]:
         """A store on a fresh cursor for the API's reads (never blocks on a job)."""
-        assert self.store is not None
-        store = Store(self.store.cursor(), self.config.db_path, read_only=True)
+        store = DaemonStore(self._cursor(), self.config.db_path, read_only=True)
+        store.faults = self.faults
         try:
             yield store
         finally:
             with contextlib.suppress(Exception):
                 store.conn.close()
 
+    def _wrote(self) -> None:
+        """A commit reached the database files (called in the thread that committed)."""
+        self.job_local.wrote = True
+
     def _run_job(self, name: str) -> None:
         if self.stopping.is_set() and not self.config.once:
             return
+        if self.db_error is not None and name not in ("reload", "watchdog"):
+            return  # nothing can use the database until the watchdog has re-opened it
         job = self.jobs[name]
         start = time.time()
         with self.jobs_lock:
             job.running_since = start
             job.last_start = datetime.fromtimestamp(start, timezone.utc).isoformat()
+        self.job_local.wrote = False
         try:
-            if f"hang_{name}" in _failpoint_values():
+            if f"hang_{name}" in failpoint_values():
                 log.warning("fail point hang_%s: job %s sleeps until shutdown", name, name)
                 self.stopping.wait()
                 return
@@ -398,7 +409,9 @@ class Daemon:
             reason = exc.one_line() if isinstance(exc, LstarError) else f"{type(exc).__name__}: {exc}"
             job.last_error = reason
             self.metrics.job_failures.labels(job=name).inc()
-            if is_disk_full(exc):
+            if is_database_invalidated(exc):
+                self._database_invalidated(name, reason)
+            elif is_disk_full(exc):
                 self._disk_full(name, reason)
             else:
                 log.error("job %s failed: %s", name, reason, exc_info=not isinstance(exc, LstarError))
@@ -406,8 +419,12 @@ class Daemon:
             job.last_error = None
             job.last_success = utcnow().isoformat()
             self.metrics.last_success.labels(job=name).set(time.time())
-            if self.disk_error is not None and name != "watchdog":
+            # Only a job that succeeded after a commit that reached the files ends an episode:
+            # one that wrote nothing proves nothing about the disk.
+            if self.disk_error is not None and getattr(self.job_local, "wrote", False):
                 self._disk_recovered(name)
+            elif self.disk_untold and self.disk_error is None:
+                self._tell_disk_episodes()
         finally:
             duration = time.time() - start
             with self.jobs_lock:
@@ -417,40 +434,106 @@ class Daemon:
             self.metrics.job_duration.labels(job=name).observe(duration)
 
     def _disk_full(self, job: str, reason: str) -> None:
-        now = utcnow().isoformat()
-        if self.disk_error is None:
-            self.disk_error = {"since": now, "job": job, "failures": 0, "error": reason}
-            log.error("DISK FULL: job %s could not write (%s); nothing was committed, it is retried "
-                      "on the next tick. Free space in %s.", job, reason, self.config.state_dir)
-        self.disk_error["failures"] += 1
-        self.disk_error["last"] = now
-        self.metrics.disk_full.set(1)
+        """A write failed for lack of space: start the episode (told once), or count the failure."""
+        with self.disk_lock:
+            now = utcnow().isoformat()
+            if self.disk_error is None:
+                self.disk_error = {"since": now, "job": job, "failures": 0, "error": reason}
+                log.error("DISK FULL: job %s could not write (%s); nothing was committed, it is retried "
+                          "on the next tick. Free space in %s.", job, reason, self.config.state_dir)
+            self.disk_error["failures"] += 1
+            self.disk_error["last"] = now
+            self.metrics.disk_full.set(1)
 
     def _disk_recovered(self, job: str) -> None:
-        """A job succeeded while writes were failing: recovered only once the operator alert
-        (itself a write) goes through; otherwise the episode goes on."""
+        """Job `job` succeeded after committing a write that reached the database files, so
+        writes work again. The episode ends once its operator alert (itself a write) is
+        recorded; if that write fails for lack of space, the episode goes on."""
+        with self.disk_lock:
+            if self.disk_error is None:
+                return  # another job ended the episode meanwhile
+            episode = {**self.disk_error, "recovered_at": utcnow().isoformat(), "recovered_by": job}
+            try:
+                told = self._tell_disk_episode(episode)
+            except Exception as exc:  # noqa: BLE001 - reported; the alert is retried later
+                if is_disk_full(exc):
+                    self.disk_error["failures"] += 1
+                    self.disk_error["last"] = utcnow().isoformat()
+                    return
+                log.error("could not record the disk-full operator alert (retried later): %s", exc)
+                told = False
+            if not told:
+                self.disk_untold.append(episode)
+            self.disk_error = None
+            self.disk_history = [*self.disk_history[-9:], episode]
+            self.metrics.disk_full.set(0)
+        log.warning("disk writes work again (full since %s, %d failed writes)", episode["since"],
+                    episode["failures"])
+        self.nudge("dispatch")
+
+    def _tell_disk_episode(self, episode: dict[str, Any]) -> bool:
+        """Write the operator alert of one episode (its key is the episode's start, so it is
+        written once); False when no policy is in force to tell."""
         from monitor.daemon_alerts import operator_alerts
 
-        assert self.disk_error is not None
-        episode = {**self.disk_error, "recovered_at": utcnow().isoformat(), "recovered_by": job}
         alerts = operator_alerts(self.policies(), kind="disk-full", key=episode["since"],
                                  summary=f"the disk of {self.config.state_dir} was full; writes failed "
                                          f"from {episode['since']} to {episode['recovered_at']}",
                                  description=episode["error"], now=utcnow())
-        try:
-            with self.job_store() as store:
-                store.raise_operator_alerts(alerts, now=utcnow())
-        except Exception as exc:  # noqa: BLE001 - still failing: the episode is not over
-            if is_disk_full(exc):
-                self.disk_error["failures"] += 1
+        if not alerts:
+            return False
+        with self.job_store() as store:
+            store.raise_operator_alerts(alerts, now=utcnow())
+        return True
+
+    def _tell_disk_episodes(self) -> None:
+        """Retry the operator alerts of ended episodes that could not be written then."""
+        with self.disk_lock:
+            for episode in list(self.disk_untold):
+                try:
+                    if not self._tell_disk_episode(episode):
+                        return
+                except Exception as exc:  # noqa: BLE001 - tried again after the next job
+                    log.error("could not record the disk-full operator alert (retried later): %s", exc)
+                    return
+                self.disk_untold.remove(episode)
+                self.nudge("dispatch")
+
+    def _database_invalidated(self, job: str, reason: str) -> None:
+        """A DuckDB fatal error: unhealthy until the watchdog has re-opened the database."""
+        with self.db_lock:
+            if self.db_error is None:
+                self.db_error = {"since": utcnow().isoformat(), "job": job, "error": reason,
+                                 "reopen_attempts": 0, "reopen_error": None}
+                self.metrics.db_invalidated.set(1)
+                log.error("DATABASE INVALIDATED: job %s hit a fatal DuckDB error (%s); jobs pause and the "
+                          "database is re-opened (its WAL is replayed, never deleted)", job, reason)
+
+    def _reopen_database(self) -> None:
+        """Close the invalidated connection (which closes every cursor on it) and open the file
+        again; on failure, stay unhealthy and try again on the next watchdog tick."""
+        with self.db_lock:
+            if self.db_error is None:
                 return
-            log.error("could not record the disk-full operator alert: %s", exc)
-        self.disk_error = None
-        self.disk_history = [*self.disk_history[-9:], episode]
-        self.metrics.disk_full.set(0)
-        log.warning("disk writes work again (full since %s, %d failed writes)", episode["since"],
-                    episode["failures"])
-        self.nudge("dispatch")
+            self.db_error["reopen_attempts"] += 1
+            old, self.store = self.store, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    old.close()
+            try:
+                self.faults.check_reopen()
+                self.store = Store.open(self.config.db_path)
+            except Exception as exc:  # noqa: BLE001 - reported in /health, retried
+                reason = exc.one_line() if isinstance(exc, LstarError) else f"{type(exc).__name__}: {exc}"
+                if self.db_error["reopen_error"] != reason:
+                    log.error("could not re-open %s yet: %s", self.config.db_path, reason)
+                self.db_error["reopen_error"] = reason
+                return
+            episode = {**self.db_error, "reopened_at": utcnow().isoformat()}
+            self.db_error = None
+            self.db_history = [*self.db_history[-9:], episode]
+            self.metrics.db_invalidated.set(0)
+        log.warning("re-opened %s after the fatal error of %s", self.config.db_path, episode["since"])
 
     # -- policies ------------------------------------------------------------------------------
     def policy_files(self) -> list[Path]:
@@ -571,7 +654,20 @@ class Daemon:
             return self.report_fn(store, self.policies(), out_dir=self.config.state_dir / "reports",
                                   now=utcnow())
 
+    def job_prune(self) -> dict[str, int]:
+        """Delete log rows older than the retention (`Store.prune_logs`)."""
+        cutoff = utcnow() - timedelta(seconds=self.config.retention)
+        with self.job_store() as store:
+            deleted = store.prune_logs(cutoff)
+            if any(deleted.values()):
+                store.checkpoint()
+                log.info("pruned rows older than %s: %s", cutoff.isoformat(),
+                         ", ".join(f"{n} {table}" for table, n in deleted.items() if n))
+        return deleted
+
     def job_watchdog(self) -> dict[str, str]:
+        if self.db_error is not None:
+            self._reopen_database()
         stuck = self.stuck_jobs()
         for name in self.jobs:
             self.metrics.stuck.labels(job=name).set(1 if name in stuck else 0)
@@ -604,9 +700,17 @@ class Daemon:
 
     # -- what the API reports --------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        with self.read_store() as store:
-            counts = store.checkpoint_counts()
-            outages = [o for o in store.hub_outages() if o["ended_at"] is None]
+        try:
+            with self.read_store() as store:
+                counts = store.checkpoint_counts()
+                outages = [o for o in store.hub_outages() if o["ended_at"] is None]
+        except Exception as exc:
+            # While the database is invalidated the rest of the status is what the operator needs.
+            if is_database_invalidated(exc):
+                self._database_invalidated("status", f"{type(exc).__name__}: {exc}")
+            elif self.db_error is None:
+                raise
+            counts, outages = {}, []
         with self.jobs_lock:
             jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
         for j in jobs.values():
@@ -627,13 +731,21 @@ class Daemon:
                 "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
                 "jobs": jobs, "stuck": self.stuck_jobs(),
                 "disk": {"error": self.disk_error, "history": self.disk_history},
+                "database": {"error": self.db_error, "history": self.db_history},
                 "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.items()}
                                 for o in outages]}
 
     def health(self) -> tuple[bool, list[str]]:
+        """(healthy, reasons): unhealthy while a job is stuck, writes fail for lack of space, or
+        the database is invalidated; in-memory state only, so it answers whatever the disk does."""
         reasons = list(self.stuck_jobs().values())
-        if self.disk_error is not None:
-            reasons.append(f"disk full since {self.disk_error['since']}: {self.disk_error['error']}")
+        db_error = self.db_error
+        if db_error is not None:
+            reasons.append(f"database invalidated since {db_error['since']} (nothing can be written until it "
+                           f"is re-opened): {db_error['error']}")
+        disk_error = self.disk_error
+        if disk_error is not None:
+            reasons.append(f"disk full since {disk_error['since']}: {disk_error['error']}")
         return not reasons, reasons
 
 

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 
 class DaemonMetrics:
-    """Counters of work done, job durations and last successes, stuck jobs, disk state."""
+    """Counters of work done, job durations and last successes, stuck jobs, disk and database state."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -24,6 +24,9 @@ class DaemonMetrics:
                                   "Unix time of the job's last successful run.", ["job"], registry=r)
         self.stuck = Gauge("lstar_job_stuck", "1 while the watchdog finds the job stuck.", ["job"], registry=r)
         self.disk_full = Gauge("lstar_disk_full", "1 while writes fail for lack of space.", registry=r)
+        self.db_invalidated = Gauge("lstar_database_invalidated",
+                                    "1 while the database must be re-opened after a fatal DuckDB error.",
+                                    registry=r)
 
     def render(self) -> bytes:
         """The text exposition format."""

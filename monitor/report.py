@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -292,19 +294,52 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
 
 
 def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
-    """Render every format into `folder` (created): report.{md,html,json} and the PNGs."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Render every format into `folder`: report.{md,html,json} and the PNGs, all or nothing.
+
+    The files are written into a hidden sibling folder that is renamed into place once all
+    of them are written; a write that fails (a full disk) removes it, and any folder this
+    call created on the way, so no empty or half-written report folder is left behind.
+    """
+    folder = Path(folder)
     figures = render_plots(data)
-    paths = {}
-    for file, png in figures.items():
-        (folder / file).write_bytes(png)
-    paths["json"] = folder / "report.json"
-    paths["json"].write_text(to_json(data), encoding="utf-8")
-    paths["markdown"] = folder / "report.md"
-    paths["markdown"].write_text(to_markdown(data), encoding="utf-8")
-    paths["html"] = folder / "report.html"
-    paths["html"].write_text(to_html(data, figures), encoding="utf-8")
-    return paths
+    files = {**figures, "report.json": to_json(data).encode("utf-8"),
+             "report.md": to_markdown(data).encode("utf-8"),
+             "report.html": to_html(data, figures).encode("utf-8")}
+    created = _missing_parents(folder)
+    part = folder.with_name(f".{folder.name}.part")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(part, ignore_errors=True)  # left by a crash mid-write
+        part.mkdir()
+        for name, blob in files.items():
+            (part / name).write_bytes(blob)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(part, folder)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        remove_empty_folders(created)
+        raise
+    return {"json": folder / "report.json", "markdown": folder / "report.md", "html": folder / "report.html"}
+
+
+def _missing_parents(folder: Path) -> list[Path]:
+    """The ancestors of `folder` that do not exist yet, deepest first."""
+    missing = []
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def remove_empty_folders(folders: Sequence[Path]) -> None:
+    """Remove each of `folders` (deepest first) that is empty; keep the rest."""
+    for path in folders:
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 # -- schedule ------------------------------------------------------------------------------------
@@ -341,13 +376,24 @@ def write_due_reports(store: Store, policies: Sequence[Policy], *, now: datetime
             data = build_report(store, policy, now=now, period_start=start, name=spec.name)
             stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             folder = Path(out_dir) / _slug(policy.name) / f"{_slug(spec.name)}-{stamp}"
+            created = _missing_parents(folder)
             paths = write_report(data, folder)
             from monitor.report_delivery import deliver_report
 
+            # Recorded before it is sent: a report whose record fails (a full disk) leaves no
+            # folder and sends nothing, and the next tick does it all again.
+            try:
+                report_id = store.record_report({
+                    "policy": policy.name, "name": spec.name, "period_start": start, "period_end": now,
+                    "folder": str(folder), "summary": data["summary"], "deliveries": [], "created_at": now})
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                remove_empty_folders(created)
+                raise
+            if report_id is None:
+                continue  # recorded meanwhile for this very time: sent then
             deliveries = deliver_report(policy, spec, data, paths, now=now)
-            store.record_report({"policy": policy.name, "name": spec.name, "period_start": start,
-                                 "period_end": now, "folder": str(folder), "summary": data["summary"],
-                                 "deliveries": deliveries, "created_at": now})
+            store.set_report_deliveries(report_id, deliveries)
             done.append({"policy": policy.name, "report": spec.name, "folder": str(folder),
                          "summary": data["summary"], "deliveries": deliveries})
     return done

@@ -107,6 +107,116 @@ def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_p
         assert len({(r["repo"], r["sha"]) for r in rows}) == 2
 
 
+def _health(daemon: DaemonProcess) -> tuple[int, dict]:
+    status, body = daemon.request("/health")
+    return status, json.loads(body)
+
+
+def _runs(daemon: DaemonProcess) -> dict[str, int]:
+    return {name: job["runs"] for name, job in daemon.status()["jobs"].items()}
+
+
+def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path):
+    """Row 19 without flapping: while the disk stays full, jobs that write nothing go on
+    succeeding and /health stays 503 on one episode; freeing the disk ends it after a job's
+    write commits, and the operator gets one alert for the whole episode."""
+    policies = write_policy(tmp_path / "policies")
+    full = tmp_path / "the-disk-is-full"
+    full.touch()
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       env={"LSTAR_FAILPOINT": f"enospc_while={full}"}) as daemon:
+        code, body = wait_for(lambda: (h := _health(daemon))[0] == 503 and h, timeout=60,
+                              what=f"/health to report the full disk\n{daemon.log()}")
+        assert body["reasons"][0].startswith("disk full since") and "No space left on device" in body["reasons"][0]
+        since = daemon.status()["disk"]["error"]["since"]
+
+        before = _runs(daemon)
+        wait_for(lambda: all(_runs(daemon)[job] >= before[job] + 3 for job in ("reload", "evaluate", "poll")),
+                 timeout=60, what="more ticks while the disk is full")
+        status = daemon.status()
+        assert status["jobs"]["reload"]["last_error"] is None and status["jobs"]["evaluate"]["last_error"] is None
+        assert "No space left on device" in status["jobs"]["poll"]["last_error"]
+        assert _health(daemon)[0] == 503
+        assert status["disk"]["error"]["since"] == since and status["disk"]["history"] == []
+        assert status["disk"]["error"]["failures"] >= 3
+        assert daemon.log().count("DISK FULL") == 1
+        assert status["checkpoints"] == {}
+
+        full.unlink()
+        status = wait_for(lambda: (s := daemon.status())["disk"]["history"] and s, timeout=60,
+                          what="the end of the episode")
+        (episode,) = status["disk"]["history"]
+        assert episode["since"] == since and episode["recovered_by"] == "poll"
+        assert status["disk"]["error"] is None and _health(daemon)[0] == 200
+        told = wait_for(lambda: [a for a in alerts_file(policies) if "disk-full" in json.dumps(a)], timeout=30,
+                        what="the operator alert")
+        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="discovery after the disk frees")
+        assert daemon.stop() == 0
+    assert len(told) == 1 and since in json.dumps(told[0])
+    with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
+        assert store.query("SELECT count(*) AS n FROM alerts WHERE alert_key LIKE 'meta|%|disk-full|%'")[0]["n"] == 1
+
+
+def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path):
+    """After a DuckDB FatalException the connection is invalidated: /health says so for as long
+    as re-opening fails, jobs pause, and once the file opens again everything committed before
+    is there and writes work."""
+    policies = write_policy(tmp_path / "policies")
+    fatal = tmp_path / "the-database-is-invalidated"
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       env={"LSTAR_FAILPOINT": f"fatal_while={fatal}"}) as daemon:
+        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the first discovery")
+        fatal.touch()  # the next poll's write hits the fatal error
+        code, body = wait_for(lambda: (h := _health(daemon))[0] == 503 and h, timeout=60,
+                              what=f"/health to report the invalidated database\n{daemon.log()}")
+        assert body["reasons"][0].startswith("database invalidated since")
+        assert "FatalException" in body["reasons"][0]
+
+        attempts = wait_for(lambda: (e := daemon.status()["database"]["error"]) and e["reopen_attempts"] >= 3 and e,
+                            timeout=60, what="re-open attempts")
+        assert "cannot be restarted yet" in attempts["reopen_error"]
+        polls = daemon.status()["jobs"]["poll"]["runs"]
+        assert _health(daemon)[0] == 503
+        assert daemon.status()["jobs"]["poll"]["runs"] == polls  # jobs pause while the database is invalid
+
+        fatal.unlink()
+        wait_for(lambda: _health(daemon)[0] == 200, timeout=60, what="/health after the database re-opens")
+        (episode,) = daemon.status()["database"]["history"]
+        assert episode["reopened_at"] > episode["since"]
+        add_lineage(hub, "fake-org/tiny-later", steps=(5,), seed=11, start=datetime.now(timezone.utc))
+        rows = wait_for(lambda: (r := daemon.get_json("/checkpoints")) and len(r) == 3 and r, timeout=60,
+                        what="a write after the re-open")
+        assert "DATABASE INVALIDATED" in daemon.log()
+        assert daemon.stop() == 0
+    with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
+        assert sorted(r["repo"] for r in store.list_checkpoints()) == sorted(r["repo"] for r in rows)
+
+
+def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
+    """Disk use stays bounded: the prune job deletes poll-log rows older than --retention and
+    keeps the recent ones (and each rule's newest)."""
+    state = tmp_path / "state"
+    now = datetime.now(timezone.utc)
+    with Store.open(state / "lstar.duckdb") as store:
+        for age_days in (400, 45, 2):
+            store.record_hub_poll("old-rule", "old-rule", now=now - timedelta(days=age_days), ok=True, listed=0,
+                                  new=0, requests=1)
+    with DaemonProcess(write_policy(tmp_path / "policies"), state, endpoint=hub.url,
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", "--retention", "30d"]
+                       ) as daemon:
+        result = wait_for(lambda: daemon.status()["jobs"]["prune"]["last_result"], timeout=60,
+                          what=f"the prune job\n{daemon.log()}")
+        assert result == {"hub_polls": 2, "delivery_attempts": 0, "hub_outages": 0}
+        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the poll")
+        assert daemon.stop() == 0
+    with Store.open(state / "lstar.duckdb", read_only=True) as store:
+        ages = sorted((now - p["polled_at"]).days for p in store.hub_polls() if p["rule_key"] == "old-rule")
+        assert ages == [2]
+        assert any(p["rule_name"] == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
+
+
 def test_a_hung_job_is_reported_by_the_watchdog_and_health(hub, tmp_path):
     """Row 21."""
     policies = write_policy(tmp_path / "policies")

@@ -4,8 +4,12 @@ formats, and the HTML page rendered by headless Chromium with non-blank plots.""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import resource
 import shutil
+import signal
 import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -155,6 +159,46 @@ def test_due_reports_are_written_recorded_and_delivered(world) -> None:
     rows = store.reports(policy="governance")
     assert [r["period_start"] for r in rows] == [now, now - timedelta(days=7)]
     assert rows[0]["summary"]["new_scores"] == 0   # nothing was scored in the second period
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """Writes past `limit` bytes of any file fail (EFBIG) in this process, as a full disk fails them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel's SIGXFSZ ends the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_report_write_failing_half_way_leaves_no_folder_and_sends_nothing(world) -> None:
+    store, policy, _, tmp = world
+    now = T0 + timedelta(hours=5)
+    # Sizes of the report's files, to fail the write of the largest (the HTML, which embeds the
+    # plots) after the others have been written.
+    probe = tmp / "probe"
+    write_report(build_report(store, policy, now=now, period_start=now - timedelta(days=7)), probe)
+    sizes = {p.name: p.stat().st_size for p in probe.iterdir()}
+    limit = max(size for name, size in sizes.items() if name != "report.html") + 1
+    assert sizes["report.html"] > limit
+
+    reports = tmp / "reports"
+    with file_size_limit(limit), pytest.raises(OSError) as failed:
+        write_due_reports(store, [policy], now=now, out_dir=reports)
+    assert failed.value.errno == errno.EFBIG
+    assert not reports.exists()                     # no empty or half-written folder is left
+    assert store.reports() == []                    # nothing recorded: the next tick writes it again
+    assert not (tmp / "audit.jsonl").exists()       # and nothing was sent
+
+    (done,) = write_due_reports(store, [policy], now=now, out_dir=reports)
+    assert sorted(p.name for p in Path(done["folder"]).iterdir()) == sorted(sizes)
+    assert [p.name for p in (reports / "governance").iterdir()] == [Path(done["folder"]).name]
+    assert len((tmp / "audit.jsonl").read_text().splitlines()) == 1
+    assert store.reports()[0]["deliveries"] == done["deliveries"] == [
+        {"receiver": "audit", "kind": "file", "outcome": "delivered", "error": None}]
 
 
 def test_report_cli_json_and_markdown(world, capsys) -> None:

@@ -100,6 +100,9 @@ def register(app: typer.Typer) -> None:
         hub_circuit_threshold: int = int_option(
             5, "--hub-circuit-threshold", low=1, high=1000,
             help="Consecutive Hub failures that open the circuit (and raise one outage alert)."),
+        retention: str = typer.Option("90d", "--retention",
+                                      help="Hub polls and delivery attempts older than this are pruned (at least 1d)."),
+        prune_every: str = typer.Option("6h", "--prune-every", help="How often old log rows are pruned."),
         webhook_secret_file: Path = typer.Option(None, "--webhook-secret-file",
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
@@ -111,7 +114,10 @@ def register(app: typer.Typer) -> None:
                                  help="Bootstrap resamples for the SE."),
     ) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
-        from monitor.daemon import DaemonConfig, run_daemon
+        from monitor.daemon import DAY_S, DaemonConfig, run_daemon
+
+        # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
+        retention_s = seconds(retention, "--retention", low=DAY_S)
 
         template = ScoreRequest(corpus_dir=corpus, docs=docs, max_context=max_context, device=device,
                                 batch_size=batch_size, n_boot=n_boot, progress=False)
@@ -135,6 +141,7 @@ def register(app: typer.Typer) -> None:
             hub_max_wait=seconds(hub_max_wait, "--hub-max-wait", low=0.0),
             hub_cooldown=seconds(hub_cooldown, "--hub-cooldown"),
             hub_circuit_threshold=hub_circuit_threshold,
+            retention=retention_s, prune_interval=seconds(prune_every, "--prune-every"),
             webhook_secret_file=webhook_secret_file, template=template)
         raise typer.Exit(run_daemon(config))
 
@@ -169,6 +176,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"STUCK: {reason}", markup=False)
         if (data.get("disk") or {}).get("error"):
             console.print(f"DISK FULL: {data['disk']['error']}", markup=False)
+        if (data.get("database") or {}).get("error"):
+            console.print(f"DATABASE INVALIDATED: {data['database']['error']}", markup=False)
 
 
 def read_status(state: Path) -> dict:
