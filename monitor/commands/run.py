@@ -51,8 +51,8 @@ def _cache_keep(value: str) -> int | None:
     except ValueError:
         keep = -1
     if not 0 <= keep <= 1_000_000:
-        raise click.BadParameter(f"{value!r} is not a count of checkpoints from 0 to 1,000,000 "
-                                 "(or 'all' to never prune)", param_hint="'--cache-keep'")
+        raise click.BadParameter(f"{value!r} is not allowed; give a count of checkpoints from 0 to 1,000,000, "
+                                 "or 'all'", param_hint="'--cache-keep'")
     return keep
 
 
