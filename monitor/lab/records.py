@@ -1,0 +1,193 @@
+"""The lab's record of a run: `OUT/lab.json`, schema `lstar-lab/1`.
+
+The training half of the lab (`monitor.lab.pipeline`) writes it; the analysis half
+(`monitor.lab.analysis`, `monitor.lab.report`) reads only it. Families are distinguished by
+tokenizer; seeds are replicate runs of a family. Every number is a plain float so the file
+can be read without the lab's code; unknown keys are refused so a typo in a hand-edited file
+is caught, and `load_lab` turns every problem into one `LabError` line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from monitor.errors import LabError
+
+__all__ = ["LAB_FILE", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
+           "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
+           "parse_lab", "write_lab"]
+
+LAB_SCHEMA = "lstar-lab/1"
+LAB_FILE = "lab.json"
+# The checkpoint metrics every record carries (see CheckpointMetrics).
+METRIC_NAMES = ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain", "bits_per_byte",
+                "unigram_bits_per_byte", "bpb_minus_unigram")
+# A lab.json is read whole; refuse anything absurd before parsing it.
+MAX_LAB_JSON_BYTES = 64 * 1024 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _finite(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return value
+
+
+class CheckpointMetrics(_Strict):
+    """Scores of one checkpoint on the calibration corpus (nats/token unless said otherwise)."""
+
+    ce: float
+    ce_uni: float
+    lstar: float
+    lstar_se: float = Field(ge=0.0)
+    l_rel: float
+    l_gain: float
+    bits_per_byte: float
+    unigram_bits_per_byte: float
+    bpb_minus_unigram: float
+
+    @field_validator("*")
+    @classmethod
+    def _check_finite(cls, value: float, info) -> float:
+        return _finite(value, info.field_name)
+
+
+class TaskMetrics(_Strict):
+    """One checkpoint on one task: accuracy, probability of the answer, Brier score."""
+
+    acc: float = Field(ge=0.0, le=1.0)
+    prob_correct: float = Field(ge=0.0, le=1.0)
+    brier: float = Field(ge=0.0, le=2.0)
+    exact_match: float | None = Field(default=None, ge=0.0, le=1.0)
+    n: int = Field(ge=1)
+    baseline: float = Field(ge=0.0, le=1.0)
+
+
+class FamilyRecord(_Strict):
+    """One family: a tokenizer and how much of its vocabulary the lab's text uses."""
+
+    family: str = Field(min_length=1, max_length=100)
+    tokenizer: str = Field(min_length=1, max_length=200)
+    tokenizer_fingerprint: str = Field(min_length=1, max_length=128)
+    vocab_used: int = Field(ge=1)
+
+
+class CheckpointRecord(_Strict):
+    """One saved checkpoint of one (family, seed) lineage, with its scores and task labels."""
+
+    family: str = Field(min_length=1, max_length=100)
+    seed: int = Field(ge=0)
+    step: int = Field(ge=0)
+    bytes_seen: int = Field(ge=0)
+    tokens_seen: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=500)   # relative to the folder holding lab.json
+    metrics: CheckpointMetrics
+    tasks: dict[str, TaskMetrics]
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        parts = Path(value).parts
+        if Path(value).is_absolute() or ".." in parts:
+            raise ValueError(f"path {value!r} must be relative to the lab folder, without '..'")
+        return value
+
+
+class LabRecord(_Strict):
+    """The whole of `lab.json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: str = Field(alias="schema")
+    config: dict[str, Any]
+    families: list[FamilyRecord]
+    checkpoints: list[CheckpointRecord]
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        if value != LAB_SCHEMA:
+            raise ValueError(f"schema must be {LAB_SCHEMA!r}, got {value!r}")
+        return value
+
+    def family_names(self) -> list[str]:
+        """Family names in the file's order."""
+        return [f.family for f in self.families]
+
+    def to_json(self) -> str:
+        """The file's text (schema first, stable key order)."""
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {err.get('msg', 'invalid')}{more}"
+
+
+def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
+    """Validate a decoded lab.json; cross-checks that every checkpoint names a known family."""
+    try:
+        record = LabRecord.model_validate(data)
+    except ValidationError as exc:
+        raise LabError(f"{where} is not a valid {LAB_SCHEMA} record: {_first_error(exc)}",
+                       hint="regenerate it with `lstar lab run`") from exc
+    known = set(record.family_names())
+    for i, ck in enumerate(record.checkpoints):
+        if ck.family not in known:
+            raise LabError(f"{where}: checkpoints.{i} names family {ck.family!r}, not in families",
+                           hint=f"known families: {', '.join(sorted(known))}")
+    return record
+
+
+def load_lab(path: str | Path) -> LabRecord:
+    """Read and validate `lab.json` (a file, or the lab folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LAB_FILE
+    if not path.is_file():
+        raise LabError(f"no lab record at {path}", hint="run `lstar lab run --out DIR` first")
+    size = path.stat().st_size
+    if size > MAX_LAB_JSON_BYTES:
+        raise LabError(f"{path} is {size} bytes, more than the {MAX_LAB_JSON_BYTES} a lab record may have")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LabError(f"{path} is not valid JSON: {' '.join(str(exc).split())}",
+                       hint="regenerate it with `lstar lab run`") from exc
+    return parse_lab(data, where=str(path))
+
+
+def write_lab(record: LabRecord, path: str | Path) -> Path:
+    """Write `record` atomically (temporary file, fsync, rename): a reader never sees half a file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LAB_FILE
+    atomic_write_text(path, record.to_json())
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
