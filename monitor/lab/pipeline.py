@@ -12,7 +12,6 @@ the score runs are also recorded in `OUT/lab.duckdb`.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import multiprocessing as mp
 import queue as queue_mod
@@ -137,8 +136,9 @@ def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Pa
 
 
 def run_lineage(config: LabConfig, family: str, seed: int, out: Path, inputs: LabInputs,
-                report: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
-    """Train (or resume) and score one lineage: its family record, checkpoint records and runs."""
+                report: Callable[[str, int, int], None] | None = None, *, score: bool = True) -> dict[str, Any]:
+    """Train (or resume) and, with `score`, score one lineage: its family record, checkpoint
+    records (metrics and tasks only when scored) and the engine's runs."""
     data = encode_family(config, family, inputs.stream, inputs.eval_texts)
     name = lineage_name(family, seed)
 
@@ -150,6 +150,9 @@ def run_lineage(config: LabConfig, family: str, seed: int, out: Path, inputs: La
     checkpoints, runs = [], []
     for meta in metas:
         path = out / name / f"step{meta['step']}"
+        if not score:
+            checkpoints.append({**meta, "path": f"{name}/step{meta['step']}"})
+            continue
         metrics, tasks, scored = score_checkpoint_dir(path, config, inputs.task_files, inputs.kv_episodes)
         checkpoints.append({"family": family, "seed": seed, "step": meta["step"],
                             "bytes_seen": meta["bytes_seen"], "tokens_seen": meta["tokens_seen"],
@@ -161,12 +164,25 @@ def run_lineage(config: LabConfig, family: str, seed: int, out: Path, inputs: La
 
 
 def _worker(args: tuple) -> dict[str, Any]:
-    config, family, seed, out, inputs, q = args
+    config, family, seed, out, inputs, q, score = args
 
     def report(name: str, step: int, total: int) -> None:
         q.put((name, step, total))
 
-    return run_lineage(config, family, seed, out, inputs, report)
+    return run_lineage(config, family, seed, out, inputs, report, score=score)
+
+
+def train_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: bool = True
+              ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Train (or resume) every lineage without scoring; {lineage: {step: checkpoint meta}}."""
+    config.validate()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = prepare_inputs(config, out)
+    jobs = [(f, s) for s in config.seeds for f in config.families]
+    results = _run_jobs(config, out, inputs, jobs, workers=workers, progress=progress, score=False)
+    return {lineage_name(r["family"]["family"], r["checkpoints"][0]["seed"]):
+            {c["step"]: c for c in r["checkpoints"]} for r in results}
 
 
 def run_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: bool = True,
@@ -194,7 +210,7 @@ def run_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: b
 
 
 def _run_jobs(config: LabConfig, out: Path, inputs: LabInputs, jobs: list[tuple[str, int]], *,
-              workers: int, progress: bool) -> list[dict[str, Any]]:
+              workers: int, progress: bool, score: bool = True) -> list[dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -208,11 +224,11 @@ def _run_jobs(config: LabConfig, out: Path, inputs: LabInputs, jobs: list[tuple[
             bar.update(ids[name], completed=step, total=total)
 
         if workers <= 1:
-            return [run_lineage(config, f, s, out, inputs, update) for f, s in jobs]
+            return [run_lineage(config, f, s, out, inputs, update, score=score) for f, s in jobs]
         ctx = mp.get_context("spawn")
         with ctx.Manager() as manager, ctx.Pool(min(workers, len(jobs))) as pool:
             q = manager.Queue()
-            pending = [pool.apply_async(_worker, ((config, f, s, out, inputs, q),)) for f, s in jobs]
+            pending = [pool.apply_async(_worker, ((config, f, s, out, inputs, q, score),)) for f, s in jobs]
             while not all(p.ready() for p in pending):
                 try:
                     update(*q.get(timeout=0.5))
@@ -249,9 +265,5 @@ def lab_summary(record: LabRecord) -> list[dict[str, Any]]:
     return rows
 
 
-def lab_json_text(record: LabRecord) -> str:
-    return json.dumps(record.model_dump(mode="json", by_alias=True))
-
-
-__all__ = ["LabInputs", "LabError", "prepare_inputs", "run_lab", "run_lineage", "score_checkpoint_dir",
+__all__ = ["LabInputs", "LabError", "prepare_inputs", "run_lab", "train_lab", "run_lineage", "score_checkpoint_dir",
            "lab_summary"]
