@@ -153,8 +153,11 @@ def test_a_lineage_killed_mid_training_resumes_to_the_same_weights(tmp_path: Pat
     assert killed.returncode == -9, killed.stderr[-2000:]
     resumed_lineage = tmp_path / "resumed" / "spm-unigram-toy-s0"
     assert sorted(int(p.name[4:]) for p in resumed_lineage.glob("step*")) == steps[:2]
+    kept = {s: (resumed_lineage / f"step{s}" / "model.safetensors").stat().st_mtime_ns for s in steps[:2]}
     again = _train_tiny(tmp_path / "resumed", shared_dir, script)
     assert again.returncode == 0, again.stderr[-2000:]
+    # it resumed from the last saved state instead of training again from step 0
+    assert {s: (resumed_lineage / f"step{s}" / "model.safetensors").stat().st_mtime_ns for s in steps[:2]} == kept
     for step in steps:
         a = load_file(lineage / f"step{step}" / "model.safetensors")
         b = load_file(resumed_lineage / f"step{step}" / "model.safetensors")

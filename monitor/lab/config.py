@@ -17,7 +17,7 @@ SHARED = Path("../shared")
 # Families of the full lab: four real tokenizers and the toy unigram one.
 DEFAULT_FAMILIES = ("gpt2", "llama-3", "bert-base-uncased", "smollm2", "spm-unigram-toy")
 # Checkpoints at these shares of the byte budget: same bytes seen in every family.
-DEFAULT_FRACTIONS = (0.03, 0.06, 0.12, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
+DEFAULT_FRACTIONS = (0.05, 0.12, 0.25, 0.45, 0.7, 1.0)
 MAX_BYTE_BUDGET = 1 << 30
 
 
@@ -27,7 +27,7 @@ class LabConfig:
 
     families: tuple[str, ...] = DEFAULT_FAMILIES
     seeds: tuple[int, ...] = (0, 1, 2)
-    byte_budget: int = 2_000_000
+    byte_budget: int = 1_200_000
     arch: ArchConfig = field(default_factory=ArchConfig)
     batch_size: int = 8
     lr: float = 2e-3
@@ -36,7 +36,7 @@ class LabConfig:
     data_seed: int = 0
     kv_pairs: int = 3
     episodes_per_doc: int = 8
-    kv_items: int = 300
+    kv_items: int = 200
     heldout_every: int = 3
     tokenizers_dir: Path = SHARED / "tokenizers"
     text_corpus: Path = SHARED / "corpus" / "calib-v0-alt"
@@ -44,7 +44,7 @@ class LabConfig:
     cloze_task: Path = SHARED / "tasks" / "cloze-v0.jsonl"
     # Score every k-th calib-v0 document (1: all). A full-vocabulary output layer makes
     # scoring cost ~V exp() per token; a fixed, slice-balanced subset keeps the lab in budget.
-    score_every: int = 4
+    score_every: int = 8
     n_boot: int = 200
     threads: int = 1                        # torch threads per training process
 

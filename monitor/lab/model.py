@@ -129,4 +129,13 @@ def save_full_model(compact: Any, vocab: VocabMap, arch: ArchConfig, out_dir: Pa
                 tensor[used] = src[name]
             else:
                 tensor.copy_(src[name])
-    full.save_pretrained(out_dir, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    # transformers' own "Writing model shards" bar would break the lab's progress display
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        full.save_pretrained(out_dir, safe_serialization=True)
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()

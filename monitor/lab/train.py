@@ -26,7 +26,6 @@ import numpy as np
 from monitor.errors import LabError
 from monitor.lab.config import LabConfig
 from monitor.lab.model import VocabMap, build_compact_model, save_full_model
-from monitor.lab.records import atomic_write_text
 from monitor.sandbox.tiny_models import copy_tokenizer
 from monitor.tokenizer import TokenizerHandle, load_tokenizer
 
@@ -195,13 +194,3 @@ def train_lineage(config: LabConfig, family: str, seed: int, data: FamilyData, o
         if kill_at and done == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     return [json.loads((out / f"step{s}" / META_FILE).read_text(encoding="utf-8")) for s in ckpt_steps]
-
-
-def lineage_meta(out_root: Path, family: str, seed: int) -> dict[str, Any]:
-    """What `lab-lineage.json` says about a finished lineage (vocabulary, steps)."""
-    path = out_root / lineage_name(family, seed) / "lab-lineage.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def write_lineage_meta(out_root: Path, family: str, seed: int, meta: dict[str, Any]) -> None:
-    atomic_write_text(out_root / lineage_name(family, seed) / "lab-lineage.json", json.dumps(meta, indent=1) + "\n")
