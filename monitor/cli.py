@@ -26,7 +26,7 @@ _CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
 COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "policy", "alerts", "silence",
-                   "curves", "eval", "run", "report", "demo")
+                   "curves", "eval", "run", "report", "demo", "lab")
 
 app = typer.Typer(
     name="lstar",

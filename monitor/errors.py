@@ -83,3 +83,7 @@ class PolicyError(LstarError):
 
 class DeliveryError(LstarError):
     """An alert could not be delivered."""
+
+
+class LabError(LstarError):
+    """A lab configuration, run folder or lab record (lab.json) that cannot be used."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.errors import LabelError
+from monitor.errors import LabError
 from monitor.lab.analysis import AXES, AnalysisConfig, analyse, difference_intervals
 from monitor.lab.records import LabRecord, load_lab
 
@@ -150,19 +150,20 @@ def test_bad_lab_json_is_one_clear_line(tmp_path: Path, mutate: Any, expected: s
     data = synthetic_lab(seeds=1, steps=3)
     mutate(data)
     path = _write(tmp_path, json.dumps(data))
-    with pytest.raises(LabelError) as info:
+    with pytest.raises(LabError) as info:
         load_lab(path)
     line = info.value.one_line()
     assert str(path) in line and expected in line and "\n" not in line
 
 
 def test_lab_json_that_is_not_a_file_or_not_json(tmp_path: Path) -> None:
-    with pytest.raises(LabelError, match="cannot read"):
+    with pytest.raises(LabError, match="no lab record at"):
         load_lab(tmp_path / "missing.json")
-    with pytest.raises(LabelError, match="not JSON"):
+    with pytest.raises(LabError, match="not valid JSON"):
         load_lab(_write(tmp_path, "{" * 10))
-    with pytest.raises(LabelError, match="not a lab.json"):
-        load_lab(tmp_path)
+    (tmp_path / "folder" / "lab.json").mkdir(parents=True)
+    with pytest.raises(LabError, match="is a directory, not a lab.json"):
+        load_lab(tmp_path / "folder")
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -206,6 +207,6 @@ def test_a_bad_lab_json_leaves_an_existing_report_intact(tmp_path: Path) -> None
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     bad = synthetic_lab(seeds=1, steps=4)
     bad["checkpoints"][0]["metrics"]["lstar"] = "fast"
-    with pytest.raises(LabelError, match="checkpoints.0.metrics.lstar"):
+    with pytest.raises(LabError, match="checkpoints.0.metrics.lstar"):
         write_lab_report(_write(tmp_path, json.dumps(bad)), out, config=FAST)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

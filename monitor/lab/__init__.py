@@ -1,3 +1,6 @@
-"""The emergence lab: families of small trained models with different tokenizers, their task
-labels (`lab.json`, `monitor.lab.records`), and the analysis of which progress axis transfers
-a task threshold to a held-out family best (`monitor.lab.analysis`, `monitor.lab.report`)."""
+"""The emergence lab: trained checkpoint families with different tokenizers.
+
+`records` owns the lab record (`lab.json`); `text` builds the training byte stream, `tasks`
+the task episodes and files, `model` the architecture and vocabulary remapping, `train` the
+resumable training loop, `pipeline` the scoring and labelling of every checkpoint.
+"""

@@ -24,7 +24,7 @@ import numpy as np
 
 from monitor.curve_validation import lofo_axes
 from monitor.curves import Predictor, fit_monotone, label_weights
-from monitor.errors import CurveError, LabelError
+from monitor.errors import CurveError, LabelError, LabError
 from monitor.lab.records import CheckpointRecord, LabRecord
 
 # The axes raced against each other, in table order: (column, label, lower is progress).
@@ -177,7 +177,7 @@ def analyse_metric(lab: LabRecord, task: str, metric: str, cfg: AnalysisConfig) 
     results = [c.tasks[task] for c in chosen]
     baselines = {metric_baseline(metric, r.baseline) for r in results}
     if len(baselines) != 1:
-        raise LabelError(f"task {task!r}: checkpoints disagree on the baseline ({sorted(baselines)})",
+        raise LabError(f"task {task!r}: checkpoints disagree on the baseline ({sorted(baselines)})",
                          hint="every checkpoint of a task must be labelled on the same items")
     baseline = baselines.pop()
     level = baseline + cfg.margin
@@ -227,9 +227,9 @@ def analyse(lab: LabRecord, cfg: AnalysisConfig | None = None) -> dict[str, Any]
     cfg = cfg or AnalysisConfig()
     cfg.check()
     if not lab.checkpoints:
-        raise LabelError("the lab record has no checkpoints", hint="run the lab (lstar lab train) first")
+        raise LabError("the lab record has no checkpoints", hint="run the lab (lstar lab train) first")
     if len(lab.checkpoints) > MAX_CHECKPOINTS:
-        raise LabelError(f"the lab record has {len(lab.checkpoints)} checkpoints; the analysis takes at most "
+        raise LabError(f"the lab record has {len(lab.checkpoints)} checkpoints; the analysis takes at most "
                          f"{MAX_CHECKPOINTS}", hint="analyse a subset of the run")
     tasks = sorted({t for c in lab.checkpoints for t in c.tasks})
     metrics = []

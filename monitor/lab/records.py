@@ -1,39 +1,52 @@
-"""`lab.json` (schema `lstar-lab/1`): what a lab run produced, one record per checkpoint.
+"""The lab's record of a run: `OUT/lab.json`, schema `lstar-lab/1`.
 
-The file is the interface between training/labelling and the analysis: the run's config,
-one entry per family (a family is a tokenizer) and one per checkpoint with its progress
-metrics and task results. Strict pydantic models: unknown keys, non-finite numbers and
-checkpoints of an unlisted family are errors naming the file and the key.
+The training half of the lab (`monitor.lab.pipeline`) writes it; the analysis half
+(`monitor.lab.analysis`, `monitor.lab.report`) reads only it. Families are distinguished by
+tokenizer; seeds are replicate runs of a family. Every number is a plain float so the file
+can be read without the lab's code; unknown keys are refused so a typo in a hand-edited file
+is caught, and `load_lab` turns every problem into one `LabError` line naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from monitor.errors import LabelError, PolicyError
+from monitor.errors import LabError, PolicyError
 from monitor.policy_files import read_policy_bytes
 
-SCHEMA = "lstar-lab/1"
+__all__ = ["LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
+           "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
+           "parse_lab", "write_lab"]
+
+LAB_SCHEMA = "lstar-lab/1"
+LAB_FILE = "lab.json"
+# The checkpoint metrics every record carries (see CheckpointMetrics).
+METRIC_NAMES = ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain", "bits_per_byte",
+                "unigram_bits_per_byte", "bpb_minus_unigram")
 # A lab run has at most a few thousand checkpoints (a few KiB each); far larger is not one.
 LAB_MAX_BYTES = 64 << 20
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FamilyRecord(_Strict):
-    family: str = Field(min_length=1, max_length=200)
-    tokenizer: str
-    tokenizer_fingerprint: str
-    vocab_used: int = Field(ge=0)
+def _finite(value: float, what: str) -> float:
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return value
 
 
 class CheckpointMetrics(_Strict):
+    """Scores of one checkpoint on the calibration corpus (nats/token unless said otherwise)."""
+
     ce: float
     ce_uni: float
     lstar: float
@@ -44,44 +57,80 @@ class CheckpointMetrics(_Strict):
     unigram_bits_per_byte: float
     bpb_minus_unigram: float
 
+    @field_validator("*")
+    @classmethod
+    def _check_finite(cls, value: float, info) -> float:
+        return _finite(value, info.field_name)
 
-class TaskResult(_Strict):
+
+class TaskMetrics(_Strict):
+    """One checkpoint on one task: accuracy, probability of the answer, Brier score."""
+
     acc: float = Field(ge=0.0, le=1.0)
     prob_correct: float = Field(ge=0.0, le=1.0)
-    brier: float = Field(ge=0.0)
+    brier: float = Field(ge=0.0, le=2.0)
     exact_match: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int = Field(gt=0)
-    baseline: float = Field(ge=0.0, lt=1.0)
+    n: int = Field(ge=1)
+    baseline: float = Field(ge=0.0, le=1.0)
+
+
+class FamilyRecord(_Strict):
+    """One family: a tokenizer and how much of its vocabulary the lab's text uses."""
+
+    family: str = Field(min_length=1, max_length=100)
+    tokenizer: str = Field(min_length=1, max_length=200)
+    tokenizer_fingerprint: str = Field(min_length=1, max_length=128)
+    vocab_used: int = Field(ge=1)
 
 
 class CheckpointRecord(_Strict):
-    family: str
-    seed: int
+    """One saved checkpoint of one (family, seed) lineage, with its scores and task labels."""
+
+    family: str = Field(min_length=1, max_length=100)
+    seed: int = Field(ge=0)
     step: int = Field(ge=0)
     bytes_seen: int = Field(ge=0)
     tokens_seen: int = Field(ge=0)
-    path: str
+    path: str = Field(min_length=1, max_length=500)   # relative to the folder holding lab.json
     metrics: CheckpointMetrics
-    tasks: dict[str, TaskResult]
+    tasks: dict[str, TaskMetrics]
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        parts = Path(value).parts
+        if Path(value).is_absolute() or ".." in parts:
+            raise ValueError(f"path {value!r} must be relative to the lab folder, without '..'")
+        return value
 
 
 class LabRecord(_Strict):
-    """A whole `lab.json`."""
+    """The whole of `lab.json`."""
 
-    schema_: Literal["lstar-lab/1"] = Field(alias="schema")
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_: str = Field(alias="schema")
     config: dict[str, Any]
     families: list[FamilyRecord]
     checkpoints: list[CheckpointRecord]
 
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        if value != LAB_SCHEMA:
+            raise ValueError(f"schema must be {LAB_SCHEMA!r}, got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> "LabRecord":
-        names = [f.family for f in self.families]
+        names = self.family_names()
         if len(set(names)) != len(names):
             raise ValueError("a family is listed more than once in families")
         seen: set[tuple[str, int, int]] = set()
         for i, c in enumerate(self.checkpoints):
             if c.family not in names:
-                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list")
+                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list "
+                                 f"(known: {', '.join(sorted(names))})")
             key = (c.family, c.seed, c.step)
             if key in seen:
                 raise ValueError(f"checkpoints[{i}]: family {c.family!r} seed {c.seed} step {c.step} "
@@ -89,39 +138,75 @@ class LabRecord(_Strict):
             seen.add(key)
         return self
 
+    def family_names(self) -> list[str]:
+        """Family names in the file's order."""
+        return [f.family for f in self.families]
+
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2, allow_nan=False) + "\n"
+        """The file's text (schema first, stable key order)."""
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
 
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    if err["type"] == "extra_forbidden":
-        text = f"unknown key {loc!r}"
-    else:
-        text = f"{loc}: {err['msg']}"
-    more = len(exc.errors()) - 1
-    return text + (f" (and {more} more)" if more > 0 else "")
+    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
+    text = f"unknown key {where!r}" if err.get("type") == "extra_forbidden" else f"{where}: {err.get('msg', 'invalid')}"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return text + more
 
 
-def load_lab(path: str | Path) -> LabRecord:
-    """Read and validate a `lab.json`; errors name the file and the key at fault."""
-    path = Path(path)
-    try:  # a regular file of bounded size, read without blocking (a FIFO cannot hang us)
-        raw = read_policy_bytes(path, str(path), limit=LAB_MAX_BYTES)
-    except PolicyError as exc:
-        raise LabelError(exc.message.replace("not a policy file", "not a lab.json"),
-                         hint="pass the lab.json a lab run wrote") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise LabelError(f"{path} is not JSON: {' '.join(str(exc).split())[:200]}",
-                         hint="pass the lab.json a lab run wrote") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise LabelError(f"{path} is not a lab record: schema {found!r}, expected {SCHEMA!r}",
-                         hint="pass the lab.json a lab run wrote")
+def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
+    """Validate a decoded lab.json: the schema, every field, families listed once, every
+    checkpoint of a listed family and each (family, seed, step) once."""
+    if isinstance(data, dict) and data.get("schema") != LAB_SCHEMA:
+        raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA!r}",
+                       hint="regenerate it with `lstar lab run`")
     try:
         return LabRecord.model_validate(data)
     except ValidationError as exc:
-        raise LabelError(f"{path}: {_first_error(exc)}", hint=f"fix the file to the {SCHEMA} schema") from None
+        raise LabError(f"{where} is not a valid {LAB_SCHEMA} record: {_first_error(exc)}",
+                       hint="regenerate it with `lstar lab run`") from None
+
+
+def load_lab(path: str | Path) -> LabRecord:
+    """Read and validate `lab.json` (a file, or the lab folder holding it)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LAB_FILE
+    if not path.exists():
+        raise LabError(f"no lab record at {path}", hint="run `lstar lab run --out DIR` first")
+    try:  # a regular file of bounded size, read without blocking (a FIFO cannot hang us)
+        raw = read_policy_bytes(path, str(path), limit=LAB_MAX_BYTES)
+    except PolicyError as exc:
+        raise LabError(exc.message.replace("not a policy file", "not a lab.json"),
+                       hint="pass the lab.json a lab run wrote") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise LabError(f"{path} is not valid JSON: {' '.join(str(exc).split())[:200]}",
+                       hint="regenerate it with `lstar lab run`") from None
+    return parse_lab(data, where=str(path))
+
+
+def write_lab(record: LabRecord, path: str | Path) -> Path:
+    """Write `record` atomically (temporary file, fsync, rename): a reader never sees half a file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LAB_FILE
+    atomic_write_text(path, record.to_json())
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

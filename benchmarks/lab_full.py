@@ -1,0 +1,72 @@
+"""Run the full emergence lab and print its leave-one-family-out table.
+
+    python benchmarks/lab_full.py [--out state/lab-full] [--workers 2] [--byte-budget N]
+
+Trains the full lab (`monitor.lab.config.LabConfig`: gpt2, llama-3, bert-base-uncased,
+smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every family),
+scores and labels every checkpoint (`lab.json`), then writes the lab report with
+`monitor.lab.report.write_lab_report` and prints the LOFO errors of every x-axis with the
+bootstrap intervals of their difference to L*. A killed run resumes where it stopped.
+Sized for about half an hour to an hour on 2 cores; the time is printed at the end.
+This is a measurement, not a test: whatever the table says is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _print_lofo(report: dict) -> None:
+    """Print whatever LOFO table the report carries (its layout is the analysis module's)."""
+    table = report.get("lofo") if isinstance(report, dict) else None
+    if table is None:
+        print(json.dumps(report, indent=1, default=str)[:20000])
+        return
+    rows = table if isinstance(table, list) else table.get("rows", table)
+    if isinstance(rows, list) and rows and isinstance(rows[0], dict):
+        cols = list(rows[0])
+        print(" | ".join(cols))
+        for row in rows:
+            print(" | ".join(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c)) for c in cols))
+    else:
+        print(json.dumps(table, indent=1, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from monitor.lab.config import LabConfig
+    from monitor.lab.pipeline import lab_summary, run_lab
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("state") / "lab-full")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--byte-budget", type=int, default=None)
+    parser.add_argument("--shared", type=Path, default=Path("../shared"))
+    args = parser.parse_args(argv)
+    shared = args.shared
+    config = LabConfig(tokenizers_dir=shared / "tokenizers", text_corpus=shared / "corpus" / "calib-v0-alt",
+                       calib_corpus=shared / "corpus" / "calib-v0", cloze_task=shared / "tasks" / "cloze-v0.jsonl")
+    if args.byte_budget:
+        config = config.with_(byte_budget=args.byte_budget)
+    start = time.monotonic()
+    record = run_lab(config, args.out, workers=args.workers, progress=sys.stderr.isatty())
+    print(f"trained, scored and labelled {len(record.checkpoints)} checkpoints in "
+          f"{time.monotonic() - start:.0f} s -> {args.out / 'lab.json'}")
+    for row in lab_summary(record):
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
+    try:
+        from monitor.lab.report import write_lab_report
+    except ImportError:
+        print("monitor.lab.report is not installed: no LOFO table (lab.json is complete)")
+        return 0
+    report = write_lab_report(args.out / "lab.json", args.out / "report")
+    _print_lofo(report)
+    print(f"report: {args.out / 'report'}; total {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""The emergence lab: a reduced lab trained for real (CLI subprocess, two tokenizer families),
+its invariants, resuming a lineage killed mid-training, and refusals of bad lab input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from monitor.errors import LabError
+from monitor.lab.records import LAB_SCHEMA, load_lab, parse_lab
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FAMILIES = ("gpt2", "spm-unigram-toy")
+AXES = ("lstar", "ce", "bits_per_byte", "l_rel", "l_gain", "bpb_minus_unigram")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "LSTAR_LAB_KILL_AT_STEP"}
+    env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def lab_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
+    """`lstar lab run --size reduced`: gpt2 and the toy tokenizer, one seed, 150 kB each."""
+    out = tmp_path_factory.mktemp("lab") / "lab"
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
+         "--shared", str(shared_dir), "--workers", "2", "--json"],
+        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_reduced_lab_record_is_complete(lab_dir: Path) -> None:
+    record = load_lab(lab_dir)
+    assert record.family_names() == list(FAMILIES)
+    config = record.config
+    heldout = set(config["text_corpus"]["heldout_documents"])
+    assert heldout and config["stream"]["bytes"] >= config["byte_budget"]
+    for family in FAMILIES:
+        rows = sorted((c for c in record.checkpoints if c.family == family), key=lambda c: c.step)
+        assert len(rows) == len(config["fractions"])
+        assert [c.path for c in rows] == [f"{family}-s0/step{c.step}" for c in rows]
+        assert all(a.bytes_seen < b.bytes_seen for a, b in zip(rows, rows[1:]))
+        # equal bytes seen, not equal steps: the last checkpoint has read the whole budget
+        assert abs(rows[-1].bytes_seen - config["byte_budget"]) < 0.05 * config["byte_budget"]
+        for ck in rows:
+            assert set(ck.tasks) == {"kv-recall", "cloze-heldout"}
+            assert ck.tasks["kv-recall"].n == 60 and ck.tasks["kv-recall"].exact_match is not None
+            assert ck.tasks["kv-recall"].baseline == pytest.approx(1 / 3)
+            assert ck.tasks["cloze-heldout"].baseline == pytest.approx(0.25)
+            m = ck.metrics
+            assert m.lstar == pytest.approx(m.ce - m.ce_uni)
+            assert m.bpb_minus_unigram == pytest.approx(m.bits_per_byte - m.unigram_bits_per_byte)
+        # training lowers L* in every family
+        assert rows[-1].metrics.lstar < rows[0].metrics.lstar, family
+    toy_last = max((c for c in record.checkpoints if c.family == "spm-unigram-toy"), key=lambda c: c.step)
+    # The toy tokenizer's model beats its unigram baseline inside the CI budget; gpt2's
+    # 16k-id vocabulary needs the full lab's budget for that.
+    assert toy_last.metrics.lstar < 0
+    # the task files are in the evaluator's format; the cloze items all come from held-out text
+    from monitor.tasks import load_mc_task
+
+    assert load_mc_task(lab_dir / "tasks" / "kv-recall.jsonl").items
+    cloze = [json.loads(line) for line in (lab_dir / "tasks" / "cloze-heldout.jsonl").read_text().splitlines()]
+    assert cloze and all(item["doc_id"] in heldout for item in cloze)
+    # every score run is recorded in the lab's DuckDB file
+    con = duckdb.connect(str(lab_dir / "lab.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM score_runs").fetchone()[0] == len(record.checkpoints)
+    finally:
+        con.close()
+
+
+def test_lab_checkpoints_are_ordinary_full_vocabulary_models(lab_dir: Path) -> None:
+    import torch
+
+    from monitor.lab.model import UNUSED_BIAS
+    from monitor.loader import load_checkpoint
+    from monitor.tokenizer import load_tokenizer
+
+    record = load_lab(lab_dir)
+    for family in record.families:
+        ck = max((c for c in record.checkpoints if c.family == family.family), key=lambda c: c.step)
+        loaded = load_checkpoint(str(lab_dir / ck.path), dtype="float32", device="cpu")
+        handle = load_tokenizer(lab_dir / ck.path)
+        assert loaded.vocab_size == handle.vocab_size
+        assert handle.fingerprint == family.tokenizer_fingerprint
+        bias = loaded.model.lm_head.bias
+        assert int((bias == UNUSED_BIAS).sum()) == handle.vocab_size - family.vocab_used
+        # the unused ids carry no probability on real text
+        ids = torch.tensor([handle.tokenizer.encode("def f(x): return x", add_special_tokens=False).ids])
+        probs = torch.softmax(loaded.model(input_ids=ids).logits[0], dim=-1)
+        assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0
+
+
+def test_lab_report_has_every_axis(lab_dir: Path, tmp_path: Path) -> None:
+    report = pytest.importorskip("monitor.lab.report")
+    report.write_lab_report(lab_dir / "lab.json", tmp_path / "report")
+    text = (tmp_path / "report" / "lab-report.json").read_text(encoding="utf-8")
+    for axis in AXES:
+        assert f'"{axis}"' in text, axis
+
+
+TINY_TRAIN = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from monitor.lab.config import reduced_config
+    from monitor.lab.model import ArchConfig
+    from monitor.lab.pipeline import train_lab
+    if __name__ == "__main__":
+        shared = Path(sys.argv[2])
+        config = reduced_config(families=("spm-unigram-toy",), byte_budget=30_000, kv_items=20,
+                                arch=ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=32),
+                                fractions=(0.25, 0.5, 1.0), warmup_steps=3,
+                                tokenizers_dir=shared / "tokenizers",
+                                text_corpus=shared / "corpus" / "calib-v0-alt",
+                                calib_corpus=shared / "corpus" / "calib-v0",
+                                cloze_task=shared / "tasks" / "cloze-v0.jsonl")
+        print(train_lab(config, Path(sys.argv[1]), workers=1, progress=False))
+""")
+
+
+def _train_tiny(out: Path, shared: Path, script: Path, kill_at: int | None = None) -> subprocess.CompletedProcess:
+    env = _env()
+    if kill_at is not None:
+        env["LSTAR_LAB_KILL_AT_STEP"] = str(kill_at)
+    return subprocess.run([sys.executable, str(script), str(out), str(shared)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_lineage_killed_mid_training_resumes_to_the_same_weights(tmp_path: Path, shared_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    script = tmp_path / "tiny_train.py"
+    script.write_text(TINY_TRAIN)
+    whole = _train_tiny(tmp_path / "whole", shared_dir, script)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    lineage = tmp_path / "whole" / "spm-unigram-toy-s0"
+    steps = sorted(int(p.name[4:]) for p in lineage.glob("step*"))
+    assert len(steps) == 3
+    # SIGKILL between the second and the last checkpoint
+    kill_at = steps[1] + (steps[2] - steps[1]) // 2
+    killed = _train_tiny(tmp_path / "resumed", shared_dir, script, kill_at=kill_at)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    resumed_lineage = tmp_path / "resumed" / "spm-unigram-toy-s0"
+    assert sorted(int(p.name[4:]) for p in resumed_lineage.glob("step*")) == steps[:2]
+    kept = {s: (resumed_lineage / f"step{s}" / "model.safetensors").stat().st_mtime_ns for s in steps[:2]}
+    again = _train_tiny(tmp_path / "resumed", shared_dir, script)
+    assert again.returncode == 0, again.stderr[-2000:]
+    # it resumed from the last saved state instead of training again from step 0
+    assert {s: (resumed_lineage / f"step{s}" / "model.safetensors").stat().st_mtime_ns for s in steps[:2]} == kept
+    for step in steps:
+        a = load_file(lineage / f"step{step}" / "model.safetensors")
+        b = load_file(resumed_lineage / f"step{step}" / "model.safetensors")
+        assert a.keys() == b.keys()
+        for key in a:
+            assert bool((a[key] == b[key]).all()), (step, key)
+
+
+def _valid_record() -> dict:
+    return {"schema": LAB_SCHEMA, "config": {},
+            "families": [{"family": "gpt2", "tokenizer": "gpt2", "tokenizer_fingerprint": "f", "vocab_used": 10}],
+            "checkpoints": [{"family": "gpt2", "seed": 0, "step": 1, "bytes_seen": 5, "tokens_seen": 2,
+                             "path": "gpt2-s0/step1",
+                             "metrics": {k: 0.5 for k in ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain",
+                                                          "bits_per_byte", "unigram_bits_per_byte",
+                                                          "bpb_minus_unigram")},
+                             "tasks": {"kv": {"acc": 0.5, "prob_correct": 0.4, "brier": 0.6, "n": 10,
+                                              "baseline": 0.25}}}]}
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda r: r.update(schema="lstar-lab/0"), "schema"),
+    (lambda r: r["checkpoints"][0].update(path="../../etc/passwd"), "checkpoints.0.path"),
+    (lambda r: r["checkpoints"][0].update(family="llama-3"), "llama-3"),
+    (lambda r: r["checkpoints"][0]["metrics"].update(lstar=float("nan")), "checkpoints.0.metrics.lstar"),
+    (lambda r: r["checkpoints"][0]["tasks"]["kv"].update(acc=1.5), "checkpoints.0.tasks.kv.acc"),
+    (lambda r: r.update(extra=1), "extra"),
+])
+def test_a_bad_lab_record_is_one_line_naming_the_file_and_key(tmp_path: Path, change, needle: str) -> None:
+    record = _valid_record()
+    parse_lab(record)
+    change(record)
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(LabError) as info:
+        load_lab(tmp_path)
+    line = info.value.one_line()
+    assert "\n" not in line and str(path) in line and needle in line
+
+
+def test_bad_lab_flags_are_refused_before_anything_is_written(tmp_path: Path, shared_dir: Path) -> None:
+    out = tmp_path / "lab"
+    for args, needle in ((["--families", "gpt2,../x"], "family '../x'"),
+                         (["--seeds", "0,0"], "seeds"),
+                         (["--seeds", "a"], "--seeds"),
+                         (["--byte-budget", "99"], "--byte-budget")):
+        proc = subprocess.run([sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced",
+                               "--out", str(out), "--shared", str(shared_dir), *args],
+                              cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not out.exists()
