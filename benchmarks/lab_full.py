@@ -14,26 +14,9 @@ This is a measurement, not a test: whatever the table says is the result.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
-
-
-def _print_lofo(report: dict) -> None:
-    """Print whatever LOFO table the report carries (its layout is the analysis module's)."""
-    table = report.get("lofo") if isinstance(report, dict) else None
-    if table is None:
-        print(json.dumps(report, indent=1, default=str)[:20000])
-        return
-    rows = table if isinstance(table, list) else table.get("rows", table)
-    if isinstance(rows, list) and rows and isinstance(rows[0], dict):
-        cols = list(rows[0])
-        print(" | ".join(cols))
-        for row in rows:
-            print(" | ".join(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c)) for c in cols))
-    else:
-        print(json.dumps(table, indent=1, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("monitor.lab.report is not installed: no LOFO table (lab.json is complete)")
         return 0
-    report = write_lab_report(args.out / "lab.json", args.out / "report")
-    _print_lofo(report)
+    write_lab_report(args.out / "lab.json", args.out / "report")
+    # The report's Markdown holds the LOFO table of every axis with the intervals on the
+    # difference to L*, and the sentences that say what those intervals support.
+    print((args.out / "report" / "lab-report.md").read_text(encoding="utf-8"))
     print(f"report: {args.out / 'report'}; total {time.monotonic() - start:.0f} s")
     return 0
 
