@@ -22,6 +22,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     from monitor.lab.config import LabConfig
     from monitor.lab.pipeline import lab_summary, run_lab
+    from monitor.lab.report import write_lab_report
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("state") / "lab-full")
@@ -40,11 +41,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - start:.0f} s -> {args.out / 'lab.json'}")
     for row in lab_summary(record):
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    try:
-        from monitor.lab.report import write_lab_report
-    except ImportError:
-        print("monitor.lab.report is not installed: no LOFO table (lab.json is complete)")
-        return 0
     write_lab_report(args.out / "lab.json", args.out / "report")
     # The report's Markdown holds the LOFO table of every axis with the intervals on the
     # difference to L*, and the sentences that say what those intervals support.

@@ -118,15 +118,10 @@ def register(app: typer.Typer) -> None:
                out: Path = typer.Option(None, "--out", help="Report folder (default: LAB/report)."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
         """Write the lab report (Markdown, HTML with plots, lab-report.json) from lab.json."""
-        from monitor.lab.records import LAB_FILE, load_lab
+        from monitor.lab.records import LAB_FILE
+        from monitor.lab.report import write_lab_report
 
         lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
-        load_lab(lab_json)                       # a clear error before the report code runs
-        try:
-            from monitor.lab.report import write_lab_report
-        except ImportError as exc:
-            raise LabError("the lab report module (monitor.lab.report) is not installed",
-                           hint="update lstar-monitor") from exc
         out_dir = out or lab_json.parent / "report"
         result = write_lab_report(lab_json, out_dir)
         if as_json:
