@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import re
 import subprocess
 import sys
@@ -89,9 +90,13 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project built as a wheel (offline, no build isolation) and unpacked into a folder
     that is not the checkout, as `pip install .` would place it."""
     try:
-        import setuptools  # noqa: F401
+        import setuptools
     except ImportError:
         pytest.skip("setuptools is not installed in this environment: cannot build the wheel offline")
+    version = tuple(int(p) for p in setuptools.__version__.split(".")[:2] if p.isdigit())
+    has_wheel = importlib.util.find_spec("wheel") is not None
+    if version < (70, 1) and not has_wheel:  # older setuptools builds wheels through `wheel`
+        pytest.skip(f"setuptools {setuptools.__version__} without `wheel` cannot build the wheel offline")
     out = tmp_path_factory.mktemp("wheel")
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "--no-index", "--disable-pip-version-check", "-q", "-w", str(out), str(ROOT)],
