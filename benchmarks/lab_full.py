@@ -1,6 +1,6 @@
 """Run the full emergence lab and print its leave-one-family-out table.
 
-    python benchmarks/lab_full.py [--out state/lab-full] [--workers 2] [--byte-budget N]
+    python benchmarks/lab_full.py [--out state/lab-full] [--workers 2] [--byte-budget N] [--seeds 0,1,2]
 
 Trains the full lab (`monitor.lab.config.LabConfig`: gpt2, llama-3, bert-base-uncased,
 smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every family),
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("state") / "lab-full")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--byte-budget", type=int, default=None)
+    parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default: the config's, 0,1,2).")
     parser.add_argument("--shared", type=Path, default=Path("../shared"))
     args = parser.parse_args(argv)
     shared = args.shared
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                        calib_corpus=shared / "corpus" / "calib-v0", cloze_task=shared / "tasks" / "cloze-v0.jsonl")
     if args.byte_budget:
         config = config.with_(byte_budget=args.byte_budget)
+    if args.seeds:
+        config = config.with_(seeds=tuple(int(s) for s in args.seeds.split(",")))
     start = time.monotonic()
     record = run_lab(config, args.out, workers=args.workers, progress=sys.stderr.isatty())
     print(f"trained, scored and labelled {len(record.checkpoints)} checkpoints in "

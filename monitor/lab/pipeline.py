@@ -22,6 +22,7 @@ from typing import Any
 
 from monitor.errors import LabError
 from monitor.lab.config import LabConfig
+from monitor.lab.model import UNUSED_BIAS
 from monitor.lab.records import LAB_SCHEMA, LabRecord, parse_lab, write_lab
 from monitor.lab.tasks import (CLOZE_TASK, KV_TASK, episode_items, greedy_exact_match, heldout_cloze_items,
                                heldout_episodes, write_task)
@@ -200,7 +201,7 @@ def run_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: b
                         "config": {**config.as_dict(), **inputs.provenance,
                                    "vocab_remap": "compact vocabulary = ids used on the training "
                                                   "stream, calib-v0 and the task files; unused ids are "
-                                                  "saved with zero embedding and output bias -100"},
+                                                  f"saved with zero embedding and output bias {UNUSED_BIAS:g}"},
                         "families": [families[f] for f in config.families],
                         "checkpoints": checkpoints}, where=str(out / "lab.json"))
     if db:
