@@ -9,6 +9,7 @@ is caught, and `load_lab` turns every problem into one `LabError` line naming th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from monitor.policy_files import read_policy_bytes
 
 __all__ = ["LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
            "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
-           "parse_lab", "write_lab"]
+           "load_lab_with_sha256", "parse_lab", "write_lab"]
 
 LAB_SCHEMA = "lstar-lab/1"
 LAB_FILE = "lab.json"
@@ -170,6 +171,11 @@ def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
 
 def load_lab(path: str | Path) -> LabRecord:
     """Read and validate `lab.json` (a file, or the lab folder holding it)."""
+    return load_lab_with_sha256(path)[0]
+
+
+def load_lab_with_sha256(path: str | Path) -> tuple[LabRecord, str]:
+    """`load_lab`, and the sha256 of the bytes it read (one read, for provenance)."""
     path = Path(path)
     if path.is_dir():
         path = path / LAB_FILE
@@ -185,7 +191,7 @@ def load_lab(path: str | Path) -> LabRecord:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise LabError(f"{path} is not valid JSON: {' '.join(str(exc).split())[:200]}",
                        hint="regenerate it with `lstar lab run`") from None
-    return parse_lab(data, where=str(path))
+    return parse_lab(data, where=str(path)), hashlib.sha256(raw).hexdigest()
 
 
 def write_lab(record: LabRecord, path: str | Path) -> Path:

@@ -11,7 +11,6 @@ support, and says what they do not cover (family-to-family variation).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -20,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.lab.analysis import ERRORS, REFERENCE, AnalysisConfig, analyse
-from monitor.lab.records import LAB_MAX_BYTES, load_lab
-from monitor.policy_files import read_policy_bytes
+from monitor.lab.records import load_lab_with_sha256
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 HTML_TEMPLATE = "lab_report.html.j2"
@@ -183,8 +181,7 @@ def write_lab_report(lab_json: Path, out_dir: Path, *, config: AnalysisConfig | 
     from monitor.lab import plots
 
     lab_json, out_dir = Path(lab_json), Path(out_dir)
-    lab = load_lab(lab_json)
-    sha = hashlib.sha256(read_policy_bytes(lab_json, str(lab_json), limit=LAB_MAX_BYTES)).hexdigest()
+    lab, sha = load_lab_with_sha256(lab_json)
     data = analyse(lab, config)
     data["source"] = {"path": str(lab_json), "sha256": sha}
     data["caveat"] = CAVEAT.format(k=len(lab.families))
