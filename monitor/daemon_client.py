@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -66,6 +67,24 @@ def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> A
                                                  "Authorization": f"Bearer {token}"}))
 
 
+BUSY_RETRIES = 10
+
+
+def urlopen_when_free(request: urllib.request.Request, *, timeout: float) -> Any:
+    """`urlopen`, waiting out the API's "busy" answers: when every worker is taken the server
+    answers 503 with `Retry-After` before reading the request, so sending it again is safe."""
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            return urllib.request.urlopen(request, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            retry_after = exc.headers.get("Retry-After") if exc.code == 503 else None
+            if retry_after is None or not retry_after.isdigit() or attempt == BUSY_RETRIES:
+                raise
+            exc.close()
+            time.sleep(min(float(retry_after), 2.0))
+    raise AssertionError("unreachable")
+
+
 def _call(request: urllib.request.Request) -> Any:
     """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
     refused what the command itself would refuse), else a StoreError naming the daemon."""
@@ -73,7 +92,7 @@ def _call(request: urllib.request.Request) -> Any:
 
     what = f"{request.get_method()} {urlsplit(request.full_url).path}"
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urlopen_when_free(request, timeout=60) as response:
             return json.loads(response.read(MAX_ANSWER_BYTES))
     except urllib.error.HTTPError as exc:
         try:

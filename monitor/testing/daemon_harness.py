@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from monitor.daemon_client import urlopen_when_free
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A policy watching the fake Hub's `fake-org` step branches, alerting into a JSON-lines file.
 WATCHER_POLICY = """\
@@ -96,7 +98,7 @@ class DaemonProcess:
         assert self.url is not None
         req = urllib.request.Request(self.url + path, method=method, headers=headers or {}, data=body)
         try:
-            with urllib.request.urlopen(req, timeout=30) as response:
+            with urlopen_when_free(req, timeout=30) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
