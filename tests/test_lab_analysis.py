@@ -54,7 +54,7 @@ def synthetic_lab(*, driver: str = "lstar", families: dict[str, tuple[float, flo
                     "metrics": {"ce": ce, "ce_uni": ce_uni, "lstar": lstar, "lstar_se": 0.01,
                                 "l_rel": ce / ce_uni, "l_gain": (ce_uni - ce) / ce_uni, "bits_per_byte": bpb,
                                 "unigram_bits_per_byte": ubpb, "bpb_minus_unigram": bpb - ubpb},
-                    "tasks": {"kv-recall": {"acc": acc, "prob_correct": prob, "brier": (1 - prob) ** 2,
+                    "tasks": {"add-words": {"acc": acc, "prob_correct": prob, "brier": (1 - prob) ** 2,
                                             "n": n_items, "baseline": 0.25}}})
     return {"schema": "lstar-lab/1", "config": {"seeds": seeds, "driver": driver},
             "families": [{"family": f, "tokenizer": f, "tokenizer_fingerprint": f"fp-{f}", "vocab_used": 1000}
@@ -143,7 +143,7 @@ def _write(tmp: Path, data: Any) -> Path:
     (lambda d: d["checkpoints"][0]["metrics"].update(lstar=float("nan")), "checkpoints.0.metrics.lstar"),
     (lambda d: d["checkpoints"][0].update(family="qwen2"), "checkpoints[0] has family 'qwen2'"),
     (lambda d: d["checkpoints"][1].update(step=100), "seed 0 step 100 is listed more than once"),
-    (lambda d: d["checkpoints"][0]["tasks"]["kv-recall"].update(acc=1.5), "checkpoints.0.tasks.kv-recall.acc"),
+    (lambda d: d["checkpoints"][0]["tasks"]["add-words"].update(acc=1.5), "checkpoints.0.tasks.add-words.acc"),
     (lambda d: d.update(schema="lstar-lab/2"), "schema 'lstar-lab/2', expected 'lstar-lab/1'"),
 ])
 def test_bad_lab_json_is_one_clear_line(tmp_path: Path, mutate: Any, expected: str) -> None:
@@ -188,8 +188,8 @@ def test_write_lab_report_writes_every_number_text_and_figures(tmp_path: Path) -
     assert f"{ce['difference']:+.4f} [{ce['lower']:+.4f}, {ce['upper']:+.4f}]" in md
     # figures: one per task metric plus progress, each a real PNG, embedded in the HTML
     html = (out / "lab-report.html").read_text()
-    assert [p["file"] for p in saved["plots"]] == ["progress.png", "task_kv-recall_acc.png",
-                                                   "task_kv-recall_prob_correct.png"]
+    assert [p["file"] for p in saved["plots"]] == ["progress.png", "task_add-words_acc.png",
+                                                   "task_add-words_prob_correct.png"]
     for p in saved["plots"]:
         assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert html.count("data:image/png;base64,") == 3

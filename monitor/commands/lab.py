@@ -55,12 +55,12 @@ def _print_summary(record: Any) -> None:
     from monitor.lab.pipeline import lab_summary
 
     table = Table(title="lab checkpoints")
-    for col in ("lineage", "step", "bytes", "L*", "CE", "bits/byte", "kv acc", "kv EM", "cloze acc"):
+    for col in ("lineage", "step", "bytes", "L*", "CE", "bits/byte", "add acc", "add EM", "cloze acc"):
         table.add_column(col, justify="left" if col == "lineage" else "right")
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     for r in lab_summary(record):
         table.add_row(r["lineage"], str(r["step"]), f"{r['bytes']:,}", fmt(r["lstar"]), fmt(r["ce"]),
-                      fmt(r["bpb"]), fmt(r["kv_acc"]), fmt(r["kv_em"]), fmt(r["cloze_acc"]))
+                      fmt(r["bpb"]), fmt(r["add_acc"]), fmt(r["add_em"]), fmt(r["cloze_acc"]))
     Console().print(table)
 
 

@@ -34,9 +34,7 @@ class LabConfig:
     warmup_steps: int = 30
     fractions: tuple[float, ...] = DEFAULT_FRACTIONS
     data_seed: int = 0
-    kv_pairs: int = 3
-    episodes_per_doc: int = 8
-    kv_items: int = 200
+    problems_per_doc: int = 8
     heldout_every: int = 3
     tokenizers_dir: Path = SHARED / "tokenizers"
     text_corpus: Path = SHARED / "corpus" / "calib-v0-alt"
@@ -75,12 +73,10 @@ class LabConfig:
         if not self.fractions or any(not 0.0 < f <= 1.0 for f in self.fractions) \
                 or list(self.fractions) != sorted(set(self.fractions)):
             raise LabError(f"checkpoint fractions must be increasing shares in (0, 1], got {list(self.fractions)}")
-        if not 2 <= self.kv_pairs <= 10:
-            raise LabError(f"kv_pairs must be from 2 to 10, got {self.kv_pairs}")
+        if not 0 <= self.problems_per_doc <= 1000:
+            raise LabError(f"problems_per_doc must be from 0 to 1000, got {self.problems_per_doc}")
         if not 1 <= self.score_every <= 100:
             raise LabError(f"score_every must be from 1 to 100, got {self.score_every}")
-        if not 10 <= self.kv_items <= 100_000:
-            raise LabError(f"kv_items must be from 10 to 100000, got {self.kv_items}")
         for name in ("text_corpus", "calib_corpus"):
             if not (getattr(self, name) / "manifest.json").is_file():
                 raise LabError(f"{name} {getattr(self, name)} has no manifest.json",
@@ -105,5 +101,5 @@ def reduced_config(**changes: Any) -> LabConfig:
     base = LabConfig(families=("gpt2", "spm-unigram-toy"), seeds=(0,), byte_budget=150_000,
                      arch=ArchConfig(hidden=64, layers=2, heads=4, intermediate=256, context=64),
                      batch_size=8, lr=3e-3, warmup_steps=10, fractions=(0.1, 0.4, 1.0),
-                     kv_items=60, score_every=12, n_boot=50)
+                     score_every=12, n_boot=50)
     return base.with_(**changes)

@@ -4,7 +4,7 @@ Lineages run in worker processes, one per core with one torch thread each (faste
 CPU than two threads per job, see shared/docs/lab-notes.md), each training its lineage and
 then scoring its checkpoints: `monitor.engine` on the calibration corpus (L*, CE, CE_uni,
 bits/byte, L_rel, L_gain) and `monitor.tasks.evaluate_multiple_choice` on every task file
-(accuracy, probability of the answer, Brier), plus string exact match on kv-recall. The
+(accuracy, probability of the answer, Brier), plus string exact match on add-words. The
 parent shows one progress bar per lineage and writes `lab.json` once everything is scored;
 the score runs are also recorded in `OUT/lab.duckdb`.
 """
@@ -24,9 +24,8 @@ from monitor.errors import LabError
 from monitor.lab.config import LabConfig
 from monitor.lab.model import UNUSED_BIAS
 from monitor.lab.records import LAB_SCHEMA, LabRecord, parse_lab, write_lab
-from monitor.lab.tasks import (CLOZE_TASK, KV_TASK, episode_items, greedy_exact_match, heldout_cloze_items,
-                               heldout_episodes, write_task)
-from monitor.lab.text import Episode, build_stream, load_text_source
+from monitor.lab.tasks import ADD_TASK, CLOZE_TASK, greedy_exact_match, heldout_cloze_items, problem_items, write_task
+from monitor.lab.text import Problem, all_problems, build_stream, load_text_source
 from monitor.lab.train import encode_family, lineage_name, train_lineage
 
 TASKS_DIR = "tasks"
@@ -34,10 +33,10 @@ TASKS_DIR = "tasks"
 
 @dataclass
 class LabInputs:
-    """Everything every lineage shares: the stream, the task files and their episodes."""
+    """Everything every lineage shares: the stream, the task files and the arithmetic problems."""
 
     stream: list[str]
-    kv_episodes: list[Episode]
+    problems: list[Problem]
     task_files: dict[str, Path]
     eval_texts: list[str]
     provenance: dict[str, Any]
@@ -57,24 +56,22 @@ def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
 
     source = load_text_source(config.text_corpus, heldout_every=config.heldout_every)
     stream = build_stream(source, total_bytes=config.byte_budget, seed=config.data_seed,
-                          kv_pairs=config.kv_pairs, episodes_per_doc=config.episodes_per_doc)
-    trained_lines = {line for doc in stream for line in doc.split("\n")}
-    episodes = heldout_episodes(seed=config.data_seed, n=config.kv_items, kv_pairs=config.kv_pairs,
-                                exclude=trained_lines)
-    kv_items = episode_items(episodes)
+                          problems_per_doc=config.problems_per_doc)
+    problems = all_problems()
+    add_items = problem_items(problems)
     cloze_items = heldout_cloze_items(config.cloze_task, source.heldout_ids)
     tasks_dir = out / TASKS_DIR
-    files = {KV_TASK: write_task(tasks_dir / f"{KV_TASK}.jsonl", kv_items),
+    files = {ADD_TASK: write_task(tasks_dir / f"{ADD_TASK}.jsonl", add_items),
              CLOZE_TASK: write_task(tasks_dir / f"{CLOZE_TASK}.jsonl", cloze_items)}
     calib = load_corpus(config.calib_corpus)
     eval_texts = [d.text for d in calib.documents]
-    eval_texts += [it["context"] + c for it in [*kv_items, *cloze_items] for c in it["choices"]]
+    eval_texts += [it["context"] + c for it in [*add_items, *cloze_items] for c in it["choices"]]
     provenance = {
         "text_corpus": {"path": str(config.text_corpus), "sha256": source.corpus.sha256,
                         "trained_documents": len(source.train_ids),
                         "heldout_documents": list(source.heldout_ids),
                         "note": "training text: calib-v0-alt minus the held-out documents, "
-                                "interleaved with generated kv-recall episodes"},
+                                "interleaved with generated additions in words"},
         "calib_corpus": {"path": str(config.calib_corpus), "sha256": calib.sha256},
         "stream": {"documents": len(stream), "bytes": sum(len(d.encode("utf-8")) for d in stream),
                    "sha256": _sha256_text(stream)},
@@ -84,7 +81,7 @@ def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
                          "sha256": hashlib.sha256(config.cloze_task.read_bytes()).hexdigest(),
                          "items_kept": len(cloze_items)},
     }
-    return LabInputs(stream, episodes, files, eval_texts, provenance)
+    return LabInputs(stream, problems, files, eval_texts, provenance)
 
 
 def scoring_subset(prepared: Any, every: int) -> Any:
@@ -107,7 +104,7 @@ def scoring_subset(prepared: Any, every: int) -> Any:
 
 
 def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Path],
-                         kv_episodes: list[Episode]) -> tuple[dict[str, float], dict[str, dict], Any]:
+                         problems: list[Problem]) -> tuple[dict[str, float], dict[str, dict], Any]:
     """Metrics and task labels of one checkpoint folder, and the engine's ScoredRun."""
     from monitor.engine import ScoreRequest, compute_score, prepare
     from monitor.tasks import evaluate_multiple_choice, load_mc_task
@@ -130,8 +127,8 @@ def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Pa
                                        max_length=config.arch.context)
         tasks[name] = {"acc": res.metrics["acc"][0], "prob_correct": res.metrics["prob_correct"][0],
                        "brier": res.metrics["brier"][0], "n": res.n_items, "baseline": res.baselines["acc"]}
-        if name == KV_TASK:
-            tasks[name]["exact_match"] = greedy_exact_match(model, handle.tokenizer, kv_episodes,
+        if name == ADD_TASK:
+            tasks[name]["exact_match"] = greedy_exact_match(model, handle.tokenizer, problems,
                                                             prefix_token_id=handle.prefix_token_id)
     return metrics, tasks, scored
 
@@ -154,7 +151,7 @@ def run_lineage(config: LabConfig, family: str, seed: int, out: Path, inputs: La
         if not score:
             checkpoints.append({**meta, "path": f"{name}/step{meta['step']}"})
             continue
-        metrics, tasks, scored = score_checkpoint_dir(path, config, inputs.task_files, inputs.kv_episodes)
+        metrics, tasks, scored = score_checkpoint_dir(path, config, inputs.task_files, inputs.problems)
         checkpoints.append({"family": family, "seed": seed, "step": meta["step"],
                             "bytes_seen": meta["bytes_seen"], "tokens_seen": meta["tokens_seen"],
                             "path": f"{name}/step{meta['step']}", "metrics": metrics, "tasks": tasks})
@@ -258,10 +255,10 @@ def lab_summary(record: LabRecord) -> list[dict[str, Any]]:
     """One row per checkpoint with the headline numbers (for the CLI's table)."""
     rows = []
     for ck in record.checkpoints:
-        kv = ck.tasks.get(KV_TASK)
+        add = ck.tasks.get(ADD_TASK)
         rows.append({"lineage": lineage_name(ck.family, ck.seed), "step": ck.step, "bytes": ck.bytes_seen,
                      "lstar": ck.metrics.lstar, "ce": ck.metrics.ce, "bpb": ck.metrics.bits_per_byte,
-                     "kv_acc": kv.acc if kv else None, "kv_em": kv.exact_match if kv else None,
+                     "add_acc": add.acc if add else None, "add_em": add.exact_match if add else None,
                      "cloze_acc": ck.tasks[CLOZE_TASK].acc if CLOZE_TASK in ck.tasks else None})
     return rows
 

@@ -1,9 +1,10 @@
 """The lab's evaluation tasks: files in the `cloze-v0` multiple-choice format, and exact match.
 
-- `kv-recall`: held-out key-value recall episodes (`monitor.lab.text`); the options are the
-  episode's own values, so knowing "a digit comes next" is not enough: only retrieving the
-  queried key's value beats the 1/n baseline. Also scored by string exact match of a greedy
-  decode, which does not depend on how a tokenizer splits the answer.
+- `add-words`: the 55 additions of `monitor.lab.text` (`seven plus two is` → ` nine`), with
+  the ten number words as options (chance 1/10). The table is the skill being learned, so
+  every problem also occurs in training, as a fact of arithmetic would; the items test whether
+  the model computes the answer from the two operands in its context. Also scored by string
+  exact match of a greedy decode, which does not depend on how a tokenizer splits the answer.
 - `cloze-heldout`: the items of `shared/tasks/cloze-v0.jsonl` whose document the lab holds out
   of training (cloze-v0 is built from calib-v0-alt, which the lab trains on).
 
@@ -13,46 +14,26 @@ Both are scored by the built-in evaluator (`monitor.tasks.evaluate_multiple_choi
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabError
 from monitor.lab.records import atomic_write_text
-from monitor.lab.text import Episode, make_episode
+from monitor.lab.text import NUMBER_WORDS, Problem, all_problems
 
-KV_TASK = "kv-recall"
+ADD_TASK = "add-words"
 CLOZE_TASK = "cloze-heldout"
-MAX_DECODE_TOKENS = 4
+MAX_DECODE_TOKENS = 6
 
 
-def heldout_episodes(*, seed: int, n: int, kv_pairs: int, exclude: Iterable[str] = ()) -> list[Episode]:
-    """`n` distinct episodes from their own random stream, none equal to a training episode."""
-    rng = random.Random(f"lab-kv-eval-{seed}")
-    banned = set(exclude)
-    out: list[Episode] = []
-    seen: set[str] = set()
-    for _ in range(100 * n):
-        if len(out) == n:
-            break
-        ep = make_episode(rng, kv_pairs)
-        if ep.text in banned or ep.prompt in seen:
-            continue
-        seen.add(ep.prompt)
-        out.append(ep)
-    if len(out) < n:
-        raise LabError(f"could not draw {n} held-out kv-recall episodes", hint="use fewer items")
-    return out
-
-
-def episode_items(episodes: Sequence[Episode]) -> list[dict[str, Any]]:
-    """Multiple-choice items: the prompt, one option per value of the episode."""
+def problem_items(problems: Sequence[Problem] | None = None) -> list[dict[str, Any]]:
+    """Multiple-choice items: the prompt, one option per number word."""
     items = []
-    for i, ep in enumerate(episodes):
-        values = [v for _, v in ep.pairs]
-        items.append({"id": f"{KV_TASK}-{i:04d}", "slice": "kv", "context": ep.prompt,
-                      "choices": [f" {v}" for v in values], "answer": values.index(ep.value)})
+    for i, problem in enumerate(all_problems() if problems is None else problems):
+        items.append({"id": f"{ADD_TASK}-{problem.a}{problem.b}", "slice": "arithmetic",
+                      "context": problem.prompt, "choices": [f" {w}" for w in NUMBER_WORDS],
+                      "answer": NUMBER_WORDS.index(problem.answer)})
     return items
 
 
@@ -90,18 +71,18 @@ def write_task(path: Path, items: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
-def greedy_exact_match(model: Any, tokenizer: Any, episodes: Sequence[Episode], *,
+def greedy_exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], *,
                        prefix_token_id: int | None, max_new_tokens: int = MAX_DECODE_TOKENS) -> float:
-    """Share of episodes whose greedy continuation, decoded to a string, starts with the value
-    as a whole word ("7" in " 7\\n..." counts; "72" does not)."""
+    """Share of problems whose greedy continuation, decoded to a string, starts with the answer
+    as a whole word ("nine" in " nine\\n..." counts; "ninety" does not)."""
     import torch
 
     hits = 0
     device = next(model.parameters()).device
     with torch.inference_mode():
-        for ep in episodes:
+        for problem in problems:
             ids = ([prefix_token_id] if prefix_token_id is not None else []) \
-                + tokenizer.encode(ep.prompt, add_special_tokens=False).ids
+                + tokenizer.encode(problem.prompt, add_special_tokens=False).ids
             new: list[int] = []
             for _ in range(max_new_tokens):
                 x = torch.tensor([ids + new], device=device)
@@ -110,5 +91,5 @@ def greedy_exact_match(model: Any, tokenizer: Any, episodes: Sequence[Episode], 
                 if text.strip() and (text.strip() != text.lstrip() or len(text.split()) > 1):
                     break                    # a whole word is out: nothing more can change it
             words = tokenizer.decode(new, skip_special_tokens=False).split()
-            hits += int(bool(words) and words[0] == ep.value)
-    return hits / len(episodes)
+            hits += int(bool(words) and words[0] == problem.answer)
+    return hits / len(problems)

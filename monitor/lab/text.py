@@ -1,18 +1,21 @@
-"""The lab's training byte stream and its task episodes.
+"""The lab's training byte stream and its arithmetic problems.
 
 Every family trains on the same bytes, in the same order: natural text from the documents of
 `calib-v0-alt` that the held-out cloze items do not come from (calib-v0, the scoring corpus,
-is never trained on), interleaved with generated key-value recall episodes such as
+is never trained on), interleaved with additions of two digits written in words, such as
 
-    k=3 b=7 x=1. b? 7
+    seven plus two is nine
 
-An episode is an in-context task: the value of the queried key is only in the episode itself,
-so a model can answer it only by looking back (the induction/retrieval circuit of Olsson et al.
-2022). Episodes are short (one-character keys and values) because longer copy tasks did not
-show a transition within a CPU budget (shared/docs/lab-notes.md).
+(sums up to nine: 55 problems). The operands are in the context and the answer is computed
+from both, so a model must combine two earlier words; no single operand, and no unigram or
+bigram statistic, gives the answer. Small models learn this table abruptly within the lab's
+budget, while key-value recall episodes (an induction task) and a 6-word copy task stayed at
+chance on this CPU (shared/docs/lab-notes.md). Number words are one token each in the four
+real tokenizers and several pieces in the toy unigram one; exact match is judged on the
+decoded string, so it does not depend on how a tokenizer splits the answer.
 
-The stream is a list of training documents (a few episodes, a chunk of natural text, a few
-more episodes); each family tokenizes each document on its own, after its prefix token, as the
+The stream is a list of training documents (a few problems, a chunk of natural text, a few
+more problems); each family tokenizes each document on its own, after its prefix token, as the
 scoring spec does with the calibration corpus. Everything is drawn from `random.Random(seed)`,
 whose output is stable across Python versions, so the same seed gives the same bytes.
 """
@@ -20,7 +23,6 @@ whose output is stable across Python versions, so the same seed gives the same b
 from __future__ import annotations
 
 import random
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,51 +30,45 @@ from pathlib import Path
 from monitor.corpus import Corpus, load_corpus
 from monitor.errors import LabError
 
-KEYS = string.ascii_lowercase
-VALUES = string.digits
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
 @dataclass(frozen=True)
-class Episode:
-    """One key-value recall episode: the pairs, the queried key and its value."""
+class Problem:
+    """One addition in words: `a plus b is a+b`, with a + b at most nine."""
 
-    pairs: tuple[tuple[str, str], ...]
-    key: str
-    value: str
+    a: int
+    b: int
+
+    @property
+    def answer(self) -> str:
+        return NUMBER_WORDS[self.a + self.b]
 
     @property
     def prompt(self) -> str:
-        """The episode up to the question (what a model reads before answering)."""
-        return " ".join(f"{k}={v}" for k, v in self.pairs) + f". {self.key}?"
+        """The problem up to the answer (what a model reads before answering)."""
+        return f"{NUMBER_WORDS[self.a]} plus {NUMBER_WORDS[self.b]} is"
 
     @property
     def text(self) -> str:
-        """The whole episode as it appears in training text."""
-        return f"{self.prompt} {self.value}"
+        """The whole problem as it appears in training text."""
+        return f"{self.prompt} {self.answer}"
 
 
-def make_episode(rng: random.Random, n_pairs: int) -> Episode:
-    """A random episode with `n_pairs` distinct keys and distinct values."""
-    if not 2 <= n_pairs <= len(VALUES):
-        raise LabError(f"kv_pairs must be from 2 to {len(VALUES)}, got {n_pairs}")
-    keys = _sample(rng, KEYS, n_pairs)
-    values = _sample(rng, VALUES, n_pairs)
-    pairs = tuple(zip(keys, values))
-    key, value = pairs[_below(rng, n_pairs)]
-    return Episode(pairs, key, value)
+def all_problems() -> list[Problem]:
+    """The 55 problems, in order of (a, b)."""
+    return [Problem(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+
+
+def make_problem(rng: random.Random) -> Problem:
+    """A problem drawn uniformly from the 55."""
+    problems = all_problems()
+    return problems[_below(rng, len(problems))]
 
 
 def _below(rng: random.Random, n: int) -> int:
     # random() alone is stable across Python versions (randrange/sample are not guaranteed)
     return min(int(rng.random() * n), n - 1)
-
-
-def _sample(rng: random.Random, population: str, k: int) -> list[str]:
-    pool = list(population)
-    out = []
-    for _ in range(k):
-        out.append(pool.pop(_below(rng, len(pool))))
-    return out
 
 
 @dataclass(frozen=True)
@@ -105,40 +101,60 @@ def load_text_source(corpus_dir: str | Path, *, heldout_every: int = 3) -> TextS
                       tuple(d.text for d in train))
 
 
-def _chunks(texts: Sequence[str], size: int):
-    """Endless chunks of about `size` characters, cut at line ends, cycling through `texts`."""
+def _chunk_pool(texts: Sequence[str], size: int) -> list[str]:
+    """The training texts cut into chunks of about `size` characters, at line ends."""
+    pool: list[str] = []
+    for text in texts:
+        buf: list[str] = []
+        length = 0
+        for line in text.split("\n"):
+            buf.append(line)
+            length += len(line) + 1
+            if length >= size:
+                pool.append("\n".join(buf).strip("\n"))
+                buf, length = [], 0
+        if buf and "".join(buf).strip():
+            pool.append("\n".join(buf).strip("\n"))
+    return [chunk for chunk in pool if chunk]
+
+
+def _chunks(texts: Sequence[str], size: int, rng: random.Random):
+    """Endless chunks of the texts, each pass over them in a new seeded random order.
+
+    The corpus is ordered by slice (all code, then all encyclopedic text, ...); read in that
+    order, a model drifts to whichever slice it saw last and its loss on the calibration
+    corpus rises and falls with the slice, so L* would not follow training progress.
+    """
+    pool = _chunk_pool(texts, size)
+    if not pool:
+        raise LabError("the lab's training texts are empty")
     while True:
-        for text in texts:
-            lines = text.split("\n")
-            buf: list[str] = []
-            length = 0
-            for line in lines:
-                buf.append(line)
-                length += len(line) + 1
-                if length >= size:
-                    yield "\n".join(buf).strip("\n")
-                    buf, length = [], 0
-            if buf and "".join(buf).strip():
-                yield "\n".join(buf).strip("\n")
+        order = list(range(len(pool)))
+        for i in range(len(order) - 1, 0, -1):          # Fisher-Yates on rng.random() only
+            j = _below(rng, i + 1)
+            order[i], order[j] = order[j], order[i]
+        for i in order:
+            yield pool[i]
 
 
-def build_stream(source: TextSource, *, total_bytes: int, seed: int, kv_pairs: int,
-                 episodes_per_doc: int = 8, chunk_chars: int = 600) -> list[str]:
+def build_stream(source: TextSource, *, total_bytes: int, seed: int, problems_per_doc: int = 8,
+                 chunk_chars: int = 600) -> list[str]:
     """Training documents adding up to at least `total_bytes` UTF-8 bytes.
 
-    Each document: half of its episodes, a chunk of natural text, the other half. Natural
-    text cycles through the training documents; episodes are fresh throughout.
+    Each document: half of its problems, a chunk of natural text, the other half. Natural
+    text passes over the training documents' chunks again and again, each pass in a new
+    seeded order; problems are drawn afresh throughout.
     """
     if total_bytes < 1:
         raise LabError(f"the byte budget must be positive, got {total_bytes}")
     rng = random.Random(seed)
-    chunks = _chunks(source.texts, chunk_chars)
+    chunks = _chunks(source.texts, chunk_chars, random.Random(f"lab-text-order-{seed}"))
     docs: list[str] = []
     seen = 0
-    half = episodes_per_doc // 2
+    half = problems_per_doc // 2
     while seen < total_bytes:
-        head = [make_episode(rng, kv_pairs).text for _ in range(half)]
-        tail = [make_episode(rng, kv_pairs).text for _ in range(episodes_per_doc - half)]
+        head = [make_problem(rng).text for _ in range(half)]
+        tail = [make_problem(rng).text for _ in range(problems_per_doc - half)]
         doc = "\n".join([*head, next(chunks), *tail])
         docs.append(doc)
         seen += len(doc.encode("utf-8"))

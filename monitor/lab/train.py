@@ -103,12 +103,25 @@ def seen_at(data: FamilyData, config: LabConfig, step: int) -> tuple[int, int]:
     return (int(round(data.cum_bytes[n])) if n > 0 else 0), n
 
 
-def _save_state(path: Path, model, optimizer, step: int) -> None:
+def training_fingerprint(config: LabConfig, data: FamilyData, seed: int) -> str:
+    """What a lineage's weights depend on: its tokens, the architecture and the optimisation
+    settings. A saved state with another fingerprint belongs to another lab and is not resumed."""
+    import hashlib
+
+    settings = {"arch": config.arch.as_dict(), "batch_size": config.batch_size, "lr": config.lr,
+                "warmup_steps": config.warmup_steps, "fractions": list(config.fractions), "seed": seed,
+                "vocab": hashlib.sha256(data.vocab.used.tobytes()).hexdigest()}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
+    digest.update(np.ascontiguousarray(data.tokens, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def _save_state(path: Path, model, optimizer, step: int, fingerprint: str) -> None:
     import torch
 
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": torch.get_rng_state()}, tmp)
+                "rng": torch.get_rng_state(), "fingerprint": fingerprint}, tmp)
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
@@ -160,8 +173,13 @@ def train_lineage(config: LabConfig, family: str, seed: int, data: FamilyData, o
     model = build_compact_model(config.arch, data.vocab.n_used, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.01)
     start = 0
+    fingerprint = training_fingerprint(config, data, seed)
     state = _load_state(state_path)
     if state is not None:
+        if state.get("fingerprint") != fingerprint:
+            raise LabError(f"the training state {state_path} was saved by a lab with other settings, "
+                           "text or tokenizer than this one",
+                           hint=f"delete {out} to retrain that lineage, or run with the settings it was trained with")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -187,7 +205,7 @@ def train_lineage(config: LabConfig, family: str, seed: int, data: FamilyData, o
         if done in ckpt_steps:
             model.eval()
             _write_checkpoint(out, model, data, config, family, seed, done)
-            _save_state(state_path, model, optimizer, done)
+            _save_state(state_path, model, optimizer, done, fingerprint)
             model.train()
         if progress is not None:
             progress(done, total)
