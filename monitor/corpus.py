@@ -93,13 +93,16 @@ class Corpus:
         """Slice names, in order of first appearance (alphabetical for corpora built here)."""
         return list(dict.fromkeys(d.slice for d in self.documents))
 
-    def select(self, *, slices: Sequence[str] | None = None, first: int | None = None) -> "Corpus":
-        """The documents of `slices` (corpus order kept), then the first `first` of those.
+    def select(self, *, slices: Sequence[str] | None = None, every: int | None = None,
+               first: int | None = None) -> "Corpus":
+        """The documents of `slices` (corpus order kept), then every `every`-th of those
+        (starting with the first: a sample that keeps every slice when the corpus is ordered by
+        slice), then the first `first` of those.
 
         The selection's `sha256` is the manifest formula over the selected documents, so a
         selection is pinned exactly like a whole corpus.
         """
-        if slices is None and first is None:
+        if slices is None and every is None and first is None:
             return self
         docs = self.documents
         parts: list[str] = [] if self.selection == "all" else [self.selection]
@@ -117,6 +120,12 @@ class Corpus:
                     hint=f"available slices: {', '.join(self.slices)}")
             docs = tuple(d for d in docs if d.slice in set(wanted))
             parts.append("slices:" + ",".join(s for s in self.slices if s in set(wanted)))
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= len(docs):
+                raise CorpusError(f"cannot select every {every!r}-th document: the selection has "
+                                  f"{len(docs)}", hint=f"use a number from 1 to {len(docs)}")
+            docs = docs[::every]
+            parts.append(f"every:{every}")
         if first is not None:
             if isinstance(first, bool) or not isinstance(first, int) or not 1 <= first <= len(docs):
                 raise CorpusError(f"cannot select the first {first!r} documents: the selection has "

@@ -1,10 +1,14 @@
 """`lstar demo`: the whole loop, offline, in a few minutes on a laptop CPU.
 
-1. Build two checkpoint families (gpt-neox and llama-2 tokenizers; `monitor.demo_models`):
-   for each, a labelled history (scored, evaluated on the built-in cloze task) and a live
-   lineage published on an in-process fake Hub as step branches of `demo-org/<family>-tiny`.
+1. Train two checkpoint families with the emergence lab (`monitor.lab.demo`: small causal
+   transformers with the gpt2 and the toy unigram tokenizer, on the same bytes), two seeds
+   each. Seed 0 of each family is the labelled history (scored, evaluated on the cloze items
+   of the documents the lab held out of training); seed 1 is the live lineage, published on an
+   in-process fake Hub as step branches of `demo-org/<family>-lab`.
 2. Fit the cloze curve on the history (`fit_curve`). The level b + ε is derived from the
-   fitted curve: b is the task's chance level, ε half the curve's rise above it.
+   fitted curve: b is the task's chance level, ε half the curve's rise above it. The curve's
+   own warnings (an unresolved threshold, ε below the resolution) travel with it into the
+   report and the alerts.
 3. Write a policy: watch demo-org's step branches, apply the curve, route at-risk/emerged
    alerts (grouped per policy and lineage) to a local webhook receiver and a local SMTP
    server, and a report schedule.
@@ -24,11 +28,7 @@ from typing import Any
 
 from monitor.errors import LstarError
 
-FAMILIES = (("neox", "gpt-neox", "gpt_neox"), ("llama", "llama-2", "llama"))
-HISTORY_T = (0.0, 0.4, 0.7, 1.0)    # interpolation weights of the labelled checkpoints
-LIVE_T = (0.2, 0.6, 1.0)            # ... and of the watched lineage's steps
-LIVE_STEPS = (1000, 2000, 3000)
-CLOZE_ITEMS = 40
+HISTORY_SEED, LIVE_SEED = 0, 1
 METRIC = "prob_correct"
 ORG = "demo-org"
 
@@ -36,25 +36,27 @@ ORG = "demo-org"
 def _score_request(corpus_dir: Path) -> Any:
     from monitor.engine import ScoreRequest
 
-    return ScoreRequest(corpus_dir=corpus_dir, docs=8, max_context=64, n_boot=200, tcb_positions=64,
+    # every 24th document: 9 documents from all five slices (the first 8 would all be code)
+    return ScoreRequest(corpus_dir=corpus_dir, every=24, max_context=64, n_boot=200, tcb_positions=64,
                         progress=False, device="cpu", dtype="float32")
 
 
 def _folder_files(folder: Path) -> dict[str, bytes]:
     from monitor.sandbox.hub_repos import model_card
 
-    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != "lineage.json"}
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     files["README.md"] = model_card()
     return files
 
 
-def _publish(hub: Any, repo: str, folders: list[Path]) -> dict[str, str]:
+def _publish(hub: Any, repo: str, folders: dict[int, Path]) -> dict[str, str]:
+    """Publish a lineage's checkpoints as step branches, an hour apart, and `main` at the last."""
     from datetime import timedelta
 
     from monitor.sandbox.hub_repos import BASE_TIME
 
     refs = {}
-    for i, (step, folder) in enumerate(zip(LIVE_STEPS, folders)):
+    for i, (step, folder) in enumerate(sorted(folders.items())):
         when = BASE_TIME + timedelta(hours=i)
         if i == 0:
             refs[f"step{step}"] = hub.add_repo(repo, _folder_files(folder), branch=f"step{step}", last_modified=when,
@@ -62,7 +64,7 @@ def _publish(hub: Any, repo: str, folders: list[Path]) -> dict[str, str]:
         else:
             refs[f"step{step}"] = hub.add_commit(repo, _folder_files(folder), branch=f"step{step}", replace=True,
                                                  date=when)
-    refs["main"] = hub.add_branch(repo, "main", revision=f"step{LIVE_STEPS[-1]}")
+    refs["main"] = hub.add_branch(repo, "main", revision=f"step{max(folders)}")
     return refs
 
 
@@ -75,7 +77,7 @@ def _label_history(db: Path, request: Any, task_path: Path, folders: dict[str, l
     for family, paths in folders.items():
         for folder in paths:
             run = score_checkpoint(replace(request, model=str(folder)), db_path=db)
-            evaluation = evaluate_checkpoint(str(folder), task_path, limit=CLOZE_ITEMS, device="cpu", dtype="float32")
+            evaluation = evaluate_checkpoint(str(folder), task_path, device="cpu", dtype="float32")
             rows = [label for label in evaluation_labels(evaluation, family=family, run_id=run["run_id"])
                     if label.metric == METRIC]
             with Store.open(db) as store:
@@ -103,7 +105,7 @@ def fit_demo_curve(db: Path, labels: list[Any], out: Path) -> tuple[Any, dict[st
     if rise <= 0.01:
         raise LstarError(f"the fitted cloze curve rises only {rise:.4f} above chance ({chance:.3f}); "
                          "no emergence level can be set from it",
-                         hint="use more cloze items or checkpoints closer to the bigram end")
+                         hint="train the demo's lab longer (monitor.lab.demo.demo_config)")
     margin = round(rise / 2.0, 4)
     curve = fit_curve(joined, margin=margin, **common)
     save_curve(curve, out)
@@ -173,13 +175,11 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     """
     os.environ.setdefault("DISABLE_SAFETENSORS_CONVERSION", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    from monitor.corpus import load_corpus
     from monitor.daemon import Daemon, DaemonConfig
-    from monitor.demo_models import bigram_factors, build_lineage
-    from monitor.store import Store
+    from monitor.lab.demo import heldout_cloze_file, train_demo_lineages
     from monitor.sandbox.fakehub import FakeHub
     from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
-    from monitor.tokenizer import load_tokenizer
+    from monitor.store import Store
 
     started = time.perf_counter()
     shared = Path(shared_dir) if shared_dir else Path(__file__).resolve().parents[2] / "shared"
@@ -189,24 +189,16 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     state, models = workdir / "state", workdir / "models"
     db = state / "lstar.duckdb"
     request = _score_request(shared / "corpus" / "calib-v0")
-    alt = load_corpus(shared / "corpus" / "calib-v0-alt")
 
-    history: dict[str, list[Path]] = {}
-    live: dict[str, list[Path]] = {}
-    for i, (family, tokenizer, arch) in enumerate(FAMILIES):
-        tok_dir = shared / "tokenizers" / tokenizer
-        handle = load_tokenizer(tok_dir)
-        seqs = handle.encode_documents(alt)
-        log(f"building the {family} checkpoints (bigram interpolations, tokenizer {tokenizer})")
-        vocab = handle.vocab_size  # 1 + the largest id
-        factors = bigram_factors(seqs, vocab, 24)
-        history[family] = build_lineage(models / f"{family}-history", tok_dir, seqs, arch=arch, seed=100 + i,
-                                        steps=HISTORY_T, factors=factors)
-        live[family] = build_lineage(models / f"{family}-live", tok_dir, seqs, arch=arch, seed=200 + i,
-                                     steps=LIVE_T, factors=factors)
+    log("training two checkpoint families with the emergence lab (gpt2 and the toy unigram "
+        "tokenizer, two seeds each; about a minute and a half on 2 cores)")
+    lineages_by_seed = train_demo_lineages(models, shared=shared)
+    history = {family: list(steps.values()) for (family, seed), steps in lineages_by_seed.items()
+               if seed == HISTORY_SEED}
+    live = {family: steps for (family, seed), steps in lineages_by_seed.items() if seed == LIVE_SEED}
 
     log("labelling the history with the cloze task and scoring it")
-    labels = _label_history(db, request, shared / "tasks" / "cloze-v0.jsonl", history)
+    labels = _label_history(db, request, heldout_cloze_file(models), history)
     curve_path = workdir / "policies" / "curves" / "cloze.json"
     curve, fit = fit_demo_curve(db, labels, curve_path)
     log(f"fitted the cloze curve: level b + ε = {fit['chance']:.3f} + {fit['margin']:.3f}")
@@ -215,7 +207,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     with FakeHub() as hub, WebhookReceiver() as hook, SmtpReceiver() as smtp:
         lineages = {}
         for family, folders in live.items():
-            lineages[f"{ORG}/{family}-tiny"] = _publish(hub, f"{ORG}/{family}-tiny", folders)
+            lineages[f"{ORG}/{family}-lab"] = _publish(hub, f"{ORG}/{family}-lab", folders)
         policy_path = workdir / "policies" / "demo.yaml"
         policy_path.write_text(POLICY.format(org=ORG, corpus=fit["corpus_sha256"], curve="curves/cloze.json",
                                              webhook=hook.url, smtp_port=smtp.port,

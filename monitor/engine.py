@@ -36,6 +36,7 @@ class ScoreRequest:
     disjoint: bool = False
     docs: int | None = None
     slices: list[str] | None = None
+    every: int | None = None        # every k-th document (after `slices`, before `docs`)
     dtype: str = "auto"
     device: str = "auto"
     batch_size: int = 8
@@ -76,9 +77,9 @@ def library_versions() -> dict[str, str]:
 
 
 def _select(corpus: Corpus, request: ScoreRequest) -> Corpus:
-    if request.docs is None and not request.slices:
+    if request.docs is None and not request.slices and request.every is None:
         return corpus
-    return corpus.select(slices=request.slices, first=request.docs)
+    return corpus.select(slices=request.slices, every=request.every, first=request.docs)
 
 
 def _reference_tokens(reference_dir: Path, corpus: Corpus) -> tuple[str, list[int]]:

@@ -169,7 +169,21 @@ def test_slice_selection_keeps_corpus_order(calib: Corpus, raw_docs) -> None:
     assert both.select(first=2).selection == "slices:prose;first:5;first:2"
 
 
+def test_every_kth_selection_samples_all_slices(calib: Corpus, raw_docs) -> None:
+    part = calib.select(every=24)
+    assert part.selection == "every:24"
+    assert [d.id for d in part.documents] == [raw_docs[i]["id"] for i in range(0, 216, 24)]
+    assert len(part.documents) == 9 and {d.slice for d in part.documents} == set(calib.slices)
+    assert part.sha256 == doc_pin(raw_docs[::24])
+    prose = [d for d in raw_docs if d["slice"] == "prose"]
+    both = calib.select(slices=["prose"], every=3, first=4)
+    assert both.selection == "slices:prose;every:3;first:4"
+    assert [d.id for d in both.documents] == [d["id"] for d in prose[::3][:4]]
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
+    ({"every": 0}, r"every 0-th document: the selection has 216"),
+    ({"every": True}, r"every True-th document"),
     ({"slices": ["poetry"]}, r"unknown slice\(s\) poetry .*available slices: code, encyclopedic, "
                              r"math, prose, technical"),
     ({"slices": []}, r"no slice named"),

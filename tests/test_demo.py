@@ -1,5 +1,6 @@
-"""`lstar demo` end to end, as a subprocess: fake Hub, two tokenizer families, cloze curve, the daemon
-once, local webhook and SMTP receivers, a report; then what it produced is checked in the files."""
+"""`lstar demo` end to end, as a subprocess: lab-trained checkpoints of two tokenizer families, fake
+Hub, cloze curve, the daemon once, local webhook and SMTP receivers, a report; then what it produced
+is checked in the files."""
 
 from __future__ import annotations
 
@@ -23,14 +24,18 @@ def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     assert summary["ok"] is True
 
     with Store.open(summary["db"], read_only=True) as store:
-        runs = store.query("SELECT model_repo, lstar, tokenizer_fingerprint FROM score_runs "
+        runs = store.query("SELECT model_repo, model_sha, lstar, tokenizer_fingerprint FROM score_runs "
                            "WHERE model_repo LIKE 'demo-org/%' ORDER BY model_repo, finished_at")
         preds = store.query("SELECT lineage, state, lstar, lo, hi, threshold FROM predictions WHERE policy = 'demo'")
         reports = store.reports(policy="demo")
-    lineages = {"demo-org/neox-tiny", "demo-org/llama-tiny"}
+    lineages = {"demo-org/gpt2-lab", "demo-org/spm-unigram-toy-lab"}
     # three steps per lineage scored, two tokenizers, one prediction per score
     assert {r["model_repo"] for r in runs} == lineages and len(runs) == 6
     assert len({r["tokenizer_fingerprint"] for r in runs}) == 2
+    # trained models: each lineage's last step (main) beats its unigram baseline, as real models do
+    for repo, refs in summary["hub"]["lineages"].items():
+        (last,) = [r for r in runs if r["model_repo"] == repo and r["model_sha"] == refs["main"]]
+        assert last["lstar"] < 0, (repo, last["lstar"])
     assert len(preds) == 6
     # each state is what the interval says about the level b + ε
     for p in preds:

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
 
     out_option = typer.Option(Path("state") / "lab", "--out", help="The lab folder (resumed when it exists).")
     shared_option = typer.Option(Path("../shared"), "--shared", help="The shared data folder.")
-    size_option = typer.Option("full", "--size", help="full (the measured lab) or reduced (CI/demo size).")
+    size_option = typer.Option("full", "--size", help="full (the measured lab) or reduced (the CI size).")
     families_option = typer.Option(None, "--families", help="Comma-separated tokenizer folders of shared/tokenizers.")
     seeds_option = typer.Option(None, "--seeds", help="Comma-separated seeds, e.g. 0,1,2.")
     budget_option = int_option(None, "--byte-budget", low=10_000, high=1 << 30,

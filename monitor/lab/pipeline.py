@@ -84,35 +84,17 @@ def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
     return LabInputs(stream, problems, files, eval_texts, provenance)
 
 
-def scoring_subset(prepared: Any, every: int) -> Any:
-    """The engine's prepared score restricted to every `every`-th document of the corpus.
-
-    The selection is pinned like `Corpus.select` pins one: its sha256 is the manifest formula
-    over the kept documents, and its name says how it was made."""
-    from dataclasses import replace
-
-    from monitor.corpus import manifest_sha256
-
-    if every == 1:
-        return prepared
-    corpus = prepared.corpus
-    keep = list(range(0, len(corpus.documents), every))
-    docs = tuple(corpus.documents[i] for i in keep)
-    subset = replace(corpus, documents=docs, selection=f"every:{every}",
-                     sha256=manifest_sha256((d.id, d.sha256) for d in docs))
-    return replace(prepared, corpus=subset, token_seqs=[prepared.token_seqs[i] for i in keep])
-
-
 def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Path],
                          problems: list[Problem]) -> tuple[dict[str, float], dict[str, dict], Any]:
     """Metrics and task labels of one checkpoint folder, and the engine's ScoredRun."""
     from monitor.engine import ScoreRequest, compute_score, prepare
     from monitor.tasks import evaluate_multiple_choice, load_mc_task
 
+    # every k-th calib-v0 document: a pinned, slice-balanced selection ("every:k")
     request = ScoreRequest(model=str(path), corpus_dir=config.calib_corpus, dtype="float32",
                            device="cpu", with_tcb=False, n_boot=config.n_boot, progress=False,
-                           batch_size=8)
-    prepared = scoring_subset(prepare(request), config.score_every)
+                           batch_size=8, every=config.score_every if config.score_every > 1 else None)
+    prepared = prepare(request)
     scored = compute_score(prepared, None)
     r = scored.result
     ubpb = r["ce_unigram"] * r["n_tokens"] / r["n_bytes"] / math.log(2)
