@@ -1,7 +1,7 @@
 """Trained checkpoint lineages for `lstar demo`: two tokenizer families, two seeds each.
 
 `demo_config` is the lab sized for the demo's time budget (about a minute and a half of
-training on 2 cores): the lab's architecture over 64-token contexts, 250 kB of the lab's byte
+training on 2 cores): the lab's architecture over 64-token contexts, 300 kB of the lab's byte
 stream per lineage. Both families end below their unigram baseline on calib-v0 (negative L*),
 as real models do. `train_demo_lineages` trains it without scoring and returns the checkpoint
 folders of each (family, seed) by step, ready to be labelled or published on the fake Hub;
@@ -24,9 +24,9 @@ DEMO_SEEDS = (0, 1)
 
 
 def demo_config(shared: str | Path = Path("../shared"), **changes: Any) -> LabConfig:
-    """The demo's lab: the full lab's width over shorter contexts and a 250 kB budget."""
+    """The demo's lab: the full lab's width over shorter contexts and a 300 kB budget."""
     shared = Path(shared)
-    config = LabConfig(families=DEMO_FAMILIES, seeds=DEMO_SEEDS, byte_budget=250_000,
+    config = LabConfig(families=DEMO_FAMILIES, seeds=DEMO_SEEDS, byte_budget=300_000,
                        arch=ArchConfig(hidden=128, layers=2, heads=4, intermediate=512, context=64),
                        batch_size=8, lr=3e-3, warmup_steps=10, fractions=(0.15, 0.45, 1.0),
                        tokenizers_dir=shared / "tokenizers", text_corpus=shared / "corpus" / "calib-v0-alt",
