@@ -201,7 +201,15 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     labels = _label_history(db, request, heldout_cloze_file(models), history)
     curve_path = workdir / "policies" / "curves" / "cloze.json"
     curve, fit = fit_demo_curve(db, labels, curve_path)
-    log(f"fitted the cloze curve: level b + ε = {fit['chance']:.3f} + {fit['margin']:.3f}")
+    log(f"fitted the cloze curve: level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
+    from monitor.curve_artifact import unresolved_warnings
+
+    unresolved = unresolved_warnings(curve)
+    if unresolved:
+        # the alerts and the report say so too; the demo says it first
+        log(f"the curve's threshold is UNRESOLVED ({len(unresolved)} warnings), so at-risk calls "
+            f"from it are not established: {unresolved[0].message}")
+    fit["unresolved_warnings"] = [w.message for w in unresolved]
 
     summary: dict[str, Any] = {"workdir": str(workdir), "db": str(db), "curve": str(curve_path), "fit": fit}
     with FakeHub() as hub, WebhookReceiver() as hook, SmtpReceiver() as smtp:

@@ -48,6 +48,11 @@ def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     bodies = json.loads(Path(summary["webhook"]["file"]).read_text())
     assert sorted(b["groupLabels"]["lineage"] for b in bodies) == sorted(firing)
     assert all(b["groupLabels"]["policy"] == "demo" and b["status"] == "firing" for b in bodies)
+    # an unresolved curve says so in every alert it fires
+    if summary["fit"]["unresolved_warnings"]:
+        for alert in (a for b in bodies for a in b["alerts"]):
+            assert "UNRESOLVED" in alert["annotations"]["description"]
+            assert summary["fit"]["unresolved_warnings"][0] in alert["annotations"]["curve_warnings"]
     mails = [message_from_bytes(Path(f).read_bytes(), policy=email_policy.default) for f in summary["email"]["files"]]
     alert_mails = [m for m in mails if m["X-Lstar-Report"] is None]
     assert len(alert_mails) == len(firing)
