@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cache_prune import prune_cache
-from monitor.gate import fetch_job, fetch_pinned, gate_pending, snapshot_dir
-from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
-from monitor.queue import Outcome, claim_next, process_pending
-from monitor.store import Store
+from monitor.hub.cache_prune import prune_cache
+from monitor.hub.client import HubClient, RetryPolicy
+from monitor.hub.fetch import fetch_job, fetch_pinned, snapshot_dir
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import poll_once
+from monitor.hub.queue import Outcome, claim_next, process_pending
+from monitor.hub.rules import WatchRule
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import add_lineage, tiny_model_files
+from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 RULE = WatchRule(name="steps", author="acme", revisions={"branches": r"step\d+"})
@@ -128,9 +131,9 @@ def test_the_byte_budget_prunes_further_but_never_a_pending_checkpoint(world):
 
 
 def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
-    from monitor.daemon import Daemon, DaemonConfig
-    from monitor.daemon_scoring import score_next
-    from monitor.engine import ScoreRequest
+    from monitor.scoring.engine import ScoreRequest
+    from monitor.service.daemon import Daemon, DaemonConfig
+    from monitor.service.scoring_driver import score_next
 
     cache = tmp_path / "hub-cache"
     template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",

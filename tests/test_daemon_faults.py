@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import add_lineage
+from monitor.store import Store
+from monitor.testing.daemon_harness import DaemonProcess, wait_for
 from tests.test_daemon import write_policy
 
 
@@ -254,7 +254,7 @@ def test_clock_jumps_and_dst_cause_no_double_runs(monkeypatch):
     import apscheduler.schedulers.base as base
     from apscheduler.schedulers.base import STATE_RUNNING
 
-    from monitor.daemon import add_interval_job, build_scheduler
+    from monitor.service.daemon import add_interval_job, build_scheduler
 
     clock = {"now": datetime(2025, 3, 30, 0, 30, tzinfo=timezone.utc)}  # Europe's DST change at 01:00 UTC
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitor.daemon import Daemon, DaemonConfig
-from monitor.policy_yaml import NESTING_LIMIT
+from monitor.policy.strict_yaml import NESTING_LIMIT
+from monitor.service.daemon import Daemon, DaemonConfig
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
 DEEP = "[" * 100_000

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -34,8 +34,7 @@ def _policies(paths: list[Path]) -> list[Any]:
 
 def test_message(policy: Any, receiver: str, now: Any) -> Any:
     """A synthetic notification for `lstar alerts test` (never stored)."""
-    from monitor.notify.base import Outgoing
-    from monitor.notify.payload import build_body
+    from monitor.alerts import Outgoing, build_body
 
     labels = {"alertname": "LstarTest", "policy": policy.name, "receiver": receiver, "severity": "info"}
     alert = {"status": "firing", "labels": labels, "starts_at": now, "ends_at": None,
@@ -59,7 +58,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        from monitor.daemon_client import api_get, revive_times
+        from monitor.service import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:
@@ -87,7 +86,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        from monitor.daemon_client import api_get, revive_times
+        from monitor.service import api_get, revive_times
 
         url = live_daemon(db_path)
         if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
@@ -126,8 +125,7 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.daemon_client import api_post
-        from monitor.state_ops import retry_dead_letters
+        from monitor.service import api_post, retry_dead_letters
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
@@ -151,7 +149,7 @@ def register(app: typer.Typer) -> None:
 
         Exits 0 when it was delivered, 2 otherwise (the error says why).
         """
-        from monitor.notify.dispatcher import default_senders
+        from monitor.alerts import default_senders
         from monitor.policy import load_policy
 
         policy = load_policy(policy_file)
@@ -178,7 +176,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
-        from monitor.notify.outbox import evaluate_pending
+        from monitor.alerts import evaluate_pending
 
         loaded = _policies(policies)
         with Store.open(db_path) as store:
@@ -196,11 +194,8 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it.
-
-        The same pass runs as `python -m monitor.notify` (for cron, without the whole CLI).
-        """
-        from monitor.notify.dispatcher import run_pass
+        """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
+        from monitor.alerts import run_pass
 
         loaded = _policies(policies)
         with Store.open(db_path) as store:

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
                      limit: int | None) -> list[dict]:
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
-    from monitor.daemon_client import api_get, live_daemon_url
+    from monitor.service import api_get, live_daemon_url
 
     url = live_daemon_url(Path(db_path).parent)
     if url is not None:

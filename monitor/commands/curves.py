@@ -20,8 +20,7 @@ from monitor.errors import CurveError, LabelError
 from monitor.store import DEFAULT_DB_PATH, Store
 
 if TYPE_CHECKING:
-    from monitor.curve_artifact import CurveArtifact, ScoringRef
-    from monitor.tasks import Label
+    from monitor.curves import CurveArtifact, Label, ScoringRef
 
 LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
                "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
@@ -41,7 +40,7 @@ def confidence_option(help: str) -> Any:
 
 
 def bootstrap_option(default: int, help: str) -> Any:
-    # The fit needs at least 50 resamples for its percentile bands (monitor.curve_fit).
+    # The fit needs at least 50 resamples for its percentile bands (monitor.curves.fit).
     return int_option(default, "--bootstrap", "--n-boot", low=50, high=MAX_RESAMPLES, help=help)
 
 
@@ -49,7 +48,7 @@ def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpu
                     family: str | None) -> tuple[list[Label], dict[str, Any] | None]:
     """Labels with predictors from a CSV, or from lm-eval results / the store joined with the
     store's score runs; the second value holds the corpus and spec pins of a join."""
-    from monitor.tasks import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
+    from monitor.curves import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
 
     if labels_path is not None and labels_path.suffix.lower() == ".csv":
         labels = read_labels_csv(labels_path)
@@ -76,7 +75,7 @@ def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpu
 
 def _resolve_pins(pins: dict[str, Any] | None, corpus_sha: str | None,
                   spec: str | None) -> tuple[str | None, ScoringRef | None]:
-    from monitor.curve_artifact import ScoringRef
+    from monitor.curves import ScoringRef
 
     given = ScoringRef.parse(spec) if spec else None
     if pins is None:
@@ -94,7 +93,7 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 def print_summary(curve: CurveArtifact, console: Console) -> None:
     """A rich summary of a curve artifact."""
-    from monitor.curves import PREDICTORS
+    from monitor.curves.stats import PREDICTORS
 
     thr = curve.threshold
     table = Table(title=f"curve {curve.curve_id[:12]}: {curve.task} · {curve.metric}", title_justify="left",
@@ -131,7 +130,7 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
 
 def _warn(curve: CurveArtifact) -> None:
     """The curve's own warnings (`curve_warnings`), one line each on stderr."""
-    from monitor.curve_artifact import curve_warnings
+    from monitor.curves import curve_warnings
 
     for warning in curve_warnings(curve):
         print(f"warning: {warning.message}", file=sys.stderr)
@@ -159,8 +158,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on L* and write its artifact."""
-        from monitor.curve_artifact import curve_summary, save_curve
-        from monitor.curve_fit import fit_curve
+        from monitor.curves import curve_summary, save_curve
+        from monitor.curves.fit import fit_curve
 
         rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
@@ -183,8 +182,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Summarise a curve (and plot it with --png)."""
-        from monitor.curve_artifact import curve_summary, load_curve
-        from monitor.curve_plot import plot_curve
+        from monitor.curves import curve_summary, load_curve
+        from monitor.curves.plot import plot_curve
 
         curve = load_curve(curve_path)
         if png is not None:
@@ -215,8 +214,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs."""
-        from monitor.curve_validation import lofo_validate
-        from monitor.tasks import select_labels
+        from monitor.curves import select_labels
+        from monitor.curves.validation import lofo_validate
 
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
@@ -246,7 +245,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """P̂ = g(L*), its interval widened by SE(L*), and the state (clear / at_risk / emerged)."""
-        from monitor.curve_artifact import ScoringRef, load_curve, predict, predict_score_run
+        from monitor.curves import ScoringRef, load_curve, predict, predict_score_run
 
         curve = load_curve(curve_path)
         if run is not None:

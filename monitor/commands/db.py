@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     def info(db_path: Path = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Schema version and row counts (opens the file read-only)."""
-        from monitor.daemon_client import api_get, live_daemon_url
+        from monitor.service import api_get, live_daemon_url
 
         url = live_daemon_url(Path(db_path).parent)  # a running daemon answers: no lock error
         if url is not None:

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         """Evaluate a checkpoint on a multiple-choice task and store the metrics as labels."""
         # Imported here: the evaluator loads models (torch, transformers) and is not needed
         # for `lstar --help` or other commands.
-        from monitor.tasks import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
+        from monitor.curves import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
 
         evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
                                          batch_size=batch_size)

@@ -21,7 +21,7 @@ from typing import Any
 import click
 import typer
 
-from monitor.daemon_api_guard import MAX_LIMIT
+from monitor.service import MAX_LIMIT
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.

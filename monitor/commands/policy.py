@@ -18,7 +18,7 @@ from monitor.errors import PolicyError
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
     """Files as given; a folder stands for its *.yaml and *.yml entries (sorted), as the
     daemon lists them (so a directory or FIFO named *.yaml is reported, not skipped)."""
-    from monitor.policy_files import policy_files_in
+    from monitor.policy import policy_files_in
 
     out: list[Path] = []
     for p in paths:
@@ -28,8 +28,8 @@ def expand_policy_paths(paths: list[Path]) -> list[Path]:
 
 def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: str) -> dict[str, Any]:
     """For each task of the policy: the prediction and the receivers an alert would reach."""
-    from monitor.evaluate import route_alert, task_labels
-    from monitor.policy import load_policy, load_task_curve, predict_task
+    from monitor.alerts import load_task_curve, predict_task, route_alert, task_labels
+    from monitor.policy import load_policy
 
     if not math.isfinite(lstar) or not math.isfinite(se) or se < 0:
         raise PolicyError(f"--lstar {lstar} / --se {se}: give a finite L* and a standard error ≥ 0")

@@ -67,8 +67,7 @@ def register(app: typer.Typer) -> None:
         if not once:
             raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file)
-        from monitor.gate import gate_pending
-        from monitor.hub import HubClient, poll_once
+        from monitor.hub import HubClient, gate_pending, poll_once
 
         with Store.open(db_path) as store:
             client = HubClient(endpoint, store=store)

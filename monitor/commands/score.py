@@ -11,9 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_BATCH, DType, Device, int_option
-from monitor.engine import DEFAULT_MODEL, ScoreRequest, score_checkpoint
+from monitor.commands.options import MAX_BATCH, Device, DType, int_option
 from monitor.errors import SpecError
+from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
 from monitor.store import DEFAULT_DB_PATH
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
@@ -66,8 +66,8 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
     import os
     import socket
 
-    from monitor.engine import score_pending
     from monitor.hub import HubClient
+    from monitor.scoring import score_pending
     from monitor.store import Store
 
     owner = f"{socket.gethostname()}:{os.getpid()}"

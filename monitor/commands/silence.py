@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.state_ops import parse_now
+from monitor.service import parse_now
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
@@ -22,7 +22,7 @@ DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
 
 def live_daemon(db_path: Path) -> str | None:
     """The API URL of a daemon running next to `db_path`, else None."""
-    from monitor.daemon_client import live_daemon_url
+    from monitor.service import live_daemon_url
 
     return live_daemon_url(Path(db_path).parent)
 
@@ -46,13 +46,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id."""
-        from monitor.daemon_client import api_post, revive_times
-        from monitor.state_ops import add_silence_from_args
+        from monitor.service import add_silence_from_args, api_post, revive_times
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
-            from monitor.notify.silences import current_user
+            from monitor.alerts import current_user
 
             row = revive_times(api_post(url, "/silences", {
                 "match": list(match), "until": until, "comment": comment, "start": start,
@@ -74,8 +73,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List active and pending silences (opens the file read-only)."""
-        from monitor.daemon_client import api_get, revive_times
-        from monitor.notify.silences import list_silences
+        from monitor.alerts import list_silences
+        from monitor.service import api_get, revive_times
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
@@ -100,8 +99,8 @@ def register(app: typer.Typer) -> None:
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
                db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
-        from monitor.daemon_client import api_post
-        from monitor.notify.silences import expire_silence
+        from monitor.alerts import expire_silence
+        from monitor.service import api_post
 
         now = parse_now(now_text)
         url = live_daemon(db_path)

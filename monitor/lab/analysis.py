@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor.curve_validation import lofo_axes
-from monitor.curves import Predictor, fit_monotone, label_weights
+from monitor.curves.stats import Predictor, fit_monotone, label_weights
+from monitor.curves.validation import lofo_axes
 from monitor.errors import CurveError, LabelError, LabError
 from monitor.lab.records import CheckpointRecord, LabRecord
 

@@ -53,7 +53,7 @@ def _sha256_text(parts: list[str]) -> str:
 
 def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
     """Build the training stream and write the task files under `out/tasks/`."""
-    from monitor.corpus import load_corpus
+    from monitor.scoring import load_corpus
 
     source = load_text_source(config.text_corpus, heldout_every=config.heldout_every)
     stream = build_stream(source, total_bytes=config.byte_budget, seed=config.data_seed,
@@ -94,7 +94,7 @@ def scoring_subset(prepared: Any, every: int) -> Any:
     over the kept documents, and its name says how it was made."""
     from dataclasses import replace
 
-    from monitor.corpus import manifest_sha256
+    from monitor.scoring import manifest_sha256
 
     if every == 1:
         return prepared
@@ -109,8 +109,8 @@ def scoring_subset(prepared: Any, every: int) -> Any:
 def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Path],
                          kv_episodes: list[Episode]) -> tuple[dict[str, float], dict[str, dict], Any]:
     """Metrics and task labels of one checkpoint folder, and the engine's ScoredRun."""
-    from monitor.engine import ScoreRequest, compute_score, prepare
-    from monitor.tasks import evaluate_multiple_choice, load_mc_task
+    from monitor.curves import evaluate_multiple_choice, load_mc_task
+    from monitor.scoring import ScoreRequest, compute_score, prepare
 
     request = ScoreRequest(model=str(path), corpus_dir=config.calib_corpus, dtype="float32",
                            device="cpu", with_tcb=False, n_boot=config.n_boot, progress=False,

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from monitor.corpus import Corpus, load_corpus
 from monitor.errors import LabError
+from monitor.scoring import Corpus, load_corpus
 
 KEYS = string.ascii_lowercase
 VALUES = string.digits
