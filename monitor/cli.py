@@ -21,6 +21,8 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     _TyperClickException = None
 import click
 
+from monitor.errors import StoreError
+
 _CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
     cls for cls in (click.exceptions.ClickException, _TyperClickException) if cls is not None)
 
@@ -81,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A read that reaches a damaged part of the file fails only when it runs; the store
         # names the file for every failure it can foresee, this is the net under the rest.
-        from monitor.errors import StoreError
 
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         error = StoreError(f"the database failed: {lines[0]}",

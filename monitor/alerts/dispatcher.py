@@ -36,6 +36,7 @@ from monitor.alerts.channels.base import Outgoing, Sender, SendResult, canonical
 from monitor.alerts.channels.email import EmailSender
 from monitor.alerts.channels.filesink import FileSender
 from monitor.alerts.channels.webhook import WebhookSender
+from monitor.alerts.outbox import evaluate_pending
 from monitor.alerts.payload import build_body, notification_id
 from monitor.alerts.rules import (META_ALERTNAME, Silence, fingerprint, group_due_at, next_attempt_at,
                                   rate_limit_free_at, silenced_by)
@@ -320,8 +321,6 @@ class Dispatcher:
 def run_pass(store: Store, policies: Sequence[Policy], *, now: datetime, evaluate: bool = True,
              dispatcher: Dispatcher | None = None) -> dict[str, Any]:
     """One outbox pass: evaluate new scores (optional), flush due groups, send what is due."""
-    from monitor.alerts.outbox import evaluate_pending
-
     evaluated = evaluate_pending(store, policies, now=now).as_dict() if evaluate else None
     report = (dispatcher or Dispatcher(store, policies)).run_once(now)
     return {"evaluated": evaluated, **report.as_dict()}

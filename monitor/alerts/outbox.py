@@ -24,6 +24,7 @@ from monitor.alerts.predict import TaskPrediction, load_task_curve, predict_task
 from monitor.alerts.rules import (FIRING_STATES, GAMING_ALERTNAME, RouteTarget, ScoreView, alert_key,
                                   calibration_gaming, decide, fingerprint, group_key, group_labels,
                                   route_alert, task_labels)
+from monitor.curves import ScoringRef
 from monitor.errors import CurveError
 from monitor.hub import failpoint
 from monitor.policy import Policy, Task
@@ -49,8 +50,6 @@ class CurvePredictor:
         return self._curves[key]
 
     def __call__(self, policy: Policy, task: Task, score: ScoreView) -> TaskPrediction:
-        from monitor.curves import ScoringRef
-
         spec = ScoringRef.from_score_run(score.extra) if score.extra.get("spec_version") else None
         return predict_task(self.curve(policy, task), task, lstar=score.lstar, se=score.se,
                             corpus_sha256=score.corpus_sha256, scoring_spec=spec)

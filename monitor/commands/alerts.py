@@ -17,8 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import MAX_ID, MAX_ROWS, int_argument, int_option
+from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, live_daemon, parse_now
 from monitor.errors import DeliveryError, PolicyError
+from monitor.policy import load_policies, load_policy
+from monitor.service import api_get, api_post, retry_dead_letters, revive_times
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
@@ -26,9 +29,6 @@ POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for se
 
 
 def _policies(paths: list[Path]) -> list[Any]:
-    from monitor.commands.policy import expand_policy_paths
-    from monitor.policy import load_policies
-
     return load_policies(expand_policy_paths(paths))
 
 
@@ -58,8 +58,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        from monitor.service import api_get, revive_times
-
         url = live_daemon(db_path)
         if url is not None:
             rows = revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit}))
@@ -86,8 +84,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        from monitor.service import api_get, revive_times
-
         url = live_daemon(db_path)
         if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
             detail = revive_times(api_get(url, f"/alerts/{alert_id}"))
@@ -125,8 +121,6 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.service import api_post, retry_dead_letters
-
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
@@ -150,7 +144,6 @@ def register(app: typer.Typer) -> None:
         Exits 0 when it was delivered, 2 otherwise (the error says why).
         """
         from monitor.alerts import default_senders
-        from monitor.policy import load_policy
 
         policy = load_policy(policy_file)
         target = policy.receiver(receiver)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import MAX_ROWS, int_option
+from monitor.service import api_get, live_daemon_url
 from monitor.store import DEFAULT_DB_PATH, Store
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
@@ -45,8 +46,6 @@ def register(app: typer.Typer) -> None:
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
                      limit: int | None) -> list[dict]:
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
-    from monitor.service import api_get, live_daemon_url
-
     url = live_daemon_url(Path(db_path).parent)
     if url is not None:
         return api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit})

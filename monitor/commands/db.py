@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.service import api_get, live_daemon_url
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
@@ -28,8 +29,6 @@ def register(app: typer.Typer) -> None:
     def info(db_path: Path = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Schema version and row counts (opens the file read-only)."""
-        from monitor.service import api_get, live_daemon_url
-
         url = live_daemon_url(Path(db_path).parent)  # a running daemon answers: no lock error
         if url is not None:
             data = api_get(url, "/db/info")

@@ -21,6 +21,7 @@ from typing import Any
 import click
 import typer
 
+from monitor.policy import format_duration, parse_duration
 from monitor.service import MAX_LIMIT
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
@@ -136,8 +137,6 @@ def float_option(default: Any, *names: str, low: float | None = None, high: floa
 
 def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
     """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
-    from monitor.policy import format_duration, parse_duration
-
     try:
         delta = parse_duration(value)
     except ValueError as exc:

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.errors import HubError
+from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
+from monitor.policy import load_policy
 from monitor.store import DEFAULT_DB_PATH, Store
 
 
@@ -20,10 +22,7 @@ def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
     if (policy is None) == (rule_file is None):
         raise click.UsageError("give exactly one of --policy FILE or --rule-file FILE")
     if policy is not None:
-        from monitor.policy import load_policy
-
         return list(load_policy(policy, check_curves=False).watch)  # curves are not needed to poll
-    from monitor.hub import load_watch_rules
 
     return load_watch_rules(rule_file)
 
@@ -67,7 +66,6 @@ def register(app: typer.Typer) -> None:
         if not once:
             raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file)
-        from monitor.hub import HubClient, gate_pending, poll_once
 
         with Store.open(db_path) as store:
             client = HubClient(endpoint, store=store)

@@ -12,6 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.policy import expand_policy_paths
+from monitor.policy import load_policies
+from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, short, to_html,
+                             to_json, to_markdown)
+from monitor.service import api_get, live_daemon_url, revive_times
 from monitor.store import DEFAULT_DB_PATH, Store, utcnow
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
@@ -21,17 +25,12 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
     """The report data of each policy file: from the daemon running next to the database (its
     API computes it on its own connection, for the policy of that name it has in force), else
     from a read-only open."""
-    from monitor.policy import load_policies
-    from monitor.reports import report_for_cli
-    from monitor.service import api_get, live_daemon_url, revive_times
-
     policies = load_policies(files)  # validated here either way: the same errors
     url = live_daemon_url(Path(db_path).parent)
     if url is None:
         now = utcnow()
         with Store.open(db_path, read_only=True) as store:
             return [report_for_cli(store, p, now=now) for p in policies]
-    from monitor.reports import load_policy_curves
 
     reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
                            keys=("start", "end", "at"))
@@ -42,8 +41,6 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
     """Render a report's data as rich tables."""
-    from monitor.reports import fmt, ref_name, short
-
     s = data["summary"]
     console.print(f"[bold]Governance report: {data['policy']}[/bold]  "
                   f"{fmt(data['period']['start'])} → {fmt(data['period']['end'])}")
@@ -90,8 +87,6 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
-        from monitor.reports import render_plots, to_html, to_json, to_markdown
-
         reports = read_reports(db_path, expand_policy_paths(policy))
         console = Console()
         for data in reports:

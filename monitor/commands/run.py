@@ -12,15 +12,15 @@ from rich.table import Table
 
 from monitor.commands.options import MAX_BATCH, MAX_RESAMPLES, device_option, int_option, seconds, size_bytes
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
-from monitor.scoring import ScoreRequest
+from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
+from monitor.service import DAY_S, DB_NAME, DaemonConfig, api_get, live_daemon_url, run_daemon
+from monitor.store import Store
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
 
 
 def _score_memory(value: str, device: str) -> int | None:
     """`--score-memory`: auto (a share of the machine's memory), none, N% of it, or a size."""
-    from monitor.scoring import default_memory_limit, physical_memory
-
     text = value.strip().lower()
     if text == "auto":
         return default_memory_limit(device)
@@ -114,8 +114,6 @@ def register(app: typer.Typer) -> None:
                                  help="Bootstrap resamples for the SE."),
     ) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
-        from monitor.service import DAY_S, DaemonConfig, run_daemon
-
         # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
         retention_s = seconds(retention, "--retention", low=DAY_S)
 
@@ -182,9 +180,6 @@ def register(app: typer.Typer) -> None:
 
 def read_status(state: Path) -> dict:
     """The daemon's /status when one runs on `state`, else counts from a read-only open."""
-    from monitor.service import DB_NAME, api_get, live_daemon_url
-    from monitor.store import Store
-
     url = live_daemon_url(state)
     if url is not None:
         data = api_get(url, "/status")

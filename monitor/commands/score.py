@@ -13,8 +13,9 @@ from rich.table import Table
 
 from monitor.commands.options import MAX_BATCH, Device, DType, int_option
 from monitor.errors import SpecError
-from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
-from monitor.store import DEFAULT_DB_PATH
+from monitor.hub import HubClient
+from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint, score_pending
+from monitor.store import DEFAULT_DB_PATH, Store
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
 
@@ -65,10 +66,6 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
                    cache_dir: Path | None, as_json: bool) -> None:
     import os
     import socket
-
-    from monitor.hub import HubClient
-    from monitor.scoring import score_pending
-    from monitor.store import Store
 
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with Store.open(db) as store:

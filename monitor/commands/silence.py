@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.service import parse_now
+from monitor.service import add_silence_from_args, api_get, api_post, live_daemon_url, parse_now, revive_times
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
@@ -22,8 +22,6 @@ DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
 
 def live_daemon(db_path: Path) -> str | None:
     """The API URL of a daemon running next to `db_path`, else None."""
-    from monitor.service import live_daemon_url
-
     return live_daemon_url(Path(db_path).parent)
 
 
@@ -46,8 +44,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id."""
-        from monitor.service import add_silence_from_args, api_post, revive_times
-
         now = parse_now(now_text)
         url = live_daemon(db_path)
         if url is not None:
@@ -74,7 +70,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List active and pending silences (opens the file read-only)."""
         from monitor.alerts import list_silences
-        from monitor.service import api_get, revive_times
 
         now = parse_now(now_text)
         url = live_daemon(db_path)
@@ -100,7 +95,6 @@ def register(app: typer.Typer) -> None:
                db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
         from monitor.alerts import expire_silence
-        from monitor.service import api_post
 
         now = parse_now(now_text)
         url = live_daemon(db_path)

@@ -35,6 +35,7 @@ import numpy as np
 
 from monitor.curves.labels import Label
 from monitor.errors import LabelError
+from monitor.scoring import load_checkpoint, load_tokenizer
 
 
 # -- multiple-choice tasks ----------------------------------------------------------------------
@@ -274,8 +275,6 @@ def evaluate_checkpoint(ref: str, task_path: str | Path, *, limit: int | None = 
     """Load a checkpoint (local folder or `org/name[@revision]`) with the engine's loader and
     its own tokenizer, and run the multiple-choice evaluator on a task file."""
     import time
-
-    from monitor.scoring import load_checkpoint, load_tokenizer
 
     task = load_mc_task(task_path, limit=limit)
     loaded = load_checkpoint(ref, dtype=dtype, device=device, cache_dir=cache_dir)

@@ -19,7 +19,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from monitor.errors import HubError
+from monitor.errors import HubError, IntegrityError
+from monitor.hub.download import DownloadTooLarge, capped_progress, read_range
+from monitor.hub.safetensors_layout import header_length, parse_header
 from monitor.store import Store, utcnow
 
 T = TypeVar("T")
@@ -268,8 +270,6 @@ class HubClient:
         `file_size` is what the Hub announced; a header length running past it is refused
         before the header itself is requested. Raises `LayoutError` for a malformed header.
         """
-        from monitor.hub.safetensors_layout import header_length, parse_header
-
         first = min(file_size, 100_000)  # most headers fit: one request instead of two
         prefix = self.read_range(repo, filename, revision, 0, first) if first else b""
         n = header_length(prefix, file_size)
@@ -280,8 +280,6 @@ class HubClient:
         """Bytes `[start, start + length)` of a repo file; never more are read from the wire."""
         from huggingface_hub import constants, hf_hub_url
         from huggingface_hub.utils import build_hf_headers
-
-        from monitor.hub.download import read_range
 
         url = hf_hub_url(repo, filename, revision=revision, endpoint=self.endpoint)
         return self.call(f"read bytes {start}-{start + length - 1} of {repo}@{revision}:{filename}",
@@ -315,9 +313,6 @@ class HubClient:
 
     @staticmethod
     def _capped(what: str, max_bytes: int | None, run: Callable[[Any], T]) -> T:
-        from monitor.errors import IntegrityError
-        from monitor.hub.download import DownloadTooLarge, capped_progress
-
         try:
             return run(capped_progress(max_bytes, what) if max_bytes is not None else None)
         except DownloadTooLarge as exc:

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from monitor.errors import PolicyError
+from monitor.policy.files import read_policy_text
 
 # A configuration file has no reason to expand aliases into more nodes than this.
 ALIAS_EXPANSION_LIMIT = 10_000
@@ -336,8 +337,6 @@ def load_yaml_file(path: Path, label: str | None = None) -> Any:
     """Python data of a small YAML file read with the policy files' defences (regular file,
     bounded size, UTF-8, bounded nesting and node count, no tags, no alias bombs); None for
     an empty document. Raises PolicyError naming the file and line."""
-    from monitor.policy.files import read_policy_text
-
     label = label or str(path)
     root = compose(read_policy_text(Path(path), label), label)
     return construct(root, label) if root is not None else None

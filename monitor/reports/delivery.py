@@ -21,6 +21,7 @@ from typing import Any
 from monitor.alerts import EmailSender, FileSender, Outgoing, SendResult, WebhookSender
 from monitor.errors import PolicyError
 from monitor.policy import Policy, Report
+from monitor.reports.report import to_json
 
 
 def report_message_id(policy: str, name: str, period_end: datetime) -> str:
@@ -47,8 +48,6 @@ def _send_email(message: Outgoing, receiver: Any, policy: Policy, *, subject: st
 def deliver_report(policy: Policy, spec: Report, data: Mapping[str, Any], paths: Mapping[str, Path], *,
                    now: datetime) -> list[dict[str, Any]]:
     """Send the report to each of `spec.receivers`; returns [{receiver, kind, outcome, error}]."""
-    from monitor.reports.report import to_json
-
     body = json.loads(to_json(data))
     body["files"] = {k: str(v) for k, v in paths.items()}
     message = Outgoing(id=report_message_id(policy.name, spec.name, now), policy=policy.name,

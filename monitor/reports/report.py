@@ -30,6 +30,7 @@ from typing import Any
 
 from monitor.errors import CurveError
 from monitor.policy import Policy, Report
+from monitor.reports import plots as report_plots
 from monitor.store import Store
 
 SCHEMA = "lstar-report/1"
@@ -169,8 +170,6 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
 def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
     """PNG bytes of every figure, by file name; also lists them in `data["plots"]`."""
-    from monitor.reports import plots as report_plots
-
     figures: dict[str, bytes] = {
         "lstar_over_time.png": report_plots.lstar_over_time(data["lstar_table"]),
         "ce_vs_lstar.png": report_plots.ce_against_lstar(data["lstar_table"]),

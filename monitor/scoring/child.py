@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor import errors
-from monitor.scoring.engine import ScoredRun, ScoreRequest
+from monitor.scoring.engine import ScoredRun, ScoreRequest, compute_score, prepare
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer")
 _PR_SET_PDEATHSIG = 1
@@ -353,7 +353,6 @@ def main(argv: list[str] | None = None) -> int:
                 hog.append(bytearray(64 << 20))
         if "segfault_score_child" in points:
             ctypes.string_at(0)  # reads address 0: SIGSEGV
-        from monitor.scoring.engine import compute_score, prepare
 
         scored = compute_score(prepare(request), None)
         payload = {"ok": True, "result": scored.result, "run_row": scored.run_row,

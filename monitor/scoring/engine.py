@@ -15,7 +15,10 @@ from typing import Any
 
 from monitor import SCORING_SPEC_VERSION, __version__
 from monitor.errors import TokenizerError
+from monitor.hub import Outcome, failpoint, fetch_job, process_pending
 from monitor.scoring.corpus import Corpus, load_corpus
+from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
+from monitor.scoring.smollm2 import ensure_smollm2
 from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
 from monitor.store import Store, utcnow
 
@@ -54,8 +57,6 @@ class ScoreRequest:
 def resolve_model_ref(ref: str) -> str:
     """Map an embedded model name to a local directory; other refs pass through."""
     if ref in BUILTIN_MODELS:
-        from monitor.scoring.smollm2 import ensure_smollm2
-
         return str(ensure_smollm2())
     return ref
 
@@ -154,7 +155,6 @@ class Prepared:
 def prepare(request: ScoreRequest) -> Prepared:
     """Check everything that can be wrong with the input and load the model; writes nothing."""
     from monitor.scoring.forward import ScoringSpec
-    from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
 
     corpus = _select(load_corpus(request.corpus_dir), request)
     model_ref = resolve_model_ref(request.model)
@@ -260,8 +260,6 @@ def score_pending(store: Store, template: ScoreRequest, *, owner: str, client=No
     killed mid-job leaves a lease that expires, and the job is retried at most 3 times.
     Returns the queue's `JobResult`s.
     """
-    from monitor.hub import Outcome, failpoint, fetch_job, process_pending
-
     def worker(job: dict[str, Any]) -> Outcome:
         snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir,
                              now_fn=now_fn)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import HubError, ModelLoadError, UnsafeCheckpointError, UnsupportedCheckpointError
+from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
+                         check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
 
 os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
 
@@ -154,9 +156,6 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
 
 def _check_weights_and_budgets(path: Path, safetensors: list[str], config: dict[str, Any]) -> None:
     """Exact layout of every weight file, then config.json's fields against budgets and weights."""
-    from monitor.hub import (Budgets, ConfigBudgetError, LayoutError, check_against_weights, check_file_size,
-                             config_shape, read_local_header, tensor_layout)
-
     n_params = n_bytes = 0
     for name in safetensors:
         file = path / name
@@ -284,8 +283,6 @@ def download_hub_checkpoint(repo: str, sha: str, cache_dir: str | Path | None = 
 
     Returns (snapshot folder, repo cache folder its links may point into).
     """
-    from monitor.hub import HubClient, fetch_pinned
-
     snapshot = fetch_pinned(repo, sha, cache_dir=cache_dir, client=HubClient(endpoint))
     # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
     return snapshot, snapshot.parent.parent

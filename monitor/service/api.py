@@ -52,10 +52,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from monitor.errors import LstarError, PolicyError
+from monitor.alerts import expire_silence, list_silences
+from monitor.errors import DeliveryError, LstarError, PolicyError
+from monitor.reports import report_for_cli, to_json
 from monitor.service.api_guard import (MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer, GuardedHandler,
                                        RequestRefused, bearer_matches)
 from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
+from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
+from monitor.store import utcnow
 
 if TYPE_CHECKING:
     from monitor.service.daemon import Daemon
@@ -204,15 +208,11 @@ class _Handler(GuardedHandler):
             with daemon.read_store() as store:
                 detail = store.alert_detail(int(alert.group(1)))
             if detail is None:
-                from monitor.errors import DeliveryError
-
                 error = DeliveryError(f"no alert with id {alert.group(1)}", hint="see `lstar alerts list`")
                 self._send(404, _error_body(error))
             else:
                 self._send(200, _json_bytes(detail))
         else:  # /silences
-            from monitor.alerts import list_silences
-            from monitor.service.state_ops import parse_now
 
             include_expired = query.choice("all", ("0", "1")) == "1"
             now = parse_now(query.one("now"))
@@ -222,9 +222,6 @@ class _Handler(GuardedHandler):
 
     def _reports(self, names: list[str]) -> list[dict[str, Any]]:
         """`lstar report --json` of each named loaded policy, as data (times in ISO 8601)."""
-        from monitor.reports import report_for_cli, to_json
-        from monitor.store import utcnow
-
         if not names:
             raise RequestRefused(400, "name the policies: /report?policy=NAME",
                                  hint="a loaded policy's name, or its file name in the policies folder")
@@ -313,8 +310,6 @@ class _Handler(GuardedHandler):
 
     def _state_change(self, path: str) -> None:
         """The POSTs that change runtime state (silences, retries), written by the daemon."""
-        from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
-
         length = self.admit(body_limit=MAX_JSON_BODY)
         expire = EXPIRE_PATH.fullmatch(path)
         retry = RETRY_PATH.fullmatch(path)
@@ -325,8 +320,6 @@ class _Handler(GuardedHandler):
         now = parse_now(_text(body, "now", required=False))
         with self.server.daemon.job_store() as store:
             if expire is not None:
-                from monitor.alerts import expire_silence
-
                 silence_id = unquote(expire.group(1))
                 expire_silence(store, silence_id, now=now)
                 answer: Any = {"expired": silence_id}

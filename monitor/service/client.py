@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from monitor import errors
 from monitor.errors import LstarError, StoreError
+from monitor.service.api_guard import read_api_token
 
 MAX_ANSWER_BYTES = 256 << 20   # the daemon's answers are JSON rows; far below this
 _TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
@@ -58,8 +60,6 @@ def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
 def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> Any:
     """POST `body` as JSON to `path` on the API of the daemon running on `state_dir`, with the
     token it wrote there, and decode the JSON answer."""
-    from monitor.service.api_guard import read_api_token
-
     token = read_api_token(state_dir)
     data = json.dumps(body, default=str).encode()
     return _call(urllib.request.Request(f"{url}{path}", data=data, method="POST",
@@ -88,8 +88,6 @@ def urlopen_when_free(request: urllib.request.Request, *, timeout: float) -> Any
 def _call(request: urllib.request.Request) -> Any:
     """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
     refused what the command itself would refuse), else a StoreError naming the daemon."""
-    from monitor import errors
-
     what = f"{request.get_method()} {urlsplit(request.full_url).path}"
     try:
         with urlopen_when_free(request, timeout=60) as response:

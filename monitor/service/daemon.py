@@ -54,10 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LstarError, StoreError
-from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
-from monitor.scoring import ScoreRequest, default_memory_limit
+from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy, gate_pending, poll_once
+from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
+from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_children
+from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable, failpoint_values,
                                           is_database_invalidated, is_disk_full)
+from monitor.service.scoring_driver import score_next
 from monitor.store import Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -200,7 +203,6 @@ class Daemon:
     """The running watcher: lock, store, policies, scheduler, API. Use `run()`."""
 
     def __init__(self, config: DaemonConfig) -> None:
-        from monitor.policy import PolicySet
         from monitor.service.metrics import DaemonMetrics
 
         self.config = config
@@ -254,7 +256,6 @@ class Daemon:
 
     def _start(self) -> None:
         from monitor.service.api import ApiServer
-        from monitor.service.api_guard import create_api_token
 
         cfg = self.config
         check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
@@ -316,8 +317,6 @@ class Daemon:
         while self._running_jobs() and time.monotonic() < deadline:
             time.sleep(0.1)
         if self._running_jobs():
-            from monitor.scoring import kill_active_children
-
             # A score that outlives the drain is killed; its lease goes back and it is retried.
             if kill_active_children():
                 log.warning("killed the scoring child still running after the %.0f s drain", self.config.drain)
@@ -536,15 +535,11 @@ class Daemon:
 
     # -- policies ------------------------------------------------------------------------------
     def policy_files(self) -> list[Path]:
-        from monitor.policy import policy_files_in
-
         return policy_files_in(self.config.policies_dir)
 
     def _reload_policies(self, *, force: bool = False) -> bool:
         """Re-read the policy folder when anything in it changed; a file that fails keeps its
         last good version (or none) and its error shows in /status, the others load."""
-        from monitor.policy import policy_fingerprint
-
         files = self.policy_files()
         digest = policy_fingerprint(files)  # bounded reads: a FIFO or a huge file cannot stall it
         if not force and digest == self.policy_digest:
@@ -572,8 +567,6 @@ class Daemon:
 
     # -- the jobs ------------------------------------------------------------------------------
     def hub_client(self, store: Store):
-        from monitor.hub import HubClient, RetryPolicy
-
         policy = RetryPolicy(max_wait_s=self.config.hub_max_wait, circuit_cooldown_s=self.config.hub_cooldown,
                              circuit_threshold=self.config.hub_circuit_threshold)
         return HubClient(self.config.endpoint, store=store, policy=policy)
@@ -583,8 +576,6 @@ class Daemon:
         return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
 
     def job_poll(self) -> dict[str, Any]:
-        from monitor.hub import gate_pending, poll_once
-
         rules = self.watch_rules()
         out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
         if not rules:
@@ -610,8 +601,6 @@ class Daemon:
         return self.config.cache_dir
 
     def job_score(self) -> list[dict[str, Any]]:
-        from monitor.service.scoring_driver import score_next
-
         done: list[dict[str, Any]] = []
         while not self.stopping.is_set():
             with self.job_store() as store:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monitor.errors import HubError
+from monitor.hub import Outcome, failpoint, fetch_job, process_pending, prune_cache, resolve_cache_dir
+from monitor.scoring import ScoringInterrupted, run_score_child
 from monitor.store import Store
 
 log = logging.getLogger("lstar.daemon")
@@ -30,9 +32,6 @@ if TYPE_CHECKING:
 
 def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
     """Fetch and score up to `score_batch` queued checkpoints; returns what happened to each."""
-    from monitor.hub import Outcome, failpoint, fetch_job, process_pending
-    from monitor.scoring import ScoringInterrupted, run_score_child
-
     cfg = daemon.config
     client = daemon.hub_client(store)
 
@@ -68,8 +67,6 @@ def score_next(daemon: "Daemon", store: Store) -> list["JobResult"]:
 
 def prune_after_scoring(daemon: "Daemon", store: Store) -> None:
     """Prune the Hub cache to `--cache-keep` / `--cache-max-bytes`; a failure is logged, not raised."""
-    from monitor.hub import prune_cache, resolve_cache_dir
-
     cfg = daemon.config
     if cfg.cache_keep is None:
         return
