@@ -22,7 +22,8 @@ from monitor.curves.artifact import ScoringRef, save_curve
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
 from monitor.policy.load import load_policy
-from monitor.reports.report import build_report, to_markdown, write_due_reports, write_report
+from monitor.reports.report import build_report, to_markdown, write_report
+from monitor.reports.schedule import write_due_reports
 from monitor.store import Store
 
 CORPUS = "c" * 64

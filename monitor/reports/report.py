@@ -9,7 +9,7 @@ raw CE against L* per tokenizer).
 
     data = build_report(store, policy, now=now, period_start=start)
     write_report(data, folder)                        # report.md, report.html, report.json, *.png
-    write_due_reports(store, policies, now=now, out_dir=STATE / "reports")   # the daemon's job
+    write_due_reports(store, policies, now=now, out_dir=STATE / "reports")   # the daemon's job (schedule.py)
 
 Every written report is recorded in the `reports` table, which is also what "due" is
 measured from; delivery goes to the report's receivers (file: one JSON line; webhook: the
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import CurveError
-from monitor.policy import Policy, Report
+from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.store import Store
 
@@ -176,14 +176,14 @@ def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
     }
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[f"curve_{_slug(task['task'])}.png"] = report_plots.task_curve(curve, task["new_points"])
+        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve(curve, task["new_points"])
     titles = {"lstar_over_time.png": "L* over time per lineage",
               "ce_vs_lstar.png": "Raw CE against L* per tokenizer"}
     data["plots"] = [{"file": f, "title": titles.get(f, f"Task curve: {f[6:-4]}")} for f in figures]
     return figures
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
@@ -304,7 +304,7 @@ def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
     files = {**figures, "report.json": to_json(data).encode("utf-8"),
              "report.md": to_markdown(data).encode("utf-8"),
              "report.html": to_html(data, figures).encode("utf-8")}
-    created = _missing_parents(folder)
+    created = missing_parents(folder)
     part = folder.with_name(f".{folder.name}.part")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -322,7 +322,7 @@ def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
     return {"json": folder / "report.json", "markdown": folder / "report.md", "html": folder / "report.html"}
 
 
-def _missing_parents(folder: Path) -> list[Path]:
+def missing_parents(folder: Path) -> list[Path]:
     """The ancestors of `folder` that do not exist yet, deepest first."""
     missing = []
     parent = folder.parent
@@ -341,63 +341,6 @@ def remove_empty_folders(folders: Sequence[Path]) -> None:
             return
 
 
-# -- schedule ------------------------------------------------------------------------------------
-def next_due(report: Report, last_end: datetime | None, now: datetime) -> datetime:
-    """When `report` is next due: now for a first report, else the schedule's next time after
-    the previous report's end (an `every` interval, or the crontab line's next fire time)."""
-    if last_end is None:
-        return now
-    if report.schedule.every is not None:
-        return last_end + report.schedule.every
-    from apscheduler.triggers.cron import CronTrigger
-
-    trigger = CronTrigger.from_crontab(report.schedule.cron, timezone=report.schedule.timezone)
-    fire = trigger.get_next_fire_time(None, last_end + timedelta(microseconds=1))
-    return fire if fire is not None else now + timedelta(days=3650)
-
-
-def write_due_reports(store: Store, policies: Sequence[Policy], *, now: datetime,
-                      out_dir: str | Path) -> list[dict[str, Any]]:
-    """Write, record and deliver every report whose schedule is due; returns what was done.
-
-    Folder: OUT_DIR/<policy>/<report>-<UTC timestamp>/. A report's period runs from the
-    previous report's end (or `window` before now for the first) to now. Idempotent for a
-    given `now`: a report already recorded for (policy, name, now) is not written again.
-    """
-    done = []
-    for policy in policies:
-        for spec in policy.reports:
-            last = store.last_report(policy.name, spec.name)
-            last_end = last["period_end"] if last else None
-            if next_due(spec, last_end, now) > now:
-                continue
-            start = last_end if last_end is not None else now - spec.window
-            data = build_report(store, policy, now=now, period_start=start, name=spec.name)
-            stamp = now.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-            folder = Path(out_dir) / _slug(policy.name) / f"{_slug(spec.name)}-{stamp}"
-            created = _missing_parents(folder)
-            paths = write_report(data, folder)
-            from monitor.reports.delivery import deliver_report
-
-            # Recorded before it is sent: a report whose record fails (a full disk) leaves no
-            # folder and sends nothing, and the next tick does it all again.
-            try:
-                report_id = store.record_report({
-                    "policy": policy.name, "name": spec.name, "period_start": start, "period_end": now,
-                    "folder": str(folder), "summary": data["summary"], "deliveries": [], "created_at": now})
-            except BaseException:
-                shutil.rmtree(folder, ignore_errors=True)
-                remove_empty_folders(created)
-                raise
-            if report_id is None:
-                continue  # recorded meanwhile for this very time: sent then
-            deliveries = deliver_report(policy, spec, data, paths, now=now)
-            store.set_report_deliveries(report_id, deliveries)
-            done.append({"policy": policy.name, "report": spec.name, "folder": str(folder),
-                         "summary": data["summary"], "deliveries": deliveries})
-    return done
-
-
 def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, Any]:
     """An ad-hoc report: the period since the policy's newest recorded report (any name), or
     the longest window of its reports (7 days without any)."""
@@ -410,4 +353,4 @@ def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, 
 
 
 __all__ = ["SCHEMA", "build_report", "render_plots", "to_json", "to_markdown", "to_html", "write_report",
-           "next_due", "write_due_reports", "report_for_cli"]
+           "report_for_cli"]

@@ -745,12 +745,12 @@ def _summary(value: Any) -> Any:
 
 
 def _report_function() -> Callable[..., Any] | None:
-    """`monitor.reports.report.write_due_reports` when the report module provides it."""
+    """`monitor.reports.schedule.write_due_reports` when the report module provides it."""
     try:
-        from monitor.reports import report
+        from monitor.reports import schedule
     except ImportError:
         return None
-    return getattr(report, "write_due_reports", None)
+    return getattr(schedule, "write_due_reports", None)
 
 
 def run_daemon(config: DaemonConfig) -> int:
