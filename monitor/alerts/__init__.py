@@ -9,7 +9,7 @@ from monitor.alerts.dispatcher import Dispatcher, DispatchReport, default_sender
 from monitor.alerts.operator import operator_alerts, raise_hub_outage_alerts
 from monitor.alerts.outbox import CurvePredictor, EvaluationReport, evaluate_pending, watches
 from monitor.alerts.payload import build_body
-from monitor.alerts.predict import load_task_curve, predict_task
+from monitor.alerts.predict import load_task_curve, predict_task, public_corpus
 from monitor.alerts.rules import route_alert, task_labels
 from monitor.alerts.silences import (add_silence, current_user, expire_silence, list_silences, parse_time,
                                      parse_until)
@@ -17,5 +17,5 @@ from monitor.alerts.silences import (add_silence, current_user, expire_silence, 
 __all__ = ["CurvePredictor", "DispatchReport", "Dispatcher", "EmailSender", "EvaluationReport",
            "FileSender", "Outgoing", "SendResult", "Sender", "WebhookSender", "add_silence", "build_body",
            "current_user", "default_senders", "evaluate_pending", "expire_silence", "list_silences",
-           "load_task_curve", "operator_alerts", "parse_time", "parse_until", "predict_task",
+           "load_task_curve", "operator_alerts", "parse_time", "parse_until", "predict_task", "public_corpus",
            "raise_hub_outage_alerts", "route_alert", "run_pass", "task_labels", "watches"]

@@ -36,17 +36,16 @@ from monitor.alerts.channels.base import Outgoing, Sender, SendResult, canonical
 from monitor.alerts.channels.email import EmailSender
 from monitor.alerts.channels.filesink import FileSender
 from monitor.alerts.channels.webhook import WebhookSender
+from monitor.alerts.model import operator_alert
 from monitor.alerts.outbox import evaluate_pending
 from monitor.alerts.payload import build_body, notification_id
-from monitor.alerts.rules import (META_ALERTNAME, Silence, fingerprint, group_due_at, next_attempt_at,
-                                  rate_limit_free_at, silenced_by)
+from monitor.alerts.rules import Silence, group_due_at, next_attempt_at, rate_limit_free_at, silenced_by
 from monitor.errors import PolicyError
 from monitor.hub import failpoint
 from monitor.policy import Policy, parse_matcher
 from monitor.store import Store
 
 DEFAULT_LEASE = timedelta(minutes=5)
-META_GROUP = "meta"
 
 
 def default_senders() -> dict[str, Sender]:
@@ -287,20 +286,13 @@ class Dispatcher:
         if target is None:
             return None
         what = "disabled" if disabled else "dead"
-        labels = {"alertname": META_ALERTNAME, "policy": policy.name, "receiver": failed,
-                  "severity": "critical", "state": what}
         summary = (f"receiver {failed} of policy {policy.name} was disabled" if disabled else
                    f"a notification to receiver {failed} of policy {policy.name} was dead-lettered")
         numbers = {"failed_receiver": failed, "notification_id": notification, "reason": reason,
                    "disabled": disabled}
-        return {"alert_key": f"meta|{policy.name}|{failed}|{notification}|{what}", "kind": "meta",
-                "policy": policy.name, "task": "", "repo": "", "commit_sha": "", "lineage": failed,
-                "state": what, "status": "firing", "labels": labels,
-                "annotations": {"summary": summary, "description": reason}, "numbers": numbers,
-                "fingerprint": fingerprint(labels), "starts_at": now, "ends_at": None, "created_at": now,
-                "deliveries": [{"receiver": target, "group_key": f"{META_GROUP}/{policy.name}/{failed}",
-                                "group_labels": {"alertname": META_ALERTNAME, "policy": policy.name},
-                                "group_wait_s": 0.0, "group_interval_s": 0.0}]}
+        return operator_alert(policy.name, subject=failed, key=(failed, notification, what), state=what,
+                              receiver=target, summary=summary, description=reason, numbers=numbers,
+                              now=now, labels={"receiver": failed}).as_row()
 
     def run_once(self, now: datetime) -> DispatchReport:
         """Flush due groups and send what is due; a meta-alert raised by a failure in this

@@ -10,28 +10,19 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from monitor.alerts.rules import META_ALERTNAME, fingerprint
+from monitor.alerts.model import Alert, operator_alert
 from monitor.store import Store
-
-META_GROUP = "meta"
 
 
 def operator_alerts(policies: Sequence[Any], *, kind: str, key: str, summary: str, description: str,
-                    now: datetime) -> list[dict[str, Any]]:
+                    now: datetime) -> list[Alert]:
     """One alert per policy telling its operator about `kind` (alert key unique per `key`)."""
     alerts = []
     for policy in policies:
         target = policy.meta_receivers[0] if policy.meta_receivers else policy.receivers[0].name
-        labels = {"alertname": META_ALERTNAME, "policy": policy.name, "severity": "critical", "state": kind}
-        alerts.append({
-            "alert_key": f"meta|{policy.name}|{kind}|{key}", "kind": "meta", "policy": policy.name,
-            "task": "", "repo": "", "commit_sha": "", "lineage": kind, "state": kind, "status": "firing",
-            "labels": labels, "annotations": {"summary": summary, "description": description},
-            "numbers": {"kind": kind, "key": key}, "fingerprint": fingerprint(labels), "starts_at": now,
-            "ends_at": None, "created_at": now,
-            "deliveries": [{"receiver": target, "group_key": f"{META_GROUP}/{policy.name}/{kind}",
-                            "group_labels": {"alertname": META_ALERTNAME, "policy": policy.name},
-                            "group_wait_s": 0.0, "group_interval_s": 0.0}]})
+        alerts.append(operator_alert(policy.name, subject=kind, key=(kind, key), state=kind, receiver=target,
+                                     summary=summary, description=description,
+                                     numbers={"kind": kind, "key": key}, now=now))
     return alerts
 
 
@@ -52,5 +43,6 @@ def raise_hub_outage_alerts(store: Store, policies: Sequence[Any], *, now: datet
             summary=f"the Hub at {outage['endpoint']} has been failing since {started} "
                     f"({outage['failures']} consecutive failures); polling backs off until it answers",
             description=str(outage.get("last_error") or ""), now=now)
-        written += store.raise_operator_alerts(alerts, now=now, hub_outage_id=outage["id"])
+        written += store.raise_operator_alerts([a.as_row() for a in alerts], now=now,
+                                               hub_outage_id=outage["id"])
     return written

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from monitor.alerts.model import Alert, Delivery
 from monitor.alerts.payload import gaming_annotations, task_annotations
-from monitor.alerts.predict import TaskPrediction, load_task_curve, predict_task
+from monitor.alerts.predict import TaskPrediction, load_task_curve, predict_task, public_corpus
 from monitor.alerts.rules import (FIRING_STATES, GAMING_ALERTNAME, RouteTarget, ScoreView, alert_key,
-                                  calibration_gaming, decide, fingerprint, group_key, group_labels,
-                                  route_alert, task_labels)
+                                  calibration_gaming, decide, group_key, group_labels, route_alert,
+                                  task_labels)
 from monitor.curves import ScoringRef
 from monitor.errors import CurveError
 from monitor.hub import failpoint
@@ -55,11 +56,8 @@ class CurvePredictor:
                             corpus_sha256=score.corpus_sha256, scoring_spec=spec)
 
     def corpus_of(self, policy: Policy) -> str | None:
-        """The public corpus of a policy: corpora.public, else the one its curves were fitted on."""
-        if policy.corpora.public is not None:
-            return policy.corpora.public
-        shas = {self.curve(policy, t).corpus_sha256 for t in policy.tasks} - {None}
-        return shas.pop() if len(shas) == 1 else None
+        """The public corpus of a policy (`predict.public_corpus`), loading its curves."""
+        return public_corpus(policy, [self.curve(policy, t) for t in policy.tasks])
 
 
 @dataclass
@@ -114,20 +112,20 @@ def _view(row: Mapping[str, Any]) -> ScoreView:
                             if k in row})
 
 
-def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) -> dict[str, Any]:
+def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) -> Delivery:
     grouped = group_labels(labels, target.group_by)
-    return {"receiver": target.receiver, "group_key": group_key(policy.name, target.receiver, grouped),
-            "group_labels": grouped, "group_wait_s": target.group_wait.total_seconds(),
-            "group_interval_s": target.group_interval.total_seconds()}
+    return Delivery(receiver=target.receiver, group_key=group_key(policy.name, target.receiver, grouped),
+                    group_labels=grouped, group_wait_s=target.group_wait.total_seconds(),
+                    group_interval_s=target.group_interval.total_seconds())
 
 
 def plan_alert(policy: Policy, *, task: str, score: ScoreView, state: str, numbers: dict[str, Any],
                history: Mapping[str, Any], now: datetime, labels: dict[str, str],
-               annotate: Callable[[bool], dict[str, str]]) -> dict[str, Any] | None:
+               annotate: Callable[[bool], dict[str, str]]) -> Alert | None:
     """The alert (with its deliveries) one evaluation calls for, or None.
 
     Pure apart from reading `history` (from `Store.lineage_history`): routes the alert's
-    labels, asks `decide` per receiver, and builds the row `Store.write_outbox` expects.
+    labels and asks `decide` per receiver.
     """
     previous = history["state"]
     last_firing = history["last_firing"]
@@ -154,13 +152,11 @@ def plan_alert(policy: Policy, *, task: str, score: ScoreView, state: str, numbe
     kind = "fire" if "fire" in kinds else ("resolve" if resolving else "repeat")
     continuing = previous == state and last_firing is not None
     starts_at = last_firing["starts_at"] if (resolving or continuing) and last_firing else now
-    return {"alert_key": alert_key(policy.name, task, score.repo, score.commit, state), "kind": kind,
-            "policy": policy.name, "task": task, "repo": score.repo, "commit_sha": score.commit,
-            "lineage": score.lineage, "state": state,
-            "status": "resolved" if resolving else "firing", "labels": labels,
-            "annotations": annotate(resolving), "numbers": numbers,
-            "fingerprint": fingerprint(labels), "starts_at": starts_at,
-            "ends_at": now if resolving else None, "created_at": now, "deliveries": deliveries}
+    return Alert(alert_key=alert_key(policy.name, task, score.repo, score.commit, state), kind=kind,
+                 policy=policy.name, task=task, repo=score.repo, commit_sha=score.commit,
+                 lineage=score.lineage, state=state, status="resolved" if resolving else "firing",
+                 labels=labels, annotations=annotate(resolving), numbers=numbers, starts_at=starts_at,
+                 ends_at=now if resolving else None, created_at=now, deliveries=tuple(deliveries))
 
 
 def _prediction_row(policy: Policy, task: str, score: ScoreView, *, state: str, now: datetime,
@@ -192,7 +188,7 @@ def evaluate_task(store: Store, policy: Policy, task: Task, score: ScoreView,
                           p_hat=prediction.p_hat, lo=prediction.lo, hi=prediction.hi,
                           threshold=prediction.threshold, curve_id=prediction.curve_id,
                           detail=prediction.as_dict())
-    row["alerts"] = [alert] if alert else []
+    row["alerts"] = [alert.as_row()] if alert else []
     return row
 
 
@@ -295,7 +291,7 @@ def evaluate_gaming(store: Store, policy: Policy, *, now: datetime, report: Eval
                                                                         resolved=resolved))
         planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
                                   detail=numbers)
-        planned["alerts"] = [alert] if alert else []
+        planned["alerts"] = [alert.as_row()] if alert else []
         report.add(_write(store, [planned], now))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from monitor.curves import CurveArtifact, curve_warnings, load_curve, predict
-from monitor.policy import Task
+from monitor.policy import Policy, Task
 
 State = Literal["clear", "at_risk", "emerged"]
 
@@ -87,6 +87,15 @@ def make_prediction(task: str, *, lstar: float, se: float, p_hat: float, lo: flo
 def load_task_curve(path: str | Path) -> CurveArtifact:
     """Load a curve artifact; raises CurveError."""
     return load_curve(path)
+
+
+def public_corpus(policy: Policy, curves: Iterable[CurveArtifact]) -> str | None:
+    """The corpus a policy's scores are predicted on: `corpora.public`, else the one corpus
+    its task curves were fitted on (None when they disagree or name none)."""
+    if policy.corpora.public is not None:
+        return policy.corpora.public
+    shas = {c.corpus_sha256 for c in curves} - {None}
+    return shas.pop() if len(shas) == 1 else None
 
 
 def predict_task(curve: CurveArtifact, task: Task, *, lstar: float, se: float, corpus_sha256: str | None = None,

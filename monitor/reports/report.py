@@ -40,13 +40,6 @@ FIRING = ("at_risk", "emerged")
 
 
 # -- gathering ---------------------------------------------------------------------------------
-def _public_corpus(policy: Policy, curves: Mapping[str, Any]) -> str | None:
-    if policy.corpora.public is not None:
-        return policy.corpora.public
-    shas = {c.corpus_sha256 for c in curves.values()} - {None}
-    return shas.pop() if len(shas) == 1 else None
-
-
 def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
     from monitor.alerts import load_task_curve
 
@@ -78,11 +71,11 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`)."""
-    from monitor.alerts import watches
+    from monitor.alerts import public_corpus, watches
     from monitor.curves import curve_warnings
 
     curves, problems = load_policy_curves(policy)
-    corpus = _public_corpus(policy, curves)
+    corpus = public_corpus(policy, curves.values())
     runs = [r for r in store.report_score_runs(corpus) if watches(policy, r["repo"], r["rule"])]
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for r in runs:  # oldest first: the newest run of each commit wins

@@ -481,7 +481,7 @@ class Daemon:
         if not alerts:
             return False
         with self.job_store() as store:
-            store.raise_operator_alerts(alerts, now=utcnow())
+            store.raise_operator_alerts([a.as_row() for a in alerts], now=utcnow())
         return True
 
     def _tell_disk_episodes(self) -> None:
