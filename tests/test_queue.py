@@ -175,7 +175,8 @@ from datetime import datetime
 from pathlib import Path
 from monitor.hub.fetch import fetch_job
 from monitor.hub.client import HubClient
-from monitor.hub.queue import Outcome, failpoint, process_pending
+from monitor.failpoints import failpoint
+from monitor.hub.queue import Outcome, process_pending
 from monitor.store import Store
 
 db, endpoint, cache, owner = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]

@@ -41,7 +41,7 @@ from monitor.alerts.outbox import evaluate_pending
 from monitor.alerts.payload import build_body, notification_id
 from monitor.alerts.rules import Silence, group_due_at, next_attempt_at, rate_limit_free_at, silenced_by
 from monitor.errors import PolicyError
-from monitor.hub import failpoint
+from monitor.failpoints import failpoint
 from monitor.policy import Policy, parse_matcher
 from monitor.store import Store
 

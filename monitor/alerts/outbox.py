@@ -27,7 +27,7 @@ from monitor.alerts.rules import (FIRING_STATES, GAMING_ALERTNAME, RouteTarget, 
                                   task_labels)
 from monitor.curves import ScoringRef
 from monitor.errors import CurveError
-from monitor.hub import failpoint
+from monitor.failpoints import failpoint
 from monitor.policy import Policy, Task
 from monitor.store import Store
 

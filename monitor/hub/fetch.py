@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import GateRefusedError, HubError, IntegrityError
+from monitor.failpoints import failpoint
 from monitor.hub.client import HubClient, describe_error, refusal_reason
 from monitor.hub.gate import (COMMIT_RE, CONFIG_FILE, FILE_BYTE_LIMITS, OPTIONAL_FILES, TOKENIZER_FILE,
                               WEIGHTS_INDEX, ExpectedFile, _announced, _index_shards, _siblings,
                               check_file_budgets, check_file_names, resolve_cache_dir, weight_files)
-from monitor.hub.queue import failpoint
 from monitor.hub.rules import Budgets
 from monitor.store import Store, utcnow
 

@@ -7,15 +7,13 @@ row is then claimed again, at most `max_attempts` times in all, after which it i
 failed with the last reason. Completion and the job's own rows (e.g. a score run) are
 written in one transaction, so a job completes exactly once.
 
-Fail points: with `LSTAR_FAILPOINT=name[,name...]` set, `failpoint(name)` kills the process
-with SIGKILL at that point (crash tests). Points used here: `after_claim`,
+Fail points (`monitor.failpoints`): with `LSTAR_FAILPOINT=name[,name...]` set,
+`failpoint(name)` kills the process with SIGKILL at that point (crash tests). Points used here: `after_claim`,
 `before_complete`; workers add their own (the fetch step uses `mid_job`).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +23,7 @@ import duckdb
 
 from monitor.errors import (CorpusError, GateRefusedError, HubError, IntegrityError, LstarError,
                             ModelLoadError, SpecError, TokenizerError, UnsupportedCheckpointError)
+from monitor.failpoints import failpoint
 from monitor.store import Store, utcnow
 
 DEFAULT_STATUSES = ("gated", "fetched")
@@ -36,13 +35,6 @@ PERMANENT_ERRORS: tuple[type[LstarError], ...] = (
 # Checkpoints this installation cannot handle (a quantization backend not installed): the
 # row is skipped at once with the reason, like the gate's refusals.
 SKIP_ERRORS: tuple[type[LstarError], ...] = (UnsupportedCheckpointError,)
-
-
-def failpoint(name: str) -> None:
-    """SIGKILL this process if `name` is listed in LSTAR_FAILPOINT (crash tests only)."""
-    wanted = os.environ.get("LSTAR_FAILPOINT", "")
-    if wanted and name in {part.strip() for part in wanted.split(",")}:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass

@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor import errors
+from monitor.environment import harden_environment
+from monitor.failpoints import failpoint_values
 from monitor.scoring.engine import ScoredRun, ScoreRequest, compute_score, prepare
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer")
@@ -323,10 +325,6 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
     return _scored_from_payload(payload)
 
 
-def _failpoints() -> set[str]:
-    return {p.strip() for p in os.environ.get("LSTAR_FAILPOINT", "").split(",") if p.strip()}
-
-
 def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(payload, default=_json_default))
@@ -338,11 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     result_path = Path(args[0])
     faulthandler.enable()  # a crash in native code leaves a traceback for the parent to report
-    os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    harden_environment()
     request = request_from_json(sys.stdin.read())
-    points = _failpoints()
+    points = set(failpoint_values())
     try:
         if "hang_score_child" in points:
             while True:

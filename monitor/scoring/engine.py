@@ -15,7 +15,8 @@ from typing import Any
 
 from monitor import SCORING_SPEC_VERSION, __version__
 from monitor.errors import TokenizerError
-from monitor.hub import Outcome, failpoint, fetch_job, process_pending
+from monitor.failpoints import failpoint
+from monitor.hub import Outcome, fetch_job, process_pending
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
 from monitor.scoring.smollm2 import ensure_smollm2

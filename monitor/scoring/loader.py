@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from monitor.environment import disable_safetensors_conversion
 from monitor.errors import HubError, ModelLoadError, UnsafeCheckpointError, UnsupportedCheckpointError
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
 
-os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+disable_safetensors_conversion()
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 # Files that define what a checkpoint computes: hashed for a local directory's identity,
@@ -373,7 +374,7 @@ def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tu
 
     from monitor.scoring.forward import torch_dtype
 
-    os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+    disable_safetensors_conversion()
     assert os.environ.get("DISABLE_SAFETENSORS_CONVERSION") == "1"
     # transformers' own bar and load report would interleave with ours; what its report
     # says (missing / unexpected keys) is checked and recorded below instead

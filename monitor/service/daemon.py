@@ -54,11 +54,12 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LstarError, StoreError
+from monitor.failpoints import failpoint_values
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy, gate_pending, poll_once
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_children
 from monitor.service.api_guard import create_api_token
-from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable, failpoint_values,
+from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
 from monitor.service.scoring_driver import score_next
 from monitor.store import Store, storage_error, utcnow

@@ -18,20 +18,10 @@ from typing import Any
 
 import duckdb
 
+from monitor.failpoints import failpoint_values
 from monitor.store import Store, storage_error
 
 PROBE_NAME = ".write-probe"
-
-
-# -- fail points -------------------------------------------------------------------------------
-def failpoint_values() -> dict[str, str]:
-    """The fail points set in `LSTAR_FAILPOINT` (`a,b=3` gives {"a": "", "b": "3"})."""
-    out = {}
-    for part in os.environ.get("LSTAR_FAILPOINT", "").split(","):
-        name, _, value = part.strip().partition("=")
-        if name:
-            out[name] = value
-    return out
 
 
 class _TrackedConnection:
@@ -196,5 +186,5 @@ def check_writable(folder: Path) -> None:
         raise storage_error(folder, exc, doing="checking that the state directory is writable") from exc
 
 
-__all__ = ["DaemonStore", "StoreFailpoints", "failpoint_values", "is_disk_full", "is_database_invalidated",
+__all__ = ["DaemonStore", "StoreFailpoints", "is_disk_full", "is_database_invalidated",
            "check_writable"]

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monitor.errors import HubError
-from monitor.hub import Outcome, failpoint, fetch_job, process_pending, prune_cache, resolve_cache_dir
+from monitor.failpoints import failpoint
+from monitor.hub import Outcome, fetch_job, process_pending, prune_cache, resolve_cache_dir
 from monitor.scoring import ScoringInterrupted, run_score_child
 from monitor.store import Store
 
