@@ -133,7 +133,6 @@ def test_the_byte_budget_prunes_further_but_never_a_pending_checkpoint(world):
 def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
     from monitor.scoring.engine import ScoreRequest
     from monitor.service.daemon import Daemon, DaemonConfig
-    from monitor.service.scoring_driver import score_next
 
     cache = tmp_path / "hub-cache"
     template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
@@ -149,7 +148,7 @@ def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
         assert [o.status for o in gate_pending(store, client, [rule], cache_dir=cache)] == ["gated"]
         (row,) = store.list_checkpoints()
         assert snapshot_dir(cache, LINEAGE, row["sha"]).is_dir()       # the gate's config.json
-        results = score_next(daemon, store)
+        results = daemon.score_batch(store)
         assert [r.status for r in results] == ["scored"]
     assert not snapshot_dir(cache, LINEAGE, row["sha"]).exists()
     assert not snapshot_dir(cache, LINEAGE, row["sha"]).parent.parent.exists()   # nothing of it is left

@@ -14,7 +14,8 @@ from rich.table import Table
 from monitor.commands.options import MAX_BATCH, Device, DType, int_option
 from monitor.errors import SpecError
 from monitor.hub import HubClient
-from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint, score_pending
+from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
+from monitor.service.scoring_driver import score_in_process, score_queue
 from monitor.store import DEFAULT_DB_PATH, Store
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
@@ -70,8 +71,8 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with Store.open(db) as store:
         client = HubClient(endpoint, store=store)
-        results = score_pending(store, request, owner=owner, client=client, cache_dir=cache_dir,
-                                limit=limit)
+        results = score_queue(store, client, score_in_process(store, request), owner=owner,
+                              cache_dir=cache_dir, limit=limit)
     if as_json:
         print(json.dumps([r.as_dict() for r in results], indent=2, default=str))
         return

@@ -7,11 +7,11 @@ from monitor.hub.config_budget import ConfigBudgetError, check_against_weights, 
 from monitor.hub.fetch import fetch_job, fetch_pinned
 from monitor.hub.gate import gate_pending, resolve_cache_dir
 from monitor.hub.poll import poll_once
-from monitor.hub.queue import JobResult, Outcome, process_pending
+from monitor.hub.queue import DEFAULT_LEASE_S, JobResult, Outcome, process_pending
 from monitor.hub.rules import Budgets, WatchRule, load_watch_rules
 from monitor.hub.safetensors_layout import LayoutError, check_file_size, read_local_header, tensor_layout
 
-__all__ = ["Budgets", "ConfigBudgetError", "DEFAULT_KEEP_LAST", "DEFAULT_MAX_BYTES", "HubClient",
+__all__ = ["Budgets", "DEFAULT_LEASE_S", "ConfigBudgetError", "DEFAULT_KEEP_LAST", "DEFAULT_MAX_BYTES", "HubClient",
            "JobResult", "LayoutError", "Outcome", "RetryPolicy", "WatchRule", "check_against_weights",
            "check_file_size", "config_shape", "fetch_job", "fetch_pinned", "gate_pending",
            "load_watch_rules", "poll_once", "process_pending", "prune_cache", "read_local_header",

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import platform
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from monitor import SCORING_SPEC_VERSION, __version__
 from monitor.errors import TokenizerError
-from monitor.failpoints import failpoint
-from monitor.hub import Outcome, fetch_job, process_pending
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
 from monitor.scoring.smollm2 import ensure_smollm2
@@ -250,30 +248,3 @@ def _run_row(request: ScoreRequest, result: dict[str, Any], corpus: Corpus,
         "library_versions": library_versions(), "wall_s": result["wall_s"],
         "tokens_per_s": result["tokens_per_s"], "finished_at": utcnow(),
     }
-
-
-def score_pending(store: Store, template: ScoreRequest, *, owner: str, client=None,
-                  cache_dir: Path | None = None, now_fn=utcnow, limit: int | None = None):
-    """Fetch and score the queue of gated checkpoints, each job exactly once.
-
-    Each claimed row is downloaded at its pinned sha (verified), scored with the spec of
-    `template`, and completed together with its score run in one transaction; a scorer
-    killed mid-job leaves a lease that expires, and the job is retried at most 3 times.
-    Returns the queue's `JobResult`s.
-    """
-    def worker(job: dict[str, Any]) -> Outcome:
-        snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir,
-                             now_fn=now_fn)
-        # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
-        request = replace(template, model=str(snapshot), checkpoint_id=job["id"],
-                          model_root=snapshot.parent.parent,
-                          extra_model_info={"repo": job["repo"], "sha": job["sha"], "source": "hub",
-                                            "path": str(snapshot)})
-        scored = compute_score(prepare(request), store)
-        failpoint("mid_score")
-        result = scored.result
-        return Outcome("scored", meta={"run_id": result["run_id"], "lstar": result["lstar"],
-                                       "se": result["se_ce"], "corpus_sha256": result["corpus"]["sha256"]},
-                       write=lambda conn: scored.write(store, conn))
-
-    return process_pending(store, worker, owner=owner, now_fn=now_fn, limit=limit)

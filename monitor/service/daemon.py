@@ -55,13 +55,14 @@ from typing import Any
 
 from monitor.errors import LstarError, StoreError
 from monitor.failpoints import failpoint_values
-from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy, gate_pending, poll_once
+from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
+                         gate_pending, poll_once)
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_children
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
-from monitor.service.scoring_driver import score_next
+from monitor.service.scoring_driver import prune_after_scoring, score_in_child, score_queue
 from monitor.store import Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -601,11 +602,24 @@ class Daemon:
     def cache_dir(self) -> Path | None:
         return self.config.cache_dir
 
+    def score_batch(self, store: Store) -> list[JobResult]:
+        """Fetch and score up to `score_batch` queued checkpoints in scoring children, then
+        prune the Hub cache; returns what happened to each job."""
+        cfg = self.config
+        scorer = score_in_child(cfg.template, state_dir=cfg.state_dir, timeout_s=cfg.score_timeout,
+                                memory_bytes=cfg.score_memory)
+        results = score_queue(store, self.hub_client(store), scorer, owner=self.owner, cache_dir=cfg.cache_dir,
+                              lease_s=cfg.lease_s, limit=cfg.score_batch, stopping=self.stopping.is_set)
+        if any(r.status in ("scored", "skipped", "failed") for r in results):
+            prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
+                                max_bytes=cfg.cache_max_bytes)
+        return results
+
     def job_score(self) -> list[dict[str, Any]]:
         done: list[dict[str, Any]] = []
         while not self.stopping.is_set():
             with self.job_store() as store:
-                results = score_next(self, store)
+                results = self.score_batch(store)
             if not results:
                 break
             for r in results:
