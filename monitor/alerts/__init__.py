@@ -2,7 +2,7 @@
 the message payload and the channels."""
 
 from monitor.alerts.channels.base import Outgoing, Sender, SendResult
-from monitor.alerts.channels.email import EmailSender
+from monitor.alerts.channels.email import EmailSender, compose_email
 from monitor.alerts.channels.filesink import FileSender
 from monitor.alerts.channels.webhook import WebhookSender
 from monitor.alerts.dispatcher import Dispatcher, DispatchReport, default_senders, run_pass
@@ -16,6 +16,7 @@ from monitor.alerts.silences import (add_silence, current_user, expire_silence, 
 
 __all__ = ["CurvePredictor", "DispatchReport", "Dispatcher", "EmailSender", "EvaluationReport",
            "FileSender", "Outgoing", "SendResult", "Sender", "WebhookSender", "add_silence", "build_body",
-           "current_user", "default_senders", "evaluate_pending", "expire_silence", "list_silences",
-           "load_task_curve", "operator_alerts", "parse_time", "parse_until", "predict_task", "public_corpus",
-           "raise_hub_outage_alerts", "route_alert", "run_pass", "task_labels", "watches"]
+           "compose_email", "current_user", "default_senders", "evaluate_pending", "expire_silence",
+           "list_silences", "load_task_curve", "operator_alerts", "parse_time", "parse_until",
+           "predict_task", "public_corpus", "raise_hub_outage_alerts", "route_alert", "run_pass",
+           "task_labels", "watches"]

@@ -13,12 +13,10 @@ import hashlib
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from email.message import EmailMessage
-from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
-from monitor.alerts import EmailSender, FileSender, Outgoing, SendResult, WebhookSender
+from monitor.alerts import EmailSender, FileSender, Outgoing, SendResult, WebhookSender, compose_email
 from monitor.errors import PolicyError
 from monitor.policy import Policy, Report
 from monitor.reports.report import to_json
@@ -32,16 +30,8 @@ def report_message_id(policy: str, name: str, period_end: datetime) -> str:
 
 def _send_email(message: Outgoing, receiver: Any, policy: Policy, *, subject: str, text: str, html: str,
                 now: datetime) -> SendResult:
-    cfg = receiver.email
-    mail = EmailMessage()
-    mail["Subject"] = f"{cfg.subject_prefix} {subject}".strip()
-    mail["From"] = cfg.from_
-    mail["To"] = ", ".join(cfg.to)
-    mail["Date"] = format_datetime(now)
-    mail["Message-ID"] = f"<{message.id}@lstar-monitor>"
-    mail["X-Lstar-Report"] = message.id
-    mail.set_content(text)
-    mail.add_alternative(html, subtype="html")
+    mail = compose_email(receiver.email, subject=subject, text=text, html=html, now=now,
+                         message_id=f"<{message.id}@lstar-monitor>", headers={"X-Lstar-Report": message.id})
     return EmailSender().send_mail(mail, receiver, policy)
 
 

@@ -56,19 +56,28 @@ def render(message: Outgoing, templates: Path | None = None) -> tuple[str, str, 
     return " ".join(subject.split()), text, html
 
 
-def build_email(message: Outgoing, cfg: Any, *, now: datetime, templates: Path | None = None) -> EmailMessage:
-    """The MIME message (multipart/alternative: text, then HTML)."""
-    subject, text, html = render(message, templates)
+def compose_email(cfg: Any, *, subject: str, text: str, html: str, now: datetime, message_id: str,
+                  headers: dict[str, str]) -> EmailMessage:
+    """A MIME message to `cfg`'s recipients (multipart/alternative: text, then HTML), with
+    the receiver's subject prefix and the given Message-ID and extra headers."""
     mail = EmailMessage()
     mail["Subject"] = f"{cfg.subject_prefix} {subject}".strip()
     mail["From"] = cfg.from_
     mail["To"] = ", ".join(cfg.to)
     mail["Date"] = format_datetime(now)
-    mail["Message-ID"] = message_id(message.id)
-    mail["X-Lstar-Notification"] = message.id
+    mail["Message-ID"] = message_id
+    for name, value in headers.items():
+        mail[name] = value
     mail.set_content(text)
     mail.add_alternative(html, subtype="html")
     return mail
+
+
+def build_email(message: Outgoing, cfg: Any, *, now: datetime, templates: Path | None = None) -> EmailMessage:
+    """The MIME message of a notification, rendered from the templates."""
+    subject, text, html = render(message, templates)
+    return compose_email(cfg, subject=subject, text=text, html=html, now=now,
+                         message_id=message_id(message.id), headers={"X-Lstar-Notification": message.id})
 
 
 def _reply(code: int, text: Any) -> str:
