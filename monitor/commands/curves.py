@@ -15,9 +15,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, float_option, int_option
+from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, db_file, float_option,
+                                      int_option)
 from monitor.errors import CurveError, LabelError
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.store import Store
 
 if TYPE_CHECKING:
     from monitor.curves import CurveArtifact, Label, ScoringRef
@@ -154,13 +155,15 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Option(None, "--spec", help="Scoring spec, e.g. lstar-score/1:window=2048,stride=1024,prefix=bos."),
         family: str = typer.Option(None, "--family", help="Family for every row (lm-eval/stored labels)."),
         no_lofo: bool = typer.Option(False, "--no-lofo", help="Skip leave-one-family-out validation."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on L* and write its artifact."""
         from monitor.curves import curve_summary, save_curve
         from monitor.curves.fit import fit_curve
 
+        db_path = db_file(state, db)
         rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
         curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
@@ -210,13 +213,15 @@ def register(app: typer.Typer) -> None:
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 (store joins)."),
         family: str = typer.Option(None, "--family", help="Family for every row."),
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs."""
         from monitor.curves import select_labels
         from monitor.curves.validation import lofo_validate
 
+        db_path = db_file(state, db)
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
@@ -241,12 +246,14 @@ def register(app: typer.Typer) -> None:
         run: str = typer.Option(None, "--run", help="Take L*, SE, corpus and spec from this score run."),
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for --run)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """P̂ = g(L*), its interval widened by SE(L*), and the state (clear / at_risk / emerged)."""
         from monitor.curves import ScoringRef, load_curve, predict, predict_score_run
 
+        db_path = db_file(state, db)
         curve = load_curve(curve_path)
         if run is not None:
             if lstar is not None:

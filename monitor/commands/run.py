@@ -10,13 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_BATCH, MAX_RESAMPLES, device_option, int_option, seconds, size_bytes
+from monitor.commands.options import (MAX_BATCH, MAX_RESAMPLES, STATE_OPTION, device_option, int_option,
+                                      seconds, size_bytes)
+from monitor.commands.through_daemon import through_daemon
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
-from monitor.service import DAY_S, DB_NAME, DaemonConfig, api_get, live_daemon_url, run_daemon
-from monitor.store import Store
-
-STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
+from monitor.service import DAY_S, DaemonConfig, api_get, run_daemon
+from monitor.store import DB_NAME
 
 
 def _score_memory(value: str, device: str) -> int | None:
@@ -180,12 +180,12 @@ def register(app: typer.Typer) -> None:
 
 def read_status(state: Path) -> dict:
     """The daemon's /status when one runs on `state`, else counts from a read-only open."""
-    url = live_daemon_url(state)
-    if url is not None:
+    db = state / DB_NAME
+
+    def ask(url: str) -> dict:
         data = api_get(url, "/status")
         data["daemon"] = {"pid": data["pid"], "started_at": data["started_at"], "url": url}
         return data
-    db = state / DB_NAME
-    with Store.open(db, read_only=True) as store:
-        counts = store.checkpoint_counts()
-    return {"daemon": None, "db": str(db), "checkpoints": counts}
+
+    return through_daemon(db, ask, lambda store: {"daemon": None, "db": str(db),
+                                                  "checkpoints": store.checkpoint_counts()})

@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_BATCH, Device, DType, int_option
+from monitor.commands.options import DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, db_file, int_option
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
 from monitor.service.scoring_driver import score_in_process, score_queue
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.store import Store
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
 
@@ -105,7 +105,8 @@ def register(app: typer.Typer) -> None:
         reference_tokenizer: Path | None = typer.Option(
             None, "--reference-tokenizer", help="Tokenizer folder for weighted perplexity."),
         no_tcb: bool = typer.Option(False, "--no-tcb", help="Skip the Token Constraint Bound."),
-        db: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
@@ -118,6 +119,7 @@ def register(app: typer.Typer) -> None:
                                               "(default HF_HUB_CACHE)."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
+        db = db_file(state, db)
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")

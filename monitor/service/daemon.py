@@ -63,12 +63,11 @@ from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
 from monitor.service.scoring_driver import prune_after_scoring, score_in_child, score_queue
-from monitor.store import Store, storage_error, utcnow
+from monitor.store import DB_NAME, Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
 
 LOCK_NAME = "lstar.lock"
-DB_NAME = "lstar.duckdb"
 INFO_NAME = "daemon.json"
 JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "prune", "watchdog")
 DAY_S = 86400.0

@@ -21,7 +21,8 @@ import duckdb
 from monitor.errors import StoreError
 from monitor.store.migrations import MIGRATIONS, Migration
 
-DEFAULT_DB_PATH = Path("state") / "lstar.duckdb"
+DB_NAME = "lstar.duckdb"                      # the database file in a state directory
+DEFAULT_DB_PATH = Path("state") / DB_NAME
 
 _S = TypeVar("_S", bound="StoreConnection")
 
