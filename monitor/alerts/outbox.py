@@ -170,7 +170,7 @@ def _prediction_row(policy: Policy, task: str, score: ScoreView, *, state: str, 
             "evaluated_at": now}
 
 
-def evaluate_task(store: Store, policy: Policy, task: Task, score: ScoreView,
+def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreView,
                   prediction: TaskPrediction, *, now: datetime) -> dict[str, Any]:
     """The prediction row (with its alert, if any) for one (policy, task, score)."""
     history = store.lineage_history(policy.name, task.name, score.lineage)
@@ -229,10 +229,10 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                     report.skipped.append(f"policy {policy.name}, task {task.name}, run {score.run_id}: "
                                           f"{exc.one_line()}")
                     continue
-                planned = evaluate_task(store, policy, task, score, prediction, now=now)
+                planned = task_prediction_row(store, policy, task, score, prediction, now=now)
                 report.add(_write(store, [planned], now))
         if policy.calibration_gaming is not None:
-            evaluate_gaming(store, policy, now=now, report=report)
+            write_gaming_predictions(store, policy, now=now, report=report)
     return report
 
 
@@ -251,7 +251,8 @@ def reference_offsets(store: Store, policy: Policy) -> tuple[list[float], list[s
     return offsets, missing
 
 
-def evaluate_gaming(store: Store, policy: Policy, *, now: datetime, report: EvaluationReport) -> None:
+def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
+                             report: EvaluationReport) -> None:
     """The calibration-gaming rule for every public score that also has a private one."""
     rule, corpora = policy.calibration_gaming, policy.corpora
     assert rule is not None
@@ -295,5 +296,5 @@ def evaluate_gaming(store: Store, policy: Policy, *, now: datetime, report: Eval
         report.add(_write(store, [planned], now))
 
 
-__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluate_task", "evaluate_gaming",
-           "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]
+__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "task_prediction_row",
+           "write_gaming_predictions", "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]
