@@ -305,23 +305,22 @@ class CurvePrediction:
 def check_compatible(curve: CurveArtifact, *, corpus_sha256: str | None,
                      scoring_spec: ScoringRef | None) -> None:
     """Refuse to apply a curve to a score measured on another corpus or scoring spec."""
+    name = f"curve {curve.curve_id[:12]} ({curve.task})"
+    unpinned = "refit the curve with --corpus-sha and --spec"
     if corpus_sha256 is not None:
         if curve.corpus_sha256 is None:
-            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is not pinned to a corpus; "
-                             f"cannot apply it to a score on corpus {corpus_sha256[:12]}",
-                             hint="refit the curve with --corpus-sha and --spec")
+            raise CurveError(f"{name} is not pinned to a corpus; cannot apply it to a score on corpus "
+                             f"{corpus_sha256[:12]}", hint=unpinned)
         if corpus_sha256 != curve.corpus_sha256:
-            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) was fitted on corpus "
-                             f"{curve.corpus_sha256}, but the score is on corpus {corpus_sha256}",
-                             hint="score on the curve's corpus, or fit a curve on this one")
+            raise CurveError(f"{name} was fitted on corpus {curve.corpus_sha256}, but the score is on corpus "
+                             f"{corpus_sha256}", hint="score on the curve's corpus, or fit a curve on this one")
     if scoring_spec is not None:
         if curve.scoring_spec is None:
-            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is not pinned to a scoring spec; "
-                             f"cannot apply it to a score with spec {scoring_spec.describe()}",
-                             hint="refit the curve with --corpus-sha and --spec")
+            raise CurveError(f"{name} is not pinned to a scoring spec; cannot apply it to a score with spec "
+                             f"{scoring_spec.describe()}", hint=unpinned)
         if scoring_spec != curve.scoring_spec:
-            raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) was fitted with scoring spec "
-                             f"{curve.scoring_spec.describe()}, but the score used {scoring_spec.describe()}",
+            raise CurveError(f"{name} was fitted with scoring spec {curve.scoring_spec.describe()}, but the "
+                             f"score used {scoring_spec.describe()}",
                              hint="rescore with the curve's spec, or fit a curve for this one")
 
 

@@ -24,7 +24,6 @@ Its results become labels (`monitor.curves.labels`).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 
 from monitor.curves.labels import Label
 from monitor.errors import LabelError
+from monitor.jsonl import json_lines
 from monitor.scoring import load_checkpoint, load_tokenizer
 
 
@@ -66,13 +66,7 @@ def load_mc_task(path: str | Path, *, limit: int | None = None) -> McTask:
         raise LabelError(f"no task file at {path}") from exc
     items = []
     ids: set[str] = set()
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LabelError(f"{path}:{number}: not JSON ({exc.msg})") from exc
+    for number, obj in json_lines(raw.decode("utf-8").splitlines(), path, LabelError, not_json="not JSON"):
         where = f"{path}:{number}"
         if not isinstance(obj, dict):
             raise LabelError(f"{where}: expected an object")

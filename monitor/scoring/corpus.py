@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import CorpusError, PolicyError
+from monitor.jsonl import json_lines
 from monitor.policy import load_yaml_file
 
 DOCUMENTS_FILE = "documents.jsonl"
@@ -302,6 +303,13 @@ _RULES_KEYS = {"name", "version", "rules", "max_bytes", "unmatched"}
 _RULE_KEYS = {"glob", "slice", "source", "max_bytes"}
 
 
+def _check_keys(mapping: dict[Any, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(map(str, mapping)) - allowed)
+    if unknown:
+        raise CorpusError(f"{where}: unknown key(s) {', '.join(unknown)}",
+                          hint=f"allowed: {', '.join(sorted(allowed))}")
+
+
 @dataclass(frozen=True)
 class SliceRule:
     """Files matching `glob` (relative POSIX path; `**` spans folders) go to `slice`."""
@@ -381,10 +389,7 @@ def load_slice_rules(path: str | Path) -> SliceRules:
         raise CorpusError(f"not valid YAML/JSON: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict):
         raise CorpusError(f"{path}: expected a mapping with keys name, version, rules")
-    unknown = sorted(set(map(str, data)) - _RULES_KEYS)
-    if unknown:
-        raise CorpusError(f"{path}: unknown key(s) {', '.join(unknown)}",
-                          hint=f"allowed: {', '.join(sorted(_RULES_KEYS))}")
+    _check_keys(data, _RULES_KEYS, f"{path}")
     for key in ("name", "version"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise CorpusError(f"{path}: '{key}' must be a non-empty string")
@@ -400,10 +405,7 @@ def load_slice_rules(path: str | Path) -> SliceRules:
         where = f"{path}: rules[{i}]"
         if not isinstance(raw, dict):
             raise CorpusError(f"{where} must be a mapping with glob and slice")
-        unknown = sorted(set(map(str, raw)) - _RULE_KEYS)
-        if unknown:
-            raise CorpusError(f"{where}: unknown key(s) {', '.join(unknown)}",
-                              hint=f"allowed: {', '.join(sorted(_RULE_KEYS))}")
+        _check_keys(raw, _RULE_KEYS, where)
         if not isinstance(raw.get("glob"), str) or not raw["glob"]:
             raise CorpusError(f"{where}.glob must be a non-empty string")
         names = {"slice": raw.get("slice"), "source": raw.get("source", raw.get("slice"))}
@@ -482,13 +484,7 @@ def _pieces_of_file(path: Path, relpath: str, rule: SliceRule) -> list[_Piece]:
 
 def _pieces_of_jsonl(text: str, relpath: str, rule: SliceRule, path: Path) -> list[_Piece]:
     pieces = []
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorpusError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+    for lineno, record in json_lines(text.split("\n"), path, CorpusError):
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise CorpusError(f"{path}:{lineno}: expected an object with a string 'text'")
         source = record.get("source", rule.source)

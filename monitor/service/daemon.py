@@ -360,27 +360,24 @@ class Daemon:
         return store.cursor()
 
     @contextlib.contextmanager
-    def job_store(self) -> Iterator[DaemonStore]:
-        """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""
-        store = DaemonStore(self._cursor(), self.config.db_path, read_only=False)
+    def _cursor_store(self, *, read_only: bool) -> Iterator[DaemonStore]:
+        store = DaemonStore(self._cursor(), self.config.db_path, read_only=read_only)
         store.faults = self.faults
-        store.on_write = self._wrote
+        if not read_only:
+            store.on_write = self._wrote
         try:
             yield store
         finally:
             with contextlib.suppress(Exception):
                 store.conn.close()
 
-    @contextlib.contextmanager
-    def read_store(self) -> Iterator[Store]:
+    def job_store(self) -> contextlib.AbstractContextManager[DaemonStore]:
+        """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""
+        return self._cursor_store(read_only=False)
+
+    def read_store(self) -> contextlib.AbstractContextManager[Store]:
         """A store on a fresh cursor for the API's reads (never blocks on a job)."""
-        store = DaemonStore(self._cursor(), self.config.db_path, read_only=True)
-        store.faults = self.faults
-        try:
-            yield store
-        finally:
-            with contextlib.suppress(Exception):
-                store.conn.close()
+        return self._cursor_store(read_only=True)
 
     def _wrote(self) -> None:
         """A commit reached the database files (called in the thread that committed)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -183,6 +184,14 @@ class StoreConnection:
             cur = self.conn.execute(sql, params or [])
             cols = [d[0] for d in cur.description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def query_json(self, sql: str, params: Sequence[Any] | None, json_columns: Sequence[str]) -> list[dict[str, Any]]:
+        """`query`, with the JSON text of `json_columns` decoded."""
+        rows = self.query(sql, params)
+        for row in rows:
+            for column in json_columns:
+                row[column] = json.loads(row[column])
+        return rows
 
     # -- migrations --------------------------------------------------------------------
     def applied_migrations(self) -> list[str]:

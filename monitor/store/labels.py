@@ -58,17 +58,10 @@ class LabelRows(StoreConnection):
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = "SELECT * FROM labels" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-        rows = self.query(sql, params)
-        for row in rows:
-            row["details"] = json.loads(row["details"])
-        return rows
+        return self.query_json(sql, params, ("details",))
 
     def eval_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Recent evaluation runs, newest first."""
         where, params = ("WHERE model_repo = ?", [model_repo]) if model_repo else ("", [])
-        rows = self.query(f"SELECT * FROM eval_runs {where} ORDER BY finished_at DESC LIMIT ?",
-                          [*params, limit])
-        for row in rows:
-            row["metrics"] = json.loads(row["metrics"])
-            row["model"] = json.loads(row["model"])
-        return rows
+        return self.query_json(f"SELECT * FROM eval_runs {where} ORDER BY finished_at DESC LIMIT ?",
+                               [*params, limit], ("metrics", "model"))

@@ -31,10 +31,8 @@ class ReportRows(StoreConnection):
 
     def report_predictions(self, policy: str) -> list[dict[str, Any]]:
         """Every prediction of a policy, oldest first (detail decoded)."""
-        rows = self.query("SELECT * FROM predictions WHERE policy = ? ORDER BY evaluated_at, id", [policy])
-        for row in rows:
-            row["detail"] = json.loads(row["detail"])
-        return rows
+        return self.query_json("SELECT * FROM predictions WHERE policy = ? ORDER BY evaluated_at, id", [policy],
+                               ("detail",))
 
     def last_report(self, policy: str, name: str) -> dict[str, Any] | None:
         """The newest recorded report of (policy, report name), or None."""
@@ -63,9 +61,5 @@ class ReportRows(StoreConnection):
     def reports(self, *, policy: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Recorded reports, newest first (summary and deliveries decoded)."""
         where, params = ("WHERE policy = ?", [policy]) if policy else ("", [])
-        rows = self.query(f"SELECT * FROM reports {where} ORDER BY period_end DESC, id DESC LIMIT ?",
-                          [*params, limit])
-        for row in rows:
-            row["summary"] = json.loads(row["summary"])
-            row["deliveries"] = json.loads(row["deliveries"])
-        return rows
+        return self.query_json(f"SELECT * FROM reports {where} ORDER BY period_end DESC, id DESC LIMIT ?",
+                               [*params, limit], ("summary", "deliveries"))

@@ -112,13 +112,10 @@ class ScoreRows(StoreConnection):
         if corpus_sha256:
             where.append("corpus_sha256 = ?")
             params.append(corpus_sha256)
-        rows = self.query(
+        return self.query_json(
             "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
             "prefix_policy, lstar, se_ce, ce, model, finished_at FROM score_runs WHERE "
-            + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params)
-        for row in rows:
-            row["model"] = json.loads(row["model"])
-        return rows
+            + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
 
     def score_run(self, run_id: str) -> dict[str, Any] | None:
         """One score run by id, or None."""
