@@ -1,4 +1,4 @@
-"""Faults against the real daemon in a subprocess (reliability rows 6, 17, 19, 21) and the
+"""Faults against the real daemon in a subprocess (docs/reliability.md rows 6, 17, 19, 21) and the
 scheduler's behaviour under clock jumps (row 20, with a fake clock)."""
 
 from __future__ import annotations

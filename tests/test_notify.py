@@ -1,5 +1,5 @@
 """The outbox and the dispatcher against a real webhook receiver on 127.0.0.1, with an
-injected clock (reliability rows 1 in-process, 8, 9, 11, 12, 13; silences; resolved
+injected clock (docs/reliability.md rows 1 in-process, 8, 9, 11, 12, 13; silences; resolved
 notifications; Standard Webhooks signatures; the Alertmanager body format)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Crash tests (reliability row 1): the outbox pass (`lstar alerts dispatch`) runs as a
+"""Crash tests (docs/reliability.md row 1): the outbox pass (`lstar alerts dispatch`) runs as a
 subprocess and is killed with SIGKILL at named fail points; invariants are checked over what
 the webhook receiver recorded and what the database holds after each restart."""
 

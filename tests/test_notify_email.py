@@ -1,4 +1,4 @@
-"""Email delivery against aiosmtpd on 127.0.0.1 (reliability row 10): SMTP down / 4xx retry,
+"""Email delivery against aiosmtpd on 127.0.0.1 (docs/reliability.md row 10): SMTP down / 4xx retry,
 5xx and bad credentials dead-letter with a clear error; STARTTLS and implicit TLS; the
 Message-ID is derived from the notification; plain text and HTML come from the templates."""
 

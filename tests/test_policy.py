@@ -1,5 +1,5 @@
 """Policy files: strict schema, exact error lines (file:line: key path: value), the
-`lstar policy check|test` commands, and keeping the last good policy (reliability row 18)."""
+`lstar policy check|test` commands, and keeping the last good policy (docs/reliability.md row 18)."""
 
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ def test_policy_test_prints_each_task_decision_and_sends_nothing(capsys: pytest.
         assert got["p_hat"] == pytest.approx(expected.p_hat)
         assert got["interval"] == pytest.approx([expected.lower, expected.upper])
         assert got["threshold"] == pytest.approx(0.30)
-        # the state follows design §3 from the interval and b + ε, computed here by hand
+        # the state follows docs/measurement.md §3 from the interval and b + ε, computed here by hand
         lo, hi = got["interval"]
         assert got["state"] == ("emerged" if lo >= 0.30 else "at_risk" if hi >= 0.30 else "clear")
     assert by_task["arith"]["state"] == "at_risk" and by_task["arith"]["receivers"] == ["hook"]

@@ -1,4 +1,4 @@
-"""The task-curve artifact `lstar-curve/1`, and prediction from it (design.md §2-§3).
+"""The task-curve artifact `lstar-curve/1`, and prediction from it (docs/measurement.md §2-§3).
 
 A fitted curve is stored as versioned JSON holding everything needed to predict without
 refitting: the knots of g, the band on a grid, the threshold with its interval, the corpus
@@ -280,7 +280,7 @@ def load_curve(path: str | Path) -> CurveArtifact:
 # -- prediction ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CurvePrediction:
-    """P̂ = g(L*) with its interval and state (design §3)."""
+    """P̂ = g(L*) with its interval and state (docs/measurement.md §3)."""
 
     lstar: float
     se: float

@@ -1,7 +1,7 @@
 """Task curves, the statistical core: from (L*, performance) pairs to a monotone curve, its
 band and a threshold.
 
-design.md §2. Performance is non-increasing in L* (lower L* is more progress). The pieces:
+docs/measurement.md §2. Performance is non-increasing in L* (lower L* is more progress). The pieces:
 
 - weights (`label_weights`): 1/stderr² where a standard error is reported, else the binomial
   n / (p̃(1-p̃)) with the add-one estimate p̃ = (k+1)/(n+2), so a 0 % or 100 % row does not get
@@ -19,7 +19,7 @@ design.md §2. Performance is non-increasing in L* (lower L* is more progress). 
   the widened band covers ~94 %. The band is then made monotone by widening only;
 - the threshold η̂: the L* at which g first reaches b_t + ε moving toward lower L*. Its
   interval is the band inverted: `upper` is where the optimistic edge reaches b_t + ε,
-  `lower` where the pessimistic edge does, i.e. exactly the L* range that design §3 calls
+  `lower` where the pessimistic edge does, i.e. exactly the L* range that measurement.md §3 calls
   at_risk-but-not-emerged. The bootstrap distribution of η̂ gives the share of resamples
   that never cross;
 - a logistic with floor b_t, p(x) = b_t + (c - b_t)·sigmoid(-(x - x0)/s), as a robustness check.

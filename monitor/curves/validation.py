@@ -1,5 +1,5 @@
 """Is the curve worth trusting? Leave-one-family-out validation, the emergence score and
-resolution warnings for task curves (design.md §2).
+resolution warnings for task curves (docs/measurement.md §2).
 
 - `lofo_validate`: for each model family, fit the curve (`monitor.curves.stats.fit_monotone`) on
   the other families and predict the held-out one, on L* and on the alternatives it should

@@ -1,4 +1,4 @@
-"""Teacher-forced scoring of one checkpoint under spec `lstar-score/1` (docs/design.md §1).
+"""Teacher-forced scoring of one checkpoint under spec `lstar-score/1` (docs/measurement.md §1).
 
 Reads top to bottom: the spec and its resolution against a model, the window plan (a pure
 function), the output head (logits in chunks, never a full `[batch, length, vocab]` float32
