@@ -2,7 +2,8 @@
 
 from monitor.scoring.child import (ScoringInterrupted, default_memory_limit, kill_active_children,
                                    physical_memory, run_score_child)
-from monitor.scoring.corpus import Corpus, build_corpus, load_corpus, manifest_sha256
+from monitor.scoring.corpus import Corpus, load_corpus, manifest_sha256
+from monitor.scoring.corpus_build import build_corpus
 from monitor.scoring.engine import (DEFAULT_MODEL, ScoredRun, ScoreRequest, compute_score, prepare,
                                     score_checkpoint)
 from monitor.scoring.loader import load_checkpoint
