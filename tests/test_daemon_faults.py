@@ -254,7 +254,7 @@ def test_clock_jumps_and_dst_cause_no_double_runs(monkeypatch):
     import apscheduler.schedulers.base as base
     from apscheduler.schedulers.base import STATE_RUNNING
 
-    from monitor.service.daemon import add_interval_job, build_scheduler
+    from monitor.service.scheduler import add_interval_job, build_scheduler
 
     clock = {"now": datetime(2025, 3, 30, 0, 30, tzinfo=timezone.utc)}  # Europe's DST change at 01:00 UTC
 

@@ -33,13 +33,12 @@ change rows fail at commit with DuckDB's disk-full error, `enospc_while=PATH` do
 PATH exists; `fatal_while=PATH` makes a transaction that changes rows raise
 `duckdb.FatalException` while PATH exists, after which the connection raises it for every
 use, and re-opening fails, until PATH is gone; plus those of `monitor.hub.queue`,
-`monitor.hub.gate` and `monitor.scoring.child`.
+`monitor.hub.fetch` and `monitor.scoring.child`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -62,12 +61,12 @@ from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_chil
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
+from monitor.service.lock import StateLock
+from monitor.service.scheduler import add_interval_job, build_scheduler
 from monitor.service.scoring_driver import prune_after_scoring, score_in_child, score_queue
 from monitor.store import DB_NAME, Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
-
-LOCK_NAME = "lstar.lock"
 INFO_NAME = "daemon.json"
 JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "prune", "watchdog")
 DAY_S = 86400.0
@@ -115,73 +114,6 @@ class DaemonConfig:
     @property
     def lease_s(self) -> float:
         return self.lease if self.lease is not None else self.score_timeout + 600.0
-
-
-# -- the single-instance lock ------------------------------------------------------------------
-class StateLock:
-    """An exclusive `flock` on STATE/lstar.lock; the file holds the owner's pid."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / LOCK_NAME
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise StoreError naming the pid that holds it (or saying why the
-        state directory cannot be written)."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise storage_error(self.path.parent, exc, doing="taking the daemon lock") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise StoreError(f"another daemon (pid {holder}) holds {self.path}",
-                             hint="stop it first, or give this one another --state directory") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            os.fsync(fd)
-        except OSError as exc:
-            os.close(fd)  # closing drops the flock
-            raise storage_error(self.path.parent, exc, doing="taking the daemon lock") from exc
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
-# -- the scheduler -------------------------------------------------------------------------------
-def build_scheduler(intervals: dict[str, float], *, blocking: bool = False, executor: Any = None):
-    """A UTC scheduler with the job defaults the reliability notes require.
-
-    `misfire_grace_time` is the longest interval (and per job its own interval), so a late
-    run still runs; `coalesce` folds a backlog into one run; `max_instances=1` never
-    overlaps a job with itself.
-    """
-    from apscheduler.executors.pool import ThreadPoolExecutor
-    from apscheduler.schedulers.background import BackgroundScheduler
-    from apscheduler.schedulers.blocking import BlockingScheduler
-
-    grace = max(1, int(max(intervals.values(), default=60)))
-    cls = BlockingScheduler if blocking else BackgroundScheduler
-    return cls(timezone=timezone.utc,
-               executors={"default": executor or ThreadPoolExecutor(max_workers=len(intervals) + 2)},
-               job_defaults={"misfire_grace_time": grace, "coalesce": True, "max_instances": 1})
-
-
-def add_interval_job(scheduler: Any, name: str, fn: Callable[[], None], seconds: float,
-                     first_run: datetime | None) -> None:
-    """An interval job in UTC whose misfire grace is one whole interval."""
-    from apscheduler.triggers.interval import IntervalTrigger
-
-    scheduler.add_job(fn, IntervalTrigger(seconds=seconds, timezone=timezone.utc), id=name, name=name,
-                      misfire_grace_time=max(1, int(seconds)), next_run_time=first_run)
 
 
 # -- the daemon ----------------------------------------------------------------------------------
