@@ -1,4 +1,5 @@
-"""Corpus loading, verification, selection and building (monitor/corpus.py, `lstar corpus`)."""
+"""Corpus loading, verification, selection and building (monitor/scoring/corpus.py and
+corpus_build.py, `lstar corpus`)."""
 
 from __future__ import annotations
 

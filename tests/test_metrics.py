@@ -1,4 +1,4 @@
-"""L* and friends on hand-worked examples (monitor/metrics.py).
+"""L* and friends on hand-worked examples (monitor/scoring/metrics.py).
 
 The toy corpus has three documents over a four-word vocabulary, tokenized by a real
 word-level tokenizer built here, so every count below can be checked with pencil and paper.

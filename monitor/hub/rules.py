@@ -169,7 +169,7 @@ def load_watch_rules(path: str | Path) -> list[WatchRule]:
         raise PolicyError(f"not valid YAML: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict) or "watch" not in data:
         raise PolicyError(f"{path}: expected a mapping with a top-level `watch:` list",
-                          hint="see WatchRule in monitor/hub.py for the fields")
+                          hint="see WatchRule in monitor/hub/rules.py for the fields")
     unknown = sorted(set(data) - {"watch"})
     if unknown:
         raise PolicyError(f"{path}: unknown top-level key(s): {', '.join(unknown)}")
