@@ -91,8 +91,10 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
-    for name in ("email.html.j2", "email.txt.j2", "email_subject.txt.j2", "report.html.j2"):
-        assert (installed_wheel / "monitor" / "templates" / name).is_file(), name
+    for name in ("alerts/templates/email.html.j2", "alerts/templates/email.txt.j2",
+                 "alerts/templates/email_subject.txt.j2", "reports/templates/report.html.j2",
+                 "templates/lab_report.html.j2"):
+        assert (installed_wheel / "monitor" / name).is_file(), name
     assert (installed_wheel / "monitor" / "py.typed").is_file()
     assert not (installed_wheel / "tests").exists()
 
