@@ -1,7 +1,7 @@
 """Poll cost: our incremental poll against a naive full listing, on a large fake Hub.
 
 The fake Hub holds N repos under one author; a first poll sets the rule's watermark, then
-K repos change. The incremental poll (`monitor.hub.poll_rule`) lists newest-modified first
+K repos change. The incremental poll (`monitor.hub.poll.poll_rule`) lists newest-modified first
 and stops at the watermark; the naive poll lists every repo of the author and diffs the
 (repo, sha) pairs against what the database already holds. Requests are counted at the
 fake Hub; wall time includes the fake server's own work (it runs in this process).
@@ -33,10 +33,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from huggingface_hub import HfApi
 
-    from monitor.hub import LIST_EXPAND, HubClient, WatchRule, poll_rule
-    from monitor.store import Store
+    from monitor.hub.client import LIST_EXPAND, HubClient
+    from monitor.hub.poll import poll_rule
+    from monitor.hub.rules import WatchRule
     from monitor.sandbox.fakehub import FakeHub
     from monitor.sandbox.hub_repos import add_filler_repos
+    from monitor.store import Store
 
     author = "filler-org"
     with tempfile.TemporaryDirectory(prefix="poll-cost-") as tmp, FakeHub(page_size=args.page_size) as hub:

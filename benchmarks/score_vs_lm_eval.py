@@ -5,15 +5,15 @@ in its own subprocess so its peak RSS is its own:
 
 1. `peak`        — this machine's float32 and bf16 matmul peak (benchmarks/matmul_peak.py),
                    measured first and again last; the better of the two counts;
-2. `ours`        — monitor.scoring in disjoint mode, float32 (what `lstar score --disjoint` runs);
+2. `ours`        — monitor.scoring.forward in disjoint mode, float32 (what `lstar score --disjoint` runs);
 3. `lm_eval`     — lm-evaluation-harness `loglikelihood_rolling` through the local task
                    benchmarks/lm_eval_task/lstar_calib_rolling.yaml (HFLM, float32, defaults);
 4. `lm_eval_f64` — the same with `softmax_dtype=float64` on the first `--f64-docs` documents
                    (lm-eval's float32 log-softmax on the CPU is biased by ~1e-5 relative; this
                    run shows how close the two sides are without that);
-5. `bf16`        — monitor.scoring again with bf16 weights, on the first `--bf16-docs` documents;
+5. `bf16`        — monitor.scoring.forward again with bf16 weights, on the first `--bf16-docs` documents;
 6. `lm_eval_heap` — lm-eval again with the glibc setting our scorer makes for itself
-                   (monitor.host_memory: freed activations kept for the next batch), so the
+                   (monitor.scoring.host_memory: freed activations kept for the next batch), so the
                    report also shows how much of the ratio that setting alone accounts for.
 
 `--tune 1,2,4,8` first measures both float32 sides at each batch size on the first
@@ -95,7 +95,7 @@ def _proc_status_mib(field: str) -> float | None:
 
 def window_lengths(n_tokens: int, window: int) -> list[int]:
     """Input lengths of the disjoint passes over `[prefix] + n_tokens tokens` (written from
-    the spec, independent of monitor.scoring): the first pass reads min(L, n) tokens, each
+    the spec, independent of monitor.scoring.forward): the first pass reads min(L, n) tokens, each
     later one L tokens (the last re-reads earlier tokens as context)."""
     if n_tokens < 1:
         return []
@@ -136,11 +136,11 @@ def worker_peak(job: dict[str, Any]) -> dict[str, Any]:
 def worker_ours(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from monitor.corpus import load_corpus
-    from monitor.host_memory import keep_freed_memory
-    from monitor.loader import load_checkpoint
-    from monitor.scoring import ScoringSpec, score_token_sequences
-    from monitor.tokenizer import load_tokenizer
+    from monitor.scoring.corpus import load_corpus
+    from monitor.scoring.forward import ScoringSpec, score_token_sequences
+    from monitor.scoring.host_memory import keep_freed_memory
+    from monitor.scoring.loader import load_checkpoint
+    from monitor.scoring.tokenizer import load_tokenizer
 
     t_start = time.perf_counter()
     checkpoint = load_checkpoint(job["model_dir"], dtype=job["dtype"], device="cpu")
@@ -188,7 +188,7 @@ def worker_lm_eval(job: dict[str, Any]) -> dict[str, Any]:
 
     kept = None
     if job.get("keep_freed_memory"):
-        from monitor.host_memory import keep_freed_memory
+        from monitor.scoring.host_memory import keep_freed_memory
 
         kept = keep_freed_memory()
     t_start = time.perf_counter()
@@ -495,7 +495,7 @@ def render(report: dict[str, Any]) -> tuple[str, str]:
           if "f64_docs" in c else []),
         f"{'process CPU s, user+sys (incl. load)':34s}{_f(_cpu(ours)):>16s}{_f(_cpu(lm)):>16s}",
         f"{'of which system s':34s}{_f(ours.get('cpu_sys_s')):>16s}{_f(lm.get('cpu_sys_s')):>16s}",
-        *([f"lm-eval with our glibc setting (freed memory kept, monitor.host_memory): "
+        *([f"lm-eval with our glibc setting (freed memory kept, monitor.scoring.host_memory): "
            f"{_f(s['lm_eval_heap']['tokens_per_s'])} tokens/s, system {_f(s['lm_eval_heap'].get('cpu_sys_s'))} s, "
            f"peak RSS {_f(s['lm_eval_heap']['peak_rss_mib'], ',.0f')} MiB; lstar / that = "
            f"{_x(c['speedup_fp32_same_allocator'])}; bits/byte rel diff {_f(c.get('bpb_rel_diff_same_allocator'), '.2e')}"]
@@ -561,7 +561,7 @@ def _cpu_name() -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Score a model with lstar and lm-evaluation-harness side by side.")
     parser.add_argument("--model", type=Path, default=None,
-                        help="checkpoint folder with tokenizer files (default: SmolLM2-135M from monitor.smollm2)")
+                        help="checkpoint folder with tokenizer files (default: SmolLM2-135M from monitor.scoring.smollm2)")
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="corpus folder (default ../shared/corpus/calib-v0)")
     parser.add_argument("--docs", type=int, default=None, help="score only the first K documents")
     parser.add_argument("--max-length", type=int, default=2048, help="window length of both sides")
@@ -592,11 +592,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return run_worker_main(args.worker, args.job)
 
-    from monitor.corpus import load_corpus
+    from monitor.scoring.corpus import load_corpus
 
     model_dir = args.model
     if model_dir is None:
-        from monitor.smollm2 import ensure_smollm2
+        from monitor.scoring.smollm2 import ensure_smollm2
 
         print("preparing SmolLM2-135M (converted once, then cached) ...", flush=True)
         model_dir = ensure_smollm2()
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
 
-    from monitor.tokenizer import load_tokenizer
+    from monitor.scoring.tokenizer import load_tokenizer
 
     handle = load_tokenizer(model_dir)
     base = {"model_dir": str(model_dir), "corpus_dir": str(args.corpus.resolve()), "docs": n_docs,

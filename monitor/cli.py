@@ -8,12 +8,12 @@ module is the only place where errors become exit codes: library code raises
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import typer
 
-from monitor.errors import LstarError
+from monitor.environment import harden_environment
+from monitor.errors import LstarError, StoreError
 
 try:  # typer >= 0.20 vendors click; its exceptions are not click's
     from typer._click.exceptions import ClickException as _TyperClickException
@@ -46,18 +46,9 @@ def _register_commands() -> None:
 _register_commands()
 
 
-def _harden_environment() -> None:
-    """Settings that must hold before transformers or huggingface_hub are imported."""
-    # Without this, transformers may send the repo (and token) to an external conversion
-    # service and load weights from the bot's PR ref.
-    os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `lstar` console script."""
-    _harden_environment()
+    harden_environment()
     try:
         # In non-standalone mode click returns the exit code of a `typer.Exit(code)`.
         return int(app(args=argv, standalone_mode=False) or 0)
@@ -81,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # A read that reaches a damaged part of the file fails only when it runs; the store
         # names the file for every failure it can foresee, this is the net under the rest.
-        from monitor.errors import StoreError
 
         lines = str(exc).strip().splitlines() or [type(exc).__name__]
         error = StoreError(f"the database failed: {lines[0]}",

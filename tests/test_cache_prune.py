@@ -13,13 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cache_prune import prune_cache
-from monitor.gate import fetch_job, fetch_pinned, gate_pending, snapshot_dir
-from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
-from monitor.queue import Outcome, claim_next, process_pending
-from monitor.store import Store
+from monitor.hub.cache_prune import prune_cache
+from monitor.hub.client import HubClient, RetryPolicy
+from monitor.hub.fetch import fetch_job, fetch_pinned, snapshot_dir
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import poll_once
+from monitor.hub.queue import Outcome, claim_next, process_pending
+from monitor.hub.rules import WatchRule
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import add_lineage, tiny_model_files
+from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 RULE = WatchRule(name="steps", author="acme", revisions={"branches": r"step\d+"})
@@ -128,9 +131,8 @@ def test_the_byte_budget_prunes_further_but_never_a_pending_checkpoint(world):
 
 
 def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
-    from monitor.daemon import Daemon, DaemonConfig
-    from monitor.daemon_scoring import score_next
-    from monitor.engine import ScoreRequest
+    from monitor.scoring.engine import ScoreRequest
+    from monitor.service.daemon import Daemon, DaemonConfig
 
     cache = tmp_path / "hub-cache"
     template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
@@ -146,7 +148,7 @@ def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
         assert [o.status for o in gate_pending(store, client, [rule], cache_dir=cache)] == ["gated"]
         (row,) = store.list_checkpoints()
         assert snapshot_dir(cache, LINEAGE, row["sha"]).is_dir()       # the gate's config.json
-        results = score_next(daemon, store)
+        results = daemon.score_batch(store)
         assert [r.status for r in results] == ["scored"]
     assert not snapshot_dir(cache, LINEAGE, row["sha"]).exists()
     assert not snapshot_dir(cache, LINEAGE, row["sha"]).parent.parent.exists()   # nothing of it is left

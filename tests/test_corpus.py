@@ -1,4 +1,5 @@
-"""Corpus loading, verification, selection and building (monitor/corpus.py, `lstar corpus`)."""
+"""Corpus loading, verification, selection and building (monitor/scoring/corpus.py and
+corpus_build.py, `lstar corpus`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from monitor.cli import main
-from monitor.corpus import (Corpus, build_corpus, canonicalize, glob_to_regex, load_corpus,
-                            load_slice_rules)
 from monitor.errors import CorpusError
+from monitor.scoring.corpus import Corpus, canonicalize, load_corpus
+from monitor.scoring.corpus_build import build_corpus, glob_to_regex, load_slice_rules
 
 CALIB_SHA = "9f269a7db0b131d819be2e51974914a3cf715cc388cceb82885f7a5a21e644d8"
 # calib-v0's slices as published in shared/README.md: documents, bytes.

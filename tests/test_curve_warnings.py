@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from monitor.curve_artifact import (CurveArtifact, LogisticCheck, Threshold, curve_warnings, load_curve,
-                                    save_curve, unresolved_warnings)
-from monitor.curve_fit import fit_curve
-from monitor.curve_validation import resolution_warnings
-from monitor.notify import Dispatcher, evaluate_pending
-from monitor.policy import load_policy
-from monitor.report import build_report, to_markdown
+from monitor.alerts import Dispatcher, evaluate_pending
+from monitor.curves.artifact import (CurveArtifact, LogisticCheck, Threshold, curve_warnings, load_curve,
+                                     save_curve, unresolved_warnings)
+from monitor.curves.fit import fit_curve
+from monitor.curves.labels import Label
+from monitor.curves.validation import resolution_warnings
+from monitor.policy.load import load_policy
+from monitor.reports.report import build_report, to_markdown
 from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
 from monitor.store import Store
-from monitor.tasks import Label
 from monitor.testing.scores import record_fake_score
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves" / "arith.json"

@@ -12,12 +12,12 @@ from scipy.special import expit, logit
 from scipy.stats import norm
 from sklearn.isotonic import IsotonicRegression
 
-from monitor.curve_artifact import ScoringRef, check_compatible, load_curve, predict, save_curve
-from monitor.curve_fit import fit_curve
-from monitor.curve_validation import emergence_score, lofo_validate, resolution_warnings
-from monitor.curves import PREDICTORS, fit_logistic, fit_monotone, isotonic_fit, label_weights
+from monitor.curves.artifact import ScoringRef, check_compatible, load_curve, predict, save_curve
+from monitor.curves.fit import fit_curve
+from monitor.curves.labels import Label
+from monitor.curves.stats import PREDICTORS, fit_logistic, fit_monotone, isotonic_fit, label_weights
+from monitor.curves.validation import emergence_score, lofo_validate, resolution_warnings
 from monitor.errors import CurveError, LabelError
-from monitor.tasks import Label
 
 CORPUS = "9f269a7db0b131d819be2e51974914a3cf715cc388cceb82885f7a5a21e644d8"
 OTHER_CORPUS = "42eba56a92409f2fbaaf1689f6772b3bda630d41ef2ead6f8d195a104253dd3a"
@@ -130,7 +130,7 @@ def test_label_weights_binomial_add_one_and_stderr_precedence():
 
 
 def test_vectorised_bootstrap_equals_one_fit_per_resample():
-    from monitor.curves import _bootstrap
+    from monitor.curves.stats import _bootstrap
 
     rng = np.random.default_rng(11)
     x = np.sort(rng.uniform(-4.5, -1.5, 15))
@@ -155,7 +155,7 @@ def test_vectorised_bootstrap_equals_one_fit_per_resample():
 
 
 def test_training_data_hash_ignores_order_but_not_values():
-    from monitor.curve_fit import training_data_sha256
+    from monitor.curves.fit import training_data_sha256
 
     labels = synthetic_labels()
     assert training_data_sha256(labels) == training_data_sha256(labels[::-1])

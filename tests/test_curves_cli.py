@@ -11,7 +11,7 @@ import pytest
 from scipy.special import expit
 
 from monitor.cli import main
-from monitor.curve_artifact import load_curve, predict
+from monitor.curves.artifact import load_curve, predict
 
 CORPUS = "9f269a7db0b131d819be2e51974914a3cf715cc388cceb82885f7a5a21e644d8"
 OTHER = "42eba56a92409f2fbaaf1689f6772b3bda630d41ef2ead6f8d195a104253dd3a"

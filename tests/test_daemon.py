@@ -1,6 +1,6 @@
 """The real daemon (`lstar run`) in a subprocess against the fake Hub: the loop, the lock,
 the API used by the read commands while it runs, the Hub webhook, SIGTERM, and a SIGKILL
-in the middle of a score (reliability rows 3, 4, 5)."""
+in the middle of a score (docs/reliability.md rows 3, 4, 5)."""
 
 from __future__ import annotations
 

@@ -21,16 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from monitor.daemon_api_guard import (
-    RequestRefused,
-    body_length,
-    check_host_and_origin,
-    create_api_token,
-    read_api_token,
-)
 from monitor.errors import StoreError
 from monitor.sandbox.fakehub import FakeHub
-from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
+from monitor.service.api_guard import (RequestRefused, body_length, check_host_and_origin, create_api_token,
+                                       read_api_token)
+from monitor.testing.daemon_harness import REPO_ROOT
+from monitor.testing.daemon_harness import WATCHER_POLICY as POLICY
+from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
 IDLE_TIMEOUT_S = 2
 WORKERS = 3

@@ -1,4 +1,4 @@
-"""Faults against the real daemon in a subprocess (reliability rows 6, 17, 19, 21) and the
+"""Faults against the real daemon in a subprocess (docs/reliability.md rows 6, 17, 19, 21) and the
 scheduler's behaviour under clock jumps (row 20, with a fake clock)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import add_lineage
+from monitor.store import Store
+from monitor.testing.daemon_harness import DaemonProcess, wait_for
 from tests.test_daemon import write_policy
 
 
@@ -254,7 +254,7 @@ def test_clock_jumps_and_dst_cause_no_double_runs(monkeypatch):
     import apscheduler.schedulers.base as base
     from apscheduler.schedulers.base import STATE_RUNNING
 
-    from monitor.daemon import add_interval_job, build_scheduler
+    from monitor.service.scheduler import add_interval_job, build_scheduler
 
     clock = {"now": datetime(2025, 3, 30, 0, 30, tzinfo=timezone.utc)}  # Europe's DST change at 01:00 UTC
 

@@ -1,4 +1,4 @@
-"""Hostile policy files in the daemon's folder (reliability row 18): at start-up the bad file is
+"""Hostile policy files in the daemon's folder (docs/reliability.md row 18): at start-up the bad file is
 reported in /status and the others load; on reload a file that turns bad keeps its last good
 version, and a new valid file beside it still loads."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitor.daemon import Daemon, DaemonConfig
-from monitor.policy_yaml import NESTING_LIMIT
+from monitor.policy.strict_yaml import NESTING_LIMIT
+from monitor.service.daemon import Daemon, DaemonConfig
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
 DEEP = "[" * 100_000

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from monitor.evaluate import (Matcher, Silence, backoff_delay, calibration_gaming, classify_state, decide,
-                              fingerprint, group_due_at, group_labels, next_attempt_at, parse_matcher,
-                              rate_limit_free_at, route_alert, silenced_by)
-from monitor.policy import load_policy, parse_policy, predict_task
+from monitor.alerts.predict import classify_state, predict_task
+from monitor.alerts.rules import (Silence, backoff_delay, calibration_gaming, decide, fingerprint,
+                                  group_due_at, group_labels, next_attempt_at, rate_limit_free_at,
+                                  route_alert, silenced_by)
+from monitor.policy.load import load_policy, parse_policy
+from monitor.policy.matchers import Matcher, parse_matcher
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)
@@ -34,7 +36,7 @@ def test_classify_state_rejects_a_reversed_interval() -> None:
 
 
 def test_predict_task_uses_the_curve_band_and_the_policy_margin() -> None:
-    from monitor.curve_artifact import load_curve, predict
+    from monitor.curves.artifact import load_curve, predict
 
     policy = load_policy(FIXTURES / "good-full.yaml")
     curve = load_curve(FIXTURES / "curves" / "arith.json")

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from monitor.errors import GateRefusedError, HubError, IntegrityError
-from monitor.gate import (ExpectedFile, fetch_pinned, gate_checkpoint, gate_pending, snapshot_dir,
-                          unsafe_name_reason, verify_snapshot)
-from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
-from monitor.store import Store
+from monitor.hub.client import HubClient, RetryPolicy
+from monitor.hub.fetch import fetch_pinned, snapshot_dir, verify_snapshot
+from monitor.hub.gate import ExpectedFile, gate_checkpoint, gate_pending, unsafe_name_reason
+from monitor.hub.poll import poll_once
+from monitor.hub.rules import WatchRule
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import ESCAPING_NAMES, populate_standard
+from monitor.store import Store
 
 RULES = [WatchRule(name="all", author="fake-org"),
          WatchRule(name="steps", author="fake-org", name_glob="pythia-*",
@@ -310,8 +312,8 @@ def test_a_file_the_listing_announces_over_its_limit_is_refused_before_download(
 @pytest.mark.parametrize("name", ["tokenizer_config.json", "model.safetensors"])
 def test_a_server_sending_more_than_it_announced_is_stopped_while_downloading(standard, tmp_path, cache,
                                                                               name):
-    from monitor.gate import fetch_job
-    from monitor.queue import process_pending
+    from monitor.hub.fetch import fetch_job
+    from monitor.hub.queue import process_pending
 
     hub, info = standard
     repo = f"budget-org/lying-{name.split('.')[0]}"

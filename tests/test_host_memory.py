@@ -1,4 +1,4 @@
-"""monitor.host_memory: freed activation-sized blocks are reused instead of page-faulted in
+"""monitor.scoring.host_memory: freed activation-sized blocks are reused instead of page-faulted in
 again. Each case runs in a fresh interpreter so the allocator setting of one cannot leak
 into another (or into the test process)."""
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0
 PROBE = r"""
 import json, resource, sys
 import numpy as np
-from monitor.host_memory import keep_freed_memory
+from monitor.scoring.host_memory import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else None
 again = keep_freed_memory() if sys.argv[1] == "keep" else None
 def layer():

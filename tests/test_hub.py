@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from monitor.errors import HubError, PolicyError
-from monitor.hub import (Budgets, HubClient, RetryPolicy, WatchRule, load_watch_rules,
-                         poll_rule, rate_limit_wait)
-from monitor.store import MIGRATIONS, Store
+from monitor.hub.client import HubClient, RetryPolicy, rate_limit_wait
+from monitor.hub.poll import poll_rule
+from monitor.hub.rules import Budgets, WatchRule, load_watch_rules
 from monitor.sandbox.fakehub import FakeHub
+from monitor.store import MIGRATIONS, Store
 
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
 SMALL = {"config.json": b'{"model_type": "llama"}', "README.md": b"# a test repo\n"}

@@ -68,7 +68,7 @@ def test_reduced_lab_record_is_complete(lab_dir: Path) -> None:
     # 16k-id vocabulary needs the full lab's budget for that.
     assert toy_last.metrics.lstar < 0
     # the task files are in the evaluator's format; the cloze items all come from held-out text
-    from monitor.tasks import load_mc_task
+    from monitor.curves.evaluator import load_mc_task
 
     assert load_mc_task(lab_dir / "tasks" / "add-words.jsonl").items
     cloze = [json.loads(line) for line in (lab_dir / "tasks" / "cloze-heldout.jsonl").read_text().splitlines()]
@@ -85,8 +85,8 @@ def test_lab_checkpoints_are_ordinary_full_vocabulary_models(lab_dir: Path) -> N
     import torch
 
     from monitor.lab.model import UNUSED_BIAS
-    from monitor.loader import load_checkpoint
-    from monitor.tokenizer import load_tokenizer
+    from monitor.scoring.loader import load_checkpoint
+    from monitor.scoring.tokenizer import load_tokenizer
 
     record = load_lab(lab_dir)
     for family in record.families:

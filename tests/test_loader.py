@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from monitor.errors import HubError, ModelLoadError, SpecError, UnsafeCheckpointError
-from monitor.loader import (check_checkpoint_dir, checkpoint_hash, load_checkpoint,
-                            max_positions_from_config, parse_hub_ref, resolve_hub_revision)
-from monitor.scoring import ScoringSpec
 from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.scoring.forward import ScoringSpec
+from monitor.scoring.loader import (check_checkpoint_dir, checkpoint_hash, load_checkpoint,
+                                    max_positions_from_config, parse_hub_ref, resolve_hub_revision)
 
 
 class CanaryPayload:
@@ -297,7 +297,7 @@ def test_truncated_or_padded_weights_are_one_clear_error_naming_the_file(tmp_pat
 
 
 def test_a_safetensors_error_while_loading_is_a_model_load_error_naming_the_file(tmp_path, tiny_dir):
-    from monitor.loader import _load_model
+    from monitor.scoring.loader import _load_model
 
     # The second line of defence, past the layout check: what the safetensors library refuses.
     ckpt = _copy_with(tiny_dir, tmp_path / "short", weights=(tiny_dir / "model.safetensors").read_bytes()[:-10])

@@ -1,4 +1,4 @@
-"""L* and friends on hand-worked examples (monitor/metrics.py).
+"""L* and friends on hand-worked examples (monitor/scoring/metrics.py).
 
 The toy corpus has three documents over a four-word vocabulary, tokenized by a real
 word-level tokenizer built here, so every count below can be checked with pencil and paper.
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from monitor import metrics
-from monitor.corpus import Corpus, Document, manifest_sha256, text_sha256
 from monitor.errors import SpecError
-from monitor.metrics import (aggregate, bootstrap_se_ce, compute_baseline, get_or_compute_baseline,
-                             scored_token_counts, scored_token_counts_per_document, summarize,
-                             tcb_summary, unigram_ce, weighted_perplexity,
-                             weighted_perplexity_from_ppl)
-from monitor.tokenizer import load_tokenizer
+from monitor.scoring import metrics
+from monitor.scoring.corpus import Corpus, Document, manifest_sha256, text_sha256
+from monitor.scoring.metrics import (aggregate, bootstrap_se_ce, compute_baseline, get_or_compute_baseline,
+                                     scored_token_counts, scored_token_counts_per_document, summarize,
+                                     tcb_summary, unigram_ce, weighted_perplexity,
+                                     weighted_perplexity_from_ppl)
+from monitor.scoring.tokenizer import load_tokenizer
 
 LN2 = math.log(2)
 

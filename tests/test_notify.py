@@ -1,5 +1,5 @@
 """The outbox and the dispatcher against a real webhook receiver on 127.0.0.1, with an
-injected clock (reliability rows 1 in-process, 8, 9, 11, 12, 13; silences; resolved
+injected clock (docs/reliability.md rows 1 in-process, 8, 9, 11, 12, 13; silences; resolved
 notifications; Standard Webhooks signatures; the Alertmanager body format)."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 from standardwebhooks.webhooks import Webhook
 
+from monitor.alerts import Dispatcher, evaluate_pending
+from monitor.alerts.silences import add_silence
 from monitor.cli import main
-from monitor.notify import Dispatcher, evaluate_pending
-from monitor.notify.silences import add_silence
-from monitor.policy import Policy, load_policy
-from monitor.store import Store
+from monitor.policy.load import load_policy
+from monitor.policy.schema import Policy
 from monitor.sandbox.receivers import Reply, WebhookReceiver
+from monitor.store import Store
 from monitor.testing.scores import fake_sha, record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
@@ -152,7 +153,7 @@ def ids(hook: WebhookReceiver) -> list[str]:
 
 # -- the happy path: signature, format, numbers ------------------------------------------------------
 def test_alert_is_signed_alertmanager_shaped_and_carries_the_numbers(world: World) -> None:
-    from monitor.curve_artifact import load_curve, predict
+    from monitor.curves.artifact import load_curve, predict
 
     now = datetime.now(timezone.utc).replace(microsecond=0)  # real time: the verifier checks freshness
     world.use_policy(group_wait="30s")

@@ -1,7 +1,6 @@
-"""Crash tests (reliability row 1): the outbox pass (`python -m monitor.notify`, the
-same pass as `lstar alerts dispatch`) runs as a subprocess and is killed with SIGKILL at named
-fail points; invariants are checked over what the webhook receiver recorded and what the
-database holds after each restart."""
+"""Crash tests (docs/reliability.md row 1): the outbox pass (`lstar alerts dispatch`) runs as a
+subprocess and is killed with SIGKILL at named fail points; invariants are checked over what
+the webhook receiver recorded and what the database holds after each restart."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from monitor.store import Store
 from monitor.sandbox.receivers import WebhookReceiver
+from monitor.store import Store
 from monitor.testing.scores import record_fake_score
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,8 +48,8 @@ def dispatch(tmp: Path, policy: Path, now: datetime, failpoint: str | None = Non
     env.pop("LSTAR_FAILPOINT", None)
     if failpoint:
         env["LSTAR_FAILPOINT"] = failpoint
-    return subprocess.run([sys.executable, "-m", "monitor.notify", "--policy", str(policy),
-                           "--db", str(tmp / "state.duckdb"), "--now", now.isoformat()],
+    return subprocess.run([sys.executable, "-m", "monitor.cli", "alerts", "dispatch", "--policy", str(policy),
+                           "--db", str(tmp / "state.duckdb"), "--now", now.isoformat(), "--json"],
                           cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
 
 

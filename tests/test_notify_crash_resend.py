@@ -1,4 +1,4 @@
-"""Crash tests (reliability rows 2 and 13): the outbox pass runs as a subprocess, is killed with
+"""Crash tests (docs/reliability.md rows 2 and 13): the outbox pass runs as a subprocess, is killed with
 SIGKILL after the receiver answered 2xx but before the delivery was marked, and is restarted;
 invariants are checked over what the webhook receiver recorded."""
 

@@ -1,4 +1,4 @@
-"""Email delivery against aiosmtpd on 127.0.0.1 (reliability row 10): SMTP down / 4xx retry,
+"""Email delivery against aiosmtpd on 127.0.0.1 (docs/reliability.md row 10): SMTP down / 4xx retry,
 5xx and bad credentials dead-letter with a clear error; STARTTLS and implicit TLS; the
 Message-ID is derived from the notification; plain text and HTML come from the templates."""
 
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from monitor.notify import Dispatcher, evaluate_pending
-from monitor.notify.base import Outgoing
-from monitor.notify.email import EmailSender, render
-from monitor.notify.payload import build_body, message_id
-from monitor.policy import Policy, load_policy
-from monitor.store import Store
+from monitor.alerts import Dispatcher, evaluate_pending
+from monitor.alerts.channels.base import Outgoing
+from monitor.alerts.channels.email import EmailSender, render
+from monitor.alerts.payload import build_body, message_id
+from monitor.policy.load import load_policy
+from monitor.policy.schema import Policy
 from monitor.sandbox.receivers import SmtpReceiver, free_port
+from monitor.store import Store
 from monitor.testing.scores import record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"

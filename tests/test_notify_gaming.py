@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from monitor.alerts import Dispatcher, evaluate_pending
+from monitor.alerts.outbox import watches
 from monitor.cli import main
-from monitor.notify import Dispatcher, evaluate_pending
-from monitor.notify.outbox import watches
-from monitor.policy import load_policy, parse_policy
+from monitor.policy.load import load_policy, parse_policy
 from monitor.store import Store
 from monitor.testing.scores import CALIB_V0_ALT_SHA256 as PRIVATE
 from monitor.testing.scores import CALIB_V0_SHA256 as PUBLIC

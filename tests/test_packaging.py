@@ -1,4 +1,4 @@
-"""What a non-editable install ships, and what production code may import.
+"""What a non-editable install ships, and that production code imports only what it declares.
 
 A green run on a developer's machine once hid an undeclared dependency; these checks read the
 package as it is installed from its wheel, and the imports as the source states them.
@@ -6,7 +6,6 @@ package as it is installed from its wheel, and the imports as the source states 
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import importlib.util
 import re
@@ -17,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from import_graph import imports
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "monitor"
@@ -25,27 +25,8 @@ TEST_ONLY = PACKAGE / "testing"
 SANDBOX = PACKAGE / "sandbox"
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, dotted module) of every import statement in `path`, function-level ones included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.extend((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
-    return out
-
-
 def _production_modules() -> list[Path]:
     return [p for p in PACKAGE.rglob("*.py") if TEST_ONLY not in p.parents]
-
-
-def test_production_code_never_imports_the_test_helpers() -> None:
-    offenders = [f"{p.relative_to(ROOT)}:{line} imports {name}"
-                 for p in _production_modules() for line, name in _imports(p)
-                 if name == "monitor.testing" or name.startswith("monitor.testing.")]
-    assert not offenders, "\n".join(offenders)
 
 
 def _requirement_names(extra: str | None) -> set[str]:
@@ -65,8 +46,8 @@ def test_every_third_party_import_is_declared() -> None:
     missing = []
     for path in _production_modules():
         allowed = test_extra if SANDBOX in path.parents else core
-        for line, name in _imports(path):
-            top = name.split(".")[0]
+        for imp in imports(path):
+            line, top = imp.line, imp.module.split(".")[0]
             if top in stdlib or top in ("monitor", "__future__"):
                 continue
             owners = {d.lower().replace("_", "-") for d in dists.get(top, [])}
@@ -110,8 +91,10 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
-    for name in ("email.html.j2", "email.txt.j2", "email_subject.txt.j2", "report.html.j2"):
-        assert (installed_wheel / "monitor" / "templates" / name).is_file(), name
+    for name in ("alerts/templates/email.html.j2", "alerts/templates/email.txt.j2",
+                 "alerts/templates/email_subject.txt.j2", "reports/templates/report.html.j2",
+                 "templates/lab_report.html.j2"):
+        assert (installed_wheel / "monitor" / name).is_file(), name
     assert (installed_wheel / "monitor" / "py.typed").is_file()
     assert not (installed_wheel / "tests").exists()
 
@@ -123,8 +106,8 @@ def test_installed_package_finds_its_templates_outside_the_checkout(installed_wh
     script = (
         "import monitor, jinja2\n"
         "from pathlib import Path\n"
-        "from monitor.notify.email import DEFAULT_TEMPLATES, TEMPLATE_NAMES\n"
-        "from monitor.report import TEMPLATE_DIR, HTML_TEMPLATE\n"
+        "from monitor.alerts.channels.email import DEFAULT_TEMPLATES, TEMPLATE_NAMES\n"
+        "from monitor.reports.report import TEMPLATE_DIR, HTML_TEMPLATE\n"
         f"assert Path(monitor.__file__).resolve().is_relative_to(Path({str(installed_wheel)!r}).resolve())\n"
         "env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(DEFAULT_TEMPLATES)))\n"
         "for name in TEMPLATE_NAMES: env.get_template(name)\n"

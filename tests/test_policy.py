@@ -1,5 +1,5 @@
 """Policy files: strict schema, exact error lines (file:line: key path: value), the
-`lstar policy check|test` commands, and keeping the last good policy (reliability row 18)."""
+`lstar policy check|test` commands, and keeping the last good policy (docs/reliability.md row 18)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import pytest
 
 from monitor.cli import main
 from monitor.errors import PolicyError
-from monitor.policy import (POLICY_MAX_BYTES, PolicySet, check_policy_files, format_duration, load_policy,
-                            parse_duration)
-from monitor.policy_yaml import ALIAS_EXPANSION_LIMIT, NESTING_LIMIT, NODE_LIMIT, compose
+from monitor.policy.files import POLICY_MAX_BYTES
+from monitor.policy.load import PolicySet, check_policy_files, load_policy
+from monitor.policy.schema import format_duration, parse_duration
+from monitor.policy.strict_yaml import ALIAS_EXPANSION_LIMIT, NESTING_LIMIT, NODE_LIMIT, compose
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path("tests/fixtures/policies")  # relative: error lines name files as given
@@ -247,7 +248,7 @@ def test_check_policy_files_reports_each_file_separately() -> None:
 
 # -- lstar policy test -------------------------------------------------------------------------
 def test_policy_test_prints_each_task_decision_and_sends_nothing(capsys: pytest.CaptureFixture[str]) -> None:
-    from monitor.curve_artifact import load_curve, predict
+    from monitor.curves.artifact import load_curve, predict
 
     code = main(["policy", "test", str(FIXTURES / "good-full.yaml"), "--lstar", "-2.0", "--se", "0.02",
                  "--json"])
@@ -261,7 +262,7 @@ def test_policy_test_prints_each_task_decision_and_sends_nothing(capsys: pytest.
         assert got["p_hat"] == pytest.approx(expected.p_hat)
         assert got["interval"] == pytest.approx([expected.lower, expected.upper])
         assert got["threshold"] == pytest.approx(0.30)
-        # the state follows design §3 from the interval and b + ε, computed here by hand
+        # the state follows docs/measurement.md §3 from the interval and b + ε, computed here by hand
         lo, hi = got["interval"]
         assert got["state"] == ("emerged" if lo >= 0.30 else "at_risk" if hi >= 0.30 else "clear")
     assert by_task["arith"]["state"] == "at_risk" and by_task["arith"]["receivers"] == ["hook"]

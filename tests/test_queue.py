@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 from monitor.errors import HubError, IntegrityError
-from monitor.hub import Candidate, HubClient, WatchRule, poll_rule
-from monitor.gate import gate_pending
-from monitor.queue import Outcome, claim_next, complete, process_pending, release
+from monitor.hub.client import HubClient
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import Candidate, poll_rule
+from monitor.hub.queue import Outcome, claim_next, complete, process_pending, release
+from monitor.hub.rules import WatchRule
 from monitor.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -171,9 +173,10 @@ WORKER = r"""
 import hashlib, json, sys
 from datetime import datetime
 from pathlib import Path
-from monitor.gate import fetch_job
-from monitor.hub import HubClient
-from monitor.queue import Outcome, failpoint, process_pending
+from monitor.hub.fetch import fetch_job
+from monitor.hub.client import HubClient
+from monitor.failpoints import failpoint
+from monitor.hub.queue import Outcome, process_pending
 from monitor.store import Store
 
 db, endpoint, cache, owner = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
@@ -280,7 +283,7 @@ def test_killed_three_times_then_failed_with_reason(crash_env):
 
 
 def test_a_tampered_download_fails_the_job_and_nothing_is_scored(crash_hub, crash_env):
-    from monitor.gate import fetch_job
+    from monitor.hub.fetch import fetch_job
 
     hub, sha, files = crash_hub
     run, state, _, _, cache = crash_env

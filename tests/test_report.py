@@ -17,19 +17,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.curve_artifact import ScoringRef, save_curve
-from monitor.curve_fit import fit_curve
-from monitor.notify.outbox import evaluate_pending
-from monitor.policy import load_policy
-from monitor.report import build_report, to_markdown, write_due_reports, write_report
+from monitor.alerts.outbox import evaluate_pending
+from monitor.curves.artifact import ScoringRef, save_curve
+from monitor.curves.fit import fit_curve
+from monitor.curves.labels import Label
+from monitor.policy.load import load_policy
+from monitor.reports.report import build_report, to_markdown, write_report
+from monitor.reports.schedule import write_due_reports
 from monitor.store import Store
-from monitor.tasks import Label
 
 CORPUS = "c" * 64
 SPEC = ScoringRef(spec_version="lstar-score/1", window=64, stride=32, prefix_policy="bos")
 T0 = datetime(2025, 3, 1, 12, tzinfo=timezone.utc)
 ROOT = Path(__file__).resolve().parents[1]
-FRAME = (17, 85, 204)  # the colour of the figure frames in monitor/templates/report.html.j2
+FRAME = (17, 85, 204)  # the colour of the figure frames in monitor/reports/templates/report.html.j2
 
 
 def _run(run_id: str, repo: str, sha: str, lstar: float, se: float, ce_uni: float, fp: str, when: datetime,

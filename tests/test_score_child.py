@@ -1,6 +1,6 @@
 """The scoring child: its default memory limit, and the real reason when it fails or dies.
 
-Each test runs the real child process (`python -m monitor.score_child`) on a real tiny
+Each test runs the real child process (`python -m monitor.scoring.child`) on a real tiny
 checkpoint or fail point; the queue tests use a real DuckDB file.
 """
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from monitor.engine import ScoreRequest
 from monitor.errors import ModelLoadError, TokenizerError, UnsupportedCheckpointError
-from monitor.hub import Candidate
-from monitor.queue import process_pending
-from monitor.score_child import default_memory_limit, physical_memory, run_score_child
-from monitor.store import Store
+from monitor.hub.poll import Candidate
+from monitor.hub.queue import process_pending
 from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.scoring.child import default_memory_limit, physical_memory, run_score_child
+from monitor.scoring.engine import ScoreRequest
+from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 # A pre-tokenizer regex that backtracks exponentially on any run of words not followed by a digit.
@@ -104,7 +104,7 @@ def test_a_missing_quantization_backend_is_skipped_on_the_first_try(tmp_path, ca
 
 def test_the_child_has_an_address_space_limit_by_default(tmp_path):
     from monitor.commands.run import _score_memory
-    from monitor.daemon import DaemonConfig
+    from monitor.service.daemon import DaemonConfig
 
     total = physical_memory()
     assert total is not None and total > 0

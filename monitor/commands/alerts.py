@@ -9,33 +9,33 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_ID, MAX_ROWS, int_argument, int_option
-from monitor.commands.silence import NOW_OPTION, live_daemon, parse_now
+from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, int_argument,
+                                      int_option)
+from monitor.commands.policy import expand_policy_paths
+from monitor.commands.silence import NOW_OPTION, parse_now
+from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.policy import load_policies, load_policy
+from monitor.service import api_get, api_post, retry_dead_letters, revive_times
+from monitor.store import Store
 
-DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
 
 
 def _policies(paths: list[Path]) -> list[Any]:
-    from monitor.commands.policy import expand_policy_paths
-    from monitor.policy import load_policies
-
     return load_policies(expand_policy_paths(paths))
 
 
 def test_message(policy: Any, receiver: str, now: Any) -> Any:
     """A synthetic notification for `lstar alerts test` (never stored)."""
-    from monitor.notify.base import Outgoing
-    from monitor.notify.payload import build_body
+    from monitor.alerts import Outgoing, build_body
 
     labels = {"alertname": "LstarTest", "policy": policy.name, "receiver": receiver, "severity": "info"}
     alert = {"status": "firing", "labels": labels, "starts_at": now, "ends_at": None,
@@ -55,18 +55,14 @@ def register(app: typer.Typer) -> None:
     def list_(
         policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
         limit: int = int_option(50, "--limit", low=1, high=MAX_ROWS, help="At most this many alerts."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        from monitor.daemon_client import api_get, revive_times
-
-        url = live_daemon(db_path)
-        if url is not None:
-            rows = revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit}))
-        else:
-            with Store.open(db_path, read_only=True) as store:
-                rows = store.list_alerts(limit=limit, policy=policy)
+        rows = through_daemon(db_file(state, db),
+                              lambda url: revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit})),
+                              lambda store: store.list_alerts(limit=limit, policy=policy))
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -83,18 +79,15 @@ def register(app: typer.Typer) -> None:
     @alerts.command("show")
     def show(
         alert_id: int = int_argument(..., low=1, high=MAX_ID, help="Alert id (from `lstar alerts list`)."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
-        from monitor.daemon_client import api_get, revive_times
-
-        url = live_daemon(db_path)
-        if url is not None:  # answers 404, raised here as the same DeliveryError, when there is none
-            detail = revive_times(api_get(url, f"/alerts/{alert_id}"))
-        else:
-            with Store.open(db_path, read_only=True) as store:
-                detail = store.alert_detail(alert_id)
+        # the daemon answers 404, raised there as the same DeliveryError, when there is none
+        detail = through_daemon(db_file(state, db),
+                                lambda url: revive_times(api_get(url, f"/alerts/{alert_id}")),
+                                lambda store: store.alert_detail(alert_id))
         if detail is None:
             raise DeliveryError(f"no alert with id {alert_id}", hint="see `lstar alerts list`")
         if as_json:
@@ -122,21 +115,19 @@ def register(app: typer.Typer) -> None:
     @alerts.command("retry")
     def retry(
         ident: str = typer.Argument(..., help="Alert id, or a notification id (msg_...)."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.daemon_client import api_post
-        from monitor.state_ops import retry_dead_letters
-
+        db_path = db_file(state, db)
         now = parse_now(now_text)
-        url = live_daemon(db_path)
-        if url is not None:
-            done = api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
-                            state_dir=Path(db_path).parent)["requeued"]
-        else:
-            with Store.open(db_path) as store:
-                done = retry_dead_letters(store, ident, now=now)
+        done = through_daemon(
+            db_path,
+            lambda url: api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
+                                 state_dir=db_path.parent)["requeued"],
+            lambda store: retry_dead_letters(store, ident, now=now),
+            read_only=False)
         for nid in done:
             print(f"requeued {nid}")
 
@@ -151,8 +142,7 @@ def register(app: typer.Typer) -> None:
 
         Exits 0 when it was delivered, 2 otherwise (the error says why).
         """
-        from monitor.notify.dispatcher import default_senders
-        from monitor.policy import load_policy
+        from monitor.alerts import default_senders
 
         policy = load_policy(policy_file)
         target = policy.receiver(receiver)
@@ -173,13 +163,15 @@ def register(app: typer.Typer) -> None:
     @alerts.command("evaluate")
     def evaluate(
         policies: list[Path] = POLICIES_OPTION,
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
-        from monitor.notify.outbox import evaluate_pending
+        from monitor.alerts import evaluate_pending
 
+        db_path = db_file(state, db)
         loaded = _policies(policies)
         with Store.open(db_path) as store:
             report = evaluate_pending(store, loaded, now=parse_now(now_text))
@@ -192,16 +184,15 @@ def register(app: typer.Typer) -> None:
         policies: list[Path] = POLICIES_OPTION,
         evaluate_first: bool = typer.Option(True, "--evaluate/--no-evaluate",
                                             help="Evaluate new scores first."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it.
+        """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
+        from monitor.alerts import run_pass
 
-        The same pass runs as `python -m monitor.notify` (for cron, without the whole CLI).
-        """
-        from monitor.notify.dispatcher import run_pass
-
+        db_path = db_file(state, db)
         loaded = _policies(policies)
         with Store.open(db_path) as store:
             out = run_pass(store, loaded, now=parse_now(now_text), evaluate=evaluate_first)
@@ -218,10 +209,12 @@ def register(app: typer.Typer) -> None:
     def enable(
         receiver: str = typer.Argument(..., help="Receiver name."),
         policy: str = typer.Option(..., "--policy", help="Policy name."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
     ) -> None:
         """Re-enable a receiver that was disabled (after HTTP 410) once it is fixed."""
+        db_path = db_file(state, db)
         with Store.open(db_path) as store:
             changed = store.enable_endpoint(policy, receiver, now=parse_now(now_text))
         if not changed:

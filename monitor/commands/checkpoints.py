@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_ROWS, int_option
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, int_option
+from monitor.commands.through_daemon import through_daemon
+from monitor.service import api_get
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
 
@@ -22,10 +23,12 @@ def register(app: typer.Typer) -> None:
         status: str = typer.Option(None, "--status", help=f"Only rows in this status ({', '.join(STATUSES)})."),
         repo: str = typer.Option(None, "--repo", help="Only rows of this repo."),
         limit: int = int_option(None, "--limit", low=1, high=MAX_ROWS, help="At most this many rows."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List checkpoint rows: repo, commit, refs, status and reason (opens the file read-only)."""
+        db_path = db_file(state, db)
         if status is not None and status not in STATUSES:
             raise click.BadParameter(f"{status!r} is not one of {', '.join(STATUSES)}",
                                      param_hint="--status")
@@ -45,10 +48,6 @@ def register(app: typer.Typer) -> None:
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
                      limit: int | None) -> list[dict]:
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
-    from monitor.daemon_client import api_get, live_daemon_url
-
-    url = live_daemon_url(Path(db_path).parent)
-    if url is not None:
-        return api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit})
-    with Store.open(db_path, read_only=True) as store:
-        return store.list_checkpoints(status=status, repo=repo, limit=limit)
+    return through_daemon(db_path,
+                          lambda url: api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit}),
+                          lambda store: store.list_checkpoints(status=status, repo=repo, limit=limit))

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.corpus import Corpus, build_corpus, load_corpus
+from monitor.scoring import Corpus, build_corpus, load_corpus
 
 
 def _summary(corpus: Corpus) -> dict:

@@ -15,13 +15,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, float_option, int_option
+from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, db_file, float_option,
+                                      int_option)
 from monitor.errors import CurveError, LabelError
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.store import Store
 
 if TYPE_CHECKING:
-    from monitor.curve_artifact import CurveArtifact, ScoringRef
-    from monitor.tasks import Label
+    from monitor.curves import CurveArtifact, Label, ScoringRef
 
 LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
                "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
@@ -41,7 +41,7 @@ def confidence_option(help: str) -> Any:
 
 
 def bootstrap_option(default: int, help: str) -> Any:
-    # The fit needs at least 50 resamples for its percentile bands (monitor.curve_fit).
+    # The fit needs at least 50 resamples for its percentile bands (monitor.curves.fit).
     return int_option(default, "--bootstrap", "--n-boot", low=50, high=MAX_RESAMPLES, help=help)
 
 
@@ -49,7 +49,7 @@ def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpu
                     family: str | None) -> tuple[list[Label], dict[str, Any] | None]:
     """Labels with predictors from a CSV, or from lm-eval results / the store joined with the
     store's score runs; the second value holds the corpus and spec pins of a join."""
-    from monitor.tasks import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
+    from monitor.curves import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
 
     if labels_path is not None and labels_path.suffix.lower() == ".csv":
         labels = read_labels_csv(labels_path)
@@ -76,7 +76,7 @@ def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpu
 
 def _resolve_pins(pins: dict[str, Any] | None, corpus_sha: str | None,
                   spec: str | None) -> tuple[str | None, ScoringRef | None]:
-    from monitor.curve_artifact import ScoringRef
+    from monitor.curves import ScoringRef
 
     given = ScoringRef.parse(spec) if spec else None
     if pins is None:
@@ -94,7 +94,7 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 def print_summary(curve: CurveArtifact, console: Console) -> None:
     """A rich summary of a curve artifact."""
-    from monitor.curves import PREDICTORS
+    from monitor.curves.stats import PREDICTORS
 
     thr = curve.threshold
     table = Table(title=f"curve {curve.curve_id[:12]}: {curve.task} · {curve.metric}", title_justify="left",
@@ -131,7 +131,7 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
 
 def _warn(curve: CurveArtifact) -> None:
     """The curve's own warnings (`curve_warnings`), one line each on stderr."""
-    from monitor.curve_artifact import curve_warnings
+    from monitor.curves import curve_warnings
 
     for warning in curve_warnings(curve):
         print(f"warning: {warning.message}", file=sys.stderr)
@@ -155,13 +155,15 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Option(None, "--spec", help="Scoring spec, e.g. lstar-score/1:window=2048,stride=1024,prefix=bos."),
         family: str = typer.Option(None, "--family", help="Family for every row (lm-eval/stored labels)."),
         no_lofo: bool = typer.Option(False, "--no-lofo", help="Skip leave-one-family-out validation."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on L* and write its artifact."""
-        from monitor.curve_artifact import curve_summary, save_curve
-        from monitor.curve_fit import fit_curve
+        from monitor.curves import curve_summary, save_curve
+        from monitor.curves.fit import fit_curve
 
+        db_path = db_file(state, db)
         rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
         curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
@@ -183,8 +185,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Summarise a curve (and plot it with --png)."""
-        from monitor.curve_artifact import curve_summary, load_curve
-        from monitor.curve_plot import plot_curve
+        from monitor.curves import curve_summary, load_curve
+        from monitor.curves.plot import plot_curve
 
         curve = load_curve(curve_path)
         if png is not None:
@@ -211,13 +213,15 @@ def register(app: typer.Typer) -> None:
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 (store joins)."),
         family: str = typer.Option(None, "--family", help="Family for every row."),
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for L* joins)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs."""
-        from monitor.curve_validation import lofo_validate
-        from monitor.tasks import select_labels
+        from monitor.curves import select_labels
+        from monitor.curves.validation import lofo_validate
 
+        db_path = db_file(state, db)
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
@@ -242,12 +246,14 @@ def register(app: typer.Typer) -> None:
         run: str = typer.Option(None, "--run", help="Take L*, SE, corpus and spec from this score run."),
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (for --run)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """P̂ = g(L*), its interval widened by SE(L*), and the state (clear / at_risk / emerged)."""
-        from monitor.curve_artifact import ScoringRef, load_curve, predict, predict_score_run
+        from monitor.curves import ScoringRef, load_curve, predict, predict_score_run
 
+        db_path = db_file(state, db)
         curve = load_curve(curve_path)
         if run is not None:
             if lstar is not None:

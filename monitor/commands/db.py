@@ -9,33 +9,30 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.store import DEFAULT_DB_PATH, Store
-
-DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.through_daemon import through_daemon
+from monitor.service import api_get
+from monitor.store import Store
 
 
 def register(app: typer.Typer) -> None:
     db = typer.Typer(help="The DuckDB state file: migrations and contents.", no_args_is_help=True)
 
     @db.command("migrate")
-    def migrate(db_path: Path = DB_OPTION) -> None:
+    def migrate(state: Path = STATE_OPTION, db: Path | None = DB_OPTION) -> None:
         """Apply pending schema migrations (each in one transaction). A second run is a no-op."""
+        db_path = db_file(state, db)
         with Store.open(db_path, migrate=False) as store:
             done = store.migrate()
         Console().print(f"applied {len(done)} migration(s)" + (f": {', '.join(done)}" if done else ""))
 
     @db.command("info")
-    def info(db_path: Path = DB_OPTION,
+    def info(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Schema version and row counts (opens the file read-only)."""
-        from monitor.daemon_client import api_get, live_daemon_url
-
-        url = live_daemon_url(Path(db_path).parent)  # a running daemon answers: no lock error
-        if url is not None:
-            data = api_get(url, "/db/info")
-        else:
-            with Store.open(db_path, read_only=True) as store:
-                data = store.info()
+        db_path = db_file(state, db)
+        # a running daemon answers: no lock error
+        data = through_daemon(db_path, lambda url: api_get(url, "/db/info"), lambda store: store.info())
         if as_json:
             print(json.dumps(data, indent=2))
             return

@@ -9,6 +9,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from monitor.demo import run_demo
+
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
@@ -19,8 +21,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
     ) -> None:
         """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed."""
-        from monitor.demo import run_demo
-
         console = Console(stderr=True)
         summary = run_demo(workdir, shared_dir=shared, log=lambda line: console.print(f"[dim]demo:[/dim] {line}"))
         if as_json:

@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_BATCH, DType, device_option, int_option
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
+                                      int_option)
+from monitor.store import Store
 
 
 def register(app: typer.Typer) -> None:
@@ -25,14 +26,16 @@ def register(app: typer.Typer) -> None:
         batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Sequences per forward pass."),
         dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
         device: str = device_option(),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Evaluate a checkpoint on a multiple-choice task and store the metrics as labels."""
+        db_path = db_file(state, db)
         # Imported here: the evaluator loads models (torch, transformers) and is not needed
         # for `lstar --help` or other commands.
-        from monitor.tasks import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
+        from monitor.curves import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
 
         evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
                                          batch_size=batch_size)

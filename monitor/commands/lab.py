@@ -16,6 +16,7 @@ from rich.table import Table
 
 from monitor.commands.options import MAX_SEED, int_option
 from monitor.errors import LabError
+from monitor.lab.records import LAB_FILE
 
 SIZES = ("full", "reduced")
 
@@ -118,7 +119,6 @@ def register(app: typer.Typer) -> None:
                out: Path = typer.Option(None, "--out", help="Report folder (default: LAB/report)."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
         """Write the lab report (Markdown, HTML with plots, lab-report.json) from lab.json."""
-        from monitor.lab.records import LAB_FILE
         from monitor.lab.report import write_lab_report
 
         lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE

@@ -6,7 +6,9 @@ and the allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an
 from 2 to 100,000``), before any work starts. The range is appended to the help text, so
 `--help` shows it too. `seconds` and `size_bytes` do the same for durations (`15m`) and
 sizes (`16G`). `DType` and `Device` are the choices of `--dtype` and `--device`;
-`device_option` also takes `cuda:N`.
+`device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the state is:
+`--state DIR` in every command that reads or writes it, `--db FILE` to name the database
+file itself (`db_file` resolves the pair).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import click
 import typer
 
-from monitor.daemon_api_guard import MAX_LIMIT
+from monitor.policy import format_duration, parse_duration
+from monitor.service import MAX_LIMIT
+from monitor.store import DB_NAME
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.
@@ -30,6 +35,15 @@ MAX_RESAMPLES = 100_000       # bootstrap resamples
 MAX_BATCH = 4096              # windows or sequences per forward pass
 MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32-bit seeds
 MAX_ID = 2**63 - 1            # DuckDB BIGINT
+
+
+STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
+DB_OPTION = typer.Option(None, "--db", help=f"DuckDB state file (default: STATE/{DB_NAME}).")
+
+
+def db_file(state: Path, db: Path | None) -> Path:
+    """The database a command uses: `--db` when given, else the one in `--state`."""
+    return Path(db) if db is not None else Path(state) / DB_NAME
 
 
 class DType(str, Enum):
@@ -136,8 +150,6 @@ def float_option(default: Any, *names: str, low: float | None = None, high: floa
 
 def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
     """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
-    from monitor.policy import format_duration, parse_duration
-
     try:
         delta = parse_duration(value)
     except ValueError as exc:

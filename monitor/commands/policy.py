@@ -13,13 +13,12 @@ from rich.table import Table
 
 from monitor.commands.options import float_option
 from monitor.errors import PolicyError
+from monitor.policy import check_policy_files, load_policy, policy_files_in
 
 
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
     """Files as given; a folder stands for its *.yaml and *.yml entries (sorted), as the
     daemon lists them (so a directory or FIFO named *.yaml is reported, not skipped)."""
-    from monitor.policy_files import policy_files_in
-
     out: list[Path] = []
     for p in paths:
         out.extend(policy_files_in(p) if p.is_dir() else [p])
@@ -28,8 +27,7 @@ def expand_policy_paths(paths: list[Path]) -> list[Path]:
 
 def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: str) -> dict[str, Any]:
     """For each task of the policy: the prediction and the receivers an alert would reach."""
-    from monitor.evaluate import route_alert, task_labels
-    from monitor.policy import load_policy, load_task_curve, predict_task
+    from monitor.alerts import load_task_curve, predict_task, route_alert, task_labels
 
     if not math.isfinite(lstar) or not math.isfinite(se) or se < 0:
         raise PolicyError(f"--lstar {lstar} / --se {se}: give a finite L* and a standard error ≥ 0")
@@ -58,8 +56,6 @@ def register(app: typer.Typer) -> None:
         Each error names the file, line, key path and value. Exits 0 only when every file
         passes (2 otherwise).
         """
-        from monitor.policy import check_policy_files
-
         paths = expand_policy_paths(files)
         if not paths:
             raise PolicyError("no policy files found in " + ", ".join(str(f) for f in files))

@@ -11,8 +11,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
 from monitor.errors import HubError
-from monitor.store import DEFAULT_DB_PATH, Store
+from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
+from monitor.policy import load_policy
+from monitor.store import Store
 
 
 def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
@@ -20,10 +23,7 @@ def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
     if (policy is None) == (rule_file is None):
         raise click.UsageError("give exactly one of --policy FILE or --rule-file FILE")
     if policy is not None:
-        from monitor.policy import load_policy
-
         return list(load_policy(policy, check_curves=False).watch)  # curves are not needed to poll
-    from monitor.hub import load_watch_rules
 
     return load_watch_rules(rule_file)
 
@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         once: bool = typer.Option(False, "--once", help="Poll every rule once, gate, and exit."),
         policy: Path = typer.Option(None, "--policy", help="Policy file whose watch rules to poll."),
         rule_file: Path = typer.Option(None, "--rule-file", help="YAML file with a top-level `watch:` list."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         endpoint: str = typer.Option(None, "--endpoint", help="Hub URL (default: HF_ENDPOINT or the Hub)."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub cache (default: HF_HUB_CACHE)."),
         gate: bool = typer.Option(True, "--gate/--no-gate", help="Gate what was discovered."),
@@ -64,11 +65,10 @@ def register(app: typer.Typer) -> None:
         Costs one listing request per rule when nothing changed. Exits 4 if the Hub failed
         for any rule (the watermark of that rule is kept for the next poll).
         """
+        db_path = db_file(state, db)
         if not once:
             raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file)
-        from monitor.gate import gate_pending
-        from monitor.hub import HubClient, poll_once
 
         with Store.open(db_path) as store:
             client = HubClient(endpoint, store=store)

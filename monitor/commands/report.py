@@ -11,8 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
 from monitor.commands.policy import expand_policy_paths
-from monitor.store import DEFAULT_DB_PATH, Store, utcnow
+from monitor.commands.through_daemon import through_daemon
+from monitor.policy import load_policies
+from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, short, to_html,
+                             to_json, to_markdown)
+from monitor.service import api_get, revive_times
+from monitor.store import Store, utcnow
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
 
@@ -21,29 +27,24 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
     """The report data of each policy file: from the daemon running next to the database (its
     API computes it on its own connection, for the policy of that name it has in force), else
     from a read-only open."""
-    from monitor.daemon_client import api_get, live_daemon_url, revive_times
-    from monitor.policy import load_policies
-    from monitor.report import report_for_cli
-
     policies = load_policies(files)  # validated here either way: the same errors
-    url = live_daemon_url(Path(db_path).parent)
-    if url is None:
-        now = utcnow()
-        with Store.open(db_path, read_only=True) as store:
-            return [report_for_cli(store, p, now=now) for p in policies]
-    from monitor.report import load_policy_curves
 
-    reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
-                           keys=("start", "end", "at"))
-    for data, policy in zip(reports, policies, strict=True):
-        data["_curves"] = load_policy_curves(policy)[0]  # the plots need the curve objects, not their JSON
-    return reports
+    def ask(url: str) -> list[dict[str, Any]]:
+        reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
+                               keys=("start", "end", "at"))
+        for data, policy in zip(reports, policies, strict=True):
+            data["_curves"] = load_policy_curves(policy)[0]  # the plots need the curve objects, not their JSON
+        return reports
+
+    def read(store: Store) -> list[dict[str, Any]]:
+        now = utcnow()
+        return [report_for_cli(store, p, now=now) for p in policies]
+
+    return through_daemon(db_path, ask, read)
 
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
     """Render a report's data as rich tables."""
-    from monitor.report import fmt, ref_name, short
-
     s = data["summary"]
     console.print(f"[bold]Governance report: {data['policy']}[/bold]  "
                   f"{fmt(data['period']['start'])} → {fmt(data['period']['end'])}")
@@ -84,14 +85,14 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         policy: list[Path] = typer.Option(..., "--policy", help="Policy file or folder (repeatable)."),
-        db_path: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file (opened read-only)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
-        from monitor.report import render_plots, to_html, to_json, to_markdown
-
+        db_path = db_file(state, db)
         reports = read_reports(db_path, expand_policy_paths(policy))
         console = Console()
         for data in reports:

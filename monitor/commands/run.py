@@ -10,17 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.cache_prune import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
-from monitor.commands.options import MAX_BATCH, MAX_RESAMPLES, device_option, int_option, seconds, size_bytes
-from monitor.engine import ScoreRequest
-
-STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
+from monitor.commands.options import (MAX_BATCH, MAX_RESAMPLES, STATE_OPTION, device_option, int_option,
+                                      seconds, size_bytes)
+from monitor.commands.through_daemon import through_daemon
+from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
+from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
+from monitor.service import DAY_S, DaemonConfig, api_get, run_daemon
+from monitor.store import DB_NAME
 
 
 def _score_memory(value: str, device: str) -> int | None:
     """`--score-memory`: auto (a share of the machine's memory), none, N% of it, or a size."""
-    from monitor.score_child import default_memory_limit, physical_memory
-
     text = value.strip().lower()
     if text == "auto":
         return default_memory_limit(device)
@@ -114,8 +114,6 @@ def register(app: typer.Typer) -> None:
                                  help="Bootstrap resamples for the SE."),
     ) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
-        from monitor.daemon import DAY_S, DaemonConfig, run_daemon
-
         # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
         retention_s = seconds(retention, "--retention", low=DAY_S)
 
@@ -182,16 +180,12 @@ def register(app: typer.Typer) -> None:
 
 def read_status(state: Path) -> dict:
     """The daemon's /status when one runs on `state`, else counts from a read-only open."""
-    from monitor.daemon import DB_NAME
-    from monitor.daemon_client import api_get, live_daemon_url
-    from monitor.store import Store
+    db = state / DB_NAME
 
-    url = live_daemon_url(state)
-    if url is not None:
+    def ask(url: str) -> dict:
         data = api_get(url, "/status")
         data["daemon"] = {"pid": data["pid"], "started_at": data["started_at"], "url": url}
         return data
-    db = state / DB_NAME
-    with Store.open(db, read_only=True) as store:
-        counts = store.checkpoint_counts()
-    return {"daemon": None, "db": str(db), "checkpoints": counts}
+
+    return through_daemon(db, ask, lambda store: {"daemon": None, "db": str(db),
+                                                  "checkpoints": store.checkpoint_counts()})

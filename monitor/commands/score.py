@@ -11,10 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_BATCH, DType, Device, int_option
-from monitor.engine import DEFAULT_MODEL, ScoreRequest, score_checkpoint
+from monitor.commands.options import DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, db_file, int_option
 from monitor.errors import SpecError
-from monitor.store import DEFAULT_DB_PATH
+from monitor.hub import HubClient
+from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
+from monitor.service.scoring_driver import score_in_process, score_queue
+from monitor.store import Store
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
 
@@ -66,15 +68,11 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
     import os
     import socket
 
-    from monitor.engine import score_pending
-    from monitor.hub import HubClient
-    from monitor.store import Store
-
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with Store.open(db) as store:
         client = HubClient(endpoint, store=store)
-        results = score_pending(store, request, owner=owner, client=client, cache_dir=cache_dir,
-                                limit=limit)
+        results = score_queue(store, client, score_in_process(store, request), owner=owner,
+                              cache_dir=cache_dir, limit=limit)
     if as_json:
         print(json.dumps([r.as_dict() for r in results], indent=2, default=str))
         return
@@ -107,7 +105,8 @@ def register(app: typer.Typer) -> None:
         reference_tokenizer: Path | None = typer.Option(
             None, "--reference-tokenizer", help="Tokenizer folder for weighted perplexity."),
         no_tcb: bool = typer.Option(False, "--no-tcb", help="Skip the Token Constraint Bound."),
-        db: Path = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
@@ -120,6 +119,7 @@ def register(app: typer.Typer) -> None:
                                               "(default HF_HUB_CACHE)."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
+        db = db_file(state, db)
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")

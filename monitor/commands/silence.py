@@ -14,18 +14,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.state_ops import parse_now
-from monitor.store import DEFAULT_DB_PATH, Store
-
-DB_OPTION = typer.Option(DEFAULT_DB_PATH, "--db", help="DuckDB state file.")
-
-
-def live_daemon(db_path: Path) -> str | None:
-    """The API URL of a daemon running next to `db_path`, else None."""
-    from monitor.daemon_client import live_daemon_url
-
-    return live_daemon_url(Path(db_path).parent)
-
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.through_daemon import through_daemon
+from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
 
 NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
 
@@ -41,26 +32,24 @@ def register(app: typer.Typer) -> None:
         until: str = typer.Option(..., "--until", help="End: a time (2025-06-01T12:00Z) or a duration (2h)."),
         comment: str = typer.Option(..., "--comment", help="Why (kept with the silence)."),
         start: str = typer.Option(None, "--start", help="Start later than now (ISO 8601)."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id."""
-        from monitor.daemon_client import api_post, revive_times
-        from monitor.state_ops import add_silence_from_args
+        from monitor.alerts import current_user
 
+        db_path = db_file(state, db)
         now = parse_now(now_text)
-        url = live_daemon(db_path)
-        if url is not None:
-            from monitor.notify.silences import current_user
-
-            row = revive_times(api_post(url, "/silences", {
+        row = through_daemon(
+            db_path,
+            lambda url: revive_times(api_post(url, "/silences", {
                 "match": list(match), "until": until, "comment": comment, "start": start,
-                "now": now.isoformat(), "created_by": current_user()}, state_dir=Path(db_path).parent))
-        else:
-            with Store.open(db_path) as store:
-                row = add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
-                                            now=now)
+                "now": now.isoformat(), "created_by": current_user()}, state_dir=db_path.parent)),
+            lambda store: add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
+                                                now=now),
+            read_only=False)
         if as_json:
             print(json.dumps(row, indent=2, default=str))
         else:
@@ -69,22 +58,20 @@ def register(app: typer.Typer) -> None:
     @silence.command("list")
     def list_(
         include_expired: bool = typer.Option(False, "--all", help="Include expired silences."),
-        db_path: Path = DB_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List active and pending silences (opens the file read-only)."""
-        from monitor.daemon_client import api_get, revive_times
-        from monitor.notify.silences import list_silences
+        from monitor.alerts import list_silences
 
         now = parse_now(now_text)
-        url = live_daemon(db_path)
-        if url is not None:
-            rows = revive_times(api_get(url, "/silences", {"now": now.isoformat(),
-                                                           "all": "1" if include_expired else None}))
-        else:
-            with Store.open(db_path, read_only=True) as store:
-                rows = list_silences(store, now=now, include_expired=include_expired)
+        rows = through_daemon(
+            db_file(state, db),
+            lambda url: revive_times(api_get(url, "/silences", {"now": now.isoformat(),
+                                                                "all": "1" if include_expired else None})),
+            lambda store: list_silences(store, now=now, include_expired=include_expired))
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -98,19 +85,20 @@ def register(app: typer.Typer) -> None:
 
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
-               db_path: Path = DB_OPTION, now_text: str = NOW_OPTION) -> None:
+               state: Path = STATE_OPTION,
+               db: Path | None = DB_OPTION,
+               now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
-        from monitor.daemon_client import api_post
-        from monitor.notify.silences import expire_silence
+        from monitor.alerts import expire_silence
 
+        db_path = db_file(state, db)
         now = parse_now(now_text)
-        url = live_daemon(db_path)
-        if url is not None:
-            api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
-                     state_dir=Path(db_path).parent)
-        else:
-            with Store.open(db_path) as store:
-                expire_silence(store, silence_id, now=now)
+        through_daemon(
+            db_path,
+            lambda url: api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
+                                 state_dir=db_path.parent),
+            lambda store: expire_silence(store, silence_id, now=now),
+            read_only=False)
         print(f"expired {silence_id}")
 
     app.add_typer(silence, name="silence")

@@ -3,7 +3,7 @@
 From a lab record (`monitor.lab.records`): for every task metric, fit the task curve on each
 x-axis (L*, raw CE, bits/byte, L_rel, L_gain, bits/byte minus the unigram's, and bytes seen
 as a reference that ignores the model's loss), validate each leave-one-family-out with the
-same code as `lstar curves validate` (`monitor.curve_validation.lofo_axes`), and put a
+same code as `lstar curves validate` (`monitor.curves.validation.lofo_axes`), and put a
 bootstrap interval on the difference of each axis's held-out error against L*.
 
 The interval resamples held-out checkpoints within each family (stratified, paired across
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor.curve_validation import lofo_axes
-from monitor.curves import Predictor, fit_monotone, label_weights
+from monitor.curves.stats import Predictor, fit_monotone, label_weights
+from monitor.curves.validation import lofo_axes
 from monitor.errors import CurveError, LabelError, LabError
 from monitor.lab.records import CheckpointRecord, LabRecord
 

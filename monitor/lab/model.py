@@ -10,7 +10,7 @@ A saved checkpoint is an ordinary full-vocabulary model: row `i` of the compact 
 goes to the tokenizer's id `used[i]`; every other row is zero and its output bias is
 `UNUSED_BIAS`, so an id the lab never saw gets a logit of −10⁴ and carries no probability
 mass (its exp underflows to 0). Its config is a plain `PhiConfig`, so
-`AutoModelForCausalLM` and `monitor.loader` load it with no custom code.
+`AutoModelForCausalLM` and `monitor.scoring.loader` load it with no custom code.
 """
 
 from __future__ import annotations

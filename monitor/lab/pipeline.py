@@ -1,9 +1,9 @@
 """A lab run end to end: task files → train every lineage → score and label every checkpoint → lab.json.
 
 Lineages run in worker processes, one per core with one torch thread each (faster on this
-CPU than two threads per job, see shared/docs/lab-notes.md), each training its lineage and
-then scoring its checkpoints: `monitor.engine` on the calibration corpus (L*, CE, CE_uni,
-bits/byte, L_rel, L_gain) and `monitor.tasks.evaluate_multiple_choice` on every task file
+CPU than two threads per job, see docs/lab.md), each training its lineage and
+then scoring its checkpoints: `monitor.scoring.engine` on the calibration corpus (L*, CE, CE_uni,
+bits/byte, L_rel, L_gain) and `monitor.curves.evaluator.evaluate_multiple_choice` on every task file
 (accuracy, probability of the answer, Brier), plus string exact match on add-words. The
 parent shows one progress bar per lineage and writes `lab.json` once everything is scored;
 the score runs are also recorded in `OUT/lab.duckdb`.
@@ -52,7 +52,7 @@ def _sha256_text(parts: list[str]) -> str:
 
 def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
     """Build the training stream and write the task files under `out/tasks/`."""
-    from monitor.corpus import load_corpus
+    from monitor.scoring import load_corpus
 
     source = load_text_source(config.text_corpus, heldout_every=config.heldout_every)
     stream = build_stream(source, total_bytes=config.byte_budget, seed=config.data_seed,
@@ -87,8 +87,8 @@ def prepare_inputs(config: LabConfig, out: Path) -> LabInputs:
 def score_checkpoint_dir(path: Path, config: LabConfig, task_files: dict[str, Path],
                          problems: list[Problem]) -> tuple[dict[str, float], dict[str, dict], Any]:
     """Metrics and task labels of one checkpoint folder, and the engine's ScoredRun."""
-    from monitor.engine import ScoreRequest, compute_score, prepare
-    from monitor.tasks import evaluate_multiple_choice, load_mc_task
+    from monitor.curves import evaluate_multiple_choice, load_mc_task
+    from monitor.scoring import ScoreRequest, compute_score, prepare
 
     # every k-th calib-v0 document: a pinned, slice-balanced selection ("every:k")
     request = ScoreRequest(model=str(path), corpus_dir=config.calib_corpus, dtype="float32",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from monitor.report_plots import _png, _pyplot
+from monitor.reports.plots import _png, _pyplot
 
 PANEL_AXES = ("lstar", "ce", "bits_per_byte")
 

@@ -8,7 +8,7 @@
 - `cloze-heldout`: the items of `shared/tasks/cloze-v0.jsonl` whose document the lab holds out
   of training (cloze-v0 is built from calib-v0-alt, which the lab trains on).
 
-Both are scored by the built-in evaluator (`monitor.tasks.evaluate_multiple_choice`).
+Both are scored by the built-in evaluator (`monitor.curves.evaluator.evaluate_multiple_choice`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ is never trained on), interleaved with additions of two digits written in words,
 from both, so a model must combine two earlier words; no single operand, and no unigram or
 bigram statistic, gives the answer. Small models learn this table abruptly within the lab's
 budget, while key-value recall episodes (an induction task) and a 6-word copy task stayed at
-chance on this CPU (shared/docs/lab-notes.md). Number words are one token each in the four
+chance on this CPU (docs/lab.md). Number words are one token each in the four
 real tokenizers and several pieces in the toy unigram one; exact match is judged on the
 decoded string, so it does not depend on how a tokenizer splits the answer.
 
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from monitor.corpus import Corpus, load_corpus
 from monitor.errors import LabError
+from monitor.scoring import Corpus, load_corpus
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 

@@ -2,7 +2,7 @@
 
 The server is stdlib only (`ThreadingHTTPServer` on 127.0.0.1, a daemon thread) and is
 driven by the official client through `HF_ENDPOINT` / `HfApi(endpoint=hub.url)`. The
-contract it implements is `../shared/docs/hub-api.md`; the behaviours that matter to the
+contract it implements is `docs/hub-api.md`; the behaviours that matter to the
 client are reproduced exactly (error headers, absolute `Link` pagination, `X-Repo-Commit`,
 ETags, Range reads, LFS metadata, 302s to a CDN host), the rest is left out.
 

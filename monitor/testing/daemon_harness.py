@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from monitor.daemon_client import urlopen_when_free
+from monitor.service import urlopen_when_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A policy watching the fake Hub's `fake-org` step branches, alerting into a JSON-lines file.

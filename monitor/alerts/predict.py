@@ -1,0 +1,117 @@
+"""Task predictions: from a score (L*, its SE) and a task curve to a state.
+
+States (docs/measurement.md §3), with the threshold t = b_t + ε:
+    emerged   if lo ≥ t   (even the pessimistic end of the interval has crossed)
+    at_risk   if hi ≥ t   (the optimistic end has)
+    clear     otherwise
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from monitor.curves import CurveArtifact, curve_warnings, load_curve, predict
+from monitor.policy import Policy, Task
+
+State = Literal["clear", "at_risk", "emerged"]
+
+
+# -- states ------------------------------------------------------------------------------------
+def classify_state(lo: float, hi: float, threshold: float) -> State:
+    """clear / at_risk / emerged from the interval [lo, hi] and the threshold b_t + ε."""
+    if lo > hi:
+        raise ValueError(f"interval is reversed: lo={lo} > hi={hi}")
+    if lo >= threshold:
+        return "emerged"
+    if hi >= threshold:
+        return "at_risk"
+    return "clear"
+
+
+@dataclass(frozen=True)
+class TaskPrediction:
+    """What one task curve says about one score."""
+
+    task: str
+    lstar: float
+    se: float
+    p_hat: float
+    lo: float
+    hi: float
+    floor: float          # b_t
+    margin: float         # ε
+    confidence: float     # 1 − δ
+    state: State
+    curve_id: str
+    corpus_sha256: str | None
+    extrapolated: bool = False
+    # The curve's own warnings ({code, message, unresolved}; `curve_artifact.curve_warnings`).
+    curve_warnings: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def threshold(self) -> float:
+        return self.floor + self.margin
+
+    @property
+    def threshold_resolved(self) -> bool:
+        """False when a curve warning leaves the threshold unresolved."""
+        return not any(w.get("unresolved") for w in self.curve_warnings)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The numbers as they appear in alerts (`lstar` object) and `policy test --json`."""
+        return {"task": self.task, "lstar": self.lstar, "se": self.se, "p_hat": self.p_hat,
+                "interval": [self.lo, self.hi], "confidence": self.confidence,
+                "floor": self.floor, "margin": self.margin, "threshold": self.threshold,
+                "state": self.state, "curve_id": self.curve_id,
+                "corpus_sha256": self.corpus_sha256, "extrapolated": self.extrapolated,
+                "threshold_resolved": self.threshold_resolved,
+                "curve_warnings": [dict(w) for w in self.curve_warnings]}
+
+
+def make_prediction(task: str, *, lstar: float, se: float, p_hat: float, lo: float, hi: float,
+                    floor: float, margin: float, confidence: float, curve_id: str,
+                    corpus_sha256: str | None, extrapolated: bool = False,
+                    curve_warnings: Iterable[Mapping[str, Any]] = ()) -> TaskPrediction:
+    """A prediction with its state classified against b_t + ε."""
+    return TaskPrediction(task=task, lstar=lstar, se=se, p_hat=p_hat, lo=lo, hi=hi, floor=floor,
+                          margin=margin, confidence=confidence,
+                          state=classify_state(lo, hi, floor + margin), curve_id=curve_id,
+                          corpus_sha256=corpus_sha256, extrapolated=extrapolated,
+                          curve_warnings=tuple(dict(w) for w in curve_warnings))
+
+
+# -- task curves (artifacts of monitor.curves.artifact) ------------------------------------------
+def load_task_curve(path: str | Path) -> CurveArtifact:
+    """Load a curve artifact; raises CurveError."""
+    return load_curve(path)
+
+
+def public_corpus(policy: Policy, curves: Iterable[CurveArtifact]) -> str | None:
+    """The corpus a policy's scores are predicted on: `corpora.public`, else the one corpus
+    its task curves were fitted on (None when they disagree or name none)."""
+    if policy.corpora.public is not None:
+        return policy.corpora.public
+    shas = {c.corpus_sha256 for c in curves} - {None}
+    return shas.pop() if len(shas) == 1 else None
+
+
+def predict_task(curve: CurveArtifact, task: Task, *, lstar: float, se: float, corpus_sha256: str | None = None,
+                 scoring_spec: Any = None) -> TaskPrediction:
+    """P̂, its interval and the state of `task` for one L* (and its SE).
+
+    The interval is the curve's band at its confidence, widened for the SE of L*; the
+    threshold is the curve's floor b_t plus the task's margin ε (default: the curve's). The
+    prediction carries the curve's own warnings, so an unresolved threshold reaches the alert.
+    With `corpus_sha256`/`scoring_spec` given, a curve fitted on another corpus or spec is
+    refused (CurveError).
+    """
+    out = predict(curve, lstar, se, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
+    margin = task.margin if task.margin is not None else curve.margin
+    return make_prediction(task.name, lstar=lstar, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,
+                           floor=curve.baseline, margin=margin, confidence=curve.confidence,
+                           curve_id=curve.curve_id, corpus_sha256=curve.corpus_sha256,
+                           extrapolated=out.extrapolated,
+                           curve_warnings=[w.as_dict() for w in curve_warnings(curve)])

@@ -1,0 +1,97 @@
+"""Silences: runtime state (not policy), with matchers, an expiry and a comment.
+
+A silence stops matching alerts from being sent while it is active; the deliveries it
+catches are marked `silenced` with its id, so `lstar alerts show` says why nothing went out.
+"""
+
+from __future__ import annotations
+
+import getpass
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from monitor.errors import PolicyError
+from monitor.policy import parse_duration, parse_matcher
+from monitor.store import Store
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time as an aware datetime (UTC when no offset is given)."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise PolicyError(f"{text!r} is not an ISO 8601 time",
+                          hint="write e.g. 2025-06-01T12:00:00Z") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def parse_until(text: str, *, now: datetime) -> datetime:
+    """The end of a silence: an ISO 8601 time (UTC if no offset) or a duration from now ("2h")."""
+    try:
+        return now + parse_duration(text.strip())
+    except ValueError as exc:
+        duration_error = str(exc)
+    try:
+        return parse_time(text)
+    except PolicyError:
+        if "longer than" in duration_error:  # a duration, only too long: say that, not "neither"
+            raise PolicyError(f"--until {text!r}: {duration_error.removeprefix(f'value {text.strip()!r} ')}",
+                              hint="silence for at most 100 years, or give an ISO 8601 end time") from None
+        raise PolicyError(f"--until {text!r} is neither a time nor a duration",
+                          hint="write e.g. 2h, 3d, or 2025-06-01T12:00:00Z") from None
+
+
+def add_silence(store: Store, matchers: Sequence[str], *, until: datetime, comment: str, now: datetime,
+                starts_at: datetime | None = None, created_by: str | None = None) -> dict[str, Any]:
+    """Validate and store a silence; returns its row."""
+    if not matchers:
+        raise PolicyError("a silence needs at least one --match", hint="e.g. --match policy=frontier")
+    parsed = []
+    for text in matchers:
+        try:
+            parsed.append(parse_matcher(text))
+        except ValueError as exc:
+            raise PolicyError(f"--match {text!r}: {exc}") from None
+    if all(m.matches({}) for m in parsed):
+        # As in Alertmanager: matchers that all match an empty label set silence everything.
+        raise PolicyError("these matchers would silence every alert",
+                          hint="add a matcher that needs a label value, e.g. --match policy=NAME")
+    start = starts_at or now
+    if until <= start:
+        raise PolicyError(f"--until {until.isoformat()} is not after the start {start.isoformat()}")
+    if not comment.strip():
+        raise PolicyError("a silence needs a --comment saying why")
+    row = {"id": str(uuid.uuid4()), "matchers": [str(m) for m in parsed], "starts_at": start,
+           "ends_at": until, "comment": comment.strip(),
+           "created_by": created_by or current_user(), "created_at": now, "expired_at": None}
+    store.add_silence(row)
+    return row
+
+
+def current_user() -> str:
+    """The login name recorded as a silence's creator ("unknown" where there is none)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def list_silences(store: Store, *, now: datetime, include_expired: bool = False) -> list[dict[str, Any]]:
+    """Silences with a `state` of active / pending / expired, newest first."""
+    out = []
+    for row in store.silences():
+        end = row["ends_at"] if row["expired_at"] is None else min(row["ends_at"], row["expired_at"])
+        state = "expired" if end <= now else ("pending" if row["starts_at"] > now else "active")
+        if state == "expired" and not include_expired:
+            continue
+        out.append({**row, "state": state})
+    return out
+
+
+def expire_silence(store: Store, silence_id: str, *, now: datetime) -> None:
+    """End a silence now (raises when there is no unexpired silence with that id)."""
+    if not store.expire_silence(silence_id, now=now):
+        raise PolicyError(f"no active or pending silence with id {silence_id}",
+                           hint="see `lstar silence list`")

@@ -1,0 +1,33 @@
+"""Reading and changing state from the command line while a daemon may hold the database.
+
+DuckDB allows one writer per file and no reader beside it, so while `lstar run` holds the
+state directory, a command asks the daemon through its local API instead of opening the file;
+with no daemon running it opens the file itself (docs/reliability.md, row 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from monitor.service import live_daemon_url
+from monitor.store import Store
+
+T = TypeVar("T")
+
+
+def daemon_url(db: Path) -> str | None:
+    """The API URL of a daemon running on `db`'s state directory, else None."""
+    return live_daemon_url(Path(db).parent)
+
+
+def through_daemon(db: Path, ask: Callable[[str], T], read: Callable[[Store], T], *,
+                   read_only: bool = True) -> T:
+    """`ask(url)` of the daemon running on `db`'s state directory, else `read(store)` on the
+    file itself (opened read-only unless `read_only` is False)."""
+    url = daemon_url(db)
+    if url is not None:
+        return ask(url)
+    with Store.open(db, read_only=read_only) as store:
+        return read(store)

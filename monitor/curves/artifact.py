@@ -1,0 +1,507 @@
+"""The task-curve artifact `lstar-curve/1`, and prediction from it (docs/measurement.md §2-§3).
+
+A fitted curve is stored as versioned JSON holding everything needed to predict without
+refitting: the knots of g, the band on a grid, the threshold with its interval, the corpus
+and scoring spec the L* values were measured on, and the validation results. The schema is a
+strict pydantic model; loading rejects unknown keys, another schema version, and contents
+that no longer match the curve id (a content hash).
+
+`predict` turns an L* (with its standard error) into P̂ = g(L*), an interval and a state
+(clear / at_risk / emerged), refusing a score from another corpus or scoring spec. This
+module stays free of scipy and scikit-learn at import time so that policies can load and
+apply curves cheaply; the fitting lives in `monitor.curves.stats` and `monitor.curves.fit`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from monitor.errors import CurveError, PolicyError
+from monitor.policy import read_policy_bytes
+
+SCHEMA = "lstar-curve/1"
+# Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
+CURVE_MAX_BYTES = 16 << 20
+_SCHEMA_FAMILY = "lstar-curve/"
+
+
+# -- the artifact -------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ScoringRef(_Strict):
+    """The parts of a scoring spec that change L*: spec version, window, stride, prefix."""
+
+    spec_version: str
+    window: int = Field(gt=0)
+    stride: int = Field(gt=0)
+    prefix_policy: Literal["bos", "eos", "none"]
+
+    @classmethod
+    def parse(cls, text: str) -> "ScoringRef":
+        """From `lstar-score/1:window=2048,stride=1024,prefix=bos` (or a JSON object)."""
+        text = text.strip()
+        try:
+            if text.startswith("{"):
+                return cls.model_validate(json.loads(text))
+            version, _, rest = text.partition(":")
+            fields: dict[str, Any] = {"spec_version": version.strip()}
+            for part in filter(None, (p.strip() for p in rest.split(","))):
+                key, eq, value = part.partition("=")
+                if not eq:
+                    raise ValueError(f"{part!r} is not key=value")
+                key = {"prefix": "prefix_policy", "window_len": "window"}.get(key.strip(), key.strip())
+                fields[key] = value.strip()
+            return cls.model_validate(fields)
+        except (ValueError, ValidationError) as exc:
+            raise CurveError(f"cannot read the scoring spec {text!r}: {_first_error(exc)}",
+                             hint="write it as lstar-score/1:window=2048,stride=1024,prefix=bos") from exc
+
+    @classmethod
+    def from_score_run(cls, run: Mapping[str, Any]) -> "ScoringRef":
+        """From a `score_runs` row."""
+        return cls(spec_version=str(run["spec_version"]), window=int(run["window_len"]),
+                   stride=int(run["stride"]), prefix_policy=run["prefix_policy"])
+
+    def describe(self) -> str:
+        return f"{self.spec_version}:window={self.window},stride={self.stride},prefix={self.prefix_policy}"
+
+
+class Knots(_Strict):
+    x: list[float]
+    y: list[float]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Knots":
+        if not self.x or len(self.x) != len(self.y):
+            raise ValueError("knots need equal, non-empty x and y")
+        if any(b <= a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("knot x values must be strictly increasing")
+        return self
+
+
+class Band(_Strict):
+    x: list[float]
+    fit: list[float]
+    lower: list[float]
+    upper: list[float]
+
+    @model_validator(mode="after")
+    def _check(self) -> "Band":
+        n = len(self.x)
+        if n < 2 or not (len(self.fit) == len(self.lower) == len(self.upper) == n):
+            raise ValueError("band arrays need equal lengths of at least 2")
+        if any(b < a for a, b in zip(self.x, self.x[1:])):
+            raise ValueError("band x values must be increasing")
+        if any(lo > hi for lo, hi in zip(self.lower, self.upper)):
+            raise ValueError("band lower edge exceeds its upper edge")
+        return self
+
+
+class BootstrapThreshold(_Strict):
+    early: float | None
+    median: float | None
+    late: float | None
+
+
+class Threshold(_Strict):
+    estimate: float | None
+    lower: float | None
+    upper: float | None
+    never_share: float = Field(ge=0.0, le=1.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    status: Literal["crosses", "never", "before_range"]
+    level: float
+    bootstrap: BootstrapThreshold
+
+
+class BootstrapInfo(_Strict):
+    resamples: int
+    seed: int
+    method: str
+    dispersion: float
+    n_blocks: int
+
+
+class LogisticCheck(_Strict):
+    converged: bool
+    message: str | None = None
+    ceiling: float | None = None
+    midpoint: float | None = None
+    scale: float | None = None
+    threshold: float | None = None
+    threshold_in_range: bool | None = None
+    max_abs_difference: float | None = None
+
+
+class LofoRow(_Strict):
+    """Held-out performance of the curve on one predictor, pooled over folds."""
+
+    predictor: str
+    label: str
+    rmse: float
+    crossing_error: float
+    brier: float
+    n_heldout: int
+    n_folds: int
+    extrapolated: float
+
+
+class LofoSummary(_Strict):
+    level: float
+    confidence: float
+    families: list[str]
+    rows: list[LofoRow]
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+class CurvePoint(_Strict):
+    checkpoint: str
+    family: str | None
+    x: float
+    value: float
+    weight: float
+
+
+class CurveArtifact(_Strict):
+    """A fitted task curve (`lstar-curve/1`): everything needed to predict without refitting."""
+
+    schema_: Literal["lstar-curve/1"] = Field(alias="schema")
+    curve_id: str
+    created_at: datetime
+    task: str
+    metric: str
+    predictor: Literal["lstar", "raw_ce", "log_params", "log_flops"]
+    direction: Literal["non-increasing", "non-decreasing"]
+    baseline: float
+    margin: float = Field(gt=0.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    corpus_sha256: str | None
+    scoring_spec: ScoringRef | None
+    training_data_sha256: str
+    n_checkpoints: int
+    families: list[str]
+    x_range: tuple[float, float]
+    knots: Knots
+    band: Band
+    threshold: Threshold
+    bootstrap: BootstrapInfo
+    logistic: LogisticCheck
+    emergence_score: float | None
+    emergence_by_family: dict[str, float | None]
+    lofo: LofoSummary | None
+    points: list[CurvePoint]
+    warnings: list[str]
+
+    @property
+    def level(self) -> float:
+        """b_t + ε."""
+        return self.baseline + self.margin
+
+    def content_id(self) -> str:
+        """sha256 of the canonical JSON of everything but `curve_id` and `created_at`."""
+        data = self.model_dump(mode="json", by_alias=True, exclude={"curve_id", "created_at"})
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2, allow_nan=False) + "\n"
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors()[:3]:
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                parts.append(f"unknown key {loc!r}")
+            else:
+                parts.append(f"{loc}: {err['msg']}")
+        more = len(exc.errors()) - 3
+        return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+    return " ".join(str(exc).split())
+
+
+def save_curve(curve: CurveArtifact, path: str | Path) -> Path:
+    """Write the artifact as JSON (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(curve.to_json(), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_curve(path: str | Path) -> CurveArtifact:
+    """Read and validate a curve artifact; unknown keys, another schema version, or contents
+    that do not match the curve id are errors."""
+    path = Path(path)
+    if not path.exists():
+        raise CurveError(f"no curve file at {path}")
+    try:  # a regular file of bounded size: a policy may point anywhere, a FIFO or /dev/zero too
+        raw = read_policy_bytes(path, str(path), limit=CURVE_MAX_BYTES)
+    except PolicyError as exc:
+        raise CurveError(exc.message, hint="a curve artifact is a JSON file written by `lstar curves fit`") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CurveError(f"{path} is not a JSON curve artifact: {_first_error(exc)}") from exc
+    if not isinstance(data, dict) or "schema" not in data:
+        raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",
+                         hint=f"fit one with `lstar curves fit`; expected schema {SCHEMA}")
+    schema = data["schema"]
+    if schema != SCHEMA:
+        if isinstance(schema, str) and schema.startswith(_SCHEMA_FAMILY):
+            raise CurveError(f"{path} has schema {schema!r}; this version reads {SCHEMA!r}",
+                             hint="refit the curve with this version, or upgrade lstar-monitor")
+        raise CurveError(f"{path} has schema {schema!r}, not a curve artifact ({SCHEMA!r})")
+    try:
+        curve = CurveArtifact.model_validate(data)
+    except ValidationError as exc:
+        raise CurveError(f"{path} is not a valid {SCHEMA} artifact: {_first_error(exc)}") from exc
+    if curve.content_id() != curve.curve_id:
+        raise CurveError(f"{path}: contents do not match curve id {curve.curve_id[:16]}",
+                         hint="the file was edited after fitting; refit it")
+    return curve
+
+
+# -- prediction ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CurvePrediction:
+    """P̂ = g(L*) with its interval and state (docs/measurement.md §3)."""
+
+    lstar: float
+    se: float
+    p_hat: float
+    lower: float
+    upper: float
+    state: Literal["clear", "at_risk", "emerged"]
+    level: float
+    confidence: float
+    extrapolated: bool
+    curve_id: str
+    task: str
+    metric: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "metric": self.metric, "lstar": self.lstar, "se": self.se,
+                "p_hat": self.p_hat, "lower": self.lower, "upper": self.upper, "state": self.state,
+                "level": self.level, "confidence": self.confidence,
+                "extrapolated": self.extrapolated, "curve_id": self.curve_id}
+
+
+def check_compatible(curve: CurveArtifact, *, corpus_sha256: str | None,
+                     scoring_spec: ScoringRef | None) -> None:
+    """Refuse to apply a curve to a score measured on another corpus or scoring spec."""
+    name = f"curve {curve.curve_id[:12]} ({curve.task})"
+    unpinned = "refit the curve with --corpus-sha and --spec"
+    if corpus_sha256 is not None:
+        if curve.corpus_sha256 is None:
+            raise CurveError(f"{name} is not pinned to a corpus; cannot apply it to a score on corpus "
+                             f"{corpus_sha256[:12]}", hint=unpinned)
+        if corpus_sha256 != curve.corpus_sha256:
+            raise CurveError(f"{name} was fitted on corpus {curve.corpus_sha256}, but the score is on corpus "
+                             f"{corpus_sha256}", hint="score on the curve's corpus, or fit a curve on this one")
+    if scoring_spec is not None:
+        if curve.scoring_spec is None:
+            raise CurveError(f"{name} is not pinned to a scoring spec; cannot apply it to a score with spec "
+                             f"{scoring_spec.describe()}", hint=unpinned)
+        if scoring_spec != curve.scoring_spec:
+            raise CurveError(f"{name} was fitted with scoring spec {curve.scoring_spec.describe()}, but the "
+                             f"score used {scoring_spec.describe()}",
+                             hint="rescore with the curve's spec, or fit a curve for this one")
+
+
+def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
+            corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None) -> CurvePrediction:
+    """P̂ = g(x) and its interval at the curve's confidence, widened for the SE of x.
+
+    Widening rule: the interval is the lowest lower edge and the highest upper edge of the
+    band over [x - z·se, x + z·se], z the two-sided normal quantile of the curve's confidence
+    (the band is monotone, so this is the band at the two ends of that range). State:
+    emerged if lower ≥ b_t + ε, at_risk if upper ≥ b_t + ε, else clear.
+    """
+    if not math.isfinite(lstar):
+        raise CurveError(f"cannot predict at L* = {lstar}")
+    if not math.isfinite(se) or se < 0:
+        raise CurveError(f"the standard error must be a finite number ≥ 0, got {se}")
+    check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
+    from scipy.stats import norm  # imported here: loading this module must stay cheap
+
+    z = float(norm.ppf(0.5 + curve.confidence / 2.0))
+    gx = np.asarray(curve.band.x)
+    lo_x, hi_x = lstar - z * se, lstar + z * se
+    inside = gx[(gx > lo_x) & (gx < hi_x)]
+    xs = np.concatenate([[lo_x, lstar, hi_x], inside])
+    lower = float(np.min(np.interp(xs, gx, curve.band.lower)))
+    upper = float(np.max(np.interp(xs, gx, curve.band.upper)))
+    p_hat = float(np.interp(lstar, curve.knots.x, curve.knots.y))
+    lower, upper = min(lower, p_hat), max(upper, p_hat)
+    level = curve.level
+    state: Literal["clear", "at_risk", "emerged"] = (
+        "emerged" if lower >= level else "at_risk" if upper >= level else "clear")
+    lo_r, hi_r = curve.x_range
+    return CurvePrediction(lstar=lstar, se=se, p_hat=p_hat, lower=lower, upper=upper, state=state,
+                           level=level, confidence=curve.confidence,
+                           extrapolated=not (lo_r <= lstar <= hi_r), curve_id=curve.curve_id,
+                           task=curve.task, metric=curve.metric)
+
+
+def predict_score_run(curve: CurveArtifact, run: Mapping[str, Any]) -> CurvePrediction:
+    """Predict for a stored score run (a `score_runs` row), checking corpus and spec."""
+    if curve.predictor != "lstar":
+        raise CurveError(f"curve {curve.curve_id[:12]} is fitted on {curve.predictor}, not L*")
+    return predict(curve, float(run["lstar"]), float(run["se_ce"]),
+                   corpus_sha256=str(run["corpus_sha256"]), scoring_spec=ScoringRef.from_score_run(run))
+
+
+# -- the curve's own warnings -----------------------------------------------------------------
+# Warnings that make the threshold η̂ unresolved: a prediction resting on such a curve says so
+# in the governance report's problems and in its alert.
+UNRESOLVED_CODES = frozenset({"threshold_edge", "resolution", "logistic", "never_crosses"})
+
+
+@dataclass(frozen=True)
+class CurveWarning:
+    """One thing a curve artifact says about its own reliability.
+
+    code: threshold_edge (η̂ or its interval at or beyond the edge of the data), resolution
+    (ε below what the test set can resolve), logistic (the logistic check disagrees),
+    never_crosses (too many bootstrap resamples never reach b_t + ε), logistic_failed,
+    unpinned (no corpus/spec pin) or other (a stored fit-time warning of another kind).
+    """
+
+    code: str
+    message: str
+
+    @property
+    def unresolved(self) -> bool:
+        """Whether this warning means the threshold is not resolved by the data."""
+        return self.code in UNRESOLVED_CODES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "unresolved": self.unresolved}
+
+
+def _stored_code(text: str) -> str | None:
+    """The code of a warning stored at fit time (None: derived again from the artifact)."""
+    if "resolution 1/n" in text or "binomial standard error" in text:
+        return "resolution"
+    if "not pinned" in text:
+        return "unpinned"
+    if text.startswith("the logistic check"):
+        return None  # older artifacts stored this one; it is derived below for every artifact
+    return "other"
+
+
+# The predictors' display names (monitor.curves.stats.PREDICTORS; not imported: it pulls in scipy).
+_AXIS_LABELS = {"lstar": "L*", "raw_ce": "raw CE", "log_params": "log10 params", "log_flops": "log10 FLOPs"}
+
+
+def _g(v: float | None) -> str:
+    return "none" if v is None else f"{v:.4g}"
+
+
+def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
+    """Every warning a curve artifact carries about itself, in one list.
+
+    Stored fit-time warnings that need the labels (resolution of the test set, missing
+    corpus/spec pins) are read from `curve.warnings`; the rest is derived from the artifact,
+    so an artifact written before a check existed is judged by it too:
+    - threshold_edge: the curve never reaches b_t + ε in the data, is above it from the least
+      advanced checkpoint, has η̂ on an end of the data, or an end of η̂'s interval open or on
+      an end of the data;
+    - never_crosses: more bootstrap resamples never reach b_t + ε than the interval's tail
+      allows ((1 - confidence)/2), so the percentile interval of η̂ is open;
+    - logistic: the logistic check's threshold lies outside η̂'s interval or the data, or only
+      one of the two fits reaches b_t + ε (logistic_failed: the check did not converge).
+    """
+    out: list[CurveWarning] = []
+    for text in curve.warnings:
+        code = _stored_code(text)
+        if code is not None:
+            out.append(CurveWarning(code, text))
+    label = _AXIS_LABELS.get(curve.predictor, curve.predictor)
+    thr = curve.threshold
+    lo_r, hi_r = curve.x_range
+    span = f"{label} {lo_r:.4g} … {hi_r:.4g}"
+    tol = 1e-9 * max(1.0, abs(hi_r - lo_r))
+    at_end = (lambda v: v is not None and (abs(v - lo_r) <= tol or abs(v - hi_r) <= tol))
+    level = f"b + ε = {curve.level:g}"
+    if thr.status == "never":
+        out.append(CurveWarning("threshold_edge", f"the curve never reaches {level} inside the data "
+                                f"({span}); the threshold lies beyond the most advanced checkpoint"))
+    elif thr.status == "before_range":
+        out.append(CurveWarning("threshold_edge", f"the curve is at or above {level} from the least advanced "
+                                f"checkpoint on ({span}); the threshold lies before the data"))
+    elif at_end(thr.estimate):
+        out.append(CurveWarning("threshold_edge", f"the threshold η̂ = {_g(thr.estimate)} sits at the edge of "
+                                f"the data ({span})"))
+    if thr.status == "crosses":
+        open_ends = [name for name, v in (("lower", thr.lower), ("upper", thr.upper)) if v is None]
+        edge_ends = [name for name, v in (("lower", thr.lower), ("upper", thr.upper)) if at_end(v)]
+        if open_ends or edge_ends:
+            what = ", ".join([f"{n} end open" for n in open_ends] + [f"{n} end at the edge" for n in edge_ends])
+            out.append(CurveWarning("threshold_edge", f"the {thr.confidence:.0%} interval of η̂ "
+                                    f"[{_g(thr.lower)}, {_g(thr.upper)}] reaches the edge of the data "
+                                    f"({what}; {span})"))
+    tail = (1.0 - thr.confidence) / 2.0
+    if thr.never_share > tail:
+        out.append(CurveWarning("never_crosses", f"{thr.never_share:.0%} of bootstrap resamples never reach "
+                                f"{level} (more than the {tail:.0%} tail of a {thr.confidence:.0%} interval); "
+                                f"the threshold may lie beyond the data"))
+    log = curve.logistic
+    if not log.converged:
+        out.append(CurveWarning("logistic_failed", f"the logistic check did not converge ({log.message})"))
+    elif thr.estimate is not None and thr.status == "crosses" and log.threshold is None:
+        out.append(CurveWarning("logistic", f"the logistic check never reaches {level} (ceiling "
+                                f"{_g(log.ceiling)}), but the isotonic curve crosses at η̂ = {_g(thr.estimate)}"))
+    elif log.threshold is not None:
+        outside_data = not (lo_r - tol <= log.threshold <= hi_r + tol)
+        outside_interval = thr.estimate is not None and (
+            (thr.lower is not None and log.threshold < thr.lower) or
+            (thr.upper is not None and log.threshold > thr.upper))
+        if thr.estimate is None or outside_interval or outside_data:
+            where = []
+            if thr.estimate is None:
+                where.append("the isotonic curve does not cross inside the data")
+            if outside_interval:
+                where.append(f"outside the isotonic interval [{_g(thr.lower)}, {_g(thr.upper)}]")
+            if outside_data:
+                where.append(f"outside the data ({span})")
+            out.append(CurveWarning("logistic", f"the logistic check puts the threshold at "
+                                    f"{log.threshold:.4g}: {'; '.join(where)}"))
+    return out
+
+
+def unresolved_warnings(curve: CurveArtifact) -> list[CurveWarning]:
+    """The warnings that leave the curve's threshold unresolved (empty: it is resolved)."""
+    return [w for w in curve_warnings(curve) if w.unresolved]
+
+
+# -- presentation ------------------------------------------------------------------------------
+def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
+    """The headline numbers of a curve, as `lstar curves show --json` prints them."""
+    return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric,
+            "predictor": curve.predictor, "n_checkpoints": curve.n_checkpoints,
+            "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
+            "level": curve.level, "confidence": curve.confidence,
+            "threshold": curve.threshold.model_dump(), "logistic_threshold": curve.logistic.threshold,
+            "emergence_score": curve.emergence_score, "corpus_sha256": curve.corpus_sha256,
+            "scoring_spec": curve.scoring_spec.describe() if curve.scoring_spec else None,
+            "x_range": list(curve.x_range),
+            "warnings": [w.message for w in curve_warnings(curve)],
+            "threshold_resolved": not unresolved_warnings(curve),
+            "lofo": curve.lofo.model_dump() if curve.lofo else None}

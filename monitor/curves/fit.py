@@ -1,0 +1,158 @@
+"""Fit a task curve from labelled checkpoints and package it as a `lstar-curve/1` artifact.
+
+`fit_curve` checks the rows (enough distinct checkpoints, finite values, no duplicates, a
+metric where higher is better), fits the centred isotonic curve with its band and threshold
+(`monitor.curves.stats`), adds the logistic check, the emergence score, resolution warnings (the
+warnings that need the labels; `monitor.curves.artifact.curve_warnings` derives the others from
+the artifact) and,
+with two or more families, the leave-one-family-out table (`monitor.curves.validation`), and
+returns the validated artifact (`monitor.curves.artifact`) named by its content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import numpy as np
+
+from monitor.curves.artifact import (SCHEMA, Band, BootstrapInfo, CurveArtifact, CurvePoint, Knots,
+                                     LofoSummary, LogisticCheck, ScoringRef, Threshold)
+from monitor.curves.labels import Label, select_labels
+from monitor.curves.stats import (PREDICTORS, Predictor, fit_logistic, fit_monotone, label_weights,
+                                  logistic_value)
+from monitor.curves.validation import emergence_score, lofo_validate, resolution_warnings
+from monitor.errors import CurveError, LabelError
+
+# Metrics where a lower value is better cannot be fitted as "rising above the baseline".
+LOWER_IS_BETTER = frozenset({"brier", "perplexity", "word_perplexity", "byte_perplexity",
+                             "bits_per_byte", "ter", "loss", "nll"})
+
+
+def training_data_sha256(labels: Sequence[Label]) -> str:
+    """sha256 of the canonical label rows a curve was fitted on (order-independent)."""
+    keys = ("checkpoint", "family", "task", "metric", "value", "n", "stderr", "lstar",
+            "lstar_se", "raw_ce", "params", "flops", "repo", "sha")
+    rows = sorted((json.dumps({k: getattr(label, k) for k in keys}, sort_keys=True,
+                              separators=(",", ":")) for label in labels))
+    return hashlib.sha256("\n".join(rows).encode("utf-8")).hexdigest()
+
+
+def _check_rows(labels: Sequence[Label], predictor: Predictor) -> None:
+    seen: dict[str, int] = {}
+    for label in labels:
+        if not math.isfinite(label.value):
+            raise LabelError(f"checkpoint {label.checkpoint!r}: value is {label.value} (not a number)",
+                             hint="drop or fix the row")
+        x = getattr(label, predictor.column)
+        if x is None or not math.isfinite(x):
+            raise LabelError(f"checkpoint {label.checkpoint!r}: {predictor.column} is {x} (not a number)",
+                             hint=f"every row needs a finite {predictor.label}")
+        key = label.checkpoint
+        seen[key] = seen.get(key, 0) + 1
+    dupes = sorted(k for k, v in seen.items() if v > 1)
+    if dupes:
+        raise LabelError(f"checkpoint(s) listed more than once for this task and metric: {', '.join(dupes[:5])}",
+                         hint="keep one row per checkpoint")
+
+
+def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, baseline: float,
+              margin: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
+              corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
+              predictor: str = "lstar", lofo: bool = True, lofo_resamples: int = 200,
+              grid_size: int = 101, now: datetime | None = None) -> CurveArtifact:
+    """Fit a task curve from labelled checkpoints and return its artifact.
+
+    Rows are selected by task and metric (rows without a task/metric match any). Errors name
+    what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
+    metric, a lower-is-better metric.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise CurveError(f"confidence must lie in (0, 1), got {confidence}")
+    if not margin > 0.0:
+        raise CurveError(f"the margin ε must be positive, got {margin}")
+    if resamples < 50:
+        raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
+    if predictor not in PREDICTORS:
+        raise CurveError(f"unknown predictor {predictor!r}", hint=f"choose from {', '.join(PREDICTORS)}")
+    chosen, metric = select_labels(labels, task=task, metric=metric)
+    if metric in LOWER_IS_BETTER:
+        raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline",
+                         hint="fit accuracy or the probability of the correct option instead")
+    pred = PREDICTORS[predictor]
+    _check_rows(chosen, pred)
+    if len(chosen) < 3:
+        raise LabelError(f"task {task!r}, metric {metric!r}: {len(chosen)} checkpoint(s); a curve needs at least 3")
+    values = np.array([label.value for label in chosen], dtype=np.float64)
+    if float(np.ptp(values)) == 0.0:
+        raise CurveError(f"task {task!r}, metric {metric!r}: performance is constant ({values[0]:g}) "
+                         f"over all {len(values)} checkpoints; there is no curve to fit",
+                         hint="add checkpoints that span the transition, or choose another metric")
+    x = pred.values(chosen)
+    assert x is not None  # _check_rows made sure
+    weights, known = label_weights(values, [label.n for label in chosen], [label.stderr for label in chosen])
+    proportion = bool(np.all((values >= 0) & (values <= 1)))
+    level = baseline + margin
+    fit = fit_monotone(x, values, weights, predictor=pred, level=level, confidence=confidence,
+                       resamples=resamples, seed=seed, grid_size=grid_size, known_variance=known,
+                       bounds=(0.0, 1.0) if proportion else None)
+
+    logistic = fit_logistic(x, values, weights, floor=baseline, margin=margin, predictor=pred,
+                            proportion=proportion)
+    if logistic.get("converged"):
+        diff = np.abs(logistic_value(logistic, fit.grid_x, floor=baseline, predictor=pred) - fit.grid_fit)
+        logistic["max_abs_difference"] = float(np.max(diff))
+
+    progress = np.argsort(-x if pred.lower_is_progress else x, kind="stable")
+    score = emergence_score(values[progress])
+    by_family: dict[str, float | None] = {}
+    families = sorted({label.family for label in chosen if label.family is not None})
+    for family in families:
+        idx = [i for i in progress if chosen[i].family == family]
+        if len(idx) >= 3:
+            v = emergence_score(values[idx])
+            by_family[family] = v if math.isfinite(v) else None
+
+    warnings = resolution_warnings([label.n for label in chosen], baseline=baseline, margin=margin,
+                                   metric=metric)
+    if corpus_sha256 is None or scoring_spec is None:
+        warnings.append("the curve is not pinned to a corpus and scoring spec; predictions for "
+                        "stored score runs will be refused (fit with --corpus-sha and --spec)")
+
+    lofo_summary = None
+    if lofo and len(families) >= 2 and all(label.family is not None for label in chosen):
+        result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
+                               resamples=lofo_resamples, seed=seed)
+        lofo_summary = LofoSummary(level=result.level, confidence=result.confidence,
+                                   families=result.families,
+                                   rows=list(result.rows),
+                                   skipped=result.skipped)
+
+    now = now or datetime.now(timezone.utc)
+    body = dict(
+        schema=SCHEMA, curve_id="", created_at=now, task=task, metric=metric, predictor=predictor,
+        direction="non-increasing" if pred.lower_is_progress else "non-decreasing",
+        baseline=baseline, margin=margin, confidence=confidence,
+        corpus_sha256=corpus_sha256, scoring_spec=scoring_spec,
+        training_data_sha256=training_data_sha256(chosen), n_checkpoints=len(chosen),
+        families=families, x_range=(float(x.min()), float(x.max())),
+        knots=Knots(x=fit.knots_x.tolist(), y=fit.knots_y.tolist()),
+        band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=fit.lower.tolist(),
+                  upper=fit.upper.tolist()),
+        threshold=Threshold(**fit.threshold),
+        bootstrap=BootstrapInfo(resamples=resamples, seed=seed,
+                                method="checkpoint bootstrap percentile, widened to the block interval",
+                                dispersion=fit.dispersion, n_blocks=fit.n_blocks),
+        logistic=LogisticCheck(**logistic),
+        emergence_score=score if math.isfinite(score) else None,
+        emergence_by_family=by_family, lofo=lofo_summary,
+        points=[CurvePoint(checkpoint=label.checkpoint, family=label.family, x=float(xi),
+                           value=label.value, weight=float(wi))
+                for label, xi, wi in zip(chosen, x, weights)],
+        warnings=warnings)
+    draft = CurveArtifact.model_validate(body)
+    return draft.model_copy(update={"curve_id": draft.content_id()})
+

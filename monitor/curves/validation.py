@@ -1,0 +1,254 @@
+"""Is the curve worth trusting? Leave-one-family-out validation, the emergence score and
+resolution warnings for task curves (docs/measurement.md §2).
+
+- `lofo_validate`: for each model family, fit the curve (`monitor.curves.stats.fit_monotone`) on
+  the other families and predict the held-out one, on L* and on the alternatives it should
+  beat: raw CE, log10 parameters and log10 FLOPs (`lofo_axes` does the same on any x-axes). The table reports RMSE, the share of
+  checkpoints put on the wrong side of b_t + ε, a Brier score and the share extrapolated;
+- `emergence_score`: how abruptly performance changes along progress (BIG-bench's score);
+- `resolution_warnings`: when the test set is too small for the margin ε.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+from monitor.curves.artifact import LofoRow
+from monitor.curves.labels import Label
+from monitor.curves.stats import PREDICTORS, Predictor, fit_monotone, label_weights
+from monitor.errors import CurveError, LabelError
+
+
+# -- emergence score and resolution ---------------------------------------------------------------
+def emergence_score(values_by_progress: Sequence[float]) -> float:
+    """Emergence score of Srivastava et al. (2022, BIG-bench), in the form Schaeffer, Miranda &
+    Koyejo (2023, "Are Emergent Abilities of Large Language Models a Mirage?", §4) use:
+
+        ES = sign(argmax_i y_i - argmin_i y_i) · (max_i y_i - min_i y_i)
+             / sqrt( median_i (y_i - y_{i-1})² )
+
+    with y_1..y_N the performance of checkpoints ordered by increasing scale (here: increasing
+    progress, i.e. decreasing L*). Large when the change is concentrated in a few steps, about
+    sqrt(N) for a straight line. ±inf when the median squared step is 0 but the range is not;
+    0 for constant performance.
+    """
+    y = np.asarray(values_by_progress, dtype=np.float64)
+    if len(y) < 3:
+        raise CurveError(f"the emergence score needs at least 3 checkpoints (got {len(y)})")
+    span = float(np.max(y) - np.min(y))
+    if span == 0.0:
+        return 0.0
+    direction = float(np.sign(int(np.argmax(y)) - int(np.argmin(y))))
+    scale = math.sqrt(float(np.median(np.diff(y) ** 2)))
+    if scale == 0.0:
+        return math.copysign(math.inf, direction)
+    return direction * span / scale
+
+
+def resolution_warnings(n: Sequence[int | None], *, baseline: float, margin: float,
+                        metric: str) -> list[str]:
+    """Warnings when a test set is too small for the margin: the resolution of an accuracy
+    on n items is 1/n, and its binomial standard error at the baseline sqrt(b(1-b)/n)."""
+    counts = sorted({int(c) for c in n if c is not None and c > 0})
+    if not counts:
+        return []
+    smallest = counts[0]
+    messages = []
+    if 1.0 / smallest > margin:
+        messages.append(f"{metric}: resolution 1/n = {1.0 / smallest:.4g} (n = {smallest}) is coarser "
+                        f"than the margin ε = {margin:g}; a one-item change moves past the threshold")
+    if 0.0 < baseline < 1.0:
+        se = math.sqrt(baseline * (1.0 - baseline) / smallest)
+        if se > margin:
+            messages.append(f"{metric}: binomial standard error at the baseline "
+                            f"sqrt(b(1-b)/n) = {se:.4g} (n = {smallest}) exceeds the margin ε = {margin:g}; "
+                            f"single checkpoints cannot resolve the threshold")
+    return messages
+
+
+# -- leave-one-family-out validation -------------------------------------------------------------
+@dataclass(frozen=True)
+class LofoResult:
+    """Leave-one-family-out table: one row per predictor, plus per-family detail.
+
+    rmse: root mean squared error of g(x) against held-out values;
+    crossing_error: share of held-out checkpoints put on the wrong side of b_t + ε
+        (predicted g(x) ≥ b_t + ε versus observed value ≥ b_t + ε);
+    brier: Brier score of P(value ≥ b_t + ε) = Φ((g(x) - b_t - ε) / sqrt(se_curve² + se_obs²)),
+        se_curve from the band's half-width / z, se_obs the row's own standard error;
+    extrapolated: share of held-out checkpoints outside the training range of the predictor.
+    """
+
+    rows: list[LofoRow]
+    families: list[str]
+    per_family: list[dict[str, Any]]
+    level: float
+    confidence: float
+    skipped: dict[str, str] = field(default_factory=dict)
+    # per axis: held-out row index, g(x), P(value ≥ b_t + ε), squared error, wrong side, Brier
+    points: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "confidence": self.confidence, "families": self.families,
+                "rows": [r.model_dump() for r in self.rows], "per_family": self.per_family,
+                "skipped": self.skipped}
+
+    def to_markdown(self) -> str:
+        lines = ["| predictor | RMSE | crossing error | Brier | held out | folds | extrapolated |",
+                 "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in self.rows:
+            lines.append(f"| {r.label} | {r.rmse:.4f} | {r.crossing_error:.3f} | {r.brier:.4f} | "
+                         f"{r.n_heldout} | {r.n_folds} | {r.extrapolated:.2f} |")
+        return "\n".join(lines) + "\n"
+
+    def to_csv(self) -> str:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(self.rows[0].model_dump()) if self.rows else ["predictor"],
+                                lineterminator="\n")
+        writer.writeheader()
+        for r in self.rows:
+            writer.writerow(r.model_dump())
+        return buf.getvalue()
+
+    def write(self, path: str | Path) -> Path:
+        """Write the table as CSV, JSON or Markdown, chosen by the file's suffix."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix == ".csv":
+            text = self.to_csv()
+        elif suffix == ".json":
+            text = json.dumps(self.as_dict(), indent=2) + "\n"
+        elif suffix in (".md", ".markdown"):
+            text = self.to_markdown()
+        else:
+            raise CurveError(f"cannot tell the table format of {path}", hint="use .csv, .json or .md")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def rich_table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"leave-one-family-out ({len(self.families)} families, "
+                            f"threshold b+ε = {self.level:g})")
+        for name, justify in (("predictor", "left"), ("RMSE", "right"), ("crossing error", "right"),
+                              ("Brier", "right"), ("held out", "right"), ("extrapolated", "right")):
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for r in self.rows:
+            table.add_row(r.label, f"{r.rmse:.4f}", f"{r.crossing_error:.3f}", f"{r.brier:.4f}",
+                          str(r.n_heldout), f"{r.extrapolated:.0%}")
+        return table
+
+
+def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
+                  predictors: Sequence[str] | None = None, confidence: float = 0.9,
+                  resamples: int = 200, seed: int = 0) -> LofoResult:
+    """Leave-one-family-out validation of the curve on each predictor present in every row.
+
+    For each family: fit on all other families, predict the held-out family's checkpoints.
+    Predictors default to L*, raw CE, log10 params and log10 FLOPs, each where known.
+    """
+    labels = list(labels)
+    if any(label.family is None for label in labels):
+        raise LabelError("leave-one-family-out needs a family on every row",
+                         hint="add a `family` column (e.g. the tokenizer or model series)")
+    names = list(predictors) if predictors is not None else list(PREDICTORS)
+    axes: dict[str, tuple[Predictor, np.ndarray | None]] = {}
+    for name in names:
+        if name not in PREDICTORS:
+            raise CurveError(f"unknown predictor {name!r}", hint=f"choose from {', '.join(PREDICTORS)}")
+        axes[name] = (PREDICTORS[name], PREDICTORS[name].values(labels))
+    return lofo_axes([label.value for label in labels], [str(label.family) for label in labels], axes,
+                     baseline=baseline, margin=margin, n=[label.n for label in labels],
+                     stderr=[label.stderr for label in labels], confidence=confidence,
+                     resamples=resamples, seed=seed)
+
+
+def lofo_axes(values: Sequence[float], families: Sequence[str],
+              axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float, margin: float,
+              n: Sequence[int | None] | None = None, stderr: Sequence[float | None] | None = None,
+              confidence: float = 0.9, resamples: int = 200, seed: int = 0) -> LofoResult:
+    """Leave-one-family-out validation on any set of x-axes (name -> (predictor, x per row);
+    x None: the axis is missing on some rows and skipped).
+
+    Every axis is raced with the same fit, weights, folds and seeds. `LofoResult.points` keeps
+    each held-out row's prediction per axis (row index, g(x), P(value ≥ b_t + ε), observed),
+    so differences between axes can be bootstrapped over the same checkpoints.
+    """
+    fam = np.asarray(list(families), dtype=object)
+    names = sorted(set(fam.tolist()))
+    if len(names) < 2:
+        raise LabelError(f"leave-one-family-out needs at least 2 families (got {len(names)})")
+    level = baseline + margin
+    values = np.asarray(values, dtype=np.float64)
+    weights, known = label_weights(values, n, stderr)
+    proportion = bool(np.all((values >= 0) & (values <= 1)))
+    z = float(norm.ppf(0.5 + confidence / 2.0))
+    rows: list[LofoRow] = []
+    per_family: list[dict[str, Any]] = []
+    points: dict[str, dict[str, np.ndarray]] = {}
+    skipped: dict[str, str] = {}
+    for name, (predictor, x) in axes.items():
+        if x is None:
+            skipped[name] = f"column {predictor.column!r} missing on some rows"
+            continue
+        x = np.asarray(x, dtype=np.float64)
+        idx, pred, probs, sq, wrong, brier, extrap, count, folds = [], [], [], [], [], [], [], 0, 0
+        for k, family in enumerate(names):
+            test = fam == family
+            train = ~test
+            try:
+                fit = fit_monotone(x[train], values[train], weights[train], predictor=predictor,
+                                   level=level, confidence=confidence, resamples=resamples,
+                                   seed=seed + k, known_variance=known,
+                                   bounds=(0.0, 1.0) if proportion else None)
+            except (LabelError, CurveError) as exc:
+                skipped[f"{name}:{family}"] = exc.message
+                continue
+            folds += 1
+            p_hat = fit.predict(x[test])
+            lo, hi = fit.band(x[test])
+            se_curve = (hi - lo) / (2.0 * z)
+            # The training fit's dispersion also scales the held-out rows' own noise.
+            se_obs = np.sqrt(fit.dispersion / weights[test])
+            spread = np.sqrt(se_curve ** 2 + se_obs ** 2)
+            observed = values[test] >= level
+            with np.errstate(divide="ignore", invalid="ignore"):
+                prob = np.where(spread > 0, norm.cdf((p_hat - level) / np.where(spread > 0, spread, 1.0)),
+                                (p_hat >= level).astype(float))
+            outside = (x[test] < x[train].min()) | (x[test] > x[train].max())
+            idx.extend(np.flatnonzero(test))
+            pred.extend(p_hat)
+            probs.extend(prob)
+            sq.extend((p_hat - values[test]) ** 2)
+            wrong.extend((p_hat >= level) != observed)
+            brier.extend((prob - observed) ** 2)
+            extrap.extend(outside)
+            count += int(test.sum())
+            per_family.append({"predictor": name, "family": family, "n": int(test.sum()),
+                               "rmse": float(np.sqrt(np.mean((p_hat - values[test]) ** 2))),
+                               "crossing_error": float(np.mean((p_hat >= level) != observed)),
+                               "brier": float(np.mean((prob - observed) ** 2))})
+        if folds == 0:
+            skipped.setdefault(name, "no fold could be fitted")
+            continue
+        rows.append(LofoRow(predictor=name, label=predictor.label, rmse=float(np.sqrt(np.mean(sq))),
+                            crossing_error=float(np.mean(wrong)), brier=float(np.mean(brier)),
+                            n_heldout=count, n_folds=folds, extrapolated=float(np.mean(extrap))))
+        order = np.argsort(np.asarray(idx, dtype=np.int64), kind="stable")   # by row index
+        points[name] = {"index": np.asarray(idx, dtype=np.int64)[order], "p_hat": np.asarray(pred)[order],
+                        "prob": np.asarray(probs)[order], "sq_error": np.asarray(sq)[order],
+                        "wrong": np.asarray(wrong, dtype=np.float64)[order],
+                        "brier": np.asarray(brier)[order]}
+    return LofoResult(rows=rows, families=names, per_family=per_family, level=level,
+                      confidence=confidence, skipped=skipped, points=points)

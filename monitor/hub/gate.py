@@ -1,0 +1,372 @@
+"""The gate before any weight byte.
+
+`gate_checkpoint` decides from the Hub's metadata alone (plus config.json, a small file,
+and the safetensors headers read by range requests) whether a (repo, commit) may be
+fetched: safetensors weights only, no remote code, a tokenizer present, file names that
+stay inside the cache, and budgets: parameters and bytes of the weights, every config
+field that sizes an allocation (`monitor.hub.config_budget`), and a byte limit on every other
+file it would fetch. Each weight file must be covered exactly by its header
+(`monitor.hub.safetensors_layout`): a truncated or padded file is refused with the numbers.
+Repos the Hub will not serve (gated, private, disabled, missing) are skipped with the
+Hub's reason. What passes is downloaded by `monitor.hub.fetch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from monitor.errors import GateRefusedError, HubError, IntegrityError
+from monitor.hub.client import HubClient, describe_error, refusal_reason
+from monitor.hub.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
+from monitor.hub.rules import Budgets, WatchRule
+from monitor.hub.safetensors_layout import LayoutError, SafetensorsHeader, check_file_size, tensor_layout
+from monitor.store import Store, utcnow
+
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+# Small files a transformers checkpoint may need besides weights, config and tokenizer.json.
+OPTIONAL_FILES = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "added_tokens.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib")
+CONFIG_MAX_BYTES = 1 << 20
+TOKENIZER_MAX_BYTES = 64 << 20
+# The most bytes each file besides the weights may have (the weights are under
+# Budgets.max_bytes). Checked against the Hub's listing before a download, and enforced
+# while downloading in case the server sends more than it announced.
+FILE_BYTE_LIMITS = {CONFIG_FILE: CONFIG_MAX_BYTES, TOKENIZER_FILE: TOKENIZER_MAX_BYTES,
+                    WEIGHTS_INDEX: 16 << 20, "generation_config.json": 1 << 20,
+                    "tokenizer_config.json": 16 << 20, "special_tokens_map.json": 1 << 20,
+                    "added_tokens.json": 16 << 20}
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+@cache
+def known_model_types() -> frozenset[str]:
+    """Model types transformers implements itself (their code never comes from a repo)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def unsafe_name_reason(name: str) -> str | None:
+    """Why a repo file name could escape the snapshot folder, or None if it is safe."""
+    if not name or "\x00" in name or any(ord(ch) < 32 for ch in name):
+        return "empty or control characters"
+    if "\\" in name:
+        return "backslash"
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "parent-directory component '..'"
+    if any(part in ("", ".") for part in parts):
+        return "empty or '.' path component"
+    return None
+
+
+@dataclass(frozen=True)
+class ExpectedFile:
+    """A file of the pinned snapshot and what the Hub announced about it."""
+
+    name: str
+    size: int
+    sha256: str | None = None   # LFS files
+    blob_id: str | None = None  # git blob sha1 (regular files)
+
+
+@dataclass
+class Verdict:
+    """The gate's decision for one (repo, commit)."""
+
+    status: str                 # gated | skipped
+    reason: str | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _siblings(info: Any) -> dict[str, Any]:
+    return {s.rfilename: s for s in (info.siblings or [])}
+
+
+def _announced(name: str, sibling: Any) -> ExpectedFile:
+    lfs = sibling.lfs
+    size = lfs.size if lfs is not None else sibling.size
+    if size is None:
+        raise GateRefusedError(f"the Hub announced no size for {name}; it cannot be verified")
+    return ExpectedFile(name, int(size), sha256=(lfs.sha256 if lfs is not None else None),
+                        blob_id=(None if lfs is not None else sibling.blob_id))
+
+
+def check_file_names(names: Sequence[str], cache_dir: Path) -> None:
+    """Refuse the repo if any file name could land outside the snapshot folder."""
+    root = cache_dir.resolve()
+    probe = root / "models--probe" / "snapshots" / ("0" * 40)
+    for name in names:
+        why = unsafe_name_reason(name)
+        if why is None and not Path(os.path.normpath(probe / name)).is_relative_to(probe):
+            why = "resolves outside the cache"
+        if why is not None:
+            raise GateRefusedError(f"unsafe file path {name!r} ({why})")
+
+
+def weight_files(info: Any) -> list[str]:
+    """Root-level safetensors weights the model loads from; refuses pickle-only repos."""
+    names = _siblings(info)
+    if WEIGHTS_FILE in names:
+        return [WEIGHTS_FILE]
+    if WEIGHTS_INDEX in names:
+        return [WEIGHTS_INDEX]  # shards are read from the index
+    pickles = sorted(n for n in names if n.lower().endswith(PICKLE_SUFFIXES))
+    if pickles:
+        raise GateRefusedError(f"pickle weights refused ({', '.join(pickles[:3])}); "
+                               "only safetensors are ever loaded")
+    raise GateRefusedError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX} in the repo")
+
+
+def check_file_budgets(files: Sequence[ExpectedFile]) -> None:
+    """Refuse any file besides the weights that the Hub announces over its byte limit."""
+    for f in files:
+        limit = FILE_BYTE_LIMITS.get(f.name)
+        if limit is not None and f.size > limit:
+            raise GateRefusedError(f"{f.name} is {f.size:,} bytes (limit {limit:,})")
+
+
+def check_config(config: Any, budgets: Budgets) -> tuple[dict[str, Any], ConfigShape]:
+    """Remote code, architecture, quantization and every allocation-driving field of config.json.
+
+    Returns the facts to record and the fields found, which `check_against_weights`
+    later compares with the safetensors headers.
+    """
+    if not isinstance(config, dict):
+        raise GateRefusedError("config.json is not a JSON object")
+    model_type = config.get("model_type")
+    known = known_model_types()
+    if config.get("auto_map") and model_type not in known:
+        raise GateRefusedError(f"remote code: config.json has auto_map for model_type {model_type!r}, "
+                               "which transformers does not implement (trust_remote_code is never set)")
+    if model_type not in known:
+        raise GateRefusedError(f"unknown model_type {model_type!r} in config.json")
+    quantization = config.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        raise GateRefusedError("config.json: quantization_config is not a JSON object")
+    try:
+        shape = config_shape(config, budgets)
+    except ConfigBudgetError as exc:
+        raise GateRefusedError(str(exc)) from None
+    facts = {"model_type": model_type, "vocab_size": shape.get("vocab"),
+             "max_positions": shape.get("positions"), "auto_map_ignored": bool(config.get("auto_map")),
+             "quantization": quantization.get("quant_method") if quantization else None,
+             "config_fields": {shape.keys[name]: value for name, value in shape.values.items()
+                               if value is not None}}
+    return facts, shape
+
+
+def read_headers(client: HubClient, repo: str, sha: str, weights: list[str], siblings: dict[str, Any],
+                 cache_dir: Path) -> dict[str, SafetensorsHeader]:
+    """{file: SafetensorsHeader} for the model's weight files, by range requests.
+
+    Only the header bytes are read (bounded by the file size the Hub announced); the
+    sharded index goes into our cache.
+    """
+    names = weights
+    if weights == [WEIGHTS_INDEX]:
+        names = _index_shards(client, repo, sha, siblings, cache_dir)
+    headers = {}
+    for name in names:
+        try:
+            headers[name] = client.safetensors_header(repo, name, sha,
+                                                      file_size=_announced(name, siblings[name]).size)
+        except LayoutError as exc:
+            raise GateRefusedError(f"malformed safetensors header in {name}: {exc}") from None
+    return headers
+
+
+def _index_shards(client: HubClient, repo: str, sha: str, siblings: dict[str, Any],
+                  cache_dir: Path) -> list[str]:
+    """The shard files the weight index names, each checked to be a safe repo file."""
+    announced = _announced(WEIGHTS_INDEX, siblings[WEIGHTS_INDEX])
+    check_file_budgets([announced])
+    index_path = client.download(repo, WEIGHTS_INDEX, sha, cache_dir=cache_dir, max_bytes=announced.size)
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise GateRefusedError(f"{WEIGHTS_INDEX} is malformed: {exc}") from exc
+    if not shards or not all(isinstance(s, str) for s in shards):
+        raise GateRefusedError(f"{WEIGHTS_INDEX} names no shard files")
+    check_file_names(shards, cache_dir)
+    missing = [name for name in shards if name not in siblings]
+    if missing:
+        raise GateRefusedError(f"{WEIGHTS_INDEX} names shards not in the repo: {', '.join(missing)}")
+    return shards
+
+
+def check_safetensors(headers: dict[str, SafetensorsHeader], announced: dict[str, ExpectedFile],
+                      budgets: Budgets) -> dict[str, Any]:
+    """Validate every tensor entry of the headers, count parameters, apply the budgets, and
+    check that each file is exactly 8 bytes + its header + its tensor data.
+
+    The parameter budget is checked before the file sizes, so a header declaring a huge
+    model is reported as over budget rather than as merely inconsistent.
+    """
+    n_params = 0
+    dtypes: dict[str, int] = {}
+    layouts = {}
+    for filename, header in headers.items():
+        if filename not in announced:
+            raise GateRefusedError(f"malformed safetensors index: {filename} is not in the repo")
+        try:
+            layout = layouts[filename] = tensor_layout(header)
+        except LayoutError as exc:
+            raise GateRefusedError(f"malformed safetensors header in {filename}: {exc}") from None
+        n_params += layout.n_params
+        for dtype, count in layout.dtypes.items():
+            dtypes[dtype] = dtypes.get(dtype, 0) + count
+    if n_params > budgets.max_params:
+        raise GateRefusedError(f"over budget: {n_params:,} parameters > max_params "
+                               f"{budgets.max_params:,}")
+    # What loading would need: the larger of the declared files and the files' sizes.
+    n_bytes = max(sum(layouts[name].file_size(headers[name].header_len) for name in layouts),
+                  sum(announced[name].size for name in layouts))
+    if n_bytes > budgets.max_bytes:
+        raise GateRefusedError(f"over budget: {n_bytes:,} bytes of weights > max_bytes "
+                               f"{budgets.max_bytes:,}")
+    for filename, layout in layouts.items():
+        try:
+            check_file_size(headers[filename], layout, announced[filename].size)
+        except LayoutError as exc:
+            raise GateRefusedError(f"safetensors file {filename} is {exc}") from None
+    return {"n_params": n_params, "dtypes": dtypes, "n_bytes": n_bytes,
+            "tensor_bytes": sum(layout.data_end for layout in layouts.values())}
+
+
+def _read_config(client: HubClient, repo: str, sha: str, cache_dir: Path, size: int | None) -> Any:
+    if size is not None and size > CONFIG_MAX_BYTES:
+        raise GateRefusedError(f"config.json is {size:,} bytes (limit {CONFIG_MAX_BYTES:,})")
+    path = client.download(repo, CONFIG_FILE, sha, cache_dir=cache_dir,
+                           max_bytes=min(size, CONFIG_MAX_BYTES) if size is not None else CONFIG_MAX_BYTES)
+    if not path.resolve().is_relative_to(cache_dir.resolve()):
+        raise GateRefusedError("config.json resolved outside the cache")
+    try:
+        return json.loads(path.read_bytes()[:CONFIG_MAX_BYTES + 1])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GateRefusedError(f"config.json is not valid JSON: {exc}") from exc
+
+
+def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchRule | None,
+          cache_dir: Path) -> dict[str, Any]:
+    info = client.model_info(repo, sha, files_metadata=True)
+    if info.sha and info.sha != sha:
+        raise GateRefusedError(f"the Hub answered for commit {info.sha} instead of {sha}")
+    if getattr(info, "disabled", False):
+        raise GateRefusedError("the Hub reports the repo as disabled")
+    siblings = _siblings(info)
+    check_file_names(list(siblings), cache_dir)
+    weights = weight_files(info)
+    if TOKENIZER_FILE not in siblings:
+        raise GateRefusedError(f"no {TOKENIZER_FILE}: a tokenizer is required to score")
+    if CONFIG_FILE not in siblings:
+        raise GateRefusedError(f"no {CONFIG_FILE}")
+    # Every file it would fetch besides the weights, within its byte limit before any download.
+    check_file_budgets([_announced(n, s) for n, s in siblings.items() if n in FILE_BYTE_LIMITS])
+    config_facts, shape = check_config(
+        _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size), budgets)
+    headers = read_headers(client, repo, sha, weights, siblings, cache_dir)
+    announced = {name: _announced(name, siblings[name]) for name in headers}
+    header_facts = check_safetensors(headers, announced, budgets)
+    try:
+        estimates = check_against_weights(shape, header_facts["n_params"], header_facts["tensor_bytes"],
+                                          budgets)
+    except ConfigBudgetError as exc:
+        raise GateRefusedError(str(exc)) from None
+    if rule is not None and not rule.params_in_range(header_facts["n_params"]):
+        raise GateRefusedError(f"{header_facts['n_params']:,} parameters is outside rule "
+                               f"{rule.name!r}'s range [{rule.min_params}, {rule.max_params}]")
+    files = [_announced(n, s) for n, s in sorted(siblings.items())
+             if n in announced or n in (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_INDEX, *OPTIONAL_FILES)]
+    unverifiable = [f.name for f in files if f.name in announced and f.sha256 is None and f.blob_id is None]
+    if unverifiable:
+        raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
+    return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files]}
+
+
+def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,
+                    budgets: Budgets | None = None, cache_dir: str | Path | None = None) -> Verdict:
+    """Decide whether (repo, sha) may be fetched, from metadata and config only.
+
+    Returns `gated` when every check passes, `skipped` with a readable reason when the
+    repo is refused or unavailable. Raises HubError when the Hub could not be asked (the
+    row stays `discovered` and the next poll tries again).
+    """
+    budgets = budgets or (rule.budgets if rule is not None else Budgets())
+    cache_dir = resolve_cache_dir(cache_dir)
+    try:
+        facts = _gate(client, repo, sha, budgets, rule, cache_dir)
+    except (GateRefusedError, IntegrityError) as exc:
+        return Verdict("skipped", f"refused: {exc.message}", {"gate": {"verdict": "refused"}})
+    except HubError:
+        raise
+    except Exception as exc:
+        from huggingface_hub.errors import HfHubHTTPError
+
+        reason = refusal_reason(exc)
+        if reason is None and isinstance(exc, HfHubHTTPError):  # any other "no" from the Hub
+            reason = f"refused by the Hub: {describe_error(exc)}"
+        if reason is None:
+            raise
+        return Verdict("skipped", reason, {"gate": {"verdict": "unavailable"}})
+    return Verdict("gated", None, {"gate": {"verdict": "passed", **facts}})
+
+
+def resolve_cache_dir(cache_dir: str | Path | None) -> Path:
+    """The Hub cache folder: the argument, else huggingface_hub's HF_HUB_CACHE."""
+    if cache_dir is None:
+        from huggingface_hub import constants
+
+        cache_dir = constants.HF_HUB_CACHE
+    return Path(cache_dir)
+
+
+@dataclass
+class GateOutcome:
+    """One row the gate looked at."""
+
+    id: int
+    repo: str
+    sha: str
+    status: str
+    reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
+                 cache_dir: str | Path | None = None,
+                 now_fn: Callable[[], datetime] = utcnow, limit: int | None = None) -> list[GateOutcome]:
+    """Gate every `discovered` Hub row; stop at the first Hub outage (rows stay discovered)."""
+    by_name = {rule.name: rule for rule in rules}
+    outcomes: list[GateOutcome] = []
+    for row in store.list_checkpoints(status="discovered", limit=limit):
+        if row["source"] != "hub":
+            continue
+        try:
+            verdict = gate_checkpoint(client, row["repo"], row["sha"], rule=by_name.get(row["rule"]),
+                                      cache_dir=cache_dir)
+        except HubError as exc:
+            outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], "discovered", exc.one_line()))
+            break
+        store.set_checkpoint_verdict(row["id"], expect_status="discovered", status=verdict.status,
+                                     reason=verdict.reason, meta=verdict.meta, now=now_fn())
+        outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], verdict.status, verdict.reason))
+    store.checkpoint()
+    return outcomes

@@ -1,0 +1,190 @@
+"""Watch rules: which Hub repos to follow, which revisions count, and the download budgets.
+
+A watch rule selects repos (author, name glob, search text, pipeline tag, parameter range)
+and which revisions count (`main`, or branches/tags matching a regex).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from monitor.errors import PolicyError
+
+
+# -- watch rules ---------------------------------------------------------------------------
+class RevisionPattern(BaseModel):
+    """Which refs of a repo count as checkpoints: branch and/or tag names (full-match regex).
+
+    Pythia-style training runs keep steps as branches: `{branches: "step\\d+"}`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    branches: str | None = None
+    tags: str | None = None
+
+    @field_validator("branches", "tags")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_needed(self) -> "RevisionPattern":
+        if self.branches is None and self.tags is None:
+            raise ValueError("give `branches` and/or `tags` (a regex), or use revisions: main")
+        return self
+
+    def matches(self, kind: Literal["branch", "tag"], name: str) -> bool:
+        pattern = self.branches if kind == "branch" else self.tags
+        return pattern is not None and re.fullmatch(pattern, name) is not None
+
+
+class Budgets(BaseModel):
+    """Safety limits checked by the gate before any weight byte is downloaded.
+
+    Parameters and bytes come from the safetensors headers (bytes: the larger of the
+    declared tensor data and the Hub's file sizes); every config.json field that sizes an
+    allocation (layers, hidden size, intermediate size, heads, experts, vocabulary, context
+    length) has its own limit, and the parameters the config implies must fit both
+    `max_params` and the weights (see `monitor.hub.config_budget`). Defaults admit mainstream
+    open models up to ~15B parameters in bf16 and refuse absurd values (a vocabulary of
+    10^9, a million layers).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_params: int = Field(15_000_000_000, gt=0)
+    max_bytes: int = Field(32 * 1024**3, gt=0)
+    max_vocab: int = Field(1_048_576, gt=0)
+    max_context: int = Field(16_777_216, gt=0)
+    max_layers: int = Field(1024, gt=0)
+    max_hidden: int = Field(65_536, gt=0)
+    max_intermediate: int = Field(262_144, gt=0)
+    max_heads: int = Field(1024, gt=0)
+    max_experts: int = Field(1024, gt=0)
+
+
+class WatchRule(BaseModel):
+    """One watch rule: which Hub repos to follow and which of their commits to score.
+
+    Fields:
+      name         unique name of the rule (checkpoint rows and watermarks refer to it)
+      author       Hub user or organisation (server-side filter)
+      name_glob    shell glob on the repo id; without a '/' it matches the part after the
+                   owner (`pythia-*`), with one the whole id (`EleutherAI/pythia-*`)
+      search       substring of the repo id (server-side filter)
+      pipeline_tag e.g. `text-generation` (server-side filter)
+      min_params / max_params  parameter range; checked from the listing when the Hub
+                   reports safetensors totals, else from the safetensors header at the gate
+      revisions    `main`, or `{branches: REGEX, tags: REGEX}` (full match on ref names)
+      budgets      safety limits of the gate (see `Budgets`)
+      scan_limit   the most repos one poll looks at (bounds a rule's first poll)
+    At least one of author, search, name_glob or pipeline_tag is required, so a rule
+    never lists the whole Hub.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    author: str | None = None
+    name_glob: str | None = None
+    search: str | None = None
+    pipeline_tag: str | None = None
+    min_params: int | None = Field(None, ge=0)
+    max_params: int | None = Field(None, gt=0)
+    revisions: Literal["main"] | RevisionPattern = "main"
+    budgets: Budgets = Budgets()
+    scan_limit: int = Field(1000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "WatchRule":
+        if not (self.author or self.search or self.name_glob or self.pipeline_tag):
+            raise ValueError("give at least one of author, search, name_glob, pipeline_tag")
+        if self.min_params is not None and self.max_params is not None \
+                and self.min_params > self.max_params:
+            raise ValueError(f"min_params {self.min_params} is above max_params {self.max_params}")
+        return self
+
+    def list_params(self) -> dict[str, Any]:
+        """Server-side filters for `HfApi.list_models`."""
+        params = {"author": self.author, "search": self.search, "pipeline_tag": self.pipeline_tag}
+        return {k: v for k, v in params.items() if v}
+
+    def matches_name(self, repo_id: str) -> bool:
+        if not self.name_glob:
+            return True
+        target = repo_id if "/" in self.name_glob else repo_id.split("/", 1)[-1]
+        return fnmatch.fnmatchcase(target, self.name_glob)
+
+    def params_in_range(self, n_params: int | None) -> bool:
+        """True when `n_params` is inside [min_params, max_params] or unknown."""
+        if n_params is None:
+            return True
+        if self.min_params is not None and n_params < self.min_params:
+            return False
+        return self.max_params is None or n_params <= self.max_params
+
+    def key(self, endpoint: str) -> str:
+        """Watermark key: the name plus a hash of what the rule selects and where.
+
+        Changing what a rule selects (or the Hub it asks) starts it from scratch.
+        """
+        selection = self.model_dump(mode="json", exclude={"name", "budgets", "scan_limit"})
+        blob = json.dumps({"endpoint": endpoint.rstrip("/"), **selection}, sort_keys=True)
+        return f"{self.name}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def _error_path(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def load_watch_rules(path: str | Path) -> list[WatchRule]:
+    """Read a YAML file whose top-level `watch:` is a list of `WatchRule` mappings.
+
+    Read with the policy files' checks (size, UTF-8, no tags, no alias bombs), then strict
+    validation; errors name the file, the key path and the offending value.
+    """
+    from monitor.policy import load_yaml_file
+
+    path = Path(path)
+    try:
+        data = load_yaml_file(path)
+    except PolicyError as exc:
+        raise PolicyError(f"not valid YAML: {exc.message}", hint=exc.hint) from None
+    if not isinstance(data, dict) or "watch" not in data:
+        raise PolicyError(f"{path}: expected a mapping with a top-level `watch:` list",
+                          hint="see WatchRule in monitor/hub/rules.py for the fields")
+    unknown = sorted(set(data) - {"watch"})
+    if unknown:
+        raise PolicyError(f"{path}: unknown top-level key(s): {', '.join(unknown)}")
+    if not isinstance(data["watch"], list):
+        raise PolicyError(f"{path}: watch: expected a list of rules, got {type(data['watch']).__name__}")
+    rules: list[WatchRule] = []
+    for i, item in enumerate(data["watch"]):
+        try:
+            rules.append(WatchRule.model_validate(item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = _error_path(["watch", i, *err["loc"]])
+            raise PolicyError(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})") from exc
+    names = [r.name for r in rules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise PolicyError(f"{path}: duplicate rule name(s): {', '.join(dupes)}")
+    return rules

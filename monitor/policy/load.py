@@ -1,0 +1,245 @@
+"""Loading policy files: parse, validate, cross-check, and the set of policies a process runs with."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from monitor.errors import LstarError, PolicyError
+from monitor.policy.files import read_policy_text
+from monitor.policy.schema import Policy
+from monitor.policy.strict_yaml import compose, construct, format_key_path, node_line, validation_lines
+
+
+# -- loading ----------------------------------------------------------------------------------
+@dataclass
+class LoadedPolicy:
+    """A validated policy and the node tree it came from (for cross-reference line numbers)."""
+
+    policy: Policy
+    root: yaml.Node
+
+
+def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPolicy:
+    """Validate policy text (no cross-reference checks). `label` names the file in errors."""
+    root = compose(text, label)
+    if root is None:
+        raise PolicyError(f"{label}:1: the file is empty; a policy needs name, route and receivers")
+    data = construct(root, label)
+    if not isinstance(data, dict):
+        raise PolicyError(f"{label}:{root.start_mark.line + 1}: expected a mapping at the top "
+                          f"level, got {type(data).__name__}")
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        lines = validation_lines(exc, root, label, Policy)
+        raise PolicyError("\n".join(lines)) from None
+    policy._path = path
+    return LoadedPolicy(policy, root)
+
+
+def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: bool) -> list[str]:
+    policy, root = loaded.policy, loaded.root
+    errors: list[str] = []
+
+    def error(loc: Sequence[Any], message: str) -> None:
+        line, _ = node_line(root, loc)
+        errors.append(f"{label}:{line}: {format_key_path(loc)}: {message}")
+
+    names = [r.name for r in policy.receivers]
+    defined = ", ".join(names)
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            error(["receivers", i, "name"], f"receiver {name!r} is defined twice")
+    tasks = [t.name for t in policy.tasks]
+    for i, name in enumerate(tasks):
+        if tasks.index(name) != i:
+            error(["tasks", i, "name"], f"task {name!r} is defined twice")
+    rules = [w.name for w in policy.watch]
+    for i, name in enumerate(rules):
+        if rules.index(name) != i:
+            error(["watch", i, "name"], f"watch rule {name!r} is defined twice")
+
+    for sub, node in policy.route.walk():
+        if node.receiver is not None and node.receiver not in names:
+            loc = _loc_of(f"route{sub}") + ["receiver"]
+            error(loc, f"receiver {node.receiver!r} is not defined (defined: {defined})")
+    for i, name in enumerate(policy.meta_receivers):
+        if name not in names:
+            error(["meta_receivers", i], f"receiver {name!r} is not defined (defined: {defined})")
+    for i, report in enumerate(policy.reports):
+        for j, name in enumerate(report.receivers):
+            if name not in names:
+                error(["reports", i, "receivers", j],
+                      f"receiver {name!r} is not defined (defined: {defined})")
+    if policy.calibration_gaming is not None and policy.corpora.private is None:
+        error(["calibration_gaming"], "needs corpora.private (the governance corpus) beside "
+                                      "corpora.public")
+    if policy.calibration_gaming is not None and policy.corpora.public is None:
+        error(["calibration_gaming"], "needs corpora.public beside corpora.private")
+    for i, receiver in enumerate(policy.receivers):
+        for key in ("secret_file", "password_file", "ca_file"):
+            cfg = receiver.webhook or receiver.email
+            value = getattr(cfg, key, None) if cfg is not None else None
+            if value is not None and not policy.resolve_path(value).is_file():
+                error(["receivers", i, receiver.kind, key],
+                      f"file {value!r} does not exist (paths are relative to the policy file)")
+    if check_curves:
+        from monitor.curves import load_curve
+
+        for i, task in enumerate(policy.tasks):
+            curve_path = policy.resolve_path(task.curve)
+            if not curve_path.is_file():
+                error(["tasks", i, "curve"],
+                      f"curve file {task.curve!r} does not exist (paths are relative to the policy file)")
+                continue
+            try:
+                curve = load_curve(curve_path)
+            except LstarError as exc:
+                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {exc.one_line()}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - a hostile curve file (e.g. JSON nested 10^5 deep)
+                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {_exception_text(exc)}")
+                continue
+            if curve.predictor != "lstar":
+                error(["tasks", i, "curve"], f"curve {task.curve!r} is fitted on {curve.predictor}, not L*")
+            public = policy.corpora.public
+            if public is not None and curve.corpus_sha256 != public:
+                error(["tasks", i, "curve"],
+                      f"curve {task.curve!r} was fitted on corpus {str(curve.corpus_sha256)[:12]}, "
+                      f"not on corpora.public {public[:12]}")
+            if task.confidence is not None and not math.isclose(task.confidence, curve.confidence):
+                error(["tasks", i, "confidence"],
+                      f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
+                      f"{task.curve!r}; refit the curve at this confidence or drop the key")
+    return errors
+
+
+def _exception_text(exc: BaseException) -> str:
+    """'RecursionError: maximum recursion depth exceeded', on one line, bounded."""
+    detail = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def _loc_of(path: str) -> list[Any]:
+    """'route.routes[0].routes[1]' -> ['route', 'routes', 0, 'routes', 1]."""
+    out: list[Any] = []
+    for part in re.findall(r"[A-Za-z_][A-Za-z0-9_]*|\[\d+\]", path):
+        out.append(int(part[1:-1]) if part.startswith("[") else part)
+    return out
+
+
+def load_policy(path: str | Path, *, check_curves: bool = True) -> Policy:
+    """Read, validate and cross-check one policy file.
+
+    Raises PolicyError whose message lists every problem found, one per line, each as
+    `FILE:LINE: KEY.PATH: what is wrong with VALUE`.
+    """
+    path = Path(path)
+    label = str(path)
+    try:
+        text = read_policy_text(path, label)
+        loaded = parse_policy(text, label, path=path)
+        errors = _cross_reference_errors(loaded, label, check_curves=check_curves)
+    except PolicyError:
+        raise
+    except LstarError as exc:
+        raise PolicyError(f"{label}: {exc.one_line()}") from None
+    except Exception as exc:  # noqa: BLE001 - hostile input must never escape as a crash
+        # RecursionError, MemoryError, an OSError or a library's own exception: whatever a
+        # file does to the loader is that file's error, and the other files still load.
+        raise PolicyError(f"{label}: cannot be loaded ({_exception_text(exc)})",
+                          hint="fix or remove the file; `lstar policy check FILE` shows its errors") from None
+    if errors:
+        errors.sort(key=lambda text: int(text[len(label) + 1:].split(":", 1)[0]))
+        raise PolicyError("\n".join(errors))
+    return loaded.policy
+
+
+def load_policies(paths: Sequence[str | Path]) -> list[Policy]:
+    """Load several policy files; their names must be unique (alert keys start with them)."""
+    policies = [load_policy(p) for p in paths]
+    seen: dict[str, Path | None] = {}
+    for p in policies:
+        if p.name in seen:
+            raise PolicyError(f"{p.path}: name: policy name {p.name!r} is also used by {seen[p.name]}",
+                              hint="policy names must be unique")
+        seen[p.name] = p.path
+    return policies
+
+
+def error_text(exc: PolicyError) -> str:
+    """The error's lines, its hint (how to fix it) appended to the last one."""
+    return exc.message if exc.hint is None else f"{exc.message}; {exc.hint}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of checking one file: `errors` is empty when it passed."""
+
+    path: str
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_policy_files(paths: Sequence[str | Path]) -> list[CheckResult]:
+    """Check each file independently (a bad file never hides the verdict on the others)."""
+    results = []
+    for p in paths:
+        try:
+            load_policy(p)
+        except PolicyError as exc:
+            results.append(CheckResult(str(p), tuple(error_text(exc).splitlines())))
+        else:
+            results.append(CheckResult(str(p), ()))
+    return results
+
+
+class PolicySet:
+    """The policies in force, kept on reload failure: a bad file never replaces a good one.
+
+    `reload()` re-reads every file; files that fail keep their last good version and the
+    errors are returned so the daemon can tell the operator (file, line, key path, value).
+    """
+
+    def __init__(self, paths: Sequence[str | Path]) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.policies: dict[Path, Policy] = {}
+        self.errors: dict[Path, str] = {}
+
+    def reload(self, paths: Sequence[str | Path] | None = None) -> dict[Path, str]:
+        """Load every file; returns {path: error} for the ones that failed (kept at last good).
+
+        With `paths`, they become the set of files (a file no longer listed is dropped).
+        """
+        if paths is not None:
+            self.paths = [Path(p) for p in paths]
+            self.policies = {p: pol for p, pol in self.policies.items() if p in self.paths}
+        errors: dict[Path, str] = {}
+        for path in self.paths:
+            try:
+                policy = load_policy(path)
+            except PolicyError as exc:
+                errors[path] = error_text(exc)
+                continue
+            clash = next((p for q, p in self.policies.items() if q != path and p.name == policy.name), None)
+            if clash is not None:
+                errors[path] = f"{path}: name: policy name {policy.name!r} is also used by {clash.path}"
+                continue
+            self.policies[path] = policy
+        self.errors = errors
+        return errors
+
+    def current(self) -> list[Policy]:
+        """The policies in force (the last good version of each file)."""
+        return [self.policies[p] for p in self.paths if p in self.policies]

@@ -1,0 +1,64 @@
+"""Label matchers as in Alertmanager (`name=value`, `!=`, `=~`, `!~`), used by routes and silences."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+# -- matchers and silences ---------------------------------------------------------------------
+_MATCHER_RE = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$')
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """A label matcher as in Alertmanager: name, op (=, !=, =~, !~) and value.
+
+    Regular expressions are anchored (they must match the whole label value). A label that
+    is absent matches as the empty string.
+    """
+
+    name: str
+    op: Literal["=", "!=", "=~", "!~"]
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.op in ("=~", "!~"):
+            try:
+                re.compile(self.value)
+            except re.error as exc:
+                raise ValueError(f"value {self.value!r} is not a valid regular expression: {exc}") from exc
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        actual = labels.get(self.name, "")
+        if self.op == "=":
+            return actual == self.value
+        if self.op == "!=":
+            return actual != self.value
+        hit = re.fullmatch(self.value, actual) is not None
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{json.dumps(self.value)}"
+
+
+def parse_matcher(text: str) -> Matcher:
+    """Parse `KEY=VALUE`, `KEY!=VALUE`, `KEY=~REGEX` or `KEY!~REGEX` (value optionally "quoted")."""
+    match = _MATCHER_RE.match(text)
+    if match is None:
+        raise ValueError(f"value {text!r} is not a matcher (write KEY=VALUE, KEY!=VALUE, "
+                         "KEY=~REGEX or KEY!~REGEX)")
+    name, op, value = match.groups()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"value {text!r} has a badly quoted value") from exc
+    return Matcher(name, op, value)  # type: ignore[arg-type]
+
+
+def matches_all(matchers: Iterable[Matcher], labels: Mapping[str, str]) -> bool:
+    """True when every matcher matches (an empty list matches everything)."""
+    return all(m.matches(labels) for m in matchers)

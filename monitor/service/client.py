@@ -1,0 +1,136 @@
+"""The client side of the daemon's local API: what the read commands and the runtime-state
+commands (silences, retries) use while `lstar run` holds the database.
+
+Requests that change state carry the token the daemon wrote to STATE/api.token
+(`Authorization: Bearer ...`); reads need none. An error answer raises the `monitor.errors`
+class the daemon names, so a command prints the same one line either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from monitor import errors
+from monitor.errors import LstarError, StoreError
+from monitor.service.api_guard import read_api_token
+
+MAX_ANSWER_BYTES = 256 << 20   # the daemon's answers are JSON rows; far below this
+_TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
+
+
+def live_daemon_url(state_dir: Path) -> str | None:
+    """The API URL of a daemon running on `state_dir`, or None when there is none.
+
+    STATE/daemon.json must name a live pid whose /health answers (200 or 503).
+    """
+    info_path = state_dir / "daemon.json"
+    try:
+        info = json.loads(info_path.read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    url = str(info.get("url", ""))
+    if not url.startswith("http://127.0.0.1:"):
+        return None
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=3):
+            return url
+    except urllib.error.HTTPError:
+        return url  # 503: alive but unhealthy, still answers reads
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    """GET `path` from the daemon's API and decode the JSON answer (list values repeat the
+    parameter); an error answer raises as `_call` says."""
+    query = {k: v for k, v in (params or {}).items() if v is not None}
+    target = f"{url}{path}" + (f"?{urlencode(query, doseq=True)}" if query else "")
+    return _call(urllib.request.Request(target))
+
+
+def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> Any:
+    """POST `body` as JSON to `path` on the API of the daemon running on `state_dir`, with the
+    token it wrote there, and decode the JSON answer."""
+    token = read_api_token(state_dir)
+    data = json.dumps(body, default=str).encode()
+    return _call(urllib.request.Request(f"{url}{path}", data=data, method="POST",
+                                        headers={"Content-Type": "application/json",
+                                                 "Authorization": f"Bearer {token}"}))
+
+
+BUSY_RETRIES = 10
+
+
+def urlopen_when_free(request: urllib.request.Request, *, timeout: float) -> Any:
+    """`urlopen`, waiting out the API's "busy" answers: when every worker is taken the server
+    answers 503 with `Retry-After` before reading the request, so sending it again is safe."""
+    for attempt in range(BUSY_RETRIES + 1):
+        try:
+            return urllib.request.urlopen(request, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            retry_after = exc.headers.get("Retry-After") if exc.code == 503 else None
+            if retry_after is None or not retry_after.isdigit() or attempt == BUSY_RETRIES:
+                raise
+            exc.close()
+            time.sleep(min(float(retry_after), 2.0))
+    raise AssertionError("unreachable")
+
+
+def _call(request: urllib.request.Request) -> Any:
+    """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
+    refused what the command itself would refuse), else a StoreError naming the daemon."""
+    what = f"{request.get_method()} {urlsplit(request.full_url).path}"
+    try:
+        with urlopen_when_free(request, timeout=60) as response:
+            return json.loads(response.read(MAX_ANSWER_BYTES))
+    except urllib.error.HTTPError as exc:
+        try:
+            answer = json.loads(exc.read(1 << 20))
+        except ValueError:
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        cls = getattr(errors, str(answer.get("kind")), None)
+        if isinstance(cls, type) and issubclass(cls, LstarError):
+            raise cls(str(answer.get("error")), hint=answer.get("hint")) from None
+        hint = answer.get("hint") if isinstance(answer.get("hint"), str) else None
+        raise StoreError(f"the running daemon answered {exc.code} to {what}: "
+                         f"{answer.get('error') or exc.reason}",
+                         hint=hint or "see the daemon's log; `lstar status` shows its state") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StoreError(f"the running daemon did not answer {what}: {exc}",
+                         hint="it may have stopped; run the command again") from None
+    except ValueError:
+        raise StoreError(f"the running daemon's answer to {what} is not JSON",
+                         hint="see the daemon's log") from None
+
+
+def revive_times(obj: Any, keys: tuple[str, ...] = ()) -> Any:
+    """The API's JSON with its times as datetimes again: strings under keys ending in `_at`,
+    or named in `keys`, that read as ISO 8601. Re-encoding gives the text the daemon sent."""
+    from datetime import datetime
+
+    if isinstance(obj, list):
+        return [revive_times(x, keys) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for k, v in obj.items():
+        if isinstance(v, str) and (k.endswith("_at") or k in keys) and _TIME_TEXT.match(v):
+            try:
+                v = datetime.fromisoformat(v)
+            except ValueError:
+                pass
+        out[k] = revive_times(v, keys)
+    return out
+
+
+__all__ = ["live_daemon_url", "api_get", "api_post", "revive_times"]

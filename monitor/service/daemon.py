@@ -1,0 +1,712 @@
+"""`lstar run`: the unattended watcher — poll, gate, fetch, score, evaluate, dispatch, report.
+
+APScheduler 3.11 is only a clock. Every job is an idempotent reconciler over the database
+(the queue of checkpoints, the outbox, the Hub's circuit state), so a run the scheduler
+loses (it saves `next_run_time` before running a job), a crash at any instant, or a restart
+changes nothing but timing. Triggers are intervals in UTC with `coalesce=True`,
+`max_instances=1` and a `misfire_grace_time` of at least one interval: a clock jump or a
+DST change yields at most one late run, never two.
+
+One process writes the database. Jobs run in scheduler threads, each on its own DuckDB
+cursor. Scoring runs in a child process (`monitor.scoring.child`) that never opens the
+database: it returns the score rows as JSON, and the daemon writes them together with the
+checkpoint's lease completion in one transaction. Baselines and fetch status are written
+by the daemon. A child that runs out of time is killed, one that runs out of memory dies at
+its address-space limit; either way the daemon goes on.
+
+A lock (`flock` on STATE/lstar.lock, holding the pid) keeps a second daemon off the same
+state directory. SIGTERM/SIGINT stop new work, let running jobs finish (bounded by
+`drain`), CHECKPOINT the database and exit 0. Policy files are re-read when they change; a
+bad file keeps its last good version and the error shows in the log and in /status.
+
+Disk full: a job whose write fails for lack of space starts an episode (logged once,
+/health unhealthy); jobs keep retrying on their ticks, and the episode ends only when a job
+succeeds after committing a write that reached the database files. The operator alert that
+tells of it is then written once per episode. A DuckDB fatal error invalidates the
+connection: /health says so, jobs pause, and the watchdog re-opens the database (DuckDB
+replays the WAL; nothing is deleted) until that works. Log-like rows older than the
+retention are pruned by the `prune` job (`Store.prune_logs`).
+
+Fail points (`LSTAR_FAILPOINT`, crash tests): `hang_<job>` makes a job sleep until
+shutdown (the watchdog reports it); `enospc_writes=N` makes the first N transactions that
+change rows fail at commit with DuckDB's disk-full error, `enospc_while=PATH` does so while
+PATH exists; `fatal_while=PATH` makes a transaction that changes rows raise
+`duckdb.FatalException` while PATH exists, after which the connection raises it for every
+use, and re-opening fails, until PATH is gone; plus those of `monitor.hub.queue`,
+`monitor.hub.fetch` and `monitor.scoring.child`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from monitor.errors import LstarError, StoreError
+from monitor.failpoints import failpoint_values
+from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
+                         gate_pending, poll_once)
+from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
+from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_children
+from monitor.service.api_guard import create_api_token
+from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
+                                          is_database_invalidated, is_disk_full)
+from monitor.service.lock import StateLock
+from monitor.service.scheduler import add_interval_job, build_scheduler
+from monitor.service.scoring_driver import prune_after_scoring, score_in_child, score_queue
+from monitor.store import DB_NAME, Store, storage_error, utcnow
+
+log = logging.getLogger("lstar.daemon")
+INFO_NAME = "daemon.json"
+JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "prune", "watchdog")
+DAY_S = 86400.0
+
+
+@dataclass
+class DaemonConfig:
+    """Everything `lstar run` is told; intervals and limits in seconds."""
+
+    policies_dir: Path
+    state_dir: Path
+    endpoint: str | None = None
+    api_port: int = 8787
+    api_idle_timeout: float = 15.0   # a request must arrive whole within this; idle connections close
+    api_workers: int = 8              # connections the local API serves at once (more get 503)
+    once: bool = False
+    cache_dir: Path | None = None
+    poll_interval: float = 900.0
+    score_interval: float = 60.0
+    outbox_interval: float = 30.0
+    reload_interval: float = 10.0
+    report_interval: float = 300.0
+    watchdog_interval: float = 10.0
+    stuck_after: float = 7200.0       # a job running longer than this is reported as stuck
+    score_timeout: float = 3600.0
+    # bytes of address space for the scoring child; None: no limit
+    score_memory: int | None = field(default_factory=default_memory_limit)
+    cache_keep: int | None = DEFAULT_KEEP_LAST   # finished checkpoints kept in the Hub cache; None: all
+    cache_max_bytes: int | None = DEFAULT_MAX_BYTES  # and at most this many bytes with the pending ones
+    lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
+    score_batch: int = 4              # queue jobs one scoring run takes on at most
+    drain: float = 60.0
+    hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
+    hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
+    hub_circuit_threshold: int = 5    # consecutive Hub failures that open the circuit
+    retention: float = 90 * DAY_S     # log rows (Hub polls, delivery attempts) older than this are pruned
+    prune_interval: float = 6 * 3600.0
+    webhook_secret_file: Path | None = None
+    template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / DB_NAME
+
+    @property
+    def lease_s(self) -> float:
+        return self.lease if self.lease is not None else self.score_timeout + 600.0
+
+
+# -- the daemon ----------------------------------------------------------------------------------
+@dataclass
+class JobState:
+    """What the status API tells about one job."""
+
+    name: str
+    runs: int = 0
+    failures: int = 0
+    running_since: float | None = None   # time.time() of the current run's start
+    last_start: str | None = None
+    last_success: str | None = None
+    last_duration_s: float | None = None
+    last_error: str | None = None
+    last_result: Any = None
+
+
+class Daemon:
+    """The running watcher: lock, store, policies, scheduler, API. Use `run()`."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        from monitor.service.metrics import DaemonMetrics
+
+        self.config = config
+        self.lock = StateLock(config.state_dir)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.store: Store | None = None
+        self.policy_set = PolicySet([])
+        self.policy_digest: str | None = None
+        self.metrics = DaemonMetrics()
+        self.jobs = {name: JobState(name) for name in JOB_NAMES}
+        self.jobs_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.poll_requested = threading.Event()
+        self.disk_error: dict[str, Any] | None = None
+        self.disk_history: list[dict[str, Any]] = []
+        self.disk_untold: list[dict[str, Any]] = []   # ended episodes whose operator alert is not written yet
+        self.disk_lock = threading.RLock()
+        self.db_error: dict[str, Any] | None = None   # set while the database is invalidated
+        self.db_history: list[dict[str, Any]] = []
+        self.db_lock = threading.RLock()
+        self.faults = StoreFailpoints()
+        self.job_local = threading.local()            # per job run: did it commit a real write?
+        self.scheduler: Any = None
+        self.api: Any = None
+        self.started_at = utcnow()
+        self.report_fn = _report_function()
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
+        self.lock.acquire()
+        try:
+            try:
+                self._start()
+            except BaseException:
+                self._abandon_start()
+                raise
+            if self.config.once:
+                for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
+                    if name != "report" or self.report_fn is not None:
+                        self._run_job(name)
+            else:
+                self._install_signal_handlers()
+                self._start_scheduler()
+                while not self.stopping.wait(0.5):
+                    pass
+                log.info("stopping: no new work; waiting up to %.0f s for running jobs", self.config.drain)
+            return self._shutdown()
+        finally:
+            self.lock.release()
+
+    def _start(self) -> None:
+        from monitor.service.api import ApiServer
+
+        cfg = self.config
+        check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
+        self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
+        self._reload_policies(force=True)
+        self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
+                             workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout).start()
+        info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
+                "db": str(cfg.db_path)}
+        tmp = cfg.state_dir / (INFO_NAME + ".part")
+        try:
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, cfg.state_dir / INFO_NAME)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise storage_error(cfg.state_dir, exc, doing=f"writing {INFO_NAME}") from exc
+        log.info("lstar daemon pid %d: state %s, API %s", os.getpid(), cfg.state_dir, self.api.url)
+
+    def _abandon_start(self) -> None:
+        """Undo a start-up that failed half-way: the API stops, the database closes."""
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                self.api.stop()
+            self.api = None
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+            self.store = None
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum: int, _frame: Any) -> None:
+            log.info("received %s", signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def intervals(self) -> dict[str, float]:
+        cfg = self.config
+        out = {"poll": cfg.poll_interval, "score": cfg.score_interval, "evaluate": cfg.outbox_interval,
+               "dispatch": cfg.outbox_interval, "reload": cfg.reload_interval,
+               "prune": cfg.prune_interval, "watchdog": cfg.watchdog_interval}
+        if self.report_fn is not None:
+            out["report"] = cfg.report_interval
+        return out
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = build_scheduler(self.intervals())
+        now = datetime.now(timezone.utc)
+        for name, seconds in self.intervals().items():
+            add_interval_job(self.scheduler, name, lambda n=name: self._run_job(n), seconds, now)
+        self.scheduler.start()
+
+    def _shutdown(self) -> int:
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+        deadline = time.monotonic() + self.config.drain
+        while self._running_jobs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._running_jobs():
+            # A score that outlives the drain is killed; its lease goes back and it is retried.
+            if kill_active_children():
+                log.warning("killed the scoring child still running after the %.0f s drain", self.config.drain)
+            deadline = time.monotonic() + 10
+            while self._running_jobs() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        left = self._running_jobs()
+        if left:
+            log.warning("jobs still running after the %.0f s drain: %s", self.config.drain, ", ".join(left))
+        if self.api is not None:
+            self.api.stop()
+        with contextlib.suppress(OSError):
+            (self.config.state_dir / INFO_NAME).unlink()
+        if self.db_error is not None:  # its supervisor starts it again, which re-opens the file
+            log.error("stopping with the database still invalidated: %s", self.db_error["error"])
+            if self.store is not None:
+                with contextlib.suppress(Exception):
+                    self.store.close()
+            return 1
+        if self.store is not None:
+            try:
+                self.store.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - reported, and the exit code says so
+                log.error("CHECKPOINT on shutdown failed: %s", exc)
+                return 1
+            self.store.close()
+        log.info("stopped cleanly")
+        return 0
+
+    def _running_jobs(self) -> list[str]:
+        with self.jobs_lock:
+            return [j.name for j in self.jobs.values() if j.running_since is not None]
+
+    # -- job plumbing --------------------------------------------------------------------------
+    def _cursor(self) -> Any:
+        store = self.store
+        if store is None:
+            raise StoreError(f"{self.config.db_path} is being re-opened after a fatal database error",
+                             hint="see /health; try again shortly")
+        return store.cursor()
+
+    @contextlib.contextmanager
+    def _cursor_store(self, *, read_only: bool) -> Iterator[DaemonStore]:
+        store = DaemonStore(self._cursor(), self.config.db_path, read_only=read_only)
+        store.faults = self.faults
+        if not read_only:
+            store.on_write = self._wrote
+        try:
+            yield store
+        finally:
+            with contextlib.suppress(Exception):
+                store.conn.close()
+
+    def job_store(self) -> contextlib.AbstractContextManager[DaemonStore]:
+        """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""
+        return self._cursor_store(read_only=False)
+
+    def read_store(self) -> contextlib.AbstractContextManager[Store]:
+        """A store on a fresh cursor for the API's reads (never blocks on a job)."""
+        return self._cursor_store(read_only=True)
+
+    def _wrote(self) -> None:
+        """A commit reached the database files (called in the thread that committed)."""
+        self.job_local.wrote = True
+
+    def _run_job(self, name: str) -> None:
+        if self.stopping.is_set() and not self.config.once:
+            return
+        if self.db_error is not None and name not in ("reload", "watchdog"):
+            return  # nothing can use the database until the watchdog has re-opened it
+        job = self.jobs[name]
+        start = time.time()
+        with self.jobs_lock:
+            job.running_since = start
+            job.last_start = datetime.fromtimestamp(start, timezone.utc).isoformat()
+        self.job_local.wrote = False
+        try:
+            if f"hang_{name}" in failpoint_values():
+                log.warning("fail point hang_%s: job %s sleeps until shutdown", name, name)
+                self.stopping.wait()
+                return
+            job.last_result = getattr(self, f"job_{name}")()
+        except Exception as exc:  # noqa: BLE001 - a job failure must never stop the daemon
+            job.failures += 1
+            reason = exc.one_line() if isinstance(exc, LstarError) else f"{type(exc).__name__}: {exc}"
+            job.last_error = reason
+            self.metrics.job_failures.labels(job=name).inc()
+            if is_database_invalidated(exc):
+                self._database_invalidated(name, reason)
+            elif is_disk_full(exc):
+                self._disk_full(name, reason)
+            else:
+                log.error("job %s failed: %s", name, reason, exc_info=not isinstance(exc, LstarError))
+        else:
+            job.last_error = None
+            job.last_success = utcnow().isoformat()
+            self.metrics.last_success.labels(job=name).set(time.time())
+            # Only a job that succeeded after a commit that reached the files ends an episode:
+            # one that wrote nothing proves nothing about the disk.
+            if self.disk_error is not None and getattr(self.job_local, "wrote", False):
+                self._disk_recovered(name)
+            elif self.disk_untold and self.disk_error is None:
+                self._tell_disk_episodes()
+        finally:
+            duration = time.time() - start
+            with self.jobs_lock:
+                job.runs += 1
+                job.running_since = None
+                job.last_duration_s = round(duration, 3)
+            self.metrics.job_duration.labels(job=name).observe(duration)
+
+    def _disk_full(self, job: str, reason: str) -> None:
+        """A write failed for lack of space: start the episode (told once), or count the failure."""
+        with self.disk_lock:
+            now = utcnow().isoformat()
+            if self.disk_error is None:
+                self.disk_error = {"since": now, "job": job, "failures": 0, "error": reason}
+                log.error("DISK FULL: job %s could not write (%s); nothing was committed, it is retried "
+                          "on the next tick. Free space in %s.", job, reason, self.config.state_dir)
+            self.disk_error["failures"] += 1
+            self.disk_error["last"] = now
+            self.metrics.disk_full.set(1)
+
+    def _disk_recovered(self, job: str) -> None:
+        """Job `job` succeeded after committing a write that reached the database files, so
+        writes work again. The episode ends once its operator alert (itself a write) is
+        recorded; if that write fails for lack of space, the episode goes on."""
+        with self.disk_lock:
+            if self.disk_error is None:
+                return  # another job ended the episode meanwhile
+            episode = {**self.disk_error, "recovered_at": utcnow().isoformat(), "recovered_by": job}
+            try:
+                told = self._tell_disk_episode(episode)
+            except Exception as exc:  # noqa: BLE001 - reported; the alert is retried later
+                if is_disk_full(exc):
+                    self.disk_error["failures"] += 1
+                    self.disk_error["last"] = utcnow().isoformat()
+                    return
+                log.error("could not record the disk-full operator alert (retried later): %s", exc)
+                told = False
+            if not told:
+                self.disk_untold.append(episode)
+            self.disk_error = None
+            self.disk_history = [*self.disk_history[-9:], episode]
+            self.metrics.disk_full.set(0)
+        log.warning("disk writes work again (full since %s, %d failed writes)", episode["since"],
+                    episode["failures"])
+        self.nudge("dispatch")
+
+    def _tell_disk_episode(self, episode: dict[str, Any]) -> bool:
+        """Write the operator alert of one episode (its key is the episode's start, so it is
+        written once); False when no policy is in force to tell."""
+        from monitor.alerts import operator_alerts
+
+        alerts = operator_alerts(self.policies(), kind="disk-full", key=episode["since"],
+                                 summary=f"the disk of {self.config.state_dir} was full; writes failed "
+                                         f"from {episode['since']} to {episode['recovered_at']}",
+                                 description=episode["error"], now=utcnow())
+        if not alerts:
+            return False
+        with self.job_store() as store:
+            store.raise_operator_alerts([a.as_row() for a in alerts], now=utcnow())
+        return True
+
+    def _tell_disk_episodes(self) -> None:
+        """Retry the operator alerts of ended episodes that could not be written then."""
+        with self.disk_lock:
+            for episode in list(self.disk_untold):
+                try:
+                    if not self._tell_disk_episode(episode):
+                        return
+                except Exception as exc:  # noqa: BLE001 - tried again after the next job
+                    log.error("could not record the disk-full operator alert (retried later): %s", exc)
+                    return
+                self.disk_untold.remove(episode)
+                self.nudge("dispatch")
+
+    def _database_invalidated(self, job: str, reason: str) -> None:
+        """A DuckDB fatal error: unhealthy until the watchdog has re-opened the database."""
+        with self.db_lock:
+            if self.db_error is None:
+                self.db_error = {"since": utcnow().isoformat(), "job": job, "error": reason,
+                                 "reopen_attempts": 0, "reopen_error": None}
+                self.metrics.db_invalidated.set(1)
+                log.error("DATABASE INVALIDATED: job %s hit a fatal DuckDB error (%s); jobs pause and the "
+                          "database is re-opened (its WAL is replayed, never deleted)", job, reason)
+
+    def _reopen_database(self) -> None:
+        """Close the invalidated connection (which closes every cursor on it) and open the file
+        again; on failure, stay unhealthy and try again on the next watchdog tick."""
+        with self.db_lock:
+            if self.db_error is None:
+                return
+            self.db_error["reopen_attempts"] += 1
+            old, self.store = self.store, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    old.close()
+            try:
+                self.faults.check_reopen()
+                self.store = Store.open(self.config.db_path)
+            except Exception as exc:  # noqa: BLE001 - reported in /health, retried
+                reason = exc.one_line() if isinstance(exc, LstarError) else f"{type(exc).__name__}: {exc}"
+                if self.db_error["reopen_error"] != reason:
+                    log.error("could not re-open %s yet: %s", self.config.db_path, reason)
+                self.db_error["reopen_error"] = reason
+                return
+            episode = {**self.db_error, "reopened_at": utcnow().isoformat()}
+            self.db_error = None
+            self.db_history = [*self.db_history[-9:], episode]
+            self.metrics.db_invalidated.set(0)
+        log.warning("re-opened %s after the fatal error of %s", self.config.db_path, episode["since"])
+
+    # -- policies ------------------------------------------------------------------------------
+    def policy_files(self) -> list[Path]:
+        return policy_files_in(self.config.policies_dir)
+
+    def _reload_policies(self, *, force: bool = False) -> bool:
+        """Re-read the policy folder when anything in it changed; a file that fails keeps its
+        last good version (or none) and its error shows in /status, the others load."""
+        files = self.policy_files()
+        digest = policy_fingerprint(files)  # bounded reads: a FIFO or a huge file cannot stall it
+        if not force and digest == self.policy_digest:
+            return False
+        self.policy_digest = digest
+        errors = self.policy_set.reload(files)
+        for path, message in errors.items():
+            kept_note = "the last good version stays in force" if path in self.policy_set.policies \
+                else "no version of it is in force"
+            log.error("policy %s not loaded (%s):\n%s", path, kept_note, message)
+        if not files:
+            log.warning("no policy files (*.yaml) in %s", self.config.policies_dir)
+        log.info("policies in force: %s", ", ".join(p.name for p in self.policies()) or "none")
+        return True
+
+    def policies(self) -> list[Any]:
+        return self.policy_set.current()
+
+    def watch_rules(self) -> list[Any]:
+        seen: dict[str, Any] = {}
+        for policy in self.policies():
+            for rule in policy.watch:
+                seen.setdefault(rule.name, rule)
+        return list(seen.values())
+
+    # -- the jobs ------------------------------------------------------------------------------
+    def hub_client(self, store: Store):
+        policy = RetryPolicy(max_wait_s=self.config.hub_max_wait, circuit_cooldown_s=self.config.hub_cooldown,
+                             circuit_threshold=self.config.hub_circuit_threshold)
+        return HubClient(self.config.endpoint, store=store, policy=policy)
+
+    def job_reload(self) -> dict[str, Any]:
+        changed = self._reload_policies()
+        return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
+
+    def job_poll(self) -> dict[str, Any]:
+        rules = self.watch_rules()
+        out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
+        if not rules:
+            return out
+        for _ in range(3):  # a webhook that arrives during a poll asks for one more
+            self.poll_requested.clear()
+            with self.job_store() as store:
+                client = self.hub_client(store)
+                polls = poll_once(store, client, rules)
+                for p in polls:
+                    self.metrics.polls.labels(result="error" if p.error else "ok").inc()
+                    self.metrics.discovered.inc(p.new)
+                out["polls"] = [p.as_dict() for p in polls]
+                outcomes = gate_pending(store, client, rules, cache_dir=self.cache_dir())
+                out["gated"] = [o.as_dict() for o in outcomes]
+            if not self.poll_requested.is_set() or self.stopping.is_set():
+                break
+        if any(o["status"] == "gated" for o in out["gated"]):
+            self.nudge("score")
+        return out
+
+    def cache_dir(self) -> Path | None:
+        return self.config.cache_dir
+
+    def score_batch(self, store: Store) -> list[JobResult]:
+        """Fetch and score up to `score_batch` queued checkpoints in scoring children, then
+        prune the Hub cache; returns what happened to each job."""
+        cfg = self.config
+        scorer = score_in_child(cfg.template, state_dir=cfg.state_dir, timeout_s=cfg.score_timeout,
+                                memory_bytes=cfg.score_memory)
+        results = score_queue(store, self.hub_client(store), scorer, owner=self.owner, cache_dir=cfg.cache_dir,
+                              lease_s=cfg.lease_s, limit=cfg.score_batch, stopping=self.stopping.is_set)
+        if any(r.status in ("scored", "skipped", "failed") for r in results):
+            prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
+                                max_bytes=cfg.cache_max_bytes)
+        return results
+
+    def job_score(self) -> list[dict[str, Any]]:
+        done: list[dict[str, Any]] = []
+        while not self.stopping.is_set():
+            with self.job_store() as store:
+                results = self.score_batch(store)
+            if not results:
+                break
+            for r in results:
+                self.metrics.scores.labels(result=r.status).inc()
+            done.extend(r.as_dict() for r in results)
+        if any(r["status"] == "scored" for r in done):
+            self.nudge("evaluate")
+        return done
+
+    def job_evaluate(self) -> dict[str, Any]:
+        from monitor.alerts import evaluate_pending
+
+        with self.job_store() as store:
+            report = evaluate_pending(store, self.policies(), now=utcnow()).as_dict()
+        self.metrics.alerts_raised.inc(report["alerts"])
+        if report["deliveries"]:
+            self.nudge("dispatch")
+        return report
+
+    def job_dispatch(self) -> dict[str, Any]:
+        from monitor.alerts import Dispatcher, raise_hub_outage_alerts
+
+        with self.job_store() as store:
+            outages = raise_hub_outage_alerts(store, self.policies(), now=utcnow())
+            report = Dispatcher(store, self.policies(), owner=self.owner).run_once(utcnow()).as_dict()
+        for sent in report["sent"]:
+            self.metrics.notifications.labels(outcome=str(sent.get("outcome"))).inc()
+        return {"outage_alerts": outages, **report}
+
+    def job_report(self) -> Any:
+        assert self.report_fn is not None
+        with self.job_store() as store:
+            return self.report_fn(store, self.policies(), out_dir=self.config.state_dir / "reports",
+                                  now=utcnow())
+
+    def job_prune(self) -> dict[str, int]:
+        """Delete log rows older than the retention (`Store.prune_logs`)."""
+        cutoff = utcnow() - timedelta(seconds=self.config.retention)
+        with self.job_store() as store:
+            deleted = store.prune_logs(cutoff)
+            if any(deleted.values()):
+                store.checkpoint()
+                log.info("pruned rows older than %s: %s", cutoff.isoformat(),
+                         ", ".join(f"{n} {table}" for table, n in deleted.items() if n))
+        return deleted
+
+    def job_watchdog(self) -> dict[str, str]:
+        if self.db_error is not None:
+            self._reopen_database()
+        stuck = self.stuck_jobs()
+        for name in self.jobs:
+            self.metrics.stuck.labels(job=name).set(1 if name in stuck else 0)
+        for name, reason in stuck.items():
+            log.error("watchdog: %s", reason)
+        return stuck
+
+    def stuck_jobs(self) -> dict[str, str]:
+        """Jobs running longer than `stuck_after`, with a reason each."""
+        now = time.time()
+        out = {}
+        with self.jobs_lock:
+            for job in self.jobs.values():
+                if job.running_since is not None and now - job.running_since > self.config.stuck_after:
+                    out[job.name] = (f"job {job.name} has been running for {now - job.running_since:.0f} s "
+                                     f"(limit {self.config.stuck_after:g} s), since {job.last_start}")
+        return out
+
+    def nudge(self, name: str) -> None:
+        """Run job `name` as soon as possible (its schedule stays as it was)."""
+        if self.scheduler is None or self.stopping.is_set():
+            return
+        with contextlib.suppress(Exception):  # the scheduler may be shutting down
+            self.scheduler.modify_job(name, next_run_time=datetime.now(timezone.utc))
+
+    def request_poll(self) -> None:
+        """Poll now (a Hub webhook said something changed)."""
+        self.poll_requested.set()
+        self.nudge("poll")
+
+    # -- what the API reports --------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        try:
+            with self.read_store() as store:
+                counts = store.checkpoint_counts()
+                outages = [o for o in store.hub_outages() if o["ended_at"] is None]
+        except Exception as exc:
+            # While the database is invalidated the rest of the status is what the operator needs.
+            if is_database_invalidated(exc):
+                self._database_invalidated("status", f"{type(exc).__name__}: {exc}")
+            elif self.db_error is None:
+                raise
+            counts, outages = {}, []
+        with self.jobs_lock:
+            jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
+        for j in jobs.values():
+            j["last_result"] = _summary(j["last_result"])
+            j["running_for_s"] = round(time.time() - j["running_since"], 1) if j["running_since"] else None
+        next_runs = {}
+        if self.scheduler is not None:
+            with contextlib.suppress(Exception):
+                next_runs = {j.id: j.next_run_time.isoformat() if j.next_run_time else None
+                             for j in self.scheduler.get_jobs()}
+        for name, when in next_runs.items():
+            jobs[name]["next_run"] = when
+        return {"pid": os.getpid(), "started_at": self.started_at.isoformat(),
+                "state_dir": str(self.config.state_dir), "db": str(self.config.db_path),
+                "stopping": self.stopping.is_set(),
+                "checkpoints": counts,
+                "policies": [{"name": p.name, "path": str(p.path)} for p in self.policies()],
+                "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
+                "jobs": jobs, "stuck": self.stuck_jobs(),
+                "disk": {"error": self.disk_error, "history": self.disk_history},
+                "database": {"error": self.db_error, "history": self.db_history},
+                "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.items()}
+                                for o in outages]}
+
+    def health(self) -> tuple[bool, list[str]]:
+        """(healthy, reasons): unhealthy while a job is stuck, writes fail for lack of space, or
+        the database is invalidated; in-memory state only, so it answers whatever the disk does."""
+        reasons = list(self.stuck_jobs().values())
+        db_error = self.db_error
+        if db_error is not None:
+            reasons.append(f"database invalidated since {db_error['since']} (nothing can be written until it "
+                           f"is re-opened): {db_error['error']}")
+        disk_error = self.disk_error
+        if disk_error is not None:
+            reasons.append(f"disk full since {disk_error['since']}: {disk_error['error']}")
+        return not reasons, reasons
+
+
+def _summary(value: Any) -> Any:
+    """A JSON-safe, short form of a job's last result."""
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)[:2000]
+    return json.loads(text) if len(text) <= 20000 else text[:2000]
+
+
+def _report_function() -> Callable[..., Any] | None:
+    """`monitor.reports.schedule.write_due_reports` when the report module provides it."""
+    try:
+        from monitor.reports import schedule
+    except ImportError:
+        return None
+    return getattr(schedule, "write_due_reports", None)
+
+
+def run_daemon(config: DaemonConfig) -> int:
+    """Run the daemon in this process until stopped; returns the exit code."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("apscheduler", "httpx", "httpx2", "huggingface_hub"):  # one line per job run or request
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A tick that finds its job still running is expected (max_instances=1), not a warning.
+    logging.getLogger("apscheduler.scheduler").addFilter(
+        lambda record: "maximum number of running instances" not in record.getMessage())
+    return Daemon(config).run()
+
+
+__all__ = ["DaemonConfig", "Daemon", "StateLock", "run_daemon", "build_scheduler", "add_interval_job",
+           "DaemonStore", "is_disk_full"]

@@ -1,0 +1,216 @@
+"""Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),
+and operator alerts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import duckdb
+
+from monitor.store.connection import StoreConnection
+
+
+class AlertRows(StoreConnection):
+    """Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
+
+    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str) -> list[dict[str, Any]]:
+        """Score runs on `corpus_sha256` that (policy, task) has not evaluated, oldest first.
+
+        Each row has run_id, repo, commit_sha, lstar, se, corpus_sha256, finished_at, lineage
+        (the checkpoint's, else the repo) and rule (the watch rule that found it, if any).
+        """
+        return self.query(
+            "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.lstar, "
+            "r.se_ce AS se, r.corpus_sha256, r.finished_at, coalesce(c.lineage, r.model_repo) AS lineage, "
+            "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
+            "(r.checkpoint_id IS NULL AND c.repo = r.model_repo AND c.sha = r.model_sha) "
+            "WHERE r.corpus_sha256 = ? AND NOT EXISTS (SELECT 1 FROM predictions p WHERE "
+            "p.policy = ? AND p.task = ? AND p.run_id = r.run_id) ORDER BY r.finished_at, r.run_id",
+            [corpus_sha256, policy, task])
+
+    def latest_score(self, repo: str, commit_sha: str, corpus_sha256: str) -> dict[str, Any] | None:
+        """The newest score run of (repo, commit) on a corpus, or None."""
+        rows = self.query("SELECT run_id, lstar, se_ce AS se, finished_at FROM score_runs WHERE "
+                          "model_repo = ? AND model_sha = ? AND corpus_sha256 = ? "
+                          "ORDER BY finished_at DESC, run_id DESC LIMIT 1", [repo, commit_sha, corpus_sha256])
+        return rows[0] if rows else None
+
+    def lineage_history(self, policy: str, task: str, lineage: str) -> dict[str, Any]:
+        """What alert decisions for (policy, task, lineage) depend on.
+
+        state: the last evaluated state (None if never); last_firing: the newest firing alert
+        (labels decoded) or None; receivers: {receiver: {last_firing_at, last_resolved_at}}
+        over deliveries that were not silenced.
+        """
+        state = self.query("SELECT state FROM predictions WHERE policy = ? AND task = ? AND lineage = ? "
+                           "ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task, lineage])
+        firing = self.query("SELECT id, labels, starts_at, state, commit_sha FROM alerts WHERE policy = ? "
+                            "AND task = ? AND lineage = ? AND status = 'firing' AND kind != 'meta' "
+                            "ORDER BY created_at DESC, id DESC LIMIT 1", [policy, task, lineage])
+        rows = self.query(
+            "SELECT d.receiver, max(CASE WHEN a.status = 'firing' THEN d.created_at END) AS last_firing_at, "
+            "max(CASE WHEN a.status = 'resolved' THEN d.created_at END) AS last_resolved_at "
+            "FROM deliveries d JOIN alerts a ON a.id = d.alert_id WHERE a.policy = ? AND a.task = ? "
+            "AND a.lineage = ? AND d.status != 'silenced' GROUP BY d.receiver", [policy, task, lineage])
+        last = None
+        if firing:
+            last = {**firing[0], "labels": json.loads(firing[0]["labels"])}
+        return {"state": state[0]["state"] if state else None, "last_firing": last,
+                "receivers": {r["receiver"]: {"last_firing_at": r["last_firing_at"],
+                                              "last_resolved_at": r["last_resolved_at"]} for r in rows}}
+
+    _PREDICTION_COLUMNS = ("policy", "task", "run_id", "repo", "commit_sha", "lineage", "corpus_sha256",
+                           "lstar", "se", "p_hat", "lo", "hi", "threshold", "state", "curve_id",
+                           "detail", "evaluated_at")
+    _ALERT_COLUMNS = ("alert_key", "kind", "policy", "task", "repo", "commit_sha", "lineage", "state",
+                      "status", "labels", "annotations", "numbers", "fingerprint", "starts_at",
+                      "ends_at", "created_at")
+
+    def _insert_alert(self, conn: duckdb.DuckDBPyConnection, alert: Mapping[str, Any],
+                      prediction_id: int | None, now: datetime) -> int:
+        """Insert an alert and its deliveries unless its key exists; returns deliveries written."""
+        values = [json.dumps(alert[c], sort_keys=True) if c in ("labels", "annotations", "numbers")
+                  else alert[c] for c in self._ALERT_COLUMNS]
+        row = conn.execute(
+            f"INSERT INTO alerts ({', '.join(self._ALERT_COLUMNS)}, prediction_id) VALUES "
+            f"({', '.join('?' for _ in self._ALERT_COLUMNS)}, ?) ON CONFLICT (alert_key) DO NOTHING "
+            "RETURNING id", [*values, prediction_id]).fetchone()
+        if row is None:
+            return 0
+        for d in alert["deliveries"]:
+            conn.execute(
+                "INSERT INTO deliveries (alert_id, policy, receiver, group_key, group_labels, group_wait_s,"
+                " group_interval_s, status, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "'pending', ?, ?)",
+                [row[0], alert["policy"], d["receiver"], d["group_key"],
+                 json.dumps(d["group_labels"], sort_keys=True), d["group_wait_s"],
+                 d["group_interval_s"], now, now])
+        return len(alert["deliveries"])
+
+    def write_outbox(self, predictions: Sequence[Mapping[str, Any]], *, now: datetime,
+                     before_commit: Any = None) -> dict[str, int]:
+        """Write predictions, their alerts and one delivery row per receiver in ONE transaction.
+
+        Each prediction may carry `alerts` (dicts with the alert columns and `deliveries`).
+        A prediction already recorded for (policy, task, run_id), or an alert whose key
+        exists, writes nothing, so evaluating the same score twice sends nothing twice.
+        `before_commit(conn)` runs last inside the transaction (crash tests kill there).
+        """
+        counts = {"predictions": 0, "alerts": 0, "deliveries": 0}
+        with self.transaction() as conn:
+            for p in predictions:
+                values = [json.dumps(p[c], sort_keys=True, default=str) if c == "detail" else p[c]
+                          for c in self._PREDICTION_COLUMNS]
+                row = conn.execute(
+                    f"INSERT INTO predictions ({', '.join(self._PREDICTION_COLUMNS)}) VALUES "
+                    f"({', '.join('?' for _ in self._PREDICTION_COLUMNS)}) "
+                    "ON CONFLICT (policy, task, run_id) DO NOTHING RETURNING id", values).fetchone()
+                if row is None:
+                    continue
+                counts["predictions"] += 1
+                for alert in p.get("alerts", ()):
+                    written = self._insert_alert(conn, alert, row[0], now)
+                    if written or not alert["deliveries"]:
+                        counts["alerts"] += 1 if written else 0
+                    counts["deliveries"] += written
+            if before_commit is not None:
+                before_commit(conn)
+        self.checkpoint()
+        return counts
+
+    def pending_deliveries(self) -> list[dict[str, Any]]:
+        """Deliveries not yet put into a notification, with their alert's labels, oldest first."""
+        rows = self.query(
+            "SELECT d.id, d.alert_id, d.policy, d.receiver, d.group_key, d.group_labels, d.group_wait_s,"
+            " d.group_interval_s, d.created_at, a.labels, a.kind FROM deliveries d JOIN alerts a "
+            "ON a.id = d.alert_id WHERE d.status = 'pending' ORDER BY d.created_at, d.id")
+        for r in rows:
+            r["labels"] = json.loads(r["labels"])
+            r["group_labels"] = json.loads(r["group_labels"])
+        return rows
+
+    def set_deliveries_status(self, delivery_ids: Sequence[int], status: str, *, now: datetime,
+                              reason: str | None = None, silence_id: str | None = None) -> int:
+        """Move pending deliveries to `status` (silenced, dead); returns rows changed."""
+        if not delivery_ids:
+            return 0
+        marks = ", ".join("?" for _ in delivery_ids)
+        with self.transaction() as conn:
+            return int(conn.execute(
+                f"UPDATE deliveries SET status = ?, reason = ?, silence_id = ?, updated_at = ? "
+                f"WHERE id IN ({marks}) AND status = 'pending'",
+                [status, reason, silence_id, now, *delivery_ids]).fetchone()[0])
+
+    def alerts_by_id(self, alert_ids: Sequence[int]) -> list[dict[str, Any]]:
+        """Alert rows (JSON decoded) in the order of `alert_ids`."""
+        if not alert_ids:
+            return []
+        marks = ", ".join("?" for _ in alert_ids)
+        rows = {r["id"]: r for r in self.query(f"SELECT * FROM alerts WHERE id IN ({marks})", list(alert_ids))}
+        out = []
+        for i in alert_ids:
+            r = dict(rows[i])
+            for c in ("labels", "annotations", "numbers"):
+                r[c] = json.loads(r[c])
+            out.append(r)
+        return out
+
+    # reading alerts back (lstar alerts list|show|retry)
+    def list_alerts(self, *, limit: int = 50, policy: str | None = None) -> list[dict[str, Any]]:
+        """Newest alerts first, each with a `deliveries` summary [{receiver, status, reason}]."""
+        where, params = ("WHERE a.policy = ?", [policy]) if policy else ("", [])
+        rows = self.query(f"SELECT a.id, a.created_at, a.kind, a.policy, a.task, a.repo, a.commit_sha, "
+                          f"a.state, a.status FROM alerts a {where} ORDER BY a.created_at DESC, a.id DESC "
+                          f"LIMIT ?", [*params, limit])
+        ids = [r["id"] for r in rows]
+        if ids:
+            marks = ", ".join("?" for _ in ids)
+            per: dict[int, list[dict[str, Any]]] = {}
+            for d in self.query(f"SELECT alert_id, receiver, status, reason, notification_id FROM deliveries "
+                                f"WHERE alert_id IN ({marks}) ORDER BY id", ids):
+                per.setdefault(d.pop("alert_id"), []).append(d)
+            for r in rows:
+                r["deliveries"] = per.get(r["id"], [])
+        return rows
+
+    def alert_detail(self, alert_id: int) -> dict[str, Any] | None:
+        """One alert with its prediction, deliveries, notifications and every attempt."""
+        found = self.query("SELECT id FROM alerts WHERE id = ?", [alert_id])
+        if not found:
+            return None
+        alert = self.alerts_by_id([alert_id])[0]
+        alert["deliveries"] = self.query("SELECT * FROM deliveries WHERE alert_id = ? ORDER BY id", [alert_id])
+        ids = sorted({d["notification_id"] for d in alert["deliveries"] if d["notification_id"]})
+        alert["notifications"] = []
+        for nid in ids:
+            n = self.query("SELECT id, receiver, status, attempts, next_attempt_at, last_error, dead_reason, "
+                           "created_at, delivered_at FROM notifications WHERE id = ?", [nid])[0]
+            n["attempts_log"] = self.delivery_attempts(nid)
+            alert["notifications"].append(n)
+        pred = self.query("SELECT * FROM predictions WHERE id = ?", [alert["prediction_id"]]) \
+            if alert["prediction_id"] is not None else []
+        alert["prediction"] = {**pred[0], "detail": json.loads(pred[0]["detail"])} if pred else None
+        return alert
+
+    # -- operator alerts (raised by the daemon itself) ------------------------------------------
+    def raise_operator_alerts(self, alerts: Sequence[Mapping[str, Any]], *, now: datetime,
+                              hub_outage_id: int | None = None) -> int:
+        """Insert operator alerts (meta-alerts with deliveries) in one transaction.
+
+        With `hub_outage_id`, the outage is marked alerted in the same transaction
+        (compare-and-set), and nothing is written if it already was: one meta-alert per
+        outage however often the daemon restarts. Returns the deliveries written.
+        """
+        written = 0
+        with self.transaction() as conn:
+            if hub_outage_id is not None:
+                n = conn.execute("UPDATE hub_outages SET alerted_at = ? WHERE id = ? AND alerted_at IS NULL",
+                                 [now, hub_outage_id]).fetchone()[0]
+                if n != 1:
+                    return 0
+            for alert in alerts:
+                written += self._insert_alert(conn, alert, None, now)
+        return written

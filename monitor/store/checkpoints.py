@@ -1,0 +1,170 @@
+"""Checkpoint rows and their leases: the queue the daemon works through."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import duckdb
+
+from monitor.store.connection import StoreConnection
+
+
+class CheckpointRows(StoreConnection):
+    """Checkpoint rows and their leases: the queue the daemon works through."""
+
+    # -- checkpoints and their leases --------------------------------------------------------
+    _CHECKPOINT_COLUMNS = ("id", "repo", "sha", "source", "refs", "lineage", "rule", "discovered_at",
+                           "updated_at", "status", "reason", "attempts", "lease_owner",
+                           "lease_expires_at", "meta")
+
+    @staticmethod
+    def _decode_checkpoint(row: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(row)
+        out["refs"] = json.loads(out["refs"]) if out.get("refs") else []
+        out["meta"] = json.loads(out["meta"]) if out.get("meta") else {}
+        return out
+
+    def list_checkpoints(self, *, status: str | None = None, repo: str | None = None,
+                         limit: int | None = None) -> list[dict[str, Any]]:
+        """Checkpoint rows (refs and meta decoded), oldest discovery first."""
+        clauses, params = [], []
+        if status is not None:
+            clauses.append("status = ?")
+            params.append(status)
+        if repo is not None:
+            clauses.append("repo = ?")
+            params.append(repo)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        tail = f"LIMIT {int(limit)}" if limit is not None else ""
+        rows = self.query(f"SELECT {', '.join(self._CHECKPOINT_COLUMNS)} FROM checkpoints {where} "
+                          f"ORDER BY discovered_at, id {tail}", params)
+        return [self._decode_checkpoint(r) for r in rows]
+
+    def get_checkpoint(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """One checkpoint row by id (refs and meta decoded), or None."""
+        rows = self.query(f"SELECT {', '.join(self._CHECKPOINT_COLUMNS)} FROM checkpoints "
+                          "WHERE id = ?", [checkpoint_id])
+        return self._decode_checkpoint(rows[0]) if rows else None
+
+    @staticmethod
+    def _merged_meta(conn: duckdb.DuckDBPyConnection, checkpoint_id: int,
+                     meta: Mapping[str, Any] | None) -> str:
+        old = conn.execute("SELECT meta FROM checkpoints WHERE id = ?", [checkpoint_id]).fetchone()
+        merged = {**(json.loads(old[0]) if old and old[0] else {}), **(meta or {})}
+        return json.dumps(merged, sort_keys=True, default=str)
+
+    def set_checkpoint_verdict(self, checkpoint_id: int, *, expect_status: str, status: str,
+                               reason: str | None, meta: Mapping[str, Any] | None,
+                               now: datetime) -> bool:
+        """Move an unleased row from `expect_status` to `status` (compare-and-set)."""
+        with self.transaction() as conn:
+            merged = self._merged_meta(conn, checkpoint_id, meta)
+            n = conn.execute(
+                "UPDATE checkpoints SET status = ?, reason = ?, meta = ?, updated_at = ? "
+                "WHERE id = ? AND status = ? AND lease_owner IS NULL",
+                [status, reason, merged, now, checkpoint_id, expect_status]).fetchone()[0]
+        return n == 1
+
+    def claim_checkpoint(self, owner: str, *, now: datetime, lease_s: float,
+                         statuses: Sequence[str], max_attempts: int,
+                         exclude: Sequence[int] = ()) -> dict[str, Any] | None:
+        """Lease the oldest row in `statuses` that is unleased or whose lease expired.
+
+        Compare-and-set in one transaction: attempts += 1, lease_owner, lease_expires_at.
+        A row that already used `max_attempts` is marked failed instead ("gave up after N
+        attempts: <last reason>") and the next one is tried. Rows whose id is in `exclude`
+        are passed over. Returns the claimed row or None.
+        """
+        if not statuses:
+            return None
+        marks = ", ".join("?" for _ in statuses)
+        skip = f"AND id NOT IN ({', '.join(str(int(i)) for i in exclude)})" if exclude else ""
+        expires = now + timedelta(seconds=lease_s)
+        while True:
+            with self.transaction() as conn:
+                row = conn.execute(
+                    f"SELECT id, attempts, lease_owner, reason FROM checkpoints "
+                    f"WHERE status IN ({marks}) AND (lease_owner IS NULL OR lease_expires_at <= ?) "
+                    f"{skip} ORDER BY discovered_at, id LIMIT 1", [*statuses, now]).fetchone()
+                if row is None:
+                    return None
+                checkpoint_id, attempts, previous_owner, reason = row
+                if previous_owner is not None:
+                    reason = f"lease of {previous_owner} expired during attempt {attempts}"
+                if attempts >= max_attempts:
+                    conn.execute(
+                        "UPDATE checkpoints SET status = 'failed', reason = ?, lease_owner = NULL, "
+                        "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND attempts = ?",
+                        [f"gave up after {attempts} attempts: {reason or 'no reason recorded'}", now,
+                         checkpoint_id, attempts])
+                    continue
+                n = conn.execute(
+                    "UPDATE checkpoints SET attempts = attempts + 1, lease_owner = ?, "
+                    "lease_expires_at = ?, reason = ?, updated_at = ? WHERE id = ? AND attempts = ? "
+                    "AND (lease_owner IS NULL OR lease_expires_at <= ?)",
+                    [owner, expires, reason, now, checkpoint_id, attempts, now]).fetchone()[0]
+            if n == 1:
+                return self.get_checkpoint(checkpoint_id)
+
+    def advance_checkpoint(self, checkpoint_id: int, owner: str, *, status: str,
+                           meta: Mapping[str, Any] | None, now: datetime) -> bool:
+        """Record progress (e.g. gated -> fetched) while keeping the lease; CAS on the owner."""
+        with self.transaction() as conn:
+            merged = self._merged_meta(conn, checkpoint_id, meta)
+            n = conn.execute("UPDATE checkpoints SET status = ?, meta = ?, updated_at = ? "
+                             "WHERE id = ? AND lease_owner = ?",
+                             [status, merged, now, checkpoint_id, owner]).fetchone()[0]
+        return n == 1
+
+    def complete_checkpoint(self, checkpoint_id: int, owner: str, *, status: str,
+                            reason: str | None, meta: Mapping[str, Any] | None, now: datetime,
+                            write: Any = None) -> bool:
+        """Finish a leased job: set status, drop the lease, and run `write(conn)` atomically.
+
+        Only if `owner` still holds the lease (compare-and-set); otherwise nothing is written
+        and False is returned. `write` adds the job's own rows (e.g. the score run) to the
+        same transaction, so a job completes exactly once.
+        """
+        with self.transaction() as conn:
+            held = conn.execute("SELECT 1 FROM checkpoints WHERE id = ? AND lease_owner = ?",
+                                [checkpoint_id, owner]).fetchone()
+            if held is None:
+                return False
+            merged = self._merged_meta(conn, checkpoint_id, meta)
+            conn.execute("UPDATE checkpoints SET status = ?, reason = ?, meta = ?, lease_owner = NULL,"
+                         " lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                         [status, reason, merged, now, checkpoint_id, owner])
+            if write is not None:
+                write(conn)
+        self.checkpoint()
+        return True
+
+    def release_checkpoint(self, checkpoint_id: int, owner: str, *, reason: str, now: datetime,
+                           max_attempts: int, refund: bool = False) -> str | None:
+        """Give a lease back after a retryable failure; fail the row once attempts are used up.
+
+        `refund` gives the attempt back (the failure was not the job's, e.g. a Hub outage).
+        Returns the row's new status, or None when `owner` no longer held the lease.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT attempts, status FROM checkpoints WHERE id = ? AND lease_owner = ?",
+                               [checkpoint_id, owner]).fetchone()
+            if row is None:
+                return None
+            attempts, status = row
+            if refund:
+                attempts = max(0, attempts - 1)
+            elif attempts >= max_attempts:
+                status, reason = "failed", f"gave up after {attempts} attempts: {reason}"
+            conn.execute("UPDATE checkpoints SET status = ?, reason = ?, attempts = ?, lease_owner = NULL, "
+                         "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                         [status, reason, attempts, now, checkpoint_id, owner])
+        return status
+
+    def checkpoint_counts(self) -> dict[str, int]:
+        """How many checkpoint rows are in each status."""
+        rows = self.query("SELECT status, count(*) AS n FROM checkpoints GROUP BY status ORDER BY status")
+        return {r["status"]: int(r["n"]) for r in rows}

@@ -1,0 +1,276 @@
+"""Notification rows (the outbox's send side): grouped messages, their leases and attempts,
+endpoint state, and silences."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import duckdb
+
+from monitor.errors import StoreError
+from monitor.store.connection import StoreConnection
+
+
+class _LostRace(Exception):
+    """Raised inside a transaction to roll back a compare-and-set that lost the race."""
+
+
+class NotificationRows(StoreConnection):
+    """Notification rows (the outbox's send side): grouped messages, their leases and attempts,"""
+
+    # -- notifications, their leases and attempts -------------------------------------------
+    def last_notification_at(self, policy: str, receiver: str, group_key: str) -> datetime | None:
+        """When the group's newest notification was created (group_interval counts from it)."""
+        row = self.conn.execute("SELECT max(created_at) FROM notifications WHERE policy = ? AND "
+                                "receiver = ? AND group_key = ?", [policy, receiver, group_key]).fetchone()
+        return row[0] if row else None
+
+    def create_notification(self, notification: Mapping[str, Any], delivery_ids: Sequence[int], *,
+                            now: datetime) -> bool:
+        """Freeze a group of pending deliveries into one notification (compare-and-set).
+
+        False (nothing written) when any of the deliveries is no longer pending.
+        """
+        marks = ", ".join("?" for _ in delivery_ids)
+        try:
+            with self.transaction() as conn:
+                self._freeze_notification(conn, notification, delivery_ids, marks, now)
+        except _LostRace:
+            return False
+        return True
+
+    def _freeze_notification(self, conn: duckdb.DuckDBPyConnection, notification: Mapping[str, Any],
+                             delivery_ids: Sequence[int], marks: str, now: datetime) -> None:
+        n = conn.execute(f"UPDATE deliveries SET status = 'queued', notification_id = ?, updated_at = ? "
+                         f"WHERE id IN ({marks}) AND status = 'pending'",
+                         [notification["id"], now, *delivery_ids]).fetchone()[0]
+        if n != len(delivery_ids):
+            raise _LostRace()
+        conn.execute(
+            "INSERT INTO notifications (id, policy, receiver, group_key, status, body, n_alerts, is_meta,"
+            " next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?)",
+            [notification["id"], notification["policy"], notification["receiver"],
+             notification["group_key"], notification["body"], notification["n_alerts"],
+             notification["is_meta"], now, now, now])
+
+    def due_notifications(self, now: datetime) -> list[dict[str, Any]]:
+        """Pending notifications whose next attempt is due and that no live lease holds."""
+        return self.query(
+            "SELECT id, policy, receiver, attempts, next_attempt_at, created_at FROM notifications "
+            "WHERE status = 'pending' AND next_attempt_at <= ? AND (lease_owner IS NULL OR "
+            "lease_expires_at <= ?) ORDER BY next_attempt_at, created_at, id", [now, now])
+
+    def claim_notification(self, notification_id: str, owner: str, *, now: datetime,
+                           lease_s: float) -> dict[str, Any] | None:
+        """Lease one due notification (compare-and-set; attempts += 1) and return it.
+
+        A lease left by a process that died is taken over, and the attempt it was making is
+        recorded as `lease_expired` (a crash may have sent it: the receiver can de-duplicate
+        on the webhook-id, which stays the same).
+        """
+        try:
+            with self.transaction() as conn:
+                self._lease_notification(conn, notification_id, owner, now, lease_s)
+        except _LostRace:
+            return None
+        rows = self.query("SELECT * FROM notifications WHERE id = ?", [notification_id])
+        return rows[0] if rows else None
+
+    def _lease_notification(self, conn: duckdb.DuckDBPyConnection, notification_id: str, owner: str,
+                            now: datetime, lease_s: float) -> None:
+        row = conn.execute(
+            "SELECT attempts, lease_owner, lease_expires_at, policy, receiver FROM notifications "
+            "WHERE id = ? AND status = 'pending' AND next_attempt_at <= ? AND "
+            "(lease_owner IS NULL OR lease_expires_at <= ?)", [notification_id, now, now]).fetchone()
+        if row is None:
+            raise _LostRace()
+        attempts, previous, expired_at, policy, receiver = row
+        if previous is not None:
+            conn.execute(
+                "INSERT INTO delivery_attempts (notification_id, policy, receiver, attempt, started_at,"
+                " outcome, error) VALUES (?, ?, ?, ?, ?, 'lease_expired', ?)",
+                [notification_id, policy, receiver, attempts, expired_at,
+                 f"lease of {previous} expired during attempt {attempts} (the process died?); "
+                 "the message may have been sent"])
+        n = conn.execute(
+            "UPDATE notifications SET attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, "
+            "updated_at = ? WHERE id = ? AND attempts = ? AND status = 'pending'",
+            [owner, now + timedelta(seconds=lease_s), now, notification_id, attempts]).fetchone()[0]
+        if n != 1:
+            raise _LostRace()
+
+    def finish_notification(self, notification_id: str, owner: str, *, status: str,
+                            attempt: Mapping[str, Any], now: datetime,
+                            next_attempt_at: datetime | None = None, error: str | None = None,
+                            endpoint: Mapping[str, Any] | None = None,
+                            meta_alert: Mapping[str, Any] | None = None) -> bool:
+        """Record one attempt and its consequences in one transaction (only if `owner` holds the lease).
+
+        status: pending (retry at `next_attempt_at`), delivered, or dead (`error` is the reason).
+        endpoint: {disabled_reason} or {blocked_until} to store for the receiver.
+        meta_alert: an alert (with deliveries) telling the operator, written atomically.
+        """
+        with self.transaction() as conn:
+            row = conn.execute("SELECT policy, receiver, attempts FROM notifications WHERE id = ? AND "
+                               "lease_owner = ?", [notification_id, owner]).fetchone()
+            if row is None:
+                return False
+            policy, receiver, attempts = row
+            conn.execute(
+                "INSERT INTO delivery_attempts (notification_id, policy, receiver, attempt, started_at, "
+                "outcome, status_code, error, retry_after_s, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [notification_id, policy, receiver, attempts, attempt["started_at"], attempt["outcome"],
+                 attempt.get("status_code"), attempt.get("error"), attempt.get("retry_after_s"),
+                 next_attempt_at])
+            if status == "pending":
+                conn.execute("UPDATE notifications SET status = 'pending', lease_owner = NULL, "
+                             "lease_expires_at = NULL, next_attempt_at = ?, last_error = ?, updated_at = ? "
+                             "WHERE id = ?", [next_attempt_at, error, now, notification_id])
+            elif status == "delivered":
+                conn.execute("UPDATE notifications SET status = 'delivered', lease_owner = NULL, "
+                             "lease_expires_at = NULL, delivered_at = ?, updated_at = ? WHERE id = ?",
+                             [now, now, notification_id])
+                conn.execute("UPDATE deliveries SET status = 'delivered', updated_at = ? "
+                             "WHERE notification_id = ?", [now, notification_id])
+            elif status == "dead":
+                conn.execute("UPDATE notifications SET status = 'dead', lease_owner = NULL, "
+                             "lease_expires_at = NULL, last_error = ?, dead_reason = ?, updated_at = ? "
+                             "WHERE id = ?", [error, error, now, notification_id])
+                conn.execute("UPDATE deliveries SET status = 'dead', reason = ?, updated_at = ? "
+                             "WHERE notification_id = ?", [error, now, notification_id])
+            else:
+                raise StoreError(f"unknown notification status {status!r}")
+            if endpoint is not None:
+                self._put_endpoint(conn, policy, receiver, endpoint, now)
+            if meta_alert is not None:
+                self._insert_alert(conn, meta_alert, None, now)
+        self.checkpoint()
+        return True
+
+    def kill_notifications(self, policy: str, receiver: str, *, reason: str, now: datetime,
+                           meta_alert: Mapping[str, Any] | None = None) -> list[str]:
+        """Dead-letter every pending notification of a receiver (e.g. it was disabled)."""
+        with self.transaction() as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM notifications WHERE policy = ? AND receiver = ? AND status = 'pending' "
+                "AND (lease_owner IS NULL OR lease_expires_at <= ?)", [policy, receiver, now]).fetchall()]
+            for nid in ids:
+                conn.execute("UPDATE notifications SET status = 'dead', dead_reason = ?, last_error = ?, "
+                             "lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE id = ?",
+                             [reason, reason, now, nid])
+                conn.execute("UPDATE deliveries SET status = 'dead', reason = ?, updated_at = ? "
+                             "WHERE notification_id = ?", [reason, now, nid])
+            if meta_alert is not None and ids:
+                self._insert_alert(conn, meta_alert, None, now)
+        return ids
+
+    def silence_notification(self, notification_id: str, *, silence_id: str, now: datetime) -> bool:
+        """A pending notification all of whose alerts are silenced now is never sent."""
+        with self.transaction() as conn:
+            n = conn.execute("UPDATE notifications SET status = 'silenced', updated_at = ?, last_error = ? "
+                             "WHERE id = ? AND status = 'pending' AND (lease_owner IS NULL OR "
+                             "lease_expires_at <= ?)", [now, f"silenced by {silence_id}", notification_id,
+                                                        now]).fetchone()[0]
+            if n == 1:
+                conn.execute("UPDATE deliveries SET status = 'silenced', silence_id = ?, updated_at = ? "
+                             "WHERE notification_id = ?", [silence_id, now, notification_id])
+        return n == 1
+
+    def notification(self, notification_id: str) -> dict[str, Any] | None:
+        """One notification row (body decoded), or None."""
+        rows = self.query("SELECT * FROM notifications WHERE id = ?", [notification_id])
+        if not rows:
+            return None
+        row = dict(rows[0])
+        row["body"] = json.loads(row["body"])
+        return row
+
+    def notifications(self, *, status: str | None = None) -> list[dict[str, Any]]:
+        """Notification rows (body left as JSON text), oldest first."""
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        return self.query(f"SELECT * FROM notifications {where} ORDER BY created_at, id", params)
+
+    def attempt_times(self, policy: str, receiver: str, *, since: datetime) -> list[datetime]:
+        """Start times of sends through a receiver since `since` (the rate limit counts these)."""
+        rows = self.conn.execute(
+            "SELECT started_at FROM delivery_attempts WHERE policy = ? AND receiver = ? AND started_at > ? "
+            "AND outcome != 'lease_expired' ORDER BY started_at", [policy, receiver, since]).fetchall()
+        return [r[0] for r in rows]
+
+    def delivery_attempts(self, notification_id: str | None = None) -> list[dict[str, Any]]:
+        """Every recorded attempt (of one notification), oldest first."""
+        where, params = ("WHERE notification_id = ?", [notification_id]) if notification_id else ("", [])
+        return self.query(f"SELECT * FROM delivery_attempts {where} ORDER BY id", params)
+
+    # endpoints (per policy receiver): disabled on 410, blocked while throttled
+    def _put_endpoint(self, conn: duckdb.DuckDBPyConnection, policy: str, receiver: str,
+                      change: Mapping[str, Any], now: datetime) -> None:
+        conn.execute("INSERT INTO endpoints (policy, receiver, updated_at) VALUES (?, ?, ?) "
+                     "ON CONFLICT (policy, receiver) DO NOTHING", [policy, receiver, now])
+        if "disabled_reason" in change:
+            reason = change["disabled_reason"]
+            conn.execute("UPDATE endpoints SET disabled_at = ?, disabled_reason = ?, updated_at = ? "
+                         "WHERE policy = ? AND receiver = ?",
+                         [now if reason is not None else None, reason, now, policy, receiver])
+        if "blocked_until" in change:
+            conn.execute("UPDATE endpoints SET blocked_until = ?, updated_at = ? WHERE policy = ? AND "
+                         "receiver = ?", [change["blocked_until"], now, policy, receiver])
+
+    def endpoint(self, policy: str, receiver: str) -> dict[str, Any] | None:
+        """Disabled/blocked state of a receiver, or None when nothing was ever recorded."""
+        rows = self.query("SELECT * FROM endpoints WHERE policy = ? AND receiver = ?", [policy, receiver])
+        return rows[0] if rows else None
+
+    def enable_endpoint(self, policy: str, receiver: str, *, now: datetime) -> bool:
+        """Clear a receiver's disabled mark (after the operator fixed it); True if it was disabled."""
+        with self.transaction() as conn:
+            n = conn.execute("UPDATE endpoints SET disabled_at = NULL, disabled_reason = NULL, "
+                             "blocked_until = NULL, updated_at = ? WHERE policy = ? AND receiver = ? "
+                             "AND disabled_at IS NOT NULL", [now, policy, receiver]).fetchone()[0]
+        return n == 1
+
+    # silences
+    def add_silence(self, silence: Mapping[str, Any]) -> str:
+        """Store a silence (matchers as strings) and return its id."""
+        with self.transaction() as conn:
+            conn.execute("INSERT INTO silences (id, matchers, starts_at, ends_at, comment, created_by, "
+                         "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [silence["id"], json.dumps(list(silence["matchers"])), silence["starts_at"],
+                          silence["ends_at"], silence["comment"], silence["created_by"],
+                          silence["created_at"]])
+        return str(silence["id"])
+
+    def silences(self, *, active_at: datetime | None = None) -> list[dict[str, Any]]:
+        """Silences (matchers decoded), newest first; `active_at` keeps those active then."""
+        where, params = "", []
+        if active_at is not None:
+            where = ("WHERE starts_at <= ? AND ends_at > ? AND (expired_at IS NULL OR expired_at > ?)")
+            params = [active_at, active_at, active_at]
+        rows = self.query(f"SELECT * FROM silences {where} ORDER BY created_at DESC, id", params)
+        for r in rows:
+            r["matchers"] = json.loads(r["matchers"])
+        return rows
+
+    def expire_silence(self, silence_id: str, *, now: datetime) -> bool:
+        """End a silence now; False when no unexpired silence has that id."""
+        with self.transaction() as conn:
+            n = conn.execute("UPDATE silences SET expired_at = ? WHERE id = ? AND expired_at IS NULL "
+                             "AND ends_at > ?", [now, silence_id, now]).fetchone()[0]
+        return n == 1
+
+    def requeue_notifications(self, notification_ids: Sequence[str], *, now: datetime) -> list[str]:
+        """Give dead notifications a fresh retry budget (`lstar alerts retry`); returns those changed."""
+        done = []
+        with self.transaction() as conn:
+            for nid in notification_ids:
+                n = conn.execute("UPDATE notifications SET status = 'pending', attempts = 0, next_attempt_at = ?,"
+                                 " dead_reason = NULL, updated_at = ? WHERE id = ? AND status = 'dead'",
+                                 [now, now, nid]).fetchone()[0]
+                if n == 1:
+                    conn.execute("UPDATE deliveries SET status = 'queued', reason = NULL, updated_at = ? "
+                                 "WHERE notification_id = ?", [now, nid])
+                    done.append(nid)
+        return done

@@ -1,0 +1,123 @@
+"""Score rows: corpora, tokenizers, unigram baselines, score runs and their documents."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import duckdb
+
+from monitor.errors import StoreError
+from monitor.store.connection import StoreConnection, utcnow
+
+
+class ScoreRows(StoreConnection):
+    """Score rows: corpora, tokenizers, unigram baselines, score runs and their documents."""
+
+    # -- corpora, tokenizers, baselines --------------------------------------------------
+    def upsert_corpus(self, conn: duckdb.DuckDBPyConnection, row: Mapping[str, Any]) -> None:
+        """Register a corpus (selection) inside an open transaction; no-op if known."""
+        conn.execute(
+            "INSERT INTO corpora VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [row["sha256"], row["name"], row["version"], row["parent_sha256"], row["selection"],
+             row["n_documents"], row["n_bytes"], utcnow()])
+
+    def upsert_tokenizer(self, conn: duckdb.DuckDBPyConnection, row: Mapping[str, Any]) -> None:
+        """Register a tokenizer fingerprint inside an open transaction; no-op if known."""
+        conn.execute(
+            "INSERT INTO tokenizers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [row["fingerprint"], row["source"], row["vocab_size"], row["prefix_policy"],
+             row["prefix_token_id"], utcnow()])
+
+    def get_baseline(self, fingerprint: str, corpus_sha256: str) -> dict[str, Any] | None:
+        """The cached unigram baseline for (tokenizer, corpus), or None."""
+        rows = self.query(
+            "SELECT n_tokens, ce_unigram, slices, doc_tokens FROM baselines "
+            "WHERE tokenizer_fingerprint = ? AND corpus_sha256 = ?", [fingerprint, corpus_sha256])
+        if not rows:
+            return None
+        row = rows[0]
+        return {"n_tokens": int(row["n_tokens"]), "ce_unigram": float(row["ce_unigram"]),
+                "slices": json.loads(row["slices"]), "doc_tokens": json.loads(row["doc_tokens"])}
+
+    def put_baseline(self, fingerprint: str, corpus_sha256: str, baseline: Mapping[str, Any]) -> None:
+        """Cache a unigram baseline (first writer wins; values are deterministic)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [fingerprint, corpus_sha256, int(baseline["n_tokens"]),
+                 float(baseline["ce_unigram"]), json.dumps(baseline["slices"], sort_keys=True),
+                 json.dumps(baseline["doc_tokens"], sort_keys=True), utcnow()])
+
+    # -- score runs ----------------------------------------------------------------------
+    SCORE_RUN_COLUMNS = (
+        "run_id", "checkpoint_id", "model_repo", "model_sha", "model_source",
+        "tokenizer_fingerprint", "corpus_sha256", "spec_version", "window_len", "stride",
+        "prefix_policy", "dtype", "device", "n_tokens", "n_bytes", "nll_sum", "ce", "ce_unigram",
+        "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte", "se_ce", "weighted_ppl",
+        "reference_fingerprint", "slices", "tcb", "spec", "model", "library_versions", "wall_s",
+        "tokens_per_s", "finished_at")
+    _JSON_COLUMNS = frozenset({"slices", "tcb", "spec", "model", "library_versions"})
+
+    def record_score_run(self, run: Mapping[str, Any], documents: Sequence[Sequence[Any]],
+                         corpus: Mapping[str, Any], tokenizer: Mapping[str, Any]) -> str:
+        """Write one score run, its per-document rows, corpus and tokenizer in one transaction.
+
+        `documents` rows are (doc_id, slice, n_tokens, nll, n_bytes). Nothing is written if
+        any part fails.
+        """
+        with self.transaction() as conn:
+            self.insert_score_run(conn, run, documents, corpus, tokenizer)
+        self.checkpoint()
+        return str(run["run_id"])
+
+    def insert_score_run(self, conn: duckdb.DuckDBPyConnection, run: Mapping[str, Any],
+                         documents: Sequence[Sequence[Any]], corpus: Mapping[str, Any],
+                         tokenizer: Mapping[str, Any]) -> None:
+        """The writes of `record_score_run`, inside a transaction the caller holds (the queue
+        completes a job and records its score in one transaction)."""
+        missing = [c for c in self.SCORE_RUN_COLUMNS if c not in run]
+        if missing:
+            raise StoreError(f"score run is missing columns: {', '.join(missing)}")
+        values = [json.dumps(run[c], sort_keys=True) if c in self._JSON_COLUMNS and run[c] is not None
+                  else run[c] for c in self.SCORE_RUN_COLUMNS]
+        placeholders = ", ".join("?" for _ in self.SCORE_RUN_COLUMNS)
+        self.upsert_corpus(conn, corpus)
+        self.upsert_tokenizer(conn, tokenizer)
+        conn.execute(f"INSERT INTO score_runs ({', '.join(self.SCORE_RUN_COLUMNS)}) "
+                     f"VALUES ({placeholders})", values)
+        conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)",
+                         [[run["run_id"], *doc] for doc in documents])
+
+    def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Recent score runs, newest first."""
+        where, params = ("WHERE model_repo = ?", [model_repo]) if model_repo else ("", [])
+        return self.query(f"SELECT * FROM score_runs {where} ORDER BY finished_at DESC LIMIT ?",
+                          [*params, limit])
+
+    def score_documents(self, run_id: str) -> list[dict[str, Any]]:
+        """Per-document rows of one run, in corpus order of insertion."""
+        return self.query("SELECT doc_id, slice, n_tokens, nll, n_bytes FROM score_documents "
+                          "WHERE run_id = ? ORDER BY rowid", [run_id])
+
+    def score_runs_for_checkpoint(self, repo: str, sha: str | None = None, *,
+                                  corpus_sha256: str | None = None) -> list[dict[str, Any]]:
+        """Score runs of a checkpoint (all commits of the repo when sha is None), newest first,
+        with what joining labels needs: L*, its SE, raw CE, corpus, spec and model info."""
+        where, params = ["model_repo = ?"], [repo]
+        if sha:
+            where.append("model_sha = ?")
+            params.append(sha)
+        if corpus_sha256:
+            where.append("corpus_sha256 = ?")
+            params.append(corpus_sha256)
+        return self.query_json(
+            "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
+            "prefix_policy, lstar, se_ce, ce, model, finished_at FROM score_runs WHERE "
+            + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
+
+    def score_run(self, run_id: str) -> dict[str, Any] | None:
+        """One score run by id, or None."""
+        rows = self.query("SELECT * FROM score_runs WHERE run_id = ?", [run_id])
+        return rows[0] if rows else None
