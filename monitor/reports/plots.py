@@ -20,7 +20,7 @@ import io
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from monitor.reports.present import TIME_SOURCES, fmt, orders_by_step, Placement
+from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
 
 FIGSIZE = (8.0, 4.0)
 DPI = 100
@@ -67,11 +67,11 @@ def _placement(row: Mapping[str, Any]) -> Placement:
 def time_axis_label(sources: Iterable[str]) -> str:
     """The label of a time axis: which time it is, naming each fallback that was needed."""
     used = [s for s in TIME_SOURCES if s in set(sources)]
-    if not used:
-        return "release time"
-    if used[0] == TIME_SOURCES[0] and len(used) == 1:
-        return "release time (Hub commit date)"
-    return "release time (" + "; where unknown: ".join(used) + ")"
+    if used == [HUB_COMMIT]:
+        return f"release time ({HUB_COMMIT})"
+    if HUB_COMMIT in used:
+        return f"release time ({HUB_COMMIT}; where unknown: {', '.join(used[1:])})"
+    return f"{' / '.join(used) or 'time'} (no {HUB_COMMIT} known)"
 
 
 def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
@@ -80,6 +80,8 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
     every checkpoint names a step and against release time for the others (a second panel when
     both kinds are present)."""
     plt = _pyplot()
+    import matplotlib.dates as mdates
+
     lineages = sorted({r["lineage"] for r in runs})
     colours = dict(colours or family_colours(lineages))
     rows = {name: [r for r in runs if r["lineage"] == name] for name in lineages}
@@ -100,9 +102,9 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
             ax.set_xlabel("training step (from branch names)")
         else:
             ax.set_xlabel(time_axis_label(s for s in sources if s))
-            for tick in ax.get_xticklabels():
-                tick.set_rotation(30)
-                tick.set_horizontalalignment("right")
+            locator = mdates.AutoDateLocator()
+            ax.xaxis.set_major_locator(locator)
+            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         ax.set_ylabel("L* (nats/token; lower = more progress)")
         if names:
             ax.legend(fontsize=7, loc="best")

@@ -198,19 +198,24 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     }
 
 
-def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
-    """PNG bytes of every figure, by file name; also lists them in `data["plots"]`.
+def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's matplotlib figures by file name (the caller closes them, or `plots.png` does).
 
     The family colours are assigned once, over every lineage the report mentions, and passed
     to each figure, so a family has the same colour in all of them."""
     colours = report_colours(data)
-    figures: dict[str, bytes] = {
-        "lstar_over_time.png": report_plots.lstar_over_time(data["lstar_table"], colours),
-        "ce_vs_lstar.png": report_plots.ce_against_lstar(data["lstar_table"], colours),
-    }
+    figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
+               "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve(curve, task["new_points"], colours)
+        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve_figure(curve, task["new_points"],
+                                                                                   colours)
+    return figures
+
+
+def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
+    """PNG bytes of every figure, by file name; also lists them in `data["plots"]`."""
+    figures = {name: report_plots.png(fig) for name, fig in report_figures(data).items()}
     titles = {"lstar_over_time.png": "L* over time per lineage",
               "ce_vs_lstar.png": "Raw CE against L* per family"}
     data["plots"] = [{"file": f, "title": titles.get(f, f"Task curve: {f[6:-4]}")} for f in figures]
@@ -388,5 +393,5 @@ def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, 
     return build_report(store, policy, now=now, period_start=start)
 
 
-__all__ = ["SCHEMA", "build_report", "render_plots", "to_json", "to_markdown", "to_html", "write_report",
-           "report_for_cli"]
+__all__ = ["SCHEMA", "build_report", "report_figures", "report_colours", "render_plots", "to_json", "to_markdown",
+           "to_html", "write_report", "report_for_cli"]
