@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import timezone
 from typing import Any
 
 from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
@@ -102,9 +103,12 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
             ax.set_xlabel("training step (from branch names)")
         else:
             ax.set_xlabel(time_axis_label(s for s in sources if s))
-            locator = mdates.AutoDateLocator()
-            ax.xaxis.set_major_locator(locator)
-            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+            # Date and time on every tick: no offset text to collide with the axis label.
+            ax.xaxis.set_major_locator(mdates.AutoDateLocator(tz=timezone.utc))
+            ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d %H:%M", tz=timezone.utc))
+            ax.tick_params(axis="x", labelsize=7, labelrotation=30)
+            for tick in ax.get_xticklabels():
+                tick.set_horizontalalignment("right")
         ax.set_ylabel("L* (nats/token; lower = more progress)")
         if names:
             ax.legend(fontsize=7, loc="best")
