@@ -5,7 +5,8 @@ first one) and says: which checkpoints are new; L* by lineage (family) with stan
 errors; which tasks are at risk or have emerged, with intervals and thresholds; which
 states changed (crossings); each checkpoint's stability diagnostics (TCB, V_eff, logit
 margin); and three kinds of plot (L* over time, each task curve with the new checkpoints,
-raw CE against L* per tokenizer).
+raw CE against L* per family). How checkpoints are named and ordered and numbers printed is
+decided in `present.py` (one rule each), the "how to read this" notes are in `explain.py`.
 
     data = build_report(store, policy, now=now, period_start=start)
     write_report(data, folder)                        # report.md, report.html, report.json, *.png
