@@ -122,7 +122,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             "order": "training step" if orders_by_step(map(_placement, rows)) else "release time",
             "current": rows[-1]["checkpoint"], "latest_lstar": rows[-1]["lstar"], "latest_se": rows[-1]["se"],
             "best_lstar": min(row["lstar"] for row in rows)}
-    names = {key: row["checkpoint"] for key, row in ((( r["repo"], r["commit"]), r) for r in table)}
+    names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
 
     def name_of(repo: str, commit: str) -> str:
         if (repo, commit) not in names:
