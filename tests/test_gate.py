@@ -87,6 +87,11 @@ def test_every_special_repo_ends_in_the_expected_status(standard, tmp_path, cach
     lineage = info["lineage"]
     refs_by_sha = {sha: r["refs"] for (repo, sha), r in found.items() if repo == lineage}
     assert refs_by_sha[info["repos"][lineage]["refs"]["step3000"]] == ["main", "step3000"]
+    # The gate records the date of the very commit it inspected (reports order lineages by it).
+    commits = hub.repo(lineage).commits
+    dates = {sha: found[(lineage, sha)]["meta"]["gate"]["commit_date"] for sha in refs_by_sha}
+    assert dates == {sha: commits[sha].date.isoformat() for sha in refs_by_sha}
+    assert len(set(dates.values())) == len(dates) == 3      # one date per step, not the repo's
 
     gate = found[(f"{info['author']}/tiny-llama", info["repos"][f"{info['author']}/tiny-llama"]["refs"]["main"])]
     facts = gate["meta"]["gate"]

@@ -10,7 +10,6 @@ import json
 import resource
 import shutil
 import signal
-import subprocess
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -25,12 +24,12 @@ from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown, write_report
 from monitor.reports.schedule import write_due_reports
 from monitor.store import Store
+from monitor.testing.screenshot import chromium_screenshot, drawn_plots, plot_frames
 
 CORPUS = "c" * 64
 SPEC = ScoringRef(spec_version="lstar-score/1", window=64, stride=32, prefix_policy="bos")
 T0 = datetime(2025, 3, 1, 12, tzinfo=timezone.utc)
 ROOT = Path(__file__).resolve().parents[1]
-FRAME = (17, 85, 204)  # the colour of the figure frames in monitor/reports/templates/report.html.j2
 
 
 def _run(run_id: str, repo: str, sha: str, lstar: float, se: float, ce_uni: float, fp: str, when: datetime,
@@ -217,48 +216,21 @@ def test_report_cli_json_and_markdown(world, capsys) -> None:
     assert code == 0 and "L* by family" in out and "emerged" in out
 
 
-def _frames(png: Path) -> list[tuple[int, int, int, int]]:
-    """Bounding boxes (top, left, bottom, right) of the figure frames in a screenshot."""
-    from PIL import Image
-    from scipy import ndimage
-
-    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
-    mask = np.all(np.abs(pixels - np.array(FRAME)) <= 2, axis=2)
-    labelled, n = ndimage.label(mask)
-    boxes = []
-    for sl in ndimage.find_objects(labelled):
-        h, w = sl[0].stop - sl[0].start, sl[1].stop - sl[1].start
-        if h > 100 and w > 100:
-            boxes.append((sl[0].start, sl[1].start, sl[0].stop, sl[1].stop))
-    return sorted(boxes)
-
-
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="headless Chromium missing: apt-get install -y chromium")
 def test_html_report_renders_with_non_blank_plots(world, tmp_path_factory) -> None:
-    from PIL import Image
-
     store, policy, _, tmp = world
     data = build_report(store, policy, now=T0 + timedelta(hours=4), period_start=T0)
     paths = write_report(data, tmp / "out")
     html = paths["html"].read_text()
     assert html.count("data:image/png;base64,") == len(data["plots"]) == 3
     assert "<img src=\"file:" not in html and "http" not in html.split("<body>")[1]  # self-contained
-    shot = tmp_path_factory.mktemp("chromium") / "report.png"
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                    f"--screenshot={shot}", "--window-size=1200,3000", paths["html"].as_uri()],
-                   check=True, capture_output=True, timeout=120)
+    shot = chromium_screenshot(paths["html"], tmp_path_factory.mktemp("chromium") / "report.png",
+                               tmp_path_factory.mktemp("chromium-profile"))
     keep = ROOT / "state" / "test-artifacts"
     keep.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, keep / "report-screenshot.png")
-    boxes = _frames(shot)
-    assert len(boxes) == 3, boxes
-    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
-    for top, left, bottom, right in boxes:
-        inner = pixels[top + 6:bottom - 6, left + 6:right - 6]
-        assert inner.shape[0] > 300 and inner.shape[1] > 700       # the 800x400 figure, inside its frame
-        non_white = np.any(inner < 240, axis=2).mean()
-        colours = len(np.unique(inner.reshape(-1, 3), axis=0))
+    plots = drawn_plots(shot)
+    assert len(plots) == 3, plot_frames(shot)
+    for non_white, colours in plots:
         assert non_white > 0.02 and colours > 50, (non_white, colours)   # a drawn plot, not a broken image

@@ -296,7 +296,11 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     unverifiable = [f.name for f in files if f.name in announced and f.sha256 is None and f.blob_id is None]
     if unverifiable:
         raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
-    return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files]}
+    # The revision's lastModified is the date of this commit: reports order lineages without
+    # step names by it (monitor.reports.present).
+    committed = getattr(info, "last_modified", None)
+    return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files],
+            "commit_date": committed.isoformat() if committed is not None else None}
 
 
 def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,

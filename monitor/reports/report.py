@@ -5,7 +5,8 @@ first one) and says: which checkpoints are new; L* by lineage (family) with stan
 errors; which tasks are at risk or have emerged, with intervals and thresholds; which
 states changed (crossings); each checkpoint's stability diagnostics (TCB, V_eff, logit
 margin); and three kinds of plot (L* over time, each task curve with the new checkpoints,
-raw CE against L* per tokenizer).
+raw CE against L* per family). How checkpoints are named and ordered and numbers printed is
+decided in `present.py` (one rule each), the "how to read this" notes are in `explain.py`.
 
     data = build_report(store, policy, now=now, period_start=start)
     write_report(data, folder)                        # report.md, report.html, report.json, *.png
@@ -31,6 +32,9 @@ from typing import Any
 from monitor.errors import CurveError
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
+from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
+                                     short)
 from monitor.store import Store
 
 SCHEMA = "lstar-report/1"
@@ -68,36 +72,62 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
 
+def _known_checkpoints(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(c["repo"], c["sha"]): c for c in store.list_checkpoints()}
+
+
+def _placement(row: Mapping[str, Any]) -> Placement:
+    return Placement(row["step"], row["released_at"], row["time_source"])
+
+
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
-    """Everything a report says, as JSON-ready data (plots are added by `render_plots`)."""
+    """Everything a report says, as JSON-ready data (plots are added by `render_plots`).
+
+    Checkpoints are named by `present.checkpoint_name` everywhere and each lineage's rows are
+    in training order (`present.lineage_order`); a lineage's current checkpoint is its last.
+    """
     from monitor.alerts import public_corpus, watches
     from monitor.curves import curve_warnings
 
     curves, problems = load_policy_curves(policy)
     corpus = public_corpus(policy, curves.values())
+    known = _known_checkpoints(store)
     runs = [r for r in store.report_score_runs(corpus) if watches(policy, r["repo"], r["rule"])]
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for r in runs:  # oldest first: the newest run of each commit wins
         latest[(r["repo"], r["commit_sha"])] = r
-    table = []
-    for r in sorted(latest.values(), key=lambda r: (r["lineage"], r["finished_at"], r["run_id"])):
+    by_lineage: dict[str, list[dict[str, Any]]] = {}
+    for r in latest.values():
         tcb = r["tcb"] or {}
-        table.append({
+        meta = (known.get((r["repo"], r["commit_sha"])) or {}).get("meta")
+        where = place(r["refs"], meta, r["discovered_at"], r["finished_at"])
+        by_lineage.setdefault(r["lineage"], []).append({
             "lineage": r["lineage"], "repo": r["repo"], "commit": r["commit_sha"], "refs": r["refs"],
+            "checkpoint": checkpoint_name(r["repo"], r["commit_sha"], r["refs"]),
+            "step": where.step, "released_at": where.time, "time_source": where.time_source,
             "run_id": r["run_id"], "tokenizer": r["tokenizer_fingerprint"], "lstar": r["lstar"],
             "se": r["se_ce"], "ce": r["ce"], "ce_unigram": r["ce_unigram"],
             "bits_per_byte": r["bits_per_byte"], "n_tokens": int(r["n_tokens"]),
             "finished_at": r["finished_at"], "new": _in_period(r["finished_at"], period_start, now),
             "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
                                                    "n_positions")} if tcb else None})
-    families = {}
-    for row in table:
-        fam = families.setdefault(row["lineage"], {"lineage": row["lineage"], "checkpoints": 0,
-                                                   "latest_lstar": None, "latest_se": None, "best_lstar": None})
-        fam["checkpoints"] += 1
-        fam["latest_lstar"], fam["latest_se"] = row["lstar"], row["se"]
-        fam["best_lstar"] = row["lstar"] if fam["best_lstar"] is None else min(fam["best_lstar"], row["lstar"])
+    table, families, order = [], {}, {}
+    for lineage in sorted(by_lineage):
+        rows = lineage_order(by_lineage[lineage], _placement, lambda row: row["commit"])
+        table += rows
+        order.update({(row["repo"], row["commit"]): i for i, row in enumerate(rows)})
+        families[lineage] = {
+            "lineage": lineage, "checkpoints": len(rows),
+            "order": "training step" if orders_by_step(map(_placement, rows)) else "release time",
+            "current": rows[-1]["checkpoint"], "latest_lstar": rows[-1]["lstar"], "latest_se": rows[-1]["se"],
+            "best_lstar": min(row["lstar"] for row in rows)}
+    names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
+
+    def name_of(repo: str, commit: str) -> str:
+        if (repo, commit) not in names:
+            names[(repo, commit)] = checkpoint_name(repo, commit, (known.get((repo, commit)) or {}).get("refs") or [])
+        return names[(repo, commit)]
 
     predictions = [p for p in store.report_predictions(policy.name) if p["task"] in curves]
     tasks, crossings = [], []
@@ -106,20 +136,26 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         if curve is None:
             continue
         rows = [p for p in predictions if p["task"] == task.name]
-        by_lineage: dict[str, list[dict[str, Any]]] = {}
+        preds_by_lineage: dict[str, list[dict[str, Any]]] = {}
         for p in rows:
-            by_lineage.setdefault(p["lineage"], []).append(p)
+            preds_by_lineage.setdefault(p["lineage"], []).append(p)
         current = []
-        for lineage, preds in sorted(by_lineage.items()):
+        for lineage, preds in sorted(preds_by_lineage.items()):
             previous = None
-            for p in preds:
+            for p in preds:  # crossings are the alerts' state changes, in the order they were seen
                 if p["state"] != previous and _in_period(p["evaluated_at"], period_start, now):
                     crossings.append({"task": task.name, "lineage": lineage, "repo": p["repo"],
-                                      "commit": p["commit_sha"], "from": previous, "to": p["state"],
-                                      "lstar": p["lstar"], "at": p["evaluated_at"]})
+                                      "commit": p["commit_sha"], "checkpoint": name_of(p["repo"], p["commit_sha"]),
+                                      "from": previous, "to": p["state"], "lstar": p["lstar"],
+                                      "at": p["evaluated_at"]})
                 previous = p["state"]
-            last = preds[-1]
+            # The current state is that of the lineage's last checkpoint in training order (its
+            # newest prediction), not of whichever checkpoint happened to be scored last.
+            newest = {(p["repo"], p["commit_sha"]): p for p in preds}
+            last = max(newest.values(), key=lambda p: (order.get((p["repo"], p["commit_sha"]), -1),
+                                                        p["evaluated_at"]))
             current.append({"lineage": lineage, "repo": last["repo"], "commit": last["commit_sha"],
+                            "checkpoint": name_of(last["repo"], last["commit_sha"]),
                             "state": last["state"], "lstar": last["lstar"], "se": last["se"],
                             "p_hat": last["p_hat"], "lo": last["lo"], "hi": last["hi"],
                             "threshold": last["threshold"], "evaluated_at": last["evaluated_at"]})
@@ -137,12 +173,13 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             "threshold_resolved": not unresolved, "curve_warnings": warnings,
             "lineages": current,
             "new_points": [{"lstar": p["lstar"], "p_hat": p["p_hat"], "lo": p["lo"], "hi": p["hi"],
-                            "state": p["state"], "repo": p["repo"], "commit": p["commit_sha"]}
+                            "state": p["state"], "lineage": p["lineage"], "repo": p["repo"],
+                            "commit": p["commit_sha"], "checkpoint": name_of(p["repo"], p["commit_sha"])}
                            for p in rows if _in_period(p["evaluated_at"], period_start, now)
                            and p["p_hat"] is not None]})
 
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    discovered = [c for c in store.list_checkpoints() if watches(policy, c["repo"], c["rule"])
+    discovered = [c for c in known.values() if watches(policy, c["repo"], c["rule"])
                   and _in_period(c["discovered_at"], period_start, now)]
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
@@ -152,7 +189,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "summary": {"new_checkpoints": len(discovered), "new_scores": sum(r["new"] for r in table),
                     "lineages": len(families), "at_risk": len(at_risk), "emerged": len(emerged),
                     "crossings": len(crossings)},
-        "new_checkpoints": [{"repo": c["repo"], "commit": c["sha"], "refs": c["refs"], "status": c["status"],
+        "new_checkpoints": [{"repo": c["repo"], "commit": c["sha"], "refs": c["refs"],
+                             "checkpoint": name_of(c["repo"], c["sha"]), "status": c["status"],
                              "reason": c["reason"], "discovered_at": c["discovered_at"]} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
@@ -161,19 +199,35 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     }
 
 
-def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
-    """PNG bytes of every figure, by file name; also lists them in `data["plots"]`."""
-    figures: dict[str, bytes] = {
-        "lstar_over_time.png": report_plots.lstar_over_time(data["lstar_table"]),
-        "ce_vs_lstar.png": report_plots.ce_against_lstar(data["lstar_table"]),
-    }
+def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's matplotlib figures by file name (the caller closes them, or `plots.png` does).
+
+    The family colours are assigned once, over every lineage the report mentions, and passed
+    to each figure, so a family has the same colour in all of them."""
+    colours = report_colours(data)
+    figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
+               "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve(curve, task["new_points"])
+        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve_figure(curve, task["new_points"],
+                                                                                   colours)
+    return figures
+
+
+def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
+    """PNG bytes of every figure, by file name; also lists them in `data["plots"]`."""
+    figures = {name: report_plots.png(fig) for name, fig in report_figures(data).items()}
     titles = {"lstar_over_time.png": "L* over time per lineage",
-              "ce_vs_lstar.png": "Raw CE against L* per tokenizer"}
+              "ce_vs_lstar.png": "Raw CE against L* per family"}
     data["plots"] = [{"file": f, "title": titles.get(f, f"Task curve: {f[6:-4]}")} for f in figures]
     return figures
+
+
+def report_colours(data: Mapping[str, Any]) -> dict[str, str]:
+    """The colour of each family (lineage) in every figure of this report."""
+    names = {r["lineage"] for r in data["lstar_table"]}
+    names |= {p["lineage"] for t in data["tasks"] for p in t["new_points"]}
+    return report_plots.family_colours(names)
 
 
 def slug(text: str) -> str:
@@ -193,30 +247,18 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
-def fmt(value: Any, digits: int = 4) -> str:
-    """A number for tables ('—' for none)."""
-    if value is None:
-        return "—"
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def short(commit: str | None) -> str:
-    return (commit or "")[:12]
-
-
 def ref_name(row: Mapping[str, Any]) -> str:
-    """The checkpoint as people name it: repo@branch (step) when it has a ref, else repo@sha."""
-    refs = [r for r in row.get("refs") or [] if r != "main"] or list(row.get("refs") or [])
-    return f"{row['repo']}@{refs[0] if refs else short(row['commit'])}"
+    """The checkpoint of a report row as every table names it (`present.checkpoint_name`)."""
+    return row.get("checkpoint") or checkpoint_name(row["repo"], row["commit"], row.get("refs") or [])
 
 
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it)."""
     s = data["summary"]
+
+    def how(section: str) -> list[str]:
+        return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
+
     out = [f"# Governance report: {data['policy']} ({data['report']})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
            f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
@@ -225,12 +267,17 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
            f"- crossings (state changes): {s['crossings']}", ""]
     for problem in data["problems"]:
         out.append(f"> problem: {problem}")
-    out += ["## L* by family", "", "| lineage | checkpoint | L* | SE | CE | CE_uni | tokenizer | new |",
-            "|---|---|---:|---:|---:|---:|---|---|"]
+    out += ["## L* by family", "", *how("lstar"),
+            "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
+            "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["lstar_table"]:
-        out.append(f"| {r['lineage']} | {ref_name(r)} | {fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
+        out.append(f"| {r['lineage']} | {ref_name(r)} | {fmt(r['step'])} | {fmt(r['released_at'])} | "
+                   f"{fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
                    f"{fmt(r['ce_unigram'])} | `{r['tokenizer'][:12]}` | {'yes' if r['new'] else ''} |")
-    out += ["", "## Tasks", ""]
+    out += ["", "Current checkpoint per lineage (the last in its order):", ""]
+    out += [f"- {f['lineage']}: {f['current']} (ordered by {f['order']}), L* {fmt(f['latest_lstar'])}"
+            for f in data["families"]]
+    out += ["", "## Tasks", "", *how("tasks")]
     for t in data["tasks"]:
         out += [f"### {t['task']} ({t['metric']})", "",
                 f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
@@ -238,32 +285,33 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
         out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
         out += ([""] if t["curve_warnings"] else []) + [
-                "| lineage | state | L* | P̂ | interval | threshold |", "|---|---|---:|---:|---|---:|"]
+                "| lineage | current checkpoint | state | L* | P̂ | interval | threshold |",
+                "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
-            out.append(f"| {x['lineage']} | **{x['state']}** | {fmt(x['lstar'])} | {fmt(x['p_hat'])} | "
-                       f"[{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
+            out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x['lstar'])} | "
+                       f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
-    out += ["## Crossings", ""]
+    out += ["## Crossings", "", *how("crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
         for c in data["crossings"]:
-            out.append(f"| {c['task']} | {c['lineage']} | {c['repo']}@{short(c['commit'])} | {c['from'] or 'new'} | "
+            out.append(f"| {c['task']} | {c['lineage']} | {ref_name(c)} | {c['from'] or 'new'} | "
                        f"{c['to']} | {fmt(c['lstar'])} |")
     else:
         out.append("No state changed in this period.")
-    out += ["", "## Stability diagnostics", "",
-            "| checkpoint | TCB mean | TCB median | TCB p10 | V_eff | logit margin |", "|---|---:|---:|---:|---:|---:|"]
+    out += ["", "## Stability diagnostics", "", *how("stability"),
+            "| checkpoint | TCB mean | TCB median | TCB p10 | V_eff (tokens) | logit margin (nats) |",
+            "|---|---:|---:|---:|---:|---:|"]
     for r in data["lstar_table"]:
         st = r["stability"] or {}
         out.append(f"| {ref_name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
                    f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
     out += ["", "## New checkpoints", ""]
     for c in data["new_checkpoints"]:
-        out.append(f"- {c['repo']}@{short(c['commit'])} {', '.join(c['refs'])}: {c['status']}"
-                   + (f" ({c['reason']})" if c["reason"] else ""))
+        out.append(f"- {ref_name(c)}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
     if not data["new_checkpoints"]:
         out.append("None.")
-    out += ["", "## Plots", ""]
+    out += ["", "## Plots", "", *how("plots")]
     for p in data["plots"]:
         out.append(f"![{p['title']}]({image_prefix}{p['file']})")
     return "\n".join(out) + "\n"
@@ -279,6 +327,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     env.filters["fmt"] = fmt
     env.filters["short"] = short
     env.globals["ref_name"] = ref_name
+    env.globals["how_to_read"] = HOW_TO_READ
     images = [{"title": p["title"], "file": p["file"],
                "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode("ascii")}
               for p in data["plots"]]
@@ -345,5 +394,5 @@ def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, 
     return build_report(store, policy, now=now, period_start=start)
 
 
-__all__ = ["SCHEMA", "build_report", "render_plots", "to_json", "to_markdown", "to_html", "write_report",
-           "report_for_cli"]
+__all__ = ["SCHEMA", "build_report", "report_figures", "report_colours", "render_plots", "to_json", "to_markdown",
+           "to_html", "write_report", "report_for_cli"]
