@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, int_argument,
-                                      int_option)
+from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, id_column,
+                                      int_argument, int_option)
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
 from monitor.commands.through_daemon import through_daemon
@@ -68,7 +68,10 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(title=f"{len(rows)} alert(s)", title_justify="left")
         for col in ("id", "created", "policy", "task", "repo@commit", "state", "status", "deliveries"):
-            table.add_column(col, justify="right" if col == "id" else "left")
+            if col in ("policy", "task", "repo@commit", "deliveries"):
+                id_column(table, col)
+            else:
+                table.add_column(col, justify="right" if col == "id" else "left")
         for r in rows:
             where = f"{r['repo']}@{r['commit_sha'][:12]}" if r["repo"] else "—"
             deliveries = ", ".join(f"{d['receiver']}:{d['status']}" for d in r["deliveries"])
@@ -101,7 +104,10 @@ def register(app: typer.Typer) -> None:
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
         table = Table(title="deliveries and attempts", title_justify="left")
         for col in ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"):
-            table.add_column(col)
+            if col in ("receiver", "message"):
+                id_column(table, col)
+            else:
+                table.add_column(col)
         by_id = {n["id"]: n for n in detail["notifications"]}
         for d in detail["deliveries"]:
             n = by_id.get(d["notification_id"])

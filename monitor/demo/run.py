@@ -209,7 +209,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     curve, fit = fit_demo_curve(db, labels, curve_path)
     log(f"fitted the cloze curve: level b + ε = {fit['chance']:.3f} + {fit['margin']:.3f}")
 
-    summary: dict[str, Any] = {"workdir": str(workdir), "db": str(db), "curve": str(curve_path), "fit": fit}
+    summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
+                               "policy": str(workdir / "policies" / "demo.yaml"), "curve": str(curve_path), "fit": fit}
     with FakeHub() as hub, WebhookReceiver() as hook, SmtpReceiver() as smtp:
         lineages = {}
         for family, folders in live.items():
