@@ -72,6 +72,7 @@ def show_flags_as_flags() -> None:
 def id_column(table: Any, header: str, **kwargs: Any) -> None:
     """A column of identifiers (repo ids, lineages, shas, paths): a value too long for the
     terminal wraps onto the next line whole instead of being cut to `demo…`."""
+    kwargs.setdefault("min_width", max(len(word) for word in header.split()))  # the header wraps by words only
     table.add_column(header, overflow="fold", no_wrap=False, **kwargs)
 
 

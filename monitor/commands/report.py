@@ -79,16 +79,17 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                   f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
-    table = Table(title="L* by family")
-    id_column(table, "lineage")
-    id_column(table, "checkpoint")
-    for col in ("L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin", "new"):
-        table.add_column(col, justify="right" if col != "new" else "left")
+    # Seven columns of numbers leave little room at 80 columns: the lineage, its checkpoint and
+    # whether it is new this period share one column (wrapped whole); no outer border.
+    table = Table(title="L* by family", show_edge=False, pad_edge=False)
+    id_column(table, "lineage / checkpoint")
+    for col in ("L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin"):
+        table.add_column(col, justify="right", no_wrap=col != "TCB median")
     for r in data["lstar_table"]:
         st = r["stability"] or {}
-        table.add_row(r["lineage"], ref_name(r), fmt(r["lstar"]), fmt(r["se"]), fmt(r["ce"]),
-                      fmt(r["ce_unigram"]), fmt(st.get("median")), fmt(st.get("v_eff_mean"), 1),
-                      fmt(st.get("margin_mean")), "yes" if r["new"] else "")
+        table.add_row(f"{r['lineage']}\n{ref_name(r)}{' (new)' if r['new'] else ''}", fmt(r["lstar"]),
+                      fmt(r["se"]), fmt(r["ce"]), fmt(r["ce_unigram"]), fmt(st.get("median")),
+                      fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
     console.print(table)
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "

@@ -30,22 +30,21 @@ def corpus_label(row: dict[str, Any]) -> str:
 
 
 def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
-    """The runs as one table; ids and paths wrap whole at any terminal width."""
+    """The runs as one table that fits 80 columns: numbers keep their width, the model (repo,
+    then revision @ sha) and the corpus wrap whole instead of being cut."""
     table = Table(title=f"{len(rows)} score run(s), newest first", title_justify="left")
-    id_column(table, "run")
-    id_column(table, "model")
-    id_column(table, "revision @ sha")
-    id_column(table, "corpus")
+    table.add_column("run", no_wrap=True)
+    id_column(table, "model", ratio=2)  # repo, then revision @ sha
+    id_column(table, "corpus", ratio=1)
     for col in ("L*", "SE", "tokens/s"):
-        table.add_column(col, justify="right")
-    table.add_column("finished (UTC)")
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("finished", no_wrap=True)
     for r in rows:
-        revision = f"{r['revision']} @ " if r.get("revision") else ""
         finished = r["finished_at"]
-        when = finished.strftime("%Y-%m-%d %H:%M:%S") if hasattr(finished, "strftime") else str(finished)
-        table.add_row(str(r["run_id"])[:12], r["model_repo"], f"{revision}{str(r['model_sha'])[:12]}",
-                      corpus_label(r), f"{r['lstar']:.4f}", f"{r['se_ce']:.4f}", f"{r['tokens_per_s']:,.0f}",
-                      when)
+        when = finished.strftime("%Y-%m-%d\n%H:%M:%S") if hasattr(finished, "strftime") else str(finished)
+        at = f"{r['revision']} @ {str(r['model_sha'])[:12]}" if r.get("revision") else str(r["model_sha"])[:12]
+        table.add_row(str(r["run_id"])[:8], f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}",
+                      f"{r['se_ce']:.4f}", f"{r['tokens_per_s']:,.0f}", when)
     console.print(table)
 
 
