@@ -234,7 +234,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         console.print(result.rich_table())
         for key, reason in result.skipped.items():
-            console.print(f"skipped {key}: {reason}")
+            console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
         if out is not None:
             console.print(f"wrote {out}")
 
