@@ -81,6 +81,7 @@ for kind, body, path in json.load(open(sys.argv[1])):
         if argv[0] != "lstar":
             sys.exit(f"a tested block may hold only lstar and export lines: {line}")
         print(f"\\n$ {line}", flush=True)
+        print(f"$ {line}", file=sys.stderr, flush=True)
         code = main(argv[1:])
         sys.stdout.flush()
         print(f"exit {code}", file=sys.stderr, flush=True)
@@ -108,6 +109,9 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         assert len(tests) == 1
         Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(tests[0].body, dict(tests[0].headers))
     ran = [line for line in proc.stdout.splitlines() if line.startswith("$ lstar ")]
+    # The daemon downloads without huggingface_hub's progress bars ("Fetching 1 files").
+    daemon_err = proc.stderr.split("$ lstar run ", 1)[1].split("\n$ ", 1)[0]
+    assert "Fetching" not in daemon_err and "it/s]" not in daemon_err, daemon_err[-2000:]
     assert len(ran) == proc.stderr.count("exit 0") and len(ran) >= 25
     # What the commands left is what the guide says they leave.
     with Store.open(work / "state" / "lstar.duckdb", read_only=True) as store:
