@@ -274,3 +274,12 @@ def test_the_daemon_draws_no_hub_progress_bars(monkeypatch) -> None:
         assert are_progress_bars_disabled()
     finally:
         enable_progress_bars()
+
+
+def test_paths_are_printed_whole_at_80_columns(tmp_path: Path, capsys, monkeypatch) -> None:
+    state, policy, _ = populate_state(tmp_path / "w")
+    target = tmp_path / ("a-folder-with-a-long-name-" * 4) / "[draft] report.html"
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run(["report", "--state", str(state), "--policy", str(policy), "--html", str(target)], capsys)
+    assert code == 0, err
+    assert f"wrote {target}\n" in out and target.is_file()

@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
                 target = html if len(reports) == 1 else html.with_name(f"{html.stem}-{data['policy']}{html.suffix}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(to_html(data, figures), encoding="utf-8")
-                console.print(f"wrote {target}", soft_wrap=True)
+                console.print(f"wrote {target}", soft_wrap=True, markup=False)
             if as_json:
                 print(to_json(data), end="")
             elif markdown:

@@ -148,4 +148,4 @@ def register(app: typer.Typer) -> None:
         else:
             render_result(result, Console())
             if not no_db:
-                Console(stderr=True).print(f"recorded run {result['run_id']} in {db}")
+                Console(stderr=True).print(f"recorded run {result['run_id']} in {db}", soft_wrap=True, markup=False)
