@@ -96,8 +96,8 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     work.mkdir()
     with FakeHub() as hub, WebhookReceiver() as hook:
         scenario_guide(hub, tmp_path / "hub")
-        steps = [(kind, body.replace(PRODUCTION_WEBHOOK, hook.url) if kind == "file" else json.dumps(command_lines(body)),
-                  path) for kind, body, path in guide_steps(GUIDE.read_text())]
+        steps = [(kind, body.replace(PRODUCTION_WEBHOOK, hook.url) if kind == "file"
+                  else json.dumps(command_lines(body)), path) for kind, body, path in guide_steps(GUIDE.read_text())]
         (tmp_path / "steps.json").write_text(json.dumps(steps))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LSTAR_"))}
         env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT))

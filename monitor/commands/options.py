@@ -215,5 +215,6 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-__all__ = ["DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range", "in_range", "int_option", "int_argument",
-           "float_option", "seconds", "size_bytes", "MAX_ROWS", "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]
+__all__ = ["DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
+           "in_range", "int_option", "int_argument", "float_option", "seconds", "size_bytes", "MAX_ROWS",
+           "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]

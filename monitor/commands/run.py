@@ -153,7 +153,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         if data["daemon"] is None:
             console.print(f"no daemon running on {db_file(state, db).parent}; read {data['db']} read-only",
-                          soft_wrap=True)
+                          soft_wrap=True, markup=False, highlight=False)
         else:
             console.print(f"daemon pid {data['daemon']['pid']} since {data['daemon']['started_at']} "
                           f"({data['daemon']['url']})")
