@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import pytest
 import typer
+from rich.cells import cell_len
 
 from monitor.cli import app, main
 from monitor.commands.demo import next_commands, print_summary
@@ -248,14 +249,23 @@ def test_tables_keep_long_identifiers_whole_at_80_columns(tmp_path: Path, capsys
         store.record_discoveries("k", "rule", "http://hub", [Candidate(repo, fake_sha(repo), (LONG_REF,))
                                                             for repo in LONG_REPOS],
                                  watermark=None, boundary=[], now=T0, requests=1, listed=2)
+        for repo in LONG_REPOS:  # past the cloze curve's threshold: an emerged alert each
+            record_fake_score(store, repo=repo, sha=fake_sha(repo + "-later"), lstar=-3.5, se=0.01,
+                              finished_at=T0 + timedelta(days=1))
+    code, _, err = run(["alerts", "evaluate", "--policy", str(policy), "--state", str(state),
+                        "--now", "2024-03-03T00:00:00Z"], capsys)
+    assert code == 0, err
     monkeypatch.setenv("COLUMNS", "80")
     cases = ((["runs"], "model", LONG_REPOS + tuple(fake_sha(r)[:12] for r in LONG_REPOS)),
+             (["alerts", "list"], "repo@commit", [f"{r}@{fake_sha(r + '-later')[:12]}" for r in LONG_REPOS]),
+             (["alerts", "list"], "deliveries", ["demo-webhook:pending", "demo-email:pending"]),
              (["checkpoints"], "repo", LONG_REPOS), (["checkpoints"], "refs", [LONG_REF]),
-             (["report", "--policy", str(policy)], "lineage /", LONG_REPOS + (LONG_REF,)))
+             (["report", "--policy", str(policy)], "lineage /", LONG_REPOS + (LONG_REF,)),
+             (["report", "--policy", str(policy)], "lineage", LONG_REPOS))  # the task table
     for argv, header, ids in cases:
         code, out, err = run([*argv, "--state", str(state)], capsys)
         assert code == 0, err
-        assert max(len(line) for line in out.splitlines()) <= 80
+        assert max(cell_len(line) for line in out.splitlines()) <= 80, (argv, out)  # P̂: two code points, one cell
         assert "…" not in out, out
         text = column_text(out, header)
         for wanted in ids:
