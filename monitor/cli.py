@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from monitor.commands.options import show_flags_as_flags
 from monitor.environment import harden_environment
 from monitor.errors import LstarError, StoreError
 
@@ -25,7 +26,7 @@ _CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
     cls for cls in (click.exceptions.ClickException, _TyperClickException) if cls is not None)
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
-COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "policy", "alerts", "silence",
+COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "runs", "policy", "alerts", "silence",
                    "curves", "eval", "run", "report", "demo", "lab")
 
 app = typer.Typer(
@@ -37,12 +38,37 @@ app = typer.Typer(
 )
 
 
+def package_version() -> str:
+    """The installed package's version, else the one the source tree declares."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lstar-monitor")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        from monitor import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"lstar-monitor {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the package version and exit.")) -> None:
+    """Tokenizer-calibrated progress (L*) for new language-model releases."""
+
+
 def _register_commands() -> None:
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"monitor.commands.{name}")
         module.register(app)
 
 
+show_flags_as_flags()
 _register_commands()
 
 

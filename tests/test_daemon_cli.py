@@ -121,3 +121,37 @@ def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_sto
         stored = {s["id"]: s for s in store.silences()}
     assert stored[row["id"]]["expired_at"].isoformat() == "2030-01-01T01:00:00+00:00"
     assert stored[other_id]["comment"] == "second"
+
+
+def test_runs_are_listed_through_the_api_as_a_direct_read_lists_them(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from monitor.testing.scores import fake_sha, record_fake_score
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "watcher.yaml").write_text(POLICY)
+    start = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    with Store.open(tmp_path / "state" / "lstar.duckdb") as store:
+        run_ids = [record_fake_score(store, repo=f"org/m{i}", sha=fake_sha(str(i)), lstar=-1.0 - i, se=0.01,
+                                     finished_at=start + timedelta(minutes=i)) for i in range(4)]
+    state = str(tmp_path / "state")
+    with FakeHub() as hub:
+        process = DaemonProcess(tmp_path / "policies", tmp_path / "state", endpoint=hub.url,
+                                args=["--poll-every", "1h", "--score-every", "1h", "--cache-dir", str(tmp_path / "c")])
+        with process:
+            with pytest.raises(Exception, match="(?i)lock|held"):  # so the command must ask the daemon
+                Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True)
+            through_api = lstar("runs", "--state", state, "--limit", "3", "--json")
+            table = lstar("runs", "--state", state)
+            assert process.request("/runs?limit=0")[0] == 400
+            status, body = process.request("/runs?repo=org/m1")
+            assert status == 400 and b"unknown query parameter" in body
+            process.stop()
+    assert through_api.returncode == 0, through_api.stderr
+    rows = json.loads(through_api.stdout)
+    assert [r["run_id"] for r in rows] == run_ids[::-1][:3]
+    assert [r["lstar"] for r in rows] == [-4.0, -3.0, -2.0]
+    assert table.returncode == 0 and "3 score run(s)" not in table.stdout and "4 score run(s)" in table.stdout
+    direct = lstar("runs", "--state", state, "--limit", "3", "--json")
+    assert direct.returncode == 0, direct.stderr
+    assert direct.stdout == through_api.stdout

@@ -5,6 +5,7 @@ is checked in the files."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from email import message_from_bytes, policy as email_policy
@@ -67,3 +68,13 @@ def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     assert (folder / "report.html").read_text().count("data:image/png;base64,") == 3
     assert {d["receiver"]: d["outcome"] for d in report["deliveries"]} == {"demo-audit": "delivered",
                                                                           "demo-email": "delivered"}
+
+    # The commands the demo ends with read its own state (the demo's --json summary is what
+    # the plain output prints them from).
+    from monitor.cli import main
+    from monitor.commands.demo import next_commands
+
+    assert Path(summary["policy"]).is_file() and Path(summary["state"]) == Path(summary["db"]).parent
+    for line in next_commands(summary):
+        argv = shlex.split(line)
+        assert main(argv[1:]) == 0, line

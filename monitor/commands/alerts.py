@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, int_argument,
-                                      int_option)
+from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, id_column,
+                                      int_argument, int_option)
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
 from monitor.commands.through_daemon import through_daemon
@@ -66,14 +66,21 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
-        table = Table(title=f"{len(rows)} alert(s)", title_justify="left")
-        for col in ("id", "created", "policy", "task", "repo@commit", "state", "status", "deliveries"):
-            table.add_column(col, justify="right" if col == "id" else "left")
+        # Eight fields in six columns, no outer border: the table fits 80 columns, and the
+        # identifiers (policy, task, repo@commit, receivers) wrap whole instead of being cut.
+        table = Table(title=f"{len(rows)} alert(s)", title_justify="left", show_edge=False, pad_edge=False)
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("created")
+        id_column(table, "policy / task")
+        id_column(table, "repo@commit", ratio=2)
+        table.add_column("state / status", min_width=7)
+        id_column(table, "deliveries")
         for r in rows:
             where = f"{r['repo']}@{r['commit_sha'][:12]}" if r["repo"] else "—"
-            deliveries = ", ".join(f"{d['receiver']}:{d['status']}" for d in r["deliveries"])
-            table.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"), r["policy"],
-                          r["task"] or r["kind"], where, r["state"], r["status"], deliveries)
+            deliveries = "\n".join(f"{d['receiver']}:{d['status']}" for d in r["deliveries"])
+            table.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"),
+                          f"{r['policy']}\n{r['task'] or r['kind']}", where, f"{r['state']}\n{r['status']}",
+                          deliveries)
         Console().print(table)
 
     @alerts.command("show")
@@ -101,7 +108,10 @@ def register(app: typer.Typer) -> None:
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
         table = Table(title="deliveries and attempts", title_justify="left")
         for col in ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"):
-            table.add_column(col)
+            if col in ("receiver", "message"):
+                id_column(table, col)
+            else:
+                table.add_column(col)
         by_id = {n["id"]: n for n in detail["notifications"]}
         for d in detail["deliveries"]:
             n = by_id.get(d["notification_id"])

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, int_option
+from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, id_column, int_option
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
 
@@ -38,7 +38,10 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(title=f"{len(rows)} checkpoint(s)", title_justify="left")
         for col in ("id", "repo", "sha", "refs", "status", "attempts", "reason"):
-            table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
+            if col in ("repo", "sha", "refs"):
+                id_column(table, col)
+            else:
+                table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
                           str(r["attempts"]), r["reason"] or "")

@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
             return
         console = Console()
         print_summary(curve, console)
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
     @curves.command("show")
     def show(
@@ -198,7 +198,7 @@ def register(app: typer.Typer) -> None:
         print_summary(curve, console)
         _warn(curve)
         if png is not None:
-            console.print(f"wrote {png}")
+            console.print(f"wrote {png}", soft_wrap=True, markup=False)
 
     @curves.command("validate")
     def validate(
@@ -234,9 +234,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         console.print(result.rich_table())
         for key, reason in result.skipped.items():
-            console.print(f"skipped {key}: {reason}")
+            console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
         if out is not None:
-            console.print(f"wrote {out}")
+            console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
     @curves.command("predict")
     def predict_cmd(

@@ -1,15 +1,54 @@
 """`lstar demo`: the whole loop offline — fake Hub, two checkpoint families, cloze curve, daemon,
-local webhook and SMTP receivers, a report — and where every artefact is."""
+local webhook and SMTP receivers, a report — where every artefact is, and the commands that
+read its state next."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 
 from monitor.demo import run_demo
+
+
+def next_commands(summary: dict[str, Any]) -> list[str]:
+    """The read commands that work on the demo's state, as lines to copy (paths quoted for the shell)."""
+    state = shlex.quote(summary.get("state") or str(Path(summary["db"]).parent))
+    policy = shlex.quote(summary["policy"])
+    return [
+        f"lstar status --state {state}",
+        f"lstar runs --state {state}",
+        f"lstar checkpoints --state {state}",
+        f"lstar alerts list --state {state}",
+        f"lstar report --state {state} --policy {policy}",
+    ]
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Where every artefact is, then the next commands; plain lines, never wrapped mid-path."""
+    lines = [
+        f"{'loop closed' if summary['ok'] else 'loop NOT closed'} in {summary['wall_s']} s",
+        f"state:         {summary.get('state') or Path(summary['db']).parent}",
+        f"database:      {summary['db']}",
+        f"policy:        {summary['policy']}",
+        f"task curve:    {summary['curve']} (level {summary['fit']['level']:.4f})",
+        "predictions:   " + (", ".join(f"{n} {state}" for state, n in sorted(summary["predictions"].items()))
+                             or "none"),
+        f"webhook:       {summary['webhook']['alert_messages']} alert message(s) -> {summary['webhook']['file']}",
+        f"email:         {summary['email']['alert_messages']} alert mail(s), "
+        f"{summary['email']['report_messages']} report mail(s) -> {', '.join(summary['email']['files'])}",
+        *(f"report:        {r['folder']}/report.html" for r in summary["reports"]),
+        f"audit log:     {summary['audit_log']}",
+        "",
+        "next: read the demo's state with",
+        *(f"  {line}" for line in next_commands(summary)),
+    ]
+    # Plain print: rich would wrap long paths mid-path at the terminal's width.
+    print("\n".join(lines))
 
 
 def register(app: typer.Typer) -> None:
@@ -22,20 +61,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed."""
         console = Console(stderr=True)
-        summary = run_demo(workdir, shared_dir=shared, log=lambda line: console.print(f"[dim]demo:[/dim] {line}"))
+        summary = run_demo(workdir, shared_dir=shared,
+                           log=lambda line: console.print(f"[dim]demo:[/dim] {line}", soft_wrap=True))
         if as_json:
             print(json.dumps(summary, indent=2, default=str))
         else:
-            out = Console()
-            out.print(f"[bold]{'loop closed' if summary['ok'] else 'loop NOT closed'}[/bold] in {summary['wall_s']} s")
-            out.print(f"database:      {summary['db']}")
-            out.print(f"task curve:    {summary['curve']} (level {summary['fit']['level']:.4f})")
-            out.print(f"predictions:   {summary['predictions']}")
-            out.print(f"webhook:       {summary['webhook']['alert_messages']} alert message(s) -> {summary['webhook']['file']}")
-            out.print(f"email:         {summary['email']['alert_messages']} alert mail(s), "
-                      f"{summary['email']['report_messages']} report mail(s) -> {', '.join(summary['email']['files'])}")
-            for r in summary["reports"]:
-                out.print(f"report:        {r['folder']}/report.html")
-            out.print(f"audit log:     {summary['audit_log']}")
+            print_summary(summary)
         if not summary["ok"]:
             raise typer.Exit(1)

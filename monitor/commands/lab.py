@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import MAX_SEED, int_option
+from monitor.commands.options import MAX_SEED, id_column, int_option
 from monitor.errors import LabError
 from monitor.lab.records import LAB_FILE
 
@@ -56,8 +56,9 @@ def _print_summary(record: Any) -> None:
     from monitor.lab.pipeline import lab_summary
 
     table = Table(title="lab checkpoints")
-    for col in ("lineage", "step", "bytes", "L*", "CE", "bits/byte", "add acc", "add EM", "cloze acc"):
-        table.add_column(col, justify="left" if col == "lineage" else "right")
+    id_column(table, "lineage")
+    for col in ("step", "bytes", "L*", "CE", "bits/byte", "add acc", "add EM", "cloze acc"):
+        table.add_column(col, justify="right")
     fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
     for r in lab_summary(record):
         table.add_row(r["lineage"], str(r["step"]), f"{r['bytes']:,}", fmt(r["lstar"]), fmt(r["ce"]),

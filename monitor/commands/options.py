@@ -8,7 +8,9 @@ from 2 to 100,000``), before any work starts. The range is appended to the help 
 sizes (`16G`). `DType` and `Device` are the choices of `--dtype` and `--device`;
 `device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the state is:
 `--state DIR` in every command that reads or writes it, `--db FILE` to name the database
-file itself (`db_file` resolves the pair).
+file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from giving
+boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose long
+identifiers wrap instead of being cut.
 """
 
 from __future__ import annotations
@@ -44,6 +46,34 @@ DB_OPTION = typer.Option(None, "--db", help=f"DuckDB state file (default: STATE/
 def db_file(state: Path, db: Path | None) -> Path:
     """The database a command uses: `--db` when given, else the one in `--state`."""
     return Path(db) if db is not None else Path(state) / DB_NAME
+
+
+def show_flags_as_flags() -> None:
+    """Make `--help` show boolean flags bare (`--json`), not as options taking a value.
+
+    typer's rich help prints every option's value type, flags included (`--json <bool>`), though
+    a flag takes no value; this drops the type of flags (and of `--help`) in every command.
+    """
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "_flags_bare", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        if getattr(self, "is_flag", False) and not getattr(self, "count", False):
+            return None
+        return shown(self, ctx)
+
+    display_type_rich._flags_bare = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+def id_column(table: Any, header: str, **kwargs: Any) -> None:
+    """A column of identifiers (repo ids, lineages, shas, paths): a value too long for the
+    terminal wraps onto the next line whole instead of being cut to `demo…`."""
+    kwargs.setdefault("min_width", max(len(word) for word in header.split()))  # the header wraps by words only
+    table.add_column(header, overflow="fold", no_wrap=False, **kwargs)
 
 
 class DType(str, Enum):
@@ -185,5 +215,6 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-__all__ = ["DType", "Device", "device_option", "describe_range", "in_range", "int_option", "int_argument",
-           "float_option", "seconds", "size_bytes", "MAX_ROWS", "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]
+__all__ = ["DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
+           "in_range", "int_option", "int_argument", "float_option", "seconds", "size_bytes", "MAX_ROWS",
+           "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.errors import HubError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
 from monitor.policy import load_policy
@@ -31,7 +31,10 @@ def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
 def _render(report: dict[str, Any], console: Console) -> None:
     rules = Table(title="watch rules", title_justify="left")
     for col in ("rule", "changed repos", "new rows", "requests", "watermark", "note"):
-        rules.add_column(col, justify="right" if col in ("changed repos", "new rows", "requests") else "left")
+        if col == "rule":
+            id_column(rules, col)
+        else:
+            rules.add_column(col, justify="right" if col in ("changed repos", "new rows", "requests") else "left")
     for r in report["rules"]:
         rules.add_row(r["rule"], str(r["listed"]), str(r["new"]), str(r["requests"]),
                       r["watermark"] or "—",
@@ -41,7 +44,10 @@ def _render(report: dict[str, Any], console: Console) -> None:
     if report["gate"]:
         gate = Table(title="gate", title_justify="left")
         for col in ("id", "repo", "sha", "status", "reason"):
-            gate.add_column(col)
+            if col in ("repo", "sha"):
+                id_column(gate, col)
+            else:
+                gate.add_column(col)
         for g in report["gate"]:
             gate.add_row(str(g["id"]), g["repo"], g["sha"][:12], g["status"], g["reason"] or "")
         console.print(gate)

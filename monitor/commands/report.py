@@ -1,6 +1,8 @@
 """`lstar report`: the governance summary of a policy, in the terminal (rich), or as JSON,
 Markdown or a self-contained HTML file. Opens the database read-only, or, while `lstar run`
-holds it, asks the daemon's API for the same data."""
+holds it, asks the daemon's API for the same data. Without `--policy` it reports on the policy
+in the policies folder beside the state directory (`STATE/../policies`, as `lstar demo` lays
+them out) or in `./policies`: the only one, or the first in name order."""
 
 from __future__ import annotations
 
@@ -11,16 +13,41 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.through_daemon import through_daemon
-from monitor.policy import load_policies
-from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, short, to_html,
+from monitor.errors import PolicyError
+from monitor.policy import load_policies, policy_files_in
+from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
                              to_json, to_markdown)
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
+
+
+def policy_folders(db_path: Path) -> list[Path]:
+    """Where `lstar report` looks for a policy when none is named: `policies` beside the state
+    directory, then `policies` in the working directory (once if they are the same folder)."""
+    folders: list[Path] = []
+    for folder in (db_path.parent.parent / "policies", Path("policies")):
+        if folder.resolve() not in [f.resolve() for f in folders]:
+            folders.append(folder)
+    return folders
+
+
+def default_policy(db_path: Path) -> tuple[Path, str]:
+    """The policy file to report on when `--policy` is not given, and why it was chosen: the
+    only one in the first policies folder that has any, else the first of them in name order."""
+    folders = policy_folders(db_path)
+    for folder in folders:
+        files = [f for f in policy_files_in(folder) if f.is_file()] if folder.is_dir() else []
+        if len(files) == 1:
+            return files[0], f"the only policy in {folder}"
+        if files:
+            return files[0], f"the first of {len(files)} policies in {folder} in name order; give --policy for another"
+    raise PolicyError(f"no --policy given and no policy file (*.yaml) in {' or '.join(str(f) for f in folders)}",
+                      hint="give --policy FILE (or a folder of policies)")
 
 
 def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
@@ -52,19 +79,23 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                   f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
     for problem in data["problems"]:
         console.print(f"[red]problem:[/red] {problem}")
-    table = Table(title="L* by family")
-    for col in ("lineage", "checkpoint", "L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin", "new"):
-        table.add_column(col, justify="right" if col not in ("lineage", "checkpoint", "new") else "left")
+    # Seven columns of numbers leave little room at 80 columns: the lineage, its checkpoint and
+    # whether it is new this period share one column (wrapped whole); no outer border.
+    table = Table(title="L* by family", show_edge=False, pad_edge=False)
+    id_column(table, "lineage / checkpoint")
+    for col in ("L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin"):
+        table.add_column(col, justify="right", no_wrap=col != "TCB median")
     for r in data["lstar_table"]:
         st = r["stability"] or {}
-        table.add_row(r["lineage"], ref_name(r), fmt(r["lstar"]), fmt(r["se"]), fmt(r["ce"]),
-                      fmt(r["ce_unigram"]), fmt(st.get("median")), fmt(st.get("v_eff_mean"), 1),
-                      fmt(st.get("margin_mean")), "yes" if r["new"] else "")
+        table.add_row(f"{r['lineage']}\n{ref_name(r)}{' (new)' if r['new'] else ''}", fmt(r["lstar"]),
+                      fmt(r["se"]), fmt(r["ce"]), fmt(r["ce_unigram"]), fmt(st.get("median")),
+                      fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
     console.print(table)
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
-        for col in ("lineage", "state", "L*", "P̂", "interval", "threshold"):
+        id_column(tt, "lineage")
+        for col in ("state", "L*", "P̂", "interval", "threshold"):
             tt.add_column(col)
         for x in t["lineages"]:
             colour = STATE_COLOURS.get(x["state"], "")
@@ -73,10 +104,12 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
         console.print(tt)
     if data["crossings"]:
         ct = Table(title="crossings")
-        for col in ("task", "lineage", "checkpoint", "from", "to", "L*"):
+        for col in ("task", "lineage", "checkpoint"):
+            id_column(ct, col)
+        for col in ("from", "to", "L*"):
             ct.add_column(col)
         for c in data["crossings"]:
-            ct.add_row(c["task"], c["lineage"], f"{c['repo']}@{short(c['commit'])}", c["from"] or "new", c["to"],
+            ct.add_row(c["task"], c["lineage"], ref_name(c), c["from"] or "new", c["to"],
                        fmt(c["lstar"]))
         console.print(ct)
 
@@ -84,7 +117,9 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        policy: list[Path] = typer.Option(..., "--policy", help="Policy file or folder (repeatable)."),
+        policy: list[Path] = typer.Option(
+            None, "--policy", help="Policy file or folder (repeatable). Default: the only (or first) "
+            "policy in STATE/../policies, else in ./policies."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -93,6 +128,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
         db_path = db_file(state, db)
+        if not policy:
+            chosen, why = default_policy(db_path)
+            Console(stderr=True).print(f"report: policy {chosen} ({why})", markup=False, highlight=False,
+                                       soft_wrap=True)
+            policy = [chosen]
         reports = read_reports(db_path, expand_policy_paths(policy))
         console = Console()
         for data in reports:
@@ -101,7 +141,7 @@ def register(app: typer.Typer) -> None:
                 target = html if len(reports) == 1 else html.with_name(f"{html.stem}-{data['policy']}{html.suffix}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(to_html(data, figures), encoding="utf-8")
-                console.print(f"wrote {target}")
+                console.print(f"wrote {target}", soft_wrap=True, markup=False)
             if as_json:
                 print(to_json(data), end="")
             elif markdown:

@@ -10,13 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (MAX_BATCH, MAX_RESAMPLES, STATE_OPTION, device_option, int_option,
-                                      seconds, size_bytes)
+from monitor.commands.options import (DB_OPTION, MAX_BATCH, MAX_RESAMPLES, STATE_OPTION, db_file, device_option,
+                                      int_option, seconds, size_bytes)
 from monitor.commands.through_daemon import through_daemon
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.service import DAY_S, DaemonConfig, api_get, run_daemon
-from monitor.store import DB_NAME
 
 
 def _score_memory(value: str, device: str) -> int | None:
@@ -144,16 +143,17 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_daemon(config))
 
     @app.command("status")
-    def status(state: Path = STATE_OPTION,
+    def status(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """What the daemon is doing (asks it), or what the database holds when it is not running."""
-        data = read_status(state)
+        data = read_status(state, db)
         if as_json:
             print(json.dumps(data, indent=2, default=str))
             return
         console = Console()
         if data["daemon"] is None:
-            console.print(f"no daemon running on {state}; read {data['db']} read-only")
+            console.print(f"no daemon running on {db_file(state, db).parent}; read {data['db']} read-only",
+                          soft_wrap=True, markup=False, highlight=False)
         else:
             console.print(f"daemon pid {data['daemon']['pid']} since {data['daemon']['started_at']} "
                           f"({data['daemon']['url']})")
@@ -178,9 +178,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"DATABASE INVALIDATED: {data['database']['error']}", markup=False)
 
 
-def read_status(state: Path) -> dict:
-    """The daemon's /status when one runs on `state`, else counts from a read-only open."""
-    db = state / DB_NAME
+def read_status(state: Path, db_path: Path | None = None) -> dict:
+    """The daemon's /status when one runs on the state directory (the folder of `db_path` when
+    given), else counts from a read-only open."""
+    db = db_file(state, db_path)
 
     def ask(url: str) -> dict:
         data = api_get(url, "/status")

@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, db_file, int_option
+from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, db_file, id_column,
+                                      int_option)
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
@@ -78,7 +79,10 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
         return
     table = Table(title=f"scored the queue ({len(results)} job(s))", title_justify="left")
     for col in ("id", "repo", "sha", "attempt", "status", "reason"):
-        table.add_column(col)
+        if col in ("repo", "sha"):
+            id_column(table, col)
+        else:
+            table.add_column(col)
     for r in results:
         table.add_row(str(r.id), r.repo, r.sha[:12], str(r.attempt), r.status, r.reason or "")
     Console().print(table)
@@ -144,4 +148,4 @@ def register(app: typer.Typer) -> None:
         else:
             render_result(result, Console())
             if not no_db:
-                Console(stderr=True).print(f"recorded run {result['run_id']} in {db}")
+                Console(stderr=True).print(f"recorded run {result['run_id']} in {db}", soft_wrap=True, markup=False)

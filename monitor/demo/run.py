@@ -210,7 +210,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
             f"from it are not established: {unresolved[0].message}")
     fit["unresolved_warnings"] = [w.message for w in unresolved]
 
-    summary: dict[str, Any] = {"workdir": str(workdir), "db": str(db), "curve": str(curve_path), "fit": fit}
+    summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
+                               "policy": str(workdir / "policies" / "demo.yaml"), "curve": str(curve_path), "fit": fit}
     with FakeHub() as hub, WebhookReceiver() as hook, SmtpReceiver() as smtp:
         lineages = {}
         for family, folders in live.items():

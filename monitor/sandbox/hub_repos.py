@@ -355,8 +355,22 @@ def scenario_demo(hub: FakeHub, workdir: Path) -> dict[str, Any]:
                       "demo-org/gated-model": gated_sha}}
 
 
+def scenario_guide(hub: FakeHub, workdir: Path) -> dict[str, Any]:
+    """What docs/guide.md walks through: two reference lineages with different tokenizers
+    (`demo-org/neox-ref`, `demo-org/llama-ref`, steps 1000-3000) to score, label and fit a curve
+    on, and a live lineage (`demo-org/pythia-tiny`, steps 1000-2000) for the daemon to watch."""
+    build = workdir / "build"
+    refs = {"demo-org/neox-ref": add_lineage(hub, "demo-org/neox-ref", build_dir=build, seed=3000),
+            "demo-org/llama-ref": add_lineage(hub, "demo-org/llama-ref", tokenizer="llama-2", arch="llama",
+                                              build_dir=build, seed=4000,
+                                              start=BASE_TIME + timedelta(hours=6)),
+            "demo-org/pythia-tiny": add_lineage(hub, "demo-org/pythia-tiny", steps=(1000, 2000), build_dir=build,
+                                                seed=5000, start=BASE_TIME + timedelta(days=1))}
+    return {"lineages": refs}
+
+
 SCENARIOS: dict[str, Callable[[FakeHub, Path], dict[str, Any]]] = {
-    "empty": scenario_empty, "standard": scenario_standard, "demo": scenario_demo}
+    "empty": scenario_empty, "standard": scenario_standard, "demo": scenario_demo, "guide": scenario_guide}
 
 
 def load_scenario(spec: str) -> Callable[[FakeHub, Path], dict[str, Any]]:

@@ -5,6 +5,7 @@
     GET  /status                JSON: checkpoints by status, jobs, policy errors, disk, outages
     GET  /checkpoints?status=S&repo=R&limit=N   rows as `lstar checkpoints --json` prints them
     GET  /db/info               as `lstar db info --json`
+    GET  /runs?limit=N          score runs newest first, as `lstar runs --json`
     GET  /report/latest?format=html|md|json|png   the newest file under STATE/reports (404: none)
     GET  /report?policy=NAME... `lstar report --json` of loaded policies, each named by its
                                 name or its file name in the policies folder (never a path)
@@ -58,6 +59,7 @@ from monitor.reports import report_for_cli, to_json
 from monitor.service.api_guard import (MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer, GuardedHandler,
                                        RequestRefused, bearer_matches)
 from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
+from monitor.service.listings import list_score_runs
 from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.store import utcnow
 
@@ -78,7 +80,7 @@ REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; char
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
 GET_PARAMS = {"/health": (), "/metrics": (), "/status": (), "/db/info": (),
-              "/checkpoints": ("status", "repo", "limit"), "/report/latest": ("format",),
+              "/checkpoints": ("status", "repo", "limit"), "/runs": ("limit",), "/report/latest": ("format",),
               "/report": ("policy",), "/alerts": ("policy", "limit"), "/silences": ("all", "now")}
 INTERNAL_ERROR = "internal error; the daemon's log has the details"
 
@@ -195,6 +197,10 @@ class _Handler(GuardedHandler):
         elif url.path == "/db/info":
             with daemon.read_store() as store:
                 self._send(200, _json_bytes(store.info()))
+        elif url.path == "/runs":
+            limit = query.limit(50)
+            with daemon.read_store() as store:
+                self._send(200, _json_bytes(list_score_runs(store, limit=limit)))
         elif url.path == "/report/latest":
             fmt = query.choice("format", tuple(s.lstrip(".") for s in REPORT_TYPES))
             self._latest_report(daemon.config.state_dir / "reports", fmt)

@@ -52,6 +52,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, StoreError
 from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
@@ -166,6 +167,7 @@ class Daemon:
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
         """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
+        quiet_hub_progress()
         self.lock.acquire()
         try:
             try:

@@ -1,0 +1,64 @@
+"""`lstar runs`: the score runs recorded in the state, newest first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, id_column, int_option
+from monitor.commands.through_daemon import through_daemon
+from monitor.service import api_get, revive_times
+from monitor.service.listings import list_score_runs
+
+
+def read_runs(db_path: Path, *, limit: int) -> list[dict[str, Any]]:
+    """Score runs from the daemon running on the database's folder (its API), else a read-only open."""
+    return through_daemon(db_path, lambda url: revive_times(api_get(url, "/runs", {"limit": limit})),
+                          lambda store: list_score_runs(store, limit=limit))
+
+
+def corpus_label(row: dict[str, Any]) -> str:
+    """`calib-v0 v1 (first:8)`, or the corpus sha's first 12 hex digits when it is not registered."""
+    if row.get("corpus_name") is None:
+        return str(row["corpus_sha256"])[:12]
+    return f"{row['corpus_name']} {row['corpus_version']} ({row['corpus_selection']})"
+
+
+def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
+    """The runs as one table that fits 80 columns: numbers keep their width, the model (repo,
+    then revision @ sha) and the corpus wrap whole instead of being cut."""
+    table = Table(title=f"{len(rows)} score run(s), newest first", title_justify="left")
+    table.add_column("run", no_wrap=True)
+    id_column(table, "model", ratio=2)  # repo, then revision @ sha
+    id_column(table, "corpus", ratio=1)
+    for col in ("L*", "SE", "tokens/s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("finished", no_wrap=True)
+    for r in rows:
+        finished = r["finished_at"]
+        when = finished.strftime("%Y-%m-%d\n%H:%M:%S") if hasattr(finished, "strftime") else str(finished)
+        at = f"{r['revision']} @ {str(r['model_sha'])[:12]}" if r.get("revision") else str(r["model_sha"])[:12]
+        table.add_row(str(r["run_id"])[:8], f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}",
+                      f"{r['se_ce']:.4f}", f"{r['tokens_per_s']:,.0f}", when)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("runs")
+    def runs(
+        limit: int = int_option(20, "--limit", low=1, high=MAX_ROWS, help="At most this many runs."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """List score runs newest first: model, revision, corpus, L*, SE, tokens/s (opens the file read-only)."""
+        rows = read_runs(db_file(state, db), limit=limit)
+        if as_json:
+            print(json.dumps(rows, indent=2, default=str))
+            return
+        render_runs(rows, Console())
