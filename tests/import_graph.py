@@ -16,11 +16,13 @@ PACKAGE = ROOT / "monitor"
 
 @dataclass(frozen=True)
 class Import:
-    """One imported name: the dotted module it resolves to, where, and whether at module level."""
+    """One imported name: the dotted module it resolves to, where, whether at module level, and
+    whether it ever runs (an import under `if TYPE_CHECKING:` never does)."""
 
     module: str
     line: int
     module_level: bool
+    runs: bool = True
 
 
 def module_name(path: Path) -> str:
@@ -53,24 +55,24 @@ def imports(path: Path, known: dict[str, Path] | None = None) -> list[Import]:
     known = known if known is not None else {}
     out: list[Import] = []
 
-    def visit(node: ast.AST, module_level: bool) -> None:
+    def visit(node: ast.AST, module_level: bool, runs: bool = True) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
-                visit(ast.Module(body=child.body, type_ignores=[]), False)   # never runs
+                visit(ast.Module(body=child.body, type_ignores=[]), False, False)   # never runs
                 for sub in child.orelse:
-                    visit_stmt(sub, module_level)
+                    visit_stmt(sub, module_level, runs)
                 continue
-            visit_stmt(child, module_level)
+            visit_stmt(child, module_level, runs)
 
-    def visit_stmt(child: ast.AST, module_level: bool) -> None:
+    def visit_stmt(child: ast.AST, module_level: bool, runs: bool) -> None:
         if isinstance(child, ast.Import):
-            out.extend(Import(alias.name, child.lineno, module_level) for alias in child.names)
+            out.extend(Import(alias.name, child.lineno, module_level, runs) for alias in child.names)
         elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
             for alias in child.names:
                 full = f"{child.module}.{alias.name}"
                 out.append(Import(full if full in known or not known else child.module, child.lineno,
-                                  module_level))
-        visit(child, module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+                                  module_level, runs))
+        visit(child, module_level and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)), runs)
 
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     visit(tree, True)
@@ -78,13 +80,18 @@ def imports(path: Path, known: dict[str, Path] | None = None) -> list[Import]:
 
 
 def module_graph(*, module_level_only: bool = True) -> dict[str, dict[str, int]]:
-    """module -> {imported module of the package: line of the first such import}."""
+    """module -> {imported module of the package: line of the first such import}.
+
+    module_level_only=False adds the imports inside functions (those that run when called);
+    imports under `if TYPE_CHECKING:` never run and are never edges.
+    """
     modules = all_modules()
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         edges: dict[str, int] = {}
         for imp in imports(path, modules):
-            if imp.module in modules and imp.module != name and (imp.module_level or not module_level_only):
+            if imp.module in modules and imp.module != name and imp.runs and \
+                    (imp.module_level or not module_level_only):
                 edges.setdefault(imp.module, imp.line)
         graph[name] = edges
     return graph

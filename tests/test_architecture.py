@@ -1,6 +1,8 @@
 """The shape of the package, read from its imports: stages that depend on each other one way,
-no import cycles, test helpers kept out of production, and torch kept out of the processes
-that never score (the `lstar` command's start-up and the daemon's parent process).
+no import cycles (imports inside functions count too: a lazy import is still a dependency;
+those under `if TYPE_CHECKING:` never run and do not), test helpers kept out of production,
+and torch kept out of the processes that never score (the `lstar` command's start-up and the
+daemon's parent process).
 
 A failure prints the cycle or the import chain, so the fix starts from the line named.
 """
@@ -35,9 +37,17 @@ def test_no_import_cycle_between_modules() -> None:
     assert cycle is None, "module-level import cycle:\n" + _describe(cycle, graph)
 
 
+def test_no_import_cycle_between_modules_even_inside_functions() -> None:
+    """A function-level import kept for start-up time (torch, scipy) must not hide a cycle."""
+    graph = module_graph(module_level_only=False)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle (function-level imports included):\n" + _describe(cycle, graph)
+
+
 def test_no_import_cycle_between_stages() -> None:
-    """scoring, hub, curves, policy, alerts, reports, service, store... import each other one way."""
-    graph = module_graph()
+    """scoring, hub, curves, policy, alerts, reports, service, store... import each other one way,
+    counting the imports inside functions too."""
+    graph = module_graph(module_level_only=False)
     stages: dict[str, dict[str, str]] = {}
     for module, edges in graph.items():
         for target, line in edges.items():

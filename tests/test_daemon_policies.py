@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from monitor.policy.strict_yaml import NESTING_LIMIT
+from monitor.yamlio import NESTING_LIMIT
 from monitor.service.daemon import Daemon, DaemonConfig
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 

@@ -13,10 +13,10 @@ import pytest
 
 from monitor.cli import main
 from monitor.errors import PolicyError
-from monitor.policy.files import POLICY_MAX_BYTES
+from monitor.files import POLICY_MAX_BYTES
 from monitor.policy.load import PolicySet, check_policy_files, load_policy
 from monitor.policy.schema import format_duration, parse_duration
-from monitor.policy.strict_yaml import ALIAS_EXPANSION_LIMIT, NESTING_LIMIT, NODE_LIMIT, compose
+from monitor.yamlio import ALIAS_EXPANSION_LIMIT, NESTING_LIMIT, NODE_LIMIT, compose
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path("tests/fixtures/policies")  # relative: error lines name files as given

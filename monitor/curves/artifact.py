@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from monitor.errors import CurveError, PolicyError
-from monitor.policy import read_policy_bytes
+from monitor.files import read_policy_bytes
 
 SCHEMA = "lstar-curve/1"
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import PolicyError
+from monitor.yamlio import load_yaml_file
 
 
 # -- watch rules ---------------------------------------------------------------------------
@@ -160,8 +161,6 @@ def load_watch_rules(path: str | Path) -> list[WatchRule]:
     Read with the policy files' checks (size, UTF-8, no tags, no alias bombs), then strict
     validation; errors name the file, the key path and the offending value.
     """
-    from monitor.policy import load_yaml_file
-
     path = Path(path)
     try:
         data = load_yaml_file(path)

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import LabError, PolicyError
-from monitor.policy import read_policy_bytes
+from monitor.files import read_policy_bytes
 
 __all__ = ["LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
            "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",

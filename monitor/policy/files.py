@@ -1,27 +1,20 @@
-"""Finding and reading policy files, treating every byte as hostile.
+"""Finding policy files in a folder and fingerprinting them.
 
-A policy folder is listed by name (`*.yaml`, `*.yml`); each entry is read through one
-non-blocking descriptor that must be a regular file and yields at most `POLICY_MAX_BYTES`,
-so a FIFO, a device, a directory, a huge file or one that vanishes between listing and
-reading is an error naming the file, never a hang, an unbounded read or a crash.
+A policy folder is listed by name (`*.yaml`, `*.yml`); each entry is later read with the
+bounded reads of `monitor.files`, so a FIFO, a device or a directory named like a policy is
+an error naming the file, never a hang.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 from monitor.errors import PolicyError
+from monitor.files import read_policy_bytes
 
-POLICY_MAX_BYTES = 1 << 20
 POLICY_SUFFIXES = (".yaml", ".yml")
-
-_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-               (stat.S_ISSOCK, "a socket"))
 
 
 def policy_files_in(folder: Path) -> list[Path]:
@@ -35,57 +28,6 @@ def policy_files_in(folder: Path) -> list[Path]:
                       if p.suffix in POLICY_SUFFIXES and not p.name.startswith("."))
     except OSError:
         return []
-
-
-def read_policy_bytes(path: Path, label: str, *, limit: int = POLICY_MAX_BYTES) -> bytes:
-    """At most `limit` bytes of a regular file; raises PolicyError naming the file otherwise.
-
-    Opened without blocking and checked on the open descriptor, so a FIFO, a device or a
-    file swapped between listing and reading can neither hang the reader nor feed it
-    endless bytes.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise PolicyError(f"{label}: cannot read: {exc.strerror or exc}",
-                          hint="check that the file exists and is readable") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-            raise PolicyError(f"{label}: is {kind}, not a policy file",
-                              hint="policy files are regular YAML files; rename or remove it")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise PolicyError(f"{label}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > limit:
-        total = _size_of(path, size)
-        raise PolicyError(f"{label}: file is {total:,} bytes; policy files are limited to {limit:,} bytes")
-    return b"".join(chunks)
-
-
-def _size_of(path: Path, at_least: int) -> int:
-    try:
-        return max(path.stat().st_size, at_least)
-    except OSError:
-        return at_least
-
-
-def read_policy_text(path: Path, label: str) -> str:
-    """The file's text after the kind, size and encoding checks."""
-    try:
-        return read_policy_bytes(path, label).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{label}: not UTF-8 text (byte {exc.start})",
-                          hint="save the file as UTF-8") from None
 
 
 def policy_fingerprint(paths: Sequence[Path]) -> str:
@@ -104,5 +46,4 @@ def policy_fingerprint(paths: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["POLICY_MAX_BYTES", "POLICY_SUFFIXES", "policy_files_in", "read_policy_bytes", "read_policy_text",
-           "policy_fingerprint"]
+__all__ = ["POLICY_SUFFIXES", "policy_files_in", "policy_fingerprint"]

@@ -12,10 +12,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from monitor.curves.artifact import load_curve
 from monitor.errors import LstarError, PolicyError
-from monitor.policy.files import read_policy_text
+from monitor.files import read_policy_text
 from monitor.policy.schema import Policy
-from monitor.policy.strict_yaml import compose, construct, format_key_path, node_line, validation_lines
+from monitor.yamlio import compose, construct, format_key_path, node_line, validation_lines
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -92,8 +93,6 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
                 error(["receivers", i, receiver.kind, key],
                       f"file {value!r} does not exist (paths are relative to the policy file)")
     if check_curves:
-        from monitor.curves import load_curve
-
         for i, task in enumerate(policy.tasks):
             curve_path = policy.resolve_path(task.curve)
             if not curve_path.is_file():

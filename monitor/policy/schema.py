@@ -2,9 +2,9 @@
 
 Loading lives in `monitor.policy.load`. A policy is YAML, read defensively and validated strictly:
 
-1. read by `monitor.policy.files`: a regular file of at most 1 MiB (policy files are small;
+1. read by `monitor.files`: a regular file of at most 1 MiB (policy files are small;
    a huge one, a FIFO or a device is a mistake or an attack);
-2. composed into a node tree by `monitor.policy.strict_yaml`, which refuses any tag beyond plain
+2. composed into a node tree by `monitor.yamlio`, which refuses any tag beyond plain
    strings, numbers, booleans, null, lists and mappings (so `!!python/object` never
    reaches a constructor), aliases that expand beyond a small budget (alias bombs),
    duplicate keys (YAML silently keeps the last one), and nesting or node counts no

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from monitor.sandbox.fakehub_state import Commit, HubState, Repo, format_time, micros
+from monitor.sandbox.hub_repos import add_filler_repos, load_scenario
 
 DISABLED_MESSAGE = "Access to this resource is disabled."
 
@@ -777,8 +778,6 @@ class _Server(ThreadingHTTPServer):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a scenario until SIGTERM/SIGINT; prints one JSON line with the URL first."""
-    from monitor.sandbox.hub_repos import add_filler_repos, load_scenario
-
     parser = argparse.ArgumentParser(prog="python -m monitor.sandbox.fakehub", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

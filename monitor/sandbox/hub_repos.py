@@ -20,9 +20,10 @@ import struct
 import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from monitor.sandbox.fakehub import FakeHub
+if TYPE_CHECKING:   # only named in annotations: the fake Hub's entry point imports this module
+    from monitor.sandbox.fakehub import FakeHub
 
 SHARED_TOKENIZERS = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizers"
 BASE_TIME = datetime(2024, 1, 1, tzinfo=timezone.utc)

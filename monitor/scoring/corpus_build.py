@@ -17,7 +17,7 @@ from typing import Any
 
 from monitor.errors import CorpusError, PolicyError
 from monitor.jsonl import json_lines
-from monitor.policy import load_yaml_file
+from monitor.yamlio import load_yaml_file
 from monitor.scoring.corpus import (CANONICALIZATION, DOCUMENTS_FILE, MANIFEST_FILE, ORDER, SHA256_DEFINITION,
                                     SOURCES_FILE, Corpus, Document, canonicalize, decode_strict, load_corpus,
                                     manifest_sha256, normalize_text, slice_counts, text_sha256)

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from monitor.errors import PolicyError
-from monitor.policy.files import read_policy_text
+from monitor.files import read_policy_text
 
 # A configuration file has no reason to expand aliases into more nodes than this.
 ALIAS_EXPANSION_LIMIT = 10_000
