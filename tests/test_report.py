@@ -24,6 +24,7 @@ from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown, write_report
 from monitor.reports.schedule import write_due_reports
 from monitor.store import Store
+from monitor.testing.report_state import write_report_policy
 from monitor.testing.screenshot import chromium_screenshot, drawn_plots, plot_frames
 
 CORPUS = "c" * 64
@@ -62,25 +63,7 @@ def world(tmp_path: Path):
                       corpus_sha256=CORPUS, scoring_spec=SPEC)
     save_curve(curve, tmp_path / "curves" / "cloze.json")
     audit = tmp_path / "audit.jsonl"
-    (tmp_path / "policy.yaml").write_text(f"""\
-name: governance
-tasks:
-  - name: cloze
-    curve: curves/cloze.json
-corpora:
-  public: {CORPUS}
-route:
-  receiver: audit
-receivers:
-  - name: audit
-    file:
-      path: {audit}
-reports:
-  - name: weekly
-    schedule:
-      every: 1d
-    receivers: [audit]
-""")
+    write_report_policy(tmp_path, audit)
     policy = load_policy(tmp_path / "policy.yaml")
     store = Store.open(tmp_path / "lstar.duckdb")
     tcb = {"mean": 0.5, "median": 0.4, "p10": 0.1, "v_eff_mean": 12.0, "margin_mean": 1.5, "n_positions": 64}

@@ -90,6 +90,32 @@ def _fit_curve(folder: Path) -> Any:
     return curve
 
 
+def write_report_policy(folder: Path, audit: Path) -> Path:
+    """`folder/policy.yaml`: the cloze curve at `folder/curves/cloze.json`, alerts and a daily
+    report to the file receiver `audit`."""
+    path = Path(folder) / "policy.yaml"
+    path.write_text(f"""\
+name: governance
+tasks:
+  - name: cloze
+    curve: curves/cloze.json
+corpora:
+  public: {CORPUS}
+route:
+  receiver: audit
+receivers:
+  - name: audit
+    file:
+      path: {audit}
+reports:
+  - name: weekly
+    schedule:
+      every: 1d
+    receivers: [audit]
+""")
+    return path
+
+
 def build_report_state(folder: Path, *, scrambled: bool = True) -> ReportState:
     """Write the curve, policy and DuckDB file under `folder` and return them (store open).
 
@@ -103,25 +129,7 @@ def build_report_state(folder: Path, *, scrambled: bool = True) -> ReportState:
 
     folder = Path(folder)
     curve = _fit_curve(folder)
-    (folder / "policy.yaml").write_text(f"""\
-name: governance
-tasks:
-  - name: cloze
-    curve: curves/cloze.json
-corpora:
-  public: {CORPUS}
-route:
-  receiver: audit
-receivers:
-  - name: audit
-    file:
-      path: {folder / "audit.jsonl"}
-reports:
-  - name: weekly
-    schedule:
-      every: 1d
-    receivers: [audit]
-""")
+    write_report_policy(folder, folder / "audit.jsonl")
     policy = load_policy(folder / "policy.yaml")
     store = Store.open(folder / "lstar.duckdb")
     shas: dict[tuple[str, str], str] = {}
