@@ -174,6 +174,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     from monitor.environment import harden_environment
 
     harden_environment()
+    from monitor.curves.artifact import unresolved_warnings
     from monitor.lab.demo import heldout_cloze_file, train_demo_lineages
     from monitor.sandbox.fakehub import FakeHub
     from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
@@ -201,8 +202,6 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     curve_path = workdir / "policies" / "curves" / "cloze.json"
     curve, fit = fit_demo_curve(db, labels, curve_path)
     log(f"fitted the cloze curve: level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
-    from monitor.curves.artifact import unresolved_warnings
-
     unresolved = unresolved_warnings(curve)
     if unresolved:
         # the alerts and the report say so too; the demo says it first

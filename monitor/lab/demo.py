@@ -15,7 +15,7 @@ from typing import Any
 
 from monitor.lab.config import LabConfig
 from monitor.lab.model import ArchConfig
-from monitor.lab.pipeline import train_lab
+from monitor.lab.pipeline import TASKS_DIR, train_lab
 from monitor.lab.tasks import CLOZE_TASK
 from monitor.lab.train import lineage_name
 
@@ -48,4 +48,4 @@ def train_demo_lineages(out: str | Path, *, shared: str | Path = Path("../shared
 def heldout_cloze_file(out: str | Path) -> Path:
     """The cloze items of the documents the demo's lab held out of training (written by
     `train_demo_lineages`)."""
-    return Path(out) / "tasks" / f"{CLOZE_TASK}.jsonl"
+    return Path(out) / TASKS_DIR / f"{CLOZE_TASK}.jsonl"

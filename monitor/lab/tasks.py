@@ -30,7 +30,7 @@ MAX_DECODE_TOKENS = 6
 def problem_items(problems: Sequence[Problem] | None = None) -> list[dict[str, Any]]:
     """Multiple-choice items: the prompt, one option per number word."""
     items = []
-    for i, problem in enumerate(all_problems() if problems is None else problems):
+    for problem in all_problems() if problems is None else problems:
         items.append({"id": f"{ADD_TASK}-{problem.a}{problem.b}", "slice": "arithmetic",
                       "context": problem.prompt, "choices": [f" {w}" for w in NUMBER_WORDS],
                       "answer": NUMBER_WORDS.index(problem.answer)})

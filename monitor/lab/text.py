@@ -55,15 +55,17 @@ class Problem:
         return f"{self.prompt} {self.answer}"
 
 
+PROBLEMS = tuple(Problem(a, b) for a in range(10) for b in range(10) if a + b <= 9)
+
+
 def all_problems() -> list[Problem]:
     """The 55 problems, in order of (a, b)."""
-    return [Problem(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+    return list(PROBLEMS)
 
 
 def make_problem(rng: random.Random) -> Problem:
     """A problem drawn uniformly from the 55."""
-    problems = all_problems()
-    return problems[_below(rng, len(problems))]
+    return PROBLEMS[_below(rng, len(PROBLEMS))]
 
 
 def _below(rng: random.Random, n: int) -> int:

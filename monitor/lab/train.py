@@ -12,6 +12,7 @@ point restarts from the last state and produces the same weights as an uninterru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -106,8 +107,6 @@ def seen_at(data: FamilyData, config: LabConfig, step: int) -> tuple[int, int]:
 def training_fingerprint(config: LabConfig, data: FamilyData, seed: int) -> str:
     """What a lineage's weights depend on: its tokens, the architecture and the optimisation
     settings. A saved state with another fingerprint belongs to another lab and is not resumed."""
-    import hashlib
-
     settings = {"arch": config.arch.as_dict(), "batch_size": config.batch_size, "lr": config.lr,
                 "warmup_steps": config.warmup_steps, "fractions": list(config.fractions), "seed": seed,
                 "vocab": hashlib.sha256(data.vocab.used.tobytes()).hexdigest()}
