@@ -28,7 +28,7 @@ def demo_config(shared: str | Path = Path("../shared"), **changes: Any) -> LabCo
     shared = Path(shared)
     config = LabConfig(families=DEMO_FAMILIES, seeds=DEMO_SEEDS, byte_budget=300_000,
                        arch=ArchConfig(hidden=128, layers=2, heads=4, intermediate=512, context=64),
-                       batch_size=8, lr=3e-3, warmup_steps=10, fractions=(0.15, 0.45, 1.0),
+                       batch_size=8, lr=3e-3, warmup_steps=10, fractions=(0.15, 0.45, 1.0), problems_per_doc=8,
                        tokenizers_dir=shared / "tokenizers", text_corpus=shared / "corpus" / "calib-v0-alt",
                        calib_corpus=shared / "corpus" / "calib-v0", cloze_task=shared / "tasks" / "cloze-v0.jsonl")
     return config.with_(**changes)
