@@ -124,6 +124,19 @@ def forward_flops(doc_tokens: list[int], window: int, n_params: int, n_layers: i
 
 
 # --------------------------------------------------------------------------- workers (subprocesses)
+# Job keys beyond this script's own, used by benchmarks/gpu_score.py: `device` (default
+# "cpu"), `every` (every k-th document before the first `docs`), `warmup` (one untimed
+# forward pass first, so CUDA's one-off start-up cost is timed on neither side).
+
+
+def warm_up(model: Any, device: str) -> None:
+    """One untimed forward pass of 32 tokens (kernel selection, cuBLAS handles)."""
+    import torch
+
+    with torch.inference_mode():
+        model(input_ids=torch.zeros((1, 32), dtype=torch.long, device=device))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def worker_peak(job: dict[str, Any]) -> dict[str, Any]:
@@ -142,14 +155,17 @@ def worker_ours(job: dict[str, Any]) -> dict[str, Any]:
     from monitor.scoring.loader import load_checkpoint
     from monitor.scoring.tokenizer import load_tokenizer
 
+    device = job.get("device", "cpu")
     t_start = time.perf_counter()
-    checkpoint = load_checkpoint(job["model_dir"], dtype=job["dtype"], device="cpu")
+    checkpoint = load_checkpoint(job["model_dir"], dtype=job["dtype"], device=device)
     handle = load_tokenizer(job["model_dir"])
-    corpus = load_corpus(job["corpus_dir"]).select(first=job["docs"])
+    corpus = load_corpus(job["corpus_dir"]).select(every=job.get("every"), first=job["docs"])
     load_s = time.perf_counter() - t_start
     rss_loaded, hwm_loaded = _proc_status_mib("VmRSS"), _proc_status_mib("VmHWM")
+    if job.get("warmup"):
+        warm_up(checkpoint.model, device)
 
-    spec = ScoringSpec(max_context=job["max_length"], disjoint=True, dtype=job["dtype"], device="cpu",
+    spec = ScoringSpec(max_context=job["max_length"], disjoint=True, dtype=job["dtype"], device=device,
                        batch_size=job["batch_size"]).resolve(checkpoint.max_positions)
     t0 = time.perf_counter()
     token_seqs = handle.encode_documents(corpus)
@@ -170,6 +186,7 @@ def worker_ours(job: dict[str, Any]) -> dict[str, Any]:
         "n_params": checkpoint.n_params, "model_dtype": str(next(checkpoint.model.parameters()).dtype),
         "n_windows": out.n_windows, "n_input_tokens": out.n_input_tokens,
         "load_s": load_s, "tokenize_s": t_tokenized - t0, "score_s": out.wall_s, "wall_s": wall,
+        "device": device, "peak_memory_in_scoring_bytes": out.peak_memory_bytes,
         "rss_loaded_mib": rss_loaded, "hwm_loaded_mib": hwm_loaded,
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "keep_freed_memory": keep_freed_memory(),    # already made by score_token_sequences on the CPU
@@ -191,13 +208,16 @@ def worker_lm_eval(job: dict[str, Any]) -> dict[str, Any]:
         from monitor.scoring.host_memory import keep_freed_memory
 
         kept = keep_freed_memory()
+    device = job.get("device", "cpu")
     t_start = time.perf_counter()
     options = {"softmax_dtype": job["softmax_dtype"]} if job.get("softmax_dtype") else {}
-    lm = HFLM(pretrained=job["model_dir"], dtype=job["dtype"], device="cpu", batch_size=job["batch_size"],
+    lm = HFLM(pretrained=job["model_dir"], dtype=job["dtype"], device=device, batch_size=job["batch_size"],
               max_length=job["max_length"], prefix_token_id=job["prefix_token_id"], trust_remote_code=False,
               **options)
     load_s = time.perf_counter() - t_start
     rss_loaded, hwm_loaded = _proc_status_mib("VmRSS"), _proc_status_mib("VmHWM")
+    if job.get("warmup"):
+        warm_up(lm.model, device)
 
     # Time the harness's own rolling-loglikelihood call and keep its per-document answers;
     # the evaluator looks the method up on the instance, so wrapping it changes nothing else.
@@ -243,6 +263,7 @@ def worker_lm_eval(job: dict[str, Any]) -> dict[str, Any]:
         "window": lm.max_length, "batch_size": lm.batch_size, "softmax_dtype": str(lm.softmax_dtype),
         "n_params": sum(p.numel() for p in lm.model.parameters()), "model_dtype": str(next(lm.model.parameters()).dtype),
         "load_s": load_s, "score_s": call["seconds"], "wall_s": call["seconds"], "evaluate_s": evaluate_s,
+        "device": device,
         "rss_loaded_mib": rss_loaded, "hwm_loaded_mib": hwm_loaded,
         "threads": torch.get_num_threads(), "lm_eval": lm_eval.__version__, "torch": torch.__version__,
         "keep_freed_memory": kept,
@@ -266,8 +287,10 @@ def run_worker_main(kind: str, job_path: Path) -> int:
 # --------------------------------------------------------------------------- orchestration
 
 
-def run_side(name: str, kind: str, job: dict[str, Any], run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    """Run one worker subprocess; return its result plus wall time and peak RSS (wait4)."""
+def run_side(name: str, kind: str, job: dict[str, Any], run_dir: Path, env: dict[str, str], *,
+             script: Path | None = None) -> dict[str, Any]:
+    """Run one worker subprocess (of this script, or of `script`, which takes the same
+    `--worker KIND --job FILE`); return its result plus wall time and peak RSS (wait4)."""
     job = dict(job, result_path=str(run_dir / f"{name}.result.json"))
     job_path = run_dir / f"{name}.job.json"
     job_path.write_text(json.dumps(job, indent=1))
@@ -275,7 +298,8 @@ def run_side(name: str, kind: str, job: dict[str, Any], run_dir: Path, env: dict
     print(f"  running {name:8s} ...", end="", flush=True)
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--job", str(job_path)],
+        proc = subprocess.Popen([sys.executable, str(script or Path(__file__).resolve()), "--worker", kind,
+                                 "--job", str(job_path)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO_ROOT))
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)

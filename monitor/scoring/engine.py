@@ -228,6 +228,7 @@ def _result_object(request: ScoreRequest, corpus: Corpus, handle: TokenizerHandl
                         "documents": len(corpus.documents)}
     result["tokens_per_s"] = output.tokens_per_s
     result["wall_s"] = output.wall_s
+    result["peak_gpu_memory_bytes"] = output.peak_memory_bytes      # None on the CPU
     result["run_id"] = uuid.uuid4().hex
     return result
 

@@ -6,12 +6,16 @@ tensor), the Token Constraint Bound, and the scoring loop that batches the windo
 documents by length.
 
 Numerics: the model runs in the resolved dtype (bf16 on CUDA, float32 on CPU unless asked);
-logits come out of the output matmul in that dtype, the log-softmax is taken in float32,
-and per-token NLLs are summed in float64.
+logits come out of the output matmul in that dtype, the log-softmax is taken in float32
+(float64 for a float64 model), and per-token NLLs are summed in float64 on the host, in a
+fixed order, so a score does not depend on the device's scheduling of atomic adds. A
+float32 spec runs its matmuls in full float32 whatever the process-wide setting (no TF32,
+no bf16 passes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -49,6 +53,11 @@ def resolve_device(device: str) -> str:
         if not torch.cuda.is_available():
             raise SpecError(f"device {device!r} requested but no CUDA GPU is available",
                             hint="use --device cpu or --device auto")
+        index = device.partition(":")[2]
+        if device != "cuda" and not (index.isdigit() and int(index) < torch.cuda.device_count()):
+            raise SpecError(f"device {device!r} does not exist: this host has "
+                            f"{torch.cuda.device_count()} CUDA device(s)",
+                            hint=f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1} or cuda")
         return device
     raise SpecError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
 
@@ -212,9 +221,17 @@ class OutputHead:
     def vocab_size(self) -> int:
         return int(self.weight.shape[0])
 
+    @property
+    def accumulator_dtype(self) -> torch.dtype:
+        """float32 for bf16, float16 and float32 weights; float64 for float64 weights (a
+        reference computation must not lose precision in the head)."""
+        return torch.promote_types(self.weight.dtype, torch.float32)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [n, V] of hidden states [n, d]; the matmul runs in the model dtype."""
-        out = torch.empty((hidden.shape[0], self.vocab_size), dtype=torch.float32, device=hidden.device)
+        """Logits [n, V] of hidden states [n, d] in the accumulator dtype; the matmul runs in
+        the model dtype."""
+        out = torch.empty((hidden.shape[0], self.vocab_size), dtype=self.accumulator_dtype,
+                          device=hidden.device)
         return self._logits_into(hidden, out)
 
     def _logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -233,22 +250,26 @@ class OutputHead:
         return out
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor, chunk_elements: int) -> torch.Tensor:
-        """Per-position NLL (float32 [n]) of `targets` given hidden states [n, d], computed a
-        chunk of positions at a time so at most `chunk_elements` logits exist at once.
+        """Per-position NLL ([n], in `accumulator_dtype`: float32 unless the head is float64)
+        of `targets` given hidden states [n, d], computed a chunk of positions at a time so
+        at most `chunk_elements` logits exist at once (with bf16 weights the matmul's own
+        bf16 output of one chunk exists beside them).
 
         One logits buffer serves every chunk and the log-sum-exp runs in place on it
         (max, subtract, exp, sum); the buffer is kept for the next call. On the CPU a fresh
         [c, V] block per chunk costs more in page faults than its exp does."""
         rows = max(1, chunk_elements // self.vocab_size)
         n = hidden.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        dtype = self.accumulator_dtype
+        out = torch.empty(n, dtype=dtype, device=hidden.device)
         buffer = self._buffer
-        if buffer is None or buffer.shape[0] < min(rows, n) or buffer.device != hidden.device:
-            buffer = torch.empty((min(rows, n), self.vocab_size), dtype=torch.float32, device=hidden.device)
+        if (buffer is None or buffer.shape[0] < min(rows, n) or buffer.device != hidden.device
+                or buffer.dtype != dtype):
+            buffer = torch.empty((min(rows, n), self.vocab_size), dtype=dtype, device=hidden.device)
             self._buffer = buffer
         for lo in range(0, n, rows):
             h = hidden[lo:lo + rows]
-            z = self._logits_into(h, buffer[:h.shape[0]])                 # [c, V] float32
+            z = self._logits_into(h, buffer[:h.shape[0]])                 # [c, V] accumulator dtype
             target_logit = z.gather(1, targets[lo:lo + rows, None]).squeeze(1)
             peak = z.amax(dim=1)
             z.sub_(peak[:, None]).exp_()
@@ -360,6 +381,9 @@ class ScoreOutput:
     n_windows: int = 0
     n_input_tokens: int = 0
     tcb_index: np.ndarray | None = None   # int64 [k]: flat index of each sampled scored position
+    # CUDA only: most bytes the caching allocator held in tensors during the call (weights
+    # included), from torch.cuda.max_memory_allocated; None on the CPU
+    peak_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -412,6 +436,25 @@ def sample_tcb_positions(n_scored: int, k: int, seed: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64(seed))
     return np.sort(rng.choice(n_scored, size=k, replace=False)).astype(np.int64)
+
+
+@contextlib.contextmanager
+def full_precision_float32(dtype: torch.dtype):
+    """Within the block, float32 matmuls run in full float32 when `dtype` is float32.
+
+    `torch.set_float32_matmul_precision("high")` anywhere in the process (a library, a
+    notebook) lets CUDA use TF32 and lets the CPU use bf16 passes for float32 matmuls; a
+    score that records dtype float32 must not be computed that way. The previous setting is
+    restored on exit."""
+    if dtype != torch.float32:
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def _progress_bar(enabled: bool):
@@ -469,11 +512,42 @@ def score_token_sequences(model: torch.nn.Module, token_seqs: Sequence[Sequence[
     sample = sample_tcb_positions(n_tokens, spec.tcb_positions if with_tcb else 0, spec.tcb_seed)
     sampled_hidden = torch.zeros((len(sample), head.weight.shape[1]), dtype=torch.float32, device=device)
 
-    doc_nll = torch.zeros(n_docs, dtype=torch.float64, device=device)
-    if passes:
-        check_ids = torch.from_numpy(seqs[passes[-1].doc][passes[-1].start:passes[-1].end][:16]).to(device)
-        check_head_matches_model(model, body, head, check_ids[None, :])
+    # Summed on the host in row order: index_add_ on a CUDA tensor uses atomic adds, whose
+    # order (and so the last bits of a float64 sum) changes from run to run.
+    doc_nll = np.zeros(n_docs, dtype=np.float64)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with full_precision_float32(spec.torch_dtype):
+        if passes:
+            check_ids = torch.from_numpy(seqs[passes[-1].doc][passes[-1].start:passes[-1].end][:16]).to(device)
+            check_head_matches_model(model, body, head, check_ids[None, :])
+        n_input, wall_s = _score_passes(body, head, passes, seqs, doc_offset, sample, spec,
+                                        doc_nll, sampled_hidden, progress=progress)
 
+        tcb = v_eff = margin = None
+        if with_tcb and len(sample) == 0:
+            tcb, v_eff, margin = (np.zeros(0, dtype=np.float64) for _ in range(3))
+        elif with_tcb:
+            values = token_constraint_bound(sampled_hidden, head.weight, head.bias, scale=head.scale)
+            tcb, v_eff, margin = (v.cpu().numpy().astype(np.float64) for v in values)
+    peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
+    return ScoreOutput(doc_nll=doc_nll, doc_ntok=doc_ntok, tcb=tcb, v_eff=v_eff, margin=margin,
+                       n_tokens=n_tokens, wall_s=wall_s,
+                       tokens_per_s=n_tokens / wall_s if wall_s > 0 else float("nan"),
+                       n_windows=len(passes), n_input_tokens=n_input,
+                       tcb_index=sample if with_tcb else None, peak_memory_bytes=peak)
+
+
+def _score_passes(body: torch.nn.Module, head: OutputHead, passes: list[_Pass],
+                  seqs: list[np.ndarray], doc_offset: np.ndarray, sample: np.ndarray,
+                  spec: ResolvedSpec, doc_nll: np.ndarray, sampled_hidden: torch.Tensor, *,
+                  progress: bool) -> tuple[int, float]:
+    """The timed loop over batches of passes: adds per-document NLLs into `doc_nll` and
+    writes the TCB sample's hidden states into `sampled_hidden`. Returns (input tokens,
+    wall seconds); on CUDA the clock is read only after the device has finished."""
+    device = torch.device(spec.device)
+    n_tokens = int(sum(len(s) - 1 for s in seqs if len(s) > 1))
     n_input = 0
     bar = _progress_bar(progress)
     if device.type == "cuda":
@@ -492,23 +566,13 @@ def score_token_sequences(model: torch.nn.Module, token_seqs: Sequence[Sequence[
             hidden = _final_hidden(body, ids).flatten(0, 1)                        # [B*T, d]
             scored = hidden.index_select(0, torch.from_numpy(batch.rows).to(device))  # [M, d]
             nll = head.nll(scored, torch.from_numpy(batch.targets).to(device), spec.logits_chunk)
-            doc_nll.index_add_(0, torch.from_numpy(batch.owner).to(device), nll.double())
+            # the copy to the host waits for this batch on the device: a sync per batch,
+            # small beside a forward pass, and device memory stays flat whatever the corpus
+            np.add.at(doc_nll, batch.owner, nll.cpu().numpy().astype(np.float64))
             if len(batch.tcb_slots):
                 sampled_hidden[torch.from_numpy(batch.tcb_slots).to(device)] = hidden.index_select(
                     0, torch.from_numpy(batch.tcb_rows).to(device)).float()
             bar.advance(task, len(batch.rows))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    wall_s = time.perf_counter() - t0
-
-    tcb = v_eff = margin = None
-    if with_tcb and len(sample) == 0:
-        tcb, v_eff, margin = (np.zeros(0, dtype=np.float64) for _ in range(3))
-    elif with_tcb:
-        values = token_constraint_bound(sampled_hidden, head.weight, head.bias, scale=head.scale)
-        tcb, v_eff, margin = (v.cpu().numpy().astype(np.float64) for v in values)
-    return ScoreOutput(doc_nll=doc_nll.cpu().numpy(), doc_ntok=doc_ntok, tcb=tcb, v_eff=v_eff, margin=margin,
-                       n_tokens=n_tokens, wall_s=wall_s,
-                       tokens_per_s=n_tokens / wall_s if wall_s > 0 else float("nan"),
-                       n_windows=len(passes), n_input_tokens=n_input,
-                       tcb_index=sample if with_tcb else None)
+    return n_input, time.perf_counter() - t0
