@@ -1,6 +1,7 @@
 """Run the full emergence lab and print its leave-one-family-out table.
 
     python benchmarks/lab_full.py [--out state/lab-full] [--workers 2] [--byte-budget N] [--seeds 0,1,2]
+                                  [--families gpt2,llama-3,...]
 
 Trains the full lab (`monitor.lab.config.LabConfig`: gpt2, llama-3, bert-base-uncased,
 smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every family),
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--byte-budget", type=int, default=None)
     parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default: the config's, 0,1,2).")
+    parser.add_argument("--families", default=None,
+                        help="Comma-separated tokenizer folders (default: the config's five families).")
     parser.add_argument("--shared", type=Path, default=Path("../shared"))
     args = parser.parse_args(argv)
     shared = args.shared
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         config = config.with_(byte_budget=args.byte_budget)
     if args.seeds:
         config = config.with_(seeds=tuple(int(s) for s in args.seeds.split(",")))
+    if args.families:
+        config = config.with_(families=tuple(f.strip() for f in args.families.split(",") if f.strip()))
     start = time.monotonic()
     record = run_lab(config, args.out, workers=args.workers, progress=sys.stderr.isatty())
     print(f"trained, scored and labelled {len(record.checkpoints)} checkpoints in "
