@@ -118,7 +118,7 @@ class RayBackend:
             self._owns = True
         self._task = self._ray.remote(score_on_worker)
 
-    def _options(self, job: ScoreJob) -> tuple[dict[str, Any], ScoreJob]:
+    def task_options(self, job: ScoreJob) -> tuple[dict[str, Any], ScoreJob]:
         """The task's resources, and the job as sent (with `device_map` for a multi-GPU model)."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_retries": 0}
         if job.memory_bytes:
@@ -152,7 +152,7 @@ class RayBackend:
                 if refused is not None:
                     yield refused
                     continue
-                options, sent = self._options(job)
+                options, sent = self.task_options(job)
                 ref = self._task.options(**options).remote(sent.to_dict(), self.timeout_s, self.memory_bytes,
                                                            self.workdir)
                 pending[ref] = job
