@@ -206,3 +206,26 @@ def test_placement_asks_for_the_gpus_a_model_needs_and_spreads_it_with_device_ma
         assert "num_gpus" not in options and options["num_cpus"] == 1
     finally:
         backend.gpu_bytes = None
+
+
+def test_the_shutdown_cancels_a_running_task_and_its_job_is_not_at_fault(tmp_path, backend, calib_v0,
+                                                                         monkeypatch):
+    import threading
+
+    from monitor.sandbox.tiny_models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model", calib_v0.parent.parent / "tokenizers" / "gpt2", arch="llama",
+                             hidden=16, layers=1, heads=2, max_positions=64)
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_score_child")    # the child never finishes
+    job = ScoreJob(checkpoint_id=9, repo="acme/hangs", sha="d" * 40,
+                   request=replace(template(calib_v0), model=str(model)))
+    outcomes = []
+    runner = threading.Thread(target=lambda: outcomes.extend(backend.run([job])))
+    runner.start()
+    while backend.interrupt() == 0:          # until the task is submitted and running
+        assert runner.is_alive(), outcomes
+        threading.Event().wait(0.1)
+    runner.join()
+    [outcome] = outcomes
+    assert outcome.error.error_class == "ScoringInterrupted"
+    assert "cancelled by the shutdown" in outcome.error.message

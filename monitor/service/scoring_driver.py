@@ -3,17 +3,15 @@
 The queue (`monitor.hub.queue`) gives each job a lease and at most three attempts.
 `score_queue` downloads the pinned snapshot (recording the fetch), hands it to a scorer,
 and writes the score run and the lease's completion in one transaction, so a job completes
-exactly once. Two scorers:
-
-- `score_in_process` runs the forward passes here (`lstar score --pending`);
-- `score_in_child` runs them in `monitor.scoring.child`, which never opens the database, so
-  a model that eats all memory or never finishes cannot take the daemon down.
+exactly once; `score_in_process` runs the forward passes here (`lstar score --pending`).
 
 `score_queue_on` (the daemon's path) leases a batch of jobs, fetches each, and hands them
 together to a scoring backend (`monitor.scoring.backends`: `local` child processes, or a
 Ray cluster that runs them in parallel); each outcome is written with its lease's
-completion as it arrives. Workers never open the database; the cached unigram baselines
-travel with the jobs, and a baseline a worker computed comes back to be cached.
+completion as it arrives. Workers never open the database (and the local backend's child
+process cannot take the daemon down with a model that eats all memory or never finishes);
+the cached unigram baselines travel with the jobs, and a baseline a worker computed comes
+back to be cached.
 
 Identical content is scored once: a fetched checkpoint whose weights and config/tokenizer
 files (by the digests the fetch recorded from the Hub's LFS sha256 and blob ids), scoring
@@ -43,8 +41,7 @@ from monitor.failpoints import failpoint
 from monitor.hub import (DEFAULT_LEASE_S, HubClient, JobResult, LayoutError, Outcome, fetch_job,
                          process_pending, prune_cache, resolve_cache_dir)
 from monitor.hub.queue import claim_batch, release, settle
-from monitor.scoring import (ScoredRun, ScoreRequest, ScoringInterrupted, compute_score, prepare,
-                             run_score_child)
+from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
 from monitor.scoring.engine import corpus_selection
 from monitor.store import Store, utcnow
@@ -90,27 +87,6 @@ def score_in_process(store: Store, template: ScoreRequest) -> Scorer:
                           model_root=snapshot.parent.parent,
                           extra_model_info={**_hub_info(job), "path": str(snapshot)})
         return compute_score(prepare(request), store)
-
-    return scorer
-
-
-def score_in_child(template: ScoreRequest, *, state_dir: Path, timeout_s: float,
-                   memory_bytes: int | None) -> Scorer:
-    """Score in a child process (killed past `timeout_s` or `memory_bytes`), on a flat copy
-    of the snapshot under `state_dir/tmp`."""
-    def scorer(job: dict[str, Any], snapshot: Path) -> ScoredRun:
-        flat = materialize_snapshot(snapshot, state_dir / "tmp" / f"checkpoint-{job['id']}")
-        try:
-            request = replace(template, model=str(flat), checkpoint_id=job["id"], progress=False,
-                              extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
-            return run_score_child(request, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                   workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
-        except ScoringInterrupted as exc:
-            # Killed by our own shutdown: the lease and the attempt go back.
-            raise HubError(f"the daemon stopped while scoring this job ({exc})",
-                           hint="it runs after the restart") from None
-        finally:
-            shutil.rmtree(flat, ignore_errors=True)
 
     return scorer
 

@@ -203,8 +203,10 @@ class RayBackend:
 
     def interrupt(self) -> int:
         """Cancel the running tasks (the daemon's shutdown); how many were running."""
-        self._interrupted.set()
-        return self._running
+        running = self._running
+        if running:
+            self._interrupted.set()
+        return running
 
     def close(self) -> None:
         """Disconnect from the cluster if this backend connected (a local instance stops)."""
