@@ -228,3 +228,29 @@ def test_the_shutdown_cancels_a_running_task_and_its_job_is_not_at_fault(tmp_pat
     [outcome] = outcomes
     assert outcome.error.error_class == "ScoringInterrupted"
     assert "cancelled by the shutdown" in outcome.error.message
+
+
+def test_the_daemon_scores_on_the_cluster_given_by_its_address(tmp_path, cluster, shared_dir):
+    """`lstar run --scoring-backend ray --ray-address ...` end to end: the daemon connects to
+    the module's cluster, a Ray worker scores, the daemon writes the score."""
+    from monitor.sandbox.hub_repos import add_lineage
+    from monitor.testing.daemon_harness import WATCHER_POLICY, DaemonProcess, wait_for
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "watcher.yaml").write_text(WATCHER_POLICY)
+    address = cluster.get_runtime_context().gcs_address
+    args = ["--cache-dir", str(tmp_path / "cache"), "--corpus", str(shared_dir / "corpus" / "calib-v0"),
+            "--docs", "2", "--max-context", "64", "--n-boot", "10",
+            "--scoring-backend", "ray", "--ray-address", address]
+    with FakeHub() as server:
+        add_lineage(server, "fake-org/tiny", steps=(1000,))
+        with DaemonProcess(tmp_path / "policies", tmp_path / "state", endpoint=server.url, args=args) as daemon:
+            wait_for(lambda: daemon.status()["checkpoints"].get("scored") == 1, timeout=300,
+                     what=f"the score on the cluster\n{daemon.log()}")
+            pid = daemon.proc.pid
+            assert daemon.stop() == 0
+    with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
+        [row] = store.list_checkpoints(repo="fake-org/tiny")
+        assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 1
+    worker_pid = int(row["meta"]["worker"].rsplit(":", 1)[1])
+    assert worker_pid != pid                       # scored in a Ray worker, not in the daemon

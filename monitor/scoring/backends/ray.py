@@ -90,6 +90,7 @@ class RayBackend:
     """Scores jobs as Ray tasks, all submitted at once, outcomes yielded as they finish."""
 
     name = "ray"
+    concurrency = None   # the cluster queues what it cannot run yet
 
     def __init__(self, *, address: str | None = None, timeout_s: float = 3600.0,
                  memory_bytes: int | None = None, workdir: str | Path | None = None,
