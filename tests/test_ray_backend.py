@@ -254,3 +254,19 @@ def test_the_daemon_scores_on_the_cluster_given_by_its_address(tmp_path, cluster
         assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 1
     worker_pid = int(row["meta"]["worker"].rsplit(":", 1)[1])
     assert worker_pid != pid                       # scored in a Ray worker, not in the daemon
+
+
+def test_an_address_nothing_answers_on_is_refused_at_once():
+    import socket
+
+    from monitor.errors import LstarError
+    from monitor.scoring.backends.ray import check_reachable
+
+    with socket.socket() as sock:     # a port that was free a moment ago: nothing listens on it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(LstarError, match=f"nothing answers at the Ray address 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(LstarError, match="is not host:port"):
+        check_reachable("127.0.0.1:http")
+    check_reachable("auto")           # left to Ray

@@ -110,6 +110,7 @@ class DaemonConfig:
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
     scoring_backend: str = "local"    # where scoring runs: local (child processes) | ray
     ray_address: str | None = None    # the Ray cluster (else $RAY_ADDRESS, else a local one)
+    ray_gpu_bytes: int | None = None  # one GPU's memory there: larger CUDA jobs span several GPUs
 
     @property
     def db_path(self) -> Path:
@@ -550,7 +551,7 @@ class Daemon:
             else:
                 # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
                 # scoring child on whichever node runs it.
-                options.update(address=cfg.ray_address,
+                options.update(address=cfg.ray_address, gpu_bytes=cfg.ray_gpu_bytes,
                                memory_bytes=cfg.score_memory if cfg.template.device == "cpu" else None)
             self.backend = make_backend(cfg.scoring_backend, **options)
         return self.backend
