@@ -192,3 +192,15 @@ def test_lstar_run_checks_the_backend_options_before_starting(tmp_path, monkeypa
     assert main([*base, "--scoring-backend", "ray"]) == 2
     assert "needs the ray package" in capsys.readouterr().err
     assert not (tmp_path / "state").exists()                # nothing was started or written
+
+
+def test_in_process_the_store_caches_the_baseline_once(tiny_dir, calib_v0, tmp_path):
+    from monitor.store import Store
+
+    prepared = prepare(request_for(tiny_dir, calib_v0))
+    with Store.open(tmp_path / "state.duckdb") as store:
+        first = compute_score(prepared, store)
+        second = compute_score(prepared, store)
+        assert (first.baseline_source, second.baseline_source) == ("computed", "store")
+        assert store.query("SELECT count(*) AS n FROM baselines")[0]["n"] == 1
+    assert second.result["ce_unigram"] == first.result["ce_unigram"]

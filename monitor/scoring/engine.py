@@ -211,8 +211,9 @@ def _baseline(prepared: Prepared, store: Store | None,
     for known_fp, known_sha, baseline in known:
         if known_fp == fingerprint and known_sha == corpus_sha:
             return dict(baseline), "job"
-    if store is not None and store.get_baseline(fingerprint, corpus_sha) is not None:
-        return store.get_baseline(fingerprint, corpus_sha), "store"  # type: ignore[return-value]
+    cached = store.get_baseline(fingerprint, corpus_sha) if store is not None else None
+    if cached is not None:
+        return cached, "store"
     return get_or_compute_baseline(store, prepared.handle, prepared.corpus, prepared.token_seqs), "computed"
 
 
