@@ -275,7 +275,8 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
         except Exception as exc:  # the backend itself failed (a lost cluster): not the jobs' fault
             reason = f"the scoring backend failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             log.warning("%s; %d job(s) go back to the queue", reason, len(ready))
-            for job, _, _ in list(ready.values()):
+            for job, flat, _ in list(ready.values()):
+                shutil.rmtree(flat, ignore_errors=True)
                 results.append(_give_back(store, job, owner, reason, now_fn))
             ready.clear()
         for job, key, leader in followers:
