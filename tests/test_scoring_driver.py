@@ -1,0 +1,55 @@
+"""The daemon's scoring driver against a backend that fails as a whole (docs/reliability.md
+row 27): the jobs it had not answered go back to the queue with their attempt refunded and
+the reason, and the answered one is written. Real fake Hub, real gate and fetch, real DuckDB,
+the real local backend for the job that is answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitor.hub.client import HubClient
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import poll_once
+from monitor.hub.rules import WatchRule
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import tiny_model_files
+from monitor.scoring.backends import LocalBackend
+from monitor.scoring.engine import ScoreRequest
+from monitor.service.scoring_driver import score_queue_on
+from monitor.store import Store
+
+
+class ClusterLostAfterOne(LocalBackend):
+    """Scores the first job, then loses its cluster."""
+
+    concurrency = None
+
+    def run(self, jobs):
+        jobs = list(jobs)
+        yield from super().run(jobs[:1])
+        raise ConnectionError("lost the connection to the cluster")
+
+
+def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path: Path, calib_v0: Path):
+    with FakeHub() as hub:
+        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
+        hub.add_repo("acme/two", tiny_model_files("gpt2", arch="llama", seed=12))
+        db, cache = tmp_path / "state.duckdb", tmp_path / "hf-cache"
+        template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
+                                with_tcb=False, n_boot=10, progress=False)
+        with Store.open(db) as store:
+            client = HubClient(hub.url, store=store)
+            rules = [WatchRule(name="acme", author="acme")]
+            poll_once(store, client, rules)
+            assert [o.status for o in gate_pending(store, client, rules, cache_dir=cache)] == ["gated", "gated"]
+            results = score_queue_on(store, client, ClusterLostAfterOne(timeout_s=300, workdir=tmp_path / "w"),
+                                     template, owner="test", state_dir=tmp_path, cache_dir=cache, limit=4)
+            rows = {r["repo"]: r for r in store.list_checkpoints()}
+            runs = store.score_runs()
+    statuses = sorted(r.status for r in results)
+    assert statuses == ["fetched", "scored"]
+    [lost] = [r for r in results if r.status == "fetched"]
+    assert lost.reason.startswith("the scoring backend failed: ConnectionError: lost the connection")
+    assert rows[lost.repo]["attempts"] == 0 and rows[lost.repo]["lease_owner"] is None   # refunded
+    assert len(runs) == 1 and runs[0]["model_repo"] != lost.repo
+    assert not list((tmp_path / "tmp").glob("checkpoint-*"))   # the flat copies are removed
