@@ -8,7 +8,8 @@ smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every
 scores and labels every checkpoint (`lab.json`), then writes the lab report with
 `monitor.lab.report.write_lab_report` and prints the LOFO errors of every x-axis with the
 bootstrap intervals of their difference to L*. A killed run resumes where it stopped.
-Sized for about half an hour to an hour on 2 cores; the time is printed at the end.
+One seed of four families took about 80 minutes on 2 shared cores; the defaults (five
+families, three seeds) take hours. The time is printed at the end.
 This is a measurement, not a test: whatever the table says is the result.
 """
 
