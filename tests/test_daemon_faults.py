@@ -212,9 +212,9 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
         wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the poll")
         assert daemon.stop() == 0
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
-        ages = sorted((now - p["polled_at"]).days for p in store.hub_polls() if p["rule_key"] == "old-rule")
+        ages = sorted((now - p.polled_at).days for p in store.hub_polls() if p.rule_key == "old-rule")
         assert ages == [2]
-        assert any(p["rule_name"] == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
+        assert any(p.rule_name == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
 
 
 def test_a_hung_job_is_reported_by_the_watchdog_and_health(hub, tmp_path):

@@ -154,7 +154,7 @@ def test_first_poll_records_every_new_commit_and_second_poll_is_cheap(hub, store
     assert all(r["status"] == "discovered" and r["refs"] == ["main"] and r["rule"] == "org"
                and r["lineage"] == r["repo"] for r in found.values())
     mark = store.get_watermark(rule.key(hub.url))
-    assert mark["last_modified"] == T0 + timedelta(minutes=5) and mark["boundary"] == ["org/m5"]
+    assert mark.last_modified == T0 + timedelta(minutes=5) and mark.boundary == ["org/m5"]
 
     hub.reset_log()
     second = poll_rule(store, client, rule)
@@ -243,7 +243,7 @@ def test_watermark_is_kept_when_the_poll_fails(hub, store):
     assert failed.error is not None and "503" in failed.error
     assert store.get_watermark(rule.key(hub.url)) == before
     assert set(rows(store)) == {("wm/run", sha1)}
-    assert store.hub_polls(limit=1)[0]["ok"] is False
+    assert store.hub_polls(limit=1)[0].ok is False
     assert len(clock.slept) == 1                                   # one backoff between the 2 tries
 
     hub.fail_next(1, 400, path_prefix="/api/models")               # the listing itself refused
@@ -253,7 +253,7 @@ def test_watermark_is_kept_when_the_poll_fails(hub, store):
     recovered = poll_rule(store, client, rule)
     assert recovered.error is None and recovered.new == 1
     assert ("wm/run", sha2) in rows(store)
-    assert store.get_watermark(rule.key(hub.url))["last_modified"] == T0 + timedelta(hours=1)
+    assert store.get_watermark(rule.key(hub.url)).last_modified == T0 + timedelta(hours=1)
 
 
 def test_unreadable_repo_in_branch_mode_is_recorded_skipped(hub, store):
@@ -329,16 +329,16 @@ def test_circuit_opens_after_consecutive_failures_and_records_one_outage(hub, st
         client_for(hub, store, clock).model_info("cb/m0", None)    # a restarted process too
     assert hub.count_requests() == 3
     outages = store.hub_outages()
-    assert len(outages) == 1 and outages[0]["ended_at"] is None and outages[0]["failures"] == 3
-    assert store.hub_outages(unalerted_only=True)[0]["id"] == outages[0]["id"]
-    assert store.mark_hub_outage_alerted(outages[0]["id"], now=clock.now())
-    assert not store.mark_hub_outage_alerted(outages[0]["id"], now=clock.now())   # one meta-alert
+    assert len(outages) == 1 and outages[0].ended_at is None and outages[0].failures == 3
+    assert store.hub_outages(unalerted_only=True)[0].id == outages[0].id
+    assert store.mark_hub_outage_alerted(outages[0].id, now=clock.now())
+    assert not store.mark_hub_outage_alerted(outages[0].id, now=clock.now())   # one meta-alert
 
     hub.set_outage(False)
     clock.t += timedelta(seconds=301)
     assert client.model_info("cb/m0", None).id == "cb/m0"
-    assert store.hub_outages()[0]["ended_at"] == clock.now()
-    assert store.get_hub_state(hub.url)["consecutive_failures"] == 0
+    assert store.hub_outages()[0].ended_at == clock.now()
+    assert store.get_hub_state(hub.url).consecutive_failures == 0
     assert poll_rule(store, client, rule).new == 1
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabelError
+from monitor.store.rows import LabelRow
 
 MC_METRICS = ("acc", "acc_norm", "prob_correct", "brier")
 
@@ -227,19 +228,19 @@ def read_labels_csv(path: str | Path) -> list[Label]:
 
 
 # -- labels and the store -----------------------------------------------------------------------
-def labels_from_rows(rows: Sequence[dict[str, Any]], *, latest_only: bool = True) -> list[Label]:
+def labels_from_rows(rows: Sequence[LabelRow], *, latest_only: bool = True) -> list[Label]:
     """Labels from `Store.labels()` rows (oldest first). With `latest_only`, a checkpoint
     evaluated several times on a task metric keeps only its newest row."""
     if latest_only:
-        newest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        newest: dict[tuple[Any, ...], LabelRow] = {}
         for row in rows:
-            newest[(row["repo"], row["sha"], row["task"], row["metric"])] = row
+            newest[(row.repo, row.sha, row.task, row.metric)] = row
         rows = list(newest.values())
-    return [Label(checkpoint=row["checkpoint"], value=float(row["value"]), family=row["family"],
-                  task=row["task"], metric=row["metric"],
-                  n=int(row["n"]) if row["n"] is not None else None, stderr=row["stderr"],
-                  repo=row["repo"], sha=row["sha"] or None, source=row["source"],
-                  source_ref=row["source_ref"], details=dict(row.get("details") or {}))
+    return [Label(checkpoint=row.checkpoint, value=float(row.value), family=row.family,
+                  task=row.task, metric=row.metric,
+                  n=int(row.n) if row.n is not None else None, stderr=row.stderr,
+                  repo=row.repo, sha=row.sha or None, source=row.source,
+                  source_ref=row.source_ref, details=dict(row.details or {}))
             for row in rows]
 
 
