@@ -29,6 +29,11 @@ from monitor.store import Store
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
 
 
+def _as_dict(row: Any) -> dict[str, Any] | None:
+    """A row as the dict the daemon's API answers with (None stays None)."""
+    return None if row is None else row.as_dict()
+
+
 def _policies(paths: list[Path]) -> list[Any]:
     return load_policies(expand_policy_paths(paths))
 
@@ -62,7 +67,7 @@ def register(app: typer.Typer) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
         rows = through_daemon(db_file(state, db),
                               lambda url: revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit})),
-                              lambda store: store.list_alerts(limit=limit, policy=policy))
+                              lambda store: [r.as_dict() for r in store.list_alerts(limit=limit, policy=policy)])
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -94,7 +99,7 @@ def register(app: typer.Typer) -> None:
         # the daemon answers 404, raised there as the same DeliveryError, when there is none
         detail = through_daemon(db_file(state, db),
                                 lambda url: revive_times(api_get(url, f"/alerts/{alert_id}")),
-                                lambda store: store.alert_detail(alert_id))
+                                lambda store: _as_dict(store.alert_detail(alert_id)))
         if detail is None:
             raise DeliveryError(f"no alert with id {alert_id}", hint="see `lstar alerts list`")
         if as_json:

@@ -53,4 +53,5 @@ def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
     return through_daemon(db_path,
                           lambda url: api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit}),
-                          lambda store: store.list_checkpoints(status=status, repo=repo, limit=limit))
+                          lambda store: [r.as_dict() for r in store.list_checkpoints(status=status, repo=repo,
+                                                                                  limit=limit)])

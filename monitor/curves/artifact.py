@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from monitor.errors import CurveError, PolicyError
 from monitor.files import read_policy_bytes
+from monitor.store.rows import ScoreRunRow
 
 SCHEMA = "lstar-curve/1"
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
@@ -359,12 +360,12 @@ def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
                            task=curve.task, metric=curve.metric)
 
 
-def predict_score_run(curve: CurveArtifact, run: Mapping[str, Any]) -> CurvePrediction:
+def predict_score_run(curve: CurveArtifact, run: ScoreRunRow) -> CurvePrediction:
     """Predict for a stored score run (a `score_runs` row), checking corpus and spec."""
     if curve.predictor != "lstar":
         raise CurveError(f"curve {curve.curve_id[:12]} is fitted on {curve.predictor}, not L*")
-    return predict(curve, float(run["lstar"]), float(run["se_ce"]),
-                   corpus_sha256=str(run["corpus_sha256"]), scoring_spec=ScoringRef.from_score_run(run))
+    return predict(curve, float(run.lstar), float(run.se_ce),
+                   corpus_sha256=str(run.corpus_sha256), scoring_spec=ScoringRef.from_score_run(run.as_dict()))
 
 
 # -- the curve's own warnings -----------------------------------------------------------------

@@ -24,6 +24,7 @@ from monitor.hub.gate import (COMMIT_RE, CONFIG_FILE, FILE_BYTE_LIMITS, OPTIONAL
                               check_file_budgets, check_file_names, resolve_cache_dir, weight_files)
 from monitor.hub.rules import Budgets
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow
 
 
 # -- pinned download ------------------------------------------------------------------------
@@ -171,14 +172,14 @@ def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, in
     return verify_snapshot(cache_dir, repo, sha, files)
 
 
-def fetch_job(store: Store, job: dict[str, Any], *, owner: str, client: HubClient | None = None,
+def fetch_job(store: Store, job: CheckpointRow, *, owner: str, client: HubClient | None = None,
               cache_dir: str | Path | None = None, now_fn: Callable[[], datetime] = utcnow) -> Path:
     """Queue step: fetch a leased `gated`/`fetched` row and record it as `fetched`.
 
     Re-running it on a `fetched` row re-verifies the cached files without downloading.
     """
-    path = fetch_pinned(job["repo"], job["sha"], cache_dir=cache_dir, client=client)
-    store.advance_checkpoint(job["id"], owner, status="fetched",
+    path = fetch_pinned(job.repo, job.sha, cache_dir=cache_dir, client=client)
+    store.advance_checkpoint(job.id, owner, status="fetched",
                              meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat()},
                              now=now_fn())
     return path

@@ -25,6 +25,7 @@ from monitor.errors import (CorpusError, GateRefusedError, HubError, IntegrityEr
                             ModelLoadError, SpecError, TokenizerError, UnsupportedCheckpointError)
 from monitor.failpoints import failpoint
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow
 
 DEFAULT_STATUSES = ("gated", "fetched")
 MAX_ATTEMPTS = 3
@@ -67,12 +68,12 @@ class JobResult:
         return dict(self.__dict__)
 
 
-Worker = Callable[[dict[str, Any]], Outcome]
+Worker = Callable[[CheckpointRow], Outcome]
 
 
 def claim_next(store: Store, owner: str, now: datetime, lease_s: float = DEFAULT_LEASE_S,
                statuses: Sequence[str] = DEFAULT_STATUSES, max_attempts: int = MAX_ATTEMPTS,
-               exclude: Sequence[int] = ()) -> dict[str, Any] | None:
+               exclude: Sequence[int] = ()) -> CheckpointRow | None:
     """Lease the oldest claimable row (unleased, or its lease expired); None if there is none.
 
     Rows that already used `max_attempts` are failed on the way ("gave up after 3
@@ -115,7 +116,7 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
                     max_attempts: int = MAX_ATTEMPTS) -> list[JobResult]:
     """Claim and run jobs until none is left (or `limit` jobs ran).
 
-    The worker gets the claimed row (a dict with id, repo, sha, status, attempts, meta, ...)
+    The worker gets the claimed row (a `CheckpointRow`: id, repo, sha, status, attempts, meta, ...)
     and returns an `Outcome`. Skip errors (an unsupported checkpoint) skip the row at once;
     permanent errors (integrity, gate refusal, model load, spec) fail it at once; a HubError
     gives the lease and the attempt back and ends the run (the Hub is down); any other
@@ -133,24 +134,25 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
         try:
             outcome = worker(job)
         except SKIP_ERRORS as exc:
-            held = complete(store, job["id"], owner, "skipped", {"error": type(exc).__name__},
+            held = complete(store, job.id, owner, "skipped", {"error": type(exc).__name__},
                             reason=_reason(exc), now=now_fn())
         except PERMANENT_ERRORS as exc:
-            held = complete(store, job["id"], owner, "failed", {"error": type(exc).__name__},
+            held = complete(store, job.id, owner, "failed", {"error": type(exc).__name__},
                             reason=_reason(exc), now=now_fn())
         except HubError as exc:  # the Hub's fault: no attempt used, and stop asking it
             hub_down = True
-            held = release(store, job["id"], owner, f"waiting for the Hub: {_reason(exc)}",
+            held = release(store, job.id, owner, f"waiting for the Hub: {_reason(exc)}",
                            now=now_fn(), max_attempts=max_attempts, refund=True) is not None
         except Exception as exc:  # retryable: the lease goes back, attempts decide
-            held = release(store, job["id"], owner, _reason(exc), now=now_fn(),
+            held = release(store, job.id, owner, _reason(exc), now=now_fn(),
                            max_attempts=max_attempts) is not None
         else:
             failpoint("before_complete")
-            held = complete(store, job["id"], owner, outcome.status, outcome.meta,
+            held = complete(store, job.id, owner, outcome.status, outcome.meta,
                             reason=outcome.reason, now=now_fn(), write=outcome.write)
-        row = store.get_checkpoint(job["id"]) or {"status": "gone", "reason": None}
-        results.append(JobResult(job["id"], job["repo"], job["sha"], job["attempts"], row["status"],
-                                 row["reason"], lease_lost=not held))
+        row = store.get_checkpoint(job.id)
+        status, reason = (row.status, row.reason) if row is not None else ("gone", None)
+        results.append(JobResult(job.id, job.repo, job.sha, job.attempts, status, reason,
+                                 lease_lost=not held))
     store.checkpoint()
     return results

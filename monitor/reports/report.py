@@ -36,7 +36,7 @@ from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
-from monitor.store.rows import ReportScoreRow
+from monitor.store.rows import CheckpointRow, ReportScoreRow
 
 SCHEMA = "lstar-report/1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -73,8 +73,8 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
 
-def _known_checkpoints(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(c["repo"], c["sha"]): c for c in store.list_checkpoints()}
+def _known_checkpoints(store: Store) -> dict[tuple[str, str], CheckpointRow]:
+    return {(c.repo, c.sha): c for c in store.list_checkpoints()}
 
 
 def _placement(row: Mapping[str, Any]) -> Placement:
@@ -101,7 +101,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     by_lineage: dict[str, list[dict[str, Any]]] = {}
     for r in latest.values():
         tcb = r.tcb or {}
-        meta = (known.get((r.repo, r.commit_sha)) or {}).get("meta")
+        checkpoint = known.get((r.repo, r.commit_sha))
+        meta = checkpoint.meta if checkpoint is not None else None
         where = place(r.refs, meta, r.discovered_at, r.finished_at)
         by_lineage.setdefault(r.lineage, []).append({
             "lineage": r.lineage, "repo": r.repo, "commit": r.commit_sha, "refs": r.refs,
@@ -127,7 +128,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     def name_of(repo: str, commit: str) -> str:
         if (repo, commit) not in names:
-            names[(repo, commit)] = checkpoint_name(repo, commit, (known.get((repo, commit)) or {}).get("refs") or [])
+            checkpoint = known.get((repo, commit))
+            names[(repo, commit)] = checkpoint_name(repo, commit, checkpoint.refs if checkpoint is not None else [])
         return names[(repo, commit)]
 
     predictions = [p for p in store.report_predictions(policy.name) if p.task in curves]
@@ -180,8 +182,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                            and p.p_hat is not None]})
 
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    discovered = [c for c in known.values() if watches(policy, c["repo"], c["rule"])
-                  and _in_period(c["discovered_at"], period_start, now)]
+    discovered = [c for c in known.values() if watches(policy, c.repo, c.rule)
+                  and _in_period(c.discovered_at, period_start, now)]
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
     return {
@@ -190,9 +192,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "summary": {"new_checkpoints": len(discovered), "new_scores": sum(r["new"] for r in table),
                     "lineages": len(families), "at_risk": len(at_risk), "emerged": len(emerged),
                     "crossings": len(crossings)},
-        "new_checkpoints": [{"repo": c["repo"], "commit": c["sha"], "refs": c["refs"],
-                             "checkpoint": name_of(c["repo"], c["sha"]), "status": c["status"],
-                             "reason": c["reason"], "discovered_at": c["discovered_at"]} for c in discovered],
+        "new_checkpoints": [{"repo": c.repo, "commit": c.sha, "refs": c.refs,
+                             "checkpoint": name_of(c.repo, c.sha), "status": c.status,
+                             "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "plots": [],
@@ -387,7 +389,7 @@ def remove_empty_folders(folders: Sequence[Path]) -> None:
 def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, Any]:
     """An ad-hoc report: the period since the policy's newest recorded report (any name), or
     the longest window of its reports (7 days without any)."""
-    ends = [r["period_end"] for r in store.reports(policy=policy.name, limit=1)]
+    ends = [r.period_end for r in store.reports(policy=policy.name, limit=1)]
     windows = [r.window for r in policy.reports] or [timedelta(days=7)]
     start = ends[0] if ends else now - max(windows)
     if start >= now:

@@ -30,11 +30,12 @@ from monitor.hub import (DEFAULT_LEASE_S, HubClient, JobResult, Outcome, fetch_j
 from monitor.scoring import (ScoredRun, ScoreRequest, ScoringInterrupted, compute_score, prepare,
                              run_score_child)
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow
 
 log = logging.getLogger("lstar.daemon")
 
 # A scorer turns a leased job and its verified snapshot into a score run (not yet written).
-Scorer = Callable[[dict[str, Any], Path], ScoredRun]
+Scorer = Callable[[CheckpointRow, Path], ScoredRun]
 
 
 def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner: str,
@@ -46,7 +47,7 @@ def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner
     With `stopping` given and true before a job starts, the job's lease and attempt go back
     and the run ends (it runs after the restart).
     """
-    def worker(job: dict[str, Any]) -> Outcome:
+    def worker(job: CheckpointRow) -> Outcome:
         if stopping is not None and stopping():
             raise HubError("the daemon stopped before this job started", hint="it runs after the restart")
         snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir, now_fn=now_fn)
@@ -60,15 +61,15 @@ def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner
     return process_pending(store, worker, owner=owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
 
 
-def _hub_info(job: dict[str, Any]) -> dict[str, Any]:
-    return {"repo": job["repo"], "sha": job["sha"], "source": "hub"}
+def _hub_info(job: CheckpointRow) -> dict[str, Any]:
+    return {"repo": job.repo, "sha": job.sha, "source": "hub"}
 
 
 def score_in_process(store: Store, template: ScoreRequest) -> Scorer:
     """Score in this process with the spec of `template`."""
-    def scorer(job: dict[str, Any], snapshot: Path) -> ScoredRun:
+    def scorer(job: CheckpointRow, snapshot: Path) -> ScoredRun:
         # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
-        request = replace(template, model=str(snapshot), checkpoint_id=job["id"],
+        request = replace(template, model=str(snapshot), checkpoint_id=job.id,
                           model_root=snapshot.parent.parent,
                           extra_model_info={**_hub_info(job), "path": str(snapshot)})
         return compute_score(prepare(request), store)
@@ -80,10 +81,10 @@ def score_in_child(template: ScoreRequest, *, state_dir: Path, timeout_s: float,
                    memory_bytes: int | None) -> Scorer:
     """Score in a child process (killed past `timeout_s` or `memory_bytes`), on a flat copy
     of the snapshot under `state_dir/tmp`."""
-    def scorer(job: dict[str, Any], snapshot: Path) -> ScoredRun:
-        flat = materialize_snapshot(snapshot, state_dir / "tmp" / f"checkpoint-{job['id']}")
+    def scorer(job: CheckpointRow, snapshot: Path) -> ScoredRun:
+        flat = materialize_snapshot(snapshot, state_dir / "tmp" / f"checkpoint-{job.id}")
         try:
-            request = replace(template, model=str(flat), checkpoint_id=job["id"], progress=False,
+            request = replace(template, model=str(flat), checkpoint_id=job.id, progress=False,
                               extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
             return run_score_child(request, timeout_s=timeout_s, memory_bytes=memory_bytes,
                                    workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")

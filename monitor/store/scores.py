@@ -10,6 +10,7 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection, utcnow
+from monitor.store.rows import CheckpointScoreRow, ScoreDocumentRow, ScoreRunRow
 
 
 class ScoreRows(StoreConnection):
@@ -90,19 +91,21 @@ class ScoreRows(StoreConnection):
         conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)",
                          [[run["run_id"], *doc] for doc in documents])
 
-    def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[ScoreRunRow]:
         """Recent score runs, newest first."""
         where, params = ("WHERE model_repo = ?", [model_repo]) if model_repo else ("", [])
-        return self.query(f"SELECT * FROM score_runs {where} ORDER BY finished_at DESC LIMIT ?",
+        rows = self.query(f"SELECT * FROM score_runs {where} ORDER BY finished_at DESC LIMIT ?",
                           [*params, limit])
+        return [ScoreRunRow.from_row(r) for r in rows]
 
-    def score_documents(self, run_id: str) -> list[dict[str, Any]]:
+    def score_documents(self, run_id: str) -> list[ScoreDocumentRow]:
         """Per-document rows of one run, in corpus order of insertion."""
-        return self.query("SELECT doc_id, slice, n_tokens, nll, n_bytes FROM score_documents "
+        rows = self.query("SELECT doc_id, slice, n_tokens, nll, n_bytes FROM score_documents "
                           "WHERE run_id = ? ORDER BY rowid", [run_id])
+        return [ScoreDocumentRow.from_row(r) for r in rows]
 
     def score_runs_for_checkpoint(self, repo: str, sha: str | None = None, *,
-                                  corpus_sha256: str | None = None) -> list[dict[str, Any]]:
+                                  corpus_sha256: str | None = None) -> list[CheckpointScoreRow]:
         """Score runs of a checkpoint (all commits of the repo when sha is None), newest first,
         with what joining labels needs: L*, its SE, raw CE, corpus, spec and model info."""
         where, params = ["model_repo = ?"], [repo]
@@ -112,12 +115,13 @@ class ScoreRows(StoreConnection):
         if corpus_sha256:
             where.append("corpus_sha256 = ?")
             params.append(corpus_sha256)
-        return self.query_json(
+        rows = self.query_json(
             "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
             "prefix_policy, lstar, se_ce, ce, model, finished_at FROM score_runs WHERE "
             + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
+        return [CheckpointScoreRow.from_row(r) for r in rows]
 
-    def score_run(self, run_id: str) -> dict[str, Any] | None:
+    def score_run(self, run_id: str) -> ScoreRunRow | None:
         """One score run by id, or None."""
         rows = self.query("SELECT * FROM score_runs WHERE run_id = ?", [run_id])
-        return rows[0] if rows else None
+        return ScoreRunRow.from_row(rows[0]) if rows else None
