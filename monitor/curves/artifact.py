@@ -28,12 +28,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from monitor.errors import CurveError, PolicyError
-from monitor.files import read_policy_bytes
+from monitor.files import FileKind, read_bounded_bytes
 from monitor.store.rows import ScoreRunRow
 
 SCHEMA = "lstar-curve/1"
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
 CURVE_MAX_BYTES = 16 << 20
+CURVE_FILE = FileKind("curve artifact", "curve artifacts", "JSON")
 _SCHEMA_FAMILY = "lstar-curve/"
 
 
@@ -252,7 +253,7 @@ def load_curve(path: str | Path) -> CurveArtifact:
     if not path.exists():
         raise CurveError(f"no curve file at {path}")
     try:  # a regular file of bounded size: a policy may point anywhere, a FIFO or /dev/zero too
-        raw = read_policy_bytes(path, str(path), limit=CURVE_MAX_BYTES)
+        raw = read_bounded_bytes(path, str(path), what=CURVE_FILE, limit=CURVE_MAX_BYTES)
     except PolicyError as exc:
         raise CurveError(exc.message, hint="a curve artifact is a JSON file written by `lstar curves fit`") from None
     try:
