@@ -11,10 +11,12 @@ without importing each other.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from monitor.errors import PolicyError
 
@@ -81,6 +83,23 @@ def _size_of(path: Path, at_least: int) -> int:
         return at_least
 
 
+class NotJsonError(ValueError):
+    """Bytes that are not UTF-8 JSON, or nest too deeply to decode; the message says why."""
+
+
+def read_bounded_json(path: Path, label: str, *, what: FileKind, limit: int) -> tuple[Any, bytes]:
+    """The JSON data of a file read by `read_bounded_bytes`, and the bytes it was decoded from.
+
+    Raises PolicyError when the file cannot be read that way, and NotJsonError (with the
+    decoder's reason on one line) when its bytes are not JSON.
+    """
+    raw = read_bounded_bytes(path, label, what=what, limit=limit)
+    try:
+        return json.loads(raw.decode("utf-8")), raw
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise NotJsonError(" ".join(str(exc).split())) from exc
+
+
 def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -> str:
     """The file's text after the kind, size and encoding checks of `read_bounded_bytes`."""
     try:
@@ -90,4 +109,5 @@ def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -
                           hint="save the file as UTF-8") from None
 
 
-__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "FileKind", "read_bounded_bytes", "read_bounded_text"]
+__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
+           "read_bounded_json", "read_bounded_text"]

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, id_column,
+from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, add_columns, db_file, id_column,
                                       int_argument, int_option)
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
@@ -112,11 +112,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"  {detail['annotations'].get('description', '')}")
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
         table = Table(title="deliveries and attempts", title_justify="left")
-        for col in ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"):
-            if col in ("receiver", "message"):
-                id_column(table, col)
-            else:
-                table.add_column(col)
+        add_columns(table, ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"),
+                    ids=("receiver", "message"))
         by_id = {n["id"]: n for n in detail["notifications"]}
         for d in detail["deliveries"]:
             n = by_id.get(d["notification_id"])

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from monitor.errors import CurveError, PolicyError
-from monitor.files import FileKind, read_bounded_bytes
+from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.store.rows import ScoreRunRow
 
 SCHEMA = "lstar-curve/1"
@@ -253,13 +253,11 @@ def load_curve(path: str | Path) -> CurveArtifact:
     if not path.exists():
         raise CurveError(f"no curve file at {path}")
     try:  # a regular file of bounded size: a policy may point anywhere, a FIFO or /dev/zero too
-        raw = read_bounded_bytes(path, str(path), what=CURVE_FILE, limit=CURVE_MAX_BYTES)
+        data, _ = read_bounded_json(path, str(path), what=CURVE_FILE, limit=CURVE_MAX_BYTES)
     except PolicyError as exc:
         raise CurveError(exc.message, hint="a curve artifact is a JSON file written by `lstar curves fit`") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CurveError(f"{path} is not a JSON curve artifact: {_first_error(exc)}") from exc
+    except NotJsonError as exc:
+        raise CurveError(f"{path} is not a JSON curve artifact: {exc}") from exc
     if not isinstance(data, dict) or "schema" not in data:
         raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",
                          hint=f"fit one with `lstar curves fit`; expected schema {SCHEMA}")
