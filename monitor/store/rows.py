@@ -3,7 +3,8 @@
 A row is built from a query result by column name (`Row.from_row`), and a query that gives a
 column the class does not name, or lacks one it does, is refused at once rather than read
 wrongly later. The fields follow the columns' order, so `as_dict()` gives the keys and values
-the JSON output of the API and the CLI has always had. JSON columns arrive decoded.
+the JSON output of the API and the CLI has always had. JSON columns arrive decoded, except
+where a class says it keeps the stored text (a notification's body, a score run's JSON columns).
 """
 
 from __future__ import annotations
