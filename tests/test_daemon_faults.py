@@ -191,7 +191,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
         assert "DATABASE INVALIDATED" in daemon.log()
         assert daemon.stop() == 0
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
-        assert sorted(r.repo for r in store.list_checkpoints()) == sorted(r.repo for r in rows)
+        assert sorted(r.repo for r in store.list_checkpoints()) == sorted(r["repo"] for r in rows)
 
 
 def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
