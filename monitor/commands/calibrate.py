@@ -46,19 +46,25 @@ def register(app: typer.Typer) -> None:
         from monitor.curves import curve_warnings
 
         campaign = load_campaign(campaign_file)
-        console = Console(stderr=True)
         show = not (quiet or as_json)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=console,
-                      disable=not show, transient=False) as progress:
-            bars: dict[str, Any] = {}
+        # Started at the first event, so an error found before any work prints only its line.
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                            disable=not show)
+        bars: dict[str, Any] = {}
 
-            def on_progress(stage: str, done: int, total: int, what: str) -> None:
-                if stage not in bars:
-                    bars[stage] = progress.add_task(STAGES.get(stage, stage), total=total, what="")
-                progress.update(bars[stage], completed=done, total=total, what=what)
+        def on_progress(stage: str, done: int, total: int, what: str) -> None:
+            if not bars:
+                progress.start()
+            if stage not in bars:
+                bars[stage] = progress.add_task(STAGES.get(stage, stage), total=total, what="")
+            progress.update(bars[stage], completed=done, total=total, what=what)
 
+        try:
             result = run_campaign(campaign, on_progress=on_progress)
+        finally:
+            if bars:
+                progress.stop()
         if as_json:
             print(json.dumps(_summary(result), indent=2))
         out = Console()
