@@ -15,6 +15,7 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, MAX_RESAMPLES, STATE
 from monitor.commands.through_daemon import through_daemon
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
+from monitor.scoring.backends import BACKENDS, check_ray_installed
 from monitor.service import DAY_S, DaemonConfig, api_get, run_daemon
 
 
@@ -39,6 +40,14 @@ def _score_memory(value: str, device: str) -> int | None:
                                      param_hint="'--score-memory'")
         return int(total * share / 100)
     return size_bytes(value, "--score-memory", low=256 << 20, high=64 << 40)
+
+
+def _check_backend(value: str) -> str:
+    """`--scoring-backend`: one of the backends, named in the error otherwise."""
+    if value not in BACKENDS:
+        raise click.BadParameter(f"{value!r} is not a scoring backend; use one of: {', '.join(BACKENDS)}",
+                                 param_hint="'--scoring-backend'")
+    return value
 
 
 def _cache_keep(value: str) -> int | None:
@@ -104,6 +113,14 @@ def register(app: typer.Typer) -> None:
         prune_every: str = typer.Option("6h", "--prune-every", help="How often old log rows are pruned."),
         webhook_secret_file: Path = typer.Option(None, "--webhook-secret-file",
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
+        scoring_backend: str = typer.Option(
+            "local", "--scoring-backend", callback=_check_backend,
+            help="Where scoring runs: local (a child process per job) or ray (tasks on a Ray cluster; "
+                 'needs pip install -e ".[ray]").'),
+        ray_address: str = typer.Option(
+            None, "--ray-address",
+            help="Ray cluster to score on with --scoring-backend ray (default: $RAY_ADDRESS, else a "
+                 "Ray instance started on this machine)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
         docs: int = int_option(None, "--docs", low=1, help="Score only the first N documents."),
         max_context: int = int_option(None, "--max-context", low=2, help="Scoring window (tokens)."),
@@ -115,6 +132,11 @@ def register(app: typer.Typer) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
         # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
         retention_s = seconds(retention, "--retention", low=DAY_S)
+        if ray_address is not None and scoring_backend != "ray":
+            raise click.BadParameter("--ray-address is only used with --scoring-backend ray",
+                                     param_hint="'--ray-address'")
+        if scoring_backend == "ray":
+            check_ray_installed()   # a clear error now, not at the first scoring run
 
         template = ScoreRequest(corpus_dir=corpus, docs=docs, max_context=max_context, device=device,
                                 batch_size=batch_size, n_boot=n_boot, progress=False)
@@ -139,7 +161,8 @@ def register(app: typer.Typer) -> None:
             hub_cooldown=seconds(hub_cooldown, "--hub-cooldown"),
             hub_circuit_threshold=hub_circuit_threshold,
             retention=retention_s, prune_interval=seconds(prune_every, "--prune-every"),
-            webhook_secret_file=webhook_secret_file, template=template)
+            webhook_secret_file=webhook_secret_file, template=template,
+            scoring_backend=scoring_backend, ray_address=ray_address)
         raise typer.Exit(run_daemon(config))
 
     @app.command("status")

@@ -109,6 +109,60 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def settle(store: Store, job: dict[str, Any], owner: str, work: Callable[[], Outcome], *,
+           now_fn: Callable[[], datetime] = utcnow,
+           max_attempts: int = MAX_ATTEMPTS) -> tuple[JobResult, bool]:
+    """Run `work` for a claimed `job` and record what happened; (the job's result, whether
+    the Hub is down).
+
+    Skip errors (an unsupported checkpoint) skip the row at once; permanent errors
+    (integrity, gate refusal, model load, spec) fail it at once; a HubError gives the lease
+    and the attempt back (the Hub is down); any other exception gives the lease back for a
+    later run, up to `max_attempts` attempts in all. An `Outcome` completes the row together
+    with its rows, if this owner still holds the lease.
+    """
+    hub_down = False
+    try:
+        outcome = work()
+    except SKIP_ERRORS as exc:
+        held = complete(store, job["id"], owner, "skipped", {"error": type(exc).__name__},
+                        reason=_reason(exc), now=now_fn())
+    except PERMANENT_ERRORS as exc:
+        held = complete(store, job["id"], owner, "failed", {"error": type(exc).__name__},
+                        reason=_reason(exc), now=now_fn())
+    except HubError as exc:  # the Hub's fault: no attempt used, and stop asking it
+        hub_down = True
+        held = release(store, job["id"], owner, f"waiting for the Hub: {_reason(exc)}",
+                       now=now_fn(), max_attempts=max_attempts, refund=True) is not None
+    except Exception as exc:  # retryable: the lease goes back, attempts decide
+        held = release(store, job["id"], owner, _reason(exc), now=now_fn(),
+                       max_attempts=max_attempts) is not None
+    else:
+        failpoint("before_complete")
+        held = complete(store, job["id"], owner, outcome.status, outcome.meta,
+                        reason=outcome.reason, now=now_fn(), write=outcome.write)
+    row = store.get_checkpoint(job["id"]) or {"status": "gone", "reason": None}
+    return JobResult(job["id"], job["repo"], job["sha"], job["attempts"], row["status"], row["reason"],
+                     lease_lost=not held), hub_down
+
+
+def claim_batch(store: Store, owner: str, *, now_fn: Callable[[], datetime] = utcnow,
+                lease_s: float = DEFAULT_LEASE_S, limit: int | None = None,
+                statuses: Sequence[str] = DEFAULT_STATUSES,
+                max_attempts: int = MAX_ATTEMPTS) -> list[dict[str, Any]]:
+    """Lease up to `limit` jobs at once (a backend that runs several together); each one is
+    then finished with `settle`."""
+    claimed: list[dict[str, Any]] = []
+    while limit is None or len(claimed) < limit:
+        job = claim_next(store, owner, now_fn(), lease_s, statuses, max_attempts,
+                         exclude=[j["id"] for j in claimed])
+        if job is None:
+            break
+        failpoint("after_claim")
+        claimed.append(job)
+    return claimed
+
+
 def process_pending(store: Store, worker: Worker, *, owner: str,
                     now_fn: Callable[[], datetime] = utcnow, lease_s: float = DEFAULT_LEASE_S,
                     limit: int | None = None, statuses: Sequence[str] = DEFAULT_STATUSES,
@@ -116,10 +170,8 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
     """Claim and run jobs until none is left (or `limit` jobs ran).
 
     The worker gets the claimed row (a dict with id, repo, sha, status, attempts, meta, ...)
-    and returns an `Outcome`. Skip errors (an unsupported checkpoint) skip the row at once;
-    permanent errors (integrity, gate refusal, model load, spec) fail it at once; a HubError
-    gives the lease and the attempt back and ends the run (the Hub is down); any other
-    exception gives the lease back for a later run, up to `max_attempts` attempts in all.
+    and returns an `Outcome`; `settle` records what happened. A HubError ends the run (the
+    Hub is down).
     """
     results: list[JobResult] = []
     hub_down = False
@@ -130,27 +182,8 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
         if job is None:
             break
         failpoint("after_claim")
-        try:
-            outcome = worker(job)
-        except SKIP_ERRORS as exc:
-            held = complete(store, job["id"], owner, "skipped", {"error": type(exc).__name__},
-                            reason=_reason(exc), now=now_fn())
-        except PERMANENT_ERRORS as exc:
-            held = complete(store, job["id"], owner, "failed", {"error": type(exc).__name__},
-                            reason=_reason(exc), now=now_fn())
-        except HubError as exc:  # the Hub's fault: no attempt used, and stop asking it
-            hub_down = True
-            held = release(store, job["id"], owner, f"waiting for the Hub: {_reason(exc)}",
-                           now=now_fn(), max_attempts=max_attempts, refund=True) is not None
-        except Exception as exc:  # retryable: the lease goes back, attempts decide
-            held = release(store, job["id"], owner, _reason(exc), now=now_fn(),
-                           max_attempts=max_attempts) is not None
-        else:
-            failpoint("before_complete")
-            held = complete(store, job["id"], owner, outcome.status, outcome.meta,
-                            reason=outcome.reason, now=now_fn(), write=outcome.write)
-        row = store.get_checkpoint(job["id"]) or {"status": "gone", "reason": None}
-        results.append(JobResult(job["id"], job["repo"], job["sha"], job["attempts"], row["status"],
-                                 row["reason"], lease_lost=not held))
+        result, hub_down = settle(store, job, owner, lambda job=job: worker(job), now_fn=now_fn,
+                                  max_attempts=max_attempts)
+        results.append(result)
     store.checkpoint()
     return results

@@ -18,9 +18,11 @@ through a pipe, copied to the scoring log, with faulthandler's traceback for a c
 native code). Known causes get their own error: running out of memory, the regex engine's
 backtracking limit in a tokenizer, a package a quantized checkpoint needs.
 
-Child protocol: `python -m monitor.scoring.child RESULT_FILE` reads the `ScoreRequest` as JSON
-on stdin and writes `{"ok": true, "result", "run_row", "documents", "corpus_row",
-"tokenizer_row"}` or `{"ok": false, "error_class", "message", "hint"}` to RESULT_FILE.
+Child protocol: `python -m monitor.scoring.child RESULT_FILE` reads `{"request": ScoreRequest,
+"baselines": [[tokenizer fingerprint, corpus sha256, baseline], ...]}` as JSON on stdin (the
+baselines the daemon has cached, so the child computes none the store holds) and writes
+`{"ok": true, "result", "run_row", "documents", "corpus_row", "tokenizer_row", "baseline",
+"baseline_source"}` or `{"ok": false, "error_class", "message", "hint"}` to RESULT_FILE.
 Fail points for crash tests (`LSTAR_FAILPOINT`): `hang_score_child` sleeps forever before
 loading; `oom_score_child` allocates until the memory limit stops it; `segfault_score_child`
 crashes in native code (SIGSEGV).
@@ -43,14 +45,15 @@ import threading
 import time
 from datetime import date, datetime
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from monitor import errors
 from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
-from monitor.scoring.engine import ScoredRun, ScoreRequest, compute_score, prepare
+from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compute_score, prepare
 
-_PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer")
+_PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root")
 _PR_SET_PDEATHSIG = 1
 # The default address-space limit: this share of the machine's memory, and at least
 # MIN_MEMORY_LIMIT (torch alone maps a few GiB of address space it never touches).
@@ -150,12 +153,32 @@ def request_from_json(text: str) -> ScoreRequest:
     return ScoreRequest(**data)
 
 
-def _scored_from_payload(payload: dict[str, Any]) -> ScoredRun:
+def scored_to_payload(scored: ScoredRun) -> dict[str, Any]:
+    """A `ScoredRun` as a JSON-able dict (floats keep every bit: JSON writes their repr)."""
+    payload = {"result": scored.result, "run_row": scored.run_row, "documents": scored.documents,
+               "corpus_row": scored.corpus_row, "tokenizer_row": scored.tokenizer_row,
+               "baseline": scored.baseline, "baseline_source": scored.baseline_source}
+    return json.loads(json.dumps(payload, default=_json_default))
+
+
+def scored_from_payload(payload: dict[str, Any]) -> ScoredRun:
+    """The inverse of `scored_to_payload`."""
     run_row = dict(payload["run_row"])
     run_row["finished_at"] = datetime.fromisoformat(run_row["finished_at"])
     documents = [tuple(d) for d in payload["documents"]]
     return ScoredRun(payload["result"], run_row, documents, payload["corpus_row"],
-                     payload["tokenizer_row"])
+                     payload["tokenizer_row"], baseline=payload.get("baseline"),
+                     baseline_source=payload.get("baseline_source", "computed"))
+
+
+def error_from_payload(payload: dict[str, Any]) -> BaseException:
+    """The exception a failed score's `{error_class, message, hint}` stands for."""
+    name = payload.get("error_class", "")
+    if name == "ScoringTimeout":
+        return ScoringTimeout(str(payload.get("message") or name))
+    if name == "ScoringInterrupted":
+        return ScoringInterrupted(str(payload.get("message") or name))
+    return _error_from_payload(payload)
 
 
 def _regex_limit(message: str, how: str) -> errors.TokenizerError:
@@ -273,8 +296,11 @@ def _limit_child(memory_bytes: int | None) -> None:
 
 
 def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: int | None,
-                    workdir: Path, log_path: Path | None = None) -> ScoredRun:
+                    workdir: Path, log_path: Path | None = None,
+                    baselines: Sequence[KnownBaseline] = ()) -> ScoredRun:
     """Score `request` in a child process; return its rows (nothing is written here).
+
+    `baselines` are the cached unigram baselines the child may use instead of computing one.
 
     Raises `ScoringTimeout` when the child is killed at `timeout_s`, `ScoringInterrupted`
     when `kill_active_children` killed it, the child's own `LstarError` class for bad input
@@ -298,7 +324,7 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
             _ACTIVE.add(child)
         try:
             with contextlib.suppress(BrokenPipeError):  # a child that died at once says why below
-                child.stdin.write(request_to_json(request).encode())  # type: ignore[union-attr]
+                child.stdin.write(_envelope(request, baselines).encode())  # type: ignore[union-attr]
             with contextlib.suppress(OSError):
                 child.stdin.close()  # type: ignore[union-attr]
             child.wait(timeout=timeout_s)
@@ -322,7 +348,12 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
         result_path.unlink(missing_ok=True)
     if not payload.get("ok"):
         raise _error_from_payload(payload)
-    return _scored_from_payload(payload)
+    return scored_from_payload(payload)
+
+
+def _envelope(request: ScoreRequest, baselines: Sequence[KnownBaseline]) -> str:
+    return json.dumps({"request": json.loads(request_to_json(request)),
+                       "baselines": [list(b) for b in baselines]}, default=_json_default)
 
 
 def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
@@ -337,7 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     result_path = Path(args[0])
     faulthandler.enable()  # a crash in native code leaves a traceback for the parent to report
     harden_environment()
-    request = request_from_json(sys.stdin.read())
+    envelope = json.loads(sys.stdin.read())
+    request = request_from_json(json.dumps(envelope["request"]))
+    baselines = [(str(fp), str(sha), dict(b)) for fp, sha, b in envelope.get("baselines") or ()]
     points = set(failpoint_values())
     try:
         if "hang_score_child" in points:
@@ -350,10 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         if "segfault_score_child" in points:
             ctypes.string_at(0)  # reads address 0: SIGSEGV
 
-        scored = compute_score(prepare(request), None)
-        payload = {"ok": True, "result": scored.result, "run_row": scored.run_row,
-                   "documents": scored.documents, "corpus_row": scored.corpus_row,
-                   "tokenizer_row": scored.tokenizer_row}
+        scored = compute_score(prepare(request), None, baselines=baselines)
+        payload = {"ok": True, **scored_to_payload(scored)}
     except MemoryError:
         hog = []  # noqa: F841 (free what the fail point held before answering)
         payload = {"ok": False, "error_class": "MemoryError",

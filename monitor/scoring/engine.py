@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import platform
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class ScoreRequest:
     every: int | None = None        # every k-th document (after `slices`, before `docs`)
     dtype: str = "auto"
     device: str = "auto"
+    device_map: str | None = None   # "auto": spread a model larger than one GPU over this node's GPUs
     batch_size: int = 8
     tokenizer_dir: Path | None = None
     reference_tokenizer: Path | None = None
@@ -74,6 +76,11 @@ def library_versions() -> dict[str, str]:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__, "huggingface_hub": huggingface_hub.__version__,
             "numpy": numpy.__version__, "duckdb": duckdb.__version__}
+
+
+def corpus_selection(request: ScoreRequest) -> Corpus:
+    """The documents `request` scores: its corpus, with its selection applied."""
+    return _select(load_corpus(request.corpus_dir), request)
 
 
 def _select(corpus: Corpus, request: ScoreRequest) -> Corpus:
@@ -111,11 +118,19 @@ class ScoredRun:
     documents: list[tuple[Any, ...]]
     corpus_row: dict[str, Any]
     tokenizer_row: dict[str, Any]
+    # The unigram baseline the metrics used, and where it came from: "store" (the
+    # database's cache), "job" (handed in by the daemon with the job) or "computed" here.
+    baseline: dict[str, Any] | None = None
+    baseline_source: str = "computed"
 
     def write(self, store: Store, conn) -> None:
-        """Insert the run inside a transaction the caller holds."""
+        """Insert the run inside a transaction the caller holds; a baseline computed by a
+        worker is cached with it, so no later job computes it again."""
         store.insert_score_run(conn, self.run_row, self.documents, self.corpus_row,
                                self.tokenizer_row)
+        if self.baseline is not None and self.baseline_source == "computed":
+            store.insert_baseline(conn, self.run_row["tokenizer_fingerprint"],
+                                  self.run_row["corpus_sha256"], self.baseline)
 
 
 def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str, Any]:
@@ -169,7 +184,7 @@ def prepare(request: ScoreRequest) -> Prepared:
     if tokenizer_dir is not None:
         handle = load_tokenizer(tokenizer_dir)
     checkpoint = load_checkpoint(model_ref, dtype=request.dtype, device=request.device,
-                                 allowed_root=request.model_root)
+                                 allowed_root=request.model_root, device_map=request.device_map)
     if tokenizer_dir is None:
         handle = load_tokenizer(checkpoint.model_dir)
     resolved = spec.resolve(checkpoint.max_positions)
@@ -182,13 +197,37 @@ def prepare(request: ScoreRequest) -> Prepared:
                     reference_fingerprint, reference_tokens)
 
 
-def compute_score(prepared: Prepared, store: Store | None) -> ScoredRun:
-    """Run the forward passes and the metrics. Only the unigram-baseline cache is written."""
+# A baseline handed in with a job: (tokenizer fingerprint, corpus sha256, baseline).
+KnownBaseline = tuple[str, str, Mapping[str, Any]]
+
+
+def _baseline(prepared: Prepared, store: Store | None,
+              known: Sequence[KnownBaseline]) -> tuple[dict[str, Any], str]:
+    """The unigram baseline of this (tokenizer, corpus) and where it came from: the store's
+    cache, one handed in with the job (a worker has no store), or computed now."""
+    from monitor.scoring.metrics import get_or_compute_baseline
+
+    fingerprint, corpus_sha = prepared.handle.fingerprint, prepared.corpus.sha256
+    for known_fp, known_sha, baseline in known:
+        if known_fp == fingerprint and known_sha == corpus_sha:
+            return dict(baseline), "job"
+    if store is not None and store.get_baseline(fingerprint, corpus_sha) is not None:
+        return store.get_baseline(fingerprint, corpus_sha), "store"  # type: ignore[return-value]
+    return get_or_compute_baseline(store, prepared.handle, prepared.corpus, prepared.token_seqs), "computed"
+
+
+def compute_score(prepared: Prepared, store: Store | None, *,
+                  baselines: Sequence[KnownBaseline] = ()) -> ScoredRun:
+    """Run the forward passes and the metrics. Only the unigram-baseline cache is written.
+
+    `baselines` are cached baselines a caller without the store passes in (a scoring
+    worker): the one matching this tokenizer and corpus is used instead of computing it.
+    """
     from monitor.scoring.forward import score_token_sequences
-    from monitor.scoring.metrics import get_or_compute_baseline, summarize, tcb_summary
+    from monitor.scoring.metrics import summarize, tcb_summary
 
     p, request = prepared, prepared.request
-    baseline = get_or_compute_baseline(store, p.handle, p.corpus, p.token_seqs)
+    baseline, baseline_source = _baseline(p, store, baselines)
     output = score_token_sequences(p.checkpoint.model, p.token_seqs, p.handle.prefix_token_id,
                                    p.resolved, with_tcb=request.with_tcb, progress=request.progress)
     summary = summarize(output.doc_nll, output.doc_ntok, [d.n_bytes for d in p.corpus.documents],
@@ -204,7 +243,8 @@ def compute_score(prepared: Prepared, store: Store | None) -> ScoredRun:
     run_row = _run_row(request, result, p.corpus, p.handle)
     documents = [(d.id, d.slice, int(n), float(nll), d.n_bytes)
                  for d, n, nll in zip(p.corpus.documents, output.doc_ntok, output.doc_nll)]
-    return ScoredRun(result, run_row, documents, p.corpus.as_row(), p.handle.as_row())
+    return ScoredRun(result, run_row, documents, p.corpus.as_row(), p.handle.as_row(),
+                     baseline=baseline, baseline_source=baseline_source)
 
 
 def _result_object(request: ScoreRequest, corpus: Corpus, handle: TokenizerHandle, checkpoint,

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor.environment import disable_safetensors_conversion
-from monitor.errors import HubError, ModelLoadError, UnsafeCheckpointError, UnsupportedCheckpointError
+from monitor.errors import (HubError, ModelLoadError, SpecError, UnsafeCheckpointError,
+                            UnsupportedCheckpointError)
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
 
@@ -366,7 +367,23 @@ def _missing_backend(model_dir: Path, exc: ImportError) -> UnsupportedCheckpoint
                                       hint="install that backend to score it; it is skipped, not retried")
 
 
-def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tuple[str, ...]]:
+def device_map_options(device_map: str | None, device: str) -> dict[str, Any]:
+    """The `from_pretrained` options that place the model: none (it is moved to `device`
+    after loading), or `device_map` to spread its layers over the GPUs of this machine
+    (accelerate decides; "auto" fills them in order). Only on CUDA: on a CPU there is
+    nothing to spread over."""
+    if device_map is None:
+        return {}
+    if device_map != "auto":
+        raise SpecError(f"device_map {device_map!r} is not supported", hint="use device_map 'auto' or none")
+    if not device.startswith("cuda"):
+        raise SpecError(f"device_map 'auto' spreads a model over GPUs but the device is {device}",
+                        hint="score with --device cuda, or leave device_map unset")
+    return {"device_map": "auto"}
+
+
+def _load_model(model_dir: Path, dtype: str, device: str,
+                device_map: str | None = None) -> tuple[Any, bool, tuple[str, ...]]:
     import torch
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
@@ -374,6 +391,7 @@ def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tu
 
     from monitor.scoring.forward import torch_dtype
 
+    placement = device_map_options(device_map, device)
     disable_safetensors_conversion()
     assert os.environ.get("DISABLE_SAFETENSORS_CONVERSION") == "1"
     # transformers' own bar and load report would interleave with ours; what its report
@@ -384,7 +402,7 @@ def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tu
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(model_dir), use_safetensors=True, trust_remote_code=False, local_files_only=True,
-            dtype=torch_dtype(dtype), output_loading_info=True)
+            dtype=torch_dtype(dtype), output_loading_info=True, **placement)
     except ImportError as exc:
         raise _missing_backend(model_dir, exc) from exc
     except SafetensorError as exc:
@@ -407,15 +425,19 @@ def _load_model(model_dir: Path, dtype: str, device: str) -> tuple[Any, bool, tu
     has_bias = _attach_unloaded_head_bias(model, model_dir, unexpected)
     head_name = next(name for name, module in model.named_modules() if module is model.get_output_embeddings())
     ignored = tuple(sorted(unexpected - ({f"{head_name}.bias"} if has_bias else set())))
-    model.to(torch.device(device))
+    if not placement:  # with a device_map, accelerate has placed every layer already
+        model.to(torch.device(device))
     return model, has_bias, ignored
 
 
 def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
                     cache_dir: str | Path | None = None, endpoint: str | None = None,
-                    allowed_root: str | Path | None = None) -> LoadedCheckpoint:
+                    allowed_root: str | Path | None = None, device_map: str | None = None) -> LoadedCheckpoint:
     """Load `ref` (a local checkpoint folder, or `org/name[@revision]` from the Hub, pinned to
     the commit sha the revision resolves to) in the resolved dtype on the resolved device.
+
+    `device_map="auto"` (CUDA only) spreads a model larger than one GPU over the GPUs of this
+    machine instead of moving it whole to `device`; it is checked before anything is read.
 
     A local folder's files must resolve inside it, or inside `allowed_root` when given (a Hub
     cache snapshot links into its repo's `blobs/`)."""
@@ -423,6 +445,7 @@ def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
 
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    device_map_options(device_map, device)   # refuse a bad placement before any download
     local = Path(ref).expanduser()
     hub_ref = None if local.exists() else parse_hub_ref(ref)
     if hub_ref is None:
@@ -444,7 +467,7 @@ def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
     tokenizer_config_path = model_dir / "tokenizer_config.json"
     tokenizer_config = (_read_json(tokenizer_config_path, "tokenizer config")
                         if tokenizer_config_path.is_file() else None)
-    model, has_bias, ignored = _load_model(model_dir, dtype, device)
+    model, has_bias, ignored = _load_model(model_dir, dtype, device, device_map)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     tied = embed is not None and head.weight.data_ptr() == embed.weight.data_ptr()
     return LoadedCheckpoint(

@@ -58,13 +58,14 @@ from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
                          gate_pending, poll_once)
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
-from monitor.scoring import ScoreRequest, default_memory_limit, kill_active_children
+from monitor.scoring import ScoreRequest, default_memory_limit
+from monitor.scoring.backends import ScoringBackend, make_backend
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
 from monitor.service.lock import StateLock
 from monitor.service.scheduler import add_interval_job, build_scheduler
-from monitor.service.scoring_driver import prune_after_scoring, score_in_child, score_queue
+from monitor.service.scoring_driver import prune_after_scoring, score_queue_on
 from monitor.store import DB_NAME, Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -107,6 +108,8 @@ class DaemonConfig:
     prune_interval: float = 6 * 3600.0
     webhook_secret_file: Path | None = None
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
+    scoring_backend: str = "local"    # where scoring runs: local (child processes) | ray
+    ray_address: str | None = None    # the Ray cluster (else $RAY_ADDRESS, else a local one)
 
     @property
     def db_path(self) -> Path:
@@ -163,6 +166,7 @@ class Daemon:
         self.api: Any = None
         self.started_at = utcnow()
         self.report_fn = _report_function()
+        self.backend: ScoringBackend | None = None    # made on the first scoring run
 
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -253,14 +257,17 @@ class Daemon:
             time.sleep(0.1)
         if self._running_jobs():
             # A score that outlives the drain is killed; its lease goes back and it is retried.
-            if kill_active_children():
-                log.warning("killed the scoring child still running after the %.0f s drain", self.config.drain)
+            if self.backend is not None and self.backend.interrupt():
+                log.warning("stopped the score still running after the %.0f s drain", self.config.drain)
             deadline = time.monotonic() + 10
             while self._running_jobs() and time.monotonic() < deadline:
                 time.sleep(0.1)
         left = self._running_jobs()
         if left:
             log.warning("jobs still running after the %.0f s drain: %s", self.config.drain, ", ".join(left))
+        if self.backend is not None:
+            with contextlib.suppress(Exception):   # a cluster already gone has nothing to release
+                self.backend.close()
         if self.api is not None:
             self.api.stop()
         with contextlib.suppress(OSError):
@@ -532,14 +539,29 @@ class Daemon:
     def cache_dir(self) -> Path | None:
         return self.config.cache_dir
 
+    def scoring_backend(self) -> ScoringBackend:
+        """The backend scoring runs on (`--scoring-backend`), made on first use: connecting
+        to a Ray cluster waits until there is something to score."""
+        if self.backend is None:
+            cfg = self.config
+            options: dict[str, Any] = {"timeout_s": cfg.score_timeout, "memory_bytes": cfg.score_memory}
+            if cfg.scoring_backend == "local":
+                options.update(workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log")
+            else:
+                # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
+                # scoring child on whichever node runs it.
+                options.update(address=cfg.ray_address,
+                               memory_bytes=cfg.score_memory if cfg.template.device == "cpu" else None)
+            self.backend = make_backend(cfg.scoring_backend, **options)
+        return self.backend
+
     def score_batch(self, store: Store) -> list[JobResult]:
-        """Fetch and score up to `score_batch` queued checkpoints in scoring children, then
+        """Fetch and score up to `score_batch` queued checkpoints on the scoring backend, then
         prune the Hub cache; returns what happened to each job."""
         cfg = self.config
-        scorer = score_in_child(cfg.template, state_dir=cfg.state_dir, timeout_s=cfg.score_timeout,
-                                memory_bytes=cfg.score_memory)
-        results = score_queue(store, self.hub_client(store), scorer, owner=self.owner, cache_dir=cfg.cache_dir,
-                              lease_s=cfg.lease_s, limit=cfg.score_batch, stopping=self.stopping.is_set)
+        results = score_queue_on(store, self.hub_client(store), self.scoring_backend(), cfg.template,
+                                 owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,
+                                 lease_s=cfg.lease_s, limit=cfg.score_batch, stopping=self.stopping.is_set)
         if any(r.status in ("scored", "skipped", "failed") for r in results):
             prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
                                 max_bytes=cfg.cache_max_bytes)

@@ -44,11 +44,29 @@ class ScoreRows(StoreConnection):
     def put_baseline(self, fingerprint: str, corpus_sha256: str, baseline: Mapping[str, Any]) -> None:
         """Cache a unigram baseline (first writer wins; values are deterministic)."""
         with self.transaction() as conn:
-            conn.execute(
-                "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [fingerprint, corpus_sha256, int(baseline["n_tokens"]),
-                 float(baseline["ce_unigram"]), json.dumps(baseline["slices"], sort_keys=True),
-                 json.dumps(baseline["doc_tokens"], sort_keys=True), utcnow()])
+            self.insert_baseline(conn, fingerprint, corpus_sha256, baseline)
+
+    def insert_baseline(self, conn: duckdb.DuckDBPyConnection, fingerprint: str, corpus_sha256: str,
+                        baseline: Mapping[str, Any]) -> None:
+        """`put_baseline` inside a transaction the caller holds (a worker's baseline is
+        written with its score run)."""
+        conn.execute(
+            "INSERT INTO baselines VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [fingerprint, corpus_sha256, int(baseline["n_tokens"]),
+             float(baseline["ce_unigram"]), json.dumps(baseline["slices"], sort_keys=True),
+             json.dumps(baseline["doc_tokens"], sort_keys=True), utcnow()])
+
+    def baselines_for_corpus(self, corpus_sha256: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """Every cached baseline of one corpus selection, as (tokenizer fingerprint, corpus
+        sha256, baseline): what a scoring job carries so its worker need not compute one."""
+        rows = self.query("SELECT tokenizer_fingerprint FROM baselines WHERE corpus_sha256 = ? "
+                          "ORDER BY tokenizer_fingerprint", [corpus_sha256])
+        out = []
+        for row in rows:
+            baseline = self.get_baseline(row["tokenizer_fingerprint"], corpus_sha256)
+            if baseline is not None:
+                out.append((row["tokenizer_fingerprint"], corpus_sha256, baseline))
+        return out
 
     # -- score runs ----------------------------------------------------------------------
     SCORE_RUN_COLUMNS = (
