@@ -274,3 +274,17 @@ def test_an_lm_eval_task_without_the_harness_names_the_task_and_the_install(
     assert f"{path}: tasks[0]: lm_eval task 'arc_easy' needs lm-evaluation-harness" in err
     assert 'pip install -e ".[bench]"' in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_campaign_without_ray_says_how_to_install_it(
+        tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)   # find_spec("ray") is None: not installed
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text + "scoring: {backend: ray, ray_address: '127.0.0.1:6379'}\n")
+    code = main(["calibrate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"{path}: scoring.backend: 'ray' needs the ray package" in err and 'pip install -e ".[ray]"' in err
+    assert not (tmp_path / "out").exists()

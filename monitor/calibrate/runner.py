@@ -2,7 +2,7 @@
 then fit, validate and write the curves (`monitor.calibrate.outputs`).
 
 This process is the only writer of the campaign's DuckDB file. Scoring fans out over the
-scoring backend (`score_checkpoints`, the one place that knows how scores are computed);
+scoring backend (`monitor.scoring.backends`: `local` child processes, or a Ray cluster);
 evaluation runs here, on a checkpoint loaded once for all of its tasks. Every finished job is
 written in one transaction with its rows, so a campaign killed at any point resumes with
 exactly the jobs that have no stored run (`monitor.calibrate.plan`). A job that fails is
@@ -14,8 +14,10 @@ the N-th job this process finished was written.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,9 +30,13 @@ from monitor.calibrate.plan import KEY_FIELD, EvalWork, Plan, ScoreWork, build_p
 from monitor.curves.labels import Label, label_rows, read_labels_csv, read_lm_eval_results
 from monitor.errors import CampaignError, LstarError
 from monitor.failpoints import failpoint, failpoint_values
-from monitor.scoring import ScoredRun, ScoreRequest, compute_score, load_checkpoint, load_corpus, prepare
+from monitor.hub import LayoutError
+from monitor.scoring import ScoredRun, ScoreRequest, default_memory_limit, load_checkpoint, load_corpus
+from monitor.scoring.backends import ScoreJob, ScoringBackend, estimate_memory, make_backend
+from monitor.scoring.backends.ray import INSTALL_HINT as RAY_INSTALL_HINT
 from monitor.scoring.loader import download_hub_checkpoint
 from monitor.scoring.tokenizer import load_tokenizer
+from monitor.service.scoring_driver import materialize_snapshot
 from monitor.store import Store
 
 FAILPOINT = "calibrate_after_jobs"
@@ -72,46 +78,95 @@ def _corpus(campaign: Campaign) -> Any:
 
 
 def score_request(campaign: Campaign, work: ScoreWork) -> ScoreRequest:
-    """The `lstar score` request of one scoring job (the model is set where it is fetched)."""
+    """The `lstar score` request of one scoring job, every path absolute (a worker may run
+    elsewhere); the model is set where the checkpoint is fetched."""
     s, c = campaign.scoring, campaign.corpus
-    return ScoreRequest(model="", corpus_dir=campaign.path(c.dir), max_context=s.max_context, stride=s.stride,
-                        disjoint=s.disjoint, docs=c.docs, slices=c.slices, every=c.every, dtype=s.dtype,
-                        device=s.device, batch_size=s.batch_size, with_tcb=s.with_tcb, n_boot=s.n_boot,
-                        progress=False, extra_model_info={KEY_FIELD: work.key})
-
-
-def _fetched_request(campaign: Campaign, work: ScoreWork) -> ScoreRequest:
-    request = score_request(campaign, work)
-    c = work.checkpoint
-    if c.source == "local":
-        return replace(request, model=str(c.local_dir))
-    # The gate's verified download, pinned to the campaign's sha; the snapshot links into
-    # the repo cache's blobs/, so that folder is where its files may resolve.
-    snapshot, repo_cache = download_hub_checkpoint(c.repo, c.sha, _cache_dir(campaign), endpoint=campaign.hub.endpoint)
-    return replace(request, model=str(snapshot), model_root=repo_cache,
-                   extra_model_info={**request.extra_model_info, "repo": c.repo, "sha": c.sha, "source": "hub",
-                                     "path": str(snapshot)})
+    return ScoreRequest(model="", corpus_dir=campaign.path(c.dir).resolve(), max_context=s.max_context,
+                        stride=s.stride, disjoint=s.disjoint, docs=c.docs, slices=c.slices, every=c.every,
+                        dtype=s.dtype, device=s.device, batch_size=s.batch_size, with_tcb=s.with_tcb,
+                        n_boot=s.n_boot, progress=False, extra_model_info={KEY_FIELD: work.key})
 
 
 def _cache_dir(campaign: Campaign) -> Path | None:
     return campaign.path(campaign.hub.cache_dir) if campaign.hub.cache_dir else None
 
 
-def score_checkpoints(campaign: Campaign, works: list[ScoreWork],
-                      store: Store) -> Iterator[tuple[ScoreWork, ScoredRun | LstarError]]:
-    """Score each job; yields (job, its rows or the error that stopped it) as each finishes.
+def _scratch(campaign: Campaign) -> Path:
+    return campaign.output_dir / "tmp"
 
-    The one place that computes scores for a campaign: the local backend runs them here, one
-    after another, sharing the store's cache of unigram baselines.
-    """
-    if campaign.scoring.backend != "local":
-        raise CampaignError(f"{campaign.label}: scoring.backend: {campaign.scoring.backend!r} is not available "
-                            "in this installation", hint="use backend: local")
+
+def score_job(campaign: Campaign, work: ScoreWork, store: Store, corpus_sha256: str) -> ScoreJob:
+    """The backend job of one checkpoint: a local folder as it is, a Hub checkpoint fetched
+    through the gate's verified download (pinned to the campaign's sha) and copied flat, as
+    the daemon hands snapshots to its workers."""
+    request = score_request(campaign, work)
+    c = work.checkpoint
+    if c.source == "local":
+        model_dir = Path(str(c.local_dir))
+        request = replace(request, model=str(model_dir))
+    else:
+        snapshot, _ = download_hub_checkpoint(c.repo, c.sha, _cache_dir(campaign), endpoint=campaign.hub.endpoint)
+        model_dir = materialize_snapshot(snapshot, _scratch(campaign) / f"checkpoint-{work.key}")
+        request = replace(request, model=str(model_dir),
+                          extra_model_info={**request.extra_model_info, "repo": c.repo, "sha": c.sha,
+                                            "source": "hub", "files_sha256_dir": str(snapshot)})
+    try:
+        memory = estimate_memory(model_dir, dtype=request.dtype, device=request.device)
+    except (LayoutError, OSError):
+        memory = None  # the loader refuses such a checkpoint with the reason
+    return ScoreJob(checkpoint_id=None, repo=c.repo, sha=c.sha, request=request, corpus_sha256=corpus_sha256,
+                    memory_bytes=memory, baselines=tuple(store.baselines_for_corpus(corpus_sha256)), key=work.key)
+
+
+def make_campaign_backend(campaign: Campaign) -> ScoringBackend:
+    """The campaign's scoring backend (`scoring.backend`), configured as the daemon configures it."""
+    s = campaign.scoring
+    memory = default_memory_limit(s.device)
+    if s.backend == "local":
+        return make_backend("local", memory_bytes=memory, workdir=_scratch(campaign),
+                            log_path=campaign.output_dir / "scoring.log")
+    try:  # an address-space limit breaks CUDA's start-up; on a CPU job it still bounds the child
+        return make_backend("ray", address=s.ray_address, memory_bytes=memory if s.device == "cpu" else None)
+    except CampaignError:
+        raise
+    except LstarError as exc:
+        raise CampaignError(f"{campaign.label}: scoring.backend: ray: {exc.one_line()}") from None
+
+
+def score_checkpoints(campaign: Campaign, works: list[ScoreWork], store: Store,
+                      corpus_sha256: str) -> Iterator[tuple[ScoreWork, ScoredRun | LstarError]]:
+    """Score each job on the campaign's backend; yields (job, its rows or the error that
+    stopped it) as each finishes, in whatever order the backend finishes them."""
+    if not works:
+        return
+    by_key = {w.key: w for w in works}
+    jobs = []
     for work in works:
         try:
-            yield work, compute_score(prepare(_fetched_request(campaign, work)), store)
-        except LstarError as exc:
+            jobs.append(score_job(campaign, work, store, corpus_sha256))
+        except LstarError as exc:  # a Hub checkpoint that cannot be fetched
             yield work, exc
+    backend = make_campaign_backend(campaign)
+    try:
+        for outcome in backend.run(jobs):
+            work = by_key[outcome.job.key]
+            if outcome.job.request.model.startswith(str(_scratch(campaign))):
+                shutil.rmtree(outcome.job.request.model, ignore_errors=True)
+            if outcome.scored is not None:
+                yield work, outcome.scored
+                continue
+            error = outcome.error.exception() if outcome.error is not None else None
+            yield work, error if isinstance(error, LstarError) else CampaignError(
+                f"scoring {work.checkpoint.describe()} failed: {outcome.error.message if outcome.error else '?'}")
+    finally:
+        backend.close()
+
+
+def _check_ray_available(campaign: Campaign) -> None:
+    """Fail before any work when the campaign asks for Ray and it is not installed."""
+    if campaign.scoring.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise CampaignError(f"{campaign.label}: scoring.backend: 'ray' needs the ray package, which is not "
+                            "installed", hint=RAY_INSTALL_HINT)
 
 
 def _kill_after(finished: int) -> None:
@@ -161,6 +216,7 @@ def run_campaign(campaign: Campaign, *, on_progress: Progress | None = None) -> 
     validate and write the curves and the report."""
     report = on_progress or (lambda stage, done, total, what: None)
     check_lm_eval_available(campaign)
+    _check_ray_available(campaign)
     corpus = _corpus(campaign)
     plan = build_plan(campaign, corpus.sha256)
     out = campaign.output_dir
@@ -174,7 +230,7 @@ def run_campaign(campaign: Campaign, *, on_progress: Progress | None = None) -> 
         pending = plan.pending_scores
         total = len(plan.scores)
         report("score", total - len(pending), total, "")
-        for work, outcome in score_checkpoints(campaign, pending, store):
+        for work, outcome in score_checkpoints(campaign, pending, store, corpus.sha256):
             if isinstance(outcome, LstarError):
                 result.failures.append(JobFailure("score", work.checkpoint.describe(), None, outcome.one_line()))
                 continue
