@@ -162,7 +162,7 @@ receivers:
 def test_a_finished_campaign_reruns_nothing_and_refits_the_same_curves(
         killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert killed_and_resumed["final_code"] == 0
-    before = {p.name: load_curve(p).curve_id for p in (layout["out"] / "curves").glob("*.json")}
+    before = {p.name: load_curve(p).curve_id for p in (layout["out"] / "curves").glob("cloze-v0.*.json")}
     code, summary, _ = run_json(capsys, "calibrate", str(layout["campaign"]), "--json", "--quiet")
     assert code == 0
     assert summary["scored"] == [] and summary["evaluated"] == [] and summary["failures"] == []
@@ -204,6 +204,76 @@ def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str
     assert {p.checkpoint: (p.x, p.value) for p in curve.points} == \
         {name: (runs[name]["lstar"], values[name]) for name in NAMES}
     assert curve.families == ["llama", "neox"]
+
+
+LM_TASK = """\
+task: toy_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+target_delimiter: ""
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+"""
+
+
+def _naive_lm_eval_acc(model_dir: Path, items: list[dict[str, Any]]) -> float:
+    """Accuracy as lm-evaluation-harness computes it for a causal model: per option, the summed
+    log-probabilities of its tokens after the context, no prefix token; one forward pass each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.curves.evaluator import encode_pair
+    from monitor.scoring import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(model_dir).tokenizer
+    correct = 0
+    for item in items:
+        scores = []
+        for choice in item["choices"]:
+            ctx, cont = encode_pair(tokenizer, item["context"], choice)
+            ids = ctx + cont
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+            scores.append(sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)))
+        correct += int(max(range(len(scores)), key=scores.__getitem__) == item["answer"])
+    return correct / len(items)
+
+
+def test_an_lm_eval_task_runs_on_the_loaded_checkpoints(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                                        shared_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An lm-eval task of one's own (`include`) added to the finished campaign: only its six
+    evaluations run, and each checkpoint's accuracy is what the harness's rule gives by hand."""
+    pytest.importorskip("lm_eval")
+    assert killed_and_resumed["final_code"] == 0
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    lines = (shared_dir / "tasks" / "cloze-v0.jsonl").read_text().splitlines()[:8]
+    tasks = tmp_path / "lm_tasks"
+    tasks.mkdir()
+    (tasks / "toy.jsonl").write_text("\n".join(lines) + "\n")
+    (tasks / "toy_cloze.yaml").write_text(LM_TASK.format(data=tasks / "toy.jsonl"))
+    campaign = layout["folder"] / "with-lm-eval.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "tasks:\n", f"tasks:\n  - {{lm_eval: toy_cloze, include: {tasks}, baseline: 0.25, metrics: [acc]}}\n"))
+    code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    assert summary["scored"] == [] and len(summary["evaluated"]) == 6
+    items = [json.loads(line) for line in lines]
+    expected = {name: _naive_lm_eval_acc(layout["folder"] / "models" / name, items) for name in NAMES}
+    with Store.open(layout["db"], read_only=True) as store:
+        stored = {Path(r["repo"]).name: r["value"] for r in store.labels(task="toy_cloze", metric="acc")}
+    assert stored == expected
+    curve = load_curve(layout["out"] / "curves" / "toy_cloze.acc.json")
+    assert {p.checkpoint: p.value for p in curve.points} == expected
 
 
 # -- bad campaign files: one line naming the file, the line and the key -------------------------
