@@ -358,3 +358,59 @@ def test_a_ray_campaign_without_ray_says_how_to_install_it(
     assert code == 2 and err.count("\n") == 1
     assert f"{path}: scoring.backend: 'ray' needs the ray package" in err and 'pip install -e ".[ray]"' in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_pinned_hub_checkpoint_joins_the_campaign(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hub checkpoint (the fake Hub, pinned to its commit) added to the finished campaign:
+    it alone is fetched, scored and evaluated, and its runs record the repo and the sha."""
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import add_lineage
+
+    assert killed_and_resumed["final_code"] == 0
+    with FakeHub() as hub:
+        sha = add_lineage(hub, "demo-org/neox-ref", steps=(1000,), build_dir=tmp_path / "build", seed=77)["step1000"]
+        campaign = layout["folder"] / "with-hub.yaml"
+        campaign.write_text(EXAMPLE.read_text().replace(
+            "  - {ref: models/neox-c, family: neox}\n",
+            f"  - {{ref: models/neox-c, family: neox}}\n  - {{ref: demo-org/neox-ref@{sha}, family: hub}}\n")
+            + f"hub: {{endpoint: '{hub.url}', cache_dir: {tmp_path / 'cache'}}}\n")
+        code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    assert len(summary["scored"]) == 1 and len(summary["evaluated"]) == 1
+    with Store.open(layout["db"], read_only=True) as store:
+        run = store.score_run(summary["scored"][0])
+        evals = [r for r in store.eval_runs(limit=1000) if r["run_id"] == summary["evaluated"][0]]
+    assert (run["model_repo"], run["model_sha"], run["model_source"]) == ("demo-org/neox-ref", sha, "hub")
+    assert (evals[0]["model_repo"], evals[0]["model_sha"]) == ("demo-org/neox-ref", sha)
+    curve = load_curve(layout["out"] / "curves" / "cloze-v0.acc.json")
+    points = {p.checkpoint: p for p in curve.points}
+    assert points[f"demo-org/neox-ref@{sha[:12]}"].x == run["lstar"] and curve.families == ["hub", "llama", "neox"]
+
+
+def test_a_broken_checkpoint_fails_its_jobs_and_keeps_the_rest(killed_and_resumed: dict[str, Any],
+                                                               layout: dict[str, Path],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint whose weights are cut short: its score and evaluation fail with the reason,
+    the command exits non-zero before fitting, and what was stored stays as it was."""
+    assert killed_and_resumed["final_code"] == 0
+    broken = layout["folder"] / "models" / "broken"
+    shutil.copytree(layout["folder"] / "models" / "llama-a", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    before = _runs(layout["db"])
+    curves = {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")}
+    campaign = layout["folder"] / "with-broken.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "  - {ref: models/neox-c, family: neox}\n",
+        "  - {ref: models/neox-c, family: neox}\n  - {ref: models/broken, family: llama}\n"))
+    code = main(["calibrate", str(campaign), "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("error: 2 job(s) of campaign tiny-cloze failed; no curves were fitted") and err.count("\n") == 1
+    failed = [line for line in out.splitlines() if line.startswith("failed ")]
+    assert [line.split(":")[0] for line in failed] == ["failed score broken (models/broken)",
+                                                       "failed eval broken (models/broken) · cloze-v0"]
+    assert all("safetensors" in line for line in failed), failed
+    assert _runs(layout["db"]) == before
+    assert {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")} == curves
