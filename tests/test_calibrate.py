@@ -414,3 +414,34 @@ def test_a_broken_checkpoint_fails_its_jobs_and_keeps_the_rest(killed_and_resume
     assert all("safetensors" in line for line in failed), failed
     assert _runs(layout["db"]) == before
     assert {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")} == curves
+
+
+def test_a_checkpoint_added_to_a_campaign_on_ray_is_scored_on_the_cluster(
+        killed_and_resumed: dict[str, Any], layout: dict[str, Path], shared_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The same campaign with `backend: ray` (a local Ray instance the run starts): only the
+    new checkpoint's score runs, through the Ray backend, and equals the in-process score."""
+    pytest.importorskip("ray")
+    from monitor.sandbox.tiny_models import build_tiny_model
+
+    assert killed_and_resumed["final_code"] == 0
+    model = build_tiny_model(layout["folder"] / "models" / "neox-d", shared_dir / "tokenizers" / "gpt-neox",
+                             arch="gpt_neox", seed=9, init_std=0.25)
+    campaign = layout["folder"] / "with-ray.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace("  backend: local\n", "  backend: ray\n").replace(
+        "  - {ref: models/neox-c, family: neox}\n", "  - {ref: models/neox-c, family: neox}\n"
+                                                     "  - {ref: models/neox-d, family: neox}\n"))
+    try:
+        code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert code == 0, summary
+    assert len(summary["scored"]) == 1 and len(summary["evaluated"]) == 1
+    with Store.open(layout["db"], read_only=True) as store:
+        run = store.score_run(summary["scored"][0])
+    scored = score_checkpoint(ScoreRequest(model=str(model), corpus_dir=shared_dir / "corpus" / "calib-v0",
+                                           every=36, max_context=128, dtype="float32", device="cpu",
+                                           with_tcb=False, progress=False), db_path=None)
+    assert abs(run["lstar"] - scored["lstar"]) <= 1e-12
