@@ -166,3 +166,29 @@ def test_device_map_is_for_cuda_only_and_only_auto():
 def test_a_request_with_device_map_on_cpu_is_refused_before_loading(tiny_dir, calib_v0):
     with pytest.raises(SpecError, match="device_map"):
         prepare(request_for(tiny_dir, calib_v0, device_map="auto"))
+
+
+def test_without_ray_the_ray_backend_says_how_to_install_it(monkeypatch):
+    import sys
+
+    from monitor.errors import LstarError
+
+    monkeypatch.setitem(sys.modules, "ray", None)   # what an install without the extra sees
+    with pytest.raises(LstarError, match=r"needs the ray package.*pip install -e \".\[ray\]\""):
+        make_backend("ray")
+
+
+def test_lstar_run_checks_the_backend_options_before_starting(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from monitor.cli import main
+
+    base = ["run", "--policies", str(tmp_path), "--state", str(tmp_path / "state"), "--once"]
+    assert main([*base, "--scoring-backend", "slurm"]) == 2
+    assert "'slurm' is not a scoring backend; use one of: local, ray" in capsys.readouterr().err
+    assert main([*base, "--ray-address", "127.0.0.1:6379"]) == 2
+    assert "--ray-address is only used with --scoring-backend ray" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)
+    assert main([*base, "--scoring-backend", "ray"]) == 2
+    assert "needs the ray package" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()                # nothing was started or written

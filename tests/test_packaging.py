@@ -23,6 +23,9 @@ PACKAGE = ROOT / "monitor"
 TEST_ONLY = PACKAGE / "testing"
 # Offline stand-ins the demo uses; they may need the test extras (aiosmtpd for the SMTP receiver).
 SANDBOX = PACKAGE / "sandbox"
+# Modules that exist to use an optional extra, imported only when that feature is asked for.
+EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
+                 PACKAGE / "calibrate" / "evaluate.py": "bench"}
 
 
 def _production_modules() -> list[Path]:
@@ -46,6 +49,8 @@ def test_every_third_party_import_is_declared() -> None:
     missing = []
     for path in _production_modules():
         allowed = test_extra if SANDBOX in path.parents else core
+        if path in EXTRA_MODULES:
+            allowed = core | _requirement_names(EXTRA_MODULES[path])
         for imp in imports(path):
             line, top = imp.line, imp.module.split(".")[0]
             if top in stdlib or top in ("monitor", "__future__"):

@@ -44,8 +44,16 @@ def register(app: typer.Typer) -> None:
                 table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
-                          str(r["attempts"]), r["reason"] or "")
+                          str(r["attempts"]), r["reason"] or linked_note(r.get("meta") or {}))
         Console().print(table)
+
+
+def linked_note(meta: dict) -> str:
+    """`same weights as checkpoint 3 (run 1a2b3c4d)` for a score linked to an earlier one."""
+    if not meta.get("linked_from_run_id"):
+        return ""
+    return (f"same weights as checkpoint {meta.get('linked_from_checkpoint_id')} "
+            f"(run {str(meta['linked_from_run_id'])[:8]})")
 
 
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,

@@ -121,6 +121,10 @@ def register(app: typer.Typer) -> None:
             None, "--ray-address",
             help="Ray cluster to score on with --scoring-backend ray (default: $RAY_ADDRESS, else a "
                  "Ray instance started on this machine)."),
+        ray_gpu_memory: str = typer.Option(
+            None, "--ray-gpu-memory",
+            help="Memory of one GPU of the Ray cluster (e.g. 80G): a CUDA job whose estimate is larger asks "
+                 "for several GPUs of one node and is spread over them (device_map auto)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
         docs: int = int_option(None, "--docs", low=1, help="Score only the first N documents."),
         max_context: int = int_option(None, "--max-context", low=2, help="Scoring window (tokens)."),
@@ -132,9 +136,9 @@ def register(app: typer.Typer) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
         # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
         retention_s = seconds(retention, "--retention", low=DAY_S)
-        if ray_address is not None and scoring_backend != "ray":
-            raise click.BadParameter("--ray-address is only used with --scoring-backend ray",
-                                     param_hint="'--ray-address'")
+        for flag, given in (("--ray-address", ray_address), ("--ray-gpu-memory", ray_gpu_memory)):
+            if given is not None and scoring_backend != "ray":
+                raise click.BadParameter(f"{flag} is only used with --scoring-backend ray", param_hint=f"'{flag}'")
         if scoring_backend == "ray":
             check_ray_installed()   # a clear error now, not at the first scoring run
 
@@ -162,7 +166,8 @@ def register(app: typer.Typer) -> None:
             hub_circuit_threshold=hub_circuit_threshold,
             retention=retention_s, prune_interval=seconds(prune_every, "--prune-every"),
             webhook_secret_file=webhook_secret_file, template=template,
-            scoring_backend=scoring_backend, ray_address=ray_address)
+            scoring_backend=scoring_backend, ray_address=ray_address,
+            ray_gpu_bytes=size_bytes(ray_gpu_memory, "--ray-gpu-memory", low=1 << 30, high=1 << 44))
         raise typer.Exit(run_daemon(config))
 
     @app.command("status")

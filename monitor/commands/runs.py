@@ -31,7 +31,8 @@ def corpus_label(row: dict[str, Any]) -> str:
 
 def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
     """The runs as one table that fits 80 columns: numbers keep their width, the model (repo,
-    then revision @ sha) and the corpus wrap whole instead of being cut."""
+    then revision @ sha, then the run it was linked to when its weights were scored before)
+    and the corpus wrap whole instead of being cut."""
     table = Table(title=f"{len(rows)} score run(s), newest first", title_justify="left")
     table.add_column("run", no_wrap=True)
     id_column(table, "model", ratio=2)  # repo, then revision @ sha
@@ -43,6 +44,8 @@ def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
         finished = r["finished_at"]
         when = finished.strftime("%Y-%m-%d\n%H:%M:%S") if hasattr(finished, "strftime") else str(finished)
         at = f"{r['revision']} @ {str(r['model_sha'])[:12]}" if r.get("revision") else str(r["model_sha"])[:12]
+        if r.get("linked_from_run_id"):  # same weights as an earlier run: its numbers, no forward pass
+            at += f"\nlinked to run {str(r['linked_from_run_id'])[:8]}"
         table.add_row(str(r["run_id"])[:8], f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}",
                       f"{r['se_ce']:.4f}", f"{r['tokens_per_s']:,.0f}", when)
     console.print(table)

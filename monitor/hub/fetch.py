@@ -11,6 +11,7 @@ removed.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -127,8 +128,37 @@ def _require_present(cache_dir: Path, repo: str, sha: str, files: Sequence[Expec
                            hint="retried later")
 
 
+def snapshot_digests(files: Sequence[ExpectedFile]) -> dict[str, str | None]:
+    """Identities of a verified snapshot, from what the Hub announced and the fetch checked.
+
+    `weights_digest`: sha256 over the weight files' names and LFS sha256 (git blob id for a
+    shard index); two repos or commits with the same value hold the same weights.
+    `files_digest`: the same over every other file scoring reads (config, tokenizer): the
+    same weights under another config or tokenizer compute other numbers. None when a file
+    has no content hash from the Hub.
+    """
+    def digest(chosen: list[ExpectedFile]) -> str | None:
+        if any(f.sha256 is None and f.blob_id is None for f in chosen):
+            return None   # a file the Hub gave no content hash for: no identity to match on
+        ids = sorted([f.name, f"sha256:{f.sha256.lower()}" if f.sha256 else f"blob:{f.blob_id.lower()}"]  # type: ignore[union-attr]
+                     for f in chosen)
+        return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+
+    weights = [f for f in files if f.name not in FILE_BYTE_LIMITS or f.name == WEIGHTS_INDEX]
+    others = [f for f in files if f not in weights]
+    return {"weights_digest": digest(weights), "files_digest": digest(others)}  # type: ignore[dict-item]
+
+
 def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, info: Any = None,
                  client: HubClient | None = None, budgets: Budgets | None = None) -> Path:
+    """Download the model files of `repo` at commit `sha` into the cache and verify them
+    (see `_fetch`)."""
+    return _fetch(repo, sha, cache_dir=cache_dir, info=info, client=client, budgets=budgets)
+
+
+def _fetch(repo: str, sha: str, *, cache_dir: str | Path | None = None, info: Any = None,
+           client: HubClient | None = None, budgets: Budgets | None = None,
+           verify: Callable[[Path, str, str, Sequence[ExpectedFile]], Path] = verify_snapshot) -> Path:
     """Download the model files of `repo` at commit `sha` into the cache and verify them.
 
     `sha` may also be a branch or tag name; it is resolved to its commit first, and the
@@ -168,17 +198,30 @@ def fetch_pinned(repo: str, sha: str, *, cache_dir: str | Path | None = None, in
         if "Consistency check failed" in str(exc):
             raise IntegrityError(f"{repo}@{sha}: {describe_error(exc)}") from exc
         raise HubError(f"downloading {repo}@{sha} failed: {describe_error(exc)}") from exc
-    return verify_snapshot(cache_dir, repo, sha, files)
+    return verify(cache_dir, repo, sha, files)
+
+
+def fetch_verified(repo: str, sha: str, **options: Any) -> tuple[Path, dict[str, str | None]]:
+    """`fetch_pinned`, and the snapshot's digests (`snapshot_digests`) of the files it verified."""
+    captured: list[Sequence[ExpectedFile]] = []
+
+    def verify(cache_dir: Path, repo: str, sha: str, files: Sequence[ExpectedFile]) -> Path:
+        captured.append(files)
+        return verify_snapshot(cache_dir, repo, sha, files)
+
+    path = _fetch(repo, sha, verify=verify, **options)
+    return path, snapshot_digests(captured[-1])
 
 
 def fetch_job(store: Store, job: dict[str, Any], *, owner: str, client: HubClient | None = None,
               cache_dir: str | Path | None = None, now_fn: Callable[[], datetime] = utcnow) -> Path:
-    """Queue step: fetch a leased `gated`/`fetched` row and record it as `fetched`.
+    """Queue step: fetch a leased `gated`/`fetched` row and record it as `fetched`, with its
+    snapshot's digests (`snapshot_digests`) in the row's meta.
 
     Re-running it on a `fetched` row re-verifies the cached files without downloading.
     """
-    path = fetch_pinned(job["repo"], job["sha"], cache_dir=cache_dir, client=client)
+    path, digests = fetch_verified(job["repo"], job["sha"], cache_dir=cache_dir, client=client)
     store.advance_checkpoint(job["id"], owner, status="fetched",
-                             meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat()},
+                             meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat(), **digests},
                              now=now_fn())
     return path

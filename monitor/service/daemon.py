@@ -99,7 +99,7 @@ class DaemonConfig:
     cache_keep: int | None = DEFAULT_KEEP_LAST   # finished checkpoints kept in the Hub cache; None: all
     cache_max_bytes: int | None = DEFAULT_MAX_BYTES  # and at most this many bytes with the pending ones
     lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
-    score_batch: int = 4              # queue jobs one scoring run takes on at most
+    score_batch: int = 4              # queue jobs one scoring run takes on at most (at once on Ray)
     drain: float = 60.0
     hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
     hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
@@ -110,6 +110,7 @@ class DaemonConfig:
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
     scoring_backend: str = "local"    # where scoring runs: local (child processes) | ray
     ray_address: str | None = None    # the Ray cluster (else $RAY_ADDRESS, else a local one)
+    ray_gpu_bytes: int | None = None  # one GPU's memory there: larger CUDA jobs span several GPUs
 
     @property
     def db_path(self) -> Path:
@@ -550,7 +551,7 @@ class Daemon:
             else:
                 # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
                 # scoring child on whichever node runs it.
-                options.update(address=cfg.ray_address,
+                options.update(address=cfg.ray_address, gpu_bytes=cfg.ray_gpu_bytes,
                                memory_bytes=cfg.score_memory if cfg.template.device == "cpu" else None)
             self.backend = make_backend(cfg.scoring_backend, **options)
         return self.backend
@@ -559,9 +560,13 @@ class Daemon:
         """Fetch and score up to `score_batch` queued checkpoints on the scoring backend, then
         prune the Hub cache; returns what happened to each job."""
         cfg = self.config
-        results = score_queue_on(store, self.hub_client(store), self.scoring_backend(), cfg.template,
+        backend = self.scoring_backend()
+        # One job at a time on the local backend (the next is leased when it can start); a Ray
+        # cluster takes the whole batch at once.
+        limit = min(cfg.score_batch, backend.concurrency or cfg.score_batch)
+        results = score_queue_on(store, self.hub_client(store), backend, cfg.template,
                                  owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,
-                                 lease_s=cfg.lease_s, limit=cfg.score_batch, stopping=self.stopping.is_set)
+                                 lease_s=cfg.lease_s, limit=limit, stopping=self.stopping.is_set)
         if any(r.status in ("scored", "skipped", "failed") for r in results):
             prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
                                 max_bytes=cfg.cache_max_bytes)

@@ -11,7 +11,9 @@ from monitor.store import Store
 RUN_COLUMNS = ("r.run_id", "r.model_repo", "r.model_sha", "r.model_source", "r.corpus_sha256",
                "c.name AS corpus_name", "c.version AS corpus_version", "c.selection AS corpus_selection",
                "r.lstar", "r.se_ce", "r.n_tokens", "r.tokens_per_s", "r.wall_s", "r.finished_at",
-               "json_extract_string(r.model, '$.revision') AS revision")
+               "json_extract_string(r.model, '$.revision') AS revision",
+               # a run copied from an earlier run of the same weights names that run
+               "l.linked_from_run_id", "l.linked_from_checkpoint_id")
 
 
 def list_score_runs(store: Store, *, limit: int | None = 50) -> list[dict[str, Any]]:
@@ -19,6 +21,7 @@ def list_score_runs(store: Store, *, limit: int | None = 50) -> list[dict[str, A
     selection; at most `limit` rows (None: all)."""
     sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM score_runs r "
            "LEFT JOIN corpora c ON c.sha256 = r.corpus_sha256 "
+           "LEFT JOIN score_digests l ON l.run_id = r.run_id "
            "ORDER BY r.finished_at DESC, r.run_id DESC")
     if limit is None:
         return store.query(sql)

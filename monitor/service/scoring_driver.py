@@ -3,39 +3,45 @@
 The queue (`monitor.hub.queue`) gives each job a lease and at most three attempts.
 `score_queue` downloads the pinned snapshot (recording the fetch), hands it to a scorer,
 and writes the score run and the lease's completion in one transaction, so a job completes
-exactly once. Two scorers:
-
-- `score_in_process` runs the forward passes here (`lstar score --pending`);
-- `score_in_child` runs them in `monitor.scoring.child`, which never opens the database, so
-  a model that eats all memory or never finishes cannot take the daemon down.
+exactly once; `score_in_process` runs the forward passes here (`lstar score --pending`).
 
 `score_queue_on` (the daemon's path) leases a batch of jobs, fetches each, and hands them
 together to a scoring backend (`monitor.scoring.backends`: `local` child processes, or a
 Ray cluster that runs them in parallel); each outcome is written with its lease's
-completion as it arrives. Workers never open the database; the cached unigram baselines
-travel with the jobs, and a baseline a worker computed comes back to be cached.
+completion as it arrives. Workers never open the database (and the local backend's child
+process cannot take the daemon down with a model that eats all memory or never finishes);
+the cached unigram baselines travel with the jobs, and a baseline a worker computed comes
+back to be cached.
+
+Identical content is scored once: a fetched checkpoint whose weights and config/tokenizer
+files (by the digests the fetch recorded from the Hub's LFS sha256 and blob ids), scoring
+options and corpus selection match an earlier run is not handed to the backend; its score
+is a copy of that run, linked to it in `score_digests` (and named in the run's `model`).
 
 After a run that finished jobs, the daemon prunes the Hub cache (`prune_after_scoring`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from monitor import SCORING_SPEC_VERSION
 from monitor.errors import HubError
 from monitor.failpoints import failpoint
 from monitor.hub import (DEFAULT_LEASE_S, HubClient, JobResult, LayoutError, Outcome, fetch_job,
                          process_pending, prune_cache, resolve_cache_dir)
 from monitor.hub.queue import claim_batch, release, settle
-from monitor.scoring import (ScoredRun, ScoreRequest, ScoringInterrupted, compute_score, prepare,
-                             run_score_child)
+from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
 from monitor.scoring.engine import corpus_selection
 from monitor.store import Store, utcnow
@@ -85,27 +91,6 @@ def score_in_process(store: Store, template: ScoreRequest) -> Scorer:
     return scorer
 
 
-def score_in_child(template: ScoreRequest, *, state_dir: Path, timeout_s: float,
-                   memory_bytes: int | None) -> Scorer:
-    """Score in a child process (killed past `timeout_s` or `memory_bytes`), on a flat copy
-    of the snapshot under `state_dir/tmp`."""
-    def scorer(job: dict[str, Any], snapshot: Path) -> ScoredRun:
-        flat = materialize_snapshot(snapshot, state_dir / "tmp" / f"checkpoint-{job['id']}")
-        try:
-            request = replace(template, model=str(flat), checkpoint_id=job["id"], progress=False,
-                              extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
-            return run_score_child(request, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                   workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
-        except ScoringInterrupted as exc:
-            # Killed by our own shutdown: the lease and the attempt go back.
-            raise HubError(f"the daemon stopped while scoring this job ({exc})",
-                           hint="it runs after the restart") from None
-        finally:
-            shutil.rmtree(flat, ignore_errors=True)
-
-    return scorer
-
-
 def absolute_paths(template: ScoreRequest) -> ScoreRequest:
     """The request with every path made absolute: a worker may run in another directory."""
     def resolved(path: Path | None) -> Path | None:
@@ -134,6 +119,27 @@ class JobBuilder:
             self._corpus_sha = corpus_selection(self.template).sha256
         return self._corpus_sha
 
+    def request_digest(self) -> str:
+        """sha256 of the scoring options that change a number (not where files are)."""
+        t = self.template
+        options = {"spec": SCORING_SPEC_VERSION, "max_context": t.max_context, "stride": t.stride,
+                   "disjoint": t.disjoint, "docs": t.docs, "slices": t.slices, "every": t.every, "dtype": t.dtype,
+                   "device": t.device, "batch_size": t.batch_size, "with_tcb": t.with_tcb,
+                   "tcb_positions": t.tcb_positions, "n_boot": t.n_boot, "seed": t.seed,
+                   "tokenizer_dir": str(t.tokenizer_dir) if t.tokenizer_dir else None,
+                   "reference_tokenizer": str(t.reference_tokenizer) if t.reference_tokenizer else None}
+        return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
+
+    def content_key(self, checkpoint_id: int) -> dict[str, str] | None:
+        """What a score of this fetched checkpoint would measure: its weights and files digests
+        (recorded by the fetch), the scoring options and the corpus selection; None when the
+        Hub gave no content hash for some file (such a checkpoint is always scored)."""
+        meta = (self.store.get_checkpoint(checkpoint_id) or {}).get("meta") or {}
+        if not meta.get("weights_digest") or not meta.get("files_digest"):
+            return None
+        return {"weights_digest": meta["weights_digest"], "files_digest": meta["files_digest"],
+                "request_digest": self.request_digest(), "corpus_sha256": self.corpus_sha256()}
+
     def build(self, job: dict[str, Any], snapshot: Path) -> tuple[ScoreJob, Path]:
         """The job, and the flat copy of its snapshot (removed by the caller when done)."""
         corpus_sha = self.corpus_sha256()
@@ -156,8 +162,9 @@ def _raising(exc: BaseException) -> Callable[[], Outcome]:
     return work
 
 
-def outcome_to_queue(store: Store, outcome: ScoreOutcome) -> Outcome:
-    """A backend's outcome as the queue's: the score's rows to write, or its error raised."""
+def outcome_to_queue(store: Store, outcome: ScoreOutcome, key: dict[str, str] | None = None) -> Outcome:
+    """A backend's outcome as the queue's: the score's rows to write (with its content key,
+    so a later job with the same weights links to it), or its error raised."""
     if outcome.error is not None and outcome.error.error_class == "ScoringInterrupted":
         # Killed by our own shutdown: the lease and the attempt go back.
         raise HubError(f"the daemon stopped while scoring this job ({outcome.error.message})",
@@ -165,11 +172,37 @@ def outcome_to_queue(store: Store, outcome: ScoreOutcome) -> Outcome:
     scored = outcome.unwrap()
     failpoint("mid_score")
     result = scored.result
+    if key is not None and key["corpus_sha256"] != result["corpus"]["sha256"]:
+        key = None  # not what was asked for (the check in the backend refuses this already)
+
+    def write(conn) -> None:
+        scored.write(store, conn)
+        if key is not None:
+            store.insert_score_digest(conn, result["run_id"], outcome.job.checkpoint_id, key)
+
     return Outcome("scored", meta={"run_id": result["run_id"], "lstar": result["lstar"],
                                    "se": result["se_ce"], "corpus_sha256": result["corpus"]["sha256"],
                                    "baseline": scored.baseline_source,
                                    **({"worker": outcome.worker} if outcome.worker else {})},
-                   write=lambda conn: scored.write(store, conn))
+                   write=write)
+
+
+def linked_outcome(store: Store, job: dict[str, Any], source: dict[str, Any], key: dict[str, str],
+                   now_fn: Callable[[], datetime]) -> Outcome:
+    """The job's score as a copy of `source`, a run that measured the same weights, files,
+    options and corpus: no forward pass; the new run names the one it was copied from."""
+    run = store.score_run(source["run_id"])
+    if run is None:
+        raise RuntimeError(f"score run {source['run_id']} vanished before it could be linked")
+    run_id = uuid.uuid4().hex
+    log.info("%s@%s has the same weights and files as checkpoint %s: score linked to run %s",
+             job["repo"], str(job["sha"])[:12], source["checkpoint_id"], source["run_id"][:8])
+    return Outcome("scored", meta={"run_id": run_id, "lstar": run["lstar"], "se": run["se_ce"],
+                                   "corpus_sha256": run["corpus_sha256"],
+                                   "linked_from_run_id": source["run_id"],
+                                   "linked_from_checkpoint_id": source["checkpoint_id"]},
+                   write=lambda conn: store.link_score_run(conn, source, run_id=run_id, checkpoint=job, key=key,
+                                                           now=now_fn()))
 
 
 def _give_back(store: Store, job: dict[str, Any], owner: str, reason: str,
@@ -196,9 +229,18 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
     builder = JobBuilder(store, template, state_dir)
     results: list[JobResult] = []
-    ready: dict[int, tuple[dict[str, Any], Path]] = {}
+    ready: dict[int, tuple[dict[str, Any], Path, dict[str, str] | None]] = {}
     jobs: list[ScoreJob] = []
+    # Jobs whose content an earlier job of this batch scores: linked to it once it is done.
+    leaders: dict[tuple[str, ...], int] = {}
+    followers: list[tuple[dict[str, Any], dict[str, str], int]] = []
     hub_down = False
+
+    def settle_with(job: dict[str, Any], work: Callable[[], Outcome]) -> bool:
+        result, down = settle(store, job, owner, work, now_fn=now_fn)
+        results.append(result)
+        return down
+
     try:
         for job in claimed:
             if hub_down or (stopping is not None and stopping()):
@@ -207,28 +249,45 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
                 continue
             try:
                 snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir, now_fn=now_fn)
-                score_job, flat = builder.build(job, snapshot)
+                key = builder.content_key(job["id"])
+                source = store.scored_run_with(key) if key is not None else None
+                if source is None and key is not None and tuple(key.values()) in leaders:
+                    followers.append((job, key, leaders[tuple(key.values())]))
+                    continue
+                if source is None:
+                    score_job, flat = builder.build(job, snapshot)
             except Exception as exc:  # settle classifies it: retry, fail, skip, or the Hub is down
-                result, hub_down = settle(store, job, owner, _raising(exc), now_fn=now_fn)
-                results.append(result)
+                hub_down = settle_with(job, _raising(exc))
                 continue
-            ready[job["id"]] = (job, flat)
+            if source is not None:   # the same content was scored before: link, no forward pass
+                settle_with(job, lambda job=job, source=source, key=key: linked_outcome(store, job, source, key,
+                                                                                         now_fn))
+                continue
+            if key is not None:
+                leaders[tuple(key.values())] = job["id"]
+            ready[job["id"]] = (job, flat, key)
             jobs.append(score_job)
         try:
             for outcome in backend.run(jobs):
-                job, flat = ready.pop(outcome.job.checkpoint_id)  # type: ignore[arg-type]
+                job, flat, key = ready.pop(outcome.job.checkpoint_id)  # type: ignore[arg-type]
                 shutil.rmtree(flat, ignore_errors=True)
-                result, _ = settle(store, job, owner, lambda outcome=outcome: outcome_to_queue(store, outcome),
-                                   now_fn=now_fn)
-                results.append(result)
+                settle_with(job, lambda outcome=outcome, key=key: outcome_to_queue(store, outcome, key))
         except Exception as exc:  # the backend itself failed (a lost cluster): not the jobs' fault
             reason = f"the scoring backend failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             log.warning("%s; %d job(s) go back to the queue", reason, len(ready))
-            for job, _ in list(ready.values()):
+            for job, _, _ in list(ready.values()):
                 results.append(_give_back(store, job, owner, reason, now_fn))
             ready.clear()
+        for job, key, leader in followers:
+            source = store.scored_run_with(key)
+            if source is None:   # its leader was not scored: it runs on its own next time
+                results.append(_give_back(store, job, owner, f"waiting: checkpoint {leader} has the same weights "
+                                          "and was not scored in this run", now_fn))
+            else:
+                settle_with(job, lambda job=job, source=source, key=key: linked_outcome(store, job, source, key,
+                                                                                         now_fn))
     finally:
-        for _, flat in ready.values():
+        for _, flat, _ in ready.values():
             shutil.rmtree(flat, ignore_errors=True)
     store.checkpoint()
     return results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import duckdb
@@ -139,3 +140,45 @@ class ScoreRows(StoreConnection):
         """One score run by id, or None."""
         rows = self.query("SELECT * FROM score_runs WHERE run_id = ?", [run_id])
         return rows[0] if rows else None
+
+    # -- identical weights ---------------------------------------------------------------
+    def insert_score_digest(self, conn: duckdb.DuckDBPyConnection, run_id: str, checkpoint_id: int | None,
+                            key: Mapping[str, str], *, linked_from_run_id: str | None = None,
+                            linked_from_checkpoint_id: int | None = None) -> None:
+        """Record what a run measured (`key`: weights_digest, files_digest, request_digest,
+        corpus_sha256), inside the transaction that writes the run."""
+        conn.execute("INSERT INTO score_digests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     [run_id, checkpoint_id, key["weights_digest"], key["files_digest"], key["request_digest"],
+                      key["corpus_sha256"], linked_from_run_id, linked_from_checkpoint_id, utcnow()])
+
+    def scored_run_with(self, key: Mapping[str, str]) -> dict[str, Any] | None:
+        """The first run (not itself a link) that measured exactly `key`, or None."""
+        rows = self.query(
+            "SELECT d.run_id, d.checkpoint_id FROM score_digests d JOIN score_runs r ON r.run_id = d.run_id "
+            "WHERE d.weights_digest = ? AND d.files_digest = ? AND d.request_digest = ? AND d.corpus_sha256 = ? "
+            "AND d.linked_from_run_id IS NULL ORDER BY r.finished_at, d.run_id LIMIT 1",
+            [key["weights_digest"], key["files_digest"], key["request_digest"], key["corpus_sha256"]])
+        return rows[0] if rows else None
+
+    def link_score_run(self, conn: duckdb.DuckDBPyConnection, source: Mapping[str, Any], *, run_id: str,
+                       checkpoint: Mapping[str, Any], key: Mapping[str, str], now: datetime) -> None:
+        """Record `checkpoint`'s score as a copy of run `source` (same weights, files, options and
+        corpus), inside a transaction the caller holds: the run row with this checkpoint's repo
+        and sha, its per-document rows, and the link naming the source."""
+        src = source["run_id"]
+        row = conn.execute("SELECT model FROM score_runs WHERE run_id = ?", [src]).fetchone()
+        if row is None:
+            raise StoreError(f"score run {src} to link to is missing")
+        model = {**json.loads(row[0]), "repo": checkpoint["repo"], "sha": checkpoint["sha"],
+                 "linked_from": {"run_id": src, "checkpoint_id": source.get("checkpoint_id")}}
+        columns = [c for c in self.SCORE_RUN_COLUMNS
+                   if c not in ("run_id", "checkpoint_id", "model_repo", "model_sha", "model", "finished_at")]
+        conn.execute(
+            f"INSERT INTO score_runs (run_id, checkpoint_id, model_repo, model_sha, model, finished_at, "
+            f"{', '.join(columns)}) SELECT ?, ?, ?, ?, ?, ?, {', '.join(columns)} FROM score_runs WHERE run_id = ?",
+            [run_id, checkpoint["id"], checkpoint["repo"], checkpoint["sha"], json.dumps(model, sort_keys=True),
+             now, src])
+        conn.execute("INSERT INTO score_documents SELECT ?, doc_id, slice, n_tokens, nll, n_bytes "
+                     "FROM score_documents WHERE run_id = ? ORDER BY rowid", [run_id, src])
+        self.insert_score_digest(conn, run_id, checkpoint["id"], key, linked_from_run_id=src,
+                                 linked_from_checkpoint_id=source.get("checkpoint_id"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.errors import LstarError, SpecError
+from monitor.errors import SpecError
 from monitor.scoring.backends.base import ScoreError, ScoreJob, ScoreOutcome, ScoringBackend
 from monitor.scoring.backends.local import LocalBackend
 from monitor.scoring.backends.placement import estimate_memory, gpus_needed
@@ -30,14 +30,10 @@ def make_backend(name: str = "local", **config: Any) -> ScoringBackend:
 
 
 def check_ray_installed() -> None:
-    """Raise a clear error (how to install it) when the ray package is missing."""
-    import importlib.util
+    """Raise a clear error (how to install it) when the ray package cannot be imported."""
+    from monitor.scoring.backends.ray import import_ray
 
-    if importlib.util.find_spec("ray") is None:
-        from monitor.scoring.backends.ray import INSTALL_HINT
-
-        raise LstarError("--scoring-backend ray needs the ray package, which is not installed",
-                         hint=INSTALL_HINT)
+    import_ray()
 
 
 __all__ = ["BACKENDS", "check_ray_installed", "LocalBackend", "ScoreError", "ScoreJob", "ScoreOutcome", "ScoringBackend",

@@ -139,6 +139,9 @@ class ScoringBackend(Protocol):
     """
 
     name: str
+    # Jobs it runs at once (None: as many as it is given). The driver leases no more than
+    # this per batch, so no lease is held by a job waiting its turn behind another.
+    concurrency: int | None
 
     def run(self, jobs: Iterable[ScoreJob]) -> Iterator[ScoreOutcome]:
         """Score `jobs`; yield one outcome per job as each finishes."""

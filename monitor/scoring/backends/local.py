@@ -44,6 +44,7 @@ class LocalBackend:
     """Scores jobs one after another in child processes of this process."""
 
     name = "local"
+    concurrency = 1
 
     def __init__(self, *, timeout_s: float = 3600.0, memory_bytes: int | None = None,
                  workdir: str | Path | None = None, log_path: str | Path | None = None) -> None:

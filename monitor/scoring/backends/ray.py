@@ -79,6 +79,22 @@ def score_on_worker(job_data: dict[str, Any], timeout_s: float, memory_bytes: in
     return outcome.to_json()
 
 
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Refuse a `host:port` cluster address nothing answers on, at once: `ray.init` would
+    retry for minutes. Other forms (`auto`, `local`, `ray://...`) are left to Ray."""
+    if not address or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise LstarError(f"Ray address {address!r} is not host:port", hint="e.g. --ray-address 10.0.0.5:6379")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise LstarError(f"nothing answers at the Ray address {address} ({exc.strerror or exc})",
+                         hint="start the cluster there (ray start --head), or fix --ray-address / RAY_ADDRESS") from None
+
+
 def _node_memory(ray: Any) -> int | None:
     """The largest `memory` resource of any live node (None when Ray does not say)."""
     sizes = [node.get("Resources", {}).get("memory") for node in ray.nodes() if node.get("Alive")]
@@ -90,6 +106,7 @@ class RayBackend:
     """Scores jobs as Ray tasks, all submitted at once, outcomes yielded as they finish."""
 
     name = "ray"
+    concurrency = None   # the cluster queues what it cannot run yet
 
     def __init__(self, *, address: str | None = None, timeout_s: float = 3600.0,
                  memory_bytes: int | None = None, workdir: str | Path | None = None,
@@ -109,16 +126,17 @@ class RayBackend:
         self._interrupted = threading.Event()
         self._running = 0
         if not self._ray.is_initialized():
+            check_reachable(self.address)
             try:
                 self._ray.init(address=self.address, **(init_kwargs or {}))
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise LstarError(f"cannot connect to the Ray cluster at {self.address or '(a new local one)'}: "
                                  f"{' '.join(str(exc).split())[:300]}",
-                                 hint="check scoring.ray_address / RAY_ADDRESS, and that `ray start` runs there") from None
+                                 hint="check --ray-address (or RAY_ADDRESS), and that `ray start` runs there") from None
             self._owns = True
         self._task = self._ray.remote(score_on_worker)
 
-    def _options(self, job: ScoreJob) -> tuple[dict[str, Any], ScoreJob]:
+    def task_options(self, job: ScoreJob) -> tuple[dict[str, Any], ScoreJob]:
         """The task's resources, and the job as sent (with `device_map` for a multi-GPU model)."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_retries": 0}
         if job.memory_bytes:
@@ -152,7 +170,7 @@ class RayBackend:
                 if refused is not None:
                     yield refused
                     continue
-                options, sent = self._options(job)
+                options, sent = self.task_options(job)
                 ref = self._task.options(**options).remote(sent.to_dict(), self.timeout_s, self.memory_bytes,
                                                            self.workdir)
                 pending[ref] = job
@@ -179,13 +197,19 @@ class RayBackend:
     def _collect(self, ref: Any, job: ScoreJob) -> ScoreOutcome:
         ray = self._ray
         try:
-            outcome = ScoreOutcome.from_json(ray.get(ref))
+            answer = ray.get(ref)
         except ray.exceptions.RayError as exc:
             # The worker died (killed, out of memory, its node lost) before answering.
             text = " ".join(str(exc).split())[:400]
             error = ScoreError(type(exc).__name__, f"the Ray worker scoring {job.name()} died without an "
                                f"answer: {text}")
             return ScoreOutcome(job, error=error, worker=f"ray:{socket.gethostname()}")
+        try:
+            outcome = ScoreOutcome.from_json(answer)
+        except (KeyError, TypeError, ValueError) as exc:
+            error = ScoreError("RuntimeError", f"the Ray worker's answer for {job.name()} cannot be read "
+                               f"({type(exc).__name__}: {exc}); is the same lstar-monitor installed on every node?")
+            return ScoreOutcome(job, error=error, worker="ray")
         # The job as the daemon built it (not as sent, which may carry device_map).
         return dataclasses.replace(outcome, job=job)
 
@@ -203,8 +227,10 @@ class RayBackend:
 
     def interrupt(self) -> int:
         """Cancel the running tasks (the daemon's shutdown); how many were running."""
-        self._interrupted.set()
-        return self._running
+        running = self._running
+        if running:
+            self._interrupted.set()
+        return running
 
     def close(self) -> None:
         """Disconnect from the cluster if this backend connected (a local instance stops)."""

@@ -1,0 +1,141 @@
+"""Identical weights are scored once: two repos (or commits) on the real fake Hub whose weight
+files have the same LFS sha256 set, with the same config and tokenizer files, give one scoring
+job and two score rows, the second linked to the first. Different files are scored again.
+
+The real poll, gate and verified fetch into a real DuckDB file; the real local backend runs
+the scoring child; the backend is wrapped only to count the jobs handed to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from monitor.cli import app
+from monitor.hub.client import HubClient
+from monitor.hub.gate import gate_pending
+from monitor.hub.poll import poll_once
+from monitor.hub.rules import WatchRule
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import tiny_model_files
+from monitor.scoring.backends import LocalBackend
+from monitor.scoring.engine import ScoreRequest
+from monitor.service.listings import list_score_runs
+from monitor.service.scoring_driver import score_queue_on
+from monitor.store import Store
+
+
+class CountingBackend(LocalBackend):
+    """The local backend, counting the jobs it is handed."""
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self.handed: list[str] = []
+
+    def run(self, jobs):
+        jobs = list(jobs)
+        self.handed.extend(job.repo for job in jobs)
+        return super().run(jobs)
+
+
+@pytest.fixture(scope="module")
+def files() -> dict[str, bytes]:
+    return tiny_model_files("gpt2", arch="llama", seed=5)
+
+
+def gated(hub: FakeHub, root: Path) -> tuple[Path, Path]:
+    db, cache = root / "state.duckdb", root / "hf-cache"
+    with Store.open(db) as store:
+        client = HubClient(hub.url, store=store)
+        rules = [WatchRule(name="acme", author="acme")]
+        poll_once(store, client, rules)
+        outcomes = gate_pending(store, client, rules, cache_dir=cache)
+        assert all(o.status == "gated" for o in outcomes), outcomes
+    return db, cache
+
+
+def score(db: Path, cache: Path, hub: FakeHub, backend, corpus: Path, root: Path, limit: int):
+    template = ScoreRequest(corpus_dir=corpus, docs=3, max_context=32, device="cpu", dtype="float32",
+                            with_tcb=False, n_boot=10, progress=False)
+    with Store.open(db) as store:
+        return score_queue_on(store, HubClient(hub.url, store=store), backend, template, owner="test",
+                              state_dir=root, cache_dir=cache, limit=limit)
+
+
+def runs_by_repo(db: Path) -> dict[str, dict]:
+    with Store.open(db) as store:
+        out = {}
+        for run in list_score_runs(store, limit=None):
+            run["docs"] = [(d["doc_id"], d["n_tokens"], d["nll"]) for d in store.score_documents(run["run_id"])]
+            run["model"] = json.loads(store.score_run(run["run_id"])["model"])
+            run["checkpoint_id"] = store.score_run(run["run_id"])["checkpoint_id"]
+            assert run["model_repo"] not in out
+            out[run["model_repo"]] = run
+        return out
+
+
+@pytest.mark.parametrize("limit", [4, 1], ids=["one-batch", "one-job-per-run"])
+def test_two_repos_with_the_same_weights_are_scored_once_and_linked(tmp_path, files, calib_v0, limit):
+    backend = CountingBackend(timeout_s=300, workdir=tmp_path / "tmp")
+    with FakeHub() as hub:
+        first_sha = hub.add_repo("acme/original", files)
+        mirror_sha = hub.add_repo("acme/mirror", files)
+        db, cache = gated(hub, tmp_path)
+        results = []
+        while len(results) < 2:
+            got = score(db, cache, hub, backend, calib_v0, tmp_path, limit)
+            assert got, "a run scored nothing"
+            results.extend(got)
+    assert [r.status for r in results] == ["scored", "scored"]
+    assert len(backend.handed) == 1                       # one scoring job ran, for the first in the queue
+    scored = backend.handed[0]
+    linked = ({"acme/original", "acme/mirror"} - {scored}).pop()
+    shas = {"acme/original": first_sha, "acme/mirror": mirror_sha}
+
+    runs = runs_by_repo(db)
+    first, mirror = runs[scored], runs[linked]
+    assert first["model_sha"] == shas[scored] and mirror["model_sha"] == shas[linked]
+    assert first["linked_from_run_id"] is None
+    assert mirror["linked_from_run_id"] == first["run_id"]            # the second names the first
+    assert mirror["linked_from_checkpoint_id"] == first["checkpoint_id"]
+    assert mirror["model"]["linked_from"] == {"run_id": first["run_id"], "checkpoint_id": first["checkpoint_id"]}
+    assert mirror["model"]["repo"] == linked and mirror["model"]["sha"] == shas[linked]
+    assert mirror["run_id"] != first["run_id"]
+    assert mirror["lstar"] == first["lstar"] and mirror["se_ce"] == first["se_ce"]
+    assert mirror["docs"] == first["docs"] and len(first["docs"]) == 3
+    with Store.open(db) as store:
+        rows = {r["repo"]: r for r in store.list_checkpoints()}
+        digests = store.query("SELECT * FROM score_digests ORDER BY linked_from_run_id NULLS FIRST")
+    assert rows[linked]["meta"]["linked_from_run_id"] == first["run_id"]
+    assert rows[linked]["meta"]["weights_digest"] == rows[scored]["meta"]["weights_digest"]
+    assert [d["run_id"] for d in digests] == [first["run_id"], mirror["run_id"]]
+
+    # Provenance in the listings: `lstar runs` and `lstar checkpoints` name the source.
+    out = CliRunner().invoke(app, ["runs", "--db", str(db)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert f"linked to run {first['run_id'][:8]}" in out.output
+    out = CliRunner().invoke(app, ["checkpoints", "--db", str(db)], env={"COLUMNS": "200"})
+    assert f"same weights as checkpoint {first['checkpoint_id']} (run {first['run_id'][:8]})" in out.output
+
+
+def test_the_same_weights_under_another_config_are_scored_again(tmp_path, files, calib_v0):
+    config = json.loads(files["config.json"])
+    other = {**files, "config.json": json.dumps({**config, "rms_norm_eps": 1e-3}).encode()}
+    backend = CountingBackend(timeout_s=300, workdir=tmp_path / "tmp")
+    with FakeHub() as hub:
+        hub.add_repo("acme/original", files)
+        hub.add_repo("acme/retuned", other)
+        db, cache = gated(hub, tmp_path)
+        results = score(db, cache, hub, backend, calib_v0, tmp_path, 4)
+    assert sorted(r.status for r in results) == ["scored", "scored"]
+    assert sorted(backend.handed) == ["acme/original", "acme/retuned"]
+    runs = runs_by_repo(db)
+    assert runs["acme/retuned"]["linked_from_run_id"] is None
+    with Store.open(db) as store:
+        rows = {r["repo"]: r["meta"] for r in store.list_checkpoints()}
+    assert rows["acme/original"]["weights_digest"] == rows["acme/retuned"]["weights_digest"]
+    assert rows["acme/original"]["files_digest"] != rows["acme/retuned"]["files_digest"]
+    assert runs["acme/retuned"]["lstar"] != runs["acme/original"]["lstar"]
