@@ -124,7 +124,8 @@ class TaskSpec(_Strict):
     metrics:  the metrics to fit (default: the campaign's `fit.metrics`);
     limit:    evaluate only the first N items (builtin, lm_eval);
     num_fewshot: lm-eval's few-shot count;
-    include:  a folder of lm-eval task YAML files that defines `lm_eval` (a task of your own).
+    include:  a folder of lm-eval task YAML files that defines `lm_eval` (a task of your own;
+              only that folder is indexed, so it cannot name the harness's built-in tasks).
     """
 
     builtin: str | None = None

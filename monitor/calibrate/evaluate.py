@@ -9,6 +9,7 @@ without it installed fails with one line naming the task and the install command
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -77,6 +78,17 @@ def evaluate_builtin(campaign: Campaign, work: EvalWork, loaded: Any, handle: To
     return EvalOutcome(work, run, labels)
 
 
+@functools.lru_cache(maxsize=8)
+def _task_manager(include: str | None) -> Any:
+    """lm-eval's task index, built once per campaign run: a folder of one's own tasks alone
+    (indexing the harness's thousands of task files takes seconds), else the built-in tasks."""
+    from lm_eval.tasks import TaskManager
+
+    if include is None:
+        return TaskManager()
+    return TaskManager(include_path=include, include_defaults=False)
+
+
 def evaluate_lm_eval(campaign: Campaign, work: EvalWork, loaded: Any, handle: TokenizerHandle) -> EvalOutcome:
     """An lm-evaluation-harness task through `lm_eval.simple_evaluate`, with an `HFLM` wrapping
     the checkpoint already loaded (the same weights, dtype and device the scores used).
@@ -88,7 +100,6 @@ def evaluate_lm_eval(campaign: Campaign, work: EvalWork, loaded: Any, handle: To
     try:
         from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
     except ImportError:
         raise CampaignError(f"lm_eval task {task.lm_eval!r} needs lm-evaluation-harness, which is not installed",
                             hint=INSTALL_HINT) from None
@@ -98,7 +109,7 @@ def evaluate_lm_eval(campaign: Campaign, work: EvalWork, loaded: Any, handle: To
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.model_dir))
     lm = HFLM(pretrained=loaded.model, tokenizer=tokenizer, batch_size=campaign.scoring.batch_size,
               max_length=loaded.max_positions, prefix_token_id=handle.prefix_token_id, trust_remote_code=False)
-    manager = TaskManager(include_path=str(campaign.path(task.include)) if task.include else None)
+    manager = _task_manager(str(campaign.path(task.include)) if task.include else None)
     started = time.perf_counter()
     results = simple_evaluate(model=lm, tasks=[task.lm_eval], task_manager=manager, limit=task.limit,
                               num_fewshot=task.num_fewshot, log_samples=False, random_seed=campaign.fit.seed,
