@@ -27,7 +27,7 @@ _CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
 COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "runs", "policy", "alerts", "silence",
-                   "curves", "eval", "run", "report", "demo", "lab")
+                   "curves", "eval", "calibrate", "run", "report", "demo", "lab")
 
 app = typer.Typer(
     name="lstar",

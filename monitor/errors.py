@@ -85,5 +85,9 @@ class DeliveryError(LstarError):
     """An alert could not be delivered."""
 
 
+class CampaignError(LstarError):
+    """A calibration campaign file is malformed, or one of its jobs cannot run."""
+
+
 class LabError(LstarError):
     """A lab configuration, run folder or lab record (lab.json) that cannot be used."""

@@ -1,30 +1,48 @@
-"""Bounded reads of small configuration files (policies, curves, corpus sources, lab
-records), treating every byte as hostile.
+"""Bounded reads of small configuration files (policies, curves, watch rules, corpus slice
+rules, lab records), treating every byte as hostile.
 
 A file is read through one non-blocking descriptor that must be a regular file and yields
-at most `POLICY_MAX_BYTES`, so a FIFO, a device, a directory, a huge file or one that
-vanishes between listing and reading is an error naming the file, never a hang, an
-unbounded read or a crash. Kept below every stage, so that policy, curves, hub and scoring
-code can all read files this way without importing each other.
+at most a limit (`POLICY_MAX_BYTES` unless the caller sets one), so a FIFO, a device, a
+directory, a huge file or one that vanishes between listing and reading is an error naming
+the file and the kind of file expected, never a hang, an unbounded read or a crash. Kept
+below every stage, so that policy, curves, hub and scoring code can all read files this way
+without importing each other.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from monitor.errors import PolicyError
 
 POLICY_MAX_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """What a file is meant to be, as the errors about it name it."""
+
+    name: str      # "policy file": "… is a directory, not a policy file"
+    plural: str    # "policy files": "policy files are limited to … bytes"
+    format: str    # "YAML": "policy files are regular YAML files"
+
+
+POLICY_FILE = FileKind("policy file", "policy files", "YAML")
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                (stat.S_ISSOCK, "a socket"))
 
 
-def read_policy_bytes(path: Path, label: str, *, limit: int = POLICY_MAX_BYTES) -> bytes:
-    """At most `limit` bytes of a regular file; raises PolicyError naming the file otherwise.
+def read_bounded_bytes(path: Path, label: str, *, what: FileKind = POLICY_FILE,
+                       limit: int = POLICY_MAX_BYTES) -> bytes:
+    """At most `limit` bytes of a regular file; raises PolicyError naming the file (`label`)
+    and the kind of file expected (`what`) otherwise.
 
     Opened without blocking and checked on the open descriptor, so a FIFO, a device or a
     file swapped between listing and reading can neither hang the reader nor feed it
@@ -39,8 +57,8 @@ def read_policy_bytes(path: Path, label: str, *, limit: int = POLICY_MAX_BYTES) 
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-            raise PolicyError(f"{label}: is {kind}, not a policy file",
-                              hint="policy files are regular YAML files; rename or remove it")
+            raise PolicyError(f"{label}: is {kind}, not a {what.name}",
+                              hint=f"{what.plural} are regular {what.format} files; rename or remove it")
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 16, limit + 1 - size))
@@ -54,7 +72,7 @@ def read_policy_bytes(path: Path, label: str, *, limit: int = POLICY_MAX_BYTES) 
         os.close(fd)
     if size > limit:
         total = _size_of(path, size)
-        raise PolicyError(f"{label}: file is {total:,} bytes; policy files are limited to {limit:,} bytes")
+        raise PolicyError(f"{label}: file is {total:,} bytes; {what.plural} are limited to {limit:,} bytes")
     return b"".join(chunks)
 
 
@@ -65,13 +83,31 @@ def _size_of(path: Path, at_least: int) -> int:
         return at_least
 
 
-def read_policy_text(path: Path, label: str) -> str:
-    """The file's text after the kind, size and encoding checks."""
+class NotJsonError(ValueError):
+    """Bytes that are not UTF-8 JSON, or nest too deeply to decode; the message says why."""
+
+
+def read_bounded_json(path: Path, label: str, *, what: FileKind, limit: int) -> tuple[Any, bytes]:
+    """The JSON data of a file read by `read_bounded_bytes`, and the bytes it was decoded from.
+
+    Raises PolicyError when the file cannot be read that way, and NotJsonError (with the
+    decoder's reason on one line) when its bytes are not JSON.
+    """
+    raw = read_bounded_bytes(path, label, what=what, limit=limit)
     try:
-        return read_policy_bytes(path, label).decode("utf-8")
+        return json.loads(raw.decode("utf-8")), raw
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise NotJsonError(" ".join(str(exc).split())) from exc
+
+
+def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -> str:
+    """The file's text after the kind, size and encoding checks of `read_bounded_bytes`."""
+    try:
+        return read_bounded_bytes(path, label, what=what).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{label}: not UTF-8 text (byte {exc.start})",
                           hint="save the file as UTF-8") from None
 
 
-__all__ = ["POLICY_MAX_BYTES", "read_policy_bytes", "read_policy_text"]
+__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
+           "read_bounded_json", "read_bounded_text"]

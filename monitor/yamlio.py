@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from monitor.errors import PolicyError
-from monitor.files import read_policy_text
+from monitor.files import POLICY_FILE, FileKind, read_bounded_text
 
 # A configuration file has no reason to expand aliases into more nodes than this.
 ALIAS_EXPANSION_LIMIT = 10_000
@@ -333,11 +333,12 @@ def construct(root: yaml.Node, label: str) -> Any:
         loader.dispose()
 
 
-def load_yaml_file(path: Path, label: str | None = None) -> Any:
+def load_yaml_file(path: Path, label: str | None = None, *, what: FileKind = POLICY_FILE) -> Any:
     """Python data of a small YAML file read with the policy files' defences (regular file,
     bounded size, UTF-8, bounded nesting and node count, no tags, no alias bombs); None for
-    an empty document. Raises PolicyError naming the file and line."""
+    an empty document. Raises PolicyError naming the file and line; a file that is not a
+    regular one, or too large, is named as `what`."""
     label = label or str(path)
-    root = compose(read_policy_text(Path(path), label), label)
+    root = compose(read_bounded_text(Path(path), label, what=what), label)
     return construct(root, label) if root is not None else None
 

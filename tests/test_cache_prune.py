@@ -62,8 +62,8 @@ def world(hub, tmp_path):
     running = claim_next(store, "busy", T0 + timedelta(hours=1), lease_s=3600)
     fetch_job(store, running, owner="busy", client=client, cache_dir=cache)
     fetch_pinned(FOREIGN, "main", cache_dir=cache, client=client)
-    scored = [store.get_checkpoint(r.id)["sha"] for r in done]
-    yield store, cache, client, scored, running["sha"]
+    scored = [store.get_checkpoint(r.id).sha for r in done]
+    yield store, cache, client, scored, running.sha
     store.close()
 
 
@@ -147,8 +147,8 @@ def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
         poll_once(store, client, [rule])
         assert [o.status for o in gate_pending(store, client, [rule], cache_dir=cache)] == ["gated"]
         (row,) = store.list_checkpoints()
-        assert snapshot_dir(cache, LINEAGE, row["sha"]).is_dir()       # the gate's config.json
+        assert snapshot_dir(cache, LINEAGE, row.sha).is_dir()       # the gate's config.json
         results = daemon.score_batch(store)
         assert [r.status for r in results] == ["scored"]
-    assert not snapshot_dir(cache, LINEAGE, row["sha"]).exists()
-    assert not snapshot_dir(cache, LINEAGE, row["sha"]).parent.parent.exists()   # nothing of it is left
+    assert not snapshot_dir(cache, LINEAGE, row.sha).exists()
+    assert not snapshot_dir(cache, LINEAGE, row.sha).parent.parent.exists()   # nothing of it is left

@@ -122,7 +122,7 @@ def test_sigterm_exits_zero_with_a_clean_database(running):
     assert not Path(str(running.state_dir / "lstar.duckdb") + ".wal").exists() or \
         Path(str(running.state_dir / "lstar.duckdb") + ".wal").stat().st_size == 0
     with Store.open(running.state_dir / "lstar.duckdb", read_only=True) as store:
-        assert {r["repo"] for r in store.list_checkpoints()} == {"fake-org/tiny", "fake-org/tiny-two"}
+        assert {r.repo for r in store.list_checkpoints()} == {"fake-org/tiny", "fake-org/tiny-two"}
         assert store.pending_migrations() == []
 
 
@@ -144,7 +144,7 @@ def test_kill_9_mid_score_then_the_lease_expires_and_the_job_is_scored_once(own_
     assert crashing.wait(timeout=120) == -signal.SIGKILL  # killed itself between score and write
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         rows = store.list_checkpoints(repo="fake-org/tiny")
-        assert [(r["status"], r["attempts"], r["lease_owner"] is not None) for r in rows] == [("fetched", 1, True)]
+        assert [(r.status, r.attempts, r.lease_owner is not None) for r in rows] == [("fetched", 1, True)]
         assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 0
 
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
@@ -153,9 +153,9 @@ def test_kill_9_mid_score_then_the_lease_expires_and_the_job_is_scored_once(own_
         assert daemon.stop() == 0
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         row = store.list_checkpoints(repo="fake-org/tiny")[0]
-        assert (row["status"], row["attempts"], row["lease_owner"]) == ("scored", 2, None)
+        assert (row.status, row.attempts, row.lease_owner) == ("scored", 2, None)
         runs = store.query("SELECT checkpoint_id, model_repo, model_sha FROM score_runs")
-        assert runs == [{"checkpoint_id": row["id"], "model_repo": "fake-org/tiny", "model_sha": row["sha"]}]
+        assert runs == [{"checkpoint_id": row.id, "model_repo": "fake-org/tiny", "model_sha": row.sha}]
 
 
 def test_a_job_killed_at_every_attempt_is_failed_after_three_with_the_reason(own_hub, tmp_path):
@@ -172,6 +172,6 @@ def test_a_job_killed_at_every_attempt_is_failed_after_three_with_the_reason(own
         daemon.stop()
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         row = store.list_checkpoints(repo="fake-org/tiny")[0]
-    assert row["status"] == "failed" and row["attempts"] == 3
-    assert row["reason"].startswith("gave up after 3 attempts: lease of ")
-    assert "expired during attempt 3" in row["reason"]
+    assert row.status == "failed" and row.attempts == 3
+    assert row.reason.startswith("gave up after 3 attempts: lease of ")
+    assert "expired during attempt 3" in row.reason

@@ -118,9 +118,9 @@ def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_sto
     assert lstar(*later).stdout == served.stdout
     assert lstar(*later[:-1]).stdout == served_table.stdout
     with Store.open(Path(db), read_only=True) as store:
-        stored = {s["id"]: s for s in store.silences()}
-    assert stored[row["id"]]["expired_at"].isoformat() == "2030-01-01T01:00:00+00:00"
-    assert stored[other_id]["comment"] == "second"
+        stored = {s.id: s for s in store.silences()}
+    assert stored[row["id"]].expired_at.isoformat() == "2030-01-01T01:00:00+00:00"
+    assert stored[other_id].comment == "second"
 
 
 def test_runs_are_listed_through_the_api_as_a_direct_read_lists_them(tmp_path):

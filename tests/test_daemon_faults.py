@@ -103,8 +103,8 @@ def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_p
         assert daemon.stop() == 0
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         rows = store.list_checkpoints()
-        assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]
-        assert len({(r["repo"], r["sha"]) for r in rows}) == 2
+        assert sorted(r.refs[0] for r in rows) == ["step1000", "step2000"]
+        assert len({(r.repo, r.sha) for r in rows}) == 2
 
 
 def _health(daemon: DaemonProcess) -> tuple[int, dict]:
@@ -191,7 +191,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
         assert "DATABASE INVALIDATED" in daemon.log()
         assert daemon.stop() == 0
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
-        assert sorted(r["repo"] for r in store.list_checkpoints()) == sorted(r["repo"] for r in rows)
+        assert sorted(r.repo for r in store.list_checkpoints()) == sorted(r["repo"] for r in rows)
 
 
 def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
@@ -212,9 +212,9 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
         wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the poll")
         assert daemon.stop() == 0
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
-        ages = sorted((now - p["polled_at"]).days for p in store.hub_polls() if p["rule_key"] == "old-rule")
+        ages = sorted((now - p.polled_at).days for p in store.hub_polls() if p.rule_key == "old-rule")
         assert ages == [2]
-        assert any(p["rule_name"] == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
+        assert any(p.rule_name == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
 
 
 def test_a_hung_job_is_reported_by_the_watchdog_and_health(hub, tmp_path):

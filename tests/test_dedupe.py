@@ -69,9 +69,10 @@ def runs_by_repo(db: Path) -> dict[str, dict]:
     with Store.open(db) as store:
         out = {}
         for run in list_score_runs(store, limit=None):
-            run["docs"] = [(d["doc_id"], d["n_tokens"], d["nll"]) for d in store.score_documents(run["run_id"])]
-            run["model"] = json.loads(store.score_run(run["run_id"])["model"])
-            run["checkpoint_id"] = store.score_run(run["run_id"])["checkpoint_id"]
+            run["docs"] = [(d.doc_id, d.n_tokens, d.nll) for d in store.score_documents(run["run_id"])]
+            stored = store.score_run(run["run_id"])
+            run["model"] = json.loads(stored.model)
+            run["checkpoint_id"] = stored.checkpoint_id
             assert run["model_repo"] not in out
             out[run["model_repo"]] = run
         return out
@@ -107,10 +108,10 @@ def test_two_repos_with_the_same_weights_are_scored_once_and_linked(tmp_path, fi
     assert mirror["lstar"] == first["lstar"] and mirror["se_ce"] == first["se_ce"]
     assert mirror["docs"] == first["docs"] and len(first["docs"]) == 3
     with Store.open(db) as store:
-        rows = {r["repo"]: r for r in store.list_checkpoints()}
+        rows = {r.repo: r for r in store.list_checkpoints()}
         digests = store.query("SELECT * FROM score_digests ORDER BY linked_from_run_id NULLS FIRST")
-    assert rows[linked]["meta"]["linked_from_run_id"] == first["run_id"]
-    assert rows[linked]["meta"]["weights_digest"] == rows[scored]["meta"]["weights_digest"]
+    assert rows[linked].meta["linked_from_run_id"] == first["run_id"]
+    assert rows[linked].meta["weights_digest"] == rows[scored].meta["weights_digest"]
     assert [d["run_id"] for d in digests] == [first["run_id"], mirror["run_id"]]
 
     # Provenance in the listings: `lstar runs` and `lstar checkpoints` name the source.
@@ -135,7 +136,7 @@ def test_the_same_weights_under_another_config_are_scored_again(tmp_path, files,
     runs = runs_by_repo(db)
     assert runs["acme/retuned"]["linked_from_run_id"] is None
     with Store.open(db) as store:
-        rows = {r["repo"]: r["meta"] for r in store.list_checkpoints()}
+        rows = {r.repo: r.meta for r in store.list_checkpoints()}
     assert rows["acme/original"]["weights_digest"] == rows["acme/retuned"]["weights_digest"]
     assert rows["acme/original"]["files_digest"] != rows["acme/retuned"]["files_digest"]
     assert runs["acme/retuned"]["lstar"] != runs["acme/original"]["lstar"]

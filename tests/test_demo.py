@@ -61,12 +61,12 @@ def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
 
     # a report written to the folder, recorded, and delivered to the audit file and by mail
     (report,) = reports
-    folder = Path(report["folder"])
+    folder = Path(report.folder)
     data = json.loads((folder / "report.json").read_text())
     assert {f["lineage"] for f in data["families"]} == lineages
     assert sorted(r["lstar"] for r in data["lstar_table"]) == sorted(r["lstar"] for r in runs)
     assert (folder / "report.html").read_text().count("data:image/png;base64,") == 3
-    assert {d["receiver"]: d["outcome"] for d in report["deliveries"]} == {"demo-audit": "delivered",
+    assert {d["receiver"]: d["outcome"] for d in report.deliveries} == {"demo-audit": "delivered",
                                                                           "demo-email": "delivered"}
 
     # The commands the demo ends with read its own state (the demo's --json summary is what

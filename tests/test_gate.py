@@ -71,7 +71,7 @@ def test_every_special_repo_ends_in_the_expected_status(standard, tmp_path, cach
         assert all(r.error is None for r in poll_once(store, c, RULES))
         outcomes = gate_pending(store, c, RULES, cache_dir=cache)
         assert outcomes and not [o for o in outcomes if o.status == "discovered"]
-        found = {(r["repo"], r["sha"]): r for r in store.list_checkpoints()}
+        found = {(r.repo, r.sha): r for r in store.list_checkpoints()}
 
     listed = {repo: spec for repo, spec in info["repos"].items() if spec["listed"]}
     expected_pairs = {(repo, sha) for repo, spec in listed.items() for sha in spec["refs"].values()}
@@ -80,21 +80,21 @@ def test_every_special_repo_ends_in_the_expected_status(standard, tmp_path, cach
         for ref, sha in spec["refs"].items():
             row = found[(repo, sha)]
             if spec["expect"] == "ok":
-                assert row["status"] == "gated" and row["reason"] is None, (repo, row["reason"])
+                assert row.status == "gated" and row.reason is None, (repo, row.reason)
             else:
-                assert row["status"] == "skipped", (repo, row["status"], row["reason"])
-                assert spec["reason"] in row["reason"].lower(), (repo, row["reason"])
+                assert row.status == "skipped", (repo, row.status, row.reason)
+                assert spec["reason"] in row.reason.lower(), (repo, row.reason)
     lineage = info["lineage"]
-    refs_by_sha = {sha: r["refs"] for (repo, sha), r in found.items() if repo == lineage}
+    refs_by_sha = {sha: r.refs for (repo, sha), r in found.items() if repo == lineage}
     assert refs_by_sha[info["repos"][lineage]["refs"]["step3000"]] == ["main", "step3000"]
     # The gate records the date of the very commit it inspected (reports order lineages by it).
     commits = hub.repo(lineage).commits
-    dates = {sha: found[(lineage, sha)]["meta"]["gate"]["commit_date"] for sha in refs_by_sha}
+    dates = {sha: found[(lineage, sha)].meta["gate"]["commit_date"] for sha in refs_by_sha}
     assert dates == {sha: commits[sha].date.isoformat() for sha in refs_by_sha}
     assert len(set(dates.values())) == len(dates) == 3      # one date per step, not the repo's
 
     gate = found[(f"{info['author']}/tiny-llama", info["repos"][f"{info['author']}/tiny-llama"]["refs"]["main"])]
-    facts = gate["meta"]["gate"]
+    facts = gate.meta["gate"]
     config = hub.files(f"{info['author']}/tiny-llama")["config.json"]
     assert facts["model_type"] == "llama" and facts["vocab_size"] == json.loads(config)["vocab_size"]
     assert facts["n_params"] > 0 and facts["n_bytes"] >= facts["n_params"] * 4   # float32 weights
@@ -333,8 +333,8 @@ def test_a_server_sending_more_than_it_announced_is_stopped_while_downloading(st
         results = process_pending(store, lambda job: fetch_job(store, job, owner="w", client=c,
                                                                 cache_dir=cache), owner="w")
         row = store.get_checkpoint(results[0].id)
-    assert (row["status"], row["attempts"]) == ("failed", 1)
-    assert f"{name}: the Hub sent more than the {announced:,} bytes allowed" in row["reason"]
+    assert (row.status, row.attempts) == ("failed", 1)
+    assert f"{name}: the Hub sent more than the {announced:,} bytes allowed" in row.reason
     # The client stopped at its first chunk past the budget: the server never got far.
     assert 0 < hub.bytes_sent(repo, name) < HUGE // 4
     on_disk = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink()]

@@ -116,7 +116,7 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     # What the commands left is what the guide says they leave.
     with Store.open(work / "state" / "lstar.duckdb", read_only=True) as store:
         repos = {r["model_repo"] for r in store.query("SELECT DISTINCT model_repo FROM score_runs")}
-        statuses = {r["status"] for r in store.list_checkpoints(repo="demo-org/pythia-tiny")}
+        statuses = {r.status for r in store.list_checkpoints(repo="demo-org/pythia-tiny")}
         labels = store.query("SELECT count(*) AS n FROM labels")[0]["n"]
     assert repos == {"demo-org/neox-ref", "demo-org/llama-ref", "demo-org/pythia-tiny"}
     assert statuses == {"scored"} and labels >= 6

@@ -18,6 +18,7 @@ from monitor.hub.poll import poll_rule
 from monitor.hub.rules import Budgets, WatchRule, load_watch_rules
 from monitor.sandbox.fakehub import FakeHub
 from monitor.store import MIGRATIONS, Store
+from monitor.store.rows import CheckpointRow
 
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
 SMALL = {"config.json": b'{"model_type": "llama"}', "README.md": b"# a test repo\n"}
@@ -78,8 +79,8 @@ def add_repos(hub: FakeHub, author: str, n: int, start: datetime = T0) -> dict[s
             for i in range(n)}
 
 
-def rows(store: Store) -> dict[tuple[str, str], dict]:
-    return {(r["repo"], r["sha"]): r for r in store.list_checkpoints()}
+def rows(store: Store) -> dict[tuple[str, str], CheckpointRow]:
+    return {(r.repo, r.sha): r for r in store.list_checkpoints()}
 
 
 # -- watch rules -------------------------------------------------------------------------------
@@ -151,10 +152,10 @@ def test_first_poll_records_every_new_commit_and_second_poll_is_cheap(hub, store
     assert first.error is None and first.new == 6
     found = rows(store)
     assert set(found) == {(repo, sha) for repo, sha in heads.items()}
-    assert all(r["status"] == "discovered" and r["refs"] == ["main"] and r["rule"] == "org"
-               and r["lineage"] == r["repo"] for r in found.values())
+    assert all(r.status == "discovered" and r.refs == ["main"] and r.rule == "org"
+               and r.lineage == r.repo for r in found.values())
     mark = store.get_watermark(rule.key(hub.url))
-    assert mark["last_modified"] == T0 + timedelta(minutes=5) and mark["boundary"] == ["org/m5"]
+    assert mark.last_modified == T0 + timedelta(minutes=5) and mark.boundary == ["org/m5"]
 
     hub.reset_log()
     second = poll_rule(store, client, rule)
@@ -204,7 +205,7 @@ def test_branch_rule_lists_refs_only_for_changed_repos(hub, store):
     rule = WatchRule(name="steps", author="run", revisions={"branches": r"step\d+"})
     client = client_for(hub, store)
     poll_rule(store, client, rule)
-    assert rows(store)[("run/a", sha1)]["refs"] == ["step1"]
+    assert rows(store)[("run/a", sha1)].refs == ["step1"]
     assert ("run/b", other) not in rows(store)                   # no branch matches
 
     hub.reset_log()
@@ -213,11 +214,11 @@ def test_branch_rule_lists_refs_only_for_changed_repos(hub, store):
     result = poll_rule(store, client, rule)
     assert result.new == 1
     assert [r.path for r in hub.requests] == ["/api/models", "/api/models/run/a/refs"]
-    assert rows(store)[("run/a", sha2)]["refs"] == ["step2"]
+    assert rows(store)[("run/a", sha2)].refs == ["step2"]
 
     tags = WatchRule(name="tags", author="run", revisions={"branches": r"step2", "tags": r"v\d+"})
     poll_rule(store, client, tags)
-    assert rows(store)[("run/a", sha2)]["refs"] == ["step2", "v1"]    # refs merged, one row
+    assert rows(store)[("run/a", sha2)].refs == ["step2", "v1"]    # refs merged, one row
     assert len(store.list_checkpoints()) == 2
 
 
@@ -225,7 +226,7 @@ def test_name_glob_and_parameter_range_filter_after_listing(hub, store):
     add_repos(hub, "org", 3)
     client = client_for(hub, store)
     poll_rule(store, client, WatchRule(name="g", author="org", name_glob="m[02]"))
-    assert sorted(r["repo"] for r in store.list_checkpoints()) == ["org/m0", "org/m2"]
+    assert sorted(r.repo for r in store.list_checkpoints()) == ["org/m0", "org/m2"]
 
 
 def test_watermark_is_kept_when_the_poll_fails(hub, store):
@@ -243,7 +244,7 @@ def test_watermark_is_kept_when_the_poll_fails(hub, store):
     assert failed.error is not None and "503" in failed.error
     assert store.get_watermark(rule.key(hub.url)) == before
     assert set(rows(store)) == {("wm/run", sha1)}
-    assert store.hub_polls(limit=1)[0]["ok"] is False
+    assert store.hub_polls(limit=1)[0].ok is False
     assert len(clock.slept) == 1                                   # one backoff between the 2 tries
 
     hub.fail_next(1, 400, path_prefix="/api/models")               # the listing itself refused
@@ -253,7 +254,7 @@ def test_watermark_is_kept_when_the_poll_fails(hub, store):
     recovered = poll_rule(store, client, rule)
     assert recovered.error is None and recovered.new == 1
     assert ("wm/run", sha2) in rows(store)
-    assert store.get_watermark(rule.key(hub.url))["last_modified"] == T0 + timedelta(hours=1)
+    assert store.get_watermark(rule.key(hub.url)).last_modified == T0 + timedelta(hours=1)
 
 
 def test_unreadable_repo_in_branch_mode_is_recorded_skipped(hub, store):
@@ -262,7 +263,7 @@ def test_unreadable_repo_in_branch_mode_is_recorded_skipped(hub, store):
     rule = WatchRule(name="g", author="g", revisions={"branches": "main"})
     assert poll_rule(store, client_for(hub, store), rule).error is None
     row = rows(store)[("g/locked", sha)]
-    assert row["status"] == "skipped" and "disabled" in row["reason"]
+    assert row.status == "skipped" and "disabled" in row.reason
 
 
 # -- rate limits and outages ------------------------------------------------------------------
@@ -329,16 +330,16 @@ def test_circuit_opens_after_consecutive_failures_and_records_one_outage(hub, st
         client_for(hub, store, clock).model_info("cb/m0", None)    # a restarted process too
     assert hub.count_requests() == 3
     outages = store.hub_outages()
-    assert len(outages) == 1 and outages[0]["ended_at"] is None and outages[0]["failures"] == 3
-    assert store.hub_outages(unalerted_only=True)[0]["id"] == outages[0]["id"]
-    assert store.mark_hub_outage_alerted(outages[0]["id"], now=clock.now())
-    assert not store.mark_hub_outage_alerted(outages[0]["id"], now=clock.now())   # one meta-alert
+    assert len(outages) == 1 and outages[0].ended_at is None and outages[0].failures == 3
+    assert store.hub_outages(unalerted_only=True)[0].id == outages[0].id
+    assert store.mark_hub_outage_alerted(outages[0].id, now=clock.now())
+    assert not store.mark_hub_outage_alerted(outages[0].id, now=clock.now())   # one meta-alert
 
     hub.set_outage(False)
     clock.t += timedelta(seconds=301)
     assert client.model_info("cb/m0", None).id == "cb/m0"
-    assert store.hub_outages()[0]["ended_at"] == clock.now()
-    assert store.get_hub_state(hub.url)["consecutive_failures"] == 0
+    assert store.hub_outages()[0].ended_at == clock.now()
+    assert store.get_hub_state(hub.url).consecutive_failures == 0
     assert poll_rule(store, client, rule).new == 1
 
 
@@ -390,7 +391,7 @@ def test_older_schema_upgrades_in_place(tmp_path):
     with Store.open(path) as upgraded:                       # opening read-write migrates
         assert upgraded.applied_migrations() == sorted(m.name for m in MIGRATIONS)
         assert upgraded.pending_migrations() == []
-        assert [r["repo"] for r in upgraded.list_checkpoints()] == ["org/a"]
+        assert [r.repo for r in upgraded.list_checkpoints()] == ["org/a"]
         assert upgraded.get_watermark("nothing") is None
         assert upgraded.migrate() == []                      # a second migrate is a no-op
     assert [m.name for m in MIGRATIONS] == sorted(m.name for m in MIGRATIONS)

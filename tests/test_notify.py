@@ -132,8 +132,8 @@ meta_receivers: [ops-log]
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def next_attempt(self) -> datetime:
-        rows = [r for r in self.store.notifications(status="pending") if r["receiver"] == "hook"]
-        return min(r["next_attempt_at"] for r in rows)
+        rows = [r for r in self.store.notifications(status="pending") if r.receiver == "hook"]
+        return min(r.next_attempt_at for r in rows)
 
 
 @pytest.fixture
@@ -246,10 +246,10 @@ def test_500_k_times_then_200_delivers_exactly_once_with_one_id(world: World) ->
     assert len(set(ids(world.hook))) == 1
     assert len({r.body for r in world.hook.requests}) == 1   # byte-identical body on every try
     [note] = world.store.notifications()
-    assert note["status"] == "delivered" and note["attempts"] == 5
-    attempts = world.store.delivery_attempts(note["id"])
-    assert [a["outcome"] for a in attempts] == ["retry"] * 4 + ["delivered"]
-    assert [a["status_code"] for a in attempts] == [500] * 4 + [200]
+    assert note.status == "delivered" and note.attempts == 5
+    attempts = world.store.delivery_attempts(note.id)
+    assert [a.outcome for a in attempts] == ["retry"] * 4 + ["delivered"]
+    assert [a.status_code for a in attempts] == [500] * 4 + [200]
     world.tick(previous + 10 * H)
     assert len(world.hook.requests) == 5  # nothing more once delivered
 
@@ -275,13 +275,13 @@ def test_410_disables_the_endpoint_and_tells_the_operator(world: World) -> None:
     world.hook.script([Reply(410)])
     world.score("org/a", AT_RISK, T0)
     world.tick(T0)
-    [note] = [n for n in world.store.notifications() if n["receiver"] == "hook"]
-    assert note["status"] == "dead" and "410" in note["dead_reason"] and "disabled" in note["dead_reason"]
-    assert world.store.endpoint("frontier", "hook")["disabled_at"] == T0
+    [note] = [n for n in world.store.notifications() if n.receiver == "hook"]
+    assert note.status == "dead" and "410" in note.dead_reason and "disabled" in note.dead_reason
+    assert world.store.endpoint("frontier", "hook").disabled_at == T0
     [told] = world.ops_log()  # the operator hears through the other receiver, in the same pass
     meta = told["message"]["alerts"][0]
     assert meta["labels"]["alertname"] == "LstarDeliveryFailed" and meta["labels"]["receiver"] == "hook"
-    assert told["message"]["lstar"]["meta"][0]["notification_id"] == note["id"]
+    assert told["message"]["lstar"]["meta"][0]["notification_id"] == note.id
     # later alerts for the disabled receiver are dead-lettered, never sent
     world.score("org/b", EMERGED, T0 + H)
     world.tick(T0 + H)
@@ -305,7 +305,7 @@ def test_redirect_is_a_failure_and_is_not_followed(world: World) -> None:
         world.tick(T0)
         assert elsewhere.requests == []
         [note] = world.store.notifications()
-        assert note["status"] == "pending" and "302" in note["last_error"] and "not followed" in note["last_error"]
+        assert note.status == "pending" and "302" in note.last_error and "not followed" in note.last_error
         world.tick(world.next_attempt())
         assert [r.answered for r in world.hook.requests] == [302, 200]
         assert elsewhere.requests == []
@@ -318,12 +318,12 @@ def test_400_is_dead_lettered_at_once_with_the_reason(world: World) -> None:
     world.tick(T0)
     world.tick(T0 + 10 * H)
     assert [r.answered for r in world.hook.requests] == [400]
-    [note] = [n for n in world.store.notifications() if n["receiver"] == "hook"]
-    assert note["status"] == "dead"
-    assert note["dead_reason"].startswith("HTTP 400 from http://127.0.0.1:")
-    assert "bad payload" in note["dead_reason"]
+    [note] = [n for n in world.store.notifications() if n.receiver == "hook"]
+    assert note.status == "dead"
+    assert note.dead_reason.startswith("HTTP 400 from http://127.0.0.1:")
+    assert "bad payload" in note.dead_reason
     assert world.store.endpoint("frontier", "hook") is None  # a 400 does not disable the receiver
-    assert [m["message"]["alerts"][0]["annotations"]["description"] for m in world.ops_log()] == [note["dead_reason"]]
+    assert [m["message"]["alerts"][0]["annotations"]["description"] for m in world.ops_log()] == [note.dead_reason]
 
 
 def test_hang_times_out_and_is_retried_with_the_same_id(world: World) -> None:
@@ -332,10 +332,10 @@ def test_hang_times_out_and_is_retried_with_the_same_id(world: World) -> None:
     world.score("org/a", AT_RISK, T0)
     world.tick(T0)
     [note] = world.store.notifications()
-    assert note["status"] == "pending" and "within 0.3 s" in note["last_error"]
+    assert note.status == "pending" and "within 0.3 s" in note.last_error
     world.tick(world.next_attempt())
     assert len(world.hook.requests) == 2 and len(set(ids(world.hook))) == 1
-    assert world.store.notifications()[0]["status"] == "delivered"
+    assert world.store.notifications()[0].status == "delivered"
 
 
 # -- row 11: retry budget exhausted -----------------------------------------------------------------
@@ -347,15 +347,15 @@ def test_retry_budget_exhausted_dead_letters_and_raises_a_meta_alert(world: Worl
     for _ in range(2):
         world.tick(world.next_attempt())
     assert [r.answered for r in world.hook.requests] == [503] * 3
-    [note] = [n for n in world.store.notifications() if n["receiver"] == "hook"]
-    assert note["status"] == "dead"
-    assert note["dead_reason"].startswith("gave up after 3 attempts: HTTP 503 from http://127.0.0.1:")
+    [note] = [n for n in world.store.notifications() if n.receiver == "hook"]
+    assert note.status == "dead"
+    assert note.dead_reason.startswith("gave up after 3 attempts: HTTP 503 from http://127.0.0.1:")
     delivery = world.store.query("SELECT status, reason FROM deliveries WHERE receiver = 'hook'")[0]
-    assert delivery == {"status": "dead", "reason": note["dead_reason"]}
+    assert delivery == {"status": "dead", "reason": note.dead_reason}
     [told] = world.ops_log()
     assert told["message"]["alerts"][0]["labels"]["state"] == "dead"
-    assert told["message"]["alerts"][0]["annotations"]["description"] == note["dead_reason"]
-    assert [a["outcome"] for a in world.store.delivery_attempts(note["id"])] == ["retry", "retry", "dead"]
+    assert told["message"]["alerts"][0]["annotations"]["description"] == note.dead_reason
+    assert [a.outcome for a in world.store.delivery_attempts(note.id)] == ["retry", "retry", "dead"]
 
 
 def test_a_failed_meta_alert_raises_no_further_meta_alert(world: World, tmp_path: Path) -> None:
@@ -366,9 +366,9 @@ def test_a_failed_meta_alert_raises_no_further_meta_alert(world: World, tmp_path
     world.hook.script([Reply(400)])
     world.score("org/a", AT_RISK, T0)
     world.tick(T0)
-    rows = {n["receiver"]: n for n in world.store.notifications()}
-    assert rows["hook"]["status"] == "dead"
-    assert rows["broken-log"]["status"] == "dead" and rows["broken-log"]["is_meta"]
+    rows = {n.receiver: n for n in world.store.notifications()}
+    assert rows["hook"].status == "dead"
+    assert rows["broken-log"].status == "dead" and rows["broken-log"].is_meta
     assert len(world.store.notifications()) == 2  # no third message about the second failure
 
 
@@ -429,7 +429,7 @@ def test_no_repeat_within_repeat_interval_across_restarts(world: World) -> None:
     commits = [r.json()["alerts"][0]["labels"]["commit"] for r in world.hook.requests]
     assert len(world.hook.requests) == 3
     assert commits == [fake_sha(f"org/model{t}") for t in sent_at]
-    kinds = [a["kind"] for a in reversed(world.store.list_alerts())]
+    kinds = [a.kind for a in reversed(world.store.list_alerts())]
     assert kinds == ["fire", "repeat", "repeat"]
 
 
@@ -480,7 +480,7 @@ def test_a_silence_added_after_grouping_still_stops_the_send(world: World) -> No
     add_silence(world.store, ["policy=frontier"], until=T0 + 10 * H, comment="noisy", now=T0 + S)
     world.tick(world.next_attempt())
     assert len(world.hook.requests) == 1
-    assert world.store.notifications()[0]["status"] == "silenced"
+    assert world.store.notifications()[0].status == "silenced"
 
 
 def test_silences_do_not_match_other_alerts(world: World) -> None:
@@ -508,7 +508,7 @@ def test_invariants_over_a_mixed_run(world: World) -> None:
         pending = world.store.notifications(status="pending")
         if not pending and not world.store.pending_deliveries():
             break
-        now = max(now + 11 * S, min([p["next_attempt_at"] for p in pending], default=now))
+        now = max(now + 11 * S, min([p.next_attempt_at for p in pending], default=now))
         world.tick(now)
     deliveries = world.store.query("SELECT d.status, d.reason, d.notification_id FROM deliveries d "
                                    "WHERE d.receiver = 'hook'")

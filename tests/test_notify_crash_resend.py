@@ -36,10 +36,10 @@ def test_kill_after_2xx_before_mark_resends_once_with_the_same_id(tmp_path: Path
 
         with Store.open(tmp_path / "state.duckdb", read_only=True) as store:
             [note] = store.notifications()
-            assert note["status"] == "delivered"
-            attempts = store.delivery_attempts(note["id"])
-        assert [a["outcome"] for a in attempts] == ["lease_expired", "delivered"]
-        assert "expired during attempt 1" in attempts[0]["error"]
+            assert note.status == "delivered"
+            attempts = store.delivery_attempts(note.id)
+        assert [a.outcome for a in attempts] == ["lease_expired", "delivered"]
+        assert "expired during attempt 1" in attempts[0].error
 
         # row 13 across restarts: the same condition on a new commit within repeat_interval
         # is not repeated; after it, it is (each pass a fresh process)

@@ -22,6 +22,7 @@ from monitor.policy.load import load_policy
 from monitor.policy.schema import Policy
 from monitor.sandbox.receivers import SmtpReceiver, free_port
 from monitor.store import Store
+from monitor.store.rows import NotificationRow
 from monitor.testing.scores import record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
@@ -66,8 +67,8 @@ class Run:
         evaluate_pending(self.store, [self.policy], now=now)
         Dispatcher(self.store, [self.policy], rng=self.rng, owner="t").run_once(now)
 
-    def note(self) -> dict:
-        [row] = [n for n in self.store.notifications() if n["receiver"] == "mail"]
+    def note(self) -> NotificationRow:
+        [row] = [n for n in self.store.notifications() if n.receiver == "mail"]
         return row
 
     def ops_log(self) -> list[dict]:
@@ -96,11 +97,11 @@ def test_delivered_with_text_html_and_a_deterministic_message_id(run) -> None:  
         r.tick(T0)
         [mail] = smtp.mails
     note = r.note()
-    assert note["status"] == "delivered"
+    assert note.status == "delivered"
     msg = mail.message
     assert mail.rcpt_tos == ["gov@example.org", "ops@example.org"]
-    assert msg["Message-ID"] == f"<{hashlib.sha256(note['id'].encode()).hexdigest()[:32]}@lstar-monitor>"
-    assert msg["X-Lstar-Notification"] == note["id"]
+    assert msg["Message-ID"] == f"<{hashlib.sha256(note.id.encode()).hexdigest()[:32]}@lstar-monitor>"
+    assert msg["X-Lstar-Notification"] == note.id
     assert msg["Subject"] == "[lstar] [FIRING:1] mailed — arith at risk for org/model@cccccccccccc"
     text = msg.get_body(preferencelist=("plain",)).get_content()
     html = msg.get_body(preferencelist=("html",)).get_content()
@@ -138,11 +139,11 @@ def test_smtp_down_is_retried_until_it_is_up(run) -> None:  # type: ignore[no-un
     r = run(port)
     r.tick(T0)
     note = r.note()
-    assert note["status"] == "pending" and f"cannot talk to 127.0.0.1:{port}" in note["last_error"]
+    assert note.status == "pending" and f"cannot talk to 127.0.0.1:{port}" in note.last_error
     with SmtpReceiver(port=port) as smtp:
-        r.tick(note["next_attempt_at"])
+        r.tick(note.next_attempt_at)
         assert len(smtp.mails) == 1
-    assert r.note()["status"] == "delivered" and r.note()["attempts"] == 2
+    assert r.note().status == "delivered" and r.note().attempts == 2
 
 
 def test_4xx_is_retried(run) -> None:  # type: ignore[no-untyped-def]
@@ -151,11 +152,11 @@ def test_4xx_is_retried(run) -> None:  # type: ignore[no-untyped-def]
         r = run(smtp.port)
         r.tick(T0)
         note = r.note()
-        assert note["status"] == "pending"
-        assert note["last_error"] == f"127.0.0.1:{smtp.port} answered 451 4.3.0 mailbox busy, try later"
-        r.tick(note["next_attempt_at"])
+        assert note.status == "pending"
+        assert note.last_error == f"127.0.0.1:{smtp.port} answered 451 4.3.0 mailbox busy, try later"
+        r.tick(note.next_attempt_at)
         assert smtp.data_calls == 2 and len(smtp.mails) == 1
-    assert r.note()["status"] == "delivered"
+    assert r.note().status == "delivered"
 
 
 def test_5xx_is_dead_lettered_and_the_operator_told(run) -> None:  # type: ignore[no-untyped-def]
@@ -166,10 +167,10 @@ def test_5xx_is_dead_lettered_and_the_operator_told(run) -> None:  # type: ignor
         r.tick(T0 + timedelta(hours=5))
         assert smtp.data_calls == 1 and smtp.mails == []
     note = r.note()
-    assert note["status"] == "dead"
-    assert note["dead_reason"] == f"127.0.0.1:{smtp.port} answered 554 5.7.1 message rejected"
+    assert note.status == "dead"
+    assert note.dead_reason == f"127.0.0.1:{smtp.port} answered 554 5.7.1 message rejected"
     [told] = r.ops_log()
-    assert told["message"]["alerts"][0]["annotations"]["description"] == note["dead_reason"]
+    assert told["message"]["alerts"][0]["annotations"]["description"] == note.dead_reason
 
 
 def test_bad_credentials_dead_letter_with_a_clear_error(run) -> None:  # type: ignore[no-untyped-def]
@@ -178,8 +179,8 @@ def test_bad_credentials_dead_letter_with_a_clear_error(run) -> None:  # type: i
         r.tick(T0)
         assert smtp.mails == []
     note = r.note()
-    assert note["status"] == "dead"
-    assert note["dead_reason"] == (
+    assert note.status == "dead"
+    assert note.dead_reason == (
         f"SMTP authentication failed for user 'lstar' on 127.0.0.1:{smtp.port}: 535 5.7.8 Authentication "
         "credentials invalid; check the username and the password source of receiver 'mail'")
     assert PASSWORD not in json.dumps(r.store.query("SELECT * FROM delivery_attempts"), default=str)
@@ -190,7 +191,7 @@ def test_good_credentials_from_a_file(run) -> None:  # type: ignore[no-untyped-d
         r = run(smtp.port, auth=True)
         r.tick(T0)
         assert len(smtp.mails) == 1
-    assert r.note()["status"] == "delivered"
+    assert r.note().status == "delivered"
 
 
 def test_missing_password_variable_is_a_clear_permanent_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,7 +230,7 @@ def test_starttls_with_a_trusted_ca(run, tls_files) -> None:  # type: ignore[no-
         r = run(smtp.port, tls="starttls", ca_file=str(cert))
         r.tick(T0)
         assert len(smtp.mails) == 1   # the server requires STARTTLS before MAIL
-    assert r.note()["status"] == "delivered"
+    assert r.note().status == "delivered"
 
 
 def test_untrusted_certificate_is_dead_lettered(run, tls_files) -> None:  # type: ignore[no-untyped-def]
@@ -239,7 +240,7 @@ def test_untrusted_certificate_is_dead_lettered(run, tls_files) -> None:  # type
         r.tick(T0)
         assert smtp.mails == []
     note = r.note()
-    assert note["status"] == "dead" and "TLS certificate of 127.0.0.1" in note["dead_reason"]
+    assert note.status == "dead" and "TLS certificate of 127.0.0.1" in note.dead_reason
 
 
 def test_implicit_tls(run, tls_files) -> None:  # type: ignore[no-untyped-def]
@@ -248,4 +249,4 @@ def test_implicit_tls(run, tls_files) -> None:  # type: ignore[no-untyped-def]
         r = run(smtp.port, tls="ssl", ca_file=str(cert))
         r.tick(T0)
         assert len(smtp.mails) == 1
-    assert r.note()["status"] == "delivered"
+    assert r.note().status == "delivered"

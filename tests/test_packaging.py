@@ -24,7 +24,8 @@ TEST_ONLY = PACKAGE / "testing"
 # Offline stand-ins the demo uses; they may need the test extras (aiosmtpd for the SMTP receiver).
 SANDBOX = PACKAGE / "sandbox"
 # Modules that exist to use an optional extra, imported only when that feature is asked for.
-EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray"}
+EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
+                 PACKAGE / "calibrate" / "evaluate.py": "bench"}
 
 
 def _production_modules() -> list[Path]:

@@ -44,7 +44,7 @@ def add_gated(store: Store, *names: str) -> list[int]:
         store.record_discoveries("k", "rule", "http://hub", [Candidate(name, f"{i:040x}", ("main",))],
                                  watermark=None, boundary=[], now=T0 + timedelta(seconds=i), requests=0,
                                  listed=1)
-    ids = [r["id"] for r in store.list_checkpoints()]
+    ids = [r.id for r in store.list_checkpoints()]
     for checkpoint_id in ids:
         assert store.set_checkpoint_verdict(checkpoint_id, expect_status="discovered", status="gated",
                                             reason=None, meta=None, now=T0)
@@ -64,23 +64,23 @@ def test_claims_are_exclusive_until_the_lease_expires(store):
     first, second = add_gated(store, "org/a", "org/b")
     a = claim_next(store, "A", T0, LEASE_S)
     b = claim_next(store, "B", T0, LEASE_S)
-    assert (a["id"], b["id"]) == (first, second)
-    assert a["attempts"] == 1 and a["lease_owner"] == "A"
-    assert a["lease_expires_at"] == T0 + timedelta(seconds=LEASE_S)
+    assert (a.id, b.id) == (first, second)
+    assert a.attempts == 1 and a.lease_owner == "A"
+    assert a.lease_expires_at == T0 + timedelta(seconds=LEASE_S)
     assert claim_next(store, "B", T0 + timedelta(seconds=LEASE_S - 1), LEASE_S) is None
 
     later = T0 + timedelta(seconds=LEASE_S)
     again = claim_next(store, "B", later, LEASE_S)
-    assert again["id"] == first and again["attempts"] == 2
-    assert again["reason"] == "lease of A expired during attempt 1"
+    assert again.id == first and again.attempts == 2
+    assert again.reason == "lease of A expired during attempt 1"
 
     # A comes back after its lease was taken over: nothing it writes lands.
     assert not complete(store, first, "A", "scored", {"by": "A"}, write=marker_writer(first, "A"))
     assert complete(store, first, "B", "scored", {"by": "B"}, write=marker_writer(first, "B"), now=later)
     row = store.get_checkpoint(first)
-    assert (row["status"], row["lease_owner"], row["lease_expires_at"], row["reason"]) == \
+    assert (row.status, row.lease_owner, row.lease_expires_at, row.reason) == \
         ("scored", None, None, None)
-    assert row["meta"]["by"] == "B"
+    assert row.meta["by"] == "B"
     assert markers(store) == [(first, "B")]
     assert not complete(store, first, "B", "scored")             # no lease any more
 
@@ -96,7 +96,7 @@ def test_a_failing_write_rolls_back_the_completion(store):
     with pytest.raises(RuntimeError):
         complete(store, only, "A", "scored", write=broken)
     row = store.get_checkpoint(only)
-    assert row["status"] == "gated" and row["lease_owner"] == "A" and markers(store) == []
+    assert row.status == "gated" and row.lease_owner == "A" and markers(store) == []
 
 
 def test_three_attempts_then_failed_with_the_last_reason(store):
@@ -104,24 +104,24 @@ def test_three_attempts_then_failed_with_the_last_reason(store):
     now = T0
     for attempt, owner in enumerate(("w1", "w2", "w3"), start=1):
         job = claim_next(store, owner, now, LEASE_S)
-        assert job["attempts"] == attempt
+        assert job.attempts == attempt
         now += timedelta(seconds=LEASE_S)                          # each worker dies silently
     assert claim_next(store, "w4", now, LEASE_S) is None
     row = store.get_checkpoint(only)
-    assert row["status"] == "failed" and row["lease_owner"] is None
-    assert row["reason"] == "gave up after 3 attempts: lease of w3 expired during attempt 3"
+    assert row.status == "failed" and row.lease_owner is None
+    assert row.reason == "gave up after 3 attempts: lease of w3 expired during attempt 3"
 
 
 def test_release_counts_attempts_unless_refunded(store):
     (only,) = add_gated(store, "org/a")
     claim_next(store, "A", T0, LEASE_S)
     assert release(store, only, "A", "hub down", refund=True) == "gated"
-    assert store.get_checkpoint(only)["attempts"] == 0
+    assert store.get_checkpoint(only).attempts == 0
     for n in range(1, 4):
         claim_next(store, "A", T0, LEASE_S)
         status = release(store, only, "A", f"boom {n}")
         assert status == ("failed" if n == 3 else "gated")
-    assert store.get_checkpoint(only)["reason"] == "gave up after 3 attempts: boom 3"
+    assert store.get_checkpoint(only).reason == "gave up after 3 attempts: boom 3"
     assert release(store, only, "A", "late") is None              # no lease held
 
 
@@ -130,12 +130,12 @@ def test_process_pending_sorts_failures(store):
     seen: list[str] = []
 
     def worker(job):
-        seen.append(job["repo"])
-        if job["repo"] == "org/bad":
+        seen.append(job.repo)
+        if job.repo == "org/bad":
             raise IntegrityError("org/bad: model.safetensors sha256 differs")
-        if job["repo"] == "org/flaky":
+        if job.repo == "org/flaky":
             raise RuntimeError("out of memory")
-        return Outcome("scored", meta={"ok": True}, write=marker_writer(job["id"], "P"))
+        return Outcome("scored", meta={"ok": True}, write=marker_writer(job.id, "P"))
 
     results = process_pending(store, worker, owner="P", now_fn=lambda: T0)
     assert seen == ["org/bad", "org/flaky", "org/fine"]             # each tried once per run
@@ -148,10 +148,10 @@ def test_process_pending_sorts_failures(store):
     for _ in range(2):
         process_pending(store, worker, owner="P", now_fn=lambda: T0)
     row = store.get_checkpoint(flaky)
-    assert row["status"] == "failed" and row["attempts"] == 3
-    assert row["reason"] == "gave up after 3 attempts: RuntimeError: out of memory"
+    assert row.status == "failed" and row.attempts == 3
+    assert row.reason == "gave up after 3 attempts: RuntimeError: out of memory"
     assert process_pending(store, worker, owner="P", now_fn=lambda: T0) == []
-    assert store.get_checkpoint(bad)["attempts"] == 1
+    assert store.get_checkpoint(bad).attempts == 1
 
 
 def test_a_hub_outage_stops_the_run_without_using_attempts(store):
@@ -163,9 +163,9 @@ def test_a_hub_outage_stops_the_run_without_using_attempts(store):
     results = process_pending(store, worker, owner="P", now_fn=lambda: T0)
     assert [r.id for r in results] == [first]
     row = store.get_checkpoint(first)
-    assert row["attempts"] == 0 and row["lease_owner"] is None
-    assert row["reason"].startswith("waiting for the Hub:")
-    assert store.get_checkpoint(second)["attempts"] == 0
+    assert row.attempts == 0 and row.lease_owner is None
+    assert row.reason.startswith("waiting for the Hub:")
+    assert store.get_checkpoint(second).attempts == 0
 
 
 # -- kill -9 ----------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ with Store.open(db) as store:
         digest = hashlib.sha256((snapshot / "model.safetensors").read_bytes()).hexdigest()
 
         def write(conn):
-            conn.execute("INSERT INTO job_markers VALUES (?, ?, ?)", [job["id"], owner, digest])
+            conn.execute("INSERT INTO job_markers VALUES (?, ?, ?)", [job.id, owner, digest])
 
         return Outcome("scored", meta={"weights_sha256": digest}, write=write)
 
@@ -250,8 +250,8 @@ def test_worker_killed_at_a_fail_point_completes_exactly_once_after_restart(cras
     killed = run("w1", T0, failpoint=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     row, marks = state()
-    assert row["lease_owner"] == "w1" and row["attempts"] == 1 and marks == []
-    assert row["status"] == ("fetched" if point in ("mid_job", "before_complete") else "gated")
+    assert row.lease_owner == "w1" and row.attempts == 1 and marks == []
+    assert row.status == ("fetched" if point in ("mid_job", "before_complete") else "gated")
 
     done = run("w2", T0 + timedelta(seconds=LEASE_S + 1))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -259,9 +259,9 @@ def test_worker_killed_at_a_fail_point_completes_exactly_once_after_restart(cras
     row, marks = state()
     digest = hashlib.sha256(files["model.safetensors"]).hexdigest()
     assert marks == [("w2", digest)]
-    assert (row["status"], row["attempts"], row["lease_owner"], row["reason"]) == ("scored", 2, None, None)
-    assert row["meta"]["weights_sha256"] == digest
-    assert Path(row["meta"]["snapshot_dir"]).resolve().is_relative_to(cache.resolve())
+    assert (row.status, row.attempts, row.lease_owner, row.reason) == ("scored", 2, None, None)
+    assert row.meta["weights_sha256"] == digest
+    assert Path(row.meta["snapshot_dir"]).resolve().is_relative_to(cache.resolve())
 
     if point == "mid_job":                                   # a further run finds nothing to do
         idle = run("w3", T0 + timedelta(seconds=3 * LEASE_S))
@@ -278,8 +278,8 @@ def test_killed_three_times_then_failed_with_reason(crash_env):
     last = run("w4", now)
     assert last.returncode == 0 and json.loads(last.stdout) == []
     row, marks = state()
-    assert marks == [] and row["status"] == "failed" and row["attempts"] == 3
-    assert row["reason"] == "gave up after 3 attempts: lease of w3 expired during attempt 3"
+    assert marks == [] and row.status == "failed" and row.attempts == 3
+    assert row.reason == "gave up after 3 attempts: lease of w3 expired during attempt 3"
 
 
 def test_a_tampered_download_fails_the_job_and_nothing_is_scored(crash_hub, crash_env):
@@ -296,12 +296,12 @@ def test_a_tampered_download_fails_the_job_and_nothing_is_scored(crash_hub, cras
 
             def worker(job):
                 fetch_job(store, job, owner="P", client=client, cache_dir=cache, now_fn=lambda: T0)
-                return Outcome("scored", write=marker_writer(job["id"], "P"))
+                return Outcome("scored", write=marker_writer(job.id, "P"))
 
             (result,) = process_pending(store, worker, owner="P", now_fn=lambda: T0)
     finally:
         hub.tamper("crash-org/tiny", "model.safetensors", original, sha)
     row, marks = state()
-    assert marks == [] and row["status"] == "failed" and row["attempts"] == 1
-    assert result.status == "failed" and "model.safetensors sha256 is" in row["reason"]
-    assert row["meta"]["error"] == "IntegrityError"
+    assert marks == [] and row.status == "failed" and row.attempts == 1
+    assert result.status == "failed" and "model.safetensors sha256 is" in row.reason
+    assert row.meta["error"] == "IntegrityError"

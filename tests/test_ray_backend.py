@@ -87,10 +87,10 @@ def scores(db: Path) -> dict[str, dict]:
     with Store.open(db) as store:
         out = {}
         for run in store.score_runs(limit=100):
-            docs = store.score_documents(run["run_id"])
-            assert run["model_repo"] not in out, f"{run['model_repo']} scored twice"
-            out[run["model_repo"]] = {"lstar": run["lstar"], "nll_sum": run["nll_sum"],
-                                      "docs": [(d["doc_id"], d["nll"]) for d in docs]}
+            docs = store.score_documents(run.run_id)
+            assert run.model_repo not in out, f"{run.model_repo} scored twice"
+            out[run.model_repo] = {"lstar": run.lstar, "nll_sum": run.nll_sum,
+                                   "docs": [(d.doc_id, d.nll) for d in docs]}
         return out
 
 
@@ -135,7 +135,7 @@ def test_the_cached_baseline_travels_with_the_job(tmp_path, hub, backend, calib_
             [result] = score_queue_on(store, HubClient(hub.url, store=store), backend, template(calib_v0),
                                       owner="test", state_dir=tmp_path, cache_dir=cache, limit=1)
             assert result.status == "scored"
-            return store.get_checkpoint(result.id)["meta"]["baseline"]
+            return store.get_checkpoint(result.id).meta["baseline"]
 
     # The first worker computes the (tokenizer, corpus) baseline and the daemon caches it with
     # the score; the second job (same tokenizer and corpus) carries it, and its worker uses it.
@@ -161,9 +161,9 @@ def test_a_worker_killed_mid_job_is_retried_by_the_queue_and_scored_once(tmp_pat
     assert second.status == "scored"
     with Store.open(db) as store:
         row = store.get_checkpoint(second.id)
-        assert row["attempts"] == 2 and row["status"] == "scored"
+        assert row.attempts == 2 and row.status == "scored"
         runs = store.score_runs()
-        assert len(runs) == 1 and runs[0]["checkpoint_id"] == second.id
+        assert len(runs) == 1 and runs[0].checkpoint_id == second.id
         assert store.query("SELECT count(*) AS n FROM score_documents")[0]["n"] == 3
 
 
@@ -252,7 +252,7 @@ def test_the_daemon_scores_on_the_cluster_given_by_its_address(tmp_path, cluster
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         [row] = store.list_checkpoints(repo="fake-org/tiny")
         assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 1
-    worker_pid = int(row["meta"]["worker"].rsplit(":", 1)[1])
+    worker_pid = int(row.meta["worker"].rsplit(":", 1)[1])
     assert worker_pid != pid                       # scored in a Ray worker, not in the daemon
 
 

@@ -140,8 +140,8 @@ def test_due_reports_are_written_recorded_and_delivered(world) -> None:
     second = write_due_reports(store, [policy], now=now + timedelta(days=1), out_dir=tmp / "reports")
     assert len(second) == 1
     rows = store.reports(policy="governance")
-    assert [r["period_start"] for r in rows] == [now, now - timedelta(days=7)]
-    assert rows[0]["summary"]["new_scores"] == 0   # nothing was scored in the second period
+    assert [r.period_start for r in rows] == [now, now - timedelta(days=7)]
+    assert rows[0].summary["new_scores"] == 0   # nothing was scored in the second period
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def test_a_report_write_failing_half_way_leaves_no_folder_and_sends_nothing(worl
     assert sorted(p.name for p in Path(done["folder"]).iterdir()) == sorted(sizes)
     assert [p.name for p in (reports / "governance").iterdir()] == [Path(done["folder"]).name]
     assert len((tmp / "audit.jsonl").read_text().splitlines()) == 1
-    assert store.reports()[0]["deliveries"] == done["deliveries"] == [
+    assert store.reports()[0].deliveries == done["deliveries"] == [
         {"receiver": "audit", "kind": "file", "outcome": "delivered", "error": None}]
 
 

@@ -85,7 +85,7 @@ def test_a_missing_quantization_backend_is_skipped_on_the_first_try(tmp_path, ca
         store.record_discoveries("k", "rule", "http://hub", [Candidate("org/gptq", "a" * 40, ("main",))],
                                  watermark=None, boundary=[], now=T0, requests=0, listed=1)
         (row,) = store.list_checkpoints()
-        store.set_checkpoint_verdict(row["id"], expect_status="discovered", status="gated", reason=None,
+        store.set_checkpoint_verdict(row.id, expect_status="discovered", status="gated", reason=None,
                                      meta=None, now=T0)
 
         def worker(job):
@@ -94,12 +94,12 @@ def test_a_missing_quantization_backend_is_skipped_on_the_first_try(tmp_path, ca
             raise AssertionError("a checkpoint without its quantization backend was scored")
 
         (result,) = process_pending(store, worker, owner="w", now_fn=lambda: T0)
-        row = store.get_checkpoint(row["id"])
+        row = store.get_checkpoint(row.id)
         assert process_pending(store, worker, owner="w", now_fn=lambda: T0) == []   # nothing to retry
-    assert (result.status, row["status"], row["attempts"]) == ("skipped", "skipped", 1)
-    assert "quantization_config (quant_method 'gptq') needs a package that is not installed" in row["reason"]
-    assert "optimum" in row["reason"]
-    assert row["meta"]["error"] == UnsupportedCheckpointError.__name__
+    assert (result.status, row.status, row.attempts) == ("skipped", "skipped", 1)
+    assert "quantization_config (quant_method 'gptq') needs a package that is not installed" in row.reason
+    assert "optimum" in row.reason
+    assert row.meta["error"] == UnsupportedCheckpointError.__name__
 
 
 def test_the_child_has_an_address_space_limit_by_default(tmp_path):

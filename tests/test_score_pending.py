@@ -64,7 +64,7 @@ def test_killed_scorer_restarts_and_completes_exactly_once(gated_hub, calib_v0):
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     with Store.open(db, read_only=True) as store:
         row = store.list_checkpoints()[0]
-        assert row["status"] == "fetched" and row["lease_owner"] is not None
+        assert row.status == "fetched" and row.lease_owner is not None
         assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 0
 
     # The dead scorer's lease must expire before the job can be claimed again.
@@ -81,15 +81,15 @@ def test_killed_scorer_restarts_and_completes_exactly_once(gated_hub, calib_v0):
 
     with Store.open(db, read_only=True) as store:
         row = store.list_checkpoints()[0]
-        assert (row["status"], row["attempts"], row["lease_owner"]) == ("scored", 2, None)
+        assert (row.status, row.attempts, row.lease_owner) == ("scored", 2, None)
         runs = store.query("SELECT * FROM score_runs")
         assert len(runs) == 1
         run = runs[0]
-        assert (run["model_repo"], run["model_sha"], run["checkpoint_id"]) == ("acme/tiny", sha, row["id"])
+        assert (run["model_repo"], run["model_sha"], run["checkpoint_id"]) == ("acme/tiny", sha, row.id)
         docs = store.score_documents(run["run_id"])
         assert len(docs) == 3
-        assert sum(d["n_tokens"] for d in docs) == run["n_tokens"]
-        assert sum(d["nll"] for d in docs) == pytest.approx(run["nll_sum"], rel=1e-12)
+        assert sum(d.n_tokens for d in docs) == run["n_tokens"]
+        assert sum(d.nll for d in docs) == pytest.approx(run["nll_sum"], rel=1e-12)
 
     # The queued score equals a direct `lstar score org/name@sha` through the Hub path.
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(cache),

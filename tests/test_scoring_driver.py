@@ -44,12 +44,12 @@ def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path:
             assert [o.status for o in gate_pending(store, client, rules, cache_dir=cache)] == ["gated", "gated"]
             results = score_queue_on(store, client, ClusterLostAfterOne(timeout_s=300, workdir=tmp_path / "w"),
                                      template, owner="test", state_dir=tmp_path, cache_dir=cache, limit=4)
-            rows = {r["repo"]: r for r in store.list_checkpoints()}
+            rows = {r.repo: r for r in store.list_checkpoints()}
             runs = store.score_runs()
     statuses = sorted(r.status for r in results)
     assert statuses == ["fetched", "scored"]
     [lost] = [r for r in results if r.status == "fetched"]
     assert lost.reason.startswith("the scoring backend failed: ConnectionError: lost the connection")
-    assert rows[lost.repo]["attempts"] == 0 and rows[lost.repo]["lease_owner"] is None   # refunded
-    assert len(runs) == 1 and runs[0]["model_repo"] != lost.repo
+    assert rows[lost.repo].attempts == 0 and rows[lost.repo].lease_owner is None   # refunded
+    assert len(runs) == 1 and runs[0].model_repo != lost.repo
     assert not list((tmp_path / "tmp").glob("checkpoint-*"))   # the flat copies are removed

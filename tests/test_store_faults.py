@@ -181,7 +181,7 @@ def test_prune_logs_removes_old_log_rows_and_keeps_what_is_still_needed(tmp_path
         assert {a["notification_id"]: a["n"] for a in attempts} == {
             "msg_new_delivered": 2, "msg_old_dead": 4, "msg_old_pending": 1}
         assert len(store.notifications()) == 5                       # the outbox itself is state
-        assert [o["endpoint"] for o in store.hub_outages()] == ["still-open", "ended-untold", "ended-recently"]
-        assert store.get_watermark("idle")["last_modified"] == days(300)
+        assert [o.endpoint for o in store.hub_outages()] == ["still-open", "ended-untold", "ended-recently"]
+        assert store.get_watermark("idle").last_modified == days(300)
         assert store.prune_logs(NOW - timedelta(days=90)) == {"hub_polls": 0, "delivery_attempts": 0,
                                                               "hub_outages": 0}

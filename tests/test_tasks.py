@@ -273,12 +273,12 @@ def test_lstar_eval_stores_labels(tiny_model_dir, shared_dir, tmp_path, capsys):
     with Store.open(db, read_only=True) as store:
         rows = store.labels(task="cloze-v0")
         runs = store.eval_runs()
-    assert {r["metric"] for r in rows} == {"acc", "acc_norm", "prob_correct", "brier"}
-    assert all(r["n"] == 6 and r["eval_run_id"] == report["run_id"] and r["source"] == "builtin" for r in rows)
-    assert runs[0]["task_sha256"] == "0a133cfc32319b93ff825496b1c37cf079fd7edd2e1d9cfcc024d362144e4c91"
-    assert runs[0]["item_limit"] == 6 and runs[0]["model_sha"] == rows[0]["sha"]
-    by_metric = {r["metric"]: r for r in rows}
-    assert by_metric["prob_correct"]["value"] == pytest.approx(report["metrics"]["prob_correct"]["value"])
+    assert {r.metric for r in rows} == {"acc", "acc_norm", "prob_correct", "brier"}
+    assert all(r.n == 6 and r.eval_run_id == report["run_id"] and r.source == "builtin" for r in rows)
+    assert runs[0].task_sha256 == "0a133cfc32319b93ff825496b1c37cf079fd7edd2e1d9cfcc024d362144e4c91"
+    assert runs[0].item_limit == 6 and runs[0].model_sha == rows[0].sha
+    by_metric = {r.metric: r for r in rows}
+    assert by_metric["prob_correct"].value == pytest.approx(report["metrics"]["prob_correct"]["value"])
     # A missing task file is one line and a non-zero exit.
     code = main(["eval", str(tiny_model_dir), "--task", str(tmp_path / "none.jsonl"), "--db", str(db)])
     err = capsys.readouterr().err

@@ -38,7 +38,6 @@ Fail points: `after_claim_before_send`, `after_send_before_mark`.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import socket
@@ -60,6 +59,7 @@ from monitor.failpoints import failpoint
 from monitor.policy import Policy, parse_matcher
 from monitor.policy.schema import Receiver
 from monitor.store import Store
+from monitor.store.rows import DueNotificationRow, NotificationRow, PendingDeliveryRow, SilenceRow
 
 DEFAULT_LEASE = timedelta(minutes=5)
 
@@ -72,11 +72,11 @@ def default_senders() -> dict[str, Sender]:
     return {"webhook": WebhookSender(), "email": EmailSender(), "file": FileSender()}
 
 
-def silence_from_row(row: Mapping[str, Any]) -> Silence:
+def silence_from_row(row: SilenceRow) -> Silence:
     """A `Silence` from a `silences` table row."""
-    return Silence(id=row["id"], matchers=tuple(parse_matcher(m) for m in row["matchers"]),
-                   starts_at=row["starts_at"], ends_at=row["ends_at"], comment=row["comment"],
-                   created_by=row["created_by"], expired_at=row["expired_at"])
+    return Silence(id=row.id, matchers=tuple(parse_matcher(m) for m in row.matchers),
+                   starts_at=row.starts_at, ends_at=row.ends_at, comment=row.comment,
+                   created_by=row.created_by, expired_at=row.expired_at)
 
 
 @dataclass
@@ -114,8 +114,8 @@ class Stop:
 def receiver_disabled(store: Store, policy: str, receiver: str) -> str | None:
     """Why `receiver` of `policy` is disabled (410 Gone), or None while it is enabled."""
     state = store.endpoint(policy, receiver)
-    if state is not None and state["disabled_at"] is not None:
-        return state["disabled_reason"] or "disabled"
+    if state is not None and state.disabled_at is not None:
+        return state.disabled_reason or "disabled"
     return None
 
 
@@ -130,42 +130,42 @@ def all_silenced(body: Mapping[str, Any], silences: Sequence[Silence], now: date
 
 
 # -- stages for a pending delivery (before it is grouped) ------------------------------------------
-def silence_delivery(store: Store, delivery: Mapping[str, Any], silences: Sequence[Silence],
+def silence_delivery(store: Store, delivery: PendingDeliveryRow, silences: Sequence[Silence],
                      now: datetime) -> Stop | None:
     """Stage silence: a delivery whose labels match an active silence is marked silenced."""
-    silence = silenced_by(silences, delivery["labels"], now)
+    silence = silenced_by(silences, delivery.labels, now)
     if silence is None:
         return None
-    n = store.set_deliveries_status([delivery["id"]], "silenced", now=now, silence_id=silence.id,
+    n = store.set_deliveries_status([delivery.id], "silenced", now=now, silence_id=silence.id,
                                     reason=f"silenced by {silence.id}")
     return Stop(silenced=n)
 
 
-def disabled_delivery(store: Store, delivery: Mapping[str, Any], now: datetime) -> Stop | None:
+def disabled_delivery(store: Store, delivery: PendingDeliveryRow, now: datetime) -> Stop | None:
     """Stage disabled receiver: a delivery to a disabled receiver is dead-lettered."""
-    disabled = receiver_disabled(store, delivery["policy"], delivery["receiver"])
+    disabled = receiver_disabled(store, delivery.policy, delivery.receiver)
     if disabled is None:
         return None
-    store.set_deliveries_status([delivery["id"]], "dead", now=now,
-                                reason=f"receiver {delivery['receiver']} is disabled: {disabled}")
+    store.set_deliveries_status([delivery.id], "dead", now=now,
+                                reason=f"receiver {delivery.receiver} is disabled: {disabled}")
     return Stop()
 
 
 def group_throttle(store: Store, policy: str, receiver: str, key: str,
-                   members: Sequence[Mapping[str, Any]], now: datetime) -> Stop | None:
+                   members: Sequence[PendingDeliveryRow], now: datetime) -> Stop | None:
     """Stage throttle for a group: it waits group_wait after its first alert and
     group_interval after its previous notification."""
     last = store.last_notification_at(policy, receiver, key)
-    due = group_due_at(min(m["created_at"] for m in members), last,
-                       group_wait=timedelta(seconds=min(m["group_wait_s"] for m in members)),
-                       group_interval=timedelta(seconds=min(m["group_interval_s"] for m in members)))
+    due = group_due_at(min(m.created_at for m in members), last,
+                       group_wait=timedelta(seconds=min(m.group_wait_s for m in members)),
+                       group_interval=timedelta(seconds=min(m.group_interval_s for m in members)))
     if due > now:
         return Stop(f"group {key} of {receiver}: due at {due.isoformat()}")
     return None
 
 
 def group_chunks(policy: Policy, receiver: str,
-                 members: list[Row]) -> list[list[Row]] | Stop:
+                 members: list[PendingDeliveryRow]) -> list[list[PendingDeliveryRow]] | Stop:
     """A due group cut into notifications of at most the receiver's `max_alerts` alerts."""
     try:
         found = policy.receiver(receiver)
@@ -176,36 +176,36 @@ def group_chunks(policy: Policy, receiver: str,
 
 
 def form_notification(store: Store, policy: Policy, receiver: str, key: str,
-                      members: Sequence[Mapping[str, Any]], now: datetime) -> str | None:
+                      members: Sequence[PendingDeliveryRow], now: datetime) -> str | None:
     """Freeze grouped deliveries into one notification; its id (None: it already exists)."""
-    alerts = store.alerts_by_id([m["alert_id"] for m in members])
+    alerts = store.alerts_by_id([m.alert_id for m in members])
     body = build_body(policy=policy.name, receiver=receiver, group_key=key,
-                      group_labels=members[0]["group_labels"], alerts=alerts,
+                      group_labels=members[0].group_labels, alerts=[a.as_dict() for a in alerts],
                       external_url=policy.external_url)
-    metas = [a for a in alerts if a["kind"] == "meta"]
+    metas = [a for a in alerts if a.kind == "meta"]
     if metas:
-        body["lstar"]["meta"] = [a["numbers"] for a in metas]
-    nid = notification_id(policy.name, receiver, key, [a["alert_key"] for a in alerts])
+        body["lstar"]["meta"] = [a.numbers for a in metas]
+    nid = notification_id(policy.name, receiver, key, [a.alert_key for a in alerts])
     created = store.create_notification(
         {"id": nid, "policy": policy.name, "receiver": receiver, "group_key": key,
          "body": canonical_json(body), "n_alerts": len(alerts), "is_meta": bool(metas)},
-        [m["id"] for m in members], now=now)
+        [m.id for m in members], now=now)
     return nid if created else None
 
 
 # -- stages for a due notification -------------------------------------------------------------------
 def silence_notification(store: Store, notification: str, silences: Sequence[Silence],
-                         now: datetime) -> Row | Stop:
+                         now: datetime) -> NotificationRow | Stop:
     """Stage silence: the notification's row, unless every alert in it is silenced now
     (then it is marked silenced and never sent)."""
     row = store.notification(notification)
     if row is None:
         return Stop()
-    silence = all_silenced(row["body"], silences, now)
+    silence = all_silenced(row.payload(), silences, now)
     if silence is None:
         return row
-    silenced = store.silence_notification(row["id"], silence_id=silence.id, now=now)
-    return Stop(silenced=row["n_alerts"] if silenced else 0)
+    silenced = store.silence_notification(row.id, silence_id=silence.id, now=now)
+    return Stop(silenced=row.n_alerts if silenced else 0)
 
 
 def disabled_notification(store: Store, policy: Policy, receiver: str, now: datetime) -> Stop | None:
@@ -221,8 +221,8 @@ def disabled_notification(store: Store, policy: Policy, receiver: str, now: date
 def throttle(store: Store, policy: Policy, receiver: str, notification: str, now: datetime) -> Stop | None:
     """Stage throttle: nothing goes to a receiver before the `blocked_until` its Retry-After set."""
     state = store.endpoint(policy.name, receiver)
-    if state is not None and state["blocked_until"] is not None and state["blocked_until"] > now:
-        return Stop(f"{notification}: {receiver} throttled until {state['blocked_until'].isoformat()}")
+    if state is not None and state.blocked_until is not None and state.blocked_until > now:
+        return Stop(f"{notification}: {receiver} throttled until {state.blocked_until.isoformat()}")
     return None
 
 
@@ -242,17 +242,16 @@ def rate_limit(store: Store, policy: Policy, receiver: str, notification: str,
     return found
 
 
-def claim(store: Store, notification: str, owner: str, lease: timedelta, now: datetime) -> Row | Stop:
+def claim(store: Store, notification: str, owner: str, lease: timedelta, now: datetime) -> NotificationRow | Stop:
     """Stage claim: lease the notification (compare-and-set); a Stop when another owner holds it."""
     claimed = store.claim_notification(notification, owner, now=now, lease_s=lease.total_seconds())
     return Stop() if claimed is None else claimed
 
 
-def send(senders: Mapping[str, Sender], policy: Policy, receiver: Receiver, row: Mapping[str, Any],
+def send(senders: Mapping[str, Sender], policy: Policy, receiver: Receiver, row: NotificationRow,
          now: datetime) -> SendResult:
     """Stage send: one attempt through the receiver's channel; a sender bug costs an attempt."""
-    body = json.loads(row["body"]) if isinstance(row["body"], str) else row["body"]
-    message = Outgoing(id=row["id"], policy=policy.name, receiver=receiver.name, body=body)
+    message = Outgoing(id=row.id, policy=policy.name, receiver=receiver.name, body=row.payload())
     failpoint("after_claim_before_send")
     try:
         result = senders[receiver.kind].send(message, receiver, policy, now=now)
@@ -263,16 +262,16 @@ def send(senders: Mapping[str, Sender], policy: Policy, receiver: Receiver, row:
 
 
 def record(store: Store, owner: str, rng: random.Random, policy: Policy, receiver: Receiver,
-           row: Mapping[str, Any], result: SendResult, now: datetime, meta_alert: MetaAlert) -> Row:
+           row: NotificationRow, result: SendResult, now: datetime, meta_alert: MetaAlert) -> Row:
     """Stage record: the attempt and what follows from it (delivered, retry later, dead-lettered
     with a meta-alert from `meta_alert`); returns the outcome for the report."""
-    attempts = int(row["attempts"])
+    attempts = int(row.attempts)
     attempt = {"started_at": now, "outcome": result.outcome, "status_code": result.status_code,
                "error": result.error, "retry_after_s": result.retry_after_s}
-    outcome = {"id": row["id"], "receiver": receiver.name, "attempt": attempts,
+    outcome = {"id": row.id, "receiver": receiver.name, "attempt": attempts,
                "outcome": result.outcome, "status_code": result.status_code, "error": result.error}
     if result.outcome == "delivered":
-        store.finish_notification(row["id"], owner, status="delivered", attempt=attempt, now=now)
+        store.finish_notification(row.id, owner, status="delivered", attempt=attempt, now=now)
         return outcome
     if result.outcome == "retry" and attempts < receiver.retry.max_attempts:
         retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s is not None else None
@@ -280,7 +279,7 @@ def record(store: Store, owner: str, rng: random.Random, policy: Policy, receive
                                cap=receiver.retry.max_backoff, uniform=rng.random(),
                                retry_after=retry_after)
         endpoint = {"blocked_until": when} if result.throttle else None
-        store.finish_notification(row["id"], owner, status="pending", attempt=attempt, now=now,
+        store.finish_notification(row.id, owner, status="pending", attempt=attempt, now=now,
                                   next_attempt_at=when, error=result.error, endpoint=endpoint)
         outcome["next_attempt_at"] = when
         return outcome
@@ -291,12 +290,12 @@ def record(store: Store, owner: str, rng: random.Random, policy: Policy, receive
         reason = result.error or "HTTP 410 Gone"
     else:
         reason = result.error or "permanent failure"
-    meta = meta_alert(policy, receiver.name, row["id"], reason, now=now,
-                      is_meta=bool(row["is_meta"]), disabled=result.outcome == "gone")
+    meta = meta_alert(policy, receiver.name, row.id, reason, now=now,
+                      is_meta=bool(row.is_meta), disabled=result.outcome == "gone")
     endpoint = {"disabled_reason": reason} if result.outcome == "gone" else None
-    if meta is None and not row["is_meta"]:
+    if meta is None and not row.is_meta:
         reason += "; no other receiver to tell the operator"
-    store.finish_notification(row["id"], owner, status="dead", attempt=attempt, now=now,
+    store.finish_notification(row.id, owner, status="dead", attempt=attempt, now=now,
                               error=reason, endpoint=endpoint, meta_alert=meta)
     if result.outcome == "gone":
         store.kill_notifications(policy.name, receiver.name, now=now,
@@ -327,16 +326,16 @@ class Dispatcher:
         """Silence, dead-letter or group pending deliveries; freeze due groups into notifications."""
         report = report or DispatchReport()
         silences = [silence_from_row(r) for r in self.store.silences(active_at=now)]
-        groups: dict[tuple[str, str, str], list[Row]] = {}
+        groups: dict[tuple[str, str, str], list[PendingDeliveryRow]] = {}
         for d in self.store.pending_deliveries():
-            if d["policy"] not in self.policies:
-                report.waiting.append(f"delivery {d['id']}: policy {d['policy']} is not loaded")
+            if d.policy not in self.policies:
+                report.waiting.append(f"delivery {d.id}: policy {d.policy} is not loaded")
                 continue
             stop = silence_delivery(self.store, d, silences, now) or disabled_delivery(self.store, d, now)
             if stop is not None:
                 report.stopped(stop)
                 continue
-            groups.setdefault((d["policy"], d["receiver"], d["group_key"]), []).append(d)
+            groups.setdefault((d.policy, d.receiver, d.group_key), []).append(d)
         for (policy_name, receiver, key), members in groups.items():
             policy = self.policies[policy_name]
             stop = group_throttle(self.store, policy_name, receiver, key, members, now)
@@ -364,23 +363,23 @@ class Dispatcher:
                 report.sent.append(outcome)
         return report
 
-    def deliver(self, cand: Mapping[str, Any], silences: Sequence[Silence], now: datetime) -> Row | Stop:
+    def deliver(self, cand: DueNotificationRow, silences: Sequence[Silence], now: datetime) -> Row | Stop:
         """The pipeline for one due notification: its send outcome, or the first stage's Stop."""
-        policy = self.policies.get(cand["policy"])
+        policy = self.policies.get(cand.policy)
         if policy is None:
-            return Stop(f"{cand['id']}: policy {cand['policy']} is not loaded")
-        row = silence_notification(self.store, cand["id"], silences, now)
+            return Stop(f"{cand.id}: policy {cand.policy} is not loaded")
+        row = silence_notification(self.store, cand.id, silences, now)
         if isinstance(row, Stop):
             return row
-        name = row["receiver"]
+        name = row.receiver
         stop = (disabled_notification(self.store, policy, name, now)
-                or throttle(self.store, policy, name, row["id"], now))
+                or throttle(self.store, policy, name, row.id, now))
         if stop is not None:
             return stop
-        receiver = rate_limit(self.store, policy, name, row["id"], now)
+        receiver = rate_limit(self.store, policy, name, row.id, now)
         if isinstance(receiver, Stop):
             return receiver
-        claimed = claim(self.store, row["id"], self.owner, self.lease, now)
+        claimed = claim(self.store, row.id, self.owner, self.lease, now)
         if isinstance(claimed, Stop):
             return claimed
         result = send(self.senders, policy, receiver, claimed, now)

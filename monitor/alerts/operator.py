@@ -36,13 +36,13 @@ def raise_hub_outage_alerts(store: Store, policies: Sequence[Any], *, now: datet
         return 0
     written = 0
     for outage in store.hub_outages(unalerted_only=True):
-        started = outage["started_at"].isoformat() if isinstance(outage["started_at"], datetime) \
-            else str(outage["started_at"])
+        started = outage.started_at.isoformat() if isinstance(outage.started_at, datetime) \
+            else str(outage.started_at)
         alerts = operator_alerts(
-            policies, kind="hub-outage", key=str(outage["id"]),
-            summary=f"the Hub at {outage['endpoint']} has been failing since {started} "
-                    f"({outage['failures']} consecutive failures); polling backs off until it answers",
-            description=str(outage.get("last_error") or ""), now=now)
+            policies, kind="hub-outage", key=str(outage.id),
+            summary=f"the Hub at {outage.endpoint} has been failing since {started} "
+                    f"({outage.failures} consecutive failures); polling backs off until it answers",
+            description=str(outage.last_error or ""), now=now)
         written += store.raise_operator_alerts([a.as_row() for a in alerts], now=now,
-                                               hub_outage_id=outage["id"])
+                                               hub_outage_id=outage.id)
     return written

@@ -30,6 +30,7 @@ from monitor.errors import CurveError
 from monitor.failpoints import failpoint
 from monitor.policy import Policy, Task
 from monitor.store import Store
+from monitor.store.rows import EvaluationCandidateRow, LineageHistory
 
 GAMING_TASK = "calibration_gaming"
 # (policy, task, score) -> prediction; raises CurveError when the curve does not apply.
@@ -103,13 +104,12 @@ def watches(policy: Policy, repo: str, rule: str | None) -> bool:
     return False
 
 
-def _view(row: Mapping[str, Any]) -> ScoreView:
-    return ScoreView(run_id=row["run_id"], repo=row["repo"], commit=row["commit_sha"],
-                     lineage=row["lineage"], lstar=float(row["lstar"]), se=float(row["se"]),
-                     corpus_sha256=row["corpus_sha256"], finished_at=row["finished_at"],
-                     rule=row.get("rule"),
-                     extra={k: row[k] for k in ("spec_version", "window_len", "stride", "prefix_policy")
-                            if k in row})
+def _view(row: EvaluationCandidateRow) -> ScoreView:
+    return ScoreView(run_id=row.run_id, repo=row.repo, commit=row.commit_sha,
+                     lineage=row.lineage, lstar=float(row.lstar), se=float(row.se),
+                     corpus_sha256=row.corpus_sha256, finished_at=row.finished_at, rule=row.rule,
+                     extra={"spec_version": row.spec_version, "window_len": row.window_len,
+                            "stride": row.stride, "prefix_policy": row.prefix_policy})
 
 
 def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) -> Delivery:
@@ -120,26 +120,26 @@ def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) ->
 
 
 def plan_alert(policy: Policy, *, task: str, score: ScoreView, state: str, numbers: dict[str, Any],
-               history: Mapping[str, Any], now: datetime, labels: dict[str, str],
+               history: LineageHistory, now: datetime, labels: dict[str, str],
                annotate: Callable[[bool], dict[str, str]]) -> Alert | None:
     """The alert (with its deliveries) one evaluation calls for, or None.
 
     Pure apart from reading `history` (from `Store.lineage_history`): routes the alert's
     labels and asks `decide` per receiver.
     """
-    previous = history["state"]
-    last_firing = history["last_firing"]
+    previous = history.state
+    last_firing = history.last_firing
     resolving = state == "clear"
     if resolving:
         if last_firing is None:
             return None
-        labels = dict(last_firing["labels"])  # a resolved alert keeps the labels it fired with
+        labels = dict(last_firing.labels)  # a resolved alert keeps the labels it fired with
     deliveries = []
     kinds = set()
     for target in route_alert(policy.route, labels):
         receiver = policy.receiver(target.receiver)
-        seen = history["receivers"].get(target.receiver, {})
-        fired_at, resolved_at = seen.get("last_firing_at"), seen.get("last_resolved_at")
+        seen = history.receivers.get(target.receiver)
+        fired_at, resolved_at = (seen.last_firing_at, seen.last_resolved_at) if seen else (None, None)
         decision = decide(previous, state, now=now, last_firing_sent_at=fired_at,
                           repeat_interval=target.repeat_interval,
                           episode_notified=fired_at is not None and (resolved_at is None or fired_at > resolved_at),
@@ -151,7 +151,7 @@ def plan_alert(policy: Policy, *, task: str, score: ScoreView, state: str, numbe
         return None
     kind = "fire" if "fire" in kinds else ("resolve" if resolving else "repeat")
     continuing = previous == state and last_firing is not None
-    starts_at = last_firing["starts_at"] if (resolving or continuing) and last_firing else now
+    starts_at = last_firing.starts_at if (resolving or continuing) and last_firing else now
     return Alert(alert_key=alert_key(policy.name, task, score.repo, score.commit, state), kind=kind,
                  policy=policy.name, task=task, repo=score.repo, commit_sha=score.commit,
                  lineage=score.lineage, state=state, status="resolved" if resolving else "firing",
@@ -247,7 +247,7 @@ def reference_offsets(store: Store, policy: Policy) -> tuple[list[float], list[s
         if pub is None or priv is None:
             missing.append(f"{repo}@{sha}")
             continue
-        offsets.append(float(pub["lstar"]) - float(priv["lstar"]))
+        offsets.append(float(pub.lstar) - float(priv.lstar))
     return offsets, missing
 
 
@@ -260,7 +260,7 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         report.skipped.append(f"policy {policy.name}: calibration_gaming needs corpora.public and .private")
         return
     candidates = [r for r in store.evaluation_candidates(policy.name, GAMING_TASK, corpora.public)
-                  if watches(policy, r["repo"], r.get("rule"))]
+                  if watches(policy, r.repo, r.rule)]
     if not candidates:
         return
     offsets, missing = reference_offsets(store, policy)
@@ -273,12 +273,12 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         private = store.latest_score(score.repo, score.commit, corpora.private)
         if private is None:
             continue  # not scored on the private corpus yet; evaluated once it is
-        verdict = calibration_gaming(score.lstar, score.se, float(private["lstar"]), float(private["se"]),
+        verdict = calibration_gaming(score.lstar, score.se, float(private.lstar), float(private.se),
                                      reference_offsets=offsets, k=rule.k)
         state = "flagged" if verdict.flagged else "clear"
         numbers = {**verdict.as_dict(), "task": GAMING_TASK, "state": state, "lstar_public": score.lstar,
-                   "se_public": score.se, "lstar_private": float(private["lstar"]),
-                   "se_private": float(private["se"]), "corpus_public": corpora.public,
+                   "se_public": score.se, "lstar_private": float(private.lstar),
+                   "se_private": float(private.se), "corpus_public": corpora.public,
                    "corpus_private": corpora.private, "repo": score.repo, "commit": score.commit,
                    "lineage": score.lineage, "run_id": score.run_id}
         labels = task_labels(policy=policy.name, task=GAMING_TASK, repo=score.repo, lineage=score.lineage,

@@ -82,11 +82,11 @@ def list_silences(store: Store, *, now: datetime, include_expired: bool = False)
     """Silences with a `state` of active / pending / expired, newest first."""
     out = []
     for row in store.silences():
-        end = row["ends_at"] if row["expired_at"] is None else min(row["ends_at"], row["expired_at"])
-        state = "expired" if end <= now else ("pending" if row["starts_at"] > now else "active")
+        end = row.ends_at if row.expired_at is None else min(row.ends_at, row.expired_at)
+        state = "expired" if end <= now else ("pending" if row.starts_at > now else "active")
         if state == "expired" and not include_expired:
             continue
-        out.append({**row, "state": state})
+        out.append({**row.as_dict(), "state": state})
     return out
 
 

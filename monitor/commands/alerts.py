@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, db_file, id_column,
+from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, add_columns, db_file, id_column,
                                       int_argument, int_option)
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
@@ -27,6 +27,11 @@ from monitor.service import api_get, api_post, retry_dead_letters, revive_times
 from monitor.store import Store
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
+
+
+def _as_dict(row: Any) -> dict[str, Any] | None:
+    """A row as the dict the daemon's API answers with (None stays None)."""
+    return None if row is None else row.as_dict()
 
 
 def _policies(paths: list[Path]) -> list[Any]:
@@ -62,7 +67,7 @@ def register(app: typer.Typer) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
         rows = through_daemon(db_file(state, db),
                               lambda url: revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit})),
-                              lambda store: store.list_alerts(limit=limit, policy=policy))
+                              lambda store: [r.as_dict() for r in store.list_alerts(limit=limit, policy=policy)])
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
@@ -94,7 +99,7 @@ def register(app: typer.Typer) -> None:
         # the daemon answers 404, raised there as the same DeliveryError, when there is none
         detail = through_daemon(db_file(state, db),
                                 lambda url: revive_times(api_get(url, f"/alerts/{alert_id}")),
-                                lambda store: store.alert_detail(alert_id))
+                                lambda store: _as_dict(store.alert_detail(alert_id)))
         if detail is None:
             raise DeliveryError(f"no alert with id {alert_id}", hint="see `lstar alerts list`")
         if as_json:
@@ -107,11 +112,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"  {detail['annotations'].get('description', '')}")
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
         table = Table(title="deliveries and attempts", title_justify="left")
-        for col in ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"):
-            if col in ("receiver", "message"):
-                id_column(table, col)
-            else:
-                table.add_column(col)
+        add_columns(table, ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"),
+                    ids=("receiver", "message"))
         by_id = {n["id"]: n for n in detail["notifications"]}
         for d in detail["deliveries"]:
             n = by_id.get(d["notification_id"])

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, id_column, int_option
+from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, add_columns, db_file, int_option
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
 
@@ -37,11 +37,8 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(rows, indent=2, default=str))
             return
         table = Table(title=f"{len(rows)} checkpoint(s)", title_justify="left")
-        for col in ("id", "repo", "sha", "refs", "status", "attempts", "reason"):
-            if col in ("repo", "sha", "refs"):
-                id_column(table, col)
-            else:
-                table.add_column(col, justify="right" if col in ("id", "attempts") else "left")
+        add_columns(table, ("id", "repo", "sha", "refs", "status", "attempts", "reason"),
+                    ids=("repo", "sha", "refs"), right=("id", "attempts"))
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
                           str(r["attempts"]), r["reason"] or linked_note(r.get("meta") or {}))
@@ -61,4 +58,5 @@ def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
     return through_daemon(db_path,
                           lambda url: api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit}),
-                          lambda store: store.list_checkpoints(status=status, repo=repo, limit=limit))
+                          lambda store: [r.as_dict() for r in store.list_checkpoints(status=status, repo=repo,
+                                                                                  limit=limit)])

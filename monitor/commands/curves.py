@@ -34,6 +34,9 @@ BASELINE_OPTION = float_option(..., "--baseline", low=0.0, high=1.0, high_open=T
 MARGIN_OPTION = float_option(..., "--margin", low=0.0, high=1.0, low_open=True,
                              help="Margin ε above the baseline.")
 SEED_OPTION = int_option(0, "--seed", low=0, high=MAX_SEED, help="Bootstrap seed.")
+TASK_OPTION = typer.Option(..., "--task", help="Task name (as in the labels).")
+LABELS_OPTION = typer.Option(None, "--labels", help=LABELS_HELP)
+METRIC_OPTION = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm).")
 
 
 def confidence_option(help: str) -> Any:
@@ -143,11 +146,11 @@ def register(app: typer.Typer) -> None:
     @curves.command("fit")
     def fit(
         out: Path = typer.Option(..., "--out", help="Where to write the curve artifact (JSON)."),
-        task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
+        task: str = TASK_OPTION,
         baseline: float = BASELINE_OPTION,
         margin: float = MARGIN_OPTION,
-        labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
-        metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
+        labels: Path = LABELS_OPTION,
+        metric: str = METRIC_OPTION,
         confidence: float = confidence_option("Band and interval confidence."),
         bootstrap: int = bootstrap_option(1000, "Bootstrap resamples."),
         seed: int = SEED_OPTION,
@@ -202,11 +205,11 @@ def register(app: typer.Typer) -> None:
 
     @curves.command("validate")
     def validate(
-        task: str = typer.Option(..., "--task", help="Task name (as in the labels)."),
+        task: str = TASK_OPTION,
         baseline: float = BASELINE_OPTION,
         margin: float = MARGIN_OPTION,
-        labels: Path = typer.Option(None, "--labels", help=LABELS_HELP),
-        metric: str = typer.Option(None, "--metric", help="Metric variant (e.g. acc_norm)."),
+        labels: Path = LABELS_OPTION,
+        metric: str = METRIC_OPTION,
         confidence: float = confidence_option("Band confidence."),
         bootstrap: int = bootstrap_option(200, "Bootstrap resamples per fold."),
         seed: int = SEED_OPTION,

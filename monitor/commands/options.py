@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
@@ -67,6 +67,17 @@ def show_flags_as_flags() -> None:
 
     display_type_rich._flags_bare = True  # type: ignore[attr-defined]
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+def add_columns(table: Any, headers: Sequence[str], *, ids: Collection[str] = (),
+                right: Collection[str] = ()) -> None:
+    """Add `headers` in order: those in `ids` as identifier columns (`id_column`), those in
+    `right` right-justified, the rest left-justified."""
+    for header in headers:
+        if header in ids:
+            id_column(table, header)
+        else:
+            table.add_column(header, justify="right" if header in right else "left")
 
 
 def id_column(table: Any, header: str, **kwargs: Any) -> None:

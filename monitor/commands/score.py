@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, db_file, id_column,
+from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option)
 from monitor.errors import SpecError
 from monitor.hub import HubClient
@@ -78,11 +78,7 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
         print(json.dumps([r.as_dict() for r in results], indent=2, default=str))
         return
     table = Table(title=f"scored the queue ({len(results)} job(s))", title_justify="left")
-    for col in ("id", "repo", "sha", "attempt", "status", "reason"):
-        if col in ("repo", "sha"):
-            id_column(table, col)
-        else:
-            table.add_column(col)
+    add_columns(table, ("id", "repo", "sha", "attempt", "status", "reason"), ids=("repo", "sha"))
     for r in results:
         table.add_row(str(r.id), r.repo, r.sha[:12], str(r.attempt), r.status, r.reason or "")
     Console().print(table)

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
 
@@ -76,11 +76,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(rows, indent=2, default=str))
             return
         table = Table(title=f"{len(rows)} silence(s)", title_justify="left")
-        for col in ("id", "state", "matchers", "until", "by", "comment"):
-            if col in ("id", "matchers"):
-                id_column(table, col)
-            else:
-                table.add_column(col)
+        add_columns(table, ("id", "state", "matchers", "until", "by", "comment"), ids=("id", "matchers"))
         for r in rows:
             table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
                           r["created_by"], r["comment"])

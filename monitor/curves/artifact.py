@@ -28,11 +28,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from monitor.errors import CurveError, PolicyError
-from monitor.files import read_policy_bytes
+from monitor.files import FileKind, NotJsonError, read_bounded_json
+from monitor.store.rows import ScoreRunRow
 
 SCHEMA = "lstar-curve/1"
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
 CURVE_MAX_BYTES = 16 << 20
+CURVE_FILE = FileKind("curve artifact", "curve artifacts", "JSON")
 _SCHEMA_FAMILY = "lstar-curve/"
 
 
@@ -251,13 +253,11 @@ def load_curve(path: str | Path) -> CurveArtifact:
     if not path.exists():
         raise CurveError(f"no curve file at {path}")
     try:  # a regular file of bounded size: a policy may point anywhere, a FIFO or /dev/zero too
-        raw = read_policy_bytes(path, str(path), limit=CURVE_MAX_BYTES)
+        data, _ = read_bounded_json(path, str(path), what=CURVE_FILE, limit=CURVE_MAX_BYTES)
     except PolicyError as exc:
         raise CurveError(exc.message, hint="a curve artifact is a JSON file written by `lstar curves fit`") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CurveError(f"{path} is not a JSON curve artifact: {_first_error(exc)}") from exc
+    except NotJsonError as exc:
+        raise CurveError(f"{path} is not a JSON curve artifact: {exc}") from exc
     if not isinstance(data, dict) or "schema" not in data:
         raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",
                          hint=f"fit one with `lstar curves fit`; expected schema {SCHEMA}")
@@ -359,12 +359,12 @@ def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
                            task=curve.task, metric=curve.metric)
 
 
-def predict_score_run(curve: CurveArtifact, run: Mapping[str, Any]) -> CurvePrediction:
+def predict_score_run(curve: CurveArtifact, run: ScoreRunRow) -> CurvePrediction:
     """Predict for a stored score run (a `score_runs` row), checking corpus and spec."""
     if curve.predictor != "lstar":
         raise CurveError(f"curve {curve.curve_id[:12]} is fitted on {curve.predictor}, not L*")
-    return predict(curve, float(run["lstar"]), float(run["se_ce"]),
-                   corpus_sha256=str(run["corpus_sha256"]), scoring_spec=ScoringRef.from_score_run(run))
+    return predict(curve, float(run.lstar), float(run.se_ce),
+                   corpus_sha256=str(run.corpus_sha256), scoring_spec=ScoringRef.from_score_run(run.as_dict()))
 
 
 # -- the curve's own warnings -----------------------------------------------------------------

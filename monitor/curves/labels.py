@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabelError
+from monitor.store.rows import LabelRow
 
 MC_METRICS = ("acc", "acc_norm", "prob_correct", "brier")
 
@@ -227,19 +228,19 @@ def read_labels_csv(path: str | Path) -> list[Label]:
 
 
 # -- labels and the store -----------------------------------------------------------------------
-def labels_from_rows(rows: Sequence[dict[str, Any]], *, latest_only: bool = True) -> list[Label]:
+def labels_from_rows(rows: Sequence[LabelRow], *, latest_only: bool = True) -> list[Label]:
     """Labels from `Store.labels()` rows (oldest first). With `latest_only`, a checkpoint
     evaluated several times on a task metric keeps only its newest row."""
     if latest_only:
-        newest: dict[tuple[Any, ...], dict[str, Any]] = {}
+        newest: dict[tuple[Any, ...], LabelRow] = {}
         for row in rows:
-            newest[(row["repo"], row["sha"], row["task"], row["metric"])] = row
+            newest[(row.repo, row.sha, row.task, row.metric)] = row
         rows = list(newest.values())
-    return [Label(checkpoint=row["checkpoint"], value=float(row["value"]), family=row["family"],
-                  task=row["task"], metric=row["metric"],
-                  n=int(row["n"]) if row["n"] is not None else None, stderr=row["stderr"],
-                  repo=row["repo"], sha=row["sha"] or None, source=row["source"],
-                  source_ref=row["source_ref"], details=dict(row.get("details") or {}))
+    return [Label(checkpoint=row.checkpoint, value=float(row.value), family=row.family,
+                  task=row.task, metric=row.metric,
+                  n=int(row.n) if row.n is not None else None, stderr=row.stderr,
+                  repo=row.repo, sha=row.sha or None, source=row.source,
+                  source_ref=row.source_ref, details=dict(row.details or {}))
             for row in rows]
 
 
@@ -272,19 +273,18 @@ def join_scores(labels: Sequence[Label], store: Any, *, corpus_sha256: str | Non
             raise LabelError(f"no score run for checkpoint {label.checkpoint!r} (repo {repo!r}"
                              f"{', sha ' + label.sha[:12] if label.sha else ''}){where}",
                              hint="score it first with `lstar score`, or give a CSV with an lstar column")
-        if label.sha is None and len({r["model_sha"] for r in runs}) > 1:
+        if label.sha is None and len({r.model_sha for r in runs}) > 1:
             raise LabelError(f"checkpoint {label.checkpoint!r} names no commit and repo {repo!r} has "
-                             f"scores of {len({r['model_sha'] for r in runs})} commits",
+                             f"scores of {len({r.model_sha for r in runs})} commits",
                              hint="use results that record config.model_sha")
         run = runs[0]
-        key = (run["corpus_sha256"], run["spec_version"], int(run["window_len"]), int(run["stride"]),
-               run["prefix_policy"])
+        key = (run.corpus_sha256, run.spec_version, int(run.window_len), int(run.stride), run.prefix_policy)
         used.setdefault(key, []).append(label.checkpoint)
-        params = label.params if label.params is not None else run["model"].get("n_params")
-        joined.append(label.with_(repo=repo, sha=run["model_sha"], lstar=float(run["lstar"]),
-                                  lstar_se=float(run["se_ce"]), raw_ce=float(run["ce"]),
+        params = label.params if label.params is not None else run.model.get("n_params")
+        joined.append(label.with_(repo=repo, sha=run.model_sha, lstar=float(run.lstar),
+                                  lstar_se=float(run.se_ce), raw_ce=float(run.ce),
                                   params=float(params) if params else None,
-                                  details={**label.details, "score_run_id": run["run_id"]}))
+                                  details={**label.details, "score_run_id": run.run_id}))
     if len(used) > 1:
         described = "; ".join(f"corpus {k[0][:12]} {k[1]} window {k[2]} stride {k[3]} prefix {k[4]} "
                               f"({len(v)} checkpoints)" for k, v in used.items())

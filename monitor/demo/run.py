@@ -248,7 +248,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
                     "file": str(received / "webhook.json")},
         "email": {"alert_messages": len(alert_mails), "report_messages": len(report_mails),
                   "files": [str(received / f"mail-{i}.eml") for i in range(len(mails))]},
-        "reports": [{"folder": r["folder"], "summary": r["summary"], "deliveries": r["deliveries"]} for r in reports],
+        "reports": [{"folder": r.folder, "summary": r.summary, "deliveries": r.deliveries} for r in reports],
         "audit_log": str(received / "audit.jsonl"),
         "wall_s": round(time.perf_counter() - started, 1),
     })

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.store import Store
+from monitor.store.rows import CheckpointRow
 
 PENDING = ("discovered", "gated", "fetched")
 FINISHED = ("scored", "skipped", "failed")
@@ -133,24 +134,24 @@ def prune_cache(store: Store, cache_dir: str | Path, *, keep_last: int = DEFAULT
     root = Path(cache_dir).resolve()
     if not root.is_dir():
         return report
-    rows = [r for r in store.list_checkpoints() if r["source"] == "hub"]
+    rows = [r for r in store.list_checkpoints() if r.source == "hub"]
     pending_bytes = 0
-    finished: list[tuple[dict[str, Any], Path, dict[Path, int]]] = []
+    finished: list[tuple[CheckpointRow, Path, dict[Path, int]]] = []
     for row in rows:
-        snap = _snapshot(root, row["repo"], row["sha"])
+        snap = _snapshot(root, row.repo, row.sha)
         if snap is None:
             continue
         targets = _targets(snap, root)
-        if row["status"] in PENDING or row["lease_owner"] is not None or row["status"] not in FINISHED:
-            report.protected.append(f"{row['repo']}@{row['sha']}")
+        if row.status in PENDING or row.lease_owner is not None or row.status not in FINISHED:
+            report.protected.append(f"{row.repo}@{row.sha}")
             pending_bytes += sum(targets.values())
         else:
             finished.append((row, snap, targets))
-    finished.sort(key=lambda item: (item[0]["updated_at"], item[0]["id"]), reverse=True)
+    finished.sort(key=lambda item: (item[0].updated_at, item[0].id), reverse=True)
 
     used = pending_bytes
     dropping = False
-    doomed: list[tuple[dict[str, Any], Path, dict[Path, int]]] = []
+    doomed: list[tuple[CheckpointRow, Path, dict[Path, int]]] = []
     for row, snap, targets in finished:
         size = sum(targets.values())
         dropping = dropping or len(report.kept) >= keep_last or \
@@ -158,14 +159,14 @@ def prune_cache(store: Store, cache_dir: str | Path, *, keep_last: int = DEFAULT
         if dropping:
             doomed.append((row, snap, targets))
         else:
-            report.kept.append(f"{row['repo']}@{row['sha']}")
+            report.kept.append(f"{row.repo}@{row.sha}")
             used += size
 
     by_repo: dict[Path, set[Path]] = {}
     for row, snap, targets in doomed:
         repo_dir = snap.parent.parent
-        _remove_snapshot(repo_dir, row["sha"])
-        report.removed.append(f"{row['repo']}@{row['sha']}")
+        _remove_snapshot(repo_dir, row.sha)
+        report.removed.append(f"{row.repo}@{row.sha}")
         by_repo.setdefault(repo_dir, set()).update(targets)
     for repo_dir, candidates in by_repo.items():
         report.freed_bytes += _remove_unreferenced(repo_dir, root, candidates)

@@ -125,7 +125,7 @@ class HubClient:
         self.rng = rng or random.Random()
         self.requests = 0  # requests this client let through (pages of a listing count once)
         loaded = self.store.get_hub_state(self.endpoint) if self.store else None
-        self.state = HubState(**loaded) if loaded else HubState()
+        self.state = HubState(**loaded.as_dict()) if loaded else HubState()
 
     # -- state ---------------------------------------------------------------------------
     def _save(self) -> None:

@@ -25,6 +25,7 @@ from monitor.hub.gate import (COMMIT_RE, CONFIG_FILE, FILE_BYTE_LIMITS, OPTIONAL
                               check_file_budgets, check_file_names, resolve_cache_dir, weight_files)
 from monitor.hub.rules import Budgets
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow
 
 
 # -- pinned download ------------------------------------------------------------------------
@@ -213,15 +214,15 @@ def fetch_verified(repo: str, sha: str, **options: Any) -> tuple[Path, dict[str,
     return path, snapshot_digests(captured[-1])
 
 
-def fetch_job(store: Store, job: dict[str, Any], *, owner: str, client: HubClient | None = None,
+def fetch_job(store: Store, job: CheckpointRow, *, owner: str, client: HubClient | None = None,
               cache_dir: str | Path | None = None, now_fn: Callable[[], datetime] = utcnow) -> Path:
     """Queue step: fetch a leased `gated`/`fetched` row and record it as `fetched`, with its
     snapshot's digests (`snapshot_digests`) in the row's meta.
 
     Re-running it on a `fetched` row re-verifies the cached files without downloading.
     """
-    path, digests = fetch_verified(job["repo"], job["sha"], cache_dir=cache_dir, client=client)
-    store.advance_checkpoint(job["id"], owner, status="fetched",
+    path, digests = fetch_verified(job.repo, job.sha, cache_dir=cache_dir, client=client)
+    store.advance_checkpoint(job.id, owner, status="fetched",
                              meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat(), **digests},
                              now=now_fn())
     return path

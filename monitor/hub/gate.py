@@ -361,16 +361,16 @@ def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
     by_name = {rule.name: rule for rule in rules}
     outcomes: list[GateOutcome] = []
     for row in store.list_checkpoints(status="discovered", limit=limit):
-        if row["source"] != "hub":
+        if row.source != "hub":
             continue
         try:
-            verdict = gate_checkpoint(client, row["repo"], row["sha"], rule=by_name.get(row["rule"]),
+            verdict = gate_checkpoint(client, row.repo, row.sha, rule=by_name.get(row.rule),
                                       cache_dir=cache_dir)
         except HubError as exc:
-            outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], "discovered", exc.one_line()))
+            outcomes.append(GateOutcome(row.id, row.repo, row.sha, "discovered", exc.one_line()))
             break
-        store.set_checkpoint_verdict(row["id"], expect_status="discovered", status=verdict.status,
+        store.set_checkpoint_verdict(row.id, expect_status="discovered", status=verdict.status,
                                      reason=verdict.reason, meta=verdict.meta, now=now_fn())
-        outcomes.append(GateOutcome(row["id"], row["repo"], row["sha"], verdict.status, verdict.reason))
+        outcomes.append(GateOutcome(row.id, row.repo, row.sha, verdict.status, verdict.reason))
     store.checkpoint()
     return outcomes

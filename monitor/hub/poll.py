@@ -97,7 +97,7 @@ def poll_rule(store: Store, client: HubClient, rule: WatchRule, *,
     result = RulePoll(rule=rule.name, key=key)
     start_requests = client.requests
     mark = store.get_watermark(key)
-    seen_at_mark = set(mark["boundary"]) if mark else set()
+    seen_at_mark = set(mark.boundary) if mark else set()
     try:
         changed = []
         scanned = 0
@@ -107,9 +107,9 @@ def poll_rule(store: Store, client: HubClient, rule: WatchRule, *,
                 raise HubError(f"the Hub's listing for rule {rule.name!r} lacks lastModified",
                                hint="incremental polling needs it; is the endpoint a Hub?")
             if mark is not None:
-                if item.last_modified < mark["last_modified"]:
+                if item.last_modified < mark.last_modified:
                     break
-                if item.last_modified == mark["last_modified"] and item.id in seen_at_mark:
+                if item.last_modified == mark.last_modified and item.id in seen_at_mark:
                     continue
             changed.append(item)
         else:
@@ -129,16 +129,16 @@ def poll_rule(store: Store, client: HubClient, rule: WatchRule, *,
     if result.error is not None:
         store.record_hub_poll(key, rule.name, now=now, ok=False, listed=0, new=0,
                               requests=result.requests, error=result.error)
-        result.watermark = mark["last_modified"].isoformat() if mark else None
+        result.watermark = mark.last_modified.isoformat() if mark else None
         return result
 
     if changed:
         newest = max(item.last_modified for item in changed)
         boundary = {item.id for item in changed if item.last_modified == newest}
-        if mark is not None and newest == mark["last_modified"]:
+        if mark is not None and newest == mark.last_modified:
             boundary |= seen_at_mark
     elif mark is not None:
-        newest, boundary = mark["last_modified"], seen_at_mark
+        newest, boundary = mark.last_modified, seen_at_mark
     else:
         newest, boundary = None, set()
     result.candidates = len(candidates)

@@ -25,6 +25,7 @@ from monitor.errors import (CorpusError, GateRefusedError, HubError, IntegrityEr
                             ModelLoadError, SpecError, TokenizerError, UnsupportedCheckpointError)
 from monitor.failpoints import failpoint
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow
 
 DEFAULT_STATUSES = ("gated", "fetched")
 MAX_ATTEMPTS = 3
@@ -67,12 +68,12 @@ class JobResult:
         return dict(self.__dict__)
 
 
-Worker = Callable[[dict[str, Any]], Outcome]
+Worker = Callable[[CheckpointRow], Outcome]
 
 
 def claim_next(store: Store, owner: str, now: datetime, lease_s: float = DEFAULT_LEASE_S,
                statuses: Sequence[str] = DEFAULT_STATUSES, max_attempts: int = MAX_ATTEMPTS,
-               exclude: Sequence[int] = ()) -> dict[str, Any] | None:
+               exclude: Sequence[int] = ()) -> CheckpointRow | None:
     """Lease the oldest claimable row (unleased, or its lease expired); None if there is none.
 
     Rows that already used `max_attempts` are failed on the way ("gave up after 3
@@ -109,7 +110,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def settle(store: Store, job: dict[str, Any], owner: str, work: Callable[[], Outcome], *,
+def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outcome], *,
            now_fn: Callable[[], datetime] = utcnow,
            max_attempts: int = MAX_ATTEMPTS) -> tuple[JobResult, bool]:
     """Run `work` for a claimed `job` and record what happened; (the job's result, whether
@@ -125,37 +126,38 @@ def settle(store: Store, job: dict[str, Any], owner: str, work: Callable[[], Out
     try:
         outcome = work()
     except SKIP_ERRORS as exc:
-        held = complete(store, job["id"], owner, "skipped", {"error": type(exc).__name__},
+        held = complete(store, job.id, owner, "skipped", {"error": type(exc).__name__},
                         reason=_reason(exc), now=now_fn())
     except PERMANENT_ERRORS as exc:
-        held = complete(store, job["id"], owner, "failed", {"error": type(exc).__name__},
+        held = complete(store, job.id, owner, "failed", {"error": type(exc).__name__},
                         reason=_reason(exc), now=now_fn())
     except HubError as exc:  # the Hub's fault: no attempt used, and stop asking it
         hub_down = True
-        held = release(store, job["id"], owner, f"waiting for the Hub: {_reason(exc)}",
+        held = release(store, job.id, owner, f"waiting for the Hub: {_reason(exc)}",
                        now=now_fn(), max_attempts=max_attempts, refund=True) is not None
     except Exception as exc:  # retryable: the lease goes back, attempts decide
-        held = release(store, job["id"], owner, _reason(exc), now=now_fn(),
+        held = release(store, job.id, owner, _reason(exc), now=now_fn(),
                        max_attempts=max_attempts) is not None
     else:
         failpoint("before_complete")
-        held = complete(store, job["id"], owner, outcome.status, outcome.meta,
+        held = complete(store, job.id, owner, outcome.status, outcome.meta,
                         reason=outcome.reason, now=now_fn(), write=outcome.write)
-    row = store.get_checkpoint(job["id"]) or {"status": "gone", "reason": None}
-    return JobResult(job["id"], job["repo"], job["sha"], job["attempts"], row["status"], row["reason"],
+    row = store.get_checkpoint(job.id)
+    status, reason = (row.status, row.reason) if row is not None else ("gone", None)
+    return JobResult(job.id, job.repo, job.sha, job.attempts, status, reason,
                      lease_lost=not held), hub_down
 
 
 def claim_batch(store: Store, owner: str, *, now_fn: Callable[[], datetime] = utcnow,
                 lease_s: float = DEFAULT_LEASE_S, limit: int | None = None,
                 statuses: Sequence[str] = DEFAULT_STATUSES,
-                max_attempts: int = MAX_ATTEMPTS) -> list[dict[str, Any]]:
+                max_attempts: int = MAX_ATTEMPTS) -> list[CheckpointRow]:
     """Lease up to `limit` jobs at once (a backend that runs several together); each one is
     then finished with `settle`."""
-    claimed: list[dict[str, Any]] = []
+    claimed: list[CheckpointRow] = []
     while limit is None or len(claimed) < limit:
         job = claim_next(store, owner, now_fn(), lease_s, statuses, max_attempts,
-                         exclude=[j["id"] for j in claimed])
+                         exclude=[j.id for j in claimed])
         if job is None:
             break
         failpoint("after_claim")
@@ -169,7 +171,7 @@ def process_pending(store: Store, worker: Worker, *, owner: str,
                     max_attempts: int = MAX_ATTEMPTS) -> list[JobResult]:
     """Claim and run jobs until none is left (or `limit` jobs ran).
 
-    The worker gets the claimed row (a dict with id, repo, sha, status, attempts, meta, ...)
+    The worker gets the claimed row (a `CheckpointRow`: id, repo, sha, status, attempts, meta, ...)
     and returns an `Outcome`; `settle` records what happened. A HubError ends the run (the
     Hub is down).
     """

@@ -17,7 +17,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import PolicyError
+from monitor.files import FileKind
 from monitor.yamlio import load_yaml_file
+
+RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
 
 
 # -- watch rules ---------------------------------------------------------------------------
@@ -163,7 +166,7 @@ def load_watch_rules(path: str | Path) -> list[WatchRule]:
     """
     path = Path(path)
     try:
-        data = load_yaml_file(path)
+        data = load_yaml_file(path, what=RULES_FILE)
     except PolicyError as exc:
         raise PolicyError(f"not valid YAML: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict) or "watch" not in data:

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import LabError, PolicyError
-from monitor.files import read_policy_bytes
+from monitor.files import FileKind, NotJsonError, read_bounded_json
 
 __all__ = ["LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
            "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
@@ -33,6 +33,7 @@ METRIC_NAMES = ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain", "bits_pe
                 "unigram_bits_per_byte", "bpb_minus_unigram")
 # A lab run has at most a few thousand checkpoints (a few KiB each); far larger is not one.
 LAB_MAX_BYTES = 64 << 20
+LAB_RECORD = FileKind("lab.json", "lab records", "JSON")
 
 
 class _Strict(BaseModel):
@@ -182,14 +183,11 @@ def load_lab_with_sha256(path: str | Path) -> tuple[LabRecord, str]:
     if not path.exists():
         raise LabError(f"no lab record at {path}", hint="run `lstar lab run --out DIR` first")
     try:  # a regular file of bounded size, read without blocking (a FIFO cannot hang us)
-        raw = read_policy_bytes(path, str(path), limit=LAB_MAX_BYTES)
+        data, raw = read_bounded_json(path, str(path), what=LAB_RECORD, limit=LAB_MAX_BYTES)
     except PolicyError as exc:
-        raise LabError(exc.message.replace("not a policy file", "not a lab.json"),
-                       hint="pass the lab.json a lab run wrote") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise LabError(f"{path} is not valid JSON: {' '.join(str(exc).split())[:200]}",
+        raise LabError(exc.message, hint="pass the lab.json a lab run wrote") from None
+    except NotJsonError as exc:
+        raise LabError(f"{path} is not valid JSON: {str(exc)[:200]}",
                        hint="regenerate it with `lstar lab run`") from None
     return parse_lab(data, where=str(path)), hashlib.sha256(raw).hexdigest()
 

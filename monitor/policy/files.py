@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from monitor.errors import PolicyError
-from monitor.files import read_policy_bytes
+from monitor.files import read_bounded_bytes
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 
@@ -39,7 +39,7 @@ def policy_fingerprint(paths: Sequence[Path]) -> str:
     for path in paths:
         digest.update(str(path).encode() + b"\0")
         try:
-            digest.update(b"+" + read_policy_bytes(path, str(path)))
+            digest.update(b"+" + read_bounded_bytes(path, str(path)))
         except PolicyError as exc:
             digest.update(b"!" + exc.message.encode())
         digest.update(b"\0")

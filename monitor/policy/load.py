@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from monitor.curves.artifact import load_curve
 from monitor.errors import LstarError, PolicyError
-from monitor.files import read_policy_text
+from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
 from monitor.yamlio import compose, construct, format_key_path, node_line, validation_lines
 
@@ -144,7 +144,7 @@ def load_policy(path: str | Path, *, check_curves: bool = True) -> Policy:
     path = Path(path)
     label = str(path)
     try:
-        text = read_policy_text(path, label)
+        text = read_bounded_text(path, label)
         loaded = parse_policy(text, label, path=path)
         errors = _cross_reference_errors(loaded, label, check_curves=check_curves)
     except PolicyError:

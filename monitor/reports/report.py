@@ -36,6 +36,7 @@ from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
+from monitor.store.rows import CheckpointRow, ReportScoreRow
 
 SCHEMA = "lstar-report/1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -72,8 +73,8 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
 
-def _known_checkpoints(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(c["repo"], c["sha"]): c for c in store.list_checkpoints()}
+def _known_checkpoints(store: Store) -> dict[tuple[str, str], CheckpointRow]:
+    return {(c.repo, c.sha): c for c in store.list_checkpoints()}
 
 
 def _placement(row: Mapping[str, Any]) -> Placement:
@@ -93,23 +94,24 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     curves, problems = load_policy_curves(policy)
     corpus = public_corpus(policy, curves.values())
     known = _known_checkpoints(store)
-    runs = [r for r in store.report_score_runs(corpus) if watches(policy, r["repo"], r["rule"])]
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    runs = [r for r in store.report_score_runs(corpus) if watches(policy, r.repo, r.rule)]
+    latest: dict[tuple[str, str], ReportScoreRow] = {}
     for r in runs:  # oldest first: the newest run of each commit wins
-        latest[(r["repo"], r["commit_sha"])] = r
+        latest[(r.repo, r.commit_sha)] = r
     by_lineage: dict[str, list[dict[str, Any]]] = {}
     for r in latest.values():
-        tcb = r["tcb"] or {}
-        meta = (known.get((r["repo"], r["commit_sha"])) or {}).get("meta")
-        where = place(r["refs"], meta, r["discovered_at"], r["finished_at"])
-        by_lineage.setdefault(r["lineage"], []).append({
-            "lineage": r["lineage"], "repo": r["repo"], "commit": r["commit_sha"], "refs": r["refs"],
-            "checkpoint": checkpoint_name(r["repo"], r["commit_sha"], r["refs"]),
+        tcb = r.tcb or {}
+        checkpoint = known.get((r.repo, r.commit_sha))
+        meta = checkpoint.meta if checkpoint is not None else None
+        where = place(r.refs, meta, r.discovered_at, r.finished_at)
+        by_lineage.setdefault(r.lineage, []).append({
+            "lineage": r.lineage, "repo": r.repo, "commit": r.commit_sha, "refs": r.refs,
+            "checkpoint": checkpoint_name(r.repo, r.commit_sha, r.refs),
             "step": where.step, "released_at": where.time, "time_source": where.time_source,
-            "run_id": r["run_id"], "tokenizer": r["tokenizer_fingerprint"], "lstar": r["lstar"],
-            "se": r["se_ce"], "ce": r["ce"], "ce_unigram": r["ce_unigram"],
-            "bits_per_byte": r["bits_per_byte"], "n_tokens": int(r["n_tokens"]),
-            "finished_at": r["finished_at"], "new": _in_period(r["finished_at"], period_start, now),
+            "run_id": r.run_id, "tokenizer": r.tokenizer_fingerprint, "lstar": r.lstar,
+            "se": r.se_ce, "ce": r.ce, "ce_unigram": r.ce_unigram,
+            "bits_per_byte": r.bits_per_byte, "n_tokens": int(r.n_tokens),
+            "finished_at": r.finished_at, "new": _in_period(r.finished_at, period_start, now),
             "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
                                                    "n_positions")} if tcb else None})
     table, families, order = [], {}, {}
@@ -126,39 +128,40 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     def name_of(repo: str, commit: str) -> str:
         if (repo, commit) not in names:
-            names[(repo, commit)] = checkpoint_name(repo, commit, (known.get((repo, commit)) or {}).get("refs") or [])
+            checkpoint = known.get((repo, commit))
+            names[(repo, commit)] = checkpoint_name(repo, commit, checkpoint.refs if checkpoint is not None else [])
         return names[(repo, commit)]
 
-    predictions = [p for p in store.report_predictions(policy.name) if p["task"] in curves]
+    predictions = [p for p in store.report_predictions(policy.name) if p.task in curves]
     tasks, crossings = [], []
     for task in policy.tasks:
         curve = curves.get(task.name)
         if curve is None:
             continue
-        rows = [p for p in predictions if p["task"] == task.name]
+        rows = [p for p in predictions if p.task == task.name]
         preds_by_lineage: dict[str, list[dict[str, Any]]] = {}
         for p in rows:
-            preds_by_lineage.setdefault(p["lineage"], []).append(p)
+            preds_by_lineage.setdefault(p.lineage, []).append(p)
         current = []
         for lineage, preds in sorted(preds_by_lineage.items()):
             previous = None
             for p in preds:  # crossings are the alerts' state changes, in the order they were seen
-                if p["state"] != previous and _in_period(p["evaluated_at"], period_start, now):
-                    crossings.append({"task": task.name, "lineage": lineage, "repo": p["repo"],
-                                      "commit": p["commit_sha"], "checkpoint": name_of(p["repo"], p["commit_sha"]),
-                                      "from": previous, "to": p["state"], "lstar": p["lstar"],
-                                      "at": p["evaluated_at"]})
-                previous = p["state"]
+                if p.state != previous and _in_period(p.evaluated_at, period_start, now):
+                    crossings.append({"task": task.name, "lineage": lineage, "repo": p.repo,
+                                      "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),
+                                      "from": previous, "to": p.state, "lstar": p.lstar,
+                                      "at": p.evaluated_at})
+                previous = p.state
             # The current state is that of the lineage's last checkpoint in training order (its
             # newest prediction), not of whichever checkpoint happened to be scored last.
-            newest = {(p["repo"], p["commit_sha"]): p for p in preds}
-            last = max(newest.values(), key=lambda p: (order.get((p["repo"], p["commit_sha"]), -1),
-                                                        p["evaluated_at"]))
-            current.append({"lineage": lineage, "repo": last["repo"], "commit": last["commit_sha"],
-                            "checkpoint": name_of(last["repo"], last["commit_sha"]),
-                            "state": last["state"], "lstar": last["lstar"], "se": last["se"],
-                            "p_hat": last["p_hat"], "lo": last["lo"], "hi": last["hi"],
-                            "threshold": last["threshold"], "evaluated_at": last["evaluated_at"]})
+            newest = {(p.repo, p.commit_sha): p for p in preds}
+            last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
+                                                        p.evaluated_at))
+            current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
+                            "checkpoint": name_of(last.repo, last.commit_sha),
+                            "state": last.state, "lstar": last.lstar, "se": last.se,
+                            "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
+                            "threshold": last.threshold, "evaluated_at": last.evaluated_at})
         margin = task.margin if task.margin is not None else curve.margin
         warnings = [w.as_dict() for w in curve_warnings(curve)]
         unresolved = [w["message"] for w in warnings if w["unresolved"]]
@@ -172,15 +175,15 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
             "threshold_resolved": not unresolved, "curve_warnings": warnings,
             "lineages": current,
-            "new_points": [{"lstar": p["lstar"], "p_hat": p["p_hat"], "lo": p["lo"], "hi": p["hi"],
-                            "state": p["state"], "lineage": p["lineage"], "repo": p["repo"],
-                            "commit": p["commit_sha"], "checkpoint": name_of(p["repo"], p["commit_sha"])}
-                           for p in rows if _in_period(p["evaluated_at"], period_start, now)
-                           and p["p_hat"] is not None]})
+            "new_points": [{"lstar": p.lstar, "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
+                            "state": p.state, "lineage": p.lineage, "repo": p.repo,
+                            "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha)}
+                           for p in rows if _in_period(p.evaluated_at, period_start, now)
+                           and p.p_hat is not None]})
 
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    discovered = [c for c in known.values() if watches(policy, c["repo"], c["rule"])
-                  and _in_period(c["discovered_at"], period_start, now)]
+    discovered = [c for c in known.values() if watches(policy, c.repo, c.rule)
+                  and _in_period(c.discovered_at, period_start, now)]
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
     return {
@@ -189,9 +192,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "summary": {"new_checkpoints": len(discovered), "new_scores": sum(r["new"] for r in table),
                     "lineages": len(families), "at_risk": len(at_risk), "emerged": len(emerged),
                     "crossings": len(crossings)},
-        "new_checkpoints": [{"repo": c["repo"], "commit": c["sha"], "refs": c["refs"],
-                             "checkpoint": name_of(c["repo"], c["sha"]), "status": c["status"],
-                             "reason": c["reason"], "discovered_at": c["discovered_at"]} for c in discovered],
+        "new_checkpoints": [{"repo": c.repo, "commit": c.sha, "refs": c.refs,
+                             "checkpoint": name_of(c.repo, c.sha), "status": c.status,
+                             "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "plots": [],
@@ -386,7 +389,7 @@ def remove_empty_folders(folders: Sequence[Path]) -> None:
 def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, Any]:
     """An ad-hoc report: the period since the policy's newest recorded report (any name), or
     the longest window of its reports (7 days without any)."""
-    ends = [r["period_end"] for r in store.reports(policy=policy.name, limit=1)]
+    ends = [r.period_end for r in store.reports(policy=policy.name, limit=1)]
     windows = [r.window for r in policy.reports] or [timedelta(days=7)]
     start = ends[0] if ends else now - max(windows)
     if start >= now:

@@ -40,7 +40,7 @@ def write_due_reports(store: Store, policies: Sequence[Policy], *, now: datetime
     for policy in policies:
         for spec in policy.reports:
             last = store.last_report(policy.name, spec.name)
-            last_end = last["period_end"] if last else None
+            last_end = last.period_end if last else None
             if next_due(spec, last_end, now) > now:
                 continue
             start = last_end if last_end is not None else now - spec.window

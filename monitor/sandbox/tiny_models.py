@@ -70,3 +70,19 @@ def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, *, arch: st
     model.save_pretrained(out_dir, safe_serialization=True)
     copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
+
+
+# The checkpoints of examples/calibrate/campaign.yaml: two families (architecture and
+# tokenizer), three checkpoints each that differ in how peaked their random predictions are.
+CALIBRATION_FAMILIES = (("llama", "llama", "gpt2"), ("neox", "gpt_neox", "gpt-neox"))
+CALIBRATION_STDS = (("a", 0.05), ("b", 0.15), ("c", 0.4))
+
+
+def build_calibration_checkpoints(out_dir: str | Path, tokenizers_dir: str | Path) -> list[Path]:
+    """Build the six tiny checkpoints the example campaign names (`out_dir/<family>-<a|b|c>`)."""
+    out = []
+    for family, arch, tokenizer in CALIBRATION_FAMILIES:
+        for i, (suffix, std) in enumerate(CALIBRATION_STDS):
+            out.append(build_tiny_model(Path(out_dir) / f"{family}-{suffix}", Path(tokenizers_dir) / tokenizer,
+                                        arch=arch, seed=i, init_std=std))
+    return out

@@ -17,6 +17,7 @@ from typing import Any
 
 from monitor.errors import CorpusError, PolicyError
 from monitor.jsonl import json_lines
+from monitor.files import FileKind
 from monitor.yamlio import load_yaml_file
 from monitor.scoring.corpus import (CANONICALIZATION, DOCUMENTS_FILE, MANIFEST_FILE, ORDER, SHA256_DEFINITION,
                                     SOURCES_FILE, Corpus, Document, canonicalize, decode_strict, load_corpus,
@@ -26,6 +27,7 @@ TEXT_SUFFIXES = (".txt", ".md", ".py")
 JSONL_SUFFIX = ".jsonl"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _RULES_KEYS = {"name", "version", "rules", "max_bytes", "unmatched"}
+SLICE_RULES_FILE = FileKind("slice rules file", "slice rules files", "YAML or JSON")
 _RULE_KEYS = {"glob", "slice", "source", "max_bytes"}
 
 
@@ -110,7 +112,7 @@ def load_slice_rules(path: str | Path) -> SliceRules:
     if not path.is_file():
         raise CorpusError(f"slice rules file {path} does not exist")
     try:  # the policy files' defences: bounded size and nesting, no tags, no alias bombs
-        data = load_yaml_file(path)
+        data = load_yaml_file(path, what=SLICE_RULES_FILE)
     except PolicyError as exc:
         raise CorpusError(f"not valid YAML/JSON: {exc.message}", hint=exc.hint) from None
     if not isinstance(data, dict):

@@ -193,7 +193,7 @@ class _Handler(GuardedHandler):
             limit = query.limit(None)
             with daemon.read_store() as store:
                 rows = store.list_checkpoints(status=query.one("status"), repo=query.one("repo"), limit=limit)
-            self._send(200, _json_bytes(rows))
+            self._send(200, _json_bytes([r.as_dict() for r in rows]))
         elif url.path == "/db/info":
             with daemon.read_store() as store:
                 self._send(200, _json_bytes(store.info()))
@@ -209,7 +209,8 @@ class _Handler(GuardedHandler):
         elif url.path == "/alerts":
             limit = query.limit(50)
             with daemon.read_store() as store:
-                self._send(200, _json_bytes(store.list_alerts(limit=limit, policy=query.one("policy"))))
+                self._send(200, _json_bytes([r.as_dict() for r in store.list_alerts(limit=limit,
+                                                                                      policy=query.one("policy"))]))
         elif alert is not None:
             with daemon.read_store() as store:
                 detail = store.alert_detail(int(alert.group(1)))
@@ -217,7 +218,7 @@ class _Handler(GuardedHandler):
                 error = DeliveryError(f"no alert with id {alert.group(1)}", hint="see `lstar alerts list`")
                 self._send(404, _error_body(error))
             else:
-                self._send(200, _json_bytes(detail))
+                self._send(200, _json_bytes(detail.as_dict()))
         else:  # /silences
 
             include_expired = query.choice("all", ("0", "1")) == "1"

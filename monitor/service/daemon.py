@@ -661,7 +661,7 @@ class Daemon:
         try:
             with self.read_store() as store:
                 counts = store.checkpoint_counts()
-                outages = [o for o in store.hub_outages() if o["ended_at"] is None]
+                outages = [o for o in store.hub_outages() if o.ended_at is None]
         except Exception as exc:
             # While the database is invalidated the rest of the status is what the operator needs.
             if is_database_invalidated(exc):
@@ -690,7 +690,7 @@ class Daemon:
                 "jobs": jobs, "stuck": self.stuck_jobs(),
                 "disk": {"error": self.disk_error, "history": self.disk_history},
                 "database": {"error": self.db_error, "history": self.db_history},
-                "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.items()}
+                "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.as_dict().items()}
                                 for o in outages]}
 
     def health(self) -> tuple[bool, list[str]]:

@@ -45,11 +45,12 @@ from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
 from monitor.scoring.engine import corpus_selection
 from monitor.store import Store, utcnow
+from monitor.store.rows import CheckpointRow, ScoredRunRef
 
 log = logging.getLogger("lstar.daemon")
 
 # A scorer turns a leased job and its verified snapshot into a score run (not yet written).
-Scorer = Callable[[dict[str, Any], Path], ScoredRun]
+Scorer = Callable[[CheckpointRow, Path], ScoredRun]
 
 
 def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner: str,
@@ -61,7 +62,7 @@ def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner
     With `stopping` given and true before a job starts, the job's lease and attempt go back
     and the run ends (it runs after the restart).
     """
-    def worker(job: dict[str, Any]) -> Outcome:
+    def worker(job: CheckpointRow) -> Outcome:
         if stopping is not None and stopping():
             raise HubError("the daemon stopped before this job started", hint="it runs after the restart")
         snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir, now_fn=now_fn)
@@ -75,15 +76,15 @@ def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner
     return process_pending(store, worker, owner=owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
 
 
-def _hub_info(job: dict[str, Any]) -> dict[str, Any]:
-    return {"repo": job["repo"], "sha": job["sha"], "source": "hub"}
+def _hub_info(job: CheckpointRow) -> dict[str, Any]:
+    return {"repo": job.repo, "sha": job.sha, "source": "hub"}
 
 
 def score_in_process(store: Store, template: ScoreRequest) -> Scorer:
     """Score in this process with the spec of `template`."""
-    def scorer(job: dict[str, Any], snapshot: Path) -> ScoredRun:
+    def scorer(job: CheckpointRow, snapshot: Path) -> ScoredRun:
         # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
-        request = replace(template, model=str(snapshot), checkpoint_id=job["id"],
+        request = replace(template, model=str(snapshot), checkpoint_id=job.id,
                           model_root=snapshot.parent.parent,
                           extra_model_info={**_hub_info(job), "path": str(snapshot)})
         return compute_score(prepare(request), store)
@@ -134,23 +135,24 @@ class JobBuilder:
         """What a score of this fetched checkpoint would measure: its weights and files digests
         (recorded by the fetch), the scoring options and the corpus selection; None when the
         Hub gave no content hash for some file (such a checkpoint is always scored)."""
-        meta = (self.store.get_checkpoint(checkpoint_id) or {}).get("meta") or {}
+        row = self.store.get_checkpoint(checkpoint_id)
+        meta = (row.meta if row is not None else None) or {}
         if not meta.get("weights_digest") or not meta.get("files_digest"):
             return None
         return {"weights_digest": meta["weights_digest"], "files_digest": meta["files_digest"],
                 "request_digest": self.request_digest(), "corpus_sha256": self.corpus_sha256()}
 
-    def build(self, job: dict[str, Any], snapshot: Path) -> tuple[ScoreJob, Path]:
+    def build(self, job: CheckpointRow, snapshot: Path) -> tuple[ScoreJob, Path]:
         """The job, and the flat copy of its snapshot (removed by the caller when done)."""
         corpus_sha = self.corpus_sha256()
-        flat = materialize_snapshot(snapshot, self.state_dir / "tmp" / f"checkpoint-{job['id']}")
-        request = replace(self.template, model=str(flat), checkpoint_id=job["id"],
+        flat = materialize_snapshot(snapshot, self.state_dir / "tmp" / f"checkpoint-{job.id}")
+        request = replace(self.template, model=str(flat), checkpoint_id=job.id,
                           extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
         try:
             memory = estimate_memory(flat, dtype=request.dtype, device=request.device)
         except (LayoutError, OSError):
             memory = None   # the loader refuses such a checkpoint with the reason
-        score_job = ScoreJob(checkpoint_id=job["id"], repo=job["repo"], sha=job["sha"], request=request,
+        score_job = ScoreJob(checkpoint_id=job.id, repo=job.repo, sha=job.sha, request=request,
                              corpus_sha256=corpus_sha, memory_bytes=memory,
                              baselines=tuple(self.store.baselines_for_corpus(corpus_sha)))
         return score_job, flat
@@ -187,31 +189,31 @@ def outcome_to_queue(store: Store, outcome: ScoreOutcome, key: dict[str, str] | 
                    write=write)
 
 
-def linked_outcome(store: Store, job: dict[str, Any], source: dict[str, Any], key: dict[str, str],
+def linked_outcome(store: Store, job: CheckpointRow, source: ScoredRunRef, key: dict[str, str],
                    now_fn: Callable[[], datetime]) -> Outcome:
     """The job's score as a copy of `source`, a run that measured the same weights, files,
     options and corpus: no forward pass; the new run names the one it was copied from."""
-    run = store.score_run(source["run_id"])
+    run = store.score_run(source.run_id)
     if run is None:
-        raise RuntimeError(f"score run {source['run_id']} vanished before it could be linked")
+        raise RuntimeError(f"score run {source.run_id} vanished before it could be linked")
     run_id = uuid.uuid4().hex
     log.info("%s@%s has the same weights and files as checkpoint %s: score linked to run %s",
-             job["repo"], str(job["sha"])[:12], source["checkpoint_id"], source["run_id"][:8])
-    return Outcome("scored", meta={"run_id": run_id, "lstar": run["lstar"], "se": run["se_ce"],
-                                   "corpus_sha256": run["corpus_sha256"],
-                                   "linked_from_run_id": source["run_id"],
-                                   "linked_from_checkpoint_id": source["checkpoint_id"]},
+             job.repo, str(job.sha)[:12], source.checkpoint_id, source.run_id[:8])
+    return Outcome("scored", meta={"run_id": run_id, "lstar": run.lstar, "se": run.se_ce,
+                                   "corpus_sha256": run.corpus_sha256,
+                                   "linked_from_run_id": source.run_id,
+                                   "linked_from_checkpoint_id": source.checkpoint_id},
                    write=lambda conn: store.link_score_run(conn, source, run_id=run_id, checkpoint=job, key=key,
                                                            now=now_fn()))
 
 
-def _give_back(store: Store, job: dict[str, Any], owner: str, reason: str,
+def _give_back(store: Store, job: CheckpointRow, owner: str, reason: str,
                now_fn: Callable[[], datetime]) -> JobResult:
     """Return a job's lease and its attempt: it did not run, through no fault of its own."""
-    held = release(store, job["id"], owner, reason, now=now_fn(), refund=True) is not None
-    row = store.get_checkpoint(job["id"]) or {"status": "gone", "reason": None}
-    return JobResult(job["id"], job["repo"], job["sha"], job["attempts"], row["status"], row["reason"],
-                     lease_lost=not held)
+    held = release(store, job.id, owner, reason, now=now_fn(), refund=True) is not None
+    row = store.get_checkpoint(job.id)
+    status, why = (row.status, row.reason) if row is not None else ("gone", None)
+    return JobResult(job.id, job.repo, job.sha, job.attempts, status, why, lease_lost=not held)
 
 
 def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBackend, template: ScoreRequest,
@@ -229,14 +231,14 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
     builder = JobBuilder(store, template, state_dir)
     results: list[JobResult] = []
-    ready: dict[int, tuple[dict[str, Any], Path, dict[str, str] | None]] = {}
+    ready: dict[int, tuple[CheckpointRow, Path, dict[str, str] | None]] = {}
     jobs: list[ScoreJob] = []
     # Jobs whose content an earlier job of this batch scores: linked to it once it is done.
     leaders: dict[tuple[str, ...], int] = {}
-    followers: list[tuple[dict[str, Any], dict[str, str], int]] = []
+    followers: list[tuple[CheckpointRow, dict[str, str], int]] = []
     hub_down = False
 
-    def settle_with(job: dict[str, Any], work: Callable[[], Outcome]) -> bool:
+    def settle_with(job: CheckpointRow, work: Callable[[], Outcome]) -> bool:
         result, down = settle(store, job, owner, work, now_fn=now_fn)
         results.append(result)
         return down
@@ -249,7 +251,7 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
                 continue
             try:
                 snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir, now_fn=now_fn)
-                key = builder.content_key(job["id"])
+                key = builder.content_key(job.id)
                 source = store.scored_run_with(key) if key is not None else None
                 if source is None and key is not None and tuple(key.values()) in leaders:
                     followers.append((job, key, leaders[tuple(key.values())]))
@@ -264,8 +266,8 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
                                                                                          now_fn))
                 continue
             if key is not None:
-                leaders[tuple(key.values())] = job["id"]
-            ready[job["id"]] = (job, flat, key)
+                leaders[tuple(key.values())] = job.id
+            ready[job.id] = (job, flat, key)
             jobs.append(score_job)
         try:
             for outcome in backend.run(jobs):

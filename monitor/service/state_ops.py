@@ -49,7 +49,7 @@ def retry_dead_letters(store: Store, ident: str, *, now: datetime) -> list[str]:
         detail = store.alert_detail(int(ident))
         if detail is None:
             raise DeliveryError(f"no alert with id {ident}", hint="see `lstar alerts list`")
-        ids = [n["id"] for n in detail["notifications"]]
+        ids = [n.id for n in detail.notifications]
     done = store.requeue_notifications(ids, now=now)
     if not done:
         raise DeliveryError(f"nothing to retry for {ident}: no dead-lettered notification",

@@ -11,18 +11,21 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
+from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
+                                EvaluationCandidateRow, FiringAlertRow, LatestScoreRow, LineageHistory,
+                                NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
 
 
 class AlertRows(StoreConnection):
     """Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
 
-    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str) -> list[dict[str, Any]]:
+    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str) -> list[EvaluationCandidateRow]:
         """Score runs on `corpus_sha256` that (policy, task) has not evaluated, oldest first.
 
         Each row has run_id, repo, commit_sha, lstar, se, corpus_sha256, finished_at, lineage
         (the checkpoint's, else the repo) and rule (the watch rule that found it, if any).
         """
-        return self.query(
+        rows = self.query(
             "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.lstar, "
             "r.se_ce AS se, r.corpus_sha256, r.finished_at, coalesce(c.lineage, r.model_repo) AS lineage, "
             "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
@@ -30,15 +33,16 @@ class AlertRows(StoreConnection):
             "WHERE r.corpus_sha256 = ? AND NOT EXISTS (SELECT 1 FROM predictions p WHERE "
             "p.policy = ? AND p.task = ? AND p.run_id = r.run_id) ORDER BY r.finished_at, r.run_id",
             [corpus_sha256, policy, task])
+        return [EvaluationCandidateRow.from_row(r) for r in rows]
 
-    def latest_score(self, repo: str, commit_sha: str, corpus_sha256: str) -> dict[str, Any] | None:
+    def latest_score(self, repo: str, commit_sha: str, corpus_sha256: str) -> LatestScoreRow | None:
         """The newest score run of (repo, commit) on a corpus, or None."""
         rows = self.query("SELECT run_id, lstar, se_ce AS se, finished_at FROM score_runs WHERE "
                           "model_repo = ? AND model_sha = ? AND corpus_sha256 = ? "
                           "ORDER BY finished_at DESC, run_id DESC LIMIT 1", [repo, commit_sha, corpus_sha256])
-        return rows[0] if rows else None
+        return LatestScoreRow.from_row(rows[0]) if rows else None
 
-    def lineage_history(self, policy: str, task: str, lineage: str) -> dict[str, Any]:
+    def lineage_history(self, policy: str, task: str, lineage: str) -> LineageHistory:
         """What alert decisions for (policy, task, lineage) depend on.
 
         state: the last evaluated state (None if never); last_firing: the newest firing alert
@@ -57,10 +61,9 @@ class AlertRows(StoreConnection):
             "AND a.lineage = ? AND d.status != 'silenced' GROUP BY d.receiver", [policy, task, lineage])
         last = None
         if firing:
-            last = {**firing[0], "labels": json.loads(firing[0]["labels"])}
-        return {"state": state[0]["state"] if state else None, "last_firing": last,
-                "receivers": {r["receiver"]: {"last_firing_at": r["last_firing_at"],
-                                              "last_resolved_at": r["last_resolved_at"]} for r in rows}}
+            last = FiringAlertRow.from_row({**firing[0], "labels": json.loads(firing[0]["labels"])})
+        return LineageHistory(state=state[0]["state"] if state else None, last_firing=last,
+                              receivers={r.pop("receiver"): ReceiverSends.from_row(r) for r in rows})
 
     _PREDICTION_COLUMNS = ("policy", "task", "run_id", "repo", "commit_sha", "lineage", "corpus_sha256",
                            "lstar", "se", "p_hat", "lo", "hi", "threshold", "state", "curve_id",
@@ -121,7 +124,7 @@ class AlertRows(StoreConnection):
         self.checkpoint()
         return counts
 
-    def pending_deliveries(self) -> list[dict[str, Any]]:
+    def pending_deliveries(self) -> list[PendingDeliveryRow]:
         """Deliveries not yet put into a notification, with their alert's labels, oldest first."""
         rows = self.query(
             "SELECT d.id, d.alert_id, d.policy, d.receiver, d.group_key, d.group_labels, d.group_wait_s,"
@@ -130,7 +133,7 @@ class AlertRows(StoreConnection):
         for r in rows:
             r["labels"] = json.loads(r["labels"])
             r["group_labels"] = json.loads(r["group_labels"])
-        return rows
+        return [PendingDeliveryRow.from_row(r) for r in rows]
 
     def set_deliveries_status(self, delivery_ids: Sequence[int], status: str, *, now: datetime,
                               reason: str | None = None, silence_id: str | None = None) -> int:
@@ -144,56 +147,50 @@ class AlertRows(StoreConnection):
                 f"WHERE id IN ({marks}) AND status = 'pending'",
                 [status, reason, silence_id, now, *delivery_ids]).fetchone()[0])
 
-    def alerts_by_id(self, alert_ids: Sequence[int]) -> list[dict[str, Any]]:
+    def alerts_by_id(self, alert_ids: Sequence[int]) -> list[AlertRow]:
         """Alert rows (JSON decoded) in the order of `alert_ids`."""
+        return [AlertRow.from_row(r) for r in self._alert_columns(alert_ids)]
+
+    def _alert_columns(self, alert_ids: Sequence[int]) -> list[dict[str, Any]]:
         if not alert_ids:
             return []
         marks = ", ".join("?" for _ in alert_ids)
-        rows = {r["id"]: r for r in self.query(f"SELECT * FROM alerts WHERE id IN ({marks})", list(alert_ids))}
-        out = []
-        for i in alert_ids:
-            r = dict(rows[i])
-            for c in ("labels", "annotations", "numbers"):
-                r[c] = json.loads(r[c])
-            out.append(r)
-        return out
+        rows = {r["id"]: r for r in self.query_json(f"SELECT * FROM alerts WHERE id IN ({marks})", list(alert_ids),
+                                                    ("labels", "annotations", "numbers"))}
+        return [rows[i] for i in alert_ids]
 
     # reading alerts back (lstar alerts list|show|retry)
-    def list_alerts(self, *, limit: int = 50, policy: str | None = None) -> list[dict[str, Any]]:
+    def list_alerts(self, *, limit: int = 50, policy: str | None = None) -> list[AlertSummaryRow]:
         """Newest alerts first, each with a `deliveries` summary [{receiver, status, reason}]."""
         where, params = ("WHERE a.policy = ?", [policy]) if policy else ("", [])
         rows = self.query(f"SELECT a.id, a.created_at, a.kind, a.policy, a.task, a.repo, a.commit_sha, "
                           f"a.state, a.status FROM alerts a {where} ORDER BY a.created_at DESC, a.id DESC "
                           f"LIMIT ?", [*params, limit])
         ids = [r["id"] for r in rows]
+        per: dict[int, list[DeliverySummaryRow]] = {}
         if ids:
             marks = ", ".join("?" for _ in ids)
-            per: dict[int, list[dict[str, Any]]] = {}
             for d in self.query(f"SELECT alert_id, receiver, status, reason, notification_id FROM deliveries "
                                 f"WHERE alert_id IN ({marks}) ORDER BY id", ids):
-                per.setdefault(d.pop("alert_id"), []).append(d)
-            for r in rows:
-                r["deliveries"] = per.get(r["id"], [])
-        return rows
+                per.setdefault(d.pop("alert_id"), []).append(DeliverySummaryRow.from_row(d))
+        return [AlertSummaryRow.from_row({**r, "deliveries": per.get(r["id"], [])}) for r in rows]
 
-    def alert_detail(self, alert_id: int) -> dict[str, Any] | None:
+    def alert_detail(self, alert_id: int) -> AlertDetailRow | None:
         """One alert with its prediction, deliveries, notifications and every attempt."""
-        found = self.query("SELECT id FROM alerts WHERE id = ?", [alert_id])
-        if not found:
+        if not self.query("SELECT id FROM alerts WHERE id = ?", [alert_id]):
             return None
-        alert = self.alerts_by_id([alert_id])[0]
-        alert["deliveries"] = self.query("SELECT * FROM deliveries WHERE alert_id = ? ORDER BY id", [alert_id])
-        ids = sorted({d["notification_id"] for d in alert["deliveries"] if d["notification_id"]})
-        alert["notifications"] = []
-        for nid in ids:
+        alert = self._alert_columns([alert_id])[0]
+        deliveries = [DeliveryRow.from_row(d) for d in
+                      self.query("SELECT * FROM deliveries WHERE alert_id = ? ORDER BY id", [alert_id])]
+        notifications = []
+        for nid in sorted({d.notification_id for d in deliveries if d.notification_id}):
             n = self.query("SELECT id, receiver, status, attempts, next_attempt_at, last_error, dead_reason, "
                            "created_at, delivered_at FROM notifications WHERE id = ?", [nid])[0]
-            n["attempts_log"] = self.delivery_attempts(nid)
-            alert["notifications"].append(n)
-        pred = self.query("SELECT * FROM predictions WHERE id = ?", [alert["prediction_id"]]) \
+            notifications.append(NotificationAttemptsRow.from_row({**n, "attempts_log": self.delivery_attempts(nid)}))
+        pred = self.query_json("SELECT * FROM predictions WHERE id = ?", [alert["prediction_id"]], ("detail",)) \
             if alert["prediction_id"] is not None else []
-        alert["prediction"] = {**pred[0], "detail": json.loads(pred[0]["detail"])} if pred else None
-        return alert
+        return AlertDetailRow.from_row({**alert, "deliveries": deliveries, "notifications": notifications,
+                                        "prediction": PredictionRow.from_row(pred[0]) if pred else None})
 
     # -- operator alerts (raised by the daemon itself) ------------------------------------------
     def raise_operator_alerts(self, alerts: Sequence[Mapping[str, Any]], *, now: datetime,

@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
+from monitor.store.rows import CheckpointRow
 
 
 class CheckpointRows(StoreConnection):
@@ -21,14 +22,14 @@ class CheckpointRows(StoreConnection):
                            "lease_expires_at", "meta")
 
     @staticmethod
-    def _decode_checkpoint(row: Mapping[str, Any]) -> dict[str, Any]:
+    def _decode_checkpoint(row: Mapping[str, Any]) -> CheckpointRow:
         out = dict(row)
         out["refs"] = json.loads(out["refs"]) if out.get("refs") else []
         out["meta"] = json.loads(out["meta"]) if out.get("meta") else {}
-        return out
+        return CheckpointRow.from_row(out)
 
     def list_checkpoints(self, *, status: str | None = None, repo: str | None = None,
-                         limit: int | None = None) -> list[dict[str, Any]]:
+                         limit: int | None = None) -> list[CheckpointRow]:
         """Checkpoint rows (refs and meta decoded), oldest discovery first."""
         clauses, params = [], []
         if status is not None:
@@ -43,7 +44,7 @@ class CheckpointRows(StoreConnection):
                           f"ORDER BY discovered_at, id {tail}", params)
         return [self._decode_checkpoint(r) for r in rows]
 
-    def get_checkpoint(self, checkpoint_id: int) -> dict[str, Any] | None:
+    def get_checkpoint(self, checkpoint_id: int) -> CheckpointRow | None:
         """One checkpoint row by id (refs and meta decoded), or None."""
         rows = self.query(f"SELECT {', '.join(self._CHECKPOINT_COLUMNS)} FROM checkpoints "
                           "WHERE id = ?", [checkpoint_id])
@@ -70,7 +71,7 @@ class CheckpointRows(StoreConnection):
 
     def claim_checkpoint(self, owner: str, *, now: datetime, lease_s: float,
                          statuses: Sequence[str], max_attempts: int,
-                         exclude: Sequence[int] = ()) -> dict[str, Any] | None:
+                         exclude: Sequence[int] = ()) -> CheckpointRow | None:
         """Lease the oldest row in `statuses` that is unleased or whose lease expired.
 
         Compare-and-set in one transaction: attempts += 1, lease_owner, lease_expires_at.

@@ -1,9 +1,10 @@
 """The DuckDB state file: opening it, transactions, applying the migrations, retention.
 
-One process writes the file; readers open it read-only. Every migration
-(`monitor.store.migrations`) runs in one transaction together with its record in
-`schema_migrations`, so a crash mid-migration leaves the previous version intact. DDL happens only here, at start-up, and is followed by
-a CHECKPOINT (a WAL holding DDL has failed to replay after unclean exits).
+One process writes the file; readers open it read-only. Every migration (an SQL file of
+`monitor.store.migrations`) runs in one transaction together with its record in
+`schema_migrations`, so a crash mid-migration leaves the previous version intact. DDL happens
+only here, at start-up, and is followed by a CHECKPOINT (a WAL holding DDL has failed to replay
+after unclean exits).
 """
 
 from __future__ import annotations

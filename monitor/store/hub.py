@@ -10,19 +10,18 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
+from monitor.store.rows import HubOutageRow, HubPollRow, HubStateRow, WatermarkRow
 
 
 class HubRows(StoreConnection):
     """Hub rows: watermarks, the poll log, the client's circuit state, and outages."""
 
     # -- hub: watermarks, poll log, circuit state, outages ---------------------------------
-    def get_watermark(self, rule_key: str) -> dict[str, Any] | None:
-        """The watermark of a watch rule: {last_modified, boundary: [repo ids]}, or None."""
-        rows = self.query("SELECT last_modified, boundary FROM hub_watermarks WHERE rule_key = ?",
-                          [rule_key])
-        if not rows:
-            return None
-        return {"last_modified": rows[0]["last_modified"], "boundary": json.loads(rows[0]["boundary"])}
+    def get_watermark(self, rule_key: str) -> WatermarkRow | None:
+        """The watermark of a watch rule (last_modified, boundary: [repo ids]), or None."""
+        rows = self.query_json("SELECT last_modified, boundary FROM hub_watermarks WHERE rule_key = ?",
+                               [rule_key], ("boundary",))
+        return WatermarkRow.from_row(rows[0]) if rows else None
 
     def _insert_hub_poll(self, conn: duckdb.DuckDBPyConnection, rule_key: str, rule_name: str, *,
                          now: datetime, ok: bool, listed: int, new: int, requests: int,
@@ -76,18 +75,19 @@ class HubRows(StoreConnection):
         self.checkpoint()
         return inserted
 
-    def hub_polls(self, *, limit: int = 100) -> list[dict[str, Any]]:
+    def hub_polls(self, *, limit: int = 100) -> list[HubPollRow]:
         """Recent rule polls, newest first."""
-        return self.query("SELECT * FROM hub_polls ORDER BY id DESC LIMIT ?", [limit])
+        return [HubPollRow.from_row(r) for r in self.query("SELECT * FROM hub_polls ORDER BY id DESC LIMIT ?",
+                                                            [limit])]
 
     _HUB_STATE_FIELDS = ("consecutive_failures", "circuit_open_until", "blocked_until",
                          "last_error", "last_success_at")
 
-    def get_hub_state(self, endpoint: str) -> dict[str, Any] | None:
+    def get_hub_state(self, endpoint: str) -> HubStateRow | None:
         """Circuit and rate-limit state of a Hub endpoint, or None if never recorded."""
         rows = self.query(f"SELECT {', '.join(self._HUB_STATE_FIELDS)} FROM hub_state "
                           "WHERE endpoint = ?", [endpoint])
-        return rows[0] if rows else None
+        return HubStateRow.from_row(rows[0]) if rows else None
 
     def put_hub_state(self, endpoint: str, state: Mapping[str, Any], *, now: datetime) -> None:
         """Save the circuit and rate-limit state of a Hub endpoint."""
@@ -118,10 +118,10 @@ class HubRows(StoreConnection):
             conn.execute("UPDATE hub_outages SET ended_at = ? WHERE endpoint = ? AND ended_at IS NULL",
                          [now, endpoint])
 
-    def hub_outages(self, *, unalerted_only: bool = False) -> list[dict[str, Any]]:
+    def hub_outages(self, *, unalerted_only: bool = False) -> list[HubOutageRow]:
         """Outage rows, oldest first; `unalerted_only` gives those awaiting the meta-alert."""
         where = "WHERE alerted_at IS NULL" if unalerted_only else ""
-        return self.query(f"SELECT * FROM hub_outages {where} ORDER BY id")
+        return [HubOutageRow.from_row(r) for r in self.query(f"SELECT * FROM hub_outages {where} ORDER BY id")]
 
     def mark_hub_outage_alerted(self, outage_id: int, *, now: datetime) -> bool:
         """Compare-and-set alerted_at, so one outage yields one meta-alert."""

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.store.connection import StoreConnection, utcnow
+from monitor.store.rows import EvalRunRow, LabelRow
 
 
 class LabelRows(StoreConnection):
@@ -50,7 +51,7 @@ class LabelRows(StoreConnection):
         return inserted
 
     def labels(self, *, task: str | None = None, metric: str | None = None,
-               repo: str | None = None) -> list[dict[str, Any]]:
+               repo: str | None = None) -> list[LabelRow]:
         """Stored labels, oldest first, optionally of one task, metric or repo."""
         where, params = [], []
         for column, value in (("task", task), ("metric", metric), ("repo", repo)):
@@ -58,10 +59,11 @@ class LabelRows(StoreConnection):
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = "SELECT * FROM labels" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-        return self.query_json(sql, params, ("details",))
+        return [LabelRow.from_row(row) for row in self.query_json(sql, params, ("details",))]
 
-    def eval_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """Recent evaluation runs, newest first."""
+    def eval_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[EvalRunRow]:
+        """Recent evaluation runs, newest first (metrics and model decoded)."""
         where, params = ("WHERE model_repo = ?", [model_repo]) if model_repo else ("", [])
-        return self.query_json(f"SELECT * FROM eval_runs {where} ORDER BY finished_at DESC LIMIT ?",
+        rows = self.query_json(f"SELECT * FROM eval_runs {where} ORDER BY finished_at DESC LIMIT ?",
                                [*params, limit], ("metrics", "model"))
+        return [EvalRunRow.from_row(row) for row in rows]

@@ -12,6 +12,8 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
+from monitor.store.rows import (DeliveryAttemptRow, DueNotificationRow, EndpointRow, NotificationRow,
+                                SilenceRow)
 
 
 class _LostRace(Exception):
@@ -56,15 +58,16 @@ class NotificationRows(StoreConnection):
              notification["group_key"], notification["body"], notification["n_alerts"],
              notification["is_meta"], now, now, now])
 
-    def due_notifications(self, now: datetime) -> list[dict[str, Any]]:
+    def due_notifications(self, now: datetime) -> list[DueNotificationRow]:
         """Pending notifications whose next attempt is due and that no live lease holds."""
-        return self.query(
+        rows = self.query(
             "SELECT id, policy, receiver, attempts, next_attempt_at, created_at FROM notifications "
             "WHERE status = 'pending' AND next_attempt_at <= ? AND (lease_owner IS NULL OR "
             "lease_expires_at <= ?) ORDER BY next_attempt_at, created_at, id", [now, now])
+        return [DueNotificationRow.from_row(r) for r in rows]
 
     def claim_notification(self, notification_id: str, owner: str, *, now: datetime,
-                           lease_s: float) -> dict[str, Any] | None:
+                           lease_s: float) -> NotificationRow | None:
         """Lease one due notification (compare-and-set; attempts += 1) and return it.
 
         A lease left by a process that died is taken over, and the attempt it was making is
@@ -76,8 +79,7 @@ class NotificationRows(StoreConnection):
                 self._lease_notification(conn, notification_id, owner, now, lease_s)
         except _LostRace:
             return None
-        rows = self.query("SELECT * FROM notifications WHERE id = ?", [notification_id])
-        return rows[0] if rows else None
+        return self.notification(notification_id)
 
     def _lease_notification(self, conn: duckdb.DuckDBPyConnection, notification_id: str, owner: str,
                             now: datetime, lease_s: float) -> None:
@@ -179,19 +181,16 @@ class NotificationRows(StoreConnection):
                              "WHERE notification_id = ?", [silence_id, now, notification_id])
         return n == 1
 
-    def notification(self, notification_id: str) -> dict[str, Any] | None:
-        """One notification row (body decoded), or None."""
+    def notification(self, notification_id: str) -> NotificationRow | None:
+        """One notification row, or None."""
         rows = self.query("SELECT * FROM notifications WHERE id = ?", [notification_id])
-        if not rows:
-            return None
-        row = dict(rows[0])
-        row["body"] = json.loads(row["body"])
-        return row
+        return NotificationRow.from_row(rows[0]) if rows else None
 
-    def notifications(self, *, status: str | None = None) -> list[dict[str, Any]]:
-        """Notification rows (body left as JSON text), oldest first."""
+    def notifications(self, *, status: str | None = None) -> list[NotificationRow]:
+        """Notification rows, oldest first."""
         where, params = ("WHERE status = ?", [status]) if status else ("", [])
-        return self.query(f"SELECT * FROM notifications {where} ORDER BY created_at, id", params)
+        rows = self.query(f"SELECT * FROM notifications {where} ORDER BY created_at, id", params)
+        return [NotificationRow.from_row(r) for r in rows]
 
     def attempt_times(self, policy: str, receiver: str, *, since: datetime) -> list[datetime]:
         """Start times of sends through a receiver since `since` (the rate limit counts these)."""
@@ -200,10 +199,11 @@ class NotificationRows(StoreConnection):
             "AND outcome != 'lease_expired' ORDER BY started_at", [policy, receiver, since]).fetchall()
         return [r[0] for r in rows]
 
-    def delivery_attempts(self, notification_id: str | None = None) -> list[dict[str, Any]]:
+    def delivery_attempts(self, notification_id: str | None = None) -> list[DeliveryAttemptRow]:
         """Every recorded attempt (of one notification), oldest first."""
         where, params = ("WHERE notification_id = ?", [notification_id]) if notification_id else ("", [])
-        return self.query(f"SELECT * FROM delivery_attempts {where} ORDER BY id", params)
+        rows = self.query(f"SELECT * FROM delivery_attempts {where} ORDER BY id", params)
+        return [DeliveryAttemptRow.from_row(r) for r in rows]
 
     # endpoints (per policy receiver): disabled on 410, blocked while throttled
     def _put_endpoint(self, conn: duckdb.DuckDBPyConnection, policy: str, receiver: str,
@@ -219,10 +219,10 @@ class NotificationRows(StoreConnection):
             conn.execute("UPDATE endpoints SET blocked_until = ?, updated_at = ? WHERE policy = ? AND "
                          "receiver = ?", [change["blocked_until"], now, policy, receiver])
 
-    def endpoint(self, policy: str, receiver: str) -> dict[str, Any] | None:
+    def endpoint(self, policy: str, receiver: str) -> EndpointRow | None:
         """Disabled/blocked state of a receiver, or None when nothing was ever recorded."""
         rows = self.query("SELECT * FROM endpoints WHERE policy = ? AND receiver = ?", [policy, receiver])
-        return rows[0] if rows else None
+        return EndpointRow.from_row(rows[0]) if rows else None
 
     def enable_endpoint(self, policy: str, receiver: str, *, now: datetime) -> bool:
         """Clear a receiver's disabled mark (after the operator fixed it); True if it was disabled."""
@@ -243,16 +243,15 @@ class NotificationRows(StoreConnection):
                           silence["created_at"]])
         return str(silence["id"])
 
-    def silences(self, *, active_at: datetime | None = None) -> list[dict[str, Any]]:
+    def silences(self, *, active_at: datetime | None = None) -> list[SilenceRow]:
         """Silences (matchers decoded), newest first; `active_at` keeps those active then."""
         where, params = "", []
         if active_at is not None:
             where = ("WHERE starts_at <= ? AND ends_at > ? AND (expired_at IS NULL OR expired_at > ?)")
             params = [active_at, active_at, active_at]
-        rows = self.query(f"SELECT * FROM silences {where} ORDER BY created_at DESC, id", params)
-        for r in rows:
-            r["matchers"] = json.loads(r["matchers"])
-        return rows
+        rows = self.query_json(f"SELECT * FROM silences {where} ORDER BY created_at DESC, id", params,
+                               ("matchers",))
+        return [SilenceRow.from_row(r) for r in rows]
 
     def expire_silence(self, silence_id: str, *, now: datetime) -> bool:
         """End a silence now; False when no unexpired silence has that id."""

@@ -7,13 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from monitor.store.connection import StoreConnection
+from monitor.store.rows import PredictionRow, ReportRow, ReportScoreRow
 
 
 class ReportRows(StoreConnection):
     """Governance-report rows, and the score runs and predictions a report reads."""
 
     # -- governance reports ---------------------------------------------------------------------
-    def report_score_runs(self, corpus_sha256: str | None) -> list[dict[str, Any]]:
+    def report_score_runs(self, corpus_sha256: str | None) -> list[ReportScoreRow]:
         """Score runs (on one corpus, or all), oldest first, with their checkpoint's lineage,
         rule, refs and discovery time (JSON columns decoded)."""
         where, params = ("WHERE r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
@@ -27,18 +28,20 @@ class ReportRows(StoreConnection):
         for row in rows:
             row["tcb"] = json.loads(row["tcb"]) if row["tcb"] else None
             row["refs"] = json.loads(row["refs"]) if row["refs"] else []
-        return rows
+        return [ReportScoreRow.from_row(row) for row in rows]
 
-    def report_predictions(self, policy: str) -> list[dict[str, Any]]:
+    def report_predictions(self, policy: str) -> list[PredictionRow]:
         """Every prediction of a policy, oldest first (detail decoded)."""
-        return self.query_json("SELECT * FROM predictions WHERE policy = ? ORDER BY evaluated_at, id", [policy],
+        rows = self.query_json("SELECT * FROM predictions WHERE policy = ? ORDER BY evaluated_at, id", [policy],
                                ("detail",))
+        return [PredictionRow.from_row(row) for row in rows]
 
-    def last_report(self, policy: str, name: str) -> dict[str, Any] | None:
+    def last_report(self, policy: str, name: str) -> ReportRow | None:
         """The newest recorded report of (policy, report name), or None."""
-        rows = self.query("SELECT * FROM reports WHERE policy = ? AND name = ? "
-                          "ORDER BY period_end DESC, id DESC LIMIT 1", [policy, name])
-        return rows[0] if rows else None
+        rows = self.query_json("SELECT * FROM reports WHERE policy = ? AND name = ? "
+                               "ORDER BY period_end DESC, id DESC LIMIT 1", [policy, name],
+                               ("summary", "deliveries"))
+        return ReportRow.from_row(rows[0]) if rows else None
 
     def record_report(self, report: Mapping[str, Any]) -> int | None:
         """Record a written report; None when (policy, name, period_end) is already recorded."""
@@ -58,8 +61,9 @@ class ReportRows(StoreConnection):
             conn.execute("UPDATE reports SET deliveries = ? WHERE id = ?",
                          [json.dumps(list(deliveries), sort_keys=True, default=str), report_id])
 
-    def reports(self, *, policy: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    def reports(self, *, policy: str | None = None, limit: int = 50) -> list[ReportRow]:
         """Recorded reports, newest first (summary and deliveries decoded)."""
         where, params = ("WHERE policy = ?", [policy]) if policy else ("", [])
-        return self.query_json(f"SELECT * FROM reports {where} ORDER BY period_end DESC, id DESC LIMIT ?",
+        rows = self.query_json(f"SELECT * FROM reports {where} ORDER BY period_end DESC, id DESC LIMIT ?",
                                [*params, limit], ("summary", "deliveries"))
+        return [ReportRow.from_row(row) for row in rows]

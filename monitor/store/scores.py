@@ -11,6 +11,8 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection, utcnow
+from monitor.store.rows import (CheckpointRow, CheckpointScoreRow, ScoreDocumentRow, ScoredRunRef,
+                                ScoreRunRow)
 
 
 class ScoreRows(StoreConnection):
@@ -109,19 +111,21 @@ class ScoreRows(StoreConnection):
         conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)",
                          [[run["run_id"], *doc] for doc in documents])
 
-    def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[ScoreRunRow]:
         """Recent score runs, newest first."""
         where, params = ("WHERE model_repo = ?", [model_repo]) if model_repo else ("", [])
-        return self.query(f"SELECT * FROM score_runs {where} ORDER BY finished_at DESC LIMIT ?",
+        rows = self.query(f"SELECT * FROM score_runs {where} ORDER BY finished_at DESC LIMIT ?",
                           [*params, limit])
+        return [ScoreRunRow.from_row(r) for r in rows]
 
-    def score_documents(self, run_id: str) -> list[dict[str, Any]]:
+    def score_documents(self, run_id: str) -> list[ScoreDocumentRow]:
         """Per-document rows of one run, in corpus order of insertion."""
-        return self.query("SELECT doc_id, slice, n_tokens, nll, n_bytes FROM score_documents "
+        rows = self.query("SELECT doc_id, slice, n_tokens, nll, n_bytes FROM score_documents "
                           "WHERE run_id = ? ORDER BY rowid", [run_id])
+        return [ScoreDocumentRow.from_row(r) for r in rows]
 
     def score_runs_for_checkpoint(self, repo: str, sha: str | None = None, *,
-                                  corpus_sha256: str | None = None) -> list[dict[str, Any]]:
+                                  corpus_sha256: str | None = None) -> list[CheckpointScoreRow]:
         """Score runs of a checkpoint (all commits of the repo when sha is None), newest first,
         with what joining labels needs: L*, its SE, raw CE, corpus, spec and model info."""
         where, params = ["model_repo = ?"], [repo]
@@ -131,15 +135,16 @@ class ScoreRows(StoreConnection):
         if corpus_sha256:
             where.append("corpus_sha256 = ?")
             params.append(corpus_sha256)
-        return self.query_json(
+        rows = self.query_json(
             "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
             "prefix_policy, lstar, se_ce, ce, model, finished_at FROM score_runs WHERE "
             + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
+        return [CheckpointScoreRow.from_row(r) for r in rows]
 
-    def score_run(self, run_id: str) -> dict[str, Any] | None:
+    def score_run(self, run_id: str) -> ScoreRunRow | None:
         """One score run by id, or None."""
         rows = self.query("SELECT * FROM score_runs WHERE run_id = ?", [run_id])
-        return rows[0] if rows else None
+        return ScoreRunRow.from_row(rows[0]) if rows else None
 
     # -- identical weights ---------------------------------------------------------------
     def insert_score_digest(self, conn: duckdb.DuckDBPyConnection, run_id: str, checkpoint_id: int | None,
@@ -151,34 +156,34 @@ class ScoreRows(StoreConnection):
                      [run_id, checkpoint_id, key["weights_digest"], key["files_digest"], key["request_digest"],
                       key["corpus_sha256"], linked_from_run_id, linked_from_checkpoint_id, utcnow()])
 
-    def scored_run_with(self, key: Mapping[str, str]) -> dict[str, Any] | None:
+    def scored_run_with(self, key: Mapping[str, str]) -> ScoredRunRef | None:
         """The first run (not itself a link) that measured exactly `key`, or None."""
         rows = self.query(
             "SELECT d.run_id, d.checkpoint_id FROM score_digests d JOIN score_runs r ON r.run_id = d.run_id "
             "WHERE d.weights_digest = ? AND d.files_digest = ? AND d.request_digest = ? AND d.corpus_sha256 = ? "
             "AND d.linked_from_run_id IS NULL ORDER BY r.finished_at, d.run_id LIMIT 1",
             [key["weights_digest"], key["files_digest"], key["request_digest"], key["corpus_sha256"]])
-        return rows[0] if rows else None
+        return ScoredRunRef.from_row(rows[0]) if rows else None
 
-    def link_score_run(self, conn: duckdb.DuckDBPyConnection, source: Mapping[str, Any], *, run_id: str,
-                       checkpoint: Mapping[str, Any], key: Mapping[str, str], now: datetime) -> None:
+    def link_score_run(self, conn: duckdb.DuckDBPyConnection, source: ScoredRunRef, *, run_id: str,
+                       checkpoint: CheckpointRow, key: Mapping[str, str], now: datetime) -> None:
         """Record `checkpoint`'s score as a copy of run `source` (same weights, files, options and
         corpus), inside a transaction the caller holds: the run row with this checkpoint's repo
         and sha, its per-document rows, and the link naming the source."""
-        src = source["run_id"]
+        src = source.run_id
         row = conn.execute("SELECT model FROM score_runs WHERE run_id = ?", [src]).fetchone()
         if row is None:
             raise StoreError(f"score run {src} to link to is missing")
-        model = {**json.loads(row[0]), "repo": checkpoint["repo"], "sha": checkpoint["sha"],
-                 "linked_from": {"run_id": src, "checkpoint_id": source.get("checkpoint_id")}}
+        model = {**json.loads(row[0]), "repo": checkpoint.repo, "sha": checkpoint.sha,
+                 "linked_from": {"run_id": src, "checkpoint_id": source.checkpoint_id}}
         columns = [c for c in self.SCORE_RUN_COLUMNS
                    if c not in ("run_id", "checkpoint_id", "model_repo", "model_sha", "model", "finished_at")]
         conn.execute(
             f"INSERT INTO score_runs (run_id, checkpoint_id, model_repo, model_sha, model, finished_at, "
             f"{', '.join(columns)}) SELECT ?, ?, ?, ?, ?, ?, {', '.join(columns)} FROM score_runs WHERE run_id = ?",
-            [run_id, checkpoint["id"], checkpoint["repo"], checkpoint["sha"], json.dumps(model, sort_keys=True),
+            [run_id, checkpoint.id, checkpoint.repo, checkpoint.sha, json.dumps(model, sort_keys=True),
              now, src])
         conn.execute("INSERT INTO score_documents SELECT ?, doc_id, slice, n_tokens, nll, n_bytes "
                      "FROM score_documents WHERE run_id = ? ORDER BY rowid", [run_id, src])
-        self.insert_score_digest(conn, run_id, checkpoint["id"], key, linked_from_run_id=src,
-                                 linked_from_checkpoint_id=source.get("checkpoint_id"))
+        self.insert_score_digest(conn, run_id, checkpoint.id, key, linked_from_run_id=src,
+                                 linked_from_checkpoint_id=source.checkpoint_id)

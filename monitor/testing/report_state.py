@@ -154,7 +154,7 @@ def build_report_state(folder: Path, *, scrambled: bool = True) -> ReportState:
         runs.append((T0 + timedelta(hours=scored), "org/neox-small", label, lstar, se))
     store.record_discoveries("rule-key", "watch", "http://hub.invalid", candidates, watermark=None, boundary=[],
                              now=T0 + timedelta(hours=4, minutes=30), requests=1, listed=len(candidates))
-    ids = {(c["repo"], c["sha"]): c["id"] for c in store.list_checkpoints()}
+    ids = {(c.repo, c.sha): c.id for c in store.list_checkpoints()}
     for n, (when, repo, label, lstar, se) in enumerate(sorted(runs)):
         sha = shas[(repo, label)]
         run, tokenizer = _score_run(f"run{n:02d}", repo, sha, ids[(repo, sha)], lstar, se, when)

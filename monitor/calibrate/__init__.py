@@ -1,0 +1,14 @@
+"""`lstar calibrate`: build task curves from reference checkpoints in one resumable run.
+
+`campaign` reads the campaign file, `plan` lists its jobs and which are done, `evaluate`
+runs the tasks on a loaded checkpoint, `runner` drives the jobs, and `outputs` fits,
+validates and writes the curves and the validation report.
+"""
+
+from monitor.calibrate.campaign import Campaign, load_campaign, parse_campaign
+from monitor.calibrate.outputs import CampaignOutputs, CurveOutcome
+from monitor.calibrate.plan import Plan, build_plan
+from monitor.calibrate.runner import CampaignResult, JobFailure, run_campaign
+
+__all__ = ["Campaign", "CampaignOutputs", "CampaignResult", "CurveOutcome", "JobFailure", "Plan", "build_plan",
+           "load_campaign", "parse_campaign", "run_campaign"]

@@ -1,0 +1,447 @@
+"""`lstar calibrate`: the example campaign over six tiny checkpoints, killed twice and resumed,
+its curves checked against an independent score and evaluation and accepted by `policy check`;
+imported results; bad campaign files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.cli import main
+from monitor.curves import curve_warnings, load_curve
+from monitor.scoring import ScoreRequest, load_corpus, score_checkpoint
+from monitor.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "calibrate" / "campaign.yaml"
+NAMES = ("llama-a", "llama-b", "llama-c", "neox-a", "neox-b", "neox-c")
+
+
+def _runs(db: Path) -> tuple[set[str], set[str]]:
+    """Ids of the stored score runs and evaluation runs."""
+    with Store.open(db, read_only=True) as store:
+        scores = {r.run_id for r in store.score_runs(limit=1000)}
+        evals = {r.run_id for r in store.eval_runs(limit=1000)}
+    return scores, evals
+
+
+def _calibrate_killed(campaign: Path, after_jobs: int) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LSTAR_FAILPOINT": f"calibrate_after_jobs={after_jobs}"}
+    return subprocess.run([sys.executable, "-m", "monitor.cli", "calibrate", str(campaign), "--quiet"],
+                          env=env, capture_output=True, text=True, timeout=900)
+
+
+def run_json(capsys: Any, *argv: str) -> tuple[int, Any, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if code == 0 and "--json" in argv else captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> dict[str, Path]:
+    """The example campaign as checked in, in a checkout-like folder beside ../shared, with
+    the six checkpoints it names built by the sandbox builder."""
+    from monitor.sandbox.tiny_models import build_calibration_checkpoints
+
+    root = tmp_path_factory.mktemp("calib")
+    (root / "shared").symlink_to(shared_dir)
+    folder = root / "repo" / "examples" / "calibrate"
+    folder.mkdir(parents=True)
+    campaign = folder / "campaign.yaml"
+    shutil.copyfile(EXAMPLE, campaign)
+    build_calibration_checkpoints(folder / "models", shared_dir / "tokenizers")
+    return {"campaign": campaign, "folder": folder, "out": folder / "out" / "tiny-cloze",
+            "db": folder / "out" / "tiny-cloze" / "calibrate.duckdb"}
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(layout: dict[str, Path]) -> dict[str, Any]:
+    """Kill the campaign after 3 jobs (mid-scoring), then after 5 more (3 scores, 2
+    evaluations), then let it finish; record the stored runs after each stage."""
+    first = _calibrate_killed(layout["campaign"], 3)
+    after_first = _runs(layout["db"])
+    second = _calibrate_killed(layout["campaign"], 5)
+    after_second = _runs(layout["db"])
+    code = main(["calibrate", str(layout["campaign"]), "--json", "--quiet"])
+    return {"first": first, "second": second, "after_first": after_first, "after_second": after_second,
+            "final_code": code, "final": _runs(layout["db"])}
+
+
+def test_a_killed_campaign_resumes_without_redoing_finished_jobs(killed_and_resumed: dict[str, Any]) -> None:
+    k = killed_and_resumed
+    assert k["first"].returncode == -9, k["first"].stderr[-2000:]
+    assert k["second"].returncode == -9, k["second"].stderr[-2000:]
+    (s1, e1), (s2, e2), (s3, e3) = k["after_first"], k["after_second"], k["final"]
+    assert (len(s1), len(e1)) == (3, 0)
+    # The second run scored only the other three and evaluated two; the first three stay.
+    assert len(s2) == 6 and s1 < s2 and len(e2) == 2
+    assert k["final_code"] == 0
+    # The last run scored nothing and evaluated only the four left: no run twice.
+    assert s3 == s2 and len(e3) == 6 and e2 < e3
+
+
+def test_the_curves_hold_an_independent_score_and_evaluation(killed_and_resumed: dict[str, Any],
+                                                             layout: dict[str, Path], shared_dir: Path) -> None:
+    from monitor.curves import evaluate_checkpoint
+
+    assert killed_and_resumed["final_code"] == 0
+    curves = {p.name: load_curve(p) for p in sorted((layout["out"] / "curves").glob("*.json"))}
+    assert set(curves) == {"cloze-v0.acc.json", "cloze-v0.prob_correct.json"}
+    corpus = load_corpus(shared_dir / "corpus" / "calib-v0").select(every=36)
+    model = layout["folder"] / "models" / "neox-b"
+    # `lstar score` of one checkpoint, outside the campaign, with the campaign's settings.
+    scored = score_checkpoint(ScoreRequest(model=str(model), corpus_dir=shared_dir / "corpus" / "calib-v0",
+                                           every=36, max_context=128, dtype="float32", device="cpu",
+                                           with_tcb=False, progress=False), db_path=None)
+    evaluation = evaluate_checkpoint(str(model), shared_dir / "tasks" / "cloze-v0.jsonl", limit=16,
+                                     dtype="float32", device="cpu")
+    for name, curve in curves.items():
+        assert curve.corpus_sha256 == corpus.sha256
+        assert curve.scoring_spec is not None and curve.scoring_spec.describe() == \
+            "lstar-score/1:window=128,stride=64,prefix=bos"
+        assert curve.families == ["llama", "neox"] and curve.n_checkpoints == 6
+        points = {p.checkpoint: p for p in curve.points}
+        assert sorted(points) == sorted(NAMES)
+        assert {p.family for n, p in points.items() if n.startswith("neox")} == {"neox"}
+        point = points["neox-b"]
+        assert math.isclose(point.x, scored["lstar"], rel_tol=0, abs_tol=1e-12)
+        assert point.value == pytest.approx(evaluation.result.metrics[curve.metric][0], abs=1e-12)
+        assert curve.baseline == pytest.approx(0.25) and curve.margin == 0.05
+        assert curve.lofo is not None and curve.bootstrap.resamples == 200
+
+
+def test_the_report_carries_the_lofo_table_and_the_curves_warnings(killed_and_resumed: dict[str, Any],
+                                                                    layout: dict[str, Path]) -> None:
+    assert killed_and_resumed["final_code"] == 0
+    report = json.loads((layout["out"] / "validation.json").read_text())
+    markdown = (layout["out"] / "validation.md").read_text()
+    assert len(report["curves"]) == 2
+    for entry in report["curves"]:
+        curve = load_curve(entry["path"])
+        assert entry["summary"]["curve_id"] == curve.curve_id
+        # The report's LOFO table is `curves validate`'s with the fit's seed and resamples:
+        # the same rows the artifact stores.
+        assert entry["lofo"]["rows"] == [r.model_dump() for r in curve.lofo.rows]
+        assert [w["message"] for w in entry["warnings"]] == [w.message for w in curve_warnings(curve)]
+        resolved = not any(w.unresolved for w in curve_warnings(curve))
+        assert entry["summary"]["threshold_resolved"] is resolved
+        assert f"## cloze-v0 · {curve.metric}" in markdown
+        for w in curve_warnings(curve):
+            assert w.message in markdown
+    assert "| L* |" in markdown and "| raw CE |" in markdown
+
+
+def test_the_written_curves_pass_policy_check(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert killed_and_resumed["final_code"] == 0
+    curve = load_curve(layout["out"] / "curves" / "cloze-v0.acc.json")
+    policy = layout["out"] / "policy.yaml"
+    policy.write_text(f"""\
+name: tiny-cloze
+corpora: {{public: {curve.corpus_sha256}}}
+tasks:
+  - {{name: cloze-acc, curve: curves/cloze-v0.acc.json, confidence: 0.9}}
+  - {{name: cloze-prob, curve: curves/cloze-v0.prob_correct.json}}
+route: {{receiver: log}}
+receivers:
+  - {{name: log, file: {{path: alerts.jsonl}}}}
+""")
+    code = main(["policy", "check", str(policy)])
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip() == f"SUCCESS {policy}"
+
+
+def test_a_finished_campaign_reruns_nothing_and_refits_the_same_curves(
+        killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert killed_and_resumed["final_code"] == 0
+    before = {p.name: load_curve(p).curve_id for p in (layout["out"] / "curves").glob("cloze-v0.*.json")}
+    code, summary, _ = run_json(capsys, "calibrate", str(layout["campaign"]), "--json", "--quiet")
+    assert code == 0
+    assert summary["scored"] == [] and summary["evaluated"] == [] and summary["failures"] == []
+    assert {Path(c["path"]).name: c["curve_id"] for c in summary["curves"]} == before
+    assert _runs(layout["db"]) == killed_and_resumed["final"]
+
+
+def _results_file(folder: Path, repo: str, sha: str, acc: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results_2026-01-01T00-00-00.json").write_text(json.dumps({
+        "results": {"toy_mc": {"acc,none": acc, "acc_stderr,none": 0.02}},
+        "n-samples": {"toy_mc": {"original": 500, "effective": 500}},
+        "model_name": repo, "config": {"model_sha": sha}}))
+
+
+def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A results task added to the finished campaign: only the import runs, and the curve's
+    points are the files' values at the campaign's own L*."""
+    assert killed_and_resumed["final_code"] == 0
+    with Store.open(layout["db"], read_only=True) as store:
+        runs = {Path(r.model_repo).name: r for r in store.score_runs(limit=100)}
+    values = {}
+    for name, run in runs.items():
+        # Accuracy rising as L* falls, so the curve crosses inside the data.
+        values[name] = round(0.25 + 0.5 / (1.0 + math.exp(4.0 * (run.lstar - 6.0))), 6)
+        _results_file(layout["folder"] / "results" / name, run.model_repo, run.model_sha, values[name])
+    _results_file(layout["folder"] / "results" / "stranger", "org/other", "f" * 40, 0.5)
+    campaign = layout["folder"] / "with-results.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "tasks:\n", "tasks:\n  - {results: results, baseline: 0.25, metrics: [acc]}\n"))
+    code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    assert summary["scored"] == [] and summary["evaluated"] == []
+    assert summary["imported_labels"] == 6
+    assert summary["skipped_results"] == [f"org/other@ffffffffffff (toy_mc/acc) in "
+                                          f"{layout['folder'] / 'results' / 'stranger'}/results_2026-01-01T00-00-00.json"]
+    curve = load_curve(layout["out"] / "curves" / "toy_mc.acc.json")
+    assert {p.checkpoint: (p.x, p.value) for p in curve.points} == \
+        {name: (runs[name].lstar, values[name]) for name in NAMES}
+    assert curve.families == ["llama", "neox"]
+
+
+LM_TASK = """\
+task: toy_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+target_delimiter: ""
+metric_list:
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+"""
+
+
+def _naive_lm_eval_acc(model_dir: Path, items: list[dict[str, Any]]) -> float:
+    """Accuracy as lm-evaluation-harness computes it for a causal model: per option, the summed
+    log-probabilities of its tokens after the context, no prefix token; one forward pass each."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.curves.evaluator import encode_pair
+    from monitor.scoring import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(model_dir).tokenizer
+    correct = 0
+    for item in items:
+        scores = []
+        for choice in item["choices"]:
+            ctx, cont = encode_pair(tokenizer, item["context"], choice)
+            ids = ctx + cont
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+            scores.append(sum(float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)))
+        correct += int(max(range(len(scores)), key=scores.__getitem__) == item["answer"])
+    return correct / len(items)
+
+
+def test_an_lm_eval_task_runs_on_the_loaded_checkpoints(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                                        shared_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An lm-eval task of one's own (`include`) added to the finished campaign: only its six
+    evaluations run, and each checkpoint's accuracy is what the harness's rule gives by hand."""
+    pytest.importorskip("lm_eval")
+    assert killed_and_resumed["final_code"] == 0
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    lines = (shared_dir / "tasks" / "cloze-v0.jsonl").read_text().splitlines()[:8]
+    tasks = tmp_path / "lm_tasks"
+    tasks.mkdir()
+    (tasks / "toy.jsonl").write_text("\n".join(lines) + "\n")
+    (tasks / "toy_cloze.yaml").write_text(LM_TASK.format(data=tasks / "toy.jsonl"))
+    campaign = layout["folder"] / "with-lm-eval.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "tasks:\n", f"tasks:\n  - {{lm_eval: toy_cloze, include: {tasks}, baseline: 0.25, metrics: [acc]}}\n"))
+    code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    assert summary["scored"] == [] and len(summary["evaluated"]) == 6
+    items = [json.loads(line) for line in lines]
+    expected = {name: _naive_lm_eval_acc(layout["folder"] / "models" / name, items) for name in NAMES}
+    with Store.open(layout["db"], read_only=True) as store:
+        stored = {Path(r.repo).name: r.value for r in store.labels(task="toy_cloze", metric="acc")}
+    assert stored == expected
+    curve = load_curve(layout["out"] / "curves" / "toy_cloze.acc.json")
+    assert {p.checkpoint: p.value for p in curve.points} == expected
+
+
+# -- bad campaign files: one line naming the file, the line and the key -------------------------
+GOOD = """\
+name: c
+corpus: {{dir: {corpus}}}
+checkpoints:
+  - {{ref: {model}, family: a}}
+  - {{ref: org/model@{sha}, family: b}}
+tasks:
+  - {{builtin: {task}}}
+fit: {{margin: 0.1}}
+output: out
+"""
+
+
+@pytest.mark.parametrize("edit, where, fragment", [
+    (("  - {ref: org/model@" + "a" * 40, "  - {ref: org/model@main"), ":5: checkpoints[1].ref:",
+     "'org/model@main' is not pinned; write org/model@<40-hex commit sha>"),
+    (("fit: {margin: 0.1}", "fit: {margin: 0.1, n_bot: 5}"), ":8: fit.n_bot:", "did you mean 'n_boot'?"),
+    (("fit: {margin: 0.1}", "fit: {margin: -1}"), ":8: fit.margin:", "greater than 0"),
+    (("fit: {margin: 0.1}", "fit: {}"), ":8: fit.margin:", "missing"),
+    (("  - {builtin: ", "  - {lm_eval: x, builtin: "), ":7: tasks[0]:", "exactly one of builtin, lm_eval or results"),
+    (("output: out\n", "output: out\nscoring: {backend: local, ray_address: x}\n"), ":10: scoring:",
+     "ray_address is set but backend is not 'ray'"),
+    (("family: b}", "family: a}"), ":3: checkpoints:", "at least 2 families"),
+    (("corpus: {dir: ", "corpus: {dir: /nonexistent"), ":2: corpus.dir:", "no corpus at"),
+    (("  - {ref: /", "  - {ref: /nonexistent"), ":4: checkpoints[0].ref:", "no folder"),
+    (("tasks:\n", "tasks:\n  - {results: r.json}\n"), ":7: tasks[0].results:", "no results file or folder 'r.json'"),
+    (("name: c\n", "name: c\nname: d\n"), ":2: name:", "duplicate key"),
+    (("name: c\n", "name: !!python/object:os.system c\n"), ":1: name:", "tag '!!python/object:os.system' is not allowed"),
+])
+def test_bad_campaign_files_give_one_line_naming_file_line_and_key(
+        edit: tuple[str, str], where: str, fragment: str, tmp_path: Path, shared_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    assert edit[0] in text
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text.replace(edit[0], edit[1], 1))
+    code = main(["calibrate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"error: {path}{where}") and err.count("\n") == 1, err
+    assert fragment in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_or_empty_campaign_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", str(tmp_path / "none.yaml")]) == 2
+    assert capsys.readouterr().err == f"error: no campaign file at {tmp_path / 'none.yaml'}; pass the path of a campaign YAML file\n"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert main(["calibrate", str(empty)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {empty}:1: the file is empty")
+
+
+def test_an_lm_eval_task_without_the_harness_names_the_task_and_the_install(
+        tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "lm_eval", None)   # import lm_eval raises ImportError
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text.replace("tasks:\n", "tasks:\n  - {lm_eval: arc_easy, baseline: 0.25}\n"))
+    code = main(["calibrate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"{path}: tasks[0]: lm_eval task 'arc_easy' needs lm-evaluation-harness" in err
+    assert 'pip install -e ".[bench]"' in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_campaign_without_ray_says_how_to_install_it(
+        tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)   # find_spec("ray") is None: not installed
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text + "scoring: {backend: ray, ray_address: '127.0.0.1:6379'}\n")
+    code = main(["calibrate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"{path}: scoring.backend: 'ray' needs the ray package" in err and 'pip install -e ".[ray]"' in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pinned_hub_checkpoint_joins_the_campaign(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
+                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Hub checkpoint (the fake Hub, pinned to its commit) added to the finished campaign:
+    it alone is fetched, scored and evaluated, and its runs record the repo and the sha."""
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import add_lineage
+
+    assert killed_and_resumed["final_code"] == 0
+    with FakeHub() as hub:
+        sha = add_lineage(hub, "demo-org/neox-ref", steps=(1000,), build_dir=tmp_path / "build", seed=77)["step1000"]
+        campaign = layout["folder"] / "with-hub.yaml"
+        campaign.write_text(EXAMPLE.read_text().replace(
+            "  - {ref: models/neox-c, family: neox}\n",
+            f"  - {{ref: models/neox-c, family: neox}}\n  - {{ref: demo-org/neox-ref@{sha}, family: hub}}\n")
+            + f"hub: {{endpoint: '{hub.url}', cache_dir: {tmp_path / 'cache'}}}\n")
+        code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    assert len(summary["scored"]) == 1 and len(summary["evaluated"]) == 1
+    with Store.open(layout["db"], read_only=True) as store:
+        run = store.score_run(summary["scored"][0])
+        evals = [r for r in store.eval_runs(limit=1000) if r.run_id == summary["evaluated"][0]]
+    assert (run.model_repo, run.model_sha, run.model_source) == ("demo-org/neox-ref", sha, "hub")
+    assert (evals[0].model_repo, evals[0].model_sha) == ("demo-org/neox-ref", sha)
+    curve = load_curve(layout["out"] / "curves" / "cloze-v0.acc.json")
+    points = {p.checkpoint: p for p in curve.points}
+    assert points[f"demo-org/neox-ref@{sha[:12]}"].x == run.lstar and curve.families == ["hub", "llama", "neox"]
+
+
+def test_a_broken_checkpoint_fails_its_jobs_and_keeps_the_rest(killed_and_resumed: dict[str, Any],
+                                                               layout: dict[str, Path],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A checkpoint whose weights are cut short: its score and evaluation fail with the reason,
+    the command exits non-zero before fitting, and what was stored stays as it was."""
+    assert killed_and_resumed["final_code"] == 0
+    broken = layout["folder"] / "models" / "broken"
+    shutil.copytree(layout["folder"] / "models" / "llama-a", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:4096])
+    before = _runs(layout["db"])
+    curves = {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")}
+    campaign = layout["folder"] / "with-broken.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "  - {ref: models/neox-c, family: neox}\n",
+        "  - {ref: models/neox-c, family: neox}\n  - {ref: models/broken, family: llama}\n"))
+    code = main(["calibrate", str(campaign), "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("error: 2 job(s) of campaign tiny-cloze failed; no curves were fitted") and err.count("\n") == 1
+    failed = [line for line in out.splitlines() if line.startswith("failed ")]
+    assert [line.split(":")[0] for line in failed] == ["failed score broken (models/broken)",
+                                                       "failed eval broken (models/broken) · cloze-v0"]
+    assert all("safetensors" in line for line in failed), failed
+    assert _runs(layout["db"]) == before
+    assert {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")} == curves
+
+
+def test_a_checkpoint_added_to_a_campaign_on_ray_is_scored_on_the_cluster(
+        killed_and_resumed: dict[str, Any], layout: dict[str, Path], shared_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The same campaign with `backend: ray` (a local Ray instance the run starts): only the
+    new checkpoint's score runs, through the Ray backend, and equals the in-process score."""
+    pytest.importorskip("ray")
+    from monitor.sandbox.tiny_models import build_tiny_model
+
+    assert killed_and_resumed["final_code"] == 0
+    model = build_tiny_model(layout["folder"] / "models" / "neox-d", shared_dir / "tokenizers" / "gpt-neox",
+                             arch="gpt_neox", seed=9, init_std=0.25)
+    campaign = layout["folder"] / "with-ray.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace("  backend: local\n", "  backend: ray\n").replace(
+        "  - {ref: models/neox-c, family: neox}\n", "  - {ref: models/neox-c, family: neox}\n"
+                                                     "  - {ref: models/neox-d, family: neox}\n"))
+    try:
+        code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    finally:
+        import ray
+
+        ray.shutdown()
+    assert code == 0, summary
+    assert len(summary["scored"]) == 1 and len(summary["evaluated"]) == 1
+    with Store.open(layout["db"], read_only=True) as store:
+        run = store.score_run(summary["scored"][0])
+    scored = score_checkpoint(ScoreRequest(model=str(model), corpus_dir=shared_dir / "corpus" / "calib-v0",
+                                           every=36, max_context=128, dtype="float32", device="cpu",
+                                           with_tcb=False, progress=False), db_path=None)
+    assert abs(run.lstar - scored["lstar"]) <= 1e-12
