@@ -273,14 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     from monitor.scoring.corpus import load_corpus
     from monitor.scoring.tokenizer import load_tokenizer
 
-    model_dir = args.model
-    if model_dir is None:
-        from monitor.scoring.smollm2 import ensure_smollm2
-
-        print("preparing SmolLM2-135M (converted once, then cached) ...", flush=True)
-        model_dir = ensure_smollm2()
-    model_dir = Path(model_dir).resolve()
-    model_config = json.loads((model_dir / "config.json").read_text())
+    model_dir, model_config = base.model_folder(args.model)
     corpus = load_corpus(args.corpus).select(every=args.every, first=args.limit)
     n_docs = len(corpus.documents)
 

@@ -611,6 +611,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def model_folder(model: str | Path | None) -> tuple[Path, dict[str, Any]]:
+    """The model folder to benchmark (default: SmolLM2-135M, converted once and cached) and
+    its config.json."""
+    if model is None:
+        from monitor.scoring.smollm2 import ensure_smollm2
+
+        print("preparing SmolLM2-135M (converted once, then cached) ...", flush=True)
+        model = ensure_smollm2()
+    folder = Path(model).resolve()
+    return folder, json.loads((folder / "config.json").read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -618,14 +630,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from monitor.scoring.corpus import load_corpus
 
-    model_dir = args.model
-    if model_dir is None:
-        from monitor.scoring.smollm2 import ensure_smollm2
-
-        print("preparing SmolLM2-135M (converted once, then cached) ...", flush=True)
-        model_dir = ensure_smollm2()
-    model_dir = Path(model_dir).resolve()
-    model_config = json.loads((model_dir / "config.json").read_text())
+    model_dir, model_config = model_folder(args.model)
     corpus = load_corpus(args.corpus)
     if args.docs is not None:
         corpus = corpus.select(first=args.docs)

@@ -320,6 +320,22 @@ def compose(text: str, label: str) -> yaml.Node | None:
     return root
 
 
+def compose_mapping(text: str, label: str, *, empty: str, keys: str = "") -> tuple[yaml.Node, dict[str, Any]]:
+    """The composed tree and constructed data of a file whose top level must be a mapping.
+
+    `empty` ends the message for an empty file ("a policy needs name, route and receivers");
+    `keys`, when given, names the expected top-level keys in the message for a non-mapping.
+    """
+    root = compose(text, label)
+    if root is None:
+        raise PolicyError(f"{label}:1: the file is empty; {empty}")
+    data = construct(root, label)
+    if not isinstance(data, dict):
+        raise PolicyError(f"{label}:{root.start_mark.line + 1}: expected a mapping at the top "
+                          f"level{keys}, got {type(data).__name__}")
+    return root, data
+
+
 def construct(root: yaml.Node, label: str) -> Any:
     """Python data from a checked node tree."""
     loader = StrictLoader("")

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from monitor.errors import CampaignError, PolicyError
 from monitor.files import FileKind, read_bounded_text
-from monitor.yamlio import compose, construct, format_key_path, node_line, validation_lines
+from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$"
 _HUB_REF = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<sha>[^\s@]*)$")
@@ -269,16 +269,11 @@ def _cross_errors(campaign: Campaign, root: Any, label: str) -> list[str]:
 def parse_campaign(text: str, label: str, *, base: Path) -> Campaign:
     """Validate campaign text; `label` names the file in errors, `base` anchors relative paths."""
     try:
-        root = compose(text, label)
-        if root is None:
-            raise CampaignError(f"{label}:1: the file is empty; a campaign needs name, corpus, "
-                                "checkpoints, tasks, fit and output")
-        data = construct(root, label)
+        root, data = compose_mapping(text, label,
+                                     empty="a campaign needs name, corpus, checkpoints, tasks, fit and output",
+                                     keys=" (name, corpus, checkpoints, tasks, fit, output)")
     except PolicyError as exc:
         raise CampaignError(exc.one_line().replace("policy files hold", "campaign files hold")) from None
-    if not isinstance(data, dict):
-        raise CampaignError(f"{label}:{root.start_mark.line + 1}: expected a mapping at the top level "
-                            f"(name, corpus, checkpoints, tasks, fit, output), got {type(data).__name__}")
     try:
         campaign = Campaign.model_validate(data)
     except ValidationError as exc:

@@ -16,7 +16,7 @@ from monitor.curves.artifact import load_curve
 from monitor.errors import LstarError, PolicyError
 from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
-from monitor.yamlio import compose, construct, format_key_path, node_line, validation_lines
+from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -30,13 +30,7 @@ class LoadedPolicy:
 
 def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPolicy:
     """Validate policy text (no cross-reference checks). `label` names the file in errors."""
-    root = compose(text, label)
-    if root is None:
-        raise PolicyError(f"{label}:1: the file is empty; a policy needs name, route and receivers")
-    data = construct(root, label)
-    if not isinstance(data, dict):
-        raise PolicyError(f"{label}:{root.start_mark.line + 1}: expected a mapping at the top "
-                          f"level, got {type(data).__name__}")
+    root, data = compose_mapping(text, label, empty="a policy needs name, route and receivers")
     try:
         policy = Policy.model_validate(data)
     except ValidationError as exc:
