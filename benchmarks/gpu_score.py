@@ -338,13 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv[1:], "run_dir": str(run_dir),
     }
     report = {"meta": meta, "order": order, "runs": runs, "comparison": compare(runs, args.dtype)}
-    text, table = render(report)
-    print("\n" + text + "\n\nMarkdown:\n\n" + table + "\n")
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / f"gpu_score-{stamp}.json"
-    json_path.write_text(json.dumps(report, indent=1, default=str))
-    (args.out / f"gpu_score-{stamp}.md").write_text(text + "\n\n" + table + "\n")
-    print(f"wrote {json_path}")
+    base.write_report(report, render, args.out, f"gpu_score-{stamp}")
     failed = [name for name, run in runs.items() if not base._ok(run)]
     if failed:
         print(f"failed runs: {', '.join(failed)}")

@@ -611,6 +611,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def write_report(report: dict[str, Any], render: Any, out: Path, stem: str) -> None:
+    """Print the rendered report and its Markdown table; write OUT/STEM.json and OUT/STEM.md."""
+    text, table = render(report)
+    print("\n" + text + "\n\nMarkdown:\n\n" + table + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / f"{stem}.json"
+    json_path.write_text(json.dumps(report, indent=1, default=str))
+    (out / f"{stem}.md").write_text(text + "\n\n" + table + "\n")
+    print(f"wrote {json_path}")
+
+
 def model_folder(model: str | Path | None) -> tuple[Path, dict[str, Any]]:
     """The model folder to benchmark (default: SmolLM2-135M, converted once and cached) and
     its config.json."""
@@ -714,13 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     report = {"meta": meta, "comparison": comparison, "sides": sides}
-    text, table = render(report)
-    print("\n" + text + "\n\nMarkdown:\n\n" + table + "\n")
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / f"score_vs_lm_eval-{stamp}.json"
-    json_path.write_text(json.dumps(report, indent=1, default=str))
-    (args.out / f"score_vs_lm_eval-{stamp}.md").write_text(text + "\n\n" + table + "\n")
-    print(f"wrote {json_path}")
+    write_report(report, render, args.out, f"score_vs_lm_eval-{stamp}")
     failed = [name for name, side in sides.items() if isinstance(side, dict) and "error" in side]
     if failed:
         print(f"failed sides: {', '.join(failed)}")
