@@ -302,26 +302,28 @@ class CurvePrediction:
                 "extrapolated": self.extrapolated, "curve_id": self.curve_id}
 
 
+def _check_pin(curve: CurveArtifact, kind: str, score_value: object, score_text: str,
+               curve_value: object, curve_text: str, fix: str) -> None:
+    """One pin of `check_compatible`: the score's value (None: not checked) against the curve's."""
+    if score_value is None:
+        return
+    name = f"curve {curve.curve_id[:12]} ({curve.task})"
+    if curve_value is None:
+        raise CurveError(f"{name} is not pinned to a {kind}; cannot apply it to a score with {kind} {score_text}",
+                         hint="refit the curve with --corpus-sha and --spec")
+    if score_value != curve_value:
+        raise CurveError(f"{name} was fitted with {kind} {curve_text}, but the score used {kind} {score_text}",
+                         hint=fix)
+
+
 def check_compatible(curve: CurveArtifact, *, corpus_sha256: str | None,
                      scoring_spec: ScoringRef | None) -> None:
     """Refuse to apply a curve to a score measured on another corpus or scoring spec."""
-    name = f"curve {curve.curve_id[:12]} ({curve.task})"
-    unpinned = "refit the curve with --corpus-sha and --spec"
-    if corpus_sha256 is not None:
-        if curve.corpus_sha256 is None:
-            raise CurveError(f"{name} is not pinned to a corpus; cannot apply it to a score on corpus "
-                             f"{corpus_sha256[:12]}", hint=unpinned)
-        if corpus_sha256 != curve.corpus_sha256:
-            raise CurveError(f"{name} was fitted on corpus {curve.corpus_sha256}, but the score is on corpus "
-                             f"{corpus_sha256}", hint="score on the curve's corpus, or fit a curve on this one")
-    if scoring_spec is not None:
-        if curve.scoring_spec is None:
-            raise CurveError(f"{name} is not pinned to a scoring spec; cannot apply it to a score with spec "
-                             f"{scoring_spec.describe()}", hint=unpinned)
-        if scoring_spec != curve.scoring_spec:
-            raise CurveError(f"{name} was fitted with scoring spec {curve.scoring_spec.describe()}, but the "
-                             f"score used {scoring_spec.describe()}",
-                             hint="rescore with the curve's spec, or fit a curve for this one")
+    _check_pin(curve, "corpus", corpus_sha256, str(corpus_sha256), curve.corpus_sha256, str(curve.corpus_sha256),
+               "score on the curve's corpus, or fit a curve on this one")
+    _check_pin(curve, "scoring spec", scoring_spec, scoring_spec.describe() if scoring_spec else "",
+               curve.scoring_spec, curve.scoring_spec.describe() if curve.scoring_spec else "",
+               "rescore with the curve's spec, or fit a curve for this one")
 
 
 def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,

@@ -302,19 +302,18 @@ class HubState:
 
     def add_branch(self, repo_id: str, name: str, revision: str = "main") -> str:
         """Create or move branch `name` to the commit `revision` resolves to; returns its sha."""
-        with self._lock:
-            repo = self._repo(repo_id)
-            sha = self._resolve(repo, revision)
-            repo.branches[name] = sha
-            self._version += 1
-            return sha
+        return self._point_ref(repo_id, "branches", name, revision)
 
     def add_tag(self, repo_id: str, name: str, revision: str = "main") -> str:
         """Create tag `name` at `revision`; returns its sha."""
+        return self._point_ref(repo_id, "git_tags", name, revision)
+
+    def _point_ref(self, repo_id: str, kind: str, name: str, revision: str) -> str:
+        """Point the ref `name` of `kind` (branches or git_tags) at what `revision` resolves to."""
         with self._lock:
             repo = self._repo(repo_id)
             sha = self._resolve(repo, revision)
-            repo.git_tags[name] = sha
+            getattr(repo, kind)[name] = sha
             self._version += 1
             return sha
 

@@ -22,6 +22,8 @@ from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from monitor.served import ServedInThread
+
 
 # -- webhook --------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -51,11 +53,13 @@ class RecordedRequest:
         return json.loads(self.body)
 
 
-class WebhookReceiver:
+class WebhookReceiver(ServedInThread):
     """A threaded HTTP server on 127.0.0.1 that records every request and answers as scripted.
 
     Unscripted requests get `default` (200). Hanging replies are released by `stop()`.
     """
+
+    path = "/hook"
 
     def __init__(self, default: Reply = Reply(200)) -> None:
         self.default = default
@@ -94,14 +98,9 @@ class WebhookReceiver:
             do_GET = _handle
             do_PUT = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/hook"
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        super().__init__(server, name="webhook-receiver")
 
     def script(self, replies: Iterable[Reply]) -> None:
         """Answer the next requests with `replies`, in order (then `default`)."""
@@ -112,20 +111,9 @@ class WebhookReceiver:
         with self._lock:
             return self._script.pop(0) if self._script else self.default
 
-    def start(self) -> "WebhookReceiver":
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
-        self._release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> "WebhookReceiver":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._release.set()   # hanging replies end first, so shutdown does not wait on them
+        super().stop()
 
 
 # -- SMTP -----------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import re
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +55,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from monitor.alerts import expire_silence, list_silences
 from monitor.errors import DeliveryError, LstarError, PolicyError
 from monitor.reports import report_for_cli, to_json
+from monitor.served import ServedInThread
 from monitor.service.api_guard import (MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer, GuardedHandler,
                                        RequestRefused, bearer_matches)
 from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
@@ -360,7 +360,7 @@ class _Server(BoundedHTTPServer):
         self.token = token
 
 
-class ApiServer:
+class ApiServer(ServedInThread):
     """The API on 127.0.0.1:`port` (0 picks a free port), served from a background thread.
 
     `token` guards the state-changing requests; `workers` bounds the connections served at
@@ -369,23 +369,8 @@ class ApiServer:
 
     def __init__(self, daemon: "Daemon", *, port: int, token: str, workers: int = DEFAULT_WORKERS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
-        self.server = _Server(("127.0.0.1", port), daemon, token=token, workers=workers,
-                              idle_timeout=idle_timeout)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                       name="lstar-api", daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> "ApiServer":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(_Server(("127.0.0.1", port), daemon, token=token, workers=workers,
+                                 idle_timeout=idle_timeout), name="lstar-api", poll_interval=0.2)
 
 
 __all__ = ["ApiServer", "webhook_secret", "SECRET_ENV", "live_daemon_url", "api_get", "api_post",
