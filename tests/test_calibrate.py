@@ -199,11 +199,52 @@ def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str
     assert summary["scored"] == [] and summary["evaluated"] == []
     assert summary["imported_labels"] == 6
     assert summary["skipped_results"] == [f"org/other@ffffffffffff (toy_mc/acc) in "
-                                          f"{layout['folder'] / 'results' / 'stranger'}/results_2026-01-01T00-00-00.json"]
+                                          f"{layout['folder'] / 'results' / 'stranger'}/results_2026-01-01T00-00-00.json"
+                                          ": no campaign checkpoint has this repo or name"]
     curve = load_curve(layout["out"] / "curves" / "toy_mc.acc.json")
     assert {p.checkpoint: (p.x, p.value) for p in curve.points} == \
         {name: (runs[name].lstar, values[name]) for name in NAMES}
     assert curve.families == ["llama", "neox"]
+
+    # The results are what the files say now: an edited value replaces the old one, and a
+    # results file removed takes its label with it.
+    edited, removed = NAMES[0], NAMES[1]
+    run = runs[edited]
+    _results_file(layout["folder"] / "results" / edited, run.model_repo, run.model_sha, 0.7)
+    shutil.rmtree(layout["folder"] / "results" / removed)
+    code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    curve = load_curve(layout["out"] / "curves" / "toy_mc.acc.json")
+    expected = {name: (runs[name].lstar, values[name]) for name in NAMES if name != removed}
+    assert {p.checkpoint: (p.x, p.value) for p in curve.points} == {**expected, edited: (run.lstar, 0.7)}
+    with Store.open(layout["db"], read_only=True) as store:
+        imported = [r for r in store.labels(task="toy_mc") if r.eval_run_id is None]
+    assert sorted(r.checkpoint for r in imported) == sorted(n for n in NAMES if n != removed)
+
+
+def test_imported_labels_match_one_checkpoint_or_are_skipped_with_why() -> None:
+    """A label without a sha (lm-eval results that record only a branch) is not pinned to the
+    first checkpoint of its repo: with several of that repo it is skipped and says why."""
+    from monitor.calibrate.plan import CheckpointRef
+    from monitor.calibrate.runner import _match_checkpoint
+    from monitor.curves.labels import Label
+
+    def ref(name: str, sha: str, repo: str = "EleutherAI/pythia-70m") -> CheckpointRef:
+        return CheckpointRef(index=0, name=name, family="pythia", ref=f"{repo}@{sha}", repo=repo, sha=sha,
+                             source="hub", local_dir=None)
+
+    a, b = ref("p-step1000", "a" * 40), ref("p-step2000", "ab" + "c" * 38)
+    one = [ref("solo", "d" * 40, repo="org/solo")]
+    by_branch = Label(checkpoint="EleutherAI/pythia-70m@step2000", value=0.55, repo="EleutherAI/pythia-70m")
+    found, why = _match_checkpoint(by_branch, [a, b])
+    assert found is None and "2 checkpoints of EleutherAI/pythia-70m (p-step1000, p-step2000)" in why
+    assert _match_checkpoint(by_branch.with_(checkpoint="p-step2000"), [a, b])[0] is b      # named
+    assert _match_checkpoint(by_branch.with_(sha="ab" + "c" * 38), [a, b])[0] is b           # full sha
+    assert _match_checkpoint(by_branch.with_(sha="abcccccc"), [a, b])[0] is b                 # prefix
+    assert _match_checkpoint(by_branch.with_(sha="a"), [a, b])[0] is None                     # too short
+    assert "not one of the campaign's" in _match_checkpoint(by_branch.with_(sha="e" * 40), [a, b])[1]
+    solo = Label(checkpoint="org/solo@main", value=0.5, repo="org/solo")
+    assert _match_checkpoint(solo, one)[0] is one[0]                                           # the only one
 
 
 LM_TASK = """\

@@ -53,3 +53,89 @@ def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path:
     assert rows[lost.repo].attempts == 0 and rows[lost.repo].lease_owner is None   # refunded
     assert len(runs) == 1 and runs[0].model_repo != lost.repo
     assert not list((tmp_path / "tmp").glob("checkpoint-*"))   # the flat copies are removed
+
+
+class ClusterAlwaysLost(LocalBackend):
+    """A cluster that is gone: every batch fails before any job is answered."""
+
+    concurrency = None
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.batches = 0
+
+    def run(self, jobs):
+        self.batches += 1
+        raise ConnectionError("lost the connection to the cluster")
+        yield  # a generator, as the seam's backends are
+
+
+def test_the_daemon_does_not_spin_when_every_job_goes_back(tmp_path: Path, calib_v0: Path):
+    """A scoring run whose every job was handed back untouched (the backend or the Hub is down)
+    ends after one batch: the next scheduled run asks again, instead of the loop asking at once,
+    forever, at full speed."""
+    from contextlib import nullcontext
+
+    from monitor.service.daemon import Daemon, DaemonConfig
+
+    with FakeHub() as hub:
+        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
+        cache = tmp_path / "hf-cache"
+        template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
+                                with_tcb=False, n_boot=10, progress=False)
+        (tmp_path / "state").mkdir()
+        daemon = Daemon(DaemonConfig(policies_dir=tmp_path, state_dir=tmp_path / "state", endpoint=hub.url,
+                                     cache_dir=cache, template=template, cache_keep=None))
+        backend = ClusterAlwaysLost(timeout_s=300, workdir=tmp_path / "w")
+        daemon.backend = backend
+        with Store.open(tmp_path / "state" / "lstar.duckdb") as store:
+            client = daemon.hub_client(store)
+            rules = [WatchRule(name="acme", author="acme")]
+            poll_once(store, client, rules)
+            assert [o.status for o in gate_pending(store, client, rules, cache_dir=cache)] == ["gated"]
+            daemon.job_store = lambda: nullcontext(store)   # the daemon's own store, without its start-up
+            original_run = backend.run
+
+            def run_and_bound(jobs):
+                if backend.batches >= 5:        # the old loop would never end: stop it so the test fails
+                    daemon.stopping.set()
+                return original_run(jobs)
+
+            backend.run = run_and_bound
+            done = daemon.job_score()
+            (row,) = store.list_checkpoints()
+    assert backend.batches == 1
+    assert [d["status"] for d in done] == ["fetched"] and done[0]["refunded"] is True
+    assert row.attempts == 0 and row.lease_owner is None and "the scoring backend failed" in row.reason
+
+
+def test_a_missing_corpus_on_the_daemon_is_not_the_jobs_fault(tmp_path: Path, calib_v0: Path):
+    """The daemon's corpus folder gone (an unmounted share): the leased jobs go back with their
+    attempts untouched and the reason; once the folder is back they are scored."""
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(calib_v0, corpus)
+    with FakeHub() as hub:
+        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
+        db, cache = tmp_path / "state.duckdb", tmp_path / "hf-cache"
+        template = ScoreRequest(corpus_dir=corpus, docs=2, max_context=32, device="cpu", dtype="float32",
+                                with_tcb=False, n_boot=10, progress=False)
+        backend = LocalBackend(timeout_s=300, workdir=tmp_path / "w")
+        with Store.open(db) as store:
+            client = HubClient(hub.url, store=store)
+            rules = [WatchRule(name="acme", author="acme")]
+            poll_once(store, client, rules)
+            assert [o.status for o in gate_pending(store, client, rules, cache_dir=cache)] == ["gated"]
+            corpus.rename(tmp_path / "unmounted")
+            for _ in range(4):   # more runs than a job has attempts
+                (result,) = score_queue_on(store, client, backend, template, owner="test", state_dir=tmp_path,
+                                           cache_dir=cache, limit=4)
+                assert result.refunded and result.status == "gated"
+                assert "the daemon's scoring corpus is unusable" in result.reason and str(corpus) in result.reason
+            (row,) = store.list_checkpoints()
+            assert row.attempts == 0 and row.lease_owner is None
+            (tmp_path / "unmounted").rename(corpus)
+            (result,) = score_queue_on(store, client, backend, template, owner="test", state_dir=tmp_path,
+                                       cache_dir=cache, limit=4)
+    assert result.status == "scored"

@@ -219,3 +219,15 @@ def test_vocab_size_covers_every_id(handles) -> None:
     for name in ("gpt-4o", "spm-unigram-toy"):
         vocab = handles[name].tokenizer.get_vocab(with_added_tokens=True)
         assert handles[name].vocab_size == max(vocab.values()) + 1
+
+
+def test_the_default_shared_paths_are_the_folder_beside_the_checkout(shared_dir):
+    """Modules that find ../shared by their own location name the same folder as the tests do
+    (a file moved one package down once looked for it inside the checkout, which only a
+    machine without the cached SmolLM2 copy noticed)."""
+    from monitor.sandbox.hub_repos import SHARED_TOKENIZERS
+    from monitor.scoring.smollm2 import default_tokenizer_dir
+
+    assert default_tokenizer_dir().resolve() == shared_dir / "tokenizers" / "smollm2"
+    assert (default_tokenizer_dir() / "tokenizer.json").is_file()
+    assert SHARED_TOKENIZERS.resolve() == shared_dir / "tokenizers"

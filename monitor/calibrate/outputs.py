@@ -108,8 +108,9 @@ def _task_labels(campaign: Campaign, task: TaskSpec, name: str, plan: Plan, stor
 def _imported_rows(campaign: Campaign, task: TaskSpec, store: Store, name: str | None = None) -> list[LabelRow]:
     """Label rows imported from this task entry's results file(s) (they keep the file as source_ref)."""
     source = str(campaign.path(str(task.results)))
+    folder = source.rstrip("/") + "/"
     return [r for r in store.labels(task=name) if r.eval_run_id is None
-            and str(r.source_ref).startswith(source)]
+            and (r.source_ref == source or str(r.source_ref).startswith(folder))]
 
 
 def _task_names(campaign: Campaign, task: TaskSpec, plan: Plan, store: Store) -> list[str]:

@@ -18,7 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 from monitor.calibrate.campaign import Campaign, TaskSpec
 from monitor.calibrate.evaluate import check_lm_eval_available, evaluate
 from monitor.calibrate.outputs import CampaignOutputs, write_outputs
-from monitor.calibrate.plan import KEY_FIELD, EvalWork, Plan, ScoreWork, build_plan, db_path, mark_done
+from monitor.calibrate.plan import KEY_FIELD, CheckpointRef, EvalWork, Plan, ScoreWork, build_plan, db_path, mark_done
 from monitor.curves.labels import Label, label_rows, read_labels_csv, read_lm_eval_results
 from monitor.errors import CampaignError, LstarError
 from monitor.failpoints import failpoint, failpoint_values
@@ -194,21 +194,44 @@ def _import_results(campaign: Campaign, index: int, task: TaskSpec, plan: Plan) 
         raise CampaignError(f"{campaign.label}: tasks[{index}].results: {exc.one_line()}") from None
     matched, skipped = [], []
     for label in raw:
-        found = None
-        for c in plan.checkpoints:
-            repo = label.repo or label.checkpoint
-            same_repo = repo in (c.repo, c.ref, c.name) or label.checkpoint == c.name
-            same_sha = label.sha is None or label.sha == c.sha or (len(label.sha) >= 7 and c.sha.startswith(label.sha))
-            if same_repo and same_sha:
-                found = c
-                break
+        found, why = _match_checkpoint(label, plan.checkpoints)
         if found is None:
-            skipped.append(f"{label.checkpoint} ({label.task}/{label.metric}) in {label.source_ref or path}")
+            skipped.append(f"{label.checkpoint} ({label.task}/{label.metric}) in {label.source_ref or path}: {why}")
             continue
         matched.append(label.with_(checkpoint=found.name, family=found.family, repo=found.repo, sha=found.sha,
                                    lstar=None, lstar_se=None, raw_ce=None,
                                    source_ref=label.source_ref or str(path)))
     return matched, skipped
+
+
+def _match_checkpoint(label: Label, checkpoints: Sequence[CheckpointRef]) -> tuple[CheckpointRef | None, str]:
+    """The campaign checkpoint an imported label is of, or None and why.
+
+    A label naming a campaign checkpoint by its name is that checkpoint. Otherwise its repo
+    must match, and its sha (in full, or a prefix of at least 7 hex digits) picks the commit;
+    a label without a sha (lm-eval results that record only a branch such as `step1000`)
+    matches only when the campaign holds one checkpoint of that repo, since a revision name
+    cannot be told apart from another commit of the same repo.
+    """
+    named = [c for c in checkpoints if label.checkpoint == c.name]
+    if len(named) == 1:
+        return named[0], ""
+    repo = label.repo or label.checkpoint
+    same_repo = [c for c in checkpoints if repo in (c.repo, c.ref)]
+    if not same_repo:
+        return None, "no campaign checkpoint has this repo or name"
+    if label.sha is not None:
+        sha = label.sha.lower()
+        hits = [c for c in same_repo if c.sha == sha or (len(sha) >= 7 and c.sha.startswith(sha))]
+        if len(hits) == 1:
+            return hits[0], ""
+        return None, (f"commit {label.sha} is not one of the campaign's checkpoints of {repo}" if not hits
+                      else f"commit prefix {label.sha} matches {len(hits)} checkpoints; give the full sha")
+    if len(same_repo) == 1:
+        return same_repo[0], ""
+    return None, (f"no commit sha, and the campaign has {len(same_repo)} checkpoints of {repo} "
+                  f"({', '.join(c.name for c in same_repo)}); give the results their sha, or name a "
+                  f"checkpoint {label.checkpoint!r}")
 
 
 def run_campaign(campaign: Campaign, *, on_progress: Progress | None = None) -> CampaignResult:
@@ -281,7 +304,7 @@ def run_campaign(campaign: Campaign, *, on_progress: Progress | None = None) -> 
             result.skipped_results.extend(skipped)
             rows = [row for label in labels
                     for row in label_rows([label], source_ref=label.source_ref or str(task.results))]
-            result.imported += store.record_labels(rows) if rows else 0
+            result.imported += store.replace_imported_labels([str(campaign.path(str(task.results)))], rows)
             report("import", n, len(imports), str(task.results))
         _write_plan(out, campaign, plan, corpus.sha256)
         if result.failures:

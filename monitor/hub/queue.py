@@ -63,6 +63,7 @@ class JobResult:
     status: str
     reason: str | None
     lease_lost: bool         # another owner held the row when this one tried to finish
+    refunded: bool = False   # the lease and the attempt went back: the job did not run, not its fault
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -122,7 +123,7 @@ def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outc
     later run, up to `max_attempts` attempts in all. An `Outcome` completes the row together
     with its rows, if this owner still holds the lease.
     """
-    hub_down = False
+    hub_down = refunded = False
     try:
         outcome = work()
     except SKIP_ERRORS as exc:
@@ -132,7 +133,7 @@ def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outc
         held = complete(store, job.id, owner, "failed", {"error": type(exc).__name__},
                         reason=_reason(exc), now=now_fn())
     except HubError as exc:  # the Hub's fault: no attempt used, and stop asking it
-        hub_down = True
+        hub_down = refunded = True
         held = release(store, job.id, owner, f"waiting for the Hub: {_reason(exc)}",
                        now=now_fn(), max_attempts=max_attempts, refund=True) is not None
     except Exception as exc:  # retryable: the lease goes back, attempts decide
@@ -145,7 +146,7 @@ def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outc
     row = store.get_checkpoint(job.id)
     status, reason = (row.status, row.reason) if row is not None else ("gone", None)
     return JobResult(job.id, job.repo, job.sha, job.attempts, status, reason,
-                     lease_lost=not held), hub_down
+                     lease_lost=not held, refunded=refunded), hub_down
 
 
 def claim_batch(store: Store, owner: str, *, now_fn: Callable[[], datetime] = utcnow,

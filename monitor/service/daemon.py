@@ -582,6 +582,10 @@ class Daemon:
             for r in results:
                 self.metrics.scores.labels(result=r.status).inc()
             done.extend(r.as_dict() for r in results)
+            if all(r.refunded for r in results):
+                # Every job went back untouched (the Hub is down, the backend failed): asking
+                # again at once would spin; the next scheduled run tries again.
+                break
         if any(r["status"] == "scored" for r in done):
             self.nudge("evaluate")
         return done

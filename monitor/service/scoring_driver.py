@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor import SCORING_SPEC_VERSION
-from monitor.errors import HubError
+from monitor.errors import HubError, LstarError
 from monitor.failpoints import failpoint
 from monitor.hub import (DEFAULT_LEASE_S, HubClient, JobResult, LayoutError, Outcome, fetch_job,
                          process_pending, prune_cache, resolve_cache_dir)
@@ -213,7 +213,7 @@ def _give_back(store: Store, job: CheckpointRow, owner: str, reason: str,
     held = release(store, job.id, owner, reason, now=now_fn(), refund=True) is not None
     row = store.get_checkpoint(job.id)
     status, why = (row.status, row.reason) if row is not None else ("gone", None)
-    return JobResult(job.id, job.repo, job.sha, job.attempts, status, why, lease_lost=not held)
+    return JobResult(job.id, job.repo, job.sha, job.attempts, status, why, lease_lost=not held, refunded=True)
 
 
 def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBackend, template: ScoreRequest,
@@ -231,6 +231,15 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
     builder = JobBuilder(store, template, state_dir)
     results: list[JobResult] = []
+    if claimed:
+        try:
+            builder.corpus_sha256()
+        except LstarError as exc:
+            # The daemon's own corpus (an unmounted share, a file edited in place) is not the
+            # jobs' fault: they wait, attempts untouched, with the reason, until it is mended.
+            reason = f"waiting: the daemon's scoring corpus is unusable: {' '.join(str(exc).split())[:300]}"
+            log.error("%s; %d job(s) go back to the queue", reason, len(claimed))
+            return [_give_back(store, job, owner, reason, now_fn) for job in claimed]
     ready: dict[int, tuple[CheckpointRow, Path, dict[str, str] | None]] = {}
     jobs: list[ScoreJob] = []
     # Jobs whose content an earlier job of this batch scores: linked to it once it is done.

@@ -25,9 +25,25 @@ class LabelRows(StoreConnection):
         A row whose (repo, sha, task, metric, source_ref) is already stored is skipped, so
         importing the same file twice adds nothing. Returns the number of rows inserted.
         """
+        return self._write_labels(labels, eval_run=eval_run, now=now)
+
+    def replace_imported_labels(self, sources: Sequence[str], labels: Sequence[Mapping[str, Any]], *,
+                                now: datetime | None = None) -> int:
+        """Imported labels as their files say now: in one transaction, drop what earlier
+        imports of `sources` (a results file, or everything under a results folder) left,
+        then insert `labels`. A value edited in the file replaces the old one, and a row
+        removed from the file is gone. Returns the number of rows inserted."""
+        return self._write_labels(labels, replace_sources=sources, now=now)
+
+    def _write_labels(self, labels: Sequence[Mapping[str, Any]], *, eval_run: Mapping[str, Any] | None = None,
+                      replace_sources: Sequence[str] = (), now: datetime | None = None) -> int:
         now = now or utcnow()
         inserted = 0
         with self.transaction() as conn:
+            for source in replace_sources:
+                folder = source.rstrip("/") + "/"
+                conn.execute("DELETE FROM labels WHERE eval_run_id IS NULL AND (source_ref = ? OR "
+                             "starts_with(source_ref, ?))", [source, folder])
             if eval_run is not None:
                 conn.execute(
                     "INSERT INTO eval_runs (run_id, model_repo, model_sha, model_source, task, task_sha256, "

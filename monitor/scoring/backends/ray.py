@@ -46,6 +46,10 @@ INSTALL_HINT = 'install it with pip install -e ".[ray]" (or pip install "ray>=2.
 
 def import_ray() -> Any:
     """The `ray` module, or a clear error saying how to install it."""
+    # Ray's driver would install absl's failure-signal handler, which catches SIGTERM before the
+    # daemon's own handler and aborts the process (exit -6) when a signal comes while it is
+    # still running; the daemon handles its signals itself. Ray reads this when it is imported.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError as exc:
