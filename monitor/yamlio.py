@@ -297,7 +297,13 @@ def validation_lines(exc: ValidationError, root: yaml.Node, label: str, model: t
 
 def compose(text: str, label: str) -> yaml.Node | None:
     """The checked node tree of `text` (None for an empty document); raises PolicyError."""
-    loader = StrictLoader(text)
+    try:
+        # The reader checks every character as the loader is made: a NUL or other control byte
+        # is refused here, and must be a one-line error like any other.
+        loader = StrictLoader(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{label}: not YAML: {' '.join(str(exc).split())}",
+                          hint="remove the control characters (the file must be printable UTF-8 text)") from None
     try:
         root = loader.get_single_node()
     except YamlProblem as exc:

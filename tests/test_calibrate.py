@@ -222,6 +222,34 @@ def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str
     assert sorted(r.checkpoint for r in imported) == sorted(n for n in NAMES if n != removed)
 
 
+def test_two_curves_for_one_file_are_neither_written_and_old_curves_go(
+        killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Two results entries that both define toy_mc would write one curves/toy_mc.acc.json: the
+    run refuses both and says so; a curve an earlier run wrote and this one did not is removed,
+    so a policy cannot go on reading it."""
+    assert killed_and_resumed["final_code"] == 0
+    with Store.open(layout["db"], read_only=True) as store:
+        runs = {Path(r.model_repo).name: r for r in store.score_runs(limit=100)}
+    for folder in ("twice-a", "twice-b"):
+        for name, run in runs.items():
+            _results_file(layout["folder"] / folder / name, run.model_repo, run.model_sha, 0.5)
+    stale = layout["out"] / "curves" / "toy_mc.acc.json"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("{}")
+    campaign = layout["folder"] / "twice.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "tasks:\n", "tasks:\n  - {results: twice-a, baseline: 0.25, metrics: [acc]}\n"
+                    "  - {results: twice-b, baseline: 0.25, metrics: [acc]}\n"))
+    code, out, err = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 2 and "could not be fitted" in err
+    summary = json.loads(out)   # printed before the error
+    errors = [c["error"] for c in summary["curves"] if c["task"] == "toy_mc"]
+    assert errors == ["toy_mc · acc and toy_mc · acc would both be written to curves/toy_mc.acc.json; "
+                      "rename one of the tasks"] * 2
+    assert not stale.exists()
+    assert (layout["out"] / "curves" / "cloze-v0.acc.json").is_file()   # the rest is written
+
+
 def test_imported_labels_match_one_checkpoint_or_are_skipped_with_why() -> None:
     """A label without a sha (lm-eval results that record only a branch) is not pinned to the
     first checkpoint of its repo: with several of that repo it is skipped and says why."""
@@ -331,6 +359,14 @@ output: out
 """
 
 
+def _model_folder(tmp_path: Path) -> Path:
+    """A folder the campaign's checks take for a checkpoint (it holds a config.json)."""
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
 @pytest.mark.parametrize("edit, where, fragment", [
     (("  - {ref: org/model@" + "a" * 40, "  - {ref: org/model@main"), ":5: checkpoints[1].ref:",
      "'org/model@main' is not pinned; write org/model@<40-hex commit sha>"),
@@ -346,11 +382,20 @@ output: out
     (("tasks:\n", "tasks:\n  - {results: r.json}\n"), ":7: tasks[0].results:", "no results file or folder 'r.json'"),
     (("name: c\n", "name: c\nname: d\n"), ":2: name:", "duplicate key"),
     (("name: c\n", "name: !!python/object:os.system c\n"), ":1: name:", "tag '!!python/object:os.system' is not allowed"),
+    (("org/model@", "org/..@"), ":5: checkpoints[1].ref:", "'org/..' is not a Hub repo id"),
+    (("org/model@", "org/-model@"), ":5: checkpoints[1].ref:", "'org/-model' is not a Hub repo id"),
+    (("output: out\n", "output: out\nhub: {endpoint: not a url}\n"), ":10: hub.endpoint:",
+     "'not a url' is not an http(s) URL"),
+    (("output: out\n", "output: /tmp/elsewhere\n"), ":9: output:", "must be a folder inside the campaign file's folder"),
+    (("output: out\n", "output: ../out\n"), ":9: output:", "must be a folder inside the campaign file's folder"),
+    (("output: out\n", "output: ~/.ssh\n"), ":9: output:", "must be a folder inside the campaign file's folder"),
+    (("output: out\n", "output: ''\n"), ":9: output:", "must be a folder inside the campaign file's folder"),
+    (("output: out\n", "output: campaign.yaml\n"), ":9: output:", "exists and is not a folder"),
 ])
 def test_bad_campaign_files_give_one_line_naming_file_line_and_key(
         edit: tuple[str, str], where: str, fragment: str, tmp_path: Path, shared_dir: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
                        task=shared_dir / "tasks" / "cloze-v0.jsonl")
     assert edit[0] in text
     path = tmp_path / "campaign.yaml"
@@ -361,6 +406,42 @@ def test_bad_campaign_files_give_one_line_naming_file_line_and_key(
     assert err.startswith(f"error: {path}{where}") and err.count("\n") == 1, err
     assert fragment in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_config_and_a_task_file_that_is_no_task_are_found_before_any_work(
+        tmp_path: Path, shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    path.write_text(text.replace(str(tmp_path / "model"), str(bare), 1))
+    assert main(["calibrate", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"error: {path}:4: checkpoints[0].ref: folder '{bare}' is not a checkpoint (no config.json in it)")
+    notask = tmp_path / "notask.jsonl"
+    notask.write_text('{"id": "a", "context": "x"}\n')
+    path.write_text(text.replace(str(shared_dir / "tasks" / "cloze-v0.jsonl"), str(notask), 1))
+    assert main(["calibrate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}:7: tasks[0].builtin: task file '{notask}' is not a multiple-choice task: "
+                          f"{notask}:1: missing 'choices'"), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_may_write_a_campaign_anywhere(tmp_path: Path, shared_dir: Path) -> None:
+    """A campaign file writes inside its own folder; `--output` is the caller's choice."""
+    from monitor.calibrate import load_campaign
+
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text)
+    assert load_campaign(path).output_dir == tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere" / "results"
+    assert load_campaign(path, output=elsewhere).output_dir == elsewhere
+    path.write_text(text.replace("output: out", "output: /somewhere/else"))
+    assert load_campaign(path, output=elsewhere).output_dir == elsewhere
 
 
 def test_missing_or_empty_campaign_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -375,7 +456,7 @@ def test_missing_or_empty_campaign_files(tmp_path: Path, capsys: pytest.CaptureF
 def test_an_lm_eval_task_without_the_harness_names_the_task_and_the_install(
         tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "lm_eval", None)   # import lm_eval raises ImportError
-    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
                        task=shared_dir / "tasks" / "cloze-v0.jsonl")
     path = tmp_path / "campaign.yaml"
     path.write_text(text.replace("tasks:\n", "tasks:\n  - {lm_eval: arc_easy, baseline: 0.25}\n"))
@@ -390,7 +471,7 @@ def test_an_lm_eval_task_without_the_harness_names_the_task_and_the_install(
 def test_a_ray_campaign_without_ray_says_how_to_install_it(
         tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)   # find_spec("ray") is None: not installed
-    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=tmp_path, sha="a" * 40,
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
                        task=shared_dir / "tasks" / "cloze-v0.jsonl")
     path = tmp_path / "campaign.yaml"
     path.write_text(text + "scoring: {backend: ray, ray_address: '127.0.0.1:6379'}\n")

@@ -359,6 +359,19 @@ def test_policy_check_on_a_deep_file_is_one_line_and_fails(tmp_path: Path,
     assert err == "error: 1 of 1 policy file(s) failed the check\n"
 
 
+@pytest.mark.parametrize("byte", ["\x00", "\x07", "\x1b"])
+def test_a_control_character_is_one_line_naming_the_file(tmp_path: Path, byte: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The YAML reader refuses control characters as the loader is made; that is a policy
+    error like any other, not a traceback."""
+    path = tmp_path / "control.yaml"
+    path.write_text(MINIMAL.replace("\n", f"  # {byte}\n", 1))
+    assert main(["policy", "check", str(path)]) == 2
+    out, _ = capsys.readouterr()
+    assert out.startswith(f"FAILED {path}: not YAML: unacceptable character #x{ord(byte):04x}")
+    assert len(out.splitlines()) == 1
+
+
 def test_policy_check_of_a_folder_reports_entries_that_are_not_files(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "good.yaml").write_text(MINIMAL)

@@ -27,17 +27,22 @@ campaign file, as a policy's curve paths are relative to the policy.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from monitor.errors import CampaignError, PolicyError
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from monitor.curves.evaluator import load_mc_task
+from monitor.errors import CampaignError, LstarError, PolicyError
 from monitor.files import FileKind, read_bounded_text
 from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$"
-_HUB_REF = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<sha>[^\s@]*)$")
+_HUB_REF = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+)@(?P<sha>[^\s@]*)$")
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:[0-9]{1,3})$")
 # The same bounds as the CLI's flags (monitor.commands.options); not imported from there:
@@ -107,6 +112,12 @@ class CheckpointSpec(_Strict):
         if match is not None and not _SHA.match(match["sha"]):
             raise ValueError(f"{value!r} is not pinned; write {match['repo']}@<40-hex commit sha> "
                              "(a branch or tag can move under the curve)")
+        if match is not None:
+            try:
+                validate_repo_id(match["repo"])   # the Hub's own rules: no '..', '--', edge '.' or '-'
+            except HFValidationError as exc:
+                raise ValueError(f"{match['repo']!r} is not a Hub repo id: {' '.join(str(exc).split())[:200]}") \
+                    from None
         return value
 
     @property
@@ -175,6 +186,15 @@ class HubSpec(_Strict):
     endpoint: str | None = None
     cache_dir: str | None = None
 
+    @field_validator("endpoint")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"value {value!r} is not an http(s) URL (e.g. https://huggingface.co)")
+        return value
+
 
 class Campaign(_Strict):
     """A calibration campaign: reference checkpoints × tasks on one corpus → task curves."""
@@ -214,14 +234,22 @@ class Campaign(_Strict):
         return f"{hub[0]}@{hub[1][:12]}" if hub else Path(spec.ref).name
 
 
-def _cross_errors(campaign: Campaign, root: Any, label: str) -> list[str]:
-    """What the schema cannot see: files that must exist, names that must be unique."""
+def _cross_errors(campaign: Campaign, root: Any, label: str, *, output_given: bool = False) -> list[str]:
+    """What the schema cannot see: files that must exist, names that must be unique.
+    `output_given`: the output folder came from the command line, not from the file."""
     errors: list[str] = []
 
     def error(loc: list[Any], message: str) -> None:
         line, _ = node_line(root, loc)
         errors.append(f"{label}:{line}: {format_key_path(loc)}: {message}")
 
+    output = PurePath(campaign.output)
+    if not output_given and (campaign.output.strip() in ("", ".") or output.is_absolute()
+                             or ".." in output.parts or campaign.output.startswith("~")):
+        error(["output"], f"output {campaign.output!r} must be a folder inside the campaign file's folder "
+                          "(a relative path without '..'); to write elsewhere, run lstar calibrate --output DIR")
+    elif campaign.output_dir.exists() and not campaign.output_dir.is_dir():
+        error(["output"], f"output {campaign.output!r} exists and is not a folder")
     if not (campaign.path(campaign.corpus.dir) / "manifest.json").is_file():
         error(["corpus", "dir"], f"no corpus at {campaign.corpus.dir!r} (no manifest.json there; "
                                  "paths are relative to the campaign file)")
@@ -233,6 +261,8 @@ def _cross_errors(campaign: Campaign, root: Any, label: str) -> list[str]:
             if not folder.is_dir():
                 error(["checkpoints", i, "ref"], f"no folder {spec.ref!r} (paths are relative to the campaign "
                                                  "file; a Hub checkpoint is written org/name@<40-hex sha>)")
+            elif not (folder / "config.json").is_file():
+                error(["checkpoints", i, "ref"], f"folder {spec.ref!r} is not a checkpoint (no config.json in it)")
             key = str(folder.resolve()) if folder.is_dir() else spec.ref
         else:
             key = spec.ref
@@ -251,6 +281,12 @@ def _cross_errors(campaign: Campaign, root: Any, label: str) -> list[str]:
     for i, task in enumerate(campaign.tasks):
         if task.builtin is not None and not campaign.path(task.builtin).is_file():
             error(["tasks", i, "builtin"], f"no task file {task.builtin!r} (paths are relative to the campaign file)")
+        elif task.builtin is not None:
+            try:   # found now, not after hours of scoring
+                load_mc_task(campaign.path(task.builtin), limit=task.limit)
+            except (LstarError, UnicodeDecodeError) as exc:
+                why = exc.one_line() if isinstance(exc, LstarError) else f"not UTF-8 text ({exc.reason})"
+                error(["tasks", i, "builtin"], f"task file {task.builtin!r} is not a multiple-choice task: {why}")
         if task.results is not None and not campaign.path(task.results).exists():
             error(["tasks", i, "results"], f"no results file or folder {task.results!r} "
                                            "(paths are relative to the campaign file)")
@@ -266,8 +302,11 @@ def _cross_errors(campaign: Campaign, root: Any, label: str) -> list[str]:
     return errors
 
 
-def parse_campaign(text: str, label: str, *, base: Path) -> Campaign:
-    """Validate campaign text; `label` names the file in errors, `base` anchors relative paths."""
+def parse_campaign(text: str, label: str, *, base: Path, output: Path | None = None) -> Campaign:
+    """Validate campaign text; `label` names the file in errors, `base` anchors relative paths.
+
+    A campaign file writes only inside its own folder; `output` (the command line's choice)
+    replaces the file's `output` with any folder."""
     try:
         root, data = compose_mapping(text, label,
                                      empty="a campaign needs name, corpus, checkpoints, tasks, fit and output",
@@ -278,9 +317,11 @@ def parse_campaign(text: str, label: str, *, base: Path) -> Campaign:
         campaign = Campaign.model_validate(data)
     except ValidationError as exc:
         raise CampaignError(_one_line(validation_lines(exc, root, label, Campaign))) from None
+    if output is not None:
+        campaign = campaign.model_copy(update={"output": str(Path(output).expanduser().resolve())})
     campaign._base = base
     campaign._label = label
-    errors = _cross_errors(campaign, root, label)
+    errors = _cross_errors(campaign, root, label, output_given=output is not None)
     if errors:
         raise CampaignError(_one_line(errors))
     return campaign
@@ -292,8 +333,9 @@ def _one_line(lines: list[str]) -> str:
     return lines[0] + (f" (and {more} more problem{'s' if more > 1 else ''} after it)" if more > 0 else "")
 
 
-def load_campaign(path: str | Path) -> Campaign:
-    """Read and validate a campaign file (a regular file of bounded size, strict YAML)."""
+def load_campaign(path: str | Path, *, output: Path | None = None) -> Campaign:
+    """Read and validate a campaign file (a regular file of bounded size, strict YAML);
+    `output` writes the results to that folder instead of the file's `output`."""
     path = Path(path)
     label = str(path)
     if not path.is_file():
@@ -302,4 +344,4 @@ def load_campaign(path: str | Path) -> Campaign:
         text = read_bounded_text(path, label, what=CAMPAIGN_FILE)
     except PolicyError as exc:
         raise CampaignError(exc.one_line()) from None
-    return parse_campaign(text, label, base=path.resolve().parent)
+    return parse_campaign(text, label, base=path.resolve().parent, output=output)

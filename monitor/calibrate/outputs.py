@@ -162,12 +162,38 @@ def write_outputs(campaign: Campaign, plan: Plan, store: Store, *,
             for metric in task.metrics or campaign.fit.metrics:
                 work.append((task, name, metric, labels))
     outputs = CampaignOutputs()
+    for task in campaign.tasks:
+        if task.kind == "results" and not _task_names(campaign, task, plan, store):
+            outputs.curves.append(CurveOutcome(
+                task=str(task.results), metric=",".join(task.metrics or campaign.fit.metrics),
+                error=f"{task.results} gave no label of a campaign checkpoint (see the skipped results); "
+                      "check its task, metric and checkpoint columns"))
+    files: dict[str, list[str]] = {}
+    for _, name, metric, _ in work:
+        files.setdefault(curve_file_name(name, metric), []).append(f"{name} · {metric}")
     for n, (task, name, metric, labels) in enumerate(work, start=1):
-        outputs.curves.append(fit_task(campaign, task, name, metric, labels, corpus_sha256=corpus, ref=ref))
+        shared = files[curve_file_name(name, metric)]
+        if len(shared) > 1:   # two curves would overwrite one file: neither is written
+            outputs.curves.append(CurveOutcome(task=name, metric=metric, error=(
+                f"{' and '.join(shared)} would both be written to curves/{curve_file_name(name, metric)}; "
+                "rename one of the tasks")))
+        else:
+            outputs.curves.append(fit_task(campaign, task, name, metric, labels, corpus_sha256=corpus, ref=ref))
         if on_progress is not None:
             on_progress("fit", n, len(work), f"{name} · {metric}")
+    _remove_stale_curves(campaign.output_dir / "curves", {c.path.name for c in outputs.curves if c.path is not None})
     outputs.report_json, outputs.report_md = write_report(campaign, plan, outputs, corpus_sha256=corpus, ref=ref)
     return outputs
+
+
+def _remove_stale_curves(folder: Path, written: set[str]) -> None:
+    """Curve artifacts an earlier run wrote that this run did not (a fit that now fails, a task
+    or metric taken out of the campaign) are removed: a policy must not go on reading them."""
+    if not folder.is_dir():
+        return
+    for path in folder.glob("*.json"):
+        if path.name not in written:
+            path.unlink(missing_ok=True)
 
 
 def report_data(campaign: Campaign, plan: Plan, outputs: CampaignOutputs, *, corpus_sha256: str,

@@ -13,6 +13,7 @@ selection, scoring or evaluation settings), so changing one of those runs the jo
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,7 +131,12 @@ def task_identity(campaign: Campaign, task: TaskSpec) -> tuple[str, str]:
         path = campaign.path(task.builtin)
         return path.stem, hashlib.sha256(path.read_bytes()).hexdigest()
     assert task.lm_eval is not None
-    digest = hashlib.sha256(f"lm_eval:{task.lm_eval}\n".encode("utf-8"))
+    try:
+        harness = importlib.metadata.version("lm-eval")
+    except importlib.metadata.PackageNotFoundError:
+        harness = "not installed"   # such a campaign stops before any work (check_lm_eval_available)
+    # Another harness version may define the task, its prompts or its metrics differently.
+    digest = hashlib.sha256(f"lm_eval:{task.lm_eval}\nharness:{harness}\n".encode("utf-8"))
     if task.include is not None:
         # A task of one's own: its YAML and data files are part of what it measures.
         folder = campaign.path(task.include)
@@ -156,9 +162,13 @@ def build_plan(campaign: Campaign, corpus_sha256: str) -> Plan:
                                 f"tasks[{names[name]}]; rename one task file")
         names[name] = t
         for c in checkpoints:
+            # lm-eval draws its few-shot examples with the campaign's seed and batches requests;
+            # the built-in evaluator uses neither.
+            harness = ({"seed": campaign.fit.seed, "batch_size": campaign.scoring.batch_size}
+                       if task.kind == "lm_eval" else {})
             key = job_key("eval", repo=c.repo, sha=c.sha, task=name, task_sha256=sha, limit=task.limit,
                           num_fewshot=task.num_fewshot, dtype=campaign.scoring.dtype,
-                          device=campaign.scoring.device)
+                          device=campaign.scoring.device, **harness)
             evals.append(EvalWork(c, task, t, name, sha, key))
     return Plan(checkpoints, scores, evals)
 

@@ -38,6 +38,8 @@ def register(app: typer.Typer) -> None:
         campaign_file: Path = typer.Argument(..., help="Campaign file (YAML): checkpoints, tasks, corpus, fit."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        output: Path | None = typer.Option(None, "--output", help="Write to this folder instead of the "
+                                           "file's `output` (which must stay inside the file's folder)."),
     ) -> None:
         """Score and evaluate a campaign's checkpoints, then fit, validate and write its task curves.
 
@@ -45,7 +47,7 @@ def register(app: typer.Typer) -> None:
         from monitor.calibrate import load_campaign, run_campaign
         from monitor.curves import curve_warnings
 
-        campaign = load_campaign(campaign_file)
+        campaign = load_campaign(campaign_file, output=output)
         show = not (quiet or as_json)
         # Started at the first event, so an error found before any work prints only its line.
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
