@@ -140,3 +140,26 @@ def test_the_same_weights_under_another_config_are_scored_again(tmp_path, files,
     assert rows["acme/original"]["weights_digest"] == rows["acme/retuned"]["weights_digest"]
     assert rows["acme/original"]["files_digest"] != rows["acme/retuned"]["files_digest"]
     assert runs["acme/retuned"]["lstar"] != runs["acme/original"]["lstar"]
+
+
+def test_an_override_tokenizer_is_keyed_by_its_contents_not_its_path(tmp_path, calib_v0, shared_dir):
+    """Scoring with `--tokenizer DIR`: the same folder edited in place is another tokenizer (its
+    scores are not linked to the old ones); the same files in another folder are the same."""
+    import shutil
+
+    from monitor.service.scoring_driver import JobBuilder
+
+    folder = tmp_path / "tok"
+    shutil.copytree(shared_dir / "tokenizers" / "gpt2", folder)
+
+    def digest(path: Path) -> str:
+        template = ScoreRequest(corpus_dir=calib_v0, docs=3, tokenizer_dir=path, device="cpu", dtype="float32")
+        with Store.open(tmp_path / "state.duckdb") as store:
+            return JobBuilder(store, template, tmp_path).request_digest()
+
+    before = digest(folder)
+    shutil.copytree(folder, tmp_path / "moved")
+    assert digest(tmp_path / "moved") == before
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text().rstrip() + "\n\n")   # edited in place
+    assert digest(folder) != before

@@ -291,6 +291,36 @@ def test_a_partial_snapshot_is_never_accepted(standard, cache):
         verify_snapshot(cache, repo, sha, files)
 
 
+def test_a_file_the_hub_gives_no_hash_for_is_never_accepted(standard, cache):
+    """The gate refuses it; the fetch asks the Hub again and refuses it too, removing the file."""
+    hub, info = standard
+    repo = f"{info['author']}/tiny-llama"
+    sha = info["repos"][repo]["refs"]["main"]
+    path = fetch_pinned(repo, sha, cache_dir=cache, client=client(hub))
+    size = (path / "tokenizer.json").stat().st_size
+    with pytest.raises(IntegrityError, match="neither a sha256 nor a git blob id for tokenizer.json"):
+        verify_snapshot(cache, repo, sha, [ExpectedFile("tokenizer.json", size)])
+    assert not (path / "tokenizer.json").exists()
+
+
+def test_a_snapshots_identity_is_the_sha256_of_its_bytes(tmp_path):
+    """A small file is checked by its git blob id (a SHA-1, against which collisions can be
+    made); its identity for scoring once is the sha256 of its bytes, whatever blob id the Hub
+    named. An LFS file's identity is the sha256 the fetch checked."""
+    from monitor.hub.fetch import snapshot_digests
+
+    (tmp_path / "config.json").write_bytes(b'{"a": 1}')
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    lfs = ExpectedFile("model.safetensors", 7, sha256=hashlib.sha256(b"weights").hexdigest())
+    first = snapshot_digests([lfs, ExpectedFile("config.json", 8, blob_id="1" * 40)], tmp_path)
+    same_bytes_other_id = snapshot_digests([lfs, ExpectedFile("config.json", 8, blob_id="2" * 40)], tmp_path)
+    assert first == same_bytes_other_id
+    expected = hashlib.sha256(json.dumps([["config.json", hashlib.sha256(b'{"a": 1}').hexdigest()]]).encode())
+    assert first["files_digest"] == expected.hexdigest()
+    (tmp_path / "config.json").write_bytes(b'{"a": 2}')   # other bytes (under any blob id): another identity
+    assert snapshot_digests([lfs, ExpectedFile("config.json", 8, blob_id="1" * 40)], tmp_path) != first
+
+
 # -- byte budgets on every fetched file ---------------------------------------------------------
 HUGE = 150_000_000   # never written anywhere: the fake Hub only announces or streams it
 

@@ -190,6 +190,15 @@ def test_a_job_no_node_can_hold_fails_at_once_with_the_numbers(backend, calib_v0
     assert "needs about 1048576.0 GiB" in outcome.error.message and "largest node" in outcome.error.message
 
 
+def test_a_gpu_job_on_a_cluster_without_gpus_fails_at_once_with_the_numbers(backend, calib_v0):
+    """Ray would keep such a task pending for ever; the job fails at once and says why."""
+    job = ScoreJob(checkpoint_id=1, repo="acme/x", sha="d" * 40,
+                   request=replace(template(calib_v0), device="cuda"), memory_bytes=10 << 20)
+    [outcome] = list(backend.run([job]))
+    assert outcome.error.error_class == "ModelLoadError"
+    assert "needs 1 GPU(s) on one node, but the Ray cluster has no GPU" in outcome.error.message
+
+
 def test_placement_asks_for_the_gpus_a_model_needs_and_spreads_it_with_device_map(backend, calib_v0):
     base = ScoreJob(checkpoint_id=1, repo="acme/x", sha="c" * 40,
                     request=replace(template(calib_v0), device="cuda"), memory_bytes=100 << 30)

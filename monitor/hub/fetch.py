@@ -112,7 +112,11 @@ def verify_snapshot(cache_dir: Path, repo: str, sha: str, files: Sequence[Expect
             actual = _digest(path, "sha1", b"blob %d\0" % size)
             expected = f.blob_id.lower()
         else:
-            continue
+            # The gate refuses such a file, but the fetch asks the Hub again: a file that cannot
+            # be checked against the commit is never scored.
+            _discard(path)
+            raise IntegrityError(f"{where}: the Hub gave neither a sha256 nor a git blob id for {f.name}; "
+                                 "it cannot be checked against the commit")
         if actual != expected:
             _discard(path)
             kind = "sha256" if f.sha256 is not None else "git blob id"
@@ -129,20 +133,21 @@ def _require_present(cache_dir: Path, repo: str, sha: str, files: Sequence[Expec
                            hint="retried later")
 
 
-def snapshot_digests(files: Sequence[ExpectedFile]) -> dict[str, str | None]:
-    """Identities of a verified snapshot, from what the Hub announced and the fetch checked.
+def snapshot_digests(files: Sequence[ExpectedFile], snapshot: Path) -> dict[str, str | None]:
+    """Identities of a verified snapshot: sha256 of every file's bytes.
 
-    `weights_digest`: sha256 over the weight files' names and LFS sha256 (git blob id for a
-    shard index); two repos or commits with the same value hold the same weights.
+    `weights_digest`: sha256 over the weight files' names and contents' sha256 (the shard
+    index included); two repos or commits with the same value hold the same weights.
     `files_digest`: the same over every other file scoring reads (config, tokenizer): the
-    same weights under another config or tokenizer compute other numbers. None when a file
-    has no content hash from the Hub.
+    same weights under another config or tokenizer compute other numbers.
+
+    An LFS file's sha256 is the one the Hub announced, which the fetch checked against the
+    bytes. A small file is checked by its git blob id, a SHA-1, against which collisions can
+    be made: its sha256 is computed here from the verified bytes, so a second file made to
+    share a first's blob id cannot inherit the first's score.
     """
-    def digest(chosen: list[ExpectedFile]) -> str | None:
-        if any(f.sha256 is None and f.blob_id is None for f in chosen):
-            return None   # a file the Hub gave no content hash for: no identity to match on
-        ids = sorted([f.name, f"sha256:{f.sha256.lower()}" if f.sha256 else f"blob:{f.blob_id.lower()}"]  # type: ignore[union-attr]
-                     for f in chosen)
+    def digest(chosen: list[ExpectedFile]) -> str:
+        ids = sorted([f.name, (f.sha256 or _digest(snapshot / f.name, "sha256")).lower()] for f in chosen)
         return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
 
     weights = [f for f in files if f.name not in FILE_BYTE_LIMITS or f.name == WEIGHTS_INDEX]
@@ -211,7 +216,7 @@ def fetch_verified(repo: str, sha: str, **options: Any) -> tuple[Path, dict[str,
         return verify_snapshot(cache_dir, repo, sha, files)
 
     path = _fetch(repo, sha, verify=verify, **options)
-    return path, snapshot_digests(captured[-1])
+    return path, snapshot_digests(captured[-1], path)
 
 
 def fetch_job(store: Store, job: CheckpointRow, *, owner: str, client: HubClient | None = None,

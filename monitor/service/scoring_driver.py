@@ -24,6 +24,7 @@ After a run that finished jobs, the daemon prunes the Hub cache (`prune_after_sc
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from monitor.hub.queue import claim_batch, release, settle
 from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
 from monitor.scoring.engine import corpus_selection
+from monitor.scoring.loader import checkpoint_hash
 from monitor.store import Store, utcnow
 from monitor.store.rows import CheckpointRow, ScoredRunRef
 
@@ -102,6 +104,13 @@ def absolute_paths(template: ScoreRequest) -> ScoreRequest:
                    reference_tokenizer=resolved(template.reference_tokenizer), progress=False)
 
 
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 class JobBuilder:
     """Turns a leased, fetched checkpoint into a self-contained `ScoreJob`.
 
@@ -114,6 +123,7 @@ class JobBuilder:
         self.template = absolute_paths(template)
         self.state_dir = state_dir
         self._corpus_sha: str | None = None
+        self._request_digest: str | None = None
 
     def corpus_sha256(self) -> str:
         if self._corpus_sha is None:
@@ -121,15 +131,21 @@ class JobBuilder:
         return self._corpus_sha
 
     def request_digest(self) -> str:
-        """sha256 of the scoring options that change a number (not where files are)."""
-        t = self.template
-        options = {"spec": SCORING_SPEC_VERSION, "max_context": t.max_context, "stride": t.stride,
-                   "disjoint": t.disjoint, "docs": t.docs, "slices": t.slices, "every": t.every, "dtype": t.dtype,
-                   "device": t.device, "batch_size": t.batch_size, "with_tcb": t.with_tcb,
-                   "tcb_positions": t.tcb_positions, "n_boot": t.n_boot, "seed": t.seed,
-                   "tokenizer_dir": str(t.tokenizer_dir) if t.tokenizer_dir else None,
-                   "reference_tokenizer": str(t.reference_tokenizer) if t.reference_tokenizer else None}
-        return hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
+        """sha256 of what changes a number besides the checkpoint: the scoring options, the
+        override tokenizers' contents (not where they are: a folder edited in place is another
+        tokenizer) and the versions of the libraries that compute the forward pass."""
+        if self._request_digest is None:
+            t = self.template
+            options = {"spec": SCORING_SPEC_VERSION, "max_context": t.max_context, "stride": t.stride,
+                       "disjoint": t.disjoint, "docs": t.docs, "slices": t.slices, "every": t.every,
+                       "dtype": t.dtype, "device": t.device, "batch_size": t.batch_size, "with_tcb": t.with_tcb,
+                       "tcb_positions": t.tcb_positions, "n_boot": t.n_boot, "seed": t.seed,
+                       "tokenizer": checkpoint_hash(t.tokenizer_dir) if t.tokenizer_dir else None,
+                       "reference_tokenizer": checkpoint_hash(t.reference_tokenizer) if t.reference_tokenizer
+                       else None,
+                       "libraries": {name: _version(name) for name in ("torch", "transformers", "tokenizers")}}
+            self._request_digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
+        return self._request_digest
 
     def content_key(self, checkpoint_id: int) -> dict[str, str] | None:
         """What a score of this fetched checkpoint would measure: its weights and files digests

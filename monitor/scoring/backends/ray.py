@@ -99,11 +99,12 @@ def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
                          hint="start the cluster there (ray start --head), or fix --ray-address / RAY_ADDRESS") from None
 
 
-def _node_memory(ray: Any) -> int | None:
-    """The largest `memory` resource of any live node (None when Ray does not say)."""
-    sizes = [node.get("Resources", {}).get("memory") for node in ray.nodes() if node.get("Alive")]
-    sizes = [int(s) for s in sizes if s]
-    return max(sizes) if sizes else None
+def _node_capacity(ray: Any) -> tuple[int | None, int]:
+    """The largest `memory` resource of any live node (None when Ray does not say), and the
+    most GPUs any live node has (a task's GPUs must all be on one node)."""
+    alive = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    sizes = [int(r["memory"]) for r in alive if r.get("memory")]
+    return (max(sizes) if sizes else None), max((int(r.get("GPU", 0)) for r in alive), default=0)
 
 
 class RayBackend:
@@ -154,23 +155,34 @@ class RayBackend:
             options["runtime_env"] = {"env_vars": {ENV_VAR: os.environ[ENV_VAR]}}
         return options, job
 
-    def _unplaceable(self, job: ScoreJob, largest: int | None) -> ScoreOutcome | None:
-        if not job.memory_bytes or largest is None or job.memory_bytes <= largest:
+    def _unplaceable(self, job: ScoreJob, capacity: tuple[int | None, int]) -> ScoreOutcome | None:
+        """A job no node can hold fails at once with the numbers: Ray would keep it pending for
+        ever, and the time limit only starts once it runs."""
+        largest, most_gpus = capacity
+        gpus = self.task_options(job)[0].get("num_gpus", 0)
+        if job.memory_bytes and largest is not None and job.memory_bytes > largest:
+            error = ModelLoadError(
+                f"{job.name()} needs about {job.memory_bytes / 2**30:.1f} GiB to score, but the largest node "
+                f"of the Ray cluster offers {largest / 2**30:.1f} GiB",
+                hint="add a node with more memory to the cluster, or score it with the local backend")
+        elif gpus > most_gpus:
+            error = ModelLoadError(
+                f"{job.name()} needs {gpus} GPU(s) on one node, but "
+                + (f"the largest node of the Ray cluster has {most_gpus}" if most_gpus else
+                   "the Ray cluster has no GPU"),
+                hint="add a node with more GPUs, or score on the CPU (device: cpu)")
+        else:
             return None
-        error = ModelLoadError(
-            f"{job.name()} needs about {job.memory_bytes / 2**30:.1f} GiB to score, but the largest node "
-            f"of the Ray cluster offers {largest / 2**30:.1f} GiB",
-            hint="add a node with more memory to the cluster, or score it with the local backend")
         return ScoreOutcome(job, error=ScoreError.from_exception(error), worker="ray")
 
     def run(self, jobs: Iterable[ScoreJob]) -> Iterator[ScoreOutcome]:
         """Submit every job, then yield outcomes in the order they finish."""
         ray = self._ray
-        largest = _node_memory(ray)
+        capacity = _node_capacity(ray)
         pending: dict[Any, ScoreJob] = {}
         try:
             for job in jobs:
-                refused = self._unplaceable(job, largest)
+                refused = self._unplaceable(job, capacity)
                 if refused is not None:
                     yield refused
                     continue
