@@ -72,6 +72,33 @@ def test_a_database_from_a_newer_version_is_refused_and_left_untouched(tmp_path,
         assert conn.execute("SELECT max(name) FROM schema_migrations").fetchone()[0] == "9000_from_a_newer_version"
 
 
+def test_a_newer_versions_database_with_a_wal_is_refused_and_left_untouched(tmp_path, policies):
+    """A newer version stopped with writes still in the WAL: refusing the file must not fold
+    the WAL into it (DuckDB checkpoints when a writable connection closes)."""
+    state = tmp_path / "state"
+    db = state / "lstar.duckdb"
+    with Store.open(db):
+        pass
+    newer = f"""
+import duckdb, os
+conn = duckdb.connect({str(db)!r})
+conn.execute("PRAGMA disable_checkpoint_on_shutdown")
+conn.execute("SET wal_autocheckpoint='1TB'")
+conn.execute("INSERT INTO schema_migrations VALUES ('9000_from_a_newer_version', now())")
+conn.execute("CREATE TABLE from_the_future (x INTEGER)")
+os._exit(0)   # as a killed process: the WAL stays
+"""
+    subprocess.run([sys.executable, "-c", newer], check=True)
+    wal = db.with_name(db.name + ".wal")
+    assert wal.exists()
+    before = (hashlib.sha256(db.read_bytes()).hexdigest(), hashlib.sha256(wal.read_bytes()).hexdigest())
+    for argv in ([*LSTAR, "db", "migrate", "--db", str(db)], daemon_argv(policies, state)):
+        line = one_line_error(run(argv))
+        assert "has migrations this version does not know: 9000_from_a_newer_version" in line
+    assert wal.exists()
+    assert (hashlib.sha256(db.read_bytes()).hexdigest(), hashlib.sha256(wal.read_bytes()).hexdigest()) == before
+
+
 HEADER, BLOCK = 3 * 4096, 256 * 1024  # DuckDB's file header, and its default block size
 
 

@@ -80,6 +80,7 @@ class StoreConnection:
         self.path = path
         self.read_only = read_only
         self._lock = threading.RLock()
+        self._refused = False
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
@@ -124,7 +125,7 @@ class StoreConnection:
                 store.migrate()
         except BaseException as exc:
             with contextlib.suppress(Exception):
-                store.close()
+                store.abandon()
             if isinstance(exc, (duckdb.Error, OSError)):
                 raise storage_error(path, exc, doing="reading the schema" if read_only else "migrating") \
                     from exc
@@ -132,13 +133,30 @@ class StoreConnection:
         return store
 
     def close(self) -> None:
-        """Checkpoint (when writable) and close the connection."""
+        """Checkpoint (when writable) and close the connection; a file this version refused
+        is closed as it was (`abandon`)."""
+        if self._refused:
+            self.abandon()
+            return
         with self._lock:
             if self._conn is None:
                 return
             if not self.read_only:
                 with contextlib.suppress(duckdb.Error):
                     self._conn.execute("CHECKPOINT")
+            self._conn.close()
+            self._conn = None  # type: ignore[assignment]
+
+    def abandon(self) -> None:
+        """Close without checkpointing: a file this version refused (written by a newer one,
+        or whose migration failed) keeps its WAL and its bytes as they were. DuckDB would
+        otherwise fold the WAL into the file when a writable connection closes."""
+        with self._lock:
+            if self._conn is None:
+                return
+            if not self.read_only:
+                with contextlib.suppress(duckdb.Error):
+                    self._conn.execute("PRAGMA disable_checkpoint_on_shutdown")
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
 
@@ -210,6 +228,7 @@ class StoreConnection:
         applied = set(self.applied_migrations())
         unknown = applied - {m.name for m in MIGRATIONS}
         if unknown:
+            self._refused = True   # closing it must not fold the newer version's WAL into the file
             raise StoreError(
                 f"{self.path} has migrations this version does not know: {', '.join(sorted(unknown))}",
                 hint="it was written by a newer lstar-monitor; upgrade rather than downgrade")
