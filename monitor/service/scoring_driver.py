@@ -162,15 +162,19 @@ class JobBuilder:
         """The job, and the flat copy of its snapshot (removed by the caller when done)."""
         corpus_sha = self.corpus_sha256()
         flat = materialize_snapshot(snapshot, self.state_dir / "tmp" / f"checkpoint-{job.id}")
-        request = replace(self.template, model=str(flat), checkpoint_id=job.id,
-                          extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
         try:
-            memory = estimate_memory(flat, dtype=request.dtype, device=request.device)
-        except (LayoutError, OSError):
-            memory = None   # the loader refuses such a checkpoint with the reason
-        score_job = ScoreJob(checkpoint_id=job.id, repo=job.repo, sha=job.sha, request=request,
-                             corpus_sha256=corpus_sha, memory_bytes=memory,
-                             baselines=tuple(self.store.baselines_for_corpus(corpus_sha)))
+            request = replace(self.template, model=str(flat), checkpoint_id=job.id,
+                              extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
+            try:
+                memory = estimate_memory(flat, dtype=request.dtype, device=request.device)
+            except (LayoutError, OSError):
+                memory = None   # the loader refuses such a checkpoint with the reason
+            score_job = ScoreJob(checkpoint_id=job.id, repo=job.repo, sha=job.sha, request=request,
+                                 corpus_sha256=corpus_sha, memory_bytes=memory,
+                                 baselines=tuple(self.store.baselines_for_corpus(corpus_sha)))
+        except BaseException:
+            shutil.rmtree(flat, ignore_errors=True)   # no job will remove it
+            raise
         return score_job, flat
 
 

@@ -190,7 +190,7 @@ class RayBackend:
                 ref = self._task.options(**options).remote(sent.to_dict(), self.timeout_s, self.memory_bytes,
                                                            self.workdir)
                 pending[ref] = job
-            self._running = len(pending)
+                self._running = len(pending)   # a shutdown during submission cancels what was sent
             while pending:
                 if self._interrupted.is_set():
                     yield from self._abandon(pending)
@@ -204,6 +204,7 @@ class RayBackend:
                     yield self._collect(ref, job)
         finally:
             self._running = 0
+            self._interrupted.clear()   # an interrupt is for this batch, not the next one
             for ref in pending:  # the caller stopped early: the jobs' leases go back anyway
                 try:
                     ray.cancel(ref, force=True)
