@@ -73,7 +73,9 @@ def run_worker_main(kind: str, job_path: Path) -> int:
                                   for name in job["peak_dtypes"]}
     else:
         result = base.WORKERS[kind](job)
-        result["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        # per backend: the legacy global reading raises once torch's per-backend settings are used
+        result["float32_matmul_precision"] = {"cuda": torch.backends.cuda.matmul.fp32_precision,
+                                              "cpu": torch.backends.mkldnn.fp32_precision}
     result["device_name"] = torch.cuda.get_device_name(device) if cuda else base._cpu_name()
     result["cuda"] = torch.version.cuda
     if cuda:
@@ -93,7 +95,7 @@ def model_shape(model_config: dict[str, Any], n_params: int) -> dict[str, int]:
     hidden = int(model_config.get("hidden_size") or model_config.get("n_embd") or 0)
     head_dim = int(model_config.get("head_dim") or (hidden // heads if heads else 0))
     matmul_params = n_params
-    if not model_config.get("tie_word_embeddings", False):
+    if not model_config.get("tie_word_embeddings", True):   # transformers' default: tied
         matmul_params -= int(model_config.get("vocab_size") or 0) * hidden
     return {"matmul_params": matmul_params, "d_attn": heads * head_dim,
             "n_layers": int(model_config.get("num_hidden_layers") or model_config.get("n_layer") or 0)}

@@ -36,7 +36,7 @@ def measure_matmul_peak(dtype_name: str, *, budget_s: float = 10.0, repeats: int
 
     if threads is not None:
         torch.set_num_threads(threads)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
     cuda = device.startswith("cuda")
     sizes = CUDA_SIZES if cuda else SIZES
     repeats = max(repeats, 10) if cuda else repeats    # a GPU product takes milliseconds
@@ -45,9 +45,18 @@ def measure_matmul_peak(dtype_name: str, *, budget_s: float = 10.0, repeats: int
         if cuda:
             torch.cuda.synchronize(device)
 
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")      # float32 means float32, not TF32
-    generator = torch.Generator().manual_seed(0)
+    from monitor.scoring.forward import full_precision_float32
+
+    with full_precision_float32(dtype):                # float32 means float32, not TF32
+        trials = _trials(torch, dtype, device, sizes, repeats, budget_s, sync)
+    top = max(trials, key=lambda t: t["gflops"])
+    return {"dtype": dtype_name, "device": device, "gflops": top["gflops"], "n": top["n"],
+            "layout": top["layout"], "threads": torch.get_num_threads(), "trials": trials}
+
+
+def _trials(torch: Any, dtype: Any, device: str, sizes: Any, repeats: int, budget_s: float,
+            sync: Any) -> list[dict[str, Any]]:
+    generator = torch.Generator(device=device).manual_seed(0)
     trials: list[dict[str, Any]] = []
     rate: dict[str, float | None] = {"nn": None, "nt": None}   # FLOP/s at the last size tried
     started = time.perf_counter()
@@ -61,8 +70,9 @@ def measure_matmul_peak(dtype_name: str, *, budget_s: float = 10.0, repeats: int
         rate = {name: rate[name] for name in layouts}
         if not layouts:
             break
-        a = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
-        b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+        # made on the device: on a GPU, making them on the CPU took most of the time budget
+        a = torch.randn(n, n, generator=generator, device=device, dtype=dtype)
+        b = torch.randn(n, n, generator=generator, device=device, dtype=dtype)
         for layout in layouts:
             rhs = b if layout == "nn" else b.t()
             torch.matmul(a, rhs)                      # warm-up: kernel selection, page faults
@@ -76,10 +86,7 @@ def measure_matmul_peak(dtype_name: str, *, budget_s: float = 10.0, repeats: int
             rate[layout] = flop / best
             trials.append({"n": n, "layout": layout, "seconds": best, "gflops": flop / best / 1e9})
         del a, b
-    torch.set_float32_matmul_precision(precision)
-    top = max(trials, key=lambda t: t["gflops"])
-    return {"dtype": dtype_name, "device": device, "gflops": top["gflops"], "n": top["n"],
-            "layout": top["layout"], "threads": torch.get_num_threads(), "trials": trials}
+    return trials
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from monitor.errors import SpecError
+from monitor.errors import ModelLoadError, SpecError
 from monitor.sandbox.tiny_models import build_tiny_model
 from monitor.scoring.forward import (OutputHead, ScoringSpec, decoder_body, resolve_device,
                                      score_token_sequences)
@@ -116,32 +116,49 @@ def test_bf16_through_the_chunked_head_is_within_tolerance_of_float32(llama3_tin
     assert abs(nll16 - nll32) / nll32 > BF16_BPB_REL_TOLERANCE
 
 
-def test_float32_spec_runs_full_float32_matmuls_and_restores_the_setting(llama3_tiny):
-    """A process-wide 'medium' precision (TF32 on CUDA, bf16 passes on the CPU) is lifted
-    while a float32 score runs, and put back afterwards; a bf16 score leaves it alone."""
+def _precision() -> tuple[str, str]:
+    """The float32 matmul precision of the CUDA and CPU (oneDNN) backends, as torch applies it."""
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.fp32_precision
+
+
+@pytest.mark.parametrize("setting", ["legacy", "per-backend"])
+def test_float32_spec_runs_full_float32_matmuls_and_restores_the_setting(llama3_tiny, setting):
+    """A process-wide lower precision (TF32 on CUDA, bf16 passes on the CPU), set with the
+    legacy global call or torch's per-backend settings (after which the legacy getter raises),
+    is lifted while a float32 score runs and put back afterwards; a bf16 score leaves it alone."""
     out, seqs, prefix, _ = llama3_tiny
-    seen: list[str] = []
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("medium")
+    seen: list[tuple[str, str]] = []
+    saved, saved_legacy = _precision(), torch.get_float32_matmul_precision()
+    if setting == "legacy":
+        torch.set_float32_matmul_precision("medium")
+    else:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.mkldnn.fp32_precision = "bf16"
+    lowered = _precision()
+    assert lowered != ("ieee", "ieee")
     try:
         for dtype in ("float32", "bfloat16"):
             ckpt = load_checkpoint(str(out), dtype=dtype, device="cpu")
-            hook = ckpt.model.get_output_embeddings().register_forward_pre_hook(
-                lambda *_: seen.append(torch.get_float32_matmul_precision()))
+            hook = ckpt.model.get_output_embeddings().register_forward_pre_hook(lambda *_: seen.append(_precision()))
             body_hook = decoder_body(ckpt.model).layers[0].register_forward_pre_hook(
-                lambda *_: seen.append(torch.get_float32_matmul_precision()))
+                lambda *_: seen.append(_precision()))
             spec = ScoringSpec(max_context=64, dtype=dtype, device="cpu").resolve(64)
             score_token_sequences(ckpt.model, seqs[:3], prefix, spec, with_tcb=False, progress=False)
             hook.remove()
             body_hook.remove()
-            assert torch.get_float32_matmul_precision() == "medium"
+            assert _precision() == lowered
             if dtype == "float32":
-                assert seen and set(seen) == {"highest"}
+                assert seen and set(seen) == {("ieee", "ieee")}
             else:
-                assert set(seen) == {"medium"}
+                assert set(seen) == {lowered}
             seen.clear()
-    finally:
-        torch.set_float32_matmul_precision(previous)
+        if setting == "legacy":
+            assert torch.get_float32_matmul_precision() == "medium"   # the legacy reading still works
+    finally:   # each API puts back what it changed
+        if setting == "legacy":
+            torch.set_float32_matmul_precision(saved_legacy)
+        else:
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.fp32_precision = saved
 
 
 def test_cuda_device_names_are_checked_against_the_devices_present(monkeypatch):
@@ -158,3 +175,33 @@ def test_cuda_device_names_are_checked_against_the_devices_present(monkeypatch):
     for bad in ("cuda:2", "cuda:x", "cuda:-1", "cuda:"):
         with pytest.raises(SpecError, match=r"does not exist: this host has 2 CUDA device"):
             resolve_device(bad)
+
+
+def test_auto_dtype_is_bf16_only_where_the_gpu_computes_in_bf16(monkeypatch):
+    """The hardware is the seam: an Ampere-or-later GPU scores in bf16 by default; an older
+    one (which emulates bf16, slowly) and the CPU in float32; an explicit dtype is kept."""
+    from monitor.scoring.forward import resolve_dtype
+
+    seen: list[str] = []
+
+    def capability(device):
+        seen.append(device)
+        return (8, 0) if device == "cuda:1" else (7, 5)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    assert resolve_dtype("auto", "cuda:1") == "bfloat16"
+    assert resolve_dtype("auto", "cuda:0") == "float32"
+    assert resolve_dtype("bfloat16", "cuda:0") == "bfloat16"
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert seen == ["cuda:1", "cuda:0"]
+
+
+def test_a_model_partly_offloaded_is_refused_with_where_its_layers_are(llama3_tiny):
+    """device_map="auto" puts what the GPUs cannot hold on the CPU or disk ("meta"): such a
+    model is refused by name, not scored with a confusing error mid-way."""
+    out, seqs, prefix, _ = llama3_tiny
+    ckpt = load_checkpoint(str(out), dtype="float32", device="cpu")
+    decoder_body(ckpt.model).layers[-1].to("meta")
+    spec = ScoringSpec(max_context=64, dtype="float32", device="cpu").resolve(64)
+    with pytest.raises(ModelLoadError, match="parts of the model are on meta, not on cpu: it does not fit"):
+        score_token_sequences(ckpt.model, seqs[:2], prefix, spec, with_tcb=False, progress=False)

@@ -72,10 +72,14 @@ def library_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"lstar-monitor": __version__, "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "huggingface_hub": huggingface_hub.__version__,
-            "numpy": numpy.__version__, "duckdb": duckdb.__version__}
+    versions = {"lstar-monitor": __version__, "python": platform.python_version(),
+                "torch": torch.__version__, "transformers": transformers.__version__,
+                "tokenizers": tokenizers.__version__, "huggingface_hub": huggingface_hub.__version__,
+                "numpy": numpy.__version__, "duckdb": duckdb.__version__}
+    if torch.cuda.is_available():
+        # a bf16 score's last bits depend on the CUDA libraries and the GPU's kernels
+        versions.update(cuda=str(torch.version.cuda), gpu=torch.cuda.get_device_name())
+    return versions
 
 
 def corpus_selection(request: ScoreRequest) -> Corpus:

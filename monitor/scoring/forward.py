@@ -63,9 +63,14 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """'auto' → bfloat16 on CUDA, float32 on CPU; 'bfloat16' on CPU is the opt-in bf16 CPU path."""
+    """'auto' → bfloat16 on a CUDA device with native bf16 (Ampere and later), float32 on an
+    older GPU (which only emulates bf16, slowly) and on the CPU; 'bfloat16' on CPU is the
+    opt-in bf16 CPU path."""
     if dtype == "auto":
-        return "bfloat16" if device.startswith("cuda") else "float32"
+        if device.startswith("cuda"):
+            native = torch.cuda.get_device_capability(device)[0] >= 8   # bf16 arithmetic from Ampere on
+            return "bfloat16" if native else "float32"
+        return "float32"
     name = _DTYPE_ALIASES.get(dtype)
     if name is None:
         raise SpecError(f"unknown dtype {dtype!r}", hint="use auto, float32, bfloat16 or float16")
@@ -230,6 +235,7 @@ class OutputHead:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [n, V] of hidden states [n, d] in the accumulator dtype; the matmul runs in
         the model dtype."""
+        hidden = hidden.to(self.weight.device)   # a model spread over GPUs ends on the last one
         out = torch.empty((hidden.shape[0], self.vocab_size), dtype=self.accumulator_dtype,
                           device=hidden.device)
         return self._logits_into(hidden, out)
@@ -258,6 +264,8 @@ class OutputHead:
         One logits buffer serves every chunk and the log-sum-exp runs in place on it
         (max, subtract, exp, sum); the buffer is kept for the next call. On the CPU a fresh
         [c, V] block per chunk costs more in page faults than its exp does."""
+        # Under device_map="auto" the body's last layer may sit on another GPU than the head.
+        hidden, targets = hidden.to(self.weight.device), targets.to(self.weight.device)
         rows = max(1, chunk_elements // self.vocab_size)
         n = hidden.shape[0]
         dtype = self.accumulator_dtype
@@ -297,7 +305,7 @@ def check_head_matches_model(model: torch.nn.Module, body: torch.nn.Module, head
     with an unhandled transform between the last hidden state and the logits)."""
     reference = model(input_ids=ids, use_cache=False).logits.float()
     ours = head.logits(_final_hidden(body, ids).reshape(-1, head.weight.shape[1]))
-    ours = ours.reshape(reference.shape)
+    ours = ours.reshape(reference.shape).to(reference.device)
     spread = max(1.0, float(reference.abs().max()))
     tolerance = 1e-4 if head.weight.dtype == torch.float32 else 2e-2
     diff = float((ours - reference).abs().max())
@@ -449,6 +457,20 @@ def full_precision_float32(dtype: torch.dtype):
     if dtype != torch.float32:
         yield
         return
+    # torch ≥ 2.9 has per-backend settings (`fp32_precision`); once anything sets those,
+    # reading the legacy global setting raises, so the new ones are saved and set when present.
+    backends = [b for b in (getattr(torch.backends.cuda, "matmul", None), getattr(torch.backends, "mkldnn", None))
+                if b is not None and hasattr(b, "fp32_precision")]
+    if backends:
+        saved = [b.fp32_precision for b in backends]
+        for b in backends:
+            b.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            for b, value in zip(backends, saved):
+                b.fp32_precision = value
+        return
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
@@ -492,6 +514,12 @@ def score_token_sequences(model: torch.nn.Module, token_seqs: Sequence[Sequence[
     if device.type == "cpu":
         keep_freed_memory()     # activations reused between batches, not page-faulted in again
     body, head = decoder_body(model), OutputHead(model)
+    elsewhere = sorted({p.device.type for p in model.parameters()} - {device.type})
+    if elsewhere:
+        # device_map="auto" offloads what the GPUs cannot hold to the CPU or disk ("meta").
+        raise ModelLoadError(f"parts of the model are on {', '.join(elsewhere)}, not on {device.type}: it does "
+                             "not fit in this machine's GPU memory",
+                             hint="score it on a node with more GPU memory; offloaded layers are not scored")
     if head.weight.dtype != spec.torch_dtype or head.weight.device.type != device.type:
         raise SpecError(f"the model is loaded as {str(head.weight.dtype).removeprefix('torch.')} on "
                         f"{head.weight.device.type} but the spec says {spec.dtype} on {device.type}",
@@ -510,7 +538,8 @@ def score_token_sequences(model: torch.nn.Module, token_seqs: Sequence[Sequence[
     passes.sort(key=lambda p: (-(p.end - p.start), p.doc, p.start))
 
     sample = sample_tcb_positions(n_tokens, spec.tcb_positions if with_tcb else 0, spec.tcb_seed)
-    sampled_hidden = torch.zeros((len(sample), head.weight.shape[1]), dtype=torch.float32, device=device)
+    sampled_hidden = torch.zeros((len(sample), head.weight.shape[1]), dtype=torch.float32,
+                                 device=head.weight.device)
 
     # Summed on the host in row order: index_add_ on a CUDA tensor uses atomic adds, whose
     # order (and so the last bits of a float64 sum) changes from run to run.
@@ -564,14 +593,15 @@ def _score_passes(body: torch.nn.Module, head: OutputHead, passes: list[_Pass],
             # causal kernel instead of materialising a [B, H, T, T] mask.
             ids = torch.from_numpy(batch.ids).to(device)
             hidden = _final_hidden(body, ids).flatten(0, 1)                        # [B*T, d]
-            scored = hidden.index_select(0, torch.from_numpy(batch.rows).to(device))  # [M, d]
-            nll = head.nll(scored, torch.from_numpy(batch.targets).to(device), spec.logits_chunk)
+            # on the device the body ended on (the last GPU of a model spread over several)
+            scored = hidden.index_select(0, torch.from_numpy(batch.rows).to(hidden.device))  # [M, d]
+            nll = head.nll(scored, torch.from_numpy(batch.targets), spec.logits_chunk)
             # the copy to the host waits for this batch on the device: a sync per batch,
             # small beside a forward pass, and device memory stays flat whatever the corpus
             np.add.at(doc_nll, batch.owner, nll.cpu().numpy().astype(np.float64))
             if len(batch.tcb_slots):
-                sampled_hidden[torch.from_numpy(batch.tcb_slots).to(device)] = hidden.index_select(
-                    0, torch.from_numpy(batch.tcb_rows).to(device)).float()
+                sampled_hidden[torch.from_numpy(batch.tcb_slots).to(sampled_hidden.device)] = hidden.index_select(
+                    0, torch.from_numpy(batch.tcb_rows).to(hidden.device)).to(sampled_hidden.device).float()
             bar.advance(task, len(batch.rows))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
