@@ -135,28 +135,21 @@ class StoreConnection:
     def close(self) -> None:
         """Checkpoint (when writable) and close the connection; a file this version refused
         is closed as it was (`abandon`)."""
-        if self._refused:
-            self.abandon()
-            return
-        with self._lock:
-            if self._conn is None:
-                return
-            if not self.read_only:
-                with contextlib.suppress(duckdb.Error):
-                    self._conn.execute("CHECKPOINT")
-            self._conn.close()
-            self._conn = None  # type: ignore[assignment]
+        self._close("PRAGMA disable_checkpoint_on_shutdown" if self._refused else "CHECKPOINT")
 
     def abandon(self) -> None:
         """Close without checkpointing: a file this version refused (written by a newer one,
         or whose migration failed) keeps its WAL and its bytes as they were. DuckDB would
         otherwise fold the WAL into the file when a writable connection closes."""
+        self._close("PRAGMA disable_checkpoint_on_shutdown")
+
+    def _close(self, last_statement: str) -> None:
         with self._lock:
             if self._conn is None:
                 return
             if not self.read_only:
                 with contextlib.suppress(duckdb.Error):
-                    self._conn.execute("PRAGMA disable_checkpoint_on_shutdown")
+                    self._conn.execute(last_statement)
             self._conn.close()
             self._conn = None  # type: ignore[assignment]
 
