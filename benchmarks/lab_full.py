@@ -8,7 +8,7 @@ smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every
 scores and labels every checkpoint (`lab.json`), then writes the lab report with
 `monitor.lab.report.write_lab_report` and prints the LOFO errors of every x-axis with the
 bootstrap intervals of their difference to L*. A killed run resumes where it stopped.
-One seed of four families took about 80 minutes on 2 shared cores; the defaults (five
+One seed of the five families took 2,421 s (40 minutes) on 2 shared cores; the defaults (five
 families, three seeds) take hours. The time is printed at the end.
 This is a measurement, not a test: whatever the table says is the result.
 """
