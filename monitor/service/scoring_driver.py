@@ -254,7 +254,7 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     if claimed:
         try:
             builder.corpus_sha256()
-        except LstarError as exc:
+        except (LstarError, OSError) as exc:
             # The daemon's own corpus (an unmounted share, a file edited in place) is not the
             # jobs' fault: they wait, attempts untouched, with the reason, until it is mended.
             reason = f"waiting: the daemon's scoring corpus is unusable: {' '.join(str(exc).split())[:300]}"
