@@ -156,14 +156,14 @@ def write_outputs(campaign: Campaign, plan: Plan, store: Store, *,
     """Fit every (task, metric) of the campaign and write the curves and the report."""
     scores, corpus, ref = _score_rows(plan, store)
     work: list[tuple[TaskSpec, str, str, list[Label]]] = []
+    outputs = CampaignOutputs()
     for task in campaign.tasks:
-        for name in _task_names(campaign, task, plan, store):
+        names = _task_names(campaign, task, plan, store)
+        for name in names:
             labels = _task_labels(campaign, task, name, plan, store, scores)
             for metric in task.metrics or campaign.fit.metrics:
                 work.append((task, name, metric, labels))
-    outputs = CampaignOutputs()
-    for task in campaign.tasks:
-        if task.kind == "results" and not _task_names(campaign, task, plan, store):
+        if task.kind == "results" and not names:
             outputs.curves.append(CurveOutcome(
                 task=str(task.results), metric=",".join(task.metrics or campaign.fit.metrics),
                 error=f"{task.results} gave no label of a campaign checkpoint (see the skipped results); "

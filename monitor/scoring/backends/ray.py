@@ -155,11 +155,10 @@ class RayBackend:
             options["runtime_env"] = {"env_vars": {ENV_VAR: os.environ[ENV_VAR]}}
         return options, job
 
-    def _unplaceable(self, job: ScoreJob, capacity: tuple[int | None, int]) -> ScoreOutcome | None:
-        """A job no node can hold fails at once with the numbers: Ray would keep it pending for
-        ever, and the time limit only starts once it runs."""
+    def _unplaceable(self, job: ScoreJob, gpus: int, capacity: tuple[int | None, int]) -> ScoreOutcome | None:
+        """A job no node can hold (its memory, or its `gpus` on one node) fails at once with the
+        numbers: Ray would keep it pending for ever, and the time limit only starts once it runs."""
         largest, most_gpus = capacity
-        gpus = self.task_options(job)[0].get("num_gpus", 0)
         if job.memory_bytes and largest is not None and job.memory_bytes > largest:
             error = ModelLoadError(
                 f"{job.name()} needs about {job.memory_bytes / 2**30:.1f} GiB to score, but the largest node "
@@ -182,11 +181,11 @@ class RayBackend:
         pending: dict[Any, ScoreJob] = {}
         try:
             for job in jobs:
-                refused = self._unplaceable(job, capacity)
+                options, sent = self.task_options(job)
+                refused = self._unplaceable(job, options.get("num_gpus", 0), capacity)
                 if refused is not None:
                     yield refused
                     continue
-                options, sent = self.task_options(job)
                 ref = self._task.options(**options).remote(sent.to_dict(), self.timeout_s, self.memory_bytes,
                                                            self.workdir)
                 pending[ref] = job
@@ -240,7 +239,6 @@ class RayBackend:
             del pending[ref]
             yield ScoreOutcome(job, error=ScoreError("ScoringInterrupted", f"the Ray task scoring {job.name()} "
                                                      "was cancelled by the shutdown"), worker="ray")
-        self._interrupted.clear()
 
     def interrupt(self) -> int:
         """Cancel the running tasks (the daemon's shutdown); how many were running."""
