@@ -44,6 +44,7 @@ CASES = [
     ([*RUN, "--retention", "1h"], "'--retention'", "a duration of at least 1d"),
     ([*RUN, "--api-idle-timeout", "0s"], "'--api-idle-timeout'", "a duration of at least 100ms"),
     ([*RUN, "--api-workers", "0"], "'--api-workers'", "an integer from 1 to 256"),
+    ([*RUN, "--api-connection-lifetime", "500ms"], "'--api-connection-lifetime'", "a duration of at least 1s"),
     ([*RUN, "--cache-keep", "-1"], "'--cache-keep'", "a count of checkpoints from 0 to 1,000,000, or 'all'"),
     ([*RUN, "--cache-max-bytes", "12"], "'--cache-max-bytes'", "a size from 1M to 1024T"),
     (["eval", "TMP/none", "--task", "TMP/none", "--device", "tpu"], "'--device'", "auto, cpu, cuda or cuda:N"),

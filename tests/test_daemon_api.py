@@ -3,8 +3,9 @@ subprocess, spoken to over raw sockets where a well-behaved client library would
 
 Framing is checked before any body byte is read, the Host and Origin must name the API
 (DNS rebinding), state changes need the owner-only token, `/report` takes policy names and
-never paths, query parameters are validated, 500s carry no internals, and a silent,
-trickling or surplus connection cannot hold a worker."""
+never paths, query parameters are validated, 500s carry no internals, a silent, trickling,
+surplus or endlessly busy connection cannot hold a worker, and /health and /metrics answer
+while other clients hold every worker."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +32,9 @@ from monitor.testing.daemon_harness import WATCHER_POLICY as POLICY
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
 IDLE_TIMEOUT_S = 2
+LIFETIME_S = 3
 WORKERS = 3
+MAX_REQUESTS = 100  # answers on one connection (the server's default)
 SILENCE = {"match": ["policy=watcher"], "until": "2h", "comment": "api test", "now": "2030-01-01T00:00:00Z"}
 INTERNALS = ("Traceback", "Error:", "SELECT", "LIMIT", "duckdb", "Exception", "File \"")
 
@@ -51,7 +55,8 @@ def start_daemon(tmp: Path, hub: FakeHub, **kwargs) -> DaemonProcess:
     (tmp / "policies" / "watcher.yaml").write_text(POLICY)
     return DaemonProcess(tmp / "policies", tmp / "state", endpoint=hub.url,
                          args=["--poll-every", "1h", "--score-every", "1h", "--cache-dir", str(tmp / "cache"),
-                               "--api-idle-timeout", f"{IDLE_TIMEOUT_S}s", "--api-workers", str(WORKERS)],
+                               "--api-idle-timeout", f"{IDLE_TIMEOUT_S}s", "--api-workers", str(WORKERS),
+                               "--api-connection-lifetime", f"{LIFETIME_S}s"],
                          **kwargs)
 
 
@@ -427,3 +432,158 @@ def test_a_saturated_pool_answers_503_and_recovers(daemon):
         for sock in holders:
             sock.close()
     wait_for(lambda: daemon.request("/health")[0] == 200, timeout=30, what="a free worker again")
+
+
+# -- the reserved lane and the connection's lifetime ---------------------------------------------
+def get(daemon: DaemonProcess, path: str, *, method: str = "GET", host: str | None = None) -> tuple[int, bytes]:
+    host = host or f"127.0.0.1:{port(daemon)}"
+    return raw_request(daemon, f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n\r\n")
+
+
+def timed_get(daemon: DaemonProcess, path: str) -> tuple[int, float]:
+    """(status, seconds from connect to the whole answer) of one GET on a fresh connection."""
+    start = time.monotonic()
+    status, _ = get(daemon, path)
+    return status, time.monotonic() - start
+
+
+class Hogs:
+    """Clients that try to keep every worker: `idle` ones that send nothing, `drip` ones that
+    send a request head a byte at a time, `keepalive` ones that send a whole request every
+    0.5 s on one connection (each restarts the per-request deadline). Each reconnects when the
+    server closes it, until stopped or `limit_s` is over; `busy` counts the 503s they got."""
+
+    def __init__(self, daemon: DaemonProcess, kinds: list[str], *, limit_s: float = 30) -> None:
+        self.port = port(daemon)
+        self.until = time.monotonic() + limit_s
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.threads = [threading.Thread(target=self._hold, args=(kind,), daemon=True) for kind in kinds]
+
+    def __enter__(self) -> "Hogs":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=10)
+
+    def running(self) -> bool:
+        return not self.stop.is_set() and time.monotonic() < self.until
+
+    def _hold(self, kind: str) -> None:
+        for _ in range(1000):
+            if not self.running():
+                return
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+                    getattr(self, f"_{kind}")(sock)
+            except OSError:
+                pass
+            self.stop.wait(0.1)
+
+    def _note(self, data: bytes) -> None:
+        if data.startswith(b"HTTP/1.1 503 "):
+            with self.lock:
+                self.busy += 1
+
+    def _wait_close(self, sock: socket.socket, drip: bytes = b"") -> None:
+        while self.running():
+            if select.select([sock], [], [], 0.2)[0]:
+                self._note(read_answer(sock))
+                return
+            if drip:
+                sock.sendall(drip)
+
+    def _idle(self, sock: socket.socket) -> None:
+        self._wait_close(sock)
+
+    def _drip(self, sock: socket.socket) -> None:
+        sock.sendall(f"GET /status HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nX-Slow: ".encode())
+        self._wait_close(sock, drip=b"z")
+
+    def _keepalive(self, sock: socket.socket) -> None:
+        request = f"GET /status HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n\r\n".encode()
+        while self.running():
+            sock.sendall(request)
+            answer = read_answer(sock)
+            self._note(answer)
+            if not answer or answer.startswith(b"HTTP/1.1 503 "):
+                return
+            self.stop.wait(0.5)
+
+
+def test_health_and_metrics_answer_within_a_second_while_other_clients_hold_every_worker(daemon):
+    kinds = ["keepalive"] * 3 + ["drip"] * 3 + ["idle"] * 4   # 10 connections for 3 workers
+    answers = []
+    with Hogs(daemon, kinds) as hogs:
+        time.sleep(1.0)  # every worker is taken
+        end = time.monotonic() + LIFETIME_S + IDLE_TIMEOUT_S + 3  # past every deadline they restart
+        for i in range(60):
+            if time.monotonic() > end:
+                break
+            path = ("/health", "/metrics")[i % 2]
+            answers.append((path, *timed_get(daemon, path)))
+            time.sleep(0.2)
+        busy = hogs.busy
+    late = [(path, status, round(seconds, 2)) for path, status, seconds in answers
+            if status != 200 or seconds >= 1.0]
+    assert len(answers) >= 10 and late == [], late
+    assert busy > 0  # the workers were all taken: the surplus clients were turned away
+
+
+def test_the_reserved_lane_serves_health_and_metrics_alone_with_the_same_checks(daemon):
+    holders = [socket.create_connection(("127.0.0.1", port(daemon)), timeout=30) for _ in range(WORKERS)]
+    try:
+        for sock in holders:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")  # a request that never ends
+        status, body = get(daemon, "/status")
+        assert (status, json.loads(body)["error"]) == (503, f"the API is busy ({WORKERS} connections open)")
+        status, body = get(daemon, "/health")
+        assert (status, json.loads(body)) == (200, {"ok": True, "reasons": []})
+        status, body = get(daemon, "/metrics")
+        assert status == 200 and b"# TYPE " in body
+        assert get(daemon, "/metrics", method="HEAD") == (200, b"")
+        assert get(daemon, "/health", host=f"evil.example:{port(daemon)}")[0] == 403
+        status, body = get(daemon, "/health?verbose=1")
+        assert (status, json.loads(body)["error"]) == (400, "unknown query parameter 'verbose' for /health")
+        assert get(daemon, "/health", method="POST")[0] == 503
+    finally:
+        for sock in holders:
+            sock.close()
+    wait_for(lambda: daemon.request("/health")[0] == 200, timeout=30, what="a free worker again")
+
+
+def test_a_connection_that_keeps_sending_requests_is_closed_after_its_lifetime(daemon):
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port(daemon)}\r\n\r\n".encode()
+    statuses = []
+    with socket.create_connection(("127.0.0.1", port(daemon)), timeout=30) as sock:
+        start = time.monotonic()
+        closed_after = None
+        for _ in range(60):  # 30 s at most, ten times the lifetime
+            try:
+                sock.sendall(request)
+                answer = read_answer(sock)
+            except OSError:
+                answer = b""
+            if not answer:
+                closed_after = time.monotonic() - start
+                break
+            statuses.append(parse_answer(answer)[0])
+            time.sleep(0.5)  # inside the idle timeout: each request restarts it
+    assert closed_after is not None, f"still open after {len(statuses)} answers"
+    assert closed_after < LIFETIME_S + IDLE_TIMEOUT_S
+    assert len(statuses) >= 2 and set(statuses) == {200}
+
+
+def test_a_connection_closes_after_its_last_allowed_answer(daemon):
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port(daemon)}\r\n\r\n".encode()
+    with socket.create_connection(("127.0.0.1", port(daemon)), timeout=30) as sock:
+        sock.sendall(request * MAX_REQUESTS)  # pipelined: all of them are read, none left unread
+        data = read_until_close(sock)
+    answers = data.split(b"HTTP/1.1 ")[1:]
+    assert len(answers) == MAX_REQUESTS
+    assert [b"Connection: close" in a for a in answers] == [False] * (MAX_REQUESTS - 1) + [True]

@@ -76,7 +76,11 @@ def register(app: typer.Typer) -> None:
                                              help="A request to the local API must arrive whole within this; "
                                                   "idle connections are closed after it."),
         api_workers: int = int_option(8, "--api-workers", low=1, high=256,
-                                      help="Connections the local API serves at once (more get 503)."),
+                                      help="Connections the local API serves at once (more get 503, "
+                                           "/health and /metrics excepted)."),
+        api_connection_lifetime: str = typer.Option(
+            "1m", "--api-connection-lifetime",
+            help="A connection to the local API is closed this long after it opened, however busy."),
         once: bool = typer.Option(False, "--once", help="Run every job once, then exit."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub download cache (default: the HF cache)."),
         poll_every: str = typer.Option("15m", "--poll-every", help="Hub poll interval."),
@@ -148,6 +152,7 @@ def register(app: typer.Typer) -> None:
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
             api_idle_timeout=seconds(api_idle_timeout, "--api-idle-timeout", low=0.1), api_workers=api_workers,
+            api_connection_lifetime=seconds(api_connection_lifetime, "--api-connection-lifetime", low=1.0),
             cache_dir=cache_dir, poll_interval=seconds(poll_every, "--poll-every"),
             score_interval=seconds(score_every, "--score-every"),
             outbox_interval=seconds(outbox_every, "--outbox-every"),

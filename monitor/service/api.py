@@ -31,9 +31,11 @@ Any other failure is logged with its traceback and answered 500 with a short mes
 state-changing POSTs need `Content-Type: application/json` and write through the daemon's
 own connection, on a fresh cursor, as its jobs do.
 
-Connections are served by a fixed pool of worker threads; when every worker is busy a new
-connection gets 503 at once. A request must arrive whole within the idle timeout, so a
-silent or trickling client frees its worker after that long.
+Connections are served by a fixed pool of worker threads. A request must arrive whole within
+the idle timeout, so a silent or trickling client frees its worker after that long, and a
+connection lives at most its lifetime (and 100 answers), so a busy one frees it too. When
+every worker is busy, the reserved lane still answers GET /health and /metrics; any other
+request gets 503 with Retry-After, unserved.
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -56,8 +58,8 @@ from monitor.alerts import expire_silence, list_silences
 from monitor.errors import DeliveryError, LstarError, PolicyError
 from monitor.reports import report_for_cli, to_json
 from monitor.served import ServedInThread
-from monitor.service.api_guard import (MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer, GuardedHandler,
-                                       RequestRefused, bearer_matches)
+from monitor.service.api_guard import (DEFAULT_LIFETIME, MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer,
+                                       GuardedHandler, RequestRefused, bearer_matches)
 from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
 from monitor.service.listings import list_score_runs
 from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
@@ -73,6 +75,7 @@ MAX_HOOK_BODY = 1 << 20
 MAX_JSON_BODY = 1 << 16
 DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
+RESERVED_PATHS = ("/health", "/metrics")   # answered even while every worker is busy
 ALERT_PATH = re.compile(r"/alerts/(\d{1,18})")
 EXPIRE_PATH = re.compile(r"/silences/([^/]+)/expire")
 RETRY_PATH = re.compile(r"/alerts/([^/]+)/retry")
@@ -354,8 +357,9 @@ def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | Non
 
 class _Server(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], daemon: "Daemon", *, token: str, workers: int,
-                 idle_timeout: float) -> None:
-        super().__init__(address, _Handler, workers=workers, idle_timeout=idle_timeout)
+                 idle_timeout: float, lifetime: float) -> None:
+        super().__init__(address, _Handler, workers=workers, idle_timeout=idle_timeout, lifetime=lifetime,
+                         reserved_paths=RESERVED_PATHS)
         self.daemon = daemon
         self.token = token
 
@@ -364,13 +368,14 @@ class ApiServer(ServedInThread):
     """The API on 127.0.0.1:`port` (0 picks a free port), served from a background thread.
 
     `token` guards the state-changing requests; `workers` bounds the connections served at
-    once; a request must arrive whole within `idle_timeout` seconds.
+    once; a request must arrive whole within `idle_timeout` seconds, and a connection closes
+    `lifetime` seconds after it was accepted.
     """
 
     def __init__(self, daemon: "Daemon", *, port: int, token: str, workers: int = DEFAULT_WORKERS,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, lifetime: float = DEFAULT_LIFETIME) -> None:
         super().__init__(_Server(("127.0.0.1", port), daemon, token=token, workers=workers,
-                                 idle_timeout=idle_timeout), name="lstar-api", poll_interval=0.2)
+                                 idle_timeout=idle_timeout, lifetime=lifetime), name="lstar-api", poll_interval=0.2)
 
 
 __all__ = ["ApiServer", "webhook_secret", "SECRET_ENV", "live_daemon_url", "api_get", "api_post",

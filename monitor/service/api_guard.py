@@ -13,8 +13,12 @@ passes before it is served, and the bounded server that serves it.
   `Transfer-Encoding`), checked before a single byte of the body is read.
 - **Time.** A request (line, headers and body) must arrive within the idle timeout of the
   moment the server starts waiting for it; a client that trickles bytes cannot stretch it.
+  A connection's whole life is bounded too (`lifetime`, and `max_requests` answers), so a
+  client that keeps sending requests on one connection cannot hold a worker either.
 - **Connections.** A fixed pool of worker threads serves them; when every worker is busy a
-  new connection gets 503 at once instead of a thread or a place in a queue.
+  new connection gets neither a thread nor a place in a queue: the reserved lane
+  (`monitor.service.api_lane`) answers it if it asks for a reserved path (`/health`,
+  `/metrics`), with the same checks, and anything else gets 503, unserved.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from monitor.errors import StoreError
+from monitor.service.api_lane import ReservedLane
 
 log = logging.getLogger("lstar.api")
 
@@ -49,6 +54,9 @@ MAX_TOKEN_BYTES = 256
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 LINGER_SECONDS = 2.0            # after refusing a body: how long its rest is drained, at most
 LINGER_BYTES = 8 << 20
+DEFAULT_LIFETIME = 60.0         # seconds a connection may live, however busy it keeps
+DEFAULT_MAX_REQUESTS = 100      # answers on one connection, then it closes
+LANE_SECONDS = 2.0              # the reserved lane's whole budget for one connection
 _DIGITS = re.compile(r"[0-9]{1,18}")
 _BEARER = re.compile(r"Bearer[ \t]+(\S+)[ \t]*", re.IGNORECASE)
 
@@ -184,21 +192,28 @@ class DeadlineReader(io.RawIOBase):
     """Reads a socket until `deadline()` (a time.monotonic() value), then raises TimeoutError.
 
     A socket timeout alone bounds each recv; a client sending one byte just before each one
-    would hold the connection forever. Here every recv gets only the time left.
+    would hold the connection forever. Here every recv gets only the time left. `prefix` is
+    what was already read from the socket (the reserved lane reads a request's head first).
     """
 
-    def __init__(self, sock: socket.socket, deadline: Callable[[], float]) -> None:
+    def __init__(self, sock: socket.socket, deadline: Callable[[], float], *, prefix: bytes = b"") -> None:
         super().__init__()
         self.sock = sock
         self.deadline = deadline
+        self.prefix = memoryview(prefix)
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self.prefix:
+            n = min(len(buffer), len(self.prefix))
+            buffer[:n] = self.prefix[:n]
+            self.prefix = self.prefix[n:]
+            return n
         left = self.deadline() - time.monotonic()
         if left <= 0:
-            raise TimeoutError("the request did not arrive within the idle timeout")
+            raise TimeoutError("the request did not arrive in time (the idle timeout or the connection's lifetime)")
         self.sock.settimeout(left)
         return self.sock.recv_into(buffer)
 
@@ -227,23 +242,50 @@ def discard_input(sock: socket.socket, *, seconds: float, max_bytes: int) -> Non
 # -- the handler and the server ------------------------------------------------------------------
 class GuardedHandler(BaseHTTPRequestHandler):
     """An HTTP/1.1 handler whose every request must arrive whole by a deadline (the server's
-    `idle_timeout` from when it starts waiting), and which can refuse a body unread."""
+    `idle_timeout` from when it starts waiting, and never past the connection's end), and
+    which can refuse a body unread.
+
+    A connection ends `lifetime` seconds after it was accepted or after `max_requests`
+    answers, whichever comes first; one the reserved lane hands over (`reserved`) serves a
+    single request of a reserved path within the lane's budget.
+    """
 
     server: "BoundedHTTPServer"
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:
         super().setup()
-        self.deadline = time.monotonic() + self.server.idle_timeout
+        head = self.server.take_head(self.connection)
+        self.reserved = head is not None
+        now = time.monotonic()
+        self.ends = now + (self.server.lane_seconds if self.reserved else self.server.lifetime)
+        self.answered = 0
+        self.deadline = min(now + self.server.idle_timeout, self.ends)
         self.body_pending = False
         # The stock reader bounds each recv only; this one bounds the whole request.
         self.rfile.close()
-        self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline))
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, lambda: self.deadline, prefix=head or b""))
 
     def handle_one_request(self) -> None:
-        self.deadline = time.monotonic() + self.server.idle_timeout
+        now = time.monotonic()
+        if now >= self.ends or self.answered >= self.server.max_requests:
+            self.close_connection = True  # its life is over, however busy the client keeps it
+            return
+        self.deadline = min(now + self.server.idle_timeout, self.ends)
         self.body_pending = False
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        self.answered += 1
+        if self.reserved or self.answered >= self.server.max_requests:
+            self.close_connection = True  # and the answer says so (`Connection: close`)
+        lane = self.server.lane
+        if self.reserved and (lane is None or not lane.admits(self.command, self.path)):
+            self.send_bytes(503, self.server.busy_body(), "application/json", {"Retry-After": "1"})
+            return False
+        return True
 
     def admit(self, *, body_limit: int) -> int:
         """The checks before anything else: Host/Origin, then framing. Returns the body's
@@ -270,13 +312,14 @@ class GuardedHandler(BaseHTTPRequestHandler):
     def send_bytes(self, status: int, body: bytes, content_type: str,
                    headers: dict[str, str] | None = None) -> None:
         """One whole answer; it closes the connection when a body was left unread."""
-        self.connection.settimeout(self.server.idle_timeout)  # an answer the client never reads ends too
+        # An answer the client never reads ends too.
+        self.connection.settimeout(self.server.lane_seconds if self.reserved else self.server.idle_timeout)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        if self.body_pending:
+        if self.body_pending or self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
@@ -290,7 +333,8 @@ class GuardedHandler(BaseHTTPRequestHandler):
             return
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_WR)
-        discard_input(self.connection, seconds=LINGER_SECONDS, max_bytes=LINGER_BYTES)
+        left = min(LINGER_SECONDS, self.ends - time.monotonic())  # within the connection's life
+        discard_input(self.connection, seconds=left, max_bytes=LINGER_BYTES)
         self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet by default
@@ -300,25 +344,37 @@ class GuardedHandler(BaseHTTPRequestHandler):
 class BoundedHTTPServer(HTTPServer):
     """An HTTP server whose connections are served by a fixed pool of `workers` threads.
 
-    The accepting thread hands a connection to a free worker or, when all are busy, answers
-    503 itself and closes: nothing waits in an unbounded queue or gets a thread of its own.
+    The accepting thread hands a connection to a free worker or, when all are busy, to the
+    reserved lane (when `reserved_paths` names any), which serves those paths alone and
+    answers anything else 503; without a lane it answers 503 itself. Nothing waits in an
+    unbounded queue or gets a thread of its own.
     """
 
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], handler: type[GuardedHandler], *, workers: int,
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, lifetime: float = DEFAULT_LIFETIME,
+                 max_requests: int = DEFAULT_MAX_REQUESTS, reserved_paths: tuple[str, ...] = ()) -> None:
         super().__init__(address, handler)
         self.idle_timeout = idle_timeout
+        self.lifetime = lifetime
+        self.max_requests = max_requests
+        self.lane_seconds = min(LANE_SECONDS, idle_timeout)
         self.workers = workers
         self.slots = threading.BoundedSemaphore(workers)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lstar-api")
         self.active: set[socket.socket] = set()
+        self.heads: dict[socket.socket, bytes] = {}   # what the lane read of a connection it hands over
         self.active_lock = threading.Lock()
+        self.lane = (ReservedLane(reserved_paths, serve=self._serve_reserved, refuse=self._busy,
+                                  timeout=self.lane_seconds) if reserved_paths else None)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
-            self._busy(request)
+            if self.lane is not None:
+                self.lane.offer(request, client_address)
+            else:
+                self._busy(request)
             return
         with self.active_lock:
             self.active.add(request)
@@ -326,8 +382,27 @@ class BoundedHTTPServer(HTTPServer):
             self.pool.submit(self._serve, request, client_address)
         except RuntimeError:  # the pool is shutting down
             self._done(request)
+            self.slots.release()
+
+    def take_head(self, request: socket.socket) -> bytes | None:
+        """The head the reserved lane read of `request`, or None for a general connection."""
+        with self.active_lock:
+            return self.heads.pop(request, None)
 
     def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self._answer(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _serve_reserved(self, request: socket.socket, client_address: Any, head: bytes) -> None:
+        with self.active_lock:
+            self.active.add(request)
+            self.heads[request] = head
+        request.settimeout(self.lane_seconds)  # the lane left it non-blocking
+        self._answer(request, client_address)
+
+    def _answer(self, request: Any, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
         except Exception:  # noqa: BLE001 - one connection's failure must not end the worker
@@ -338,12 +413,16 @@ class BoundedHTTPServer(HTTPServer):
     def _done(self, request: Any) -> None:
         with self.active_lock:
             self.active.discard(request)
+            self.heads.pop(request, None)
         self.shutdown_request(request)
-        self.slots.release()
+
+    def busy_body(self) -> bytes:
+        """The body of the busy answer."""
+        return json.dumps({"error": f"the API is busy ({self.workers} connections open)",
+                           "hint": "try again in a moment"}).encode()
 
     def _busy(self, request: socket.socket) -> None:
-        body = json.dumps({"error": f"the API is busy ({self.workers} connections open)",
-                           "hint": "try again in a moment"}).encode()
+        body = self.busy_body()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
         with contextlib.suppress(OSError):
@@ -364,6 +443,8 @@ class BoundedHTTPServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
+        if self.lane is not None:
+            self.lane.close()
         with self.active_lock:
             for sock in self.active:  # wakes workers waiting on idle clients
                 with contextlib.suppress(OSError):
@@ -371,6 +452,6 @@ class BoundedHTTPServer(HTTPServer):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["TOKEN_NAME", "MAX_LIMIT", "RequestRefused", "create_api_token", "read_api_token", "bearer_matches",
-           "loopback_authority", "check_host_and_origin", "body_length", "DeadlineReader",
-           "discard_input", "GuardedHandler", "BoundedHTTPServer"]
+__all__ = ["TOKEN_NAME", "MAX_LIMIT", "DEFAULT_LIFETIME", "DEFAULT_MAX_REQUESTS", "RequestRefused",
+           "create_api_token", "read_api_token", "bearer_matches", "loopback_authority", "check_host_and_origin",
+           "body_length", "DeadlineReader", "discard_input", "GuardedHandler", "BoundedHTTPServer"]

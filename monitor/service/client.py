@@ -72,7 +72,7 @@ BUSY_RETRIES = 10
 
 def urlopen_when_free(request: urllib.request.Request, *, timeout: float) -> Any:
     """`urlopen`, waiting out the API's "busy" answers: when every worker is taken the server
-    answers 503 with `Retry-After` before reading the request, so sending it again is safe."""
+    answers 503 with `Retry-After` without serving the request, so sending it again is safe."""
     for attempt in range(BUSY_RETRIES + 1):
         try:
             return urllib.request.urlopen(request, timeout=timeout)

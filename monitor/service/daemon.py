@@ -83,7 +83,8 @@ class DaemonConfig:
     endpoint: str | None = None
     api_port: int = 8787
     api_idle_timeout: float = 15.0   # a request must arrive whole within this; idle connections close
-    api_workers: int = 8              # connections the local API serves at once (more get 503)
+    api_workers: int = 8              # connections the local API serves at once (more: /health, /metrics or 503)
+    api_connection_lifetime: float = 60.0  # an API connection closes this long after it opened
     once: bool = False
     cache_dir: Path | None = None
     poll_interval: float = 900.0
@@ -202,7 +203,8 @@ class Daemon:
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
         self._reload_policies(force=True)
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
-                             workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout).start()
+                             workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
+                             lifetime=cfg.api_connection_lifetime).start()
         info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
                 "db": str(cfg.db_path)}
         tmp = cfg.state_dir / (INFO_NAME + ".part")
