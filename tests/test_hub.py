@@ -404,3 +404,37 @@ def test_poll_reads_watch_rules_from_a_policy_file():
     (rule,) = load_rules(example, None)
     assert isinstance(rule, WatchRule) and rule.name == "pythia-steps"
     assert rule.revisions.matches("branch", "step143000")
+
+
+# -- request counting ----------------------------------------------------------------------------
+def test_every_page_retry_and_redirect_is_counted_as_the_fake_hub_served_it(store):
+    """The client's request count is the number of HTTP requests the Hub answered: each page of a
+    listing, a page retried after a 503, and both hops of a download redirected to a CDN."""
+    with FakeHub(page_size=3, cdn_redirect=True) as hub:
+        add_repos(hub, "org", 10)
+        client = client_for(hub, store)
+        hub.reset_log()
+        result = poll_rule(store, client, WatchRule(name="org", author="org"))
+        assert result.new == 10 and hub.count_requests("/api/models") == 4   # 10 repos, 3 per page
+        assert result.requests == client.requests == hub.count_requests() == 4
+
+        hub.add_repo("org/big", {"model.safetensors": bytes(300_000), **SMALL})
+        hub.reset_log()
+        before = client.requests
+        client.download("org/big", "model.safetensors", "main", cache_dir=hub_cache(store))
+        assert [r.status for r in hub.requests] == [302, 200]    # the HEAD's redirect, the CDN's GET
+        assert client.requests - before == 2
+        hub.reset_log()
+        client.read_range("org/big", "model.safetensors", "main", 0, 8)   # the GET follows the 302
+        assert [r.status for r in hub.requests] == [302, 206]
+        assert client.requests - before == 4
+
+        hub.reset_log()
+        hub.fail_next(1, 503, path_prefix="/api/models")
+        before = client.requests
+        assert len(list(client.iter_models(author="org", limit=3))) == 3
+        assert client.requests - before == hub.count_requests() == 2  # the 503 and its retry
+
+
+def hub_cache(store: Store) -> Path:
+    return Path(store.path).parent / "cache"

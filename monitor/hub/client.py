@@ -12,6 +12,7 @@ recorded for the daemon's meta-alert. Watch rules are in `monitor.hub.rules`, po
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from monitor.errors import HubError, IntegrityError
+from monitor.hub.counting import count_requests_for
 from monitor.hub.download import DownloadTooLarge, capped_progress, read_range
 from monitor.hub.safetensors_layout import header_length, parse_header
 from monitor.store import Store, utcnow
@@ -123,9 +125,17 @@ class HubClient:
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()
-        self.requests = 0  # requests this client let through (pages of a listing count once)
+        # Every HTTP request sent on this client's behalf: each page of a listing, each
+        # retry, each redirect hop (counted at the transport, `monitor.hub.counting`).
+        self.requests = 0
+        self._requests_lock = threading.Lock()
         loaded = self.store.get_hub_state(self.endpoint) if self.store else None
         self.state = HubState(**loaded.as_dict()) if loaded else HubState()
+
+    def add_request(self) -> None:
+        """Count one HTTP request (called by the transport hook, from any thread)."""
+        with self._requests_lock:
+            self.requests += 1
 
     # -- state ---------------------------------------------------------------------------
     def _save(self) -> None:
@@ -202,9 +212,9 @@ class HubClient:
         last: BaseException | None = None
         for attempt in range(1, self.policy.attempts + 1):
             self._admit(what)
-            self.requests += 1
             try:
-                result = fn()
+                with count_requests_for(self):
+                    result = fn()
             except Exception as exc:  # classified below; bugs are re-raised unchanged
                 kind = self.classify(exc)
                 if kind == "answer":
@@ -235,11 +245,11 @@ class HubClient:
         """
         what = f"list_models({', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'expand')})"
         self._admit(what)
-        self.requests += 1
         iterator = iter(self.api.list_models(sort="lastModified", expand=LIST_EXPAND, **kwargs))
         while True:
             try:
-                item = next(iterator)
+                with count_requests_for(self):  # a page is fetched inside next()
+                    item = next(iterator)
             except StopIteration:
                 self._succeeded()
                 return
