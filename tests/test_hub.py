@@ -229,6 +229,27 @@ def test_name_glob_and_parameter_range_filter_after_listing(hub, store):
     assert sorted(r.repo for r in store.list_checkpoints()) == ["org/m0", "org/m2"]
 
 
+def test_a_glob_only_rule_polls_by_search_never_the_whole_hub(hub, store, tmp_path):
+    """Without author or search, the glob's literal part is sent as `search`: the listing holds
+    only repos that can match, so other repos' changes cannot push a release past scan_limit."""
+    add_repos(hub, "org", 3)
+    wanted = hub.add_repo("lab/Llama-3-8B", SMALL, last_modified=T0 + timedelta(hours=1))
+    hub.add_repo("lab/Llama-2-8B", SMALL, last_modified=T0 + timedelta(hours=2))
+    client = client_for(hub, store)
+    result = poll_rule(store, client, WatchRule(name="l3", name_glob="*Llama-3*", scan_limit=1))
+    assert result.error is None and result.new == 1 and not result.truncated
+    assert ("lab/Llama-3-8B", wanted) in rows(store) and len(store.list_checkpoints()) == 1
+    [listing] = [r for r in hub.requests if r.path == "/api/models"]
+    assert listing.query["search"] == ["Llama-3"]
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("watch:\n  - name: sevens\n    name_glob: '*-7B*'\n")
+    with pytest.raises(PolicyError, match=r"rules.yaml: watch\[0\]: .*watch rule 'sevens': name_glob '\*-7B\*' "
+                                          r"has no literal part of at least 4 characters"):
+        load_watch_rules(rules)
+    assert WatchRule(name="ok", author="meta", name_glob="*-7B*").list_params() == {"author": "meta"}
+
+
 def test_watermark_is_kept_when_the_poll_fails(hub, store):
     sha1 = hub.add_repo("wm/run", SMALL, branch="step1", last_modified=T0)
     hub.add_branch("wm/run", "main", "step1")
