@@ -370,3 +370,45 @@ def test_a_server_sending_more_than_it_announced_is_stopped_while_downloading(st
     on_disk = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink()]
     assert not [p for p in on_disk if p.name.endswith(".incomplete")]
     assert max(p.stat().st_size for p in on_disk) < 16 << 20
+
+
+@pytest.mark.parametrize("how", ["download", "snapshot", "fetch"])
+def test_the_byte_cap_holds_on_the_xet_path_where_progress_cannot_stop_a_transfer(standard, cache, monkeypatch,
+                                                                                  how):
+    """On the Xet path hf_xet reports progress from its own thread and only prints what the callback
+    raises, so the streaming cap cannot stop it: the size on disk is checked once the file lands,
+    and what this download wrote is removed. The transfer is the stand-in at `xet_get`, hf_xet's seam."""
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    hub, info = standard
+    repo = f"xet-org/oversized-{how}"
+    files = hub.files(f"{info['author']}/tiny-llama")
+    sha = hub.add_repo(repo, files, pipeline_tag="text-generation")
+    hub.serve_xet(repo, "model.safetensors")
+    announced = hub.file_meta(repo, "model.safetensors").size
+    transfers = []
+
+    def xet_transfer(*, incomplete_path, xet_file_data, expected_size=None, tqdm_class=None, _tqdm_bar=None, **_):
+        transfers.append(xet_file_data.file_hash)
+        data = files["model.safetensors"] + bytes(1 << 20)        # more than the Hub announced
+        Path(incomplete_path).write_bytes(data)
+        bar = _tqdm_bar or (tqdm_class or hf_tqdm)(total=expected_size, unit="B")
+        try:
+            bar.update(len(data))
+        except Exception:   # noqa: BLE001 - hf_xet prints the callback's exception and goes on
+            pass
+
+    monkeypatch.setattr(file_download, "xet_get", xet_transfer)
+    c = client(hub)
+    with pytest.raises(IntegrityError, match=rf"[\d,]+ bytes on disk after the download, more than the "
+                                             rf"{announced:,} allowed; the files it wrote were removed"):
+        if how == "download":
+            c.download(repo, "model.safetensors", sha, cache_dir=cache, max_bytes=announced)
+        elif how == "snapshot":
+            c.snapshot(repo, sha, allow_patterns=["model.safetensors"], cache_dir=cache, max_bytes=announced)
+        else:
+            fetch_pinned(repo, sha, cache_dir=cache, client=c)
+    assert transfers == [hub.file_meta(repo, "model.safetensors").sha256]   # the Xet path was taken
+    assert not [p for p in cache.rglob("*") if p.name == "model.safetensors" or
+                (p.is_file() and p.stat().st_size > announced)]

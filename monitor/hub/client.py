@@ -11,6 +11,7 @@ recorded for the daemon's meta-alert. Watch rules are in `monitor.hub.rules`, po
 
 from __future__ import annotations
 
+import fnmatch
 import random
 import threading
 import time
@@ -22,7 +23,8 @@ from typing import Any, Literal, TypeVar
 
 from monitor.errors import HubError, IntegrityError
 from monitor.hub.counting import count_requests_for
-from monitor.hub.download import DownloadTooLarge, capped_progress, read_range
+from monitor.hub.download import (DownloadTooLarge, cache_entries, capped_progress, read_range,
+                                  refuse_oversized)
 from monitor.hub.safetensors_layout import header_length, parse_header
 from monitor.store import Store, utcnow
 
@@ -303,10 +305,14 @@ class HubClient:
         from huggingface_hub import hf_hub_download
 
         what = f"{repo}@{revision}: {filename}"
-        return Path(self._capped(what, max_bytes, lambda progress: self.call(
+        before = cache_entries(Path(cache_dir), repo)
+        path = Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"download({repo}@{revision}:{filename})",
             lambda: hf_hub_download(repo, filename, revision=revision, cache_dir=cache_dir,
                                     endpoint=self.endpoint, token=self.token, tqdm_class=progress))))
+        if max_bytes is not None:  # the cap above does not hold on the Xet path
+            refuse_oversized(what, [path], max_bytes, Path(cache_dir), before)
+        return path
 
     def snapshot(self, repo: str, revision: str, *, allow_patterns: list[str], cache_dir: Path,
                  max_bytes: int | None = None) -> Path:
@@ -315,11 +321,17 @@ class HubClient:
         from huggingface_hub import snapshot_download
 
         what = f"{repo}@{revision}: {', '.join(allow_patterns)}"
-        return Path(self._capped(what, max_bytes, lambda progress: self.call(
+        before = cache_entries(Path(cache_dir), repo)
+        folder = Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"snapshot_download({repo}@{revision})",
             lambda: snapshot_download(repo, revision=revision, allow_patterns=allow_patterns,
                                       cache_dir=cache_dir, endpoint=self.endpoint,
                                       token=self.token, tqdm_class=progress))))
+        if max_bytes is not None:  # the cap above does not hold on the Xet path
+            matched = [f for f in folder.rglob("*") if f.is_file()
+                       and any(fnmatch.fnmatch(f.relative_to(folder).as_posix(), p) for p in allow_patterns)]
+            refuse_oversized(what, matched, max_bytes, Path(cache_dir), before)
+        return folder
 
     @staticmethod
     def _capped(what: str, max_bytes: int | None, run: Callable[[Any], T]) -> T:

@@ -10,7 +10,8 @@ State lives in `fakehub_state.HubState`, which `FakeHub` extends: repos hold com
 40-hex sha derived from the content -> files), branches, tags and pull-request refs.
 Tests change the state while the server runs (`add_commit`, `set_gated`, ...), inject
 faults (`fail_next`, `set_outage`, `latency`, `tamper`, and for files larger than anything
-stored, `announce_size` and `serve_generated`) and read the request log (`requests`,
+stored, `announce_size` and `serve_generated`), mark LFS files as stored on Xet
+(`serve_xet`), and read the request log (`requests`,
 `count_requests`).
 
 Run as a process for the daemon and the demo::
@@ -620,6 +621,10 @@ class FakeHub(HubState):
             raise _HttpError(404, f"Entry not found: {path}", "EntryNotFound", [("X-Repo-Commit", commit.sha)])
         meta = self.announced_meta(repo_id, commit, path)
         common = [("X-Repo-Commit", commit.sha), ("ETag", f'"{meta.etag}"'), ("Accept-Ranges", "bytes")]
+        if (repo_id, commit.sha, path) in self._xet:
+            host = headers.get("host") or f"{self.host}:{self._port}"
+            common += [("X-Xet-Hash", str(meta.sha256)),
+                       ("Link", f'<http://{host}/api/models/{repo_id}/xet-read-token/{commit.sha}>; rel="xet-auth"')]
         if meta.sha256 and self.cdn_redirect:
             location = (f"http://{self.cdn_host}:{self._port}/cdn/{meta.sha256}?"
                         + urlencode({"repo": repo_id, "rev": commit.sha, "path": path}))
