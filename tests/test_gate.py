@@ -412,3 +412,22 @@ def test_the_byte_cap_holds_on_the_xet_path_where_progress_cannot_stop_a_transfe
     assert transfers == [hub.file_meta(repo, "model.safetensors").sha256]   # the Xet path was taken
     assert not [p for p in cache.rglob("*") if p.name == "model.safetensors" or
                 (p.is_file() and p.stat().st_size > announced)]
+
+
+def test_the_commit_date_comes_from_the_commit_listing_not_the_revisions_last_modified(standard, cache):
+    """Whether the revision endpoint's lastModified is the commit's date is unconfirmed (it may be
+    the repo's last change): the gate records the date the commit listing gives for that commit."""
+    from datetime import datetime, timezone
+
+    source, info = standard
+    files = source.files(f"{info['author']}/tiny-llama")
+    first = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    with FakeHub(revision_last_modified="repo") as hub:
+        old = hub.add_repo("dates/run", files, last_modified=first)
+        hub.add_commit("dates/run", {"README.md": b"later\n"}, date=datetime(2024, 6, 1, tzinfo=timezone.utc))
+        assert client(hub).model_info("dates/run", old).last_modified != first   # the repo's date here
+        hub.reset_log()
+        verdict = gate_checkpoint(client(hub), "dates/run", old, cache_dir=cache)
+        assert verdict.status == "gated", verdict.reason
+        assert verdict.meta["gate"]["commit_date"] == first.isoformat()
+        assert hub.count_requests(f"/api/models/dates/run/commits/{old}") == 1

@@ -12,6 +12,7 @@ recorded for the daemon's meta-alert. Watch rules are in `monitor.hub.rules`, po
 from __future__ import annotations
 
 import fnmatch
+import json
 import random
 import threading
 import time
@@ -23,13 +24,15 @@ from typing import Any, Literal, TypeVar
 
 from monitor.errors import HubError, IntegrityError
 from monitor.hub.counting import count_requests_for
-from monitor.hub.download import (DownloadTooLarge, cache_entries, capped_progress, read_range,
+from monitor.hub.download import (DownloadTooLarge, cache_entries, capped_progress, read_page, read_range,
                                   refuse_oversized)
 from monitor.hub.safetensors_layout import header_length, parse_header
 from monitor.store import Store, utcnow
 
 T = TypeVar("T")
 
+# The most of a commit listing's first page read to find one commit's date.
+COMMITS_PAGE_BYTES = 1 << 20
 # What a listing asks the Hub to return per repo (the rest is fetched per candidate).
 LIST_EXPAND = ["sha", "lastModified", "createdAt", "gated", "private", "pipeline_tag", "tags",
                "safetensors"]
@@ -275,6 +278,26 @@ class HubClient:
 
     def list_repo_refs(self, repo: str) -> Any:
         return self.call(f"list_repo_refs({repo})", lambda: self.api.list_repo_refs(repo))
+
+    def commit_date(self, repo: str, sha: str) -> datetime | None:
+        """The date of commit `sha`: the first entry of its commit listing (one page, newest
+        first, read up to COMMITS_PAGE_BYTES), or None when that entry is not `sha` itself.
+
+        The revision endpoint's `lastModified` is not documented to be the commit's date,
+        so the commit listing is asked instead.
+        """
+        from urllib.parse import quote
+
+        from huggingface_hub.utils import build_hf_headers, parse_datetime
+
+        url = f"{self.endpoint}/api/models/{repo}/commits/{quote(sha, safe='')}"
+        body = self.call(f"list_repo_commits({repo}@{sha})",
+                         lambda: read_page(url, build_hf_headers(token=self.token), COMMITS_PAGE_BYTES))
+        try:
+            first = json.loads(body)[0]
+            return parse_datetime(first["date"]) if first["id"] == sha else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
 
     def safetensors_header(self, repo: str, filename: str, revision: str, *, file_size: int) -> Any:
         """One file's `SafetensorsHeader` by range requests: no weight byte is read.

@@ -87,6 +87,23 @@ def read_range(url: str, headers: dict[str, str], start: int, length: int, *,
     return data[skip:]
 
 
+def read_page(url: str, headers: dict[str, str], limit: int) -> bytes:
+    """The first `limit` bytes of an API answer (a listing's first page), by a streamed GET.
+
+    Raises what `hf_raise_for_status` raises for an error status.
+    """
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    with get_session().stream("GET", url, headers=headers, timeout=constants.HF_HUB_ETAG_TIMEOUT) as response:
+        body = _read_at_most(response, limit if response.status_code < 400 else ERROR_BODY_BYTES)
+        if response.status_code >= 400:
+            hf_raise_for_status(httpx2.Response(response.status_code, headers=response.headers,
+                                                content=body, request=response.request))
+    return body
+
+
 def _read_at_most(response: Any, limit: int) -> bytes:
     chunks: list[bytes] = []
     got = 0

@@ -148,8 +148,12 @@ class FakeHub(HubState):
                  clock: Callable[[], datetime] | None = None,
                  request_clock: Callable[[], float] = time.monotonic,
                  page_size: int = 1000, tree_page_size: int = 1000, commits_page_size: int = 50,
-                 cdn_redirect: bool = False, cdn_host: str = "localhost", latency: float = 0.0) -> None:
+                 cdn_redirect: bool = False, cdn_host: str = "localhost", latency: float = 0.0,
+                 revision_last_modified: str = "commit") -> None:
         super().__init__(clock=clock)
+        # What `lastModified` of /api/models/{repo}/revision/{rev} reports: the commit's date
+        # ("commit"), or the repo's last change ("repo"); which one the live Hub sends is unconfirmed.
+        self.revision_last_modified = revision_last_modified
         self.host, self._port = host, port
         self.request_clock = request_clock
         self.page_size, self.tree_page_size, self.commits_page_size = page_size, tree_page_size, commits_page_size
@@ -522,7 +526,7 @@ class FakeHub(HubState):
                 raise _HttpError(400, f"Invalid expand property {unknown[0]!r}")
             names = ("_id", "id") + tuple(expand) if expand else MODEL_INFO_FIELDS
             item = self._fields(repo, commit, names, blobs=blobs)
-            if rest and "lastModified" in item:
+            if rest and "lastModified" in item and self.revision_last_modified == "commit":
                 item["lastModified"] = format_time(commit.date)
             return _json(item)
         if rest == ["refs"]:
