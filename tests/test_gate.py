@@ -370,3 +370,64 @@ def test_a_server_sending_more_than_it_announced_is_stopped_while_downloading(st
     on_disk = [p for p in cache.rglob("*") if p.is_file() and not p.is_symlink()]
     assert not [p for p in on_disk if p.name.endswith(".incomplete")]
     assert max(p.stat().st_size for p in on_disk) < 16 << 20
+
+
+@pytest.mark.parametrize("how", ["download", "snapshot", "fetch"])
+def test_the_byte_cap_holds_on_the_xet_path_where_progress_cannot_stop_a_transfer(standard, cache, monkeypatch,
+                                                                                  how):
+    """On the Xet path hf_xet reports progress from its own thread and only prints what the callback
+    raises, so the streaming cap cannot stop it: the size on disk is checked once the file lands,
+    and what this download wrote is removed. The transfer is the stand-in at `xet_get`, hf_xet's seam."""
+    from huggingface_hub import file_download
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    hub, info = standard
+    repo = f"xet-org/oversized-{how}"
+    files = hub.files(f"{info['author']}/tiny-llama")
+    sha = hub.add_repo(repo, files, pipeline_tag="text-generation")
+    hub.serve_xet(repo, "model.safetensors")
+    announced = hub.file_meta(repo, "model.safetensors").size
+    transfers = []
+
+    def xet_transfer(*, incomplete_path, xet_file_data, expected_size=None, tqdm_class=None, _tqdm_bar=None, **_):
+        transfers.append(xet_file_data.file_hash)
+        data = files["model.safetensors"] + bytes(1 << 20)        # more than the Hub announced
+        Path(incomplete_path).write_bytes(data)
+        bar = _tqdm_bar or (tqdm_class or hf_tqdm)(total=expected_size, unit="B")
+        try:
+            bar.update(len(data))
+        except Exception:   # noqa: BLE001 - hf_xet prints the callback's exception and goes on
+            pass
+
+    monkeypatch.setattr(file_download, "xet_get", xet_transfer)
+    c = client(hub)
+    with pytest.raises(IntegrityError, match=rf"[\d,]+ bytes on disk after the download, more than the "
+                                             rf"{announced:,} allowed; the files it wrote were removed"):
+        if how == "download":
+            c.download(repo, "model.safetensors", sha, cache_dir=cache, max_bytes=announced)
+        elif how == "snapshot":
+            c.snapshot(repo, sha, allow_patterns=["model.safetensors"], cache_dir=cache, max_bytes=announced)
+        else:
+            fetch_pinned(repo, sha, cache_dir=cache, client=c)
+    assert transfers == [hub.file_meta(repo, "model.safetensors").sha256]   # the Xet path was taken
+    assert not [p for p in cache.rglob("*") if p.name == "model.safetensors" or
+                (p.is_file() and p.stat().st_size > announced)]
+
+
+def test_the_commit_date_comes_from_the_commit_listing_not_the_revisions_last_modified(standard, cache):
+    """Whether the revision endpoint's lastModified is the commit's date is unconfirmed (it may be
+    the repo's last change): the gate records the date the commit listing gives for that commit."""
+    from datetime import datetime, timezone
+
+    source, info = standard
+    files = source.files(f"{info['author']}/tiny-llama")
+    first = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    with FakeHub(revision_last_modified="repo") as hub:
+        old = hub.add_repo("dates/run", files, last_modified=first)
+        hub.add_commit("dates/run", {"README.md": b"later\n"}, date=datetime(2024, 6, 1, tzinfo=timezone.utc))
+        assert client(hub).model_info("dates/run", old).last_modified != first   # the repo's date here
+        hub.reset_log()
+        verdict = gate_checkpoint(client(hub), "dates/run", old, cache_dir=cache)
+        assert verdict.status == "gated", verdict.reason
+        assert verdict.meta["gate"]["commit_date"] == first.isoformat()
+        assert hub.count_requests(f"/api/models/dates/run/commits/{old}") == 1

@@ -229,6 +229,27 @@ def test_name_glob_and_parameter_range_filter_after_listing(hub, store):
     assert sorted(r.repo for r in store.list_checkpoints()) == ["org/m0", "org/m2"]
 
 
+def test_a_glob_only_rule_polls_by_search_never_the_whole_hub(hub, store, tmp_path):
+    """Without author or search, the glob's literal part is sent as `search`: the listing holds
+    only repos that can match, so other repos' changes cannot push a release past scan_limit."""
+    add_repos(hub, "org", 3)
+    wanted = hub.add_repo("lab/Llama-3-8B", SMALL, last_modified=T0 + timedelta(hours=1))
+    hub.add_repo("lab/Llama-2-8B", SMALL, last_modified=T0 + timedelta(hours=2))
+    client = client_for(hub, store)
+    result = poll_rule(store, client, WatchRule(name="l3", name_glob="*Llama-3*", scan_limit=1))
+    assert result.error is None and result.new == 1 and not result.truncated
+    assert ("lab/Llama-3-8B", wanted) in rows(store) and len(store.list_checkpoints()) == 1
+    [listing] = [r for r in hub.requests if r.path == "/api/models"]
+    assert listing.query["search"] == ["Llama-3"]
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("watch:\n  - name: sevens\n    name_glob: '*-7B*'\n")
+    with pytest.raises(PolicyError, match=r"rules.yaml: watch\[0\]: .*watch rule 'sevens': name_glob '\*-7B\*' "
+                                          r"has no literal part of at least 4 characters"):
+        load_watch_rules(rules)
+    assert WatchRule(name="ok", author="meta", name_glob="*-7B*").list_params() == {"author": "meta"}
+
+
 def test_watermark_is_kept_when_the_poll_fails(hub, store):
     sha1 = hub.add_repo("wm/run", SMALL, branch="step1", last_modified=T0)
     hub.add_branch("wm/run", "main", "step1")
@@ -404,3 +425,37 @@ def test_poll_reads_watch_rules_from_a_policy_file():
     (rule,) = load_rules(example, None)
     assert isinstance(rule, WatchRule) and rule.name == "pythia-steps"
     assert rule.revisions.matches("branch", "step143000")
+
+
+# -- request counting ----------------------------------------------------------------------------
+def test_every_page_retry_and_redirect_is_counted_as_the_fake_hub_served_it(store):
+    """The client's request count is the number of HTTP requests the Hub answered: each page of a
+    listing, a page retried after a 503, and both hops of a download redirected to a CDN."""
+    with FakeHub(page_size=3, cdn_redirect=True) as hub:
+        add_repos(hub, "org", 10)
+        client = client_for(hub, store)
+        hub.reset_log()
+        result = poll_rule(store, client, WatchRule(name="org", author="org"))
+        assert result.new == 10 and hub.count_requests("/api/models") == 4   # 10 repos, 3 per page
+        assert result.requests == client.requests == hub.count_requests() == 4
+
+        hub.add_repo("org/big", {"model.safetensors": bytes(300_000), **SMALL})
+        hub.reset_log()
+        before = client.requests
+        client.download("org/big", "model.safetensors", "main", cache_dir=hub_cache(store))
+        assert [r.status for r in hub.requests] == [302, 200]    # the HEAD's redirect, the CDN's GET
+        assert client.requests - before == 2
+        hub.reset_log()
+        client.read_range("org/big", "model.safetensors", "main", 0, 8)   # the GET follows the 302
+        assert [r.status for r in hub.requests] == [302, 206]
+        assert client.requests - before == 4
+
+        hub.reset_log()
+        hub.fail_next(1, 503, path_prefix="/api/models")
+        before = client.requests
+        assert len(list(client.iter_models(author="org", limit=3))) == 3
+        assert client.requests - before == hub.count_requests() == 2  # the 503 and its retry
+
+
+def hub_cache(store: Store) -> Path:
+    return Path(store.path).parent / "cache"

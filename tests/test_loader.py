@@ -259,6 +259,38 @@ def test_hub_reference_is_pinned_to_the_commit_sha(tmp_path, tiny_dir, shared_di
             load_checkpoint("org/missing@main", device="cpu", cache_dir=tmp_path / "hub", endpoint=hub.url)
 
 
+@pytest.mark.parametrize("case, message", [
+    ("remote-code", r"refused: remote code: config.json has auto_map for model_type 'evil_arch'"),
+    ("truncated", r"refused: safetensors file model.safetensors is truncated")])
+def test_a_hub_repo_the_gate_refuses_costs_no_weight_byte(tmp_path, tiny_dir, case, message):
+    """`lstar score org/repo@rev` runs the watcher's gate first: a remote-code repo is refused
+    from its config.json, a truncated one from its header read by a range request; the fake
+    Hub's log shows no download of the weights (no HEAD, no GET of the whole file)."""
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import remote_code_files
+
+    files = _repo_files(tiny_dir)
+    weights = files["model.safetensors"]
+    if case == "remote-code":
+        files.update(remote_code_files(tmp_path / "canary", json.loads(files["config.json"])))
+    else:
+        files["model.safetensors"] = weights = weights[:-10]
+    with FakeHub(cdn_redirect=True) as hub:
+        hub.add_repo(f"org/{case}", files)
+        with pytest.raises(UnsafeCheckpointError, match=message):
+            load_checkpoint(f"org/{case}@main", device="cpu", cache_dir=tmp_path / "hub", endpoint=hub.url)
+        on_weights = [r for r in hub.requests if r.path.endswith("/model.safetensors") or r.path.startswith("/cdn/")]
+    if case == "remote-code":
+        assert on_weights == []
+    else:
+        assert on_weights and all(r.method == "GET" and r.headers.get("range", "").startswith("bytes=0-")
+                                  for r in on_weights)
+        ranges = {int(r.headers["range"].rsplit("-", 1)[1]) for r in on_weights}
+        assert max(ranges) < len(weights) - 1             # a header prefix, never the whole file
+    assert not (tmp_path / "canary").exists()
+    assert not list((tmp_path / "hub").rglob("model.safetensors"))
+
+
 def test_tensors_the_architecture_does_not_use_are_recorded(tmp_path, tiny_dir):
     from safetensors.torch import load_file
 

@@ -158,6 +158,22 @@ def test_union_value_and_watch_rule_errors(tmp_path: Path) -> None:
     assert _error(path) == f"{path}:10: watch[0].revisions: value 'mian' is not one of 'main' or a mapping"
 
 
+def test_a_glob_only_watch_rule_without_a_searchable_literal_is_refused(tmp_path: Path, capsys) -> None:
+    """A rule with only a name glob is polled by a `search` on its literal part; a glob with no
+    literal part long enough would list the whole Hub, so `policy check` refuses it."""
+    path = tmp_path / "glob.yaml"
+    path.write_text(MINIMAL + "watch:\n  - name: sevens\n    name_glob: '*-7B*'\n")
+    message = _error(path)
+    assert message.startswith(f"{path}:8: watch[0]: ") and "watch rule 'sevens'" in message
+    assert "name_glob '*-7B*' has no literal part of at least 4 characters" in message
+    assert "add `author` or `search`" in message and "\n" not in message
+    assert main(["policy", "check", str(path)]) != 0
+    assert f"FAILED {path}:8: watch[0]:" in capsys.readouterr().out
+
+    path.write_text(MINIMAL + "watch:\n  - name: llamas\n    name_glob: '*Llama-3*-8B'\n")
+    assert load_policy(path).watch[0].list_params() == {"search": "Llama-3"}
+
+
 def test_cross_references(tmp_path: Path) -> None:
     curve = tmp_path / "arith.json"
     shutil.copy(FIXTURES / "curves" / "arith.json", curve)

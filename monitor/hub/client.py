@@ -11,7 +11,10 @@ recorded for the daemon's meta-alert. Watch rules are in `monitor.hub.rules`, po
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -20,12 +23,16 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from monitor.errors import HubError, IntegrityError
-from monitor.hub.download import DownloadTooLarge, capped_progress, read_range
+from monitor.hub.counting import count_requests_for
+from monitor.hub.download import (DownloadTooLarge, cache_entries, capped_progress, read_page, read_range,
+                                  refuse_oversized)
 from monitor.hub.safetensors_layout import header_length, parse_header
 from monitor.store import Store, utcnow
 
 T = TypeVar("T")
 
+# The most of a commit listing's first page read to find one commit's date.
+COMMITS_PAGE_BYTES = 1 << 20
 # What a listing asks the Hub to return per repo (the rest is fetched per candidate).
 LIST_EXPAND = ["sha", "lastModified", "createdAt", "gated", "private", "pipeline_tag", "tags",
                "safetensors"]
@@ -123,9 +130,17 @@ class HubClient:
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()
-        self.requests = 0  # requests this client let through (pages of a listing count once)
+        # Every HTTP request sent on this client's behalf: each page of a listing, each
+        # retry, each redirect hop (counted at the transport, `monitor.hub.counting`).
+        self.requests = 0
+        self._requests_lock = threading.Lock()
         loaded = self.store.get_hub_state(self.endpoint) if self.store else None
         self.state = HubState(**loaded.as_dict()) if loaded else HubState()
+
+    def add_request(self) -> None:
+        """Count one HTTP request (called by the transport hook, from any thread)."""
+        with self._requests_lock:
+            self.requests += 1
 
     # -- state ---------------------------------------------------------------------------
     def _save(self) -> None:
@@ -202,9 +217,9 @@ class HubClient:
         last: BaseException | None = None
         for attempt in range(1, self.policy.attempts + 1):
             self._admit(what)
-            self.requests += 1
             try:
-                result = fn()
+                with count_requests_for(self):
+                    result = fn()
             except Exception as exc:  # classified below; bugs are re-raised unchanged
                 kind = self.classify(exc)
                 if kind == "answer":
@@ -235,11 +250,11 @@ class HubClient:
         """
         what = f"list_models({', '.join(f'{k}={v}' for k, v in kwargs.items() if k != 'expand')})"
         self._admit(what)
-        self.requests += 1
         iterator = iter(self.api.list_models(sort="lastModified", expand=LIST_EXPAND, **kwargs))
         while True:
             try:
-                item = next(iterator)
+                with count_requests_for(self):  # a page is fetched inside next()
+                    item = next(iterator)
             except StopIteration:
                 self._succeeded()
                 return
@@ -263,6 +278,26 @@ class HubClient:
 
     def list_repo_refs(self, repo: str) -> Any:
         return self.call(f"list_repo_refs({repo})", lambda: self.api.list_repo_refs(repo))
+
+    def commit_date(self, repo: str, sha: str) -> datetime | None:
+        """The date of commit `sha`: the first entry of its commit listing (one page, newest
+        first, read up to COMMITS_PAGE_BYTES), or None when that entry is not `sha` itself.
+
+        The revision endpoint's `lastModified` is not documented to be the commit's date,
+        so the commit listing is asked instead.
+        """
+        from urllib.parse import quote
+
+        from huggingface_hub.utils import build_hf_headers, parse_datetime
+
+        url = f"{self.endpoint}/api/models/{repo}/commits/{quote(sha, safe='')}"
+        body = self.call(f"list_repo_commits({repo}@{sha})",
+                         lambda: read_page(url, build_hf_headers(token=self.token), COMMITS_PAGE_BYTES))
+        try:
+            first = json.loads(body)[0]
+            return parse_datetime(first["date"]) if first["id"] == sha else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
 
     def safetensors_header(self, repo: str, filename: str, revision: str, *, file_size: int) -> Any:
         """One file's `SafetensorsHeader` by range requests: no weight byte is read.
@@ -293,10 +328,14 @@ class HubClient:
         from huggingface_hub import hf_hub_download
 
         what = f"{repo}@{revision}: {filename}"
-        return Path(self._capped(what, max_bytes, lambda progress: self.call(
+        before = cache_entries(Path(cache_dir), repo)
+        path = Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"download({repo}@{revision}:{filename})",
             lambda: hf_hub_download(repo, filename, revision=revision, cache_dir=cache_dir,
                                     endpoint=self.endpoint, token=self.token, tqdm_class=progress))))
+        if max_bytes is not None:  # the cap above does not hold on the Xet path
+            refuse_oversized(what, [path], max_bytes, Path(cache_dir), before)
+        return path
 
     def snapshot(self, repo: str, revision: str, *, allow_patterns: list[str], cache_dir: Path,
                  max_bytes: int | None = None) -> Path:
@@ -305,11 +344,17 @@ class HubClient:
         from huggingface_hub import snapshot_download
 
         what = f"{repo}@{revision}: {', '.join(allow_patterns)}"
-        return Path(self._capped(what, max_bytes, lambda progress: self.call(
+        before = cache_entries(Path(cache_dir), repo)
+        folder = Path(self._capped(what, max_bytes, lambda progress: self.call(
             f"snapshot_download({repo}@{revision})",
             lambda: snapshot_download(repo, revision=revision, allow_patterns=allow_patterns,
                                       cache_dir=cache_dir, endpoint=self.endpoint,
                                       token=self.token, tqdm_class=progress))))
+        if max_bytes is not None:  # the cap above does not hold on the Xet path
+            matched = [f for f in folder.rglob("*") if f.is_file()
+                       and any(fnmatch.fnmatch(f.relative_to(folder).as_posix(), p) for p in allow_patterns)]
+            refuse_oversized(what, matched, max_bytes, Path(cache_dir), before)
+        return folder
 
     @staticmethod
     def _capped(what: str, max_bytes: int | None, run: Callable[[Any], T]) -> T:

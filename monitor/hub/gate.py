@@ -296,9 +296,10 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     unverifiable = [f.name for f in files if f.name in announced and f.sha256 is None and f.blob_id is None]
     if unverifiable:
         raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
-    # The revision's lastModified is the date of this commit: reports order lineages without
-    # step names by it (monitor.reports.present).
-    committed = getattr(info, "last_modified", None)
+    # The date of this very commit, from the commit listing (the revision's lastModified may
+    # be the repo's last change): reports order lineages without step names by it
+    # (monitor.reports.present).
+    committed = client.commit_date(repo, sha)
     return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files],
             "commit_date": committed.isoformat() if committed is not None else None}
 

@@ -21,6 +21,20 @@ from monitor.files import FileKind
 from monitor.yamlio import load_yaml_file
 
 RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
+# The shortest literal part of a name glob that may stand in for `search`: shorter ones
+# (`7B`, `-7B`) match a large part of the Hub, so such a poll would list it all.
+GLOB_SEARCH_MIN_CHARS = 4
+
+
+def glob_literal(glob: str) -> str:
+    """The longest run of a shell glob that every match contains verbatim ('' if none).
+
+    Wildcards (`*`, `?`), character classes (`[...]`) and `/` end a run; a repo id that
+    matches the glob contains each run as a substring, so the Hub's substring `search` on
+    the longest one returns every repo the glob can match.
+    """
+    runs = re.split(r"\[[^\]]*\]|[*?/]", glob)
+    return max(runs, key=len, default="")
 
 
 # -- watch rules ---------------------------------------------------------------------------
@@ -96,8 +110,10 @@ class WatchRule(BaseModel):
       revisions    `main`, or `{branches: REGEX, tags: REGEX}` (full match on ref names)
       budgets      safety limits of the gate (see `Budgets`)
       scan_limit   the most repos one poll looks at (bounds a rule's first poll)
-    At least one of author, search, name_glob or pipeline_tag is required, so a rule
-    never lists the whole Hub.
+    At least one of author, search, name_glob or pipeline_tag is required. Without author
+    or search, the longest literal part of name_glob (at least GLOB_SEARCH_MIN_CHARS
+    characters, else the rule is refused) is sent as `search`, so a glob never lists the
+    whole Hub and filters it locally.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -117,14 +133,24 @@ class WatchRule(BaseModel):
     def _consistent(self) -> "WatchRule":
         if not (self.author or self.search or self.name_glob or self.pipeline_tag):
             raise ValueError("give at least one of author, search, name_glob, pipeline_tag")
+        if self.name_glob and not (self.author or self.search) \
+                and len(glob_literal(self.name_glob)) < GLOB_SEARCH_MIN_CHARS:
+            raise ValueError(
+                f"watch rule {self.name!r}: name_glob {self.name_glob!r} has no literal part of at least "
+                f"{GLOB_SEARCH_MIN_CHARS} characters to search the Hub by, so every poll would list the "
+                "whole Hub; add `author` or `search`, or a glob with a longer literal part")
         if self.min_params is not None and self.max_params is not None \
                 and self.min_params > self.max_params:
             raise ValueError(f"min_params {self.min_params} is above max_params {self.max_params}")
         return self
 
     def list_params(self) -> dict[str, Any]:
-        """Server-side filters for `HfApi.list_models`."""
-        params = {"author": self.author, "search": self.search, "pipeline_tag": self.pipeline_tag}
+        """Server-side filters for `HfApi.list_models` (`search` derived from name_glob when
+        neither author nor search is given)."""
+        search = self.search
+        if not (self.author or search) and self.name_glob:
+            search = glob_literal(self.name_glob)
+        params = {"author": self.author, "search": search, "pipeline_tag": self.pipeline_tag}
         return {k: v for k, v in params.items() if v}
 
     def matches_name(self, repo_id: str) -> bool:

@@ -10,7 +10,8 @@ State lives in `fakehub_state.HubState`, which `FakeHub` extends: repos hold com
 40-hex sha derived from the content -> files), branches, tags and pull-request refs.
 Tests change the state while the server runs (`add_commit`, `set_gated`, ...), inject
 faults (`fail_next`, `set_outage`, `latency`, `tamper`, and for files larger than anything
-stored, `announce_size` and `serve_generated`) and read the request log (`requests`,
+stored, `announce_size` and `serve_generated`), mark LFS files as stored on Xet
+(`serve_xet`), and read the request log (`requests`,
 `count_requests`).
 
 Run as a process for the daemon and the demo::
@@ -147,8 +148,12 @@ class FakeHub(HubState):
                  clock: Callable[[], datetime] | None = None,
                  request_clock: Callable[[], float] = time.monotonic,
                  page_size: int = 1000, tree_page_size: int = 1000, commits_page_size: int = 50,
-                 cdn_redirect: bool = False, cdn_host: str = "localhost", latency: float = 0.0) -> None:
+                 cdn_redirect: bool = False, cdn_host: str = "localhost", latency: float = 0.0,
+                 revision_last_modified: str = "commit") -> None:
         super().__init__(clock=clock)
+        # What `lastModified` of /api/models/{repo}/revision/{rev} reports: the commit's date
+        # ("commit"), or the repo's last change ("repo"); which one the live Hub sends is unconfirmed.
+        self.revision_last_modified = revision_last_modified
         self.host, self._port = host, port
         self.request_clock = request_clock
         self.page_size, self.tree_page_size, self.commits_page_size = page_size, tree_page_size, commits_page_size
@@ -521,7 +526,7 @@ class FakeHub(HubState):
                 raise _HttpError(400, f"Invalid expand property {unknown[0]!r}")
             names = ("_id", "id") + tuple(expand) if expand else MODEL_INFO_FIELDS
             item = self._fields(repo, commit, names, blobs=blobs)
-            if rest and "lastModified" in item:
+            if rest and "lastModified" in item and self.revision_last_modified == "commit":
                 item["lastModified"] = format_time(commit.date)
             return _json(item)
         if rest == ["refs"]:
@@ -620,6 +625,10 @@ class FakeHub(HubState):
             raise _HttpError(404, f"Entry not found: {path}", "EntryNotFound", [("X-Repo-Commit", commit.sha)])
         meta = self.announced_meta(repo_id, commit, path)
         common = [("X-Repo-Commit", commit.sha), ("ETag", f'"{meta.etag}"'), ("Accept-Ranges", "bytes")]
+        if (repo_id, commit.sha, path) in self._xet:
+            host = headers.get("host") or f"{self.host}:{self._port}"
+            common += [("X-Xet-Hash", str(meta.sha256)),
+                       ("Link", f'<http://{host}/api/models/{repo_id}/xet-read-token/{commit.sha}>; rel="xet-auth"')]
         if meta.sha256 and self.cdn_redirect:
             location = (f"http://{self.cdn_host}:{self._port}/cdn/{meta.sha256}?"
                         + urlencode({"repo": repo_id, "rev": commit.sha, "path": path}))

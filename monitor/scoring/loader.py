@@ -29,6 +29,7 @@ from monitor.errors import (HubError, ModelLoadError, SpecError, UnsafeCheckpoin
                             UnsupportedCheckpointError)
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
+from monitor.hub.gate import gate_checkpoint
 
 disable_safetensors_conversion()
 
@@ -283,9 +284,22 @@ def download_hub_checkpoint(repo: str, sha: str, cache_dir: str | Path | None = 
     """Fetch the checkpoint files of `repo` pinned at commit `sha` through the gate's verified
     download (sizes and LFS sha256 checked, paths kept inside the cache).
 
+    The watcher's gate runs first (`monitor.hub.gate`: file list, config.json within its
+    budget and without remote code, the safetensors headers by range requests), so a repo
+    it refuses costs no weight byte: UnsafeCheckpointError with the gate's reason, or
+    HubError when the Hub will not serve the repo.
+
     Returns (snapshot folder, repo cache folder its links may point into).
     """
-    snapshot = fetch_pinned(repo, sha, cache_dir=cache_dir, client=HubClient(endpoint))
+    client = HubClient(endpoint)
+    verdict = gate_checkpoint(client, repo, sha, cache_dir=cache_dir)
+    if verdict.status != "gated":
+        where = f"{repo}@{sha}"
+        if verdict.meta.get("gate", {}).get("verdict") == "refused":
+            raise UnsafeCheckpointError(f"{where}: {verdict.reason}",
+                                        hint="nothing but config.json and the safetensors headers was fetched")
+        raise HubError(f"{where}: {verdict.reason}", hint="check the repo id, its access, or HF_TOKEN")
+    snapshot = fetch_pinned(repo, sha, cache_dir=cache_dir, client=client)
     # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
     return snapshot, snapshot.parent.parent
 
