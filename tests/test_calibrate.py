@@ -170,11 +170,11 @@ def test_a_finished_campaign_reruns_nothing_and_refits_the_same_curves(
     assert _runs(layout["db"]) == killed_and_resumed["final"]
 
 
-def _results_file(folder: Path, repo: str, sha: str, acc: float) -> None:
+def _results_file(folder: Path, repo: str, sha: str, acc: float, task: str = "toy_mc") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results_2026-01-01T00-00-00.json").write_text(json.dumps({
-        "results": {"toy_mc": {"acc,none": acc, "acc_stderr,none": 0.02}},
-        "n-samples": {"toy_mc": {"original": 500, "effective": 500}},
+        "results": {task: {"acc,none": acc, "acc_stderr,none": 0.02}},
+        "n-samples": {task: {"original": 500, "effective": 500}},
         "model_name": repo, "config": {"model_sha": sha}}))
 
 
@@ -222,21 +222,32 @@ def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str
     assert sorted(r.checkpoint for r in imported) == sorted(n for n in NAMES if n != removed)
 
 
-def test_two_curves_for_one_file_are_neither_written_and_old_curves_go(
+def test_two_curves_for_one_file_are_neither_written_and_only_this_campaigns_stale_curves_go(
         killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """Two results entries that both define toy_mc would write one curves/toy_mc.acc.json: the
-    run refuses both and says so; a curve an earlier run wrote and this one did not is removed,
-    so a policy cannot go on reading it."""
+    run refuses both and says so. The toy_mc curve an earlier run of this campaign wrote, and
+    this one did not, is removed and named, so a policy cannot go on reading it; a curve placed
+    by hand and one edited since the campaign wrote it stay, each with the reason."""
     assert killed_and_resumed["final_code"] == 0
     with Store.open(layout["db"], read_only=True) as store:
         runs = {Path(r.model_repo).name: r for r in store.score_runs(limit=100)}
-    for folder in ("twice-a", "twice-b"):
+    for folder, task in (("twice-a", "toy_mc"), ("twice-b", "toy_mc"), ("other", "toy_other")):
         for name, run in runs.items():
-            _results_file(layout["folder"] / folder / name, run.model_repo, run.model_sha, 0.5)
-    stale = layout["out"] / "curves" / "toy_mc.acc.json"
-    stale.parent.mkdir(parents=True, exist_ok=True)
-    stale.write_text("{}")
+            rising = round(0.25 + 0.5 / (1.0 + math.exp(4.0 * (run.lstar - 6.0))), 6)
+            _results_file(layout["folder"] / folder / name, run.model_repo, run.model_sha, rising, task)
+    curves = layout["out"] / "curves"
     campaign = layout["folder"] / "twice.yaml"
+    campaign.write_text(EXAMPLE.read_text().replace(
+        "tasks:\n", "tasks:\n  - {results: twice-a, baseline: 0.25, metrics: [acc]}\n"
+                    "  - {results: other, baseline: 0.25, metrics: [acc]}\n"))
+    code, summary, _ = run_json(capsys, "calibrate", str(campaign), "--json", "--quiet")
+    assert code == 0, summary
+    stale, edited = curves / "toy_mc.acc.json", curves / "toy_other.acc.json"
+    assert stale.is_file() and edited.is_file()
+    edited.write_text(edited.read_text() + "\n")
+    hand = curves / "hand.acc.json"
+    shutil.copyfile(curves / "cloze-v0.acc.json", hand)
+
     campaign.write_text(EXAMPLE.read_text().replace(
         "tasks:\n", "tasks:\n  - {results: twice-a, baseline: 0.25, metrics: [acc]}\n"
                     "  - {results: twice-b, baseline: 0.25, metrics: [acc]}\n"))
@@ -246,8 +257,20 @@ def test_two_curves_for_one_file_are_neither_written_and_old_curves_go(
     errors = [c["error"] for c in summary["curves"] if c["task"] == "toy_mc"]
     assert errors == ["toy_mc · acc and toy_mc · acc would both be written to curves/toy_mc.acc.json; "
                       "rename one of the tasks"] * 2
-    assert not stale.exists()
-    assert (layout["out"] / "curves" / "cloze-v0.acc.json").is_file()   # the rest is written
+    assert summary["removed"] == [str(stale)] and not stale.exists()
+    kept = {Path(k["path"]).name: k["reason"] for k in summary["kept"]}
+    assert kept["toy_other.acc.json"] == "changed since this campaign wrote it" and edited.is_file()
+    assert kept["hand.acc.json"].startswith("not written by campaign tiny-cloze") and hand.is_file()
+    assert (curves / "cloze-v0.acc.json").is_file()   # the rest is written
+
+    # The table output names what it kept, and why.
+    code = main(["calibrate", str(campaign), "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 2
+    assert f"kept {hand}: not written by campaign tiny-cloze ({campaign}) (not in its record " \
+           "calibrate-manifest.json)" in printed.splitlines()
+    hand.unlink()
+    edited.unlink()
 
 
 def test_imported_labels_match_one_checkpoint_or_are_skipped_with_why() -> None:
@@ -447,10 +470,88 @@ def test_the_command_line_may_write_a_campaign_anywhere(tmp_path: Path, shared_d
 def test_missing_or_empty_campaign_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", str(tmp_path / "none.yaml")]) == 2
     assert capsys.readouterr().err == f"error: no campaign file at {tmp_path / 'none.yaml'}; pass the path of a campaign YAML file\n"
+    broken = tmp_path / "broken.yaml"
+    broken.symlink_to(tmp_path / "gone.yaml")
+    assert main(["calibrate", str(broken)]) == 2
+    assert capsys.readouterr().err == (f"error: {broken}: is a symbolic link to {tmp_path / 'gone.yaml'}, which "
+                                       "does not exist; pass the path of a campaign YAML file\n")
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert main(["calibrate", str(empty)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {empty}:1: the file is empty")
+
+
+@pytest.mark.parametrize("kind, what", [("fifo", "a named pipe (FIFO)"), ("dir", "a directory"),
+                                        ("zero", "a character device")])
+def test_a_campaign_path_that_is_no_regular_file_says_what_it_is(
+        kind: str, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Named as what it is, at once: a FIFO with no writer is opened without blocking."""
+    import threading
+
+    path = tmp_path / "campaign.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    codes: list[int] = []
+    worker = threading.Thread(target=lambda: codes.append(main(["calibrate", str(path)])), daemon=True)
+    worker.start()
+    worker.join(60)   # generous: a blocked open would never return
+    assert codes == [2], "lstar calibrate blocked on the campaign path"
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: is {what}, not a campaign file; campaign files are regular YAML files")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("link", ["out", "deep/out"])
+def test_an_output_folder_linked_out_of_the_campaign_folder_is_refused_with_nothing_written(
+        link: str, tmp_path: Path, shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`output: out` where out (or a folder above it) is a symbolic link leading elsewhere."""
+    from monitor.calibrate import load_campaign
+
+    folder = tmp_path / "campaign"
+    folder.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl").replace("output: out", f"output: {link}")
+    path = folder / "campaign.yaml"
+    path.write_text(text)
+    (folder / link.split("/")[0]).symlink_to(elsewhere)
+    code = main(["calibrate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    real = elsewhere / "out" if link == "deep/out" else elsewhere
+    assert err.startswith(f"error: {path}:9: output: output {link!r} leads to {real} through a symbolic link, "
+                          "outside the campaign file's folder"), err
+    assert list(elsewhere.iterdir()) == []
+    # A link that stays inside the folder is followed, and the run writes to its real place.
+    (folder / link.split("/")[0]).unlink()
+    (folder / "real").mkdir()
+    (folder / link.split("/")[0]).symlink_to(folder / "real")
+    assert load_campaign(path).output_dir == folder / "real" / ("out" if link == "deep/out" else "")
+
+
+def test_a_linked_curves_folder_in_the_output_is_refused_before_any_work(
+        tmp_path: Path, shared_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Also with `--output`: the curves go into a real folder of the output, never through a link."""
+    text = GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path), sha="a" * 40,
+                       task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    path = tmp_path / "campaign.yaml"
+    path.write_text(text)
+    out, policies = tmp_path / "given", tmp_path / "policies"
+    out.mkdir()
+    policies.mkdir()
+    (policies / "curve.json").write_text("{}")
+    (out / "curves").symlink_to(policies)
+    code = main(["calibrate", str(path), "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {path}:9: output: {out / 'curves'} is a symbolic link (to {policies})"), err
+    assert sorted(p.name for p in out.iterdir()) == ["curves"]
+    assert sorted(p.name for p in policies.iterdir()) == ["curve.json"]
 
 
 def test_an_lm_eval_task_without_the_harness_names_the_task_and_the_install(

@@ -26,6 +26,7 @@ campaign file, as a policy's curve paths are relative to the policy.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path, PurePath
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from monitor.calibrate.manifest import CampaignId, output_problem
 from monitor.curves.evaluator import load_mc_task
 from monitor.errors import CampaignError, LstarError, PolicyError
 from monitor.files import FileKind, read_bounded_text
@@ -210,6 +212,8 @@ class Campaign(_Strict):
 
     _base: Path = PrivateAttr(default=Path("."))
     _label: str = PrivateAttr(default="campaign")
+    _file: Path | None = PrivateAttr(default=None)
+    _output_dir: Path | None = PrivateAttr(default=None)
 
     def path(self, value: str) -> Path:
         """A path of the campaign file, resolved against the file's folder."""
@@ -223,7 +227,14 @@ class Campaign(_Strict):
 
     @property
     def output_dir(self) -> Path:
-        return self.path(self.output)
+        """The output folder: its real path (every link resolved) as checked at load time,
+        so writes go where the check looked."""
+        return self._output_dir if self._output_dir is not None else self.path(self.output)
+
+    @property
+    def identity(self) -> CampaignId:
+        """The campaign as the output folder's manifest names it: its name and resolved file."""
+        return CampaignId(self.name, str(self._file) if self._file is not None else self._label)
 
     def checkpoint_name(self, i: int) -> str:
         """The name labels and curve points use for checkpoint `i`."""
@@ -244,12 +255,21 @@ def _cross_errors(campaign: Campaign, root: Any, label: str, *, output_given: bo
         errors.append(f"{label}:{line}: {format_key_path(loc)}: {message}")
 
     output = PurePath(campaign.output)
+    real = _real_output(campaign)
     if not output_given and (campaign.output.strip() in ("", ".") or output.is_absolute()
                              or ".." in output.parts or campaign.output.startswith("~")):
         error(["output"], f"output {campaign.output!r} must be a folder inside the campaign file's folder "
                           "(a relative path without '..'); to write elsewhere, run lstar calibrate --output DIR")
-    elif campaign.output_dir.exists() and not campaign.output_dir.is_dir():
+    elif real is None:
+        error(["output"], f"output {campaign.output!r} cannot be resolved (a symbolic link loop?)")
+    elif not output_given and not _strictly_inside(real, campaign):
+        error(["output"], f"output {campaign.output!r} leads to {real} through a symbolic link, outside the "
+                          "campaign file's folder; point it at a real folder inside, or run lstar calibrate "
+                          "--output DIR")
+    elif real.exists() and not real.is_dir():
         error(["output"], f"output {campaign.output!r} exists and is not a folder")
+    elif (problem := output_problem(real)) is not None:
+        error(["output"], problem)
     if not (campaign.path(campaign.corpus.dir) / "manifest.json").is_file():
         error(["corpus", "dir"], f"no corpus at {campaign.corpus.dir!r} (no manifest.json there; "
                                  "paths are relative to the campaign file)")
@@ -302,6 +322,23 @@ def _cross_errors(campaign: Campaign, root: Any, label: str, *, output_given: bo
     return errors
 
 
+def _real_output(campaign: Campaign) -> Path | None:
+    """The output folder with every symbolic link of every component resolved."""
+    try:
+        return campaign.path(campaign.output).resolve()
+    except (OSError, RuntimeError):   # a link loop
+        return None
+
+
+def _strictly_inside(real: Path, campaign: Campaign) -> bool:
+    """Whether `real` is a folder below (not at) the campaign file's folder, both resolved."""
+    try:
+        base = campaign.path(".").resolve()
+    except (OSError, RuntimeError):
+        return False
+    return base in real.parents
+
+
 def parse_campaign(text: str, label: str, *, base: Path, output: Path | None = None) -> Campaign:
     """Validate campaign text; `label` names the file in errors, `base` anchors relative paths.
 
@@ -324,6 +361,7 @@ def parse_campaign(text: str, label: str, *, base: Path, output: Path | None = N
     errors = _cross_errors(campaign, root, label, output_given=output is not None)
     if errors:
         raise CampaignError(_one_line(errors))
+    campaign._output_dir = _real_output(campaign)
     return campaign
 
 
@@ -338,10 +376,15 @@ def load_campaign(path: str | Path, *, output: Path | None = None) -> Campaign:
     `output` writes the results to that folder instead of the file's `output`."""
     path = Path(path)
     label = str(path)
-    if not path.is_file():
+    if not path.exists():
+        if path.is_symlink():
+            raise CampaignError(f"{path}: is a symbolic link to {os.readlink(path)}, which does not exist",
+                                hint="pass the path of a campaign YAML file")
         raise CampaignError(f"no campaign file at {path}", hint="pass the path of a campaign YAML file")
-    try:
+    try:   # a folder, a FIFO or a device is named as such, and a FIFO is opened without blocking
         text = read_bounded_text(path, label, what=CAMPAIGN_FILE)
     except PolicyError as exc:
         raise CampaignError(exc.one_line()) from None
-    return parse_campaign(text, label, base=path.resolve().parent, output=output)
+    campaign = parse_campaign(text, label, base=path.resolve().parent, output=output)
+    campaign._file = path.resolve()
+    return campaign

@@ -8,7 +8,9 @@ selection and one scoring spec, which pin the curve. Each curve is fitted by
 `monitor.curves.validation.lofo_validate` (what `lstar curves validate` prints). The report
 (`OUTPUT/validation.md` and `.json`) carries each curve's threshold, its own warnings
 (`curve_warnings`: unresolved thresholds and the like) and the LOFO table; a task whose
-curve cannot be fitted is reported with the reason.
+curve cannot be fitted is reported with the reason. A curve an earlier run of the same
+campaign wrote and this run did not is removed, and only such a curve
+(`monitor.calibrate.manifest`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.calibrate.campaign import Campaign, TaskSpec
+from monitor.calibrate.manifest import Cleanup, prepare_output, remove_stale, written_hashes
 from monitor.calibrate.plan import Plan
 from monitor.curves import curve_summary, curve_warnings, save_curve
 from monitor.curves.artifact import CurveArtifact, ScoringRef
@@ -54,6 +57,7 @@ class CampaignOutputs:
     curves: list[CurveOutcome] = field(default_factory=list)
     report_md: Path | None = None
     report_json: Path | None = None
+    cleanup: Cleanup = field(default_factory=Cleanup)   # stale curves removed, other files kept
 
     @property
     def failed(self) -> list[CurveOutcome]:
@@ -155,6 +159,7 @@ def write_outputs(campaign: Campaign, plan: Plan, store: Store, *,
                   on_progress: Callable[[str, int, int, str], None] | None = None) -> CampaignOutputs:
     """Fit every (task, metric) of the campaign and write the curves and the report."""
     scores, corpus, ref = _score_rows(plan, store)
+    prepare_output(campaign.output_dir)   # still the folder checked at load, curves/ no link
     work: list[tuple[TaskSpec, str, str, list[Label]]] = []
     outputs = CampaignOutputs()
     for task in campaign.tasks:
@@ -181,19 +186,10 @@ def write_outputs(campaign: Campaign, plan: Plan, store: Store, *,
             outputs.curves.append(fit_task(campaign, task, name, metric, labels, corpus_sha256=corpus, ref=ref))
         if on_progress is not None:
             on_progress("fit", n, len(work), f"{name} · {metric}")
-    _remove_stale_curves(campaign.output_dir / "curves", {c.path.name for c in outputs.curves if c.path is not None})
+    written = written_hashes(campaign.output_dir, [c.path.name for c in outputs.curves if c.path is not None])
+    outputs.cleanup = remove_stale(campaign.output_dir, campaign.identity, written)
     outputs.report_json, outputs.report_md = write_report(campaign, plan, outputs, corpus_sha256=corpus, ref=ref)
     return outputs
-
-
-def _remove_stale_curves(folder: Path, written: set[str]) -> None:
-    """Curve artifacts an earlier run wrote that this run did not (a fit that now fails, a task
-    or metric taken out of the campaign) are removed: a policy must not go on reading them."""
-    if not folder.is_dir():
-        return
-    for path in folder.glob("*.json"):
-        if path.name not in written:
-            path.unlink(missing_ok=True)
 
 
 def report_data(campaign: Campaign, plan: Plan, outputs: CampaignOutputs, *, corpus_sha256: str,

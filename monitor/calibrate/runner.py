@@ -25,6 +25,7 @@ from typing import Any
 
 from monitor.calibrate.campaign import Campaign, TaskSpec
 from monitor.calibrate.evaluate import check_lm_eval_available, evaluate
+from monitor.calibrate.manifest import prepare_output
 from monitor.calibrate.outputs import CampaignOutputs, write_outputs
 from monitor.calibrate.plan import KEY_FIELD, CheckpointRef, EvalWork, Plan, ScoreWork, build_plan, db_path, mark_done
 from monitor.curves.labels import Label, label_rows, read_labels_csv, read_lm_eval_results
@@ -243,7 +244,7 @@ def run_campaign(campaign: Campaign, *, on_progress: Progress | None = None) -> 
     corpus = _corpus(campaign)
     plan = build_plan(campaign, corpus.sha256)
     out = campaign.output_dir
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_output(out)   # the real folder checked at load, nothing swapped for a link since
     result = CampaignResult(plan=plan, db=db_path(campaign))
     finished = 0
     with Store.open(db_path(campaign)) as store:

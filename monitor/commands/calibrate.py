@@ -29,7 +29,9 @@ def _summary(result: Any) -> dict[str, Any]:
             [{"task": c.task, "metric": c.metric, "path": str(c.path) if c.path else None,
               "curve_id": c.curve.curve_id if c.curve else None, "error": c.error} for c in outputs.curves],
             "report": None if outputs is None else {"markdown": str(outputs.report_md),
-                                                    "json": str(outputs.report_json)}}
+                                                    "json": str(outputs.report_json)},
+            "removed": [] if outputs is None else [str(p) for p in outputs.cleanup.removed],
+            "kept": [] if outputs is None else [{"path": str(p), "reason": why} for p, why in outputs.cleanup.kept]}
 
 
 def register(app: typer.Typer) -> None:
@@ -103,6 +105,11 @@ def register(app: typer.Typer) -> None:
                 for w in curve_warnings(c.curve) if c.curve is not None else []:
                     out.print(f"warning: {c.task} · {c.metric}: {w.message}", markup=False, highlight=False,
                               soft_wrap=True)
+            for path in outputs.cleanup.removed:
+                out.print(f"removed {path}: an earlier run of this campaign wrote it and this run did not",
+                          markup=False, highlight=False, soft_wrap=True)
+            for path, why in outputs.cleanup.kept:
+                out.print(f"kept {path}: {why}", markup=False, highlight=False, soft_wrap=True)
             out.print(f"report: {outputs.report_md} and {outputs.report_json}", markup=False, soft_wrap=True)
             out.print(f"state: {result.db}", markup=False, soft_wrap=True)
         if outputs.failed:
