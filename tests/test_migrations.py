@@ -22,6 +22,7 @@ RECORDED = {
     "0004_alerts": "d6a04ea65a5be6d25da9d7ef9f588b28e2788303c72c1df35164ee5e5a50111c",
     "0005_reports": "6e684c6f9e1ad7a682e2bd0cf23ac0c07026ba0a6daa65fbf68b9e882884f941",
     "0006_score_digests": "6b57df74403418826556ac58d9752ef7dca1809fba55adbcb918abb6ea8689f1",
+    "0007_lease_starts": "cfbe0a0e2d70bc1dbb9bba621b3d72b1dcb90d87de03aee611d4af18615698c3",
 }
 
 

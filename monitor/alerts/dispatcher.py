@@ -21,8 +21,8 @@ One pass (`Dispatcher.run_once(now)`) runs it in two halves:
    was disabled: dead-letter), `throttle` (the receiver asked us to back off until
    `blocked_until`), `rate_limit` (the receiver's per-period budget is spent), `claim`
    (lease it, compare-and-set), `send`, and only then `record` the outcome. A crash between
-   the send and the record leaves a lease that expires; the next pass sends the same body
-   with the same webhook-id (at most one re-send, never a loss). Silence comes first, so a
+   the send and the record leaves a lease that expires (a restarted daemon frees it at
+   start); the next pass sends the same body with the same webhook-id (at most one re-send, never a loss). Silence comes first, so a
    notification whose alerts are all silenced is marked silenced at once, even while its
    receiver is disabled, throttled or over its rate limit.
 

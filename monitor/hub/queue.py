@@ -2,8 +2,9 @@
 
 The database is the queue. A worker claims a row with a compare-and-set (attempts += 1,
 lease_owner, lease_expires_at) in one transaction, does the work, and completes the row
-only if it still holds the lease. A worker killed mid-job leaves a lease that expires; the
-row is then claimed again, at most `max_attempts` times in all, after which it is marked
+only if it still holds the lease. A worker killed mid-job leaves a lease that expires (a
+restarted daemon frees it at start, `Store.reclaim_checkpoint_leases`); the row is then
+claimed again, at most `max_attempts` times in all, after which it is marked
 failed with the last reason. Completion and the job's own rows (e.g. a score run) are
 written in one transaction, so a job completes exactly once.
 

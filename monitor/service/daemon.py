@@ -15,8 +15,11 @@ by the daemon. A child that runs out of time is killed, one that runs out of mem
 its address-space limit; either way the daemon goes on.
 
 A lock (`flock` on STATE/lstar.lock, holding the pid) keeps a second daemon off the same
-state directory. SIGTERM/SIGINT stop new work, let running jobs finish (bounded by
-`drain`), CHECKPOINT the database and exit 0. Policy files are re-read when they change; a
+state directory. Under it, at start, the daemon frees every lease an earlier process left
+(scores, notifications), recording each interrupted attempt with the time it started, so
+the work resumes on the first run of its job rather than when the lease would expire.
+SIGTERM/SIGINT stop new work, let running jobs finish (bounded by `drain`), CHECKPOINT the
+database and exit 0. Policy files are re-read when they change; a
 bad file keeps its last good version and the error shows in the log and in /status.
 
 Disk full: a job whose write fails for lack of space starts an episode (logged once,
@@ -42,6 +45,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -146,7 +150,9 @@ class Daemon:
 
         self.config = config
         self.lock = StateLock(config.state_dir)
-        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        # Unique to this start, even where a restart gets the same host name and pid (pid 1 in
+        # a container): the leases of an earlier start are then never taken for its own.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.store: Store | None = None
         self.policy_set = PolicySet([])
         self.policy_digest: str | None = None
@@ -201,6 +207,7 @@ class Daemon:
         cfg = self.config
         check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
+        self._reclaim_leases()
         self._reload_policies(force=True)
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
                              workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
@@ -216,6 +223,30 @@ class Daemon:
                 tmp.unlink()
             raise storage_error(cfg.state_dir, exc, doing=f"writing {INFO_NAME}") from exc
         log.info("lstar daemon pid %d: state %s, API %s", os.getpid(), cfg.state_dir, self.api.url)
+
+    def _reclaim_leases(self) -> None:
+        """Free the leases of every earlier holder at once, so that an interrupted score or
+        delivery resumes on the first run of its job instead of when its lease would expire.
+
+        Every holder is provably dead here. The state lock keeps any other daemon off this
+        state directory, and this process has just opened the database for writing, which
+        DuckDB's file lock allows only while no other process has it open; every process
+        that takes a lease (a daemon, `lstar score --pending`, `lstar alerts dispatch`)
+        keeps the database open for as long as it holds one. A failure here costs only time:
+        the leases are then taken over when they expire.
+        """
+        assert self.store is not None
+        now = utcnow()
+        try:
+            freed = [*self.store.reclaim_checkpoint_leases(self.owner, now=now),
+                     *self.store.reclaim_notification_leases(self.owner, now=now)]
+        except Exception as exc:  # noqa: BLE001 - logged; the leases still expire
+            log.error("could not reclaim the leases of earlier processes (they are taken over when "
+                      "they expire): %s", exc)
+            return
+        for lease in freed:
+            log.warning("reclaimed the lease of %s on %s %s: attempt %d, started %s, died with its process",
+                        lease.owner, lease.table, lease.id, lease.attempt, lease.started_at.isoformat())
 
     def _abandon_start(self) -> None:
         """Undo a start-up that failed half-way: the API stops, the database closes."""

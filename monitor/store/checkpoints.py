@@ -10,7 +10,7 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
-from monitor.store.rows import CheckpointRow
+from monitor.store.rows import CheckpointRow, ReclaimedLease
 
 
 class CheckpointRows(StoreConnection):
@@ -98,17 +98,50 @@ class CheckpointRows(StoreConnection):
                 if attempts >= max_attempts:
                     conn.execute(
                         "UPDATE checkpoints SET status = 'failed', reason = ?, lease_owner = NULL, "
-                        "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND attempts = ?",
+                        "lease_expires_at = NULL, lease_started_at = NULL, updated_at = ? "
+                        "WHERE id = ? AND attempts = ?",
                         [f"gave up after {attempts} attempts: {reason or 'no reason recorded'}", now,
                          checkpoint_id, attempts])
                     continue
                 n = conn.execute(
                     "UPDATE checkpoints SET attempts = attempts + 1, lease_owner = ?, "
-                    "lease_expires_at = ?, reason = ?, updated_at = ? WHERE id = ? AND attempts = ? "
-                    "AND (lease_owner IS NULL OR lease_expires_at <= ?)",
-                    [owner, expires, reason, now, checkpoint_id, attempts, now]).fetchone()[0]
+                    "lease_expires_at = ?, lease_started_at = ?, reason = ?, updated_at = ? WHERE id = ? "
+                    "AND attempts = ? AND (lease_owner IS NULL OR lease_expires_at <= ?)",
+                    [owner, expires, now, reason, now, checkpoint_id, attempts, now]).fetchone()[0]
             if n == 1:
                 return self.get_checkpoint(checkpoint_id)
+
+    def reclaim_checkpoint_leases(self, owner: str, *, now: datetime) -> list[ReclaimedLease]:
+        """Free every checkpoint lease not held by `owner`, in one transaction; the freed ones.
+
+        Only for a caller that knows every other holder is dead (the daemon at start, see
+        `Daemon._reclaim_leases`). Each row keeps its status and its `attempts` (the dead
+        attempt was counted when its lease was taken), so the next claim is one attempt more
+        and the third dead attempt still fails the row. The dead attempt is recorded in the
+        row's reason and appended to `meta.interrupted` with the time it started.
+        """
+        freed: list[ReclaimedLease] = []
+        with self.transaction() as conn:
+            # Before lease_started_at existed, updated_at is the nearest stored time.
+            rows = conn.execute(
+                "SELECT id, attempts, lease_owner, coalesce(lease_started_at, updated_at), meta "
+                "FROM checkpoints WHERE lease_owner IS NOT NULL AND lease_owner != ? ORDER BY id",
+                [owner]).fetchall()
+            for checkpoint_id, attempts, previous, started_at, meta_text in rows:
+                meta = json.loads(meta_text) if meta_text else {}
+                lost = {"attempt": attempts, "owner": previous, "started_at": started_at.isoformat(),
+                        "reclaimed_at": now.isoformat(), "reclaimed_by": owner}
+                meta["interrupted"] = [*meta.get("interrupted", []), lost]
+                reason = (f"{previous} died during attempt {attempts} (started {started_at.isoformat()}); "
+                          f"its lease was reclaimed by {owner} at start")
+                conn.execute("UPDATE checkpoints SET lease_owner = NULL, lease_expires_at = NULL, "
+                             "lease_started_at = NULL, reason = ?, meta = ?, updated_at = ? "
+                             "WHERE id = ? AND lease_owner = ?",
+                             [reason, json.dumps(meta, sort_keys=True, default=str), now, checkpoint_id,
+                              previous])
+                freed.append(ReclaimedLease("checkpoints", str(checkpoint_id), previous, attempts,
+                                            started_at))
+        return freed
 
     def advance_checkpoint(self, checkpoint_id: int, owner: str, *, status: str,
                            meta: Mapping[str, Any] | None, now: datetime) -> bool:
@@ -136,7 +169,8 @@ class CheckpointRows(StoreConnection):
                 return False
             merged = self._merged_meta(conn, checkpoint_id, meta)
             conn.execute("UPDATE checkpoints SET status = ?, reason = ?, meta = ?, lease_owner = NULL,"
-                         " lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                         " lease_expires_at = NULL, lease_started_at = NULL, updated_at = ? "
+                         "WHERE id = ? AND lease_owner = ?",
                          [status, reason, merged, now, checkpoint_id, owner])
             if write is not None:
                 write(conn)
@@ -161,7 +195,8 @@ class CheckpointRows(StoreConnection):
             elif attempts >= max_attempts:
                 status, reason = "failed", f"gave up after {attempts} attempts: {reason}"
             conn.execute("UPDATE checkpoints SET status = ?, reason = ?, attempts = ?, lease_owner = NULL, "
-                         "lease_expires_at = NULL, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                         "lease_expires_at = NULL, lease_started_at = NULL, updated_at = ? "
+                         "WHERE id = ? AND lease_owner = ?",
                          [status, reason, attempts, now, checkpoint_id, owner])
         return status
 

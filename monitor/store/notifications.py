@@ -13,7 +13,7 @@ import duckdb
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.store.rows import (DeliveryAttemptRow, DueNotificationRow, EndpointRow, NotificationRow,
-                                SilenceRow)
+                                ReclaimedLease, SilenceRow)
 
 
 class _LostRace(Exception):
@@ -70,9 +70,11 @@ class NotificationRows(StoreConnection):
                            lease_s: float) -> NotificationRow | None:
         """Lease one due notification (compare-and-set; attempts += 1) and return it.
 
-        A lease left by a process that died is taken over, and the attempt it was making is
-        recorded as `lease_expired` (a crash may have sent it: the receiver can de-duplicate
-        on the webhook-id, which stays the same).
+        A lease left by a process that died is taken over once it expired, and the attempt it
+        was making is recorded as `lease_expired`, stamped with the time that attempt started
+        (a crash may have sent it: the receiver can de-duplicate on the webhook-id, which
+        stays the same). A daemon frees such leases at once when it starts
+        (`reclaim_notification_leases`).
         """
         try:
             with self.transaction() as conn:
@@ -83,26 +85,60 @@ class NotificationRows(StoreConnection):
 
     def _lease_notification(self, conn: duckdb.DuckDBPyConnection, notification_id: str, owner: str,
                             now: datetime, lease_s: float) -> None:
+        # Before lease_started_at existed, a claim was the only write to a leased row, so its
+        # updated_at is when the attempt started.
         row = conn.execute(
-            "SELECT attempts, lease_owner, lease_expires_at, policy, receiver FROM notifications "
-            "WHERE id = ? AND status = 'pending' AND next_attempt_at <= ? AND "
+            "SELECT attempts, lease_owner, coalesce(lease_started_at, updated_at), policy, receiver "
+            "FROM notifications WHERE id = ? AND status = 'pending' AND next_attempt_at <= ? AND "
             "(lease_owner IS NULL OR lease_expires_at <= ?)", [notification_id, now, now]).fetchone()
         if row is None:
             raise _LostRace()
-        attempts, previous, expired_at, policy, receiver = row
+        attempts, previous, started_at, policy, receiver = row
         if previous is not None:
-            conn.execute(
-                "INSERT INTO delivery_attempts (notification_id, policy, receiver, attempt, started_at,"
-                " outcome, error) VALUES (?, ?, ?, ?, ?, 'lease_expired', ?)",
-                [notification_id, policy, receiver, attempts, expired_at,
-                 f"lease of {previous} expired during attempt {attempts} (the process died?); "
-                 "the message may have been sent"])
+            self._record_lost_attempt(conn, notification_id, policy, receiver, attempts, started_at,
+                                      f"lease of {previous} expired during attempt {attempts} (the process "
+                                      "died?); the message may have been sent")
         n = conn.execute(
             "UPDATE notifications SET attempts = attempts + 1, lease_owner = ?, lease_expires_at = ?, "
-            "updated_at = ? WHERE id = ? AND attempts = ? AND status = 'pending'",
-            [owner, now + timedelta(seconds=lease_s), now, notification_id, attempts]).fetchone()[0]
+            "lease_started_at = ?, updated_at = ? WHERE id = ? AND attempts = ? AND status = 'pending'",
+            [owner, now + timedelta(seconds=lease_s), now, now, notification_id, attempts]).fetchone()[0]
         if n != 1:
             raise _LostRace()
+
+    @staticmethod
+    def _record_lost_attempt(conn: duckdb.DuckDBPyConnection, notification_id: str, policy: str,
+                             receiver: str, attempt: int, started_at: datetime, error: str) -> None:
+        conn.execute(
+            "INSERT INTO delivery_attempts (notification_id, policy, receiver, attempt, started_at,"
+            " outcome, error) VALUES (?, ?, ?, ?, ?, 'lease_expired', ?)",
+            [notification_id, policy, receiver, attempt, started_at, error])
+
+    def reclaim_notification_leases(self, owner: str, *, now: datetime) -> list[ReclaimedLease]:
+        """Free every notification lease not held by `owner`, in one transaction; the freed ones.
+
+        Only for a caller that knows every other holder is dead (the daemon at start, see
+        `Daemon._reclaim_leases`). Each freed lease's attempt is recorded as `lease_expired`
+        with the time it started; `attempts` stays (it was counted when the lease was taken),
+        and the notification keeps its id, so the re-send carries the same webhook-id. It is
+        due again at once: its next attempt time is already past.
+        """
+        freed: list[ReclaimedLease] = []
+        with self.transaction() as conn:
+            rows = conn.execute(
+                "SELECT id, attempts, lease_owner, coalesce(lease_started_at, updated_at), policy, receiver "
+                "FROM notifications WHERE lease_owner IS NOT NULL AND lease_owner != ? ORDER BY id",
+                [owner]).fetchall()
+            for notification_id, attempts, previous, started_at, policy, receiver in rows:
+                self._record_lost_attempt(
+                    conn, notification_id, policy, receiver, attempts, started_at,
+                    f"{previous} died during attempt {attempts} (its lease was reclaimed by {owner} at "
+                    "start); the message may have been sent")
+                conn.execute("UPDATE notifications SET lease_owner = NULL, lease_expires_at = NULL, "
+                             "lease_started_at = NULL, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                             [now, notification_id, previous])
+                freed.append(ReclaimedLease("notifications", str(notification_id), previous, attempts,
+                                            started_at))
+        return freed
 
     def finish_notification(self, notification_id: str, owner: str, *, status: str,
                             attempt: Mapping[str, Any], now: datetime,
@@ -129,18 +165,20 @@ class NotificationRows(StoreConnection):
                  next_attempt_at])
             if status == "pending":
                 conn.execute("UPDATE notifications SET status = 'pending', lease_owner = NULL, "
-                             "lease_expires_at = NULL, next_attempt_at = ?, last_error = ?, updated_at = ? "
-                             "WHERE id = ?", [next_attempt_at, error, now, notification_id])
+                             "lease_expires_at = NULL, lease_started_at = NULL, next_attempt_at = ?, "
+                             "last_error = ?, updated_at = ? WHERE id = ?",
+                             [next_attempt_at, error, now, notification_id])
             elif status == "delivered":
                 conn.execute("UPDATE notifications SET status = 'delivered', lease_owner = NULL, "
-                             "lease_expires_at = NULL, delivered_at = ?, updated_at = ? WHERE id = ?",
+                             "lease_expires_at = NULL, lease_started_at = NULL, delivered_at = ?, "
+                             "updated_at = ? WHERE id = ?",
                              [now, now, notification_id])
                 conn.execute("UPDATE deliveries SET status = 'delivered', updated_at = ? "
                              "WHERE notification_id = ?", [now, notification_id])
             elif status == "dead":
                 conn.execute("UPDATE notifications SET status = 'dead', lease_owner = NULL, "
-                             "lease_expires_at = NULL, last_error = ?, dead_reason = ?, updated_at = ? "
-                             "WHERE id = ?", [error, error, now, notification_id])
+                             "lease_expires_at = NULL, lease_started_at = NULL, last_error = ?, "
+                             "dead_reason = ?, updated_at = ? WHERE id = ?", [error, error, now, notification_id])
                 conn.execute("UPDATE deliveries SET status = 'dead', reason = ?, updated_at = ? "
                              "WHERE notification_id = ?", [error, now, notification_id])
             else:
@@ -161,7 +199,8 @@ class NotificationRows(StoreConnection):
                 "AND (lease_owner IS NULL OR lease_expires_at <= ?)", [policy, receiver, now]).fetchall()]
             for nid in ids:
                 conn.execute("UPDATE notifications SET status = 'dead', dead_reason = ?, last_error = ?, "
-                             "lease_owner = NULL, lease_expires_at = NULL, updated_at = ? WHERE id = ?",
+                             "lease_owner = NULL, lease_expires_at = NULL, lease_started_at = NULL, "
+                             "updated_at = ? WHERE id = ?",
                              [reason, reason, now, nid])
                 conn.execute("UPDATE deliveries SET status = 'dead', reason = ?, updated_at = ? "
                              "WHERE notification_id = ?", [reason, now, nid])

@@ -245,6 +245,7 @@ class NotificationRow(Row):
     created_at: datetime
     updated_at: datetime
     delivered_at: datetime | None
+    lease_started_at: datetime | None   # when the lease's attempt started (None: no lease)
 
     def payload(self) -> dict[str, Any]:
         """The body decoded."""
@@ -292,6 +293,17 @@ class SilenceRow(Row):
     created_by: str
     created_at: datetime
     expired_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ReclaimedLease(Row):
+    """A lease a starting daemon freed because its holder had died: the attempt it was making."""
+
+    table: str               # checkpoints | notifications
+    id: str                  # the checkpoint id, or the notification id (its webhook-id)
+    owner: str               # the dead holder
+    attempt: int
+    started_at: datetime     # when that attempt started
 
 
 # -- checkpoints --------------------------------------------------------------------------------
