@@ -13,7 +13,7 @@ import pytest
 from monitor.curves.artifact import Band, CurvePoint
 from monitor.curves.plot import plot_curve
 from monitor.lab import plots as lab_plots
-from monitor.plotting import PLOT_LIMIT, shown
+from monitor.plotting import PLOT_LIMIT, pyplot, shown
 from monitor.reports import plots as report_plots
 from monitor.testing.report_state import build_report_state
 
@@ -101,7 +101,7 @@ def test_lab_figures_draw_extreme_ranges(name: str) -> None:
 
 def test_a_figure_drawn_at_the_float_maximum_gets_fixed_ticks() -> None:
     """A figure built without `shown` (limits past the tick locators' reach) still renders."""
-    plt = report_plots._pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots()
     ax.scatter([BIG, BIG], [-1e308, 1e308])
     ax.set_xlim(1e308, BIG)

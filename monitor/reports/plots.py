@@ -21,8 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timezone
 from typing import Any
 
-from monitor.plotting import png, shown, shown_value
-from monitor.plotting import pyplot as _pyplot
+from monitor.plotting import png, pyplot, shown, shown_value
 from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
 
 FIGSIZE = (8.0, 4.0)
@@ -61,7 +60,7 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
     """L* (with ±SE bars) per lineage, in lineage order, against training step for lineages whose
     every checkpoint names a step and against release time for the others (a second panel when
     both kinds are present)."""
-    plt = _pyplot()
+    plt = pyplot()
     import matplotlib.dates as mdates
 
     lineages = sorted({r["lineage"] for r in runs})
@@ -106,7 +105,7 @@ def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
                       colours: Mapping[str, str] | None = None) -> Any:
     """A task curve g(L*) with its band, level b + ε, η̂ and its interval (a shaded band), and the
     new checkpoints' predictions in their family's colour (marker by state)."""
-    plt = _pyplot()
+    plt = pyplot()
     colours = dict(colours or family_colours(p["lineage"] for p in new_points))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     band = curve.band
@@ -151,7 +150,7 @@ def task_curve(curve: Any, new_points: Sequence[Mapping[str, Any]],
 
 def ce_against_lstar_figure(runs: Sequence[Mapping[str, Any]], colours: Mapping[str, str] | None = None) -> Any:
     """Raw CE against L*, one series per family (named, with its tokenizer's unigram CE)."""
-    plt = _pyplot()
+    plt = pyplot()
     lineages = sorted({r["lineage"] for r in runs})
     colours = dict(colours or family_colours(lineages))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
