@@ -164,3 +164,30 @@ def test_small_test_sets_warn_about_resolution(labels_csv, tmp_path, capsys):
     assert code == 0
     assert "warning: acc: resolution 1/n = 0.003333 (n = 300) is coarser than the margin" in err
     assert "not pinned" in err
+
+
+@pytest.mark.parametrize("field, value", [("band.fit", "NaN"), ("band.upper", "Infinity"), ("baseline", "NaN"),
+                                          ("baseline", "-Infinity"), ("band.fit", "Infinity"),
+                                          ("band.upper", "NaN"), ("threshold.bootstrap.median", "NaN"),
+                                          ("emergence_by_family.gpt2", "Infinity")])
+def test_a_curve_with_nan_or_infinity_is_refused_naming_the_field(fitted, tmp_path, capsys, field, value):
+    """Python's JSON reader accepts NaN and Infinity literals; every float field of the artifact,
+    nested ones included, refuses them with one line naming the field."""
+    data = json.loads(fitted.read_text())
+    *parents, key = field.split(".")
+    target = data
+    for part in parents:
+        target = target[part]
+    marker = "__HOSTILE__"
+    if isinstance(target[key], list):
+        target[key][1] = marker
+        where = f"{field}.1"
+    else:
+        target[key] = marker
+        where = field
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data).replace(f'"{marker}"', value))   # a bare literal, as json.dumps writes
+    assert json.loads(bad.read_text()) is not None                     # the file is JSON Python reads
+    code, out, err = run(capsys, "curves", "show", str(bad))
+    one_line_error(code, err, str(bad), where, "finite")
+    assert "Traceback" not in out + err

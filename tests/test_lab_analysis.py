@@ -210,3 +210,86 @@ def test_a_bad_lab_json_leaves_an_existing_report_intact(tmp_path: Path) -> None
     with pytest.raises(LabError, match="checkpoints.0.metrics.lstar"):
         write_lab_report(_write(tmp_path, json.dumps(bad)), out, config=FAST)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# -- hostile numbers ----------------------------------------------------------------------------
+def _every_metric(value: float) -> Any:
+    def mutate(d: dict[str, Any]) -> None:
+        for c in d["checkpoints"]:
+            c["metrics"] = {k: abs(value) if k == "lstar_se" else value for k in c["metrics"]}
+    return mutate
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["checkpoints"][0].update(bytes_seen=10**400), "checkpoints.0.bytes_seen"),
+    (lambda d: d["checkpoints"][2].update(tokens_seen=10**18), "checkpoints.2.tokens_seen"),
+    (lambda d: d["checkpoints"][1].update(step=-1), "checkpoints.1.step"),
+    (lambda d: d["checkpoints"][1].update(seed=-3), "checkpoints.1.seed"),
+    (lambda d: d["checkpoints"][0]["tasks"]["add-words"].update(n=10**400), "checkpoints.0.tasks.add-words.n"),
+    (lambda d: d["families"][0].update(vocab_used=-1), "families.0.vocab_used"),
+    (_every_metric(1e308), "checkpoints.0.metrics.ce"),
+    (_every_metric(-2e6), "checkpoints.0.metrics.ce"),
+    (lambda d: d["checkpoints"][0]["metrics"].update(lstar_se=1e7), "checkpoints.0.metrics.lstar_se"),
+    (lambda d: d["checkpoints"][0]["tasks"]["add-words"].update(brier=float("inf")),
+     "checkpoints.0.tasks.add-words.brier"),
+])
+def test_lab_report_refuses_numbers_out_of_bounds_in_one_line(tmp_path: Path, capsys: Any, mutate: Any,
+                                                               expected: str) -> None:
+    """`lstar lab report` on hostile numbers: one line naming the file and the field, exit code
+    non-zero, nothing written."""
+    from monitor.cli import main
+
+    data = synthetic_lab(seeds=1, steps=3)
+    mutate(data)
+    path = _write(tmp_path, json.dumps(data))        # 10**400 and inf are written as JSON reads them
+    out = tmp_path / "report"
+    code = main(["lab", "report", "--lab", str(path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert str(path) in err and expected in err and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("mutate", [
+    _every_metric(1e6),                                                            # the bound, everywhere
+    _every_metric(-1e6),
+    lambda d: [c.update(bytes_seen=10**18 - 1, tokens_seen=10**18 - 1) for c in d["checkpoints"]],
+    lambda d: [c["metrics"].update(lstar=(-1e6 if i % 2 else 1e6)) for i, c in enumerate(d["checkpoints"])],
+    lambda d: [c["metrics"].update(lstar=i * 1e-300, ce=i * 1e-300, bits_per_byte=i * 5e-324)
+               for i, c in enumerate(d["checkpoints"])],                            # spans of 1e-300 and less
+])
+def test_lab_report_on_extreme_numbers_within_bounds(tmp_path: Path, mutate: Any) -> None:
+    """Any record the schema accepts gives a report, figures included, without an exception."""
+    from monitor.lab.report import write_lab_report
+
+    data = synthetic_lab(seeds=1, steps=5)
+    mutate(data)
+    out = tmp_path / "report"
+    saved = write_lab_report(_write(tmp_path, json.dumps(data)), out, config=FAST)
+    for p in saved["plots"]:
+        assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.loads((out / "lab-report.json").read_text())
+
+
+def test_task_metrics_that_slug_alike_get_one_figure_each(tmp_path: Path) -> None:
+    from monitor.lab.report import write_lab_report
+
+    data = synthetic_lab(seeds=1, steps=5)
+    for c in data["checkpoints"]:
+        c["tasks"]["add words"] = dict(c["tasks"]["add-words"])
+        c["tasks"]["add/words"] = dict(c["tasks"]["add-words"], acc=c["tasks"]["add-words"]["acc"] * 0.9)
+    out = tmp_path / "report"
+    saved = write_lab_report(_write(tmp_path, json.dumps(data)), out, config=FAST)
+    files = [p["file"] for p in saved["plots"]]
+    assert len(files) == len(set(files)) == 1 + 3 * 2          # progress + 3 tasks × (acc, prob_correct)
+    assert {p.name for p in out.glob("*.png")} == set(files)
+    titles = [p["title"] for p in saved["plots"]]
+    assert any(t.startswith("add words · acc") for t in titles) and any(t.startswith("add/words · acc") for t in titles)
+    html = (out / "lab-report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(files)
+    # task "a_b" metric "c" and task "a" metric "b_c" join to one name too
+    from monitor.lab.report import figure_name
+
+    first = figure_name("a_b", "c")
+    assert first == "task_a_b_c.png" and figure_name("a", "b_c", {first}) not in {first}

@@ -231,3 +231,63 @@ def test_the_default_shared_paths_are_the_folder_beside_the_checkout(shared_dir)
     assert default_tokenizer_dir().resolve() == shared_dir / "tokenizers" / "smollm2"
     assert (default_tokenizer_dir() / "tokenizer.json").is_file()
     assert SHARED_TOKENIZERS.resolve() == shared_dir / "tokenizers"
+
+
+def _tokenizer_json(normalizer: object) -> str:
+    """A minimal WordLevel tokenizer.json with the given normalizer."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                       "normalizer": normalizer, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                       "model": {"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"}})
+
+
+def _sequence(depth: int) -> dict:
+    node: dict = {"type": "Lowercase"}
+    for _ in range(depth):
+        node = {"type": "Sequence", "normalizers": [node]}
+    return node
+
+
+def test_load_failures_are_named_by_their_cause(tmp_path: Path) -> None:
+    """Too deeply nested (Python's RecursionError, or the library's own recursion limit) and
+    malformed files are told to restore the file; only a format version or a component type the
+    installed tokenizers does not know is told it may need a newer release."""
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    file = folder / "tokenizer.json"
+    file.write_text(_tokenizer_json(_sequence(3)))
+    assert load_tokenizer(folder).vocab_size == 2                      # the same shape, shallow, loads
+
+    def failure() -> str:
+        with pytest.raises(TokenizerError) as info:
+            load_tokenizer(folder)
+        line = info.value.one_line()
+        assert "\n" not in line and str(file) in line
+        return line
+
+    # Deeper than Python's recursion limit: json.loads raises RecursionError.
+    file.write_text(_tokenizer_json(None).replace('"normalizer": null', '"normalizer": ' + "[" * 20_000 + "]" * 20_000))
+    with pytest.raises(RecursionError):
+        json.loads(file.read_text())
+    line = failure()
+    assert "nested too deeply" in line and "restore it" in line and "newer tokenizers" not in line
+    # A valid shape nested past the library's own limit (128 levels).
+    file.write_text(_tokenizer_json(_sequence(200)))
+    line = failure()
+    assert "nested too deeply" in line and "recursion limit" in line and "newer tokenizers" not in line
+    # Malformed: a required field missing, a value of the wrong type.
+    for broken in ('{"type": "WordLevel", "vocab": {"a": 0}}', '{"type": "WordLevel", "vocab": [1, 2], "unk_token": "a"}'):
+        file.write_text(_tokenizer_json(None).replace(
+            '{"type": "WordLevel", "vocab": {"a": 0, "[UNK]": 1}, "unk_token": "[UNK]"}', broken))
+        line = failure()
+        assert "cannot be loaded by tokenizers" in line and "restore it" in line and "newer tokenizers" not in line
+    # Genuinely newer: an unknown format version, an unknown model type.
+    for newer in (_tokenizer_json(None).replace('"version": "1.0"', '"version": "9.0"'),
+                  _tokenizer_json(None).replace('"type": "WordLevel"', '"type": "WordLevelV9"')):
+        file.write_text(newer)
+        line = failure()
+        assert "may need a newer tokenizers release" in line
+    # A special-tokens file nested too deeply is named as such too.
+    file.write_text(_tokenizer_json(None))
+    (folder / "tokenizer_config.json").write_text("[" * 20_000 + "]" * 20_000)
+    with pytest.raises(TokenizerError, match="tokenizer_config.json is nested too deeply"):
+        load_tokenizer(folder)

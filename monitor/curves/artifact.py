@@ -40,7 +40,9 @@ _SCHEMA_FAMILY = "lstar-curve/"
 
 # -- the artifact -------------------------------------------------------------------------------
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # allow_inf_nan=False: every float field, nested ones included, refuses NaN and ±inf (which
+    # Python's JSON reader accepts as literals), so a hostile file is refused naming the field.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class ScoringRef(_Strict):

@@ -272,6 +272,13 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
     t, yu, wu = _merge_ties(sign * x, y, w)
     if len(t) < 3:
         raise LabelError(f"a curve needs at least 3 distinct {predictor.label} values (got {len(t)})")
+    with np.errstate(over="ignore"):
+        gaps = np.diff(t)
+    # Values closer than the smallest normal float (their differences subnormal) or spread past
+    # the float range (a difference of inf) cannot be interpolated: the band would be NaN.
+    if not (np.all(np.isfinite(gaps)) and float(gaps.min()) >= np.finfo(np.float64).tiny):
+        raise LabelError(f"the {predictor.label} values ({float(np.min(x)):.3g} … {float(np.max(x)):.3g}) "
+                         "are too close together or too far apart to fit a curve on")
     fitted = isotonic_regression(yu, sample_weight=wu, increasing=True)
     kt, ky, kw = _centred_knots(t, fitted, wu)
     n_blocks = len(kt)

@@ -5,24 +5,28 @@ The training half of the lab (`monitor.lab.pipeline`) writes it; the analysis ha
 tokenizer; seeds are replicate runs of a family. Every number is a plain float so the file
 can be read without the lab's code; unknown keys are refused so a typo in a hand-edited file
 is caught, and `load_lab` turns every problem into one `LabError` line naming the file.
+
+Every number is bounded, so that no value of a hostile file can overflow the analysis or the
+figures: losses (nats/token, bits/byte, their differences and ratios) and their standard
+error lie within ±LOSS_BOUND, finite; counts (seeds, steps, bytes and tokens seen, items,
+vocabulary) are integers in [0, COUNT_BOUND); task scores keep their own ranges.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import LabError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
 
-__all__ = ["LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
+__all__ = ["COUNT_BOUND", "LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "LOSS_BOUND", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
            "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
            "load_lab_with_sha256", "parse_lab", "write_lab"]
 
@@ -36,33 +40,35 @@ LAB_MAX_BYTES = 64 << 20
 LAB_RECORD = FileKind("lab.json", "lab records", "JSON")
 
 
+# A real run's losses are a few nats (ratios near 1); 1e6 leaves room for any model without
+# letting a sum or a span of them overflow.
+LOSS_BOUND = 1e6
+# A real run sees at most ~1e13 bytes; 1e18 keeps every count exact in float64 arithmetic too.
+COUNT_BOUND = 10**18
+
+Loss = Annotated[float, Field(ge=-LOSS_BOUND, le=LOSS_BOUND)]
+Count = Annotated[int, Field(ge=0, lt=COUNT_BOUND)]
+PositiveCount = Annotated[int, Field(ge=1, lt=COUNT_BOUND)]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _finite(value: float, what: str) -> float:
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
-    return value
+    # allow_inf_nan=False: NaN and ±inf (which Python's JSON reader accepts) are refused in
+    # every float field, naming it.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class CheckpointMetrics(_Strict):
     """Scores of one checkpoint on the calibration corpus (nats/token unless said otherwise)."""
 
-    ce: float
-    ce_uni: float
-    lstar: float
-    lstar_se: float = Field(ge=0.0)
-    l_rel: float
-    l_gain: float
-    bits_per_byte: float
-    unigram_bits_per_byte: float
-    bpb_minus_unigram: float
-
-    @field_validator("*")
-    @classmethod
-    def _check_finite(cls, value: float, info) -> float:
-        return _finite(value, info.field_name)
+    ce: Loss
+    ce_uni: Loss
+    lstar: Loss
+    lstar_se: float = Field(ge=0.0, le=LOSS_BOUND)
+    l_rel: Loss
+    l_gain: Loss
+    bits_per_byte: Loss
+    unigram_bits_per_byte: Loss
+    bpb_minus_unigram: Loss
 
 
 class TaskMetrics(_Strict):
@@ -72,7 +78,7 @@ class TaskMetrics(_Strict):
     prob_correct: float = Field(ge=0.0, le=1.0)
     brier: float = Field(ge=0.0, le=2.0)
     exact_match: float | None = Field(default=None, ge=0.0, le=1.0)
-    n: int = Field(ge=1)
+    n: PositiveCount
     baseline: float = Field(ge=0.0, le=1.0)
 
 
@@ -82,17 +88,17 @@ class FamilyRecord(_Strict):
     family: str = Field(min_length=1, max_length=100)
     tokenizer: str = Field(min_length=1, max_length=200)
     tokenizer_fingerprint: str = Field(min_length=1, max_length=128)
-    vocab_used: int = Field(ge=1)
+    vocab_used: PositiveCount
 
 
 class CheckpointRecord(_Strict):
     """One saved checkpoint of one (family, seed) lineage, with its scores and task labels."""
 
     family: str = Field(min_length=1, max_length=100)
-    seed: int = Field(ge=0)
-    step: int = Field(ge=0)
-    bytes_seen: int = Field(ge=0)
-    tokens_seen: int = Field(ge=0)
+    seed: Count
+    step: Count
+    bytes_seen: Count
+    tokens_seen: Count
     path: str = Field(min_length=1, max_length=500)   # relative to the folder holding lab.json
     metrics: CheckpointMetrics
     tasks: dict[str, TaskMetrics]
@@ -109,7 +115,7 @@ class CheckpointRecord(_Strict):
 class LabRecord(_Strict):
     """The whole of `lab.json`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
 
     schema_: str = Field(alias="schema")
     config: dict[str, Any]

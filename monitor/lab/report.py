@@ -11,6 +11,7 @@ support, and says what they do not cover (family-to-family variation).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from monitor.errors import LabError
 from monitor.lab.analysis import ERRORS, REFERENCE, AnalysisConfig, analyse
 from monitor.lab.records import load_lab_with_sha256
 
@@ -39,6 +41,23 @@ def _signed(value: float | None) -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def figure_name(task: str, metric: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """`task_<task>_<metric>.png`, unique among `taken`.
+
+    Slugging folds characters and cuts long names, so two task metrics can slug alike ("a b"
+    and "a/b"; task "a_b" metric "c" and task "a" metric "b_c"): the later one gets the first
+    hex digits of the sha256 of (task, metric), as many as make it unique (a pair met twice
+    is an error).
+    """
+    base = f"task_{_slug(task)}_{_slug(metric)}"
+    digest = hashlib.sha256(json.dumps([task, metric]).encode("utf-8")).hexdigest()
+    for width in range(0, len(digest) + 1, 8):
+        name = f"{base}_{digest[:width]}.png" if width else f"{base}.png"
+        if name not in taken:
+            return name
+    raise LabError(f"the lab report already has a figure for task {task!r} metric {metric!r}")
 
 
 def conclusion(analysis: Mapping[str, Any], axes: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -193,7 +212,7 @@ def write_lab_report(lab_json: Path, out_dir: Path, *, config: AnalysisConfig | 
     titles = {"progress.png": "Training progress: L* and bits/byte against bytes seen, per family"}
     for a in data["analyses"]:
         if a.get("curves"):
-            name = f"task_{_slug(a['task'])}_{_slug(a['metric'])}.png"
+            name = figure_name(a["task"], a["metric"], set(figures))
             figures[name] = plots.task_against_axes(a, data["checkpoints"], data["axes"], colours)
             titles[name] = f"{a['task']} · {a['metric']} against L*, raw CE and bits/byte, by family"
     data["plots"] = [{"file": f, "title": titles[f]} for f in figures]

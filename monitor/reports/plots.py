@@ -9,18 +9,19 @@
 
 A family has one colour in every figure (`family_colours`) and is named in the legends.
 Each figure has a `*_figure` function returning the matplotlib Figure, for inspection, and
-a function of the plain name returning its PNG bytes.
+a function of the plain name returning its PNG bytes. Every position is drawn through
+`monitor.plotting.shown`, so any finite number gives a figure.
 
 matplotlib is imported when a figure is drawn, so importing this module stays cheap.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timezone
 from typing import Any
 
+from monitor.plotting import png, pyplot, shown, shown_value
 from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
 
 FIGSIZE = (8.0, 4.0)
@@ -38,27 +39,6 @@ def family_colours(families: Iterable[str]) -> dict[str, str]:
     """One colour per family name, assigned in sorted name order: the same set of families gets
     the same colours in every figure, whatever order they are met in."""
     return {name: FAMILY_PALETTE[i % len(FAMILY_PALETTE)] for i, name in enumerate(sorted(set(families)))}
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def png(fig: Any) -> bytes:
-    """The figure as PNG bytes; the figure is closed."""
-    plt = _pyplot()
-    try:
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
 
 
 def _placement(row: Mapping[str, Any]) -> Placement:
@@ -80,7 +60,7 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
     """L* (with ±SE bars) per lineage, in lineage order, against training step for lineages whose
     every checkpoint names a step and against release time for the others (a second panel when
     both kinds are present)."""
-    plt = _pyplot()
+    plt = pyplot()
     import matplotlib.dates as mdates
 
     lineages = sorted({r["lineage"] for r in runs})
@@ -95,10 +75,10 @@ def lstar_over_time_figure(runs: Sequence[Mapping[str, Any]],
         for name in names:
             pts = sorted(rows[name], key=(lambda r: r["step"]) if kind == "step"
                          else (lambda r: (r["released_at"], r["commit"])))
-            xs = [r["step"] if kind == "step" else r["released_at"] for r in pts]
+            xs = shown(r["step"] for r in pts) if kind == "step" else [r["released_at"] for r in pts]
             sources += [r.get("time_source") for r in pts]
-            ax.errorbar(xs, [r["lstar"] for r in pts], yerr=[r["se"] for r in pts], marker="o", ms=4, capsize=2,
-                        color=colours[name], label=name)
+            ax.errorbar(xs, shown(r["lstar"] for r in pts), yerr=shown(r["se"] for r in pts), marker="o", ms=4,
+                        capsize=2, color=colours[name], label=name)
         if kind == "step":
             ax.set_xlabel("training step (from branch names)")
         else:
@@ -125,27 +105,33 @@ def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
                       colours: Mapping[str, str] | None = None) -> Any:
     """A task curve g(L*) with its band, level b + ε, η̂ and its interval (a shaded band), and the
     new checkpoints' predictions in their family's colour (marker by state)."""
-    plt = _pyplot()
+    plt = pyplot()
     colours = dict(colours or family_colours(p["lineage"] for p in new_points))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
-    ax.fill_between(curve.band.x, curve.band.lower, curve.band.upper, color="tab:blue", alpha=0.2,
+    band = curve.band
+    ax.fill_between(shown(band.x), shown(band.lower), shown(band.upper), color="tab:blue", alpha=0.2,
                     label=f"{curve.confidence:.0%} band")
-    ax.plot(curve.band.x, curve.band.fit, color="tab:blue", lw=2, label="fitted curve")
-    ax.scatter([p.x for p in curve.points], [p.value for p in curve.points], s=12, color="tab:gray",
+    ax.plot(shown(band.x), shown(band.fit), color="tab:blue", lw=2, label="fitted curve")
+    ax.scatter(shown(p.x for p in curve.points), shown(p.value for p in curve.points), s=12, color="tab:gray",
                label="labelled checkpoints", zorder=3)
     eta = curve.threshold
     if eta.lower is not None and eta.upper is not None:
-        ax.axvspan(eta.lower, eta.upper, color=ETA_COLOUR, alpha=0.12, lw=0,
+        ax.axvspan(shown_value(eta.lower), shown_value(eta.upper), color=ETA_COLOUR, alpha=0.12, lw=0,
                    label=f"η̂ {curve.confidence:.0%} interval [{fmt(eta.lower)}, {fmt(eta.upper)}]")
     if eta.estimate is not None:
-        ax.axvline(eta.estimate, color=ETA_COLOUR, lw=1.5, label=f"η̂ (threshold) = {fmt(eta.estimate)}")
-    ax.axhline(curve.level, color=LEVEL_COLOUR, lw=1, ls="-.", label=f"level b + ε = {fmt(curve.level)}")
+        ax.axvline(shown_value(eta.estimate), color=ETA_COLOUR, lw=1.5,
+                   label=f"η̂ (threshold) = {fmt(eta.estimate)}")
+    ax.axhline(shown_value(curve.level), color=LEVEL_COLOUR, lw=1, ls="-.",
+               label=f"level b + ε = {fmt(curve.level)}")
     for lineage in sorted({p["lineage"] for p in new_points}):
         for state, marker in STATE_MARKERS.items():
             pts = [p for p in new_points if p["lineage"] == lineage and p["state"] == state]
             if pts:
-                ax.errorbar([p["lstar"] for p in pts], [p["p_hat"] for p in pts],
-                            yerr=[[p["p_hat"] - p["lo"] for p in pts], [p["hi"] - p["p_hat"] for p in pts]],
+                # The error bars' lengths are differences of held positions: finite, whatever p̂.
+                y = shown(p["p_hat"] for p in pts)
+                yerr = [[max(0.0, v - shown_value(p["lo"])) for v, p in zip(y, pts)],
+                        [max(0.0, shown_value(p["hi"]) - v) for v, p in zip(y, pts)]]
+                ax.errorbar(shown(p["lstar"] for p in pts), y, yerr=yerr,
                             fmt=marker, ms=7, color=colours[lineage], capsize=2,
                             label=f"{lineage}: {state.replace('_', ' ')}", zorder=4)
     ax.invert_xaxis()  # progress runs left to right
@@ -164,7 +150,7 @@ def task_curve(curve: Any, new_points: Sequence[Mapping[str, Any]],
 
 def ce_against_lstar_figure(runs: Sequence[Mapping[str, Any]], colours: Mapping[str, str] | None = None) -> Any:
     """Raw CE against L*, one series per family (named, with its tokenizer's unigram CE)."""
-    plt = _pyplot()
+    plt = pyplot()
     lineages = sorted({r["lineage"] for r in runs})
     colours = dict(colours or family_colours(lineages))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
@@ -172,7 +158,7 @@ def ce_against_lstar_figure(runs: Sequence[Mapping[str, Any]], colours: Mapping[
         pts = [r for r in runs if r["lineage"] == lineage]
         unigram = sorted({r["ce_unigram"] for r in pts})
         ce_uni = fmt(unigram[0]) if len(unigram) == 1 else f"{fmt(unigram[0])}–{fmt(unigram[-1])}"
-        ax.scatter([r["lstar"] for r in pts], [r["ce"] for r in pts], s=16, color=colours[lineage],
+        ax.scatter(shown(r["lstar"] for r in pts), shown(r["ce"] for r in pts), s=16, color=colours[lineage],
                    label=f"{lineage} (CE_uni {ce_uni})")
     ax.set_xlabel("L* (nats/token)")
     ax.set_ylabel("raw CE (nats/token)")
@@ -185,4 +171,3 @@ def ce_against_lstar_figure(runs: Sequence[Mapping[str, Any]], colours: Mapping[
 def ce_against_lstar(runs: Sequence[Mapping[str, Any]], colours: Mapping[str, str] | None = None) -> bytes:
     """`ce_against_lstar_figure` as PNG bytes."""
     return png(ce_against_lstar_figure(runs, colours))
-_png = png  # the name monitor.lab.plots imports

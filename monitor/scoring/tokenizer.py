@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tokenizers
 from tokenizers import Tokenizer
 
 from monitor.errors import TokenizerError
@@ -30,6 +31,11 @@ PREFIX_POLICIES = ("bos", "eos", "none")
 
 # transformers writes int(1e30) as model_max_length when a tokenizer has no limit.
 _UNBOUNDED_MAX_LENGTH = 10**12
+# What the tokenizers library says when a file names a format version or a component type it
+# does not know: the only failures a newer release can cure.
+_VERSION_MARKERS = ("unknown tokenizer version", "unknown variant", "did not match any variant")
+# What it says when the file nests deeper than its JSON reader allows (128 levels).
+_DEPTH_MARKERS = ("recursion limit exceeded",)
 
 
 @dataclass
@@ -76,9 +82,34 @@ def tokenizer_fingerprint(canonical_json: str, prefix_policy: str, prefix_token_
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{path} is not valid JSON ({exc})",
-                             hint="restore the file from the tokenizer's source") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise load_failure(path, exc) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def load_failure(file: Path, exc: BaseException) -> TokenizerError:
+    """The one-line error for a tokenizer file that could not be read or loaded, by its cause.
+
+    Nested too deeply (Python's RecursionError, or the library's own recursion limit), not JSON,
+    unreadable, or malformed: the file must be restored. Only a format version or a component
+    type the installed tokenizers does not know gets the hint to upgrade it.
+    """
+    text = _first_line(exc)
+    restore = "the file is malformed or corrupt: restore it from the tokenizer's source"
+    if isinstance(exc, RecursionError) or any(m in text.lower() for m in _DEPTH_MARKERS):
+        return TokenizerError(f"{file} is nested too deeply to load ({text})", hint=restore)
+    if isinstance(exc, (UnicodeDecodeError, json.JSONDecodeError)):
+        return TokenizerError(f"{file} is not valid JSON ({text})", hint=restore)
+    if isinstance(exc, OSError):
+        return TokenizerError(f"{file} cannot be read ({text})", hint="check the file and its permissions")
+    if any(m in text.lower() for m in _VERSION_MARKERS):
+        return TokenizerError(f"{file} cannot be loaded by tokenizers {tokenizers.__version__}: {text}",
+                              hint="it may need a newer tokenizers release")
+    return TokenizerError(f"{file} cannot be loaded by tokenizers: {text}", hint=restore)
 
 
 def _token_content(value: Any) -> str | None:
@@ -131,11 +162,8 @@ def load_tokenizer(path: str | Path) -> TokenizerHandle:
         raw = file.read_text(encoding="utf-8")
         data = json.loads(raw)
         tokenizer = Tokenizer.from_str(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{file} is not valid JSON ({exc})") from exc
-    except Exception as exc:  # the Rust side raises a plain Exception
-        raise TokenizerError(f"{file} cannot be loaded by tokenizers: {str(exc).splitlines()[0]}",
-                             hint="it may need a newer tokenizers release") from exc
+    except Exception as exc:  # the Rust side raises a plain Exception; load_failure sorts them
+        raise load_failure(file, exc) from exc
     # The spec scores whole documents: no truncation or padding, whatever the file says.
     tokenizer.no_truncation()
     tokenizer.no_padding()
