@@ -6,7 +6,8 @@ at most a limit (`POLICY_MAX_BYTES` unless the caller sets one), so a FIFO, a de
 directory, a huge file or one that vanishes between listing and reading is an error naming
 the file and the kind of file expected, never a hang, an unbounded read or a crash. Kept
 below every stage, so that policy, curves, hub and scoring code can all read files this way
-without importing each other.
+without importing each other. Small files are written the matching way, atomically
+(`atomic_write_text`): a crash leaves the old file or the new one, never half of either.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,3 +113,18 @@ def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -
 
 __all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
            "read_bounded_json", "read_bounded_text"]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash leaves either the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -26,7 +26,7 @@ from typing import Any
 
 from monitor.errors import CampaignError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
-from monitor.lab.records import atomic_write_text
+from monitor.files import atomic_write_text
 
 MANIFEST_NAME = "calibrate-manifest.json"
 CURVES_DIR = "curves"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabError
-from monitor.lab.records import atomic_write_text
+from monitor.files import atomic_write_text
 from monitor.lab.text import NUMBER_WORDS, Problem, all_problems
 
 ADD_TASK = "add-words"
