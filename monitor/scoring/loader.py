@@ -9,7 +9,8 @@ a config.json whose allocation-driving fields are within budget and describe the
 `use_safetensors=True`, `trust_remote_code=False` and `DISABLE_SAFETENSORS_CONVERSION=1`
 (else transformers may ask an external service to convert a pickle repo and load the
 result). A `SafetensorError` from the library becomes a ModelLoadError naming the file; an
-ImportError (a quantization backend that is not installed) an UnsupportedCheckpointError.
+ImportError (a quantization backend that is not installed) an UnsupportedCheckpointError,
+unless it is a library that failed to map under the address-space limit (a MemoryError).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from monitor.errors import (HubError, ModelLoadError, SpecError, UnsafeCheckpoin
                             UnsupportedCheckpointError)
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
+from monitor.scoring.memory_limit import is_memory_failure
 
 disable_safetensors_conversion()
 
@@ -404,6 +406,8 @@ def _load_model(model_dir: Path, dtype: str, device: str,
             str(model_dir), use_safetensors=True, trust_remote_code=False, local_files_only=True,
             dtype=torch_dtype(dtype), output_loading_info=True, **placement)
     except ImportError as exc:
+        if is_memory_failure(str(exc)):  # a library that no longer fits the address-space limit
+            raise MemoryError(f"loading {model_dir}: {' '.join(str(exc).split())[:300]}") from exc
         raise _missing_backend(model_dir, exc) from exc
     except SafetensorError as exc:
         raise _unreadable_safetensors(model_dir, exc) from exc
