@@ -160,6 +160,17 @@ def test_only_a_module_that_is_not_installed_is_a_skip(tmp_path):
     assert "under the --score-memory limit of 1.00 GiB" in str(memory)
 
 
+def test_a_host_allocation_failure_names_the_limit_and_a_gpu_one_does_not():
+    cpu = error_from_payload({"error_class": "RuntimeError", "message": "[enforce fail at alloc_cpu.cpp:117] . "
+                              "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes."},
+                             2 << 30)
+    assert isinstance(cpu, ScoringMemoryError) and "--score-memory limit of 2.00 GiB" in str(cpu)
+    gpu = error_from_payload({"error_class": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate "
+                              "2.00 GiB"}, 2 << 30)
+    assert not isinstance(gpu, (ScoringMemoryError, UnsupportedCheckpointError))
+    assert "CUDA out of memory" in str(gpu) and "--score-memory" not in str(gpu)
+
+
 def test_the_child_has_an_address_space_limit_by_default(tmp_path):
     from monitor.commands.run import _score_memory
     from monitor.service.daemon import DaemonConfig

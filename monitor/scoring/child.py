@@ -70,6 +70,9 @@ LOG_BYTES_PER_CHILD = 8 << 20
 # What in a dead child's output names the cause (running out of memory: `is_memory_failure`).
 REGEX_MARKERS = ("retry-limit-in-match", "match-stack limit", "regex engine", "CompiledTooBig",
                  "BacktrackLimitExceeded")
+# Error classes that stand for running out of host memory when their message says so (torch's
+# CPU allocator raises RuntimeError; a CUDA OutOfMemoryError is the GPU's, not the limit's).
+_MAYBE_MEMORY = ("ImportError", "ModuleNotFoundError", "OSError", "RuntimeError")
 _NOTABLE = ("Error", "error", "panicked", "Fatal", "Killed", "limit", "abort", "Exception")
 
 
@@ -210,8 +213,7 @@ def _regex_limit(message: str, how: str) -> errors.TokenizerError:
 def _error_from_payload(payload: dict[str, Any], memory_bytes: int | None) -> BaseException:
     name = payload.get("error_class", "")
     message = " ".join(str(payload.get("message") or name).split())[:400]
-    if name == "MemoryError" or (name in ("ImportError", "ModuleNotFoundError", "OSError")
-                                 and is_memory_failure(message)):
+    if name == "MemoryError" or (name in _MAYBE_MEMORY and is_memory_failure(message)):
         # An ImportError such as "libtorch_cpu.so: failed to map segment from shared object"
         # is the address-space limit, not a missing package.
         return out_of_memory(f"{name}: {message}", memory_bytes)

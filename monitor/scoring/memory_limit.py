@@ -4,17 +4,18 @@ a check at start-up that the limit can hold the scoring libraries at all.
 The limit is an address-space limit (`RLIMIT_AS`), set in the child between fork and exec
 (`monitor.scoring.child.limit_child`). Under it, a shared library that does not fit fails to
 load with an ImportError ("libtorch_cpu.so: failed to map segment from shared object"), a
-Python allocation with MemoryError, a C++ one with std::bad_alloc, and OpenBLAS retries its
-buffers, then prints an error. None of these means a package is missing: the limit is too
-small, and the same checkpoint scores under a larger one. `is_memory_failure` tells them
-apart from a genuinely absent module.
+Python allocation with MemoryError, a C++ one with std::bad_alloc, and OpenBLAS prints an
+error or retries its thread buffers for ever. None of these means a package is missing: the
+limit is too small, and the same checkpoint scores under a larger one. `is_memory_failure`
+tells them apart from a genuinely absent module.
 
-`check_score_memory` runs one probe child under the configured limit, by the same
-mechanism, that imports what every scoring child imports before it loads a checkpoint. If
-that fails, a second probe without the limit measures what the imports need (the peak
-address space, `VmPeak`, which is what `RLIMIT_AS` bounds), and the limit is refused with
-both numbers. Probe protocol: `python -m monitor.scoring.memory_limit` prints one JSON line,
-`{"ok": true, "peak_bytes": N}` or `{"ok": false, "error_class", "message"}`.
+`check_score_memory` measures once, in a probe child, what every scoring child imports
+before it loads a checkpoint: the peak address space (`VmPeak`, the quantity `RLIMIT_AS`
+bounds). A limit below that is refused at once (under it the probe could hang in OpenBLAS's
+retries). A limit within `CONFIRM_MARGIN` of the need is confirmed by a second probe under
+the limit itself, by the same mechanism. Probe protocol: `python -m
+monitor.scoring.memory_limit` prints one JSON line, `{"ok": true, "peak_bytes": N}` or
+`{"ok": false, "error_class", "message"}`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import importlib
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from monitor.errors import SpecError
@@ -39,6 +41,9 @@ PROBE_MODULES = ("monitor.scoring.engine", "monitor.scoring.forward", "torch", "
                  "transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto")
 # Importing torch and transformers takes seconds; on a loaded machine, a minute or more.
 PROBE_TIMEOUT_S = 300.0
+# A limit less than this many times the measured need is also tried: what the imports reserve
+# without a limit (allocator arenas, thread stacks) and need under one differ a little.
+CONFIRM_MARGIN = 1.5
 
 
 def is_memory_failure(text: str) -> bool:
@@ -64,6 +69,8 @@ class ProbeResult:
     peak_bytes: int | None = None
     reason: str = ""
     memory_failure: bool = False
+    timed_out: bool = False
+    seconds: float = 0.0
 
 
 def probe(memory_bytes: int | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
@@ -71,6 +78,7 @@ def probe(memory_bytes: int | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> Pr
     no limit), exactly as a scoring child is limited; what happened."""
     from monitor.scoring.child import limit_child  # the scoring child imports this module
 
+    started = time.monotonic()
     try:
         child = subprocess.Popen([sys.executable, "-m", "monitor.scoring.memory_limit"],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -83,20 +91,21 @@ def probe(memory_bytes: int | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> Pr
         child.kill()
         output, _ = child.communicate()
         text = output.decode("utf-8", errors="replace")
-        # OpenBLAS retries a buffer it cannot get for ever: a hang that is a memory failure.
         return ProbeResult(False, reason=f"the imports did not finish within {timeout_s:g} s",
-                           memory_failure=is_memory_failure(text))
+                           memory_failure=is_memory_failure(text), timed_out=True, seconds=timeout_s)
     text = output.decode("utf-8", errors="replace")
     answer = _last_json_line(text)
     if answer is not None and answer.get("ok"):
         peak = answer.get("peak_bytes")
-        return ProbeResult(True, peak_bytes=int(peak) if isinstance(peak, int) else None)
+        return ProbeResult(True, peak_bytes=int(peak) if isinstance(peak, int) else None,
+                           seconds=time.monotonic() - started)
     if answer is not None:
         reason = " ".join(f"{answer.get('error_class')}: {answer.get('message')}".split())[:300]
     else:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         reason = f"exit code {child.returncode}" + (f": {lines[-1][:300]}" if lines else "")
-    return ProbeResult(False, reason=reason, memory_failure=is_memory_failure(text))
+    return ProbeResult(False, reason=reason, memory_failure=is_memory_failure(text),
+                       seconds=time.monotonic() - started)
 
 
 def _last_json_line(text: str) -> dict | None:
@@ -112,29 +121,32 @@ def _last_json_line(text: str) -> dict | None:
 
 def check_score_memory(memory_bytes: int | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult | None:
     """Refuse a scoring memory limit too small to import the scoring libraries (SpecError
-    naming `--score-memory`, the limit and the measured need); None without a limit.
+    naming `--score-memory`, the limit and the measured need); None without a limit, else
+    what the probe measured.
 
-    One probe child under the limit; only when it fails, a second without the limit to
-    measure the need. A failure that is not the limit's (the unlimited probe fails too, or
-    needs less than the limit and the limited one failed for another reason) is left to
-    scoring, which reports its real reason.
+    One probe child without a limit measures the need; a limit close to it is tried by a
+    second probe under the limit. A failure that is not the limit's (the probe fails without
+    a limit too, or fails under it for another reason) is left to scoring, which reports
+    its real reason.
     """
     if memory_bytes is None:
         return None
-    limited = probe(memory_bytes, timeout_s=timeout_s)
-    if limited.ok:
-        return limited
-    unlimited = probe(None, timeout_s=timeout_s)
-    need = unlimited.peak_bytes
-    if not unlimited.ok or need is None:
-        return limited
-    if need > memory_bytes or limited.memory_failure:
-        raise SpecError(
-            f"--score-memory {size_text(memory_bytes)} is too small: a scoring child needs about {size_text(need)} of "
-            f"address space to load torch and transformers on this machine (measured), and under the limit "
-            f"it failed: {limited.reason}",
-            hint="give --score-memory more than that (scoring a model needs more still), or auto")
-    return limited
+    measured = probe(None, timeout_s=timeout_s)
+    need = measured.peak_bytes
+    if not measured.ok or need is None:
+        return measured
+    refusal = (f"--score-memory {size_text(memory_bytes)} is too small: a scoring child needs about "
+               f"{size_text(need)} of address space to load torch and transformers on this machine (measured)")
+    hint = "give --score-memory more than that (scoring a model needs more still), or auto"
+    if need > memory_bytes:
+        raise SpecError(refusal, hint=hint)
+    if memory_bytes < need * CONFIRM_MARGIN:
+        # Bounded by how long the imports took without the limit, not the full timeout.
+        limited = probe(memory_bytes, timeout_s=min(timeout_s, max(30.0, 4 * measured.seconds)))
+        # A hang only under the limit is OpenBLAS retrying buffers it cannot get.
+        if not limited.ok and (limited.memory_failure or limited.timed_out):
+            raise SpecError(f"{refusal}, and under the limit it failed: {limited.reason}", hint=hint)
+    return measured
 
 
 def vm_peak() -> int | None:
