@@ -19,6 +19,7 @@ from monitor.scoring import compute_score, prepare
 from monitor.scoring.backends import (LocalBackend, ScoreError, ScoreJob, ScoreOutcome, estimate_memory,
                                       gpus_needed, make_backend)
 from monitor.scoring.backends.placement import RUNTIME_OVERHEAD
+from monitor.scoring.child import ScoringMemoryError
 from monitor.scoring.engine import ScoreRequest, corpus_selection
 from monitor.scoring.loader import device_map_options
 
@@ -113,6 +114,9 @@ def test_error_classes_survive_the_trip():
     assert ScoreError("TokenizerError", "bad", "fix it").exception().hint == "fix it"
     died = ScoreError("WorkerCrashedError", "the worker died").exception()
     assert type(died) is RuntimeError and "WorkerCrashedError" in str(died)   # retryable
+    said = "scoring ran out of memory under the --score-memory limit of 300 MiB (address space): MemoryError: x"
+    memory = ScoreError.from_exception(ScoringMemoryError(said)).exception()
+    assert type(memory) is ScoringMemoryError and str(memory) == said          # retryable, the same reason
     job = ScoreJob(checkpoint_id=1, repo="r", sha="s", request=ScoreRequest())
     with pytest.raises(ValueError, match="exactly one of scored and error"):
         ScoreOutcome(job)

@@ -69,16 +69,19 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
 
 @pytest.mark.parametrize("failpoint, extra, reason", [
     ("hang_score_child", ["--score-timeout", "2s"], "killed after the 2 s time limit"),
-    ("oom_score_child", ["--score-memory", "1500M"], "ran out of memory"),
+    # Out of memory is retried (a larger --score-memory would score it): failed after 3 tries.
+    ("oom_score_child", ["--score-memory", "1500M"],
+     "gave up after 3 attempts: ScoringMemoryError: scoring ran out of memory under the --score-memory limit "
+     "of 1.46 GiB"),
 ])
 def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint, extra, reason):
     """Row 17: a loader out of time or memory ends in its child; the daemon keeps running."""
     policies = write_policy(tmp_path / "policies")
     args = ["--cache-dir", str(tmp_path / "cache"), *extra]
-    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args,
+    with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args, start_timeout=240,
                        env={"LSTAR_FAILPOINT": failpoint}) as daemon:
         rows = wait_for(lambda: [r for r in daemon.get_json("/checkpoints?status=failed")],
-                        timeout=90, what=f"a failed row\n{daemon.log()}")
+                        timeout=180, what=f"a failed row\n{daemon.log()}")
         assert reason in rows[0]["reason"]
         assert daemon.proc.poll() is None
         assert daemon.request("/health")[0] == 200

@@ -337,6 +337,26 @@ def test_a_safetensors_error_while_loading_is_a_model_load_error_naming_the_file
         _load_model(ckpt, "float32", "cpu")
 
 
+def test_a_library_that_cannot_be_mapped_while_loading_is_out_of_memory_not_a_missing_package(tiny_dir,
+                                                                                             monkeypatch):
+    import transformers
+
+    from monitor.scoring.loader import _load_model
+
+    # What a model class's extension library says when it does not fit the address-space
+    # limit, and what torch's CPU allocator says when a tensor does not.
+    for failure, said in (
+            (ImportError("libextension.so: failed to map segment from shared object"), "failed to map segment"),
+            (RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate memory: "
+                          "you tried to allocate 1073741824 bytes."), "can't allocate memory")):
+        def unloadable(*args, failure=failure, **kwargs):
+            raise failure
+
+        monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", unloadable)
+        with pytest.raises(MemoryError, match=f"loading .*: .*{said}"):
+            _load_model(tiny_dir, "float32", "cpu")
+
+
 @pytest.mark.parametrize("config, message", [
     ({"num_hidden_layers": 10**6}, "over budget: config.json num_hidden_layers 1,000,000 > max_layers 1,024"),
     ({"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32},

@@ -7,6 +7,7 @@ checkpoint or fail point; the queue tests use a real DuckDB file.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +18,8 @@ from monitor.errors import ModelLoadError, TokenizerError, UnsupportedCheckpoint
 from monitor.hub.poll import Candidate
 from monitor.hub.queue import process_pending
 from monitor.sandbox.tiny_models import build_tiny_model
-from monitor.scoring.child import default_memory_limit, physical_memory, run_score_child
+from monitor.scoring.child import (ScoringMemoryError, default_memory_limit, error_from_payload, missing_module,
+                                   physical_memory, run_score_child)
 from monitor.scoring.engine import ScoreRequest
 from monitor.store import Store
 
@@ -100,6 +102,73 @@ def test_a_missing_quantization_backend_is_skipped_on_the_first_try(tmp_path, ca
     assert "quantization_config (quant_method 'gptq') needs a package that is not installed" in row.reason
     assert "optimum" in row.reason
     assert row.meta["error"] == UnsupportedCheckpointError.__name__
+
+
+def gated_row(store: Store, repo: str):
+    store.record_discoveries("k", "rule", "http://hub", [Candidate(repo, "b" * 40, ("main",))],
+                             watermark=None, boundary=[], now=T0, requests=0, listed=1)
+    (row,) = store.list_checkpoints()
+    store.set_checkpoint_verdict(row.id, expect_status="discovered", status="gated", reason=None, meta=None, now=T0)
+    return row
+
+
+def test_a_limit_too_small_to_load_torch_is_a_retryable_failure_naming_the_limit(tmp_path, calib_v0, tiny_dir):
+    """Under 300 MiB of address space torch's shared libraries cannot even be mapped: the
+    ImportError that says so is the limit, not a missing package, so the job is retried."""
+    limit = 300 << 20
+    with Store.open(tmp_path / "state.duckdb") as store:
+        row = gated_row(store, "org/tiny")
+
+        def worker(job):
+            run_score_child(request_for(tiny_dir, calib_v0), timeout_s=120, memory_bytes=limit,
+                            workdir=tmp_path / "work", log_path=tmp_path / "scoring.log")
+            raise AssertionError("scored under 300 MiB of address space")
+
+        (result,) = process_pending(store, worker, owner="w", now_fn=lambda: T0, limit=1)
+        row = store.get_checkpoint(row.id)
+    assert (result.status, row.status, row.attempts) == ("gated", "gated", 1)     # back in the queue
+    assert row.reason.startswith("ScoringMemoryError: scoring ran out of memory under the --score-memory "
+                                 "limit of 300 MiB (address space): ")
+    assert "raise --score-memory" in row.reason
+    assert "not installed" not in row.reason
+
+
+def test_only_a_module_that_is_not_installed_is_a_skip(tmp_path):
+    """The child's answer for an ImportError: a module that cannot be found is skipped; the
+    same class of error for an installed module, or a library that failed to map, is not."""
+    with pytest.raises(ModuleNotFoundError) as absent:
+        importlib.import_module("lstar_no_such_package_anywhere")
+    payload = {"ok": False, "error_class": "ModuleNotFoundError", "message": str(absent.value),
+               "missing_module": missing_module(absent.value)}
+    assert payload["missing_module"] == "lstar_no_such_package_anywhere"
+    skipped = error_from_payload(payload)
+    assert isinstance(skipped, UnsupportedCheckpointError)
+    assert "No module named 'lstar_no_such_package_anywhere'" in skipped.one_line()
+
+    installed = ModuleNotFoundError("No module named 'json'", name="json")
+    assert missing_module(installed) is None
+    failed = error_from_payload({"error_class": "ModuleNotFoundError", "message": str(installed),
+                                 "missing_module": missing_module(installed)})
+    assert not isinstance(failed, UnsupportedCheckpointError)
+    assert "No module named 'json'" in str(failed)
+
+    unmapped = ImportError("libtorch_cpu.so: failed to map segment from shared object")
+    assert missing_module(unmapped) is None
+    memory = error_from_payload({"error_class": "ImportError", "message": str(unmapped), "missing_module": None},
+                                1 << 30)
+    assert isinstance(memory, ScoringMemoryError)
+    assert "under the --score-memory limit of 1.00 GiB" in str(memory)
+
+
+def test_a_host_allocation_failure_names_the_limit_and_a_gpu_one_does_not():
+    cpu = error_from_payload({"error_class": "RuntimeError", "message": "[enforce fail at alloc_cpu.cpp:117] . "
+                              "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes."},
+                             2 << 30)
+    assert isinstance(cpu, ScoringMemoryError) and "--score-memory limit of 2.00 GiB" in str(cpu)
+    gpu = error_from_payload({"error_class": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate "
+                              "2.00 GiB"}, 2 << 30)
+    assert not isinstance(gpu, (ScoringMemoryError, UnsupportedCheckpointError))
+    assert "CUDA out of memory" in str(gpu) and "--score-memory" not in str(gpu)
 
 
 def test_the_child_has_an_address_space_limit_by_default(tmp_path):

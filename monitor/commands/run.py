@@ -16,6 +16,7 @@ from monitor.commands.through_daemon import through_daemon
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.scoring.backends import BACKENDS, check_ray_installed
+from monitor.scoring.memory_limit import check_score_memory
 from monitor.service import DAY_S, DaemonConfig, api_get, run_daemon
 
 
@@ -94,7 +95,7 @@ def register(app: typer.Typer) -> None:
         score_memory: str = typer.Option(
             "auto", "--score-memory",
             help="Scoring child address-space limit: auto (75% of memory; none on a GPU host), a size "
-                 "(16G), a share (50%), or none."),
+                 "(16G), a share (50%), or none. A limit too small to load torch is refused at start."),
         cache_keep: str = typer.Option(
             str(DEFAULT_KEEP_LAST), "--cache-keep",
             help="Finished checkpoints kept in the Hub cache after scoring ('all': never prune). "
@@ -173,6 +174,10 @@ def register(app: typer.Typer) -> None:
             webhook_secret_file=webhook_secret_file, template=template,
             scoring_backend=scoring_backend, ray_address=ray_address,
             ray_gpu_bytes=size_bytes(ray_gpu_memory, "--ray-gpu-memory", low=1 << 30, high=1 << 44))
+        if scoring_backend == "local" and score_memory.strip().lower() != "auto":
+            # A limit too small to load torch would fail every checkpoint: refuse it now, before
+            # anything is written. `auto` is at least min(memory, 4 GiB), far above that need.
+            check_score_memory(config.score_memory)
         raise typer.Exit(run_daemon(config))
 
     @app.command("status")

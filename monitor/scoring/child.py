@@ -15,14 +15,17 @@ leaves no orphan scorer behind.
 A child that fails says why in its result file; one that dies without an answer is
 described from what is left: the signal that killed it, and the tail of its output (read
 through a pipe, copied to the scoring log, with faulthandler's traceback for a crash in
-native code). Known causes get their own error: running out of memory, the regex engine's
-backtracking limit in a tokenizer, a package a quantized checkpoint needs.
+native code). Known causes get their own error: running out of memory (retryable, naming
+the limit: a shared library that no longer fits under it fails to load with an ImportError,
+which is not a missing package), the regex engine's backtracking limit in a tokenizer, a
+package that is not installed (skipped).
 
 Child protocol: `python -m monitor.scoring.child RESULT_FILE` reads `{"request": ScoreRequest,
 "baselines": [[tokenizer fingerprint, corpus sha256, baseline], ...]}` as JSON on stdin (the
 baselines the daemon has cached, so the child computes none the store holds) and writes
 `{"ok": true, "result", "run_row", "documents", "corpus_row", "tokenizer_row", "baseline",
-"baseline_source"}` or `{"ok": false, "error_class", "message", "hint"}` to RESULT_FILE.
+"baseline_source"}` or `{"ok": false, "error_class", "message", "hint", "missing_module"}` to
+RESULT_FILE (`missing_module`: the module a ModuleNotFoundError names, when it is not installed).
 Fail points for crash tests (`LSTAR_FAILPOINT`): `hang_score_child` sleeps forever before
 loading; `oom_score_child` allocates until the memory limit stops it; `segfault_score_child`
 crashes in native code (SIGSEGV).
@@ -34,6 +37,7 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import importlib.util
 import json
 import os
 import resource
@@ -52,6 +56,7 @@ from monitor import errors
 from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
 from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compute_score, prepare
+from monitor.scoring.memory_limit import is_memory_failure, size_text
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root")
 _PR_SET_PDEATHSIG = 1
@@ -62,11 +67,12 @@ MIN_MEMORY_LIMIT = 4 << 30
 # Output kept to describe a death, and the most of one child's output the scoring log takes.
 TAIL_BYTES = 16 << 10
 LOG_BYTES_PER_CHILD = 8 << 20
-# What in a dead child's output names the cause.
-MEMORY_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory",
-                  "can't allocate memory")
+# What in a dead child's output names the cause (running out of memory: `is_memory_failure`).
 REGEX_MARKERS = ("retry-limit-in-match", "match-stack limit", "regex engine", "CompiledTooBig",
                  "BacktrackLimitExceeded")
+# Error classes that stand for running out of host memory when their message says so (torch's
+# CPU allocator raises RuntimeError; a CUDA OutOfMemoryError is the GPU's, not the limit's).
+_MAYBE_MEMORY = ("ImportError", "ModuleNotFoundError", "OSError", "RuntimeError")
 _NOTABLE = ("Error", "error", "panicked", "Fatal", "Killed", "limit", "abort", "Exception")
 
 
@@ -95,6 +101,20 @@ class ScoringTimeout(TimeoutError):
 
 class ScoringInterrupted(Exception):
     """The scoring child was killed by this process's own shutdown, not by the job."""
+
+
+class ScoringMemoryError(RuntimeError):
+    """The scoring child ran out of memory, most often its own limit (retryable: the same
+    checkpoint scores once `--score-memory` is raised)."""
+
+
+def out_of_memory(detail: str, memory_bytes: int | None) -> ScoringMemoryError:
+    """The error for a child that ran out of memory, naming the limit and how to raise it."""
+    if memory_bytes is None:
+        return ScoringMemoryError(f"scoring ran out of memory: {detail}")
+    limit = size_text(memory_bytes)
+    return ScoringMemoryError(f"scoring ran out of memory under the --score-memory limit of {limit} (address "
+                              f"space): {detail}; raise --score-memory if the model needs more")
 
 
 def physical_memory() -> int | None:
@@ -171,14 +191,17 @@ def scored_from_payload(payload: dict[str, Any]) -> ScoredRun:
                      baseline_source=payload.get("baseline_source", "computed"))
 
 
-def error_from_payload(payload: dict[str, Any]) -> BaseException:
-    """The exception a failed score's `{error_class, message, hint}` stands for."""
+def error_from_payload(payload: dict[str, Any], memory_bytes: int | None = None) -> BaseException:
+    """The exception a failed score's `{error_class, message, hint}` stands for
+    (`memory_bytes`: the child's address-space limit, named when it ran out of memory)."""
     name = payload.get("error_class", "")
     if name == "ScoringTimeout":
         return ScoringTimeout(str(payload.get("message") or name))
     if name == "ScoringInterrupted":
         return ScoringInterrupted(str(payload.get("message") or name))
-    return _error_from_payload(payload)
+    if name == "ScoringMemoryError":
+        return ScoringMemoryError(str(payload.get("message") or name))
+    return _error_from_payload(payload, memory_bytes)
 
 
 def _regex_limit(message: str, how: str) -> errors.TokenizerError:
@@ -187,15 +210,16 @@ def _regex_limit(message: str, how: str) -> errors.TokenizerError:
         hint="its pre-tokenizer regex backtracks without bound on the corpus; this checkpoint cannot be scored")
 
 
-def _error_from_payload(payload: dict[str, Any]) -> BaseException:
+def _error_from_payload(payload: dict[str, Any], memory_bytes: int | None) -> BaseException:
     name = payload.get("error_class", "")
     message = " ".join(str(payload.get("message") or name).split())[:400]
-    if name == "MemoryError":
-        return errors.ModelLoadError(f"scoring ran out of memory: {message}",
-                                     hint="raise --score-memory, or score a smaller model")
+    if name == "MemoryError" or (name in _MAYBE_MEMORY and is_memory_failure(message)):
+        # An ImportError such as "libtorch_cpu.so: failed to map segment from shared object"
+        # is the address-space limit, not a missing package.
+        return out_of_memory(f"{name}: {message}", memory_bytes)
     if any(marker in message for marker in REGEX_MARKERS):
         return _regex_limit(message, name)
-    if name in ("ImportError", "ModuleNotFoundError"):
+    if name == "ModuleNotFoundError" and payload.get("missing_module"):
         return errors.UnsupportedCheckpointError(
             f"scoring needs a package that is not installed: {message}",
             hint="install it to score this checkpoint; it is skipped, not retried")
@@ -243,9 +267,8 @@ def _death_error(pid: int, returncode: int, tail: str, memory_bytes: int | None)
     said = f": {excerpt}" if excerpt else " (it wrote nothing)"
     if any(marker in tail for marker in REGEX_MARKERS):
         return _regex_limit(excerpt, how)
-    if any(marker in tail for marker in MEMORY_MARKERS):
-        return errors.ModelLoadError(f"scoring ran out of memory{under}: child {how}{said}",
-                                     hint="raise --score-memory if the model needs more")
+    if is_memory_failure(tail):
+        return out_of_memory(f"child {how}{said}", memory_bytes)
     text = f"scoring child (pid {pid}) {how} without an answer{under}{said}"
     if signal_name not in (None, "SIGKILL", "SIGTERM", "SIGINT"):
         # A crash (SIGSEGV, SIGABRT, SIGBUS, ...) on this input happens again on a retry.
@@ -285,8 +308,9 @@ class _OutputTail(threading.Thread):
         return self.tail.decode("utf-8", errors="replace")
 
 
-def _limit_child(memory_bytes: int | None) -> None:
-    """Runs in the child between fork and exec: die with the parent, cap the address space."""
+def limit_child(memory_bytes: int | None) -> None:
+    """Runs in the child between fork and exec: die with the parent, cap the address space
+    (the scoring child's and the start-up probe's, `memory_limit.probe`)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:  # not Linux: the time limit still bounds an orphan
@@ -304,9 +328,11 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
 
     Raises `ScoringTimeout` when the child is killed at `timeout_s`, `ScoringInterrupted`
     when `kill_active_children` killed it, the child's own `LstarError` class for bad input
-    (`UnsupportedCheckpointError` for a missing package, `TokenizerError` for the regex
-    engine's limit), `ModelLoadError` for running out of memory or a crash, and RuntimeError
-    for anything else, always with the real reason: the signal and the end of its output.
+    (`UnsupportedCheckpointError` for a package that is not installed, `TokenizerError` for
+    the regex engine's limit), `ScoringMemoryError` for running out of memory (an import
+    that failed to map a library under the limit included), `ModelLoadError` for a crash,
+    and RuntimeError for anything else, always with the real reason: the signal and the end
+    of its output.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     fd, result_name = tempfile.mkstemp(prefix="score-", suffix=".json", dir=workdir)
@@ -317,7 +343,7 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
         child = subprocess.Popen(
             [sys.executable, "-m", "monitor.scoring.child", str(result_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
-            preexec_fn=lambda: _limit_child(memory_bytes))
+            preexec_fn=lambda: limit_child(memory_bytes))
         output = _OutputTail(child.stdout, log_path)
         output.start()
         with _ACTIVE_LOCK:
@@ -347,13 +373,28 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
     finally:
         result_path.unlink(missing_ok=True)
     if not payload.get("ok"):
-        raise _error_from_payload(payload)
+        raise error_from_payload(payload, memory_bytes)
     return scored_from_payload(payload)
 
 
 def _envelope(request: ScoreRequest, baselines: Sequence[KnownBaseline]) -> str:
     return json.dumps({"request": json.loads(request_to_json(request)),
                        "baselines": [list(b) for b in baselines]}, default=_json_default)
+
+
+def missing_module(exc: ImportError) -> str | None:
+    """The module `exc` says is missing, if it is genuinely not installed (a
+    ModuleNotFoundError whose module cannot be found); None for any other ImportError."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if not name:
+        return None
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # its parent package is missing too
+        found = False
+    except Exception:  # MemoryError included: not known to be missing, so not skipped
+        return None
+    return None if found else name
 
 
 def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
@@ -385,10 +426,15 @@ def main(argv: list[str] | None = None) -> int:
 
         scored = compute_score(prepare(request), None, baselines=baselines)
         payload = {"ok": True, **scored_to_payload(scored)}
-    except MemoryError:
+    except MemoryError as exc:
         hog = []  # noqa: F841 (free what the fail point held before answering)
+        said = " ".join(str(exc).split())
         payload = {"ok": False, "error_class": "MemoryError",
-                   "message": "the model needs more memory than the child's limit", "hint": None}
+                   "message": said or "an allocation failed (the model needs more memory than the child has)",
+                   "hint": None}
+    except ImportError as exc:
+        payload = {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None,
+                   "missing_module": missing_module(exc)}
     except errors.LstarError as exc:
         payload = {"ok": False, "error_class": type(exc).__name__, "message": exc.message,
                    "hint": exc.hint}

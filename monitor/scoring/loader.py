@@ -9,7 +9,9 @@ a config.json whose allocation-driving fields are within budget and describe the
 `use_safetensors=True`, `trust_remote_code=False` and `DISABLE_SAFETENSORS_CONVERSION=1`
 (else transformers may ask an external service to convert a pickle repo and load the
 result). A `SafetensorError` from the library becomes a ModelLoadError naming the file; an
-ImportError (a quantization backend that is not installed) an UnsupportedCheckpointError.
+ImportError (a quantization backend that is not installed) an UnsupportedCheckpointError;
+any of them that says an allocation or a library's mapping failed (the address-space limit)
+a MemoryError.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from monitor.errors import (HubError, ModelLoadError, SpecError, UnsafeCheckpoin
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
 from monitor.hub.gate import gate_checkpoint
+from monitor.scoring.memory_limit import is_memory_failure
 
 disable_safetensors_conversion()
 
@@ -417,11 +420,15 @@ def _load_model(model_dir: Path, dtype: str, device: str,
         model, info = AutoModelForCausalLM.from_pretrained(
             str(model_dir), use_safetensors=True, trust_remote_code=False, local_files_only=True,
             dtype=torch_dtype(dtype), output_loading_info=True, **placement)
-    except ImportError as exc:
-        raise _missing_backend(model_dir, exc) from exc
-    except SafetensorError as exc:
-        raise _unreadable_safetensors(model_dir, exc) from exc
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+    except (ImportError, SafetensorError, OSError, ValueError, KeyError, RuntimeError, TypeError) as exc:
+        if is_memory_failure(str(exc)):
+            # An allocation, or a library that no longer fits the address-space limit: not the
+            # checkpoint's fault, and not a missing package.
+            raise MemoryError(f"loading {model_dir}: {' '.join(str(exc).split())[:300]}") from exc
+        if isinstance(exc, ImportError):
+            raise _missing_backend(model_dir, exc) from exc
+        if isinstance(exc, SafetensorError):
+            raise _unreadable_safetensors(model_dir, exc) from exc
         raise ModelLoadError(f"transformers cannot load {model_dir}: {' '.join(str(exc).split())[:400]}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -52,8 +52,11 @@ class DaemonProcess:
     count = 0
 
     def __init__(self, policies_dir: Path, state_dir: Path, *, endpoint: str | None = None,
-                 args: Sequence[str] = (), env: dict[str, str] | None = None, fast: bool = True) -> None:
+                 args: Sequence[str] = (), env: dict[str, str] | None = None, fast: bool = True,
+                 start_timeout: float = 60) -> None:
         self.policies_dir, self.state_dir = Path(policies_dir), Path(state_dir)
+        self.start_timeout = start_timeout   # `with` waits this long for the API (an explicit
+                                             # --score-memory imports torch once before it starts)
         self.endpoint = endpoint
         self.args = [*(FAST_FLAGS if fast else ()), *args]
         self.env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
@@ -143,7 +146,7 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     def __enter__(self) -> "DaemonProcess":
-        return self.start()
+        return self.start(timeout=self.start_timeout)
 
     def __exit__(self, *exc: object) -> None:
         self.kill()

@@ -79,7 +79,7 @@ class ScoreError:
         cls = getattr(errors, self.error_class, None)
         if isinstance(cls, type) and issubclass(cls, LstarError):
             return cls(self.message, hint=self.hint)
-        if self.error_class in ("ScoringTimeout", "ScoringInterrupted"):
+        if self.error_class in ("ScoringTimeout", "ScoringInterrupted", "ScoringMemoryError"):
             return error_from_payload(dataclasses.asdict(self))
         if self.error_class == "RuntimeError":
             return RuntimeError(self.message)
