@@ -40,7 +40,6 @@ import faulthandler
 import importlib.util
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -56,10 +55,9 @@ from monitor import errors
 from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
 from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compute_score, prepare
-from monitor.scoring.memory_limit import is_memory_failure, size_text
+from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root")
-_PR_SET_PDEATHSIG = 1
 # The default address-space limit: this share of the machine's memory, and at least
 # MIN_MEMORY_LIMIT (torch alone maps a few GiB of address space it never touches).
 MEMORY_SHARE = 0.75
@@ -306,17 +304,6 @@ class _OutputTail(threading.Thread):
 
     def text(self) -> str:
         return self.tail.decode("utf-8", errors="replace")
-
-
-def limit_child(memory_bytes: int | None) -> None:
-    """Runs in the child between fork and exec: die with the parent, cap the address space
-    (the scoring child's and the start-up probe's, `memory_limit.probe`)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the time limit still bounds an orphan
-        pass
-    if memory_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
 
 def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: int | None,

@@ -2,7 +2,7 @@
 a check at start-up that the limit can hold the scoring libraries at all.
 
 The limit is an address-space limit (`RLIMIT_AS`), set in the child between fork and exec
-(`monitor.scoring.child.limit_child`). Under it, a shared library that does not fit fails to
+(`limit_child`). Under it, a shared library that does not fit fails to
 load with an ImportError ("libtorch_cpu.so: failed to map segment from shared object"), a
 Python allocation with MemoryError, a C++ one with std::bad_alloc, and OpenBLAS prints an
 error or retries its thread buffers for ever. None of these means a package is missing: the
@@ -20,9 +20,12 @@ monitor.scoring.memory_limit` prints one JSON line, `{"ok": true, "peak_bytes": 
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import importlib
 import json
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +63,20 @@ def size_text(n_bytes: int) -> str:
     return f"{n_bytes / 2**30:.2f} GiB"
 
 
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
+
+
+def limit_child(memory_bytes: int | None) -> None:
+    """Runs in the child between fork and exec: die with the parent, cap the address space
+    (the scoring child's, `child.run_score_child`, and the start-up probe's, `probe`)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: the time limit still bounds an orphan
+        pass
+    if memory_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What a probe child said: whether the imports succeeded, its peak address space, and
@@ -76,8 +93,6 @@ class ProbeResult:
 def probe(memory_bytes: int | None, *, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """Import the scoring libraries in a child under `memory_bytes` of address space (None:
     no limit), exactly as a scoring child is limited; what happened."""
-    from monitor.scoring.child import limit_child  # the scoring child imports this module
-
     started = time.monotonic()
     try:
         child = subprocess.Popen([sys.executable, "-m", "monitor.scoring.memory_limit"],
