@@ -12,7 +12,7 @@ from monitor.commands.options import describe_range
 
 
 # TMP stands for the test's own folder; the paths under it do not exist, so a flag that slipped
-# through would fail later with another message (or, for `run --once`, start and exit 0).
+# through would fail later with another message (for `run`, that the policy folder is missing).
 FIT = ["curves", "fit", "--out", "TMP/c.json", "--task", "t", "--labels", "TMP/none.csv",
        "--db", "TMP/none.duckdb"]
 RUN = ["run", "--policies", "TMP/none", "--state", "TMP/state", "--once", "--api-port", "0"]

@@ -1,15 +1,22 @@
 """Hostile policy files in the daemon's folder (docs/reliability.md row 18): at start-up the bad file is
 reported in /status and the others load; on reload a file that turns bad keeps its last good
-version, and a new valid file beside it still loads."""
+version, and a new valid file beside it still loads. Start-up checks: a missing folder stops the start,
+no policy in force and a receiver secret that does not resolve keep /health at 503 (and `--once` exits 2),
+and a watch rule two policies define differently is refused naming both files."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from monitor.yamlio import NESTING_LIMIT
 from monitor.service.daemon import Daemon, DaemonConfig
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
+from monitor.testing.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
 
 DEEP = "[" * 100_000
 DEEP_ERROR = f"lists and mappings nested more than {NESTING_LIMIT} levels deep; flatten the structure"
@@ -67,3 +74,108 @@ def test_daemon_starts_with_a_deeply_nested_policy_beside_a_good_one(tmp_path: P
         assert daemon.request("/health")[0] == 200
         assert daemon.stop() == 0
     assert "Traceback" not in daemon.log()
+
+
+# -- start-up checks: the rules of every policy, a policy in force, the receivers' secrets --------
+def rule(author: str) -> str:
+    return f"watch:\n  - {{name: shared, author: {author}}}\n"
+
+
+def once(folder: Path, state: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`lstar run --once` on `folder`, as an operator would start it."""
+    argv = DaemonProcess(folder, state, args=["--once"], fast=False).command()
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+
+
+def test_a_watch_rule_two_policies_define_differently_is_refused_naming_both_files(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(policy("a") + rule("org-a"))
+    (folder / "b.yaml").write_text(policy("b") + rule("org-b"))
+    daemon = Daemon(DaemonConfig(policies_dir=folder, state_dir=tmp_path / "state"))
+    daemon.job_reload()
+    assert [p.name for p in daemon.policies()] == ["a"]
+    assert daemon.policy_set.errors == {folder / "b.yaml": (
+        f"{folder / 'b.yaml'}: watch[0].name: watch rule 'shared' is also defined, differently, by "
+        f"{folder / 'a.yaml'}; rename one of them or make both the same")}
+    assert [r.author for r in daemon.watch_rules()] == ["org-a"]
+
+    (folder / "b.yaml").write_text(policy("b") + rule("org-a"))   # the same rule: one rule, both in force
+    daemon.job_reload()
+    assert [p.name for p in daemon.policies()] == ["a", "b"] and daemon.policy_set.errors == {}
+    assert [r.author for r in daemon.watch_rules()] == ["org-a"]
+
+
+def test_a_missing_policy_folder_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    done = once(missing, tmp_path / "state")
+    assert (done.returncode, done.stderr) == (
+        2, f"error: --policies {missing}: does not exist; create it, or point --policies at the folder of "
+           "policy files (*.yaml)\n")
+    assert not (tmp_path / "state").exists()          # nothing was created or opened
+
+
+def test_no_policy_in_force_is_unhealthy_until_one_loads(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    done = once(folder, tmp_path / "state-empty")
+    assert done.returncode == 2
+    assert f"--once: not ready: no policy in force: no policy files (*.yaml, *.yml) in {folder}" in done.stderr
+
+    (folder / "bad.yaml").write_text("name: [\n")
+    done = once(folder, tmp_path / "state-bad")
+    assert done.returncode == 2 and "no policy in force: no file of" in done.stderr
+
+    with DaemonProcess(folder, tmp_path / "state") as daemon:
+        status, body = daemon.request("/health")
+        assert (status, json.loads(body)) == (503, {"ok": False, "reasons": [
+            f"no policy in force: no file of {folder} loads (bad.yaml); see policy_errors in /status or "
+            f"run `lstar policy check {folder}`"]})
+        (folder / "good.yaml").write_text(policy("good"))     # fixed while it runs: health recovers
+        wait_for(lambda: daemon.request("/health") == (200, json.dumps({"ok": True, "reasons": []},
+                                                                       indent=2).encode()),
+                 timeout=60, what="/health to recover after a valid policy loads")
+        assert daemon.stop() == 0
+    assert "no policy in force" in daemon.log() and "Traceback" not in daemon.log()
+
+
+SECRET = "whsec_c2VjcmV0LXZhbHVlLW5ldmVyLWxvZ2dlZA=="
+HOOKS = """\
+  - name: hook
+    webhook: {url: "http://127.0.0.1:9/hook", secret_env: LSTAR_TEST_UNSET_SECRET}
+  - name: signed
+    webhook: {url: "http://127.0.0.1:9/signed", secret_file: hook-secret}
+"""
+
+
+def test_a_receiver_secret_that_does_not_resolve_is_named_and_unhealthy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "hook-secret").write_text("")
+    (folder / "p.yaml").write_text(policy("p") + HOOKS)
+    monkeypatch.delenv("LSTAR_TEST_UNSET_SECRET", raising=False)
+    expected = [
+        f"receiver secret missing: {folder / 'p.yaml'}: receiver 'hook': webhook.secret_env: environment "
+        "variable LSTAR_TEST_UNSET_SECRET is not set; export LSTAR_TEST_UNSET_SECRET in the daemon's environment",
+        f"receiver secret missing: {folder / 'p.yaml'}: receiver 'signed': webhook.secret_file: "
+        f"{folder / 'hook-secret'} is empty; write the secret into the file"]
+    daemon = Daemon(DaemonConfig(policies_dir=folder, state_dir=tmp_path / "state"))
+    with caplog.at_level(logging.ERROR, logger="lstar.daemon"):
+        daemon.job_reload()
+        daemon.job_reload()                                    # told once, not on every tick
+    assert [p.name for p in daemon.policies()] == ["p"]        # the other receivers still work
+    assert daemon.health() == (False, expected)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == expected
+
+    (folder / "hook-secret").write_text(SECRET + "\n")        # fixed: the next tick sees it
+    monkeypatch.setenv("LSTAR_TEST_UNSET_SECRET", SECRET)
+    daemon.job_reload()
+    assert daemon.health() == (True, [])
+
+    done = once(folder, tmp_path / "state", env={"LSTAR_TEST_UNSET_SECRET": ""})
+    assert done.returncode == 2
+    assert (f"receiver 'hook': webhook.secret_env: environment variable LSTAR_TEST_UNSET_SECRET is empty"
+            in done.stderr)
+    assert SECRET not in done.stderr + done.stdout

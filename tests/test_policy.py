@@ -58,7 +58,9 @@ SUCCESS tests/fixtures/policies/good-minimal.yaml
 """
 
 
-def test_check_folder_prints_exact_lines_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_folder_prints_exact_lines_and_fails(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LSTAR_TEST_SECRET", "whsec_c2VjcmV0")   # good-full's webhook secret resolves
     code = main(["policy", "check", str(FIXTURES)])
     out, err = capsys.readouterr()
     assert out == EXPECTED_CHECK
@@ -66,7 +68,10 @@ def test_check_folder_prints_exact_lines_and_fails(capsys: pytest.CaptureFixture
     assert err.strip() == "error: 8 of 10 policy file(s) failed the check"
 
 
-def test_check_exits_zero_only_when_every_file_passes(capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_exits_zero_only_when_every_file_passes(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LSTAR_TEST_SECRET", "LSTAR_WEBHOOK_SECRET", "LSTAR_SMTP_PASSWORD"):
+        monkeypatch.setenv(name, "whsec_c2VjcmV0")   # the secrets the receivers name resolve
     good = [str(FIXTURES / "good-full.yaml"), str(FIXTURES / "good-minimal.yaml"), "policies/example.yaml"]
     assert main(["policy", "check", *good]) == 0
     assert capsys.readouterr().out.splitlines() == [f"SUCCESS {g}" for g in good]
@@ -427,3 +432,70 @@ def test_reload_keeps_the_last_good_version_when_a_file_turns_hostile(tmp_path: 
 def test_absurd_durations_are_value_errors(value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_duration(value)
+
+
+# -- checks across files and of the receivers' secrets ------------------------------------------
+RULE = "watch:\n  - {name: shared, author: org-a}\n"
+
+
+def test_a_watch_rule_two_files_define_differently_fails_the_check_naming_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from monitor.policy.load import load_policies
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(MINIMAL.replace("name: p", "name: a") + RULE)
+    b.write_text(MINIMAL.replace("name: p", "name: b") + RULE)   # the same rule twice: one rule
+    assert main(["policy", "check", str(tmp_path)]) == 0
+    assert [p.name for p in load_policies([a, b])] == ["a", "b"]
+    capsys.readouterr()
+
+    b.write_text(MINIMAL.replace("name: p", "name: b") + RULE.replace("org-a", "org-b"))
+    expected = (f"{b}: watch[0].name: watch rule 'shared' is also defined, differently, by {a}; "
+                "rename one of them or make both the same")
+    assert main(["policy", "check", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"SUCCESS {a}", f"FAILED {expected}"]
+    assert err == "error: 1 of 2 policy file(s) failed the check\n"
+    with pytest.raises(PolicyError) as info:
+        load_policies([a, b])
+    assert info.value.message == expected
+    live = PolicySet([a, b])
+    assert live.reload() == {b: expected}
+    assert [p.name for p in live.current()] == ["a"]
+
+
+def test_policy_check_resolves_every_secret_and_never_prints_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    value = "whsec_dG9wLXNlY3JldC12YWx1ZQ=="
+    monkeypatch.setenv("LSTAR_SET_SECRET", value)
+    monkeypatch.delenv("LSTAR_UNSET_SECRET", raising=False)
+    monkeypatch.setenv("LSTAR_EMPTY_PASSWORD", "")
+    (tmp_path / "empty-secret").write_text("  \n")
+    (tmp_path / "good-secret").write_text(value + "\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(MINIMAL + """\
+  - name: signed
+    webhook: {url: "http://127.0.0.1:9/a", secret_env: LSTAR_SET_SECRET}
+  - name: unset
+    webhook: {url: "http://127.0.0.1:9/b", secret_env: LSTAR_UNSET_SECRET}
+  - name: emptyfile
+    webhook: {url: "http://127.0.0.1:9/c", secret_file: empty-secret}
+  - name: filed
+    webhook: {url: "http://127.0.0.1:9/e", secret_file: good-secret}
+  - name: mail
+    email: {to: a@example.org, from: b@example.org, host: localhost, username_env: LSTAR_UNSET_SECRET,
+            password_env: LSTAR_EMPTY_PASSWORD}
+""")
+    assert main(["policy", "check", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        f"FAILED {path}: receiver 'unset': webhook.secret_env: environment variable LSTAR_UNSET_SECRET is not "
+        "set; export LSTAR_UNSET_SECRET in the daemon's environment",
+        f"FAILED {path}: receiver 'emptyfile': webhook.secret_file: {tmp_path / 'empty-secret'} is empty; "
+        "write the secret into the file",
+        f"FAILED {path}: receiver 'mail': email.username_env: environment variable LSTAR_UNSET_SECRET is not "
+        "set; export LSTAR_UNSET_SECRET in the daemon's environment",
+        f"FAILED {path}: receiver 'mail': email.password_env: environment variable LSTAR_EMPTY_PASSWORD is "
+        "empty; export LSTAR_EMPTY_PASSWORD in the daemon's environment"]
+    assert value not in out + err and "dG9wLXNlY3JldC12YWx1ZQ" not in out + err
+    assert main(["policy", "check", "--skip-secrets", str(path)]) == 0   # the file itself is valid

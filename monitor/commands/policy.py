@@ -50,17 +50,23 @@ def register(app: typer.Typer) -> None:
                          no_args_is_help=True)
 
     @policy.command("check")
-    def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml).")) -> None:
+    def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
+              skip_secrets: bool = typer.Option(
+                  False, "--skip-secrets",
+                  help="Do not resolve the receivers' secrets (checking on a machine without them).")) -> None:
         """Validate policy files strictly; prints SUCCESS or FAILED per file.
 
-        Each error names the file, line, key path and value. Exits 0 only when every file
-        passes (2 otherwise).
+        Each error names the file, line, key path and value. The files are also checked
+        against each other as the daemon loads them (unique policy names; a watch rule two
+        files define must be the same), and every secret a receiver names must resolve here
+        (the variable set, the file readable and not empty; values are never printed).
+        Exits 0 only when every file passes (2 otherwise).
         """
         paths = expand_policy_paths(files)
         if not paths:
             raise PolicyError("no policy files found in " + ", ".join(str(f) for f in files))
         failed = 0
-        for result in check_policy_files(paths):
+        for result in check_policy_files(paths, secrets=not skip_secrets):
             if result.ok:
                 print(f"SUCCESS {result.path}")
                 continue

@@ -16,6 +16,7 @@ from monitor.curves.artifact import load_curve
 from monitor.errors import LstarError, PolicyError
 from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
+from monitor.policy.secrets import missing_secrets
 from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 
@@ -156,15 +157,33 @@ def load_policy(path: str | Path, *, check_curves: bool = True) -> Policy:
     return loaded.policy
 
 
+def clash_errors(policy: Policy, others: Sequence[Policy]) -> list[str]:
+    """Why `policy` cannot be in force beside `others`: a policy name another one uses (alert
+    keys start with it), or a watch rule another policy defines differently.
+
+    Watch rules are shared by name across policies (checkpoints and watermarks refer to the
+    rule's name), so the same rule written the same way in two files is one rule; written
+    differently, one of them would silently not be polled.
+    """
+    errors = [f"{policy.path}: name: policy name {policy.name!r} is also used by {other.path}; "
+              "policy names must be unique" for other in others if other.name == policy.name]
+    for other in others:
+        theirs = {rule.name: rule for rule in other.watch}
+        for i, rule in enumerate(policy.watch):
+            if rule.name in theirs and theirs[rule.name] != rule:
+                errors.append(f"{policy.path}: watch[{i}].name: watch rule {rule.name!r} is also defined, "
+                              f"differently, by {other.path}; rename one of them or make both the same")
+    return errors
+
+
 def load_policies(paths: Sequence[str | Path]) -> list[Policy]:
-    """Load several policy files; their names must be unique (alert keys start with them)."""
+    """Load several policy files; their names must be unique (alert keys start with them) and
+    a watch rule two of them define must be defined the same way (`clash_errors`)."""
     policies = [load_policy(p) for p in paths]
-    seen: dict[str, Path | None] = {}
-    for p in policies:
-        if p.name in seen:
-            raise PolicyError(f"{p.path}: name: policy name {p.name!r} is also used by {seen[p.name]}",
-                              hint="policy names must be unique")
-        seen[p.name] = p.path
+    for i, policy in enumerate(policies):
+        errors = clash_errors(policy, policies[:i])
+        if errors:
+            raise PolicyError("\n".join(errors))
     return policies
 
 
@@ -185,16 +204,25 @@ class CheckResult:
         return not self.errors
 
 
-def check_policy_files(paths: Sequence[str | Path]) -> list[CheckResult]:
-    """Check each file independently (a bad file never hides the verdict on the others)."""
-    results = []
+def check_policy_files(paths: Sequence[str | Path], *, secrets: bool = True) -> list[CheckResult]:
+    """Check each file (a bad file never hides the verdict on the others), then the files
+    that passed against each other as the daemon loads them (`clash_errors`: a file clashes
+    with the ones before it), and, with `secrets`, resolve every secret their receivers name
+    (`monitor.policy.secrets`: the variable is set, the file is readable and not empty)."""
+    results: list[CheckResult] = []
+    loaded: list[Policy] = []
     for p in paths:
         try:
-            load_policy(p)
+            policy = load_policy(p)
         except PolicyError as exc:
             results.append(CheckResult(str(p), tuple(error_text(exc).splitlines())))
-        else:
-            results.append(CheckResult(str(p), ()))
+            continue
+        errors = clash_errors(policy, loaded)
+        if not errors:
+            loaded.append(policy)   # in force as far as the daemon goes, missing secrets or not
+        if secrets:
+            errors += [missing.line() for missing in missing_secrets(policy)]
+        results.append(CheckResult(str(p), tuple(errors)))
     return results
 
 
@@ -225,9 +253,9 @@ class PolicySet:
             except PolicyError as exc:
                 errors[path] = error_text(exc)
                 continue
-            clash = next((p for q, p in self.policies.items() if q != path and p.name == policy.name), None)
-            if clash is not None:
-                errors[path] = f"{path}: name: policy name {policy.name!r} is also used by {clash.path}"
+            clashes = clash_errors(policy, [p for q, p in self.policies.items() if q != path])
+            if clashes:
+                errors[path] = "\n".join(clashes)
                 continue
             self.policies[path] = policy
         self.errors = errors

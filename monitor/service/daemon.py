@@ -20,7 +20,9 @@ state directory. Under it, at start, the daemon frees every lease an earlier pro
 the work resumes on the first run of its job rather than when the lease would expire.
 SIGTERM/SIGINT stop new work, let running jobs finish (bounded by `drain`), CHECKPOINT the
 database and exit 0. Policy files are re-read when they change; a
-bad file keeps its last good version and the error shows in the log and in /status.
+bad file keeps its last good version and the error shows in the log and in /status. A missing
+policy folder stops the start; no policy in force, or a receiver secret that does not resolve,
+keeps /health unhealthy and makes `--once` exit 2 (`monitor.policy.readiness`).
 
 Disk full: a job whose write fails for lack of space starts an episode (logged once,
 /health unhealthy); jobs keep retrying on their ticks, and the episode ends only when a job
@@ -62,6 +64,7 @@ from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
                          gate_pending, poll_once)
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
+from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
 from monitor.service.api_guard import create_api_token
@@ -156,6 +159,7 @@ class Daemon:
         self.store: Store | None = None
         self.policy_set = PolicySet([])
         self.policy_digest: str | None = None
+        self.policy_problems: list[str] = []   # no policy in force, missing secrets: unhealthy
         self.metrics = DaemonMetrics()
         self.jobs = {name: JobState(name) for name in JOB_NAMES}
         self.jobs_lock = threading.Lock()
@@ -180,6 +184,7 @@ class Daemon:
     def run(self) -> int:
         """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
         quiet_hub_progress()
+        require_policy_folder(self.config.policies_dir)   # before anything is created or opened
         self.lock.acquire()
         try:
             try:
@@ -191,6 +196,9 @@ class Daemon:
                 for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
                     if name != "report" or self.report_fn is not None:
                         self._run_job(name)
+                if self.policy_problems:
+                    log.error("--once: not ready: %s", "; ".join(self.policy_problems))
+                    return self._shutdown() or 2
             else:
                 self._install_signal_handlers()
                 self._start_scheduler()
@@ -209,6 +217,7 @@ class Daemon:
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
         self._reclaim_leases()
         self._reload_policies(force=True)
+        self._check_policy_problems()
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
                              workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
                              lifetime=cfg.api_connection_lifetime).start()
@@ -528,6 +537,18 @@ class Daemon:
         log.info("policies in force: %s", ", ".join(p.name for p in self.policies()) or "none")
         return True
 
+    def _check_policy_problems(self) -> None:
+        """Re-check that a policy is in force and every secret its receivers name resolves
+        (on every reload tick: a secret file may appear or vanish); each problem is logged
+        when it appears, and /health reports them."""
+        problems = policy_problems(self.config.policies_dir, self.policy_set)
+        for problem in problems:
+            if problem not in self.policy_problems:
+                log.error("%s", problem)
+        if self.policy_problems and not problems:
+            log.info("every policy problem is fixed: %s", ", ".join(p.name for p in self.policies()))
+        self.policy_problems = problems
+
     def policies(self) -> list[Any]:
         return self.policy_set.current()
 
@@ -546,6 +567,7 @@ class Daemon:
 
     def job_reload(self) -> dict[str, Any]:
         changed = self._reload_policies()
+        self._check_policy_problems()
         return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
 
     def job_poll(self) -> dict[str, Any]:
@@ -731,9 +753,10 @@ class Daemon:
                                 for o in outages]}
 
     def health(self) -> tuple[bool, list[str]]:
-        """(healthy, reasons): unhealthy while a job is stuck, writes fail for lack of space, or
-        the database is invalidated; in-memory state only, so it answers whatever the disk does."""
-        reasons = list(self.stuck_jobs().values())
+        """(healthy, reasons): unhealthy while no policy is in force or a receiver's secret is
+        missing, a job is stuck, writes fail for lack of space, or the database is invalidated;
+        in-memory state only, so it answers whatever the disk does."""
+        reasons = [*self.policy_problems, *self.stuck_jobs().values()]
         db_error = self.db_error
         if db_error is not None:
             reasons.append(f"database invalidated since {db_error['since']} (nothing can be written until it "

@@ -1,16 +1,13 @@
-"""What every channel shares: the message handed to a sender, the outcome it reports, and
-reading secrets without ever storing or logging them."""
+"""What every channel shares: the message handed to a sender and the outcome it reports
+(secrets are read, never stored or logged, by `monitor.policy.secrets`)."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
-
-from monitor.errors import DeliveryError
 
 Outcome = Literal["delivered", "retry", "dead", "gone"]
 
@@ -60,30 +57,6 @@ class Sender(Protocol):
 
     def send(self, message: Outgoing, receiver: Any, policy: Any, *, now: datetime) -> SendResult:
         ...
-
-
-def read_secret(env: str | None, file: str | None, policy: Any, what: str) -> str | None:
-    """A secret from an environment variable or a file (relative to the policy file).
-
-    The value is returned to the caller only; errors name the variable or file, never the
-    value. None when neither source is configured.
-    """
-    if env is not None:
-        value = os.environ.get(env)
-        if not value:
-            raise DeliveryError(f"{what}: environment variable {env} is not set",
-                                hint=f"export {env} in the daemon's environment")
-        return value
-    if file is not None:
-        path = policy.resolve_path(file)
-        try:
-            value = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise DeliveryError(f"{what}: cannot read {path}: {exc.strerror}") from None
-        if not value:
-            raise DeliveryError(f"{what}: {path} is empty")
-        return value
-    return None
 
 
 def redact_url(url: str) -> str:

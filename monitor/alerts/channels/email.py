@@ -19,9 +19,10 @@ from typing import Any
 
 import jinja2
 
-from monitor.alerts.channels.base import Outgoing, SendResult, read_secret
+from monitor.alerts.channels.base import Outgoing, SendResult
 from monitor.alerts.payload import message_id
 from monitor.errors import DeliveryError
+from monitor.policy.secrets import read_secret
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE_NAMES = ("email_subject.txt.j2", "email.txt.j2", "email.html.j2")

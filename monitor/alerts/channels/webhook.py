@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 
-from monitor.alerts.channels.base import Outgoing, SendResult, read_secret, redact_url
+from monitor.alerts.channels.base import Outgoing, SendResult, redact_url
 from monitor.errors import DeliveryError
+from monitor.policy.secrets import read_secret
 
 USER_AGENT = "lstar-monitor"
 THROTTLE_STATUSES = frozenset({429, 502, 503, 504})
