@@ -196,7 +196,8 @@ class _Handler(GuardedHandler):
             limit = query.limit(None)
             with daemon.read_store() as store:
                 rows = store.list_checkpoints(status=query.one("status"), repo=query.one("repo"), limit=limit)
-            self._send(200, _json_bytes([r.as_dict() for r in rows]))
+                listed = store.with_not_evaluated([r.as_dict() for r in rows])
+            self._send(200, _json_bytes(listed))
         elif url.path == "/db/info":
             with daemon.read_store() as store:
                 self._send(200, _json_bytes(store.info()))
