@@ -1,6 +1,7 @@
 """The daemon's local HTTP API (127.0.0.1 only). The client side is `monitor.service.client`.
 
-    GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]}
+    GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]} (unhealthy, or
+                                degraded: a task the scoring settings can never evaluate)
     GET  /metrics               Prometheus text format
     GET  /status                JSON: checkpoints by status, jobs, policy errors, disk, outages
     GET  /checkpoints?status=S&repo=R&limit=N   rows as `lstar checkpoints --json` prints them
