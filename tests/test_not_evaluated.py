@@ -146,7 +146,10 @@ def test_the_daemon_refuses_to_start_when_no_task_can_be_evaluated(tmp_path: Pat
     write_policy(tmp_path / "policies", {"narrow": "narrow.json"})
     daemon = DaemonProcess(tmp_path / "policies", tmp_path / "state", args=[*flags, "--max-context", "128"])
     daemon.start(wait=False)
-    assert daemon.wait(timeout=60) != 0
+    try:
+        assert daemon.wait(timeout=60) != 0
+    finally:
+        daemon.kill()
     log = daemon.log()
     assert ("policy gov, task narrow: can never be evaluated: curve" in log
             and "needs window 64, the daemon scores with window 128 (--max-context 128); "
