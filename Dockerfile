@@ -27,7 +27,8 @@ RUN pip install --no-cache-dir . \
 USER lstar
 VOLUME ["/app/state", "/home/lstar/.cache/huggingface"]
 
-# The daemon's local API answers /health with 200 while its jobs are alive.
+# The daemon's local API answers /health with 200 while its jobs are alive, and 503 while it is
+# unhealthy or degraded (a policy task its scoring settings can never evaluate).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD python -c "import os, urllib.request, sys; \
 url = 'http://127.0.0.1:%s/health' % os.environ.get('LSTAR_API_PORT', '8787'); \

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from monitor.alerts.gaps import track_evaluation_gap
 from monitor.alerts.model import Alert, Delivery
 from monitor.alerts.payload import gaming_annotations, task_annotations
 from monitor.alerts.predict import TaskPrediction, load_task_curve, predict_task, public_corpus
@@ -30,6 +31,7 @@ from monitor.errors import CurveError
 from monitor.failpoints import failpoint
 from monitor.policy import Policy, Task
 from monitor.store import Store
+from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.store.rows import EvaluationCandidateRow, LineageHistory
 
 GAMING_TASK = "calibration_gaming"
@@ -197,6 +199,16 @@ def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
     return store.write_outbox(rows, now=now, before_commit=lambda conn: failpoint("mid_outbox_write"))
 
 
+def _curve_id(curves: Predictor, policy: Policy, task: Task) -> str | None:
+    """The id of the task's curve as `curves` loads it; None when it cannot be loaded."""
+    if not isinstance(curves, CurvePredictor):
+        return None
+    try:
+        return str(curves.curve(policy, task).curve_id)
+    except CurveError:
+        return None
+
+
 def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                      predictor: Predictor | None = None) -> EvaluationReport:
     """Evaluate every score run each policy has not evaluated yet (oldest first).
@@ -219,18 +231,24 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                                   "curves fitted on one corpus)")
             continue
         for task in policy.tasks:
-            for row in store.evaluation_candidates(policy.name, task.name, public):
+            curve_id = _curve_id(curves, policy, task)
+            for row in store.evaluation_candidates(policy.name, task.name, public, curve_id):
                 score = _view(row)
                 if not watches(policy, score.repo, score.rule):
                     continue
                 try:
                     prediction = curves(policy, task, score)
                 except CurveError as exc:
+                    # Recorded, so that it is shown (and not tried again until the curve changes).
                     report.skipped.append(f"policy {policy.name}, task {task.name}, run {score.run_id}: "
                                           f"{exc.one_line()}")
+                    report.add(_write(store, [_prediction_row(
+                        policy, task.name, score, state=NOT_EVALUATED, now=now, curve_id=curve_id,
+                        detail={"reason": exc.one_line()})], now))
                     continue
                 planned = task_prediction_row(store, policy, task, score, prediction, now=now)
                 report.add(_write(store, [planned], now))
+        report.deliveries += track_evaluation_gap(store, policy, now=now)
         if policy.calibration_gaming is not None:
             write_gaming_predictions(store, policy, now=now, report=report)
     return report

@@ -41,8 +41,14 @@ def register(app: typer.Typer) -> None:
                     ids=("repo", "sha", "refs"), right=("id", "attempts"))
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
-                          str(r["attempts"]), r["reason"] or linked_note(r.get("meta") or {}))
+                          str(r["attempts"]), r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {}))
         Console().print(table)
+
+
+def not_evaluated_note(row: dict) -> str:
+    """`not evaluated: policy/task: reason` for a score some policy task could not evaluate."""
+    notes = row.get("not_evaluated") or []
+    return f"not evaluated: {'; '.join(notes)}" if notes else ""
 
 
 def linked_note(meta: dict) -> str:
@@ -58,5 +64,5 @@ def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None,
     """Rows from the daemon running on the database's folder (its API), else a read-only open."""
     return through_daemon(db_path,
                           lambda url: api_get(url, "/checkpoints", {"status": status, "repo": repo, "limit": limit}),
-                          lambda store: [r.as_dict() for r in store.list_checkpoints(status=status, repo=repo,
-                                                                                  limit=limit)])
+                          lambda store: store.with_not_evaluated(
+                              [r.as_dict() for r in store.list_checkpoints(status=status, repo=repo, limit=limit)]))

@@ -214,6 +214,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"DISK FULL: {data['disk']['error']}", markup=False)
         if (data.get("database") or {}).get("error"):
             console.print(f"DATABASE INVALIDATED: {data['database']['error']}", markup=False)
+        for line in data.get("scoring_pins") or []:
+            console.print(f"DEGRADED: {line}", markup=False, soft_wrap=True, highlight=False)
+        for n in data.get("not_evaluated") or []:
+            console.print(f"NOT EVALUATED: policy {n['policy']}, task {n['task']}: {n['checkpoints']} "
+                          f"checkpoint(s): {n['reason']}", markup=False, soft_wrap=True, highlight=False)
 
 
 def read_status(state: Path, db_path: Path | None = None) -> dict:
@@ -227,4 +232,5 @@ def read_status(state: Path, db_path: Path | None = None) -> dict:
         return data
 
     return through_daemon(db, ask, lambda store: {"daemon": None, "db": str(db),
-                                                  "checkpoints": store.checkpoint_counts()})
+                                                  "checkpoints": store.checkpoint_counts(),
+                                                  "not_evaluated": store.not_evaluated_summary()})

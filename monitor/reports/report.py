@@ -24,7 +24,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
-from monitor.store.rows import CheckpointRow, ReportScoreRow
+from monitor.store.evaluation_gaps import NOT_EVALUATED
+from monitor.store.rows import CheckpointRow, PredictionRow, ReportScoreRow
 
 SCHEMA = "lstar-report/1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -55,6 +56,18 @@ def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
         except CurveError as exc:
             problems.append(f"task {task.name}: {exc.one_line()}")
     return curves, problems
+
+
+def not_evaluated_problems(predictions: Sequence[PredictionRow], name_of: Callable[[str, str], str]) -> list[str]:
+    """One report problem per (task, reason) of the scores recorded `not_evaluated`, naming them."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for p in predictions:
+        if p.state == NOT_EVALUATED:
+            names = grouped.setdefault((p.task, str(p.detail.get("reason", ""))), [])
+            if name_of(p.repo, p.commit_sha) not in names:
+                names.append(name_of(p.repo, p.commit_sha))
+    return [f"task {task}: {len(names)} checkpoint(s) not evaluated ({', '.join(names)}): {reason}"
+            for (task, reason), names in grouped.items()]
 
 
 def unresolved_problem(task: str, curve_id: str, lineages: Sequence[str], messages: Sequence[str]) -> str:
@@ -133,6 +146,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         return names[(repo, commit)]
 
     predictions = [p for p in store.report_predictions(policy.name) if p.task in curves]
+    problems += not_evaluated_problems(predictions, name_of)
+    predictions = [p for p in predictions if p.state != NOT_EVALUATED]
     tasks, crossings = [], []
     for task in policy.tasks:
         curve = curves.get(task.name)

@@ -25,11 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from monitor import SCORING_SPEC_VERSION
+from monitor import DEFAULT_MAX_CONTEXT, SCORING_SPEC_VERSION
 from monitor.errors import ModelLoadError, SpecError
 from monitor.scoring.host_memory import keep_freed_memory
 
-DEFAULT_MAX_CONTEXT = 2048
 # Logit elements per loss chunk: 2**24 float32 values = 64 MiB, whatever the vocabulary.
 DEFAULT_LOGITS_CHUNK = 1 << 24
 # Vocabulary rows per Token Constraint Bound chunk.

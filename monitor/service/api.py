@@ -1,6 +1,7 @@
 """The daemon's local HTTP API (127.0.0.1 only). The client side is `monitor.service.client`.
 
-    GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]}
+    GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]} (unhealthy, or
+                                degraded: a task the scoring settings can never evaluate)
     GET  /metrics               Prometheus text format
     GET  /status                JSON: checkpoints by status, jobs, policy errors, disk, outages
     GET  /checkpoints?status=S&repo=R&limit=N   rows as `lstar checkpoints --json` prints them
@@ -196,7 +197,8 @@ class _Handler(GuardedHandler):
             limit = query.limit(None)
             with daemon.read_store() as store:
                 rows = store.list_checkpoints(status=query.one("status"), repo=query.one("repo"), limit=limit)
-            self._send(200, _json_bytes([r.as_dict() for r in rows]))
+                listed = store.with_not_evaluated([r.as_dict() for r in rows])
+            self._send(200, _json_bytes(listed))
         elif url.path == "/db/info":
             with daemon.read_store() as store:
                 self._send(200, _json_bytes(store.info()))

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.environment import quiet_hub_progress
-from monitor.errors import LstarError, StoreError
+from monitor.errors import LstarError, PolicyError, StoreError
 from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
                          gate_pending, poll_once)
@@ -179,6 +179,7 @@ class Daemon:
         self.started_at = utcnow()
         self.report_fn = _report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
+        self.pin_problems: list[str] = []             # tasks these scoring settings can never evaluate
 
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -218,6 +219,7 @@ class Daemon:
         self._reclaim_leases()
         self._reload_policies(force=True)
         self._check_policy_problems()
+        self.check_scoring_pins(start=True)
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
                              workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
                              lifetime=cfg.api_connection_lifetime).start()
@@ -565,9 +567,36 @@ class Daemon:
                              circuit_threshold=self.config.hub_circuit_threshold)
         return HubClient(self.config.endpoint, store=store, policy=policy)
 
+    def check_scoring_pins(self, *, start: bool = False) -> None:
+        """Compare the scoring settings with every policy curve's pin (`monitor.curves.pins`): one
+        error line per task that can never be evaluated, and /health degraded while there is one;
+        at start, refuse when no task of any policy can be evaluated."""
+        from monitor.curves.pins import ScoringSetup, pin_problems, unevaluable_policies
+        from monitor.scoring.engine import corpus_selection
+
+        t = self.config.template
+        try:
+            corpus: str | None = corpus_selection(t).sha256
+        except (LstarError, OSError):
+            corpus = None   # scoring reports the corpus itself; the window is still checked
+        policies = self.policies()
+        problems = pin_problems(policies, ScoringSetup(corpus_sha256=corpus, max_context=t.max_context,
+                                                       stride=t.stride, disjoint=t.disjoint))
+        lines = [p.line() for p in problems]
+        if lines != self.pin_problems:
+            for line in lines:
+                log.error("%s", line)
+        self.pin_problems = lines
+        if start and unevaluable_policies(policies, problems):
+            raise PolicyError(f"no task of any policy can be evaluated with these scoring settings "
+                              f"({len(lines)} task(s), each logged above; first: {lines[0]})",
+                              hint="change the lstar run flags named there, or fit curves for these settings")
+
     def job_reload(self) -> dict[str, Any]:
         changed = self._reload_policies()
         self._check_policy_problems()
+        if changed:
+            self.check_scoring_pins()
         return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
 
     def job_poll(self) -> dict[str, Any]:
@@ -721,13 +750,14 @@ class Daemon:
             with self.read_store() as store:
                 counts = store.checkpoint_counts()
                 outages = [o for o in store.hub_outages() if o.ended_at is None]
+                not_evaluated = store.not_evaluated_summary()
         except Exception as exc:
             # While the database is invalidated the rest of the status is what the operator needs.
             if is_database_invalidated(exc):
                 self._database_invalidated("status", f"{type(exc).__name__}: {exc}")
             elif self.db_error is None:
                 raise
-            counts, outages = {}, []
+            counts, outages, not_evaluated = {}, [], []
         with self.jobs_lock:
             jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
         for j in jobs.values():
@@ -746,7 +776,8 @@ class Daemon:
                 "checkpoints": counts,
                 "policies": [{"name": p.name, "path": str(p.path)} for p in self.policies()],
                 "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
-                "jobs": jobs, "stuck": self.stuck_jobs(),
+                "jobs": jobs, "stuck": self.stuck_jobs(), "scoring_pins": list(self.pin_problems),
+                "not_evaluated": not_evaluated,
                 "disk": {"error": self.disk_error, "history": self.disk_history},
                 "database": {"error": self.db_error, "history": self.db_history},
                 "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.as_dict().items()}
@@ -754,9 +785,11 @@ class Daemon:
 
     def health(self) -> tuple[bool, list[str]]:
         """(healthy, reasons): unhealthy while no policy is in force or a receiver's secret is
-        missing, a job is stuck, writes fail for lack of space, or the database is invalidated;
-        in-memory state only, so it answers whatever the disk does."""
+        missing, a job is stuck, writes fail for lack of space, the database is invalidated, or a
+        policy task can never be evaluated with the scoring settings (degraded); in-memory state
+        only, so it answers whatever the disk does."""
         reasons = [*self.policy_problems, *self.stuck_jobs().values()]
+        reasons += [f"degraded: {line}" for line in self.pin_problems]
         db_error = self.db_error
         if db_error is not None:
             reasons.append(f"database invalidated since {db_error['since']} (nothing can be written until it "

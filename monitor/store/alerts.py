@@ -19,8 +19,12 @@ from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, Deliv
 class AlertRows(StoreConnection):
     """Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
 
-    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str) -> list[EvaluationCandidateRow]:
+    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str,
+                              curve_id: str | None = None) -> list[EvaluationCandidateRow]:
         """Score runs on `corpus_sha256` that (policy, task) has not evaluated, oldest first.
+
+        A run recorded `not_evaluated` is handled while the curve is the one it was recorded
+        with (`curve_id`); another curve evaluates it again.
 
         Each row has run_id, repo, commit_sha, lstar, se, corpus_sha256, finished_at, lineage
         (the checkpoint's, else the repo) and rule (the watch rule that found it, if any).
@@ -31,8 +35,9 @@ class AlertRows(StoreConnection):
             "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
             "(r.checkpoint_id IS NULL AND c.repo = r.model_repo AND c.sha = r.model_sha) "
             "WHERE r.corpus_sha256 = ? AND NOT EXISTS (SELECT 1 FROM predictions p WHERE "
-            "p.policy = ? AND p.task = ? AND p.run_id = r.run_id) ORDER BY r.finished_at, r.run_id",
-            [corpus_sha256, policy, task])
+            "p.policy = ? AND p.task = ? AND p.run_id = r.run_id AND (p.state != 'not_evaluated' OR "
+            "p.curve_id IS NOT DISTINCT FROM ?)) ORDER BY r.finished_at, r.run_id",
+            [corpus_sha256, policy, task, curve_id])
         return [EvaluationCandidateRow.from_row(r) for r in rows]
 
     def latest_score(self, repo: str, commit_sha: str, corpus_sha256: str) -> LatestScoreRow | None:
@@ -50,7 +55,7 @@ class AlertRows(StoreConnection):
         over deliveries that were not silenced.
         """
         state = self.query("SELECT state FROM predictions WHERE policy = ? AND task = ? AND lineage = ? "
-                           "ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task, lineage])
+                           "AND state != 'not_evaluated' ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task, lineage])
         firing = self.query("SELECT id, labels, starts_at, state, commit_sha FROM alerts WHERE policy = ? "
                             "AND task = ? AND lineage = ? AND status = 'firing' AND kind != 'meta' "
                             "ORDER BY created_at DESC, id DESC LIMIT 1", [policy, task, lineage])
@@ -99,7 +104,8 @@ class AlertRows(StoreConnection):
 
         Each prediction may carry `alerts` (dicts with the alert columns and `deliveries`).
         A prediction already recorded for (policy, task, run_id), or an alert whose key
-        exists, writes nothing, so evaluating the same score twice sends nothing twice.
+        exists, writes nothing, so evaluating the same score twice sends nothing twice; a
+        `not_evaluated` record is replaced by the new evaluation.
         `before_commit(conn)` runs last inside the transaction (crash tests kill there).
         """
         counts = {"predictions": 0, "alerts": 0, "deliveries": 0}
@@ -107,6 +113,8 @@ class AlertRows(StoreConnection):
             for p in predictions:
                 values = [json.dumps(p[c], sort_keys=True, default=str) if c == "detail" else p[c]
                           for c in self._PREDICTION_COLUMNS]
+                conn.execute("DELETE FROM predictions WHERE policy = ? AND task = ? AND run_id = ? AND "
+                             "state = 'not_evaluated'", [p["policy"], p["task"], p["run_id"]])
                 row = conn.execute(
                     f"INSERT INTO predictions ({', '.join(self._PREDICTION_COLUMNS)}) VALUES "
                     f"({', '.join('?' for _ in self._PREDICTION_COLUMNS)}) "

@@ -583,3 +583,31 @@ class AlertDetailRow(AlertRow):
     deliveries: list[DeliveryRow]
     notifications: list[NotificationAttemptsRow]
     prediction: PredictionRow | None
+
+
+# -- scores that could not be evaluated ---------------------------------------------------------
+@dataclass(frozen=True)
+class NotEvaluatedRow(Row):
+    """A (score run, policy, task) recorded `not_evaluated`, with the reason (`predictions`)."""
+
+    policy: str
+    task: str
+    run_id: str
+    repo: str
+    commit_sha: str
+    lineage: str
+    curve_id: str | None
+    reason: str
+    evaluated_at: datetime
+
+
+@dataclass(frozen=True)
+class EvaluationGapRow(Row):
+    """A stretch of time in which a policy's scores could not be evaluated (`evaluation_gaps`)."""
+
+    id: int
+    policy: str
+    reason: str
+    started_at: datetime
+    ended_at: datetime | None
+    alerted_at: datetime | None
