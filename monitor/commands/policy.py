@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from monitor.commands.options import float_option
@@ -43,6 +44,17 @@ def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: 
         tasks.append({**prediction.as_dict(), "receivers": receivers})
     return {"policy": policy.name, "file": str(path), "lstar": lstar, "se": se, "tasks": tasks,
             "sent": False}
+
+
+def caveats(decision: dict[str, Any]) -> list[str]:
+    """What weakens a decision, in words: an L* outside the curve's data (the curve is
+    extrapolated), a threshold a curve warning leaves unresolved."""
+    out = []
+    if decision.get("extrapolated"):
+        out.append("extrapolated")
+    if not decision.get("threshold_resolved", True):
+        out.append("threshold unresolved")
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -88,12 +100,14 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(title=f"policy {result['policy']}: L* = {lstar:.4f} ± {se:.4f} (nothing sent)",
                       title_justify="left")
-        for col in ("task", "P̂", "interval", "threshold", "state", "would notify"):
+        for col in ("task", "P̂", "interval", "threshold", "state", "caveats", "would notify"):
             table.add_column(col)
         for t in result["tasks"]:
             lo, hi = t["interval"]
-            table.add_row(t["task"], f"{t['p_hat']:.3f}", f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}",
-                          f"{t['threshold']:.3f}", t["state"], ", ".join(t["receivers"]) or "—")
+            table.add_row(escape(t["task"]), f"{t['p_hat']:.3f}",
+                          escape(f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}"),
+                          f"{t['threshold']:.3f}", t["state"], "\n".join(caveats(t)) or "—",
+                          escape(", ".join(t["receivers"])) or "—")
         Console().print(table)
 
     app.add_typer(policy, name="policy")
