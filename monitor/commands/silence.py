@@ -7,6 +7,7 @@ daemon validates and writes with the same code), so the output is the same eithe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
-        """Add a silence; prints its id."""
+        """Add a silence; prints its id, and how many alerts in force it matches."""
         from monitor.alerts import current_user
 
         db_path = db_file(state, db)
@@ -52,8 +53,11 @@ def register(app: typer.Typer) -> None:
             read_only=False)
         if as_json:
             print(json.dumps(row, indent=2, default=str))
-        else:
-            print(row["id"])
+            return
+        print(row["id"])  # alone on stdout, for scripts that keep the id
+        count = row.get("matches_current")
+        if count is not None:
+            print(f"matches {count} current alert{'' if count == 1 else 's'}", file=sys.stderr)
 
     @silence.command("list")
     def list_(
