@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from monitor.policy import Matcher, matches_all
 # The closed sets of label values live beside the matchers, which routes and silences check against them.
-from monitor.policy.vocabulary import GAMING_ALERTNAME, META_ALERTNAME, STATES, TASK_ALERTNAME
+from monitor.policy.vocabulary import GAMING_ALERTNAME, META_ALERTNAME, STATES, TASK_ALERTNAME  # noqa: F401 - re-exported
 
 FIRING_STATES = frozenset({"at_risk", "emerged", "flagged"})
 Decision = Literal["fire", "repeat", "resolve", "none"]

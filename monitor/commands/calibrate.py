@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from monitor.commands.terminal import plain_console
 from monitor.errors import CampaignError
 
 STAGES = {"score": "scoring", "eval": "evaluating", "import": "importing results", "fit": "fitting curves"}
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
                 progress.stop()
         if as_json:
             print(json.dumps(_summary(result), indent=2))
-        out = Console()
+        out = plain_console()
         if result.failures:
             if not as_json:
                 for f in result.failures:

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from monitor.commands.options import float_option
+from monitor.commands.terminal import plain_console
 from monitor.errors import PolicyError
 from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
 
@@ -136,11 +135,10 @@ def register(app: typer.Typer) -> None:
             table.add_column(col)
         for t in result["tasks"]:
             lo, hi = t["interval"]
-            table.add_row(escape(t["task"]), f"{t['p_hat']:.3f}",
-                          escape(f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}"),
+            table.add_row(t["task"], f"{t['p_hat']:.3f}", f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}",
                           f"{t['threshold']:.3f}", t["state"], "\n".join(caveats(t)) or "—",
-                          escape(", ".join(t["receivers"])) or "—")
-        Console().print(table)
+                          ", ".join(t["receivers"]) or "—")
+        plain_console().print(table)
 
     routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 

@@ -12,9 +12,11 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
+from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import PolicyError
 from monitor.policy import load_policies, policy_files_in
@@ -71,18 +73,18 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
 
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
-    """Render a report's data as rich tables."""
+    """Render a report's data as rich tables (on a `plain_console`: values are not markup)."""
     s = data["summary"]
-    console.print(f"[bold]Governance report: {data['policy']}[/bold]  "
-                  f"{fmt(data['period']['start'])} → {fmt(data['period']['end'])}")
+    console.print(Text.assemble((f"Governance report: {data['policy']}", "bold"),
+                                f"  {fmt(data['period']['start'])} → {fmt(data['period']['end'])}"))
     console.print(f"new checkpoints {s['new_checkpoints']} · new scores {s['new_scores']} · lineages "
                   f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
     for problem in data["problems"]:
-        console.print(f"[red]problem:[/red] {problem}")
+        console.print(Text.assemble(("problem:", "red"), f" {problem}"))
     # Seven columns of numbers leave little room at 80 columns: the lineage, its checkpoint and
-    # whether it is new this period share one column (wrapped whole); no outer border.
+    # whether it is new this period share one column (each name whole on its line); no outer border.
     table = Table(title="L* by family", show_edge=False, pad_edge=False)
-    id_column(table, "lineage / checkpoint")
+    name_column(table, "lineage / checkpoint")
     for col in ("L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin"):
         table.add_column(col, justify="right", no_wrap=col != "TCB median")
     for r in data["lstar_table"]:
@@ -90,18 +92,18 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
         table.add_row(f"{r['lineage']}\n{ref_name(r)}{' (new)' if r['new'] else ''}", fmt(r["lstar"]),
                       fmt(r["se"]), fmt(r["ce"]), fmt(r["ce_unigram"]), fmt(st.get("median")),
                       fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
-    console.print(table)
+    print_table(console, table)
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
-        id_column(tt, "lineage")
+        name_column(tt, "lineage")
         for col in ("state", "L*", "P̂", "interval", "threshold"):
             tt.add_column(col)
         for x in t["lineages"]:
             colour = STATE_COLOURS.get(x["state"], "")
-            tt.add_row(x["lineage"], f"[{colour}]{x['state']}[/{colour}]" if colour else x["state"],
+            tt.add_row(x["lineage"], Text(x["state"], style=colour or ""),
                        fmt(x["lstar"]), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
-        console.print(tt)
+        print_table(console, tt)
     if data["crossings"]:
         ct = Table(title="crossings")
         for col in ("task", "lineage", "checkpoint"):
@@ -134,7 +136,7 @@ def register(app: typer.Typer) -> None:
                                        soft_wrap=True)
             policy = [chosen]
         reports = read_reports(db_path, expand_policy_paths(policy))
-        console = Console()
+        console = plain_console()  # values (problems, intervals, names) printed as they are
         for data in reports:
             if html is not None:
                 figures = render_plots(data)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option)
+from monitor.commands.terminal import plain_console, print_table
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
@@ -78,10 +79,10 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
         print(json.dumps([r.as_dict() for r in results], indent=2, default=str))
         return
     table = Table(title=f"scored the queue ({len(results)} job(s))", title_justify="left")
-    add_columns(table, ("id", "repo", "sha", "attempt", "status", "reason"), ids=("repo", "sha"))
+    add_columns(table, ("id", "repo", "sha", "attempt", "status", "reason"), names=("repo", "sha"))
     for r in results:
         table.add_row(str(r.id), r.repo, r.sha[:12], str(r.attempt), r.status, r.reason or "")
-    Console().print(table)
+    print_table(plain_console(), table)
 
 
 def register(app: typer.Typer) -> None:
@@ -142,6 +143,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result, indent=2, sort_keys=True, default=str))
         else:
-            render_result(result, Console())
+            render_result(result, plain_console())
             if not no_db:
                 Console(stderr=True).print(f"recorded run {result['run_id']} in {db}", soft_wrap=True, markup=False)

@@ -12,10 +12,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
 
@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
                           r["created_by"], r["comment"])
-        Console().print(table)
+        plain_console().print(table)
 
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
