@@ -18,10 +18,11 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.errors import PolicyError
+from monitor.errors import LstarError, PolicyError
 from monitor.policy import load_policies, policy_files_in
 from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
                              to_json, to_markdown)
+from monitor.reports.report import write_report
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
@@ -116,6 +117,16 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
         console.print(ct)
 
 
+def write_report_folder(data: dict[str, Any], folder: Path) -> Path:
+    """Write the report into `folder` (`write_report`), which must be new or empty: a folder
+    holding anything else is refused, never replaced. Returns the path of report.md."""
+    if folder.is_symlink() or folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise LstarError(f"--out {folder}: exists and is not an empty folder",
+                          hint="give a new folder (the report is written as report.md, report.html, "
+                               "report.json and its plots)")
+    return write_report(data, folder)["markdown"]
+
+
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
@@ -127,6 +138,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
+        out: Path = typer.Option(None, "--out", help="Write the report folder here (report.md beside its "
+                                 "plots, report.html, report.json): a new or empty folder."),
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
         db_path = db_file(state, db)
@@ -144,9 +157,14 @@ def register(app: typer.Typer) -> None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(to_html(data, figures), encoding="utf-8")
                 console.print(f"wrote {target}", soft_wrap=True, markup=False)
+            folder = None
+            if out is not None:
+                folder = out if len(reports) == 1 else out / data["policy"]
+                written = write_report_folder(data, folder)
+                console.print(f"wrote {written}", soft_wrap=True, markup=False)
             if as_json:
                 print(to_json(data), end="")
-            elif markdown:
-                print(to_markdown(data), end="")
-            elif html is None:
+            elif markdown:  # with --out, the plots are linked where they were written
+                print(to_markdown(data, image_prefix=f"{folder}/" if folder is not None else ""), end="")
+            elif html is None and out is None:
                 print_rich(data, console)

@@ -14,6 +14,7 @@ from rich.table import Table
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option)
 from monitor.commands.terminal import plain_console, print_table
+from monitor.environment import quiet_hub_progress
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
@@ -110,7 +111,7 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
@@ -121,6 +122,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
         db = db_file(state, db)
+        if quiet or as_json:  # the Hub client's download bars too, not only ours
+            quiet_hub_progress()
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")
