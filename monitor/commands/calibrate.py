@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         campaign = load_campaign(campaign_file, output=output)
         # Started at the first event, so an error found before any work prints only its line.
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                            TextColumn("{task.fields[what]}", markup=False), TimeElapsedColumn(), console=Console(stderr=True),
                             disable=not show)
         bars: dict[str, Any] = {}
 
