@@ -17,15 +17,11 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from monitor.policy import Matcher, matches_all
+# The closed sets of label values live beside the matchers, which routes and silences check against them.
+from monitor.policy.vocabulary import GAMING_ALERTNAME, META_ALERTNAME, STATES, TASK_ALERTNAME  # noqa: F401 - re-exported
 
-# `flagged` is the firing state of the calibration-gaming rule.
-STATES: tuple[str, ...] = ("clear", "at_risk", "emerged", "flagged")
 FIRING_STATES = frozenset({"at_risk", "emerged", "flagged"})
 Decision = Literal["fire", "repeat", "resolve", "none"]
-
-TASK_ALERTNAME = "LstarTaskEmergence"
-GAMING_ALERTNAME = "LstarCalibrationGaming"
-META_ALERTNAME = "LstarDeliveryFailed"
 SEVERITY = {"at_risk": "warning", "emerged": "critical", "flagged": "warning"}
 
 
@@ -117,6 +113,8 @@ class RouteTarget:
     group_wait: timedelta
     group_interval: timedelta
     repeat_interval: timedelta
+    # The node that handles the alert, as a key path of the policy file (`route.routes[0]`).
+    path: str = "route"
 
 
 def route_alert(root: Any, labels: Mapping[str, str]) -> list[RouteTarget]:
@@ -138,17 +136,19 @@ def route_alert(root: Any, labels: Mapping[str, str]) -> list[RouteTarget]:
     return out
 
 
-def _walk(node: Any, labels: Mapping[str, str], parent: RouteTarget, out: list[RouteTarget]) -> None:
+def _walk(node: Any, labels: Mapping[str, str], parent: RouteTarget, out: list[RouteTarget],
+          path: str = "route") -> None:
     here = RouteTarget(
         node.receiver or parent.receiver,
         tuple(node.group_by) if node.group_by is not None else parent.group_by,
         node.group_wait if node.group_wait is not None else parent.group_wait,
         node.group_interval if node.group_interval is not None else parent.group_interval,
-        node.repeat_interval if node.repeat_interval is not None else parent.repeat_interval)
+        node.repeat_interval if node.repeat_interval is not None else parent.repeat_interval,
+        path)
     taken = False
-    for child in node.routes:
+    for i, child in enumerate(node.routes):
         if matches_all(child.matchers, labels):
-            _walk(child, labels, here, out)
+            _walk(child, labels, here, out, f"{path}.routes[{i}]")
             taken = True
             if not child.continue_:
                 break

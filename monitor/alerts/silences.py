@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from monitor.errors import PolicyError
-from monitor.policy import parse_duration, parse_matcher
+from monitor.policy import Matcher, matches_all, parse_duration, parse_matcher
+from monitor.policy.vocabulary import SILENCED_VALUES, never_matches
 from monitor.store import Store
 
 
@@ -54,6 +55,10 @@ def add_silence(store: Store, matchers: Sequence[str], *, until: datetime, comme
             parsed.append(parse_matcher(text))
         except ValueError as exc:
             raise PolicyError(f"--match {text!r}: {exc}") from None
+    for text, matcher in zip(matchers, parsed):
+        dead = never_matches(matcher, SILENCED_VALUES)
+        if dead is not None:
+            raise PolicyError(f"--match {text!r}: {dead}")
     if all(m.matches({}) for m in parsed):
         # As in Alertmanager: matchers that all match an empty label set silence everything.
         raise PolicyError("these matchers would silence every alert",
@@ -67,7 +72,13 @@ def add_silence(store: Store, matchers: Sequence[str], *, until: datetime, comme
            "ends_at": until, "comment": comment.strip(),
            "created_by": created_by or current_user(), "created_at": now, "expired_at": None}
     store.add_silence(row)
-    return row
+    # Said at once, so a silence that catches nothing (or everything) is noticed now.
+    return {**row, "matches_current": count_matching(store, parsed)}
+
+
+def count_matching(store: Store, matchers: Sequence[Matcher]) -> int:
+    """How many alerts in force (`Store.current_alert_labels`) every matcher matches."""
+    return sum(1 for labels in store.current_alert_labels() if matches_all(matchers, labels))
 
 
 def current_user() -> str:

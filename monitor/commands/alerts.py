@@ -13,13 +13,14 @@ from typing import Any
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, add_columns, db_file, id_column,
                                       int_argument, int_option)
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
+from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
 from monitor.policy import load_policies, load_policy
@@ -77,7 +78,7 @@ def register(app: typer.Typer) -> None:
         table.add_column("id", justify="right", no_wrap=True)
         table.add_column("created")
         id_column(table, "policy / task")
-        id_column(table, "repo@commit", ratio=2)
+        name_column(table, "repo@commit")
         table.add_column("state / status", min_width=7)
         id_column(table, "deliveries")
         for r in rows:
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"),
                           f"{r['policy']}\n{r['task'] or r['kind']}", where, f"{r['state']}\n{r['status']}",
                           deliveries)
-        Console().print(table)
+        print_table(plain_console(), table)
 
     @alerts.command("show")
     def show(
@@ -105,9 +106,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(detail, indent=2, default=str))
             return
-        console = Console()
-        console.print(f"[bold]alert {detail['id']}[/bold] {detail['status']} ({detail['kind']}) "
-                      f"key {detail['alert_key']}")
+        console = plain_console()
+        console.print(Text.assemble((f"alert {detail['id']}", "bold"),
+                                    f" {detail['status']} ({detail['kind']}) key {detail['alert_key']}"))
         console.print(f"  {detail['annotations'].get('summary', '')}")
         console.print(f"  {detail['annotations'].get('description', '')}")
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from monitor.commands.terminal import plain_console
+from monitor.environment import quiet_hub_progress
 from monitor.errors import CampaignError
 
 STAGES = {"score": "scoring", "eval": "evaluating", "import": "importing results", "fit": "fitting curves"}
@@ -39,7 +41,7 @@ def register(app: typer.Typer) -> None:
     def calibrate(
         campaign_file: Path = typer.Argument(..., help="Campaign file (YAML): checkpoints, tasks, corpus, fit."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
         output: Path | None = typer.Option(None, "--output", help="Write to this folder instead of the "
                                            "file's `output` (which must stay inside the file's folder)."),
     ) -> None:
@@ -49,11 +51,13 @@ def register(app: typer.Typer) -> None:
         from monitor.calibrate import load_campaign, run_campaign
         from monitor.curves import curve_warnings
 
-        campaign = load_campaign(campaign_file, output=output)
         show = not (quiet or as_json)
+        if not show:  # the Hub client's download bars too, not only ours
+            quiet_hub_progress()
+        campaign = load_campaign(campaign_file, output=output)
         # Started at the first event, so an error found before any work prints only its line.
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[what]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                            TextColumn("{task.fields[what]}", markup=False), TimeElapsedColumn(), console=Console(stderr=True),
                             disable=not show)
         bars: dict[str, Any] = {}
 
@@ -71,7 +75,7 @@ def register(app: typer.Typer) -> None:
                 progress.stop()
         if as_json:
             print(json.dumps(_summary(result), indent=2))
-        out = Console()
+        out = plain_console()
         if result.failures:
             if not as_json:
                 for f in result.failures:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, add_columns, db_file, int_option
+from monitor.commands.terminal import plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
 
@@ -38,11 +38,11 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(title=f"{len(rows)} checkpoint(s)", title_justify="left")
         add_columns(table, ("id", "repo", "sha", "refs", "status", "attempts", "reason"),
-                    ids=("repo", "sha", "refs"), right=("id", "attempts"))
+                    names=("repo", "sha"), ids=("refs",), right=("id", "attempts"))
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
                           str(r["attempts"]), r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {}))
-        Console().print(table)
+        print_table(plain_console(), table)
 
 
 def not_evaluated_note(row: dict) -> str:

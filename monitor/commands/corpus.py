@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from monitor.commands.terminal import plain_console
 from monitor.scoring import Corpus, build_corpus, load_corpus
 
 
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
                           ", ".join(entry["sources"]))
         table.add_section()
         table.add_row("total", f"{data['documents']:,}", f"{data['bytes']:,}", "")
-        Console().print(table)
+        plain_console().print(table)
 
     @corpus_app.command("verify")
     def verify(path: Path = typer.Argument(..., help="Corpus folder.")) -> None:

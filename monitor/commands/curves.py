@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, db_file, float_option,
                                       int_option)
+from monitor.commands.terminal import plain_console
 from monitor.errors import CurveError, LabelError
 from monitor.store import Store
 
@@ -177,7 +179,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps({**curve_summary(curve), "path": str(out)}, indent=2))
             return
-        console = Console()
+        console = plain_console()
         print_summary(curve, console)
         console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
@@ -197,7 +199,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(curve_summary(curve), indent=2))
             return
-        console = Console()
+        console = plain_console()
         print_summary(curve, console)
         _warn(curve)
         if png is not None:
@@ -234,7 +236,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result.as_dict(), indent=2))
             return
-        console = Console()
+        console = plain_console()
         console.print(result.rich_table())
         for key, reason in result.skipped.items():
             console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
@@ -274,9 +276,10 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result.as_dict(), indent=2))
             return
-        Console().print(f"{curve.task} ({curve.metric}): P̂ = {result.p_hat:.4f} "
-                        f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → "
-                        f"[bold]{result.state}[/bold] (threshold {result.level:g})"
-                        + (" · extrapolated beyond the fitted range" if result.extrapolated else ""))
+        plain_console().print(Text.assemble(
+            f"{curve.task} ({curve.metric}): P̂ = {result.p_hat:.4f} "
+            f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → ", (result.state, "bold"),
+            f" (threshold {result.level:g})"
+            + (" · extrapolated beyond the fitted range" if result.extrapolated else "")))
 
     app.add_typer(curves, name="curves")

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
 from monitor.store import Store
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         db_path = db_file(state, db)
         with Store.open(db_path, migrate=False) as store:
             done = store.migrate()
-        Console().print(f"applied {len(done)} migration(s)" + (f": {', '.join(done)}" if done else ""))
+        plain_console().print(f"applied {len(done)} migration(s)" + (f": {', '.join(done)}" if done else ""))
 
     @db.command("info")
     def info(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
@@ -41,6 +41,6 @@ def register(app: typer.Typer) -> None:
         table.add_column("rows", justify="right")
         for name, count in data["tables"].items():
             table.add_row(name, f"{count:,}")
-        Console().print(table)
+        plain_console().print(table)
 
     app.add_typer(db, name="db")

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.text import Text
 
+from monitor.commands.terminal import plain_console
 from monitor.demo import run_demo
 
 
@@ -60,9 +61,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
     ) -> None:
         """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed."""
-        console = Console(stderr=True)
+        console = plain_console(stderr=True)
         summary = run_demo(workdir, shared_dir=shared,
-                           log=lambda line: console.print(f"[dim]demo:[/dim] {line}", soft_wrap=True))
+                           log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"), soft_wrap=True))
         if as_json:
             print(json.dumps(summary, indent=2, default=str))
         else:

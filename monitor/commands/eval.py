@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
                                       int_option)
+from monitor.commands.terminal import plain_console
 from monitor.store import Store
 
 
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         for name in MC_METRICS:
             value, stderr = result.metrics[name]
             table.add_row(name, f"{value:.4f}", f"{stderr:.4f}", f"{result.baselines[name]:.4f}")
-        console = Console()
+        console = plain_console()
         console.print(table)
         console.print(f"{evaluation.wall_s:.1f} s on {evaluation.device} ({evaluation.dtype})"
                       + ("" if no_store else f" · stored {stored} labels as run {run_id} in {db_path}"))

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import MAX_SEED, id_column, int_option
+from monitor.commands.terminal import plain_console
 from monitor.errors import LabError
 from monitor.lab.records import LAB_FILE
 
@@ -63,7 +63,7 @@ def _print_summary(record: Any) -> None:
     for r in lab_summary(record):
         table.add_row(r["lineage"], str(r["step"]), f"{r['bytes']:,}", fmt(r["lstar"]), fmt(r["ce"]),
                       fmt(r["bpb"]), fmt(r["add_acc"]), fmt(r["add_em"]), fmt(r["cloze_acc"]))
-    Console().print(table)
+    plain_console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -70,11 +70,16 @@ def show_flags_as_flags() -> None:
 
 
 def add_columns(table: Any, headers: Sequence[str], *, ids: Collection[str] = (),
-                right: Collection[str] = ()) -> None:
-    """Add `headers` in order: those in `ids` as identifier columns (`id_column`), those in
-    `right` right-justified, the rest left-justified."""
+                right: Collection[str] = (), names: Collection[str] = ()) -> None:
+    """Add `headers` in order: those in `names` as model-name columns
+    (`monitor.commands.terminal.name_column`), those in `ids` as identifier columns
+    (`id_column`), those in `right` right-justified, the rest left-justified."""
+    from monitor.commands.terminal import name_column
+
     for header in headers:
-        if header in ids:
+        if header in names:
+            name_column(table, header)
+        elif header in ids:
             id_column(table, header)
         else:
             table.add_column(header, justify="right" if header in right else "left")

@@ -1,19 +1,21 @@
-"""`lstar policy check|test`: validate policy files; show what a score would trigger."""
+"""`lstar policy check|test|routes test`: validate policy files; show what a score would trigger
+and where an alert with given labels would go."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import float_option
+from monitor.commands.terminal import plain_console
 from monitor.errors import PolicyError
-from monitor.policy import check_policy_files, load_policy, policy_files_in
+from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
 
 
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
@@ -43,6 +45,47 @@ def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: 
         tasks.append({**prediction.as_dict(), "receivers": receivers})
     return {"policy": policy.name, "file": str(path), "lstar": lstar, "se": se, "tasks": tasks,
             "sent": False}
+
+
+_LABEL_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+def route_test(path: Path, labels: list[str]) -> dict[str, Any]:
+    """The receivers (and the route nodes) an alert with `labels` reaches in the policy's
+    routing tree, walked by the daemon's own routing code."""
+    from monitor.alerts import route_alert
+    from monitor.policy.vocabulary import ROUTED_VALUES
+
+    given: dict[str, str] = {}
+    for text in labels:
+        match = _LABEL_RE.match(text)
+        if match is None:
+            raise PolicyError(f"label {text!r} is not NAME=VALUE", hint="e.g. state=at_risk task=arith")
+        name, value = match.groups()
+        if name in given:
+            raise PolicyError(f"label {name!r} is given twice")
+        closed = ROUTED_VALUES.get(name)
+        if closed is not None and value not in closed:
+            raise PolicyError(f"label {text!r}: no alert carries it; {name} is one of {', '.join(closed)}")
+        given[name] = value
+    policy = load_policy(path, check_curves=False)  # routing needs no curve
+    targets = route_alert(policy.route, given)
+    return {"policy": policy.name, "file": str(path), "labels": given,
+            "receivers": [{"receiver": t.receiver, "route": t.path, "group_by": list(t.group_by),
+                           "group_wait": format_duration(t.group_wait),
+                           "group_interval": format_duration(t.group_interval),
+                           "repeat_interval": format_duration(t.repeat_interval)} for t in targets]}
+
+
+def caveats(decision: dict[str, Any]) -> list[str]:
+    """What weakens a decision, in words: an L* outside the curve's data (the curve is
+    extrapolated), a threshold a curve warning leaves unresolved."""
+    out = []
+    if decision.get("extrapolated"):
+        out.append("extrapolated")
+    if not decision.get("threshold_resolved", True):
+        out.append("threshold unresolved")
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -94,12 +137,39 @@ def register(app: typer.Typer) -> None:
             return
         table = Table(title=f"policy {result['policy']}: L* = {lstar:.4f} ± {se:.4f} (nothing sent)",
                       title_justify="left")
-        for col in ("task", "P̂", "interval", "threshold", "state", "would notify"):
+        for col in ("task", "P̂", "interval", "threshold", "state", "caveats", "would notify"):
             table.add_column(col)
         for t in result["tasks"]:
             lo, hi = t["interval"]
             table.add_row(t["task"], f"{t['p_hat']:.3f}", f"[{lo:.3f}, {hi:.3f}] @ {t['confidence']:.0%}",
-                          f"{t['threshold']:.3f}", t["state"], ", ".join(t["receivers"]) or "—")
-        Console().print(table)
+                          f"{t['threshold']:.3f}", t["state"], "\n".join(caveats(t)) or "—",
+                          ", ".join(t["receivers"]) or "—")
+        plain_console().print(table)
 
+    routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
+
+    @routes.command("test")
+    def routes_test(
+        file: Path = typer.Argument(..., help="Policy file."),
+        labels: list[str] = typer.Argument(None, help="The alert's labels, NAME=VALUE each "
+                                                      "(a label not given matches as empty)."),
+        verify: str = typer.Option(None, "--verify-receivers",
+                                   help="Comma-separated receivers expected; exit 2 when they differ."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Print the receivers an alert with these labels reaches, and the route that takes it
+        to each (as Alertmanager's `amtool config routes test`). Nothing is sent."""
+        result = route_test(file, list(labels or []))
+        if as_json:
+            print(json.dumps(result, indent=2))
+        else:
+            for target in result["receivers"]:
+                print(f"{target['receiver']}  ({target['route']})")
+        got = [t["receiver"] for t in result["receivers"]]
+        if verify is not None:
+            wanted = [name.strip() for name in verify.split(",") if name.strip()]
+            if got != wanted:
+                raise PolicyError(f"{file}: the labels reach {', '.join(got)}, not {', '.join(wanted)}")
+
+    policy.add_typer(routes, name="routes")
     app.add_typer(policy, name="policy")

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.terminal import plain_console
 from monitor.errors import HubError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
 from monitor.policy import load_policy
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(report, indent=2, default=str))
         else:
-            _render(report, Console())
+            _render(report, plain_console())
         failed = [f"{r['rule']}: {r['error']}" for r in report["rules"] if r["error"]]
         failed += [f"gate of {g['repo']}@{g['sha'][:12]}: {g['reason']}"
                    for g in report["gate"] if g["status"] == "discovered"]

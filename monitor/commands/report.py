@@ -12,14 +12,17 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
+from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.errors import PolicyError
+from monitor.errors import LstarError, PolicyError
 from monitor.policy import load_policies, policy_files_in
 from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
                              to_json, to_markdown)
+from monitor.reports.report import write_report
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
@@ -71,18 +74,18 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
 
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
-    """Render a report's data as rich tables."""
+    """Render a report's data as rich tables (on a `plain_console`: values are not markup)."""
     s = data["summary"]
-    console.print(f"[bold]Governance report: {data['policy']}[/bold]  "
-                  f"{fmt(data['period']['start'])} → {fmt(data['period']['end'])}")
+    console.print(Text.assemble((f"Governance report: {data['policy']}", "bold"),
+                                f"  {fmt(data['period']['start'])} → {fmt(data['period']['end'])}"))
     console.print(f"new checkpoints {s['new_checkpoints']} · new scores {s['new_scores']} · lineages "
                   f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
     for problem in data["problems"]:
-        console.print(f"[red]problem:[/red] {problem}")
+        console.print(Text.assemble(("problem:", "red"), f" {problem}"))
     # Seven columns of numbers leave little room at 80 columns: the lineage, its checkpoint and
-    # whether it is new this period share one column (wrapped whole); no outer border.
+    # whether it is new this period share one column (each name whole on its line); no outer border.
     table = Table(title="L* by family", show_edge=False, pad_edge=False)
-    id_column(table, "lineage / checkpoint")
+    name_column(table, "lineage / checkpoint")
     for col in ("L*", "SE", "CE", "CE_uni", "TCB median", "V_eff", "margin"):
         table.add_column(col, justify="right", no_wrap=col != "TCB median")
     for r in data["lstar_table"]:
@@ -90,18 +93,18 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
         table.add_row(f"{r['lineage']}\n{ref_name(r)}{' (new)' if r['new'] else ''}", fmt(r["lstar"]),
                       fmt(r["se"]), fmt(r["ce"]), fmt(r["ce_unigram"]), fmt(st.get("median")),
                       fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
-    console.print(table)
+    print_table(console, table)
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
-        id_column(tt, "lineage")
+        name_column(tt, "lineage")
         for col in ("state", "L*", "P̂", "interval", "threshold"):
             tt.add_column(col)
         for x in t["lineages"]:
             colour = STATE_COLOURS.get(x["state"], "")
-            tt.add_row(x["lineage"], f"[{colour}]{x['state']}[/{colour}]" if colour else x["state"],
+            tt.add_row(x["lineage"], Text(x["state"], style=colour or ""),
                        fmt(x["lstar"]), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
-        console.print(tt)
+        print_table(console, tt)
     if data["crossings"]:
         ct = Table(title="crossings")
         for col in ("task", "lineage", "checkpoint"):
@@ -112,6 +115,16 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
             ct.add_row(c["task"], c["lineage"], ref_name(c), c["from"] or "new", c["to"],
                        fmt(c["lstar"]))
         console.print(ct)
+
+
+def write_report_folder(data: dict[str, Any], folder: Path) -> Path:
+    """Write the report into `folder` (`write_report`), which must be new or empty: a folder
+    holding anything else is refused, never replaced. Returns the path of report.md."""
+    if folder.is_symlink() or folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise LstarError(f"--out {folder}: exists and is not an empty folder",
+                          hint="give a new folder (the report is written as report.md, report.html, "
+                               "report.json and its plots)")
+    return write_report(data, folder)["markdown"]
 
 
 def register(app: typer.Typer) -> None:
@@ -125,6 +138,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
+        out: Path = typer.Option(None, "--out", help="Write the report folder here (report.md beside its "
+                                 "plots, report.html, report.json): a new or empty folder."),
     ) -> None:
         """The governance summary of each policy since its last report (or its report window)."""
         db_path = db_file(state, db)
@@ -134,7 +149,7 @@ def register(app: typer.Typer) -> None:
                                        soft_wrap=True)
             policy = [chosen]
         reports = read_reports(db_path, expand_policy_paths(policy))
-        console = Console()
+        console = plain_console()  # values (problems, intervals, names) printed as they are
         for data in reports:
             if html is not None:
                 figures = render_plots(data)
@@ -142,9 +157,14 @@ def register(app: typer.Typer) -> None:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(to_html(data, figures), encoding="utf-8")
                 console.print(f"wrote {target}", soft_wrap=True, markup=False)
+            folder = None
+            if out is not None:
+                folder = out if len(reports) == 1 else out / data["policy"]
+                written = write_report_folder(data, folder)
+                console.print(f"wrote {written}", soft_wrap=True, markup=False)
             if as_json:
                 print(to_json(data), end="")
-            elif markdown:
-                print(to_markdown(data), end="")
-            elif html is None:
+            elif markdown:  # with --out, the plots are linked where they were written
+                print(to_markdown(data, image_prefix=f"{folder}/" if folder is not None else ""), end="")
+            elif html is None and out is None:
                 print_rich(data, console)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, MAX_RESAMPLES, STATE_OPTION, db_file, device_option,
                                       int_option, seconds, size_bytes)
+from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
@@ -188,7 +188,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(data, indent=2, default=str))
             return
-        console = Console()
+        console = plain_console()
         if data["daemon"] is None:
             console.print(f"no daemon running on {db_file(state, db).parent}; read {data['db']} read-only",
                           soft_wrap=True, markup=False, highlight=False)

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, id_column, int_option
+from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get, revive_times
 from monitor.service.listings import list_score_runs
@@ -30,25 +31,26 @@ def corpus_label(row: dict[str, Any]) -> str:
 
 
 def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
-    """The runs as one table that fits 80 columns: numbers keep their width, the model (repo,
-    then revision @ sha, then the run it was linked to when its weights were scored before)
-    and the corpus wrap whole instead of being cut."""
+    """The runs as one table that fits 80 columns for repo ids up to about 30 characters: the
+    model (repo, then revision @ sha, then the run id and the run it was linked to when its
+    weights were scored before) is never broken inside a name, L* and its SE share a column,
+    the corpus wraps whole. Longer repo ids widen the table rather than break."""
     table = Table(title=f"{len(rows)} score run(s), newest first", title_justify="left")
-    table.add_column("run", no_wrap=True)
-    id_column(table, "model", ratio=2)  # repo, then revision @ sha
-    id_column(table, "corpus", ratio=1)
-    for col in ("L*", "SE", "tokens/s"):
-        table.add_column(col, justify="right", no_wrap=True)
+    name_column(table, "model")  # repo, then revision @ sha, then the run
+    id_column(table, "corpus")
+    table.add_column("L* ± SE", justify="right", no_wrap=True)
+    table.add_column("tokens/s", justify="right", no_wrap=True)
     table.add_column("finished", no_wrap=True)
     for r in rows:
         finished = r["finished_at"]
         when = finished.strftime("%Y-%m-%d\n%H:%M:%S") if hasattr(finished, "strftime") else str(finished)
         at = f"{r['revision']} @ {str(r['model_sha'])[:12]}" if r.get("revision") else str(r["model_sha"])[:12]
+        at += f"\nrun {str(r['run_id'])[:8]}"
         if r.get("linked_from_run_id"):  # same weights as an earlier run: its numbers, no forward pass
             at += f"\nlinked to run {str(r['linked_from_run_id'])[:8]}"
-        table.add_row(str(r["run_id"])[:8], f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}",
-                      f"{r['se_ce']:.4f}", f"{r['tokens_per_s']:,.0f}", when)
-    console.print(table)
+        table.add_row(f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}\n± {r['se_ce']:.4f}",
+                      f"{r['tokens_per_s']:,.0f}", when)
+    print_table(console, table)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,4 +66,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(rows, indent=2, default=str))
             return
-        render_runs(rows, Console())
+        render_runs(rows, plain_console())

@@ -13,6 +13,8 @@ from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option)
+from monitor.commands.terminal import plain_console, print_table
+from monitor.environment import quiet_hub_progress
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
@@ -78,10 +80,10 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
         print(json.dumps([r.as_dict() for r in results], indent=2, default=str))
         return
     table = Table(title=f"scored the queue ({len(results)} job(s))", title_justify="left")
-    add_columns(table, ("id", "repo", "sha", "attempt", "status", "reason"), ids=("repo", "sha"))
+    add_columns(table, ("id", "repo", "sha", "attempt", "status", "reason"), names=("repo", "sha"))
     for r in results:
         table.add_row(str(r.id), r.repo, r.sha[:12], str(r.attempt), r.status, r.reason or "")
-    Console().print(table)
+    print_table(plain_console(), table)
 
 
 def register(app: typer.Typer) -> None:
@@ -109,7 +111,7 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
@@ -120,6 +122,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
         db = db_file(state, db)
+        if quiet or as_json:  # the Hub client's download bars too, not only ours
+            quiet_hub_progress()
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")
@@ -142,6 +146,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result, indent=2, sort_keys=True, default=str))
         else:
-            render_result(result, Console())
+            render_result(result, plain_console())
             if not no_db:
                 Console(stderr=True).print(f"recorded run {result['run_id']} in {db}", soft_wrap=True, markup=False)

@@ -7,14 +7,15 @@ daemon validates and writes with the same code), so the output is the same eithe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
 
@@ -37,7 +38,7 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
-        """Add a silence; prints its id."""
+        """Add a silence; prints its id, and how many alerts in force it matches."""
         from monitor.alerts import current_user
 
         db_path = db_file(state, db)
@@ -52,8 +53,11 @@ def register(app: typer.Typer) -> None:
             read_only=False)
         if as_json:
             print(json.dumps(row, indent=2, default=str))
-        else:
-            print(row["id"])
+            return
+        print(row["id"])  # alone on stdout, for scripts that keep the id
+        count = row.get("matches_current")
+        if count is not None:
+            print(f"matches {count} current alert{'' if count == 1 else 's'}", file=sys.stderr)
 
     @silence.command("list")
     def list_(
@@ -80,7 +84,7 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
                           r["created_by"], r["comment"])
-        Console().print(table)
+        plain_console().print(table)
 
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),

@@ -17,6 +17,7 @@ from monitor.errors import LstarError, PolicyError
 from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
 from monitor.policy.secrets import missing_secrets
+from monitor.policy.vocabulary import ROUTED_VALUES, never_matches
 from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 
@@ -67,6 +68,10 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
         if node.receiver is not None and node.receiver not in names:
             loc = _loc_of(f"route{sub}") + ["receiver"]
             error(loc, f"receiver {node.receiver!r} is not defined (defined: {defined})")
+        for j, matcher in enumerate(node.matchers):
+            dead = never_matches(matcher, ROUTED_VALUES)
+            if dead is not None:
+                error(_loc_of(f"route{sub}") + ["matchers", j], f"{dead}; this route would never be taken")
     for i, name in enumerate(policy.meta_receivers):
         if name not in names:
             error(["meta_receivers", i], f"receiver {name!r} is not defined (defined: {defined})")

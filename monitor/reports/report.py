@@ -332,6 +332,8 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     out += ["", "## Plots", "", *how("plots")]
     for p in data["plots"]:
         out.append(f"![{p['title']}]({image_prefix}{p['file']})")
+    if not data["plots"]:  # rendered without its files (printed, not written as a folder)
+        out.append("*The plots are files: `lstar report --out DIR` writes them beside this report.*")
     return "\n".join(out) + "\n"
 
 

@@ -183,6 +183,16 @@ class AlertRows(StoreConnection):
                 per.setdefault(d.pop("alert_id"), []).append(DeliverySummaryRow.from_row(d))
         return [AlertSummaryRow.from_row({**r, "deliveries": per.get(r["id"], [])}) for r in rows]
 
+    def current_alert_labels(self) -> list[dict[str, str]]:
+        """The labels of the alerts in force: the newest alert of each (policy, task, lineage)
+        when it is firing (a later resolved alert ends it). An operator alert's lineage is its
+        subject, so the newest one per subject counts."""
+        rows = self.query_json(
+            "SELECT labels FROM (SELECT labels, status, row_number() OVER (PARTITION BY policy, task, lineage, "
+            "kind = 'meta' ORDER BY created_at DESC, id DESC) AS n FROM alerts) WHERE n = 1 AND status = 'firing'",
+            [], ("labels",))
+        return [dict(r["labels"]) for r in rows]
+
     def alert_detail(self, alert_id: int) -> AlertDetailRow | None:
         """One alert with its prediction, deliveries, notifications and every attempt."""
         if not self.query("SELECT id FROM alerts WHERE id = ?", [alert_id]):
