@@ -427,6 +427,18 @@ def test_request_log_counts_and_resets(hub, api):
     assert hub.requests == [] and hub.count_requests() == 0
 
 
+def test_keep_alive_connections_send_without_waiting_for_acks(hub, api):
+    """Nagle's algorithm would hold each body behind the client's delayed ACK (~40 ms a request)."""
+    import socket
+
+    hub.add_repo("org/m", {"config.json": b"{}"})
+    api.model_info("org/m")  # the shared client keeps this connection open
+    with hub._server._open_lock:
+        sockets = list(hub._server._open)
+    assert sockets, "the client's keep-alive connection is not open on the hub"
+    assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
 def test_injected_clock_dates_commits_and_last_modified():
     now = [T0]
     with FakeHub(clock=lambda: now[0]) as hub:
