@@ -29,6 +29,8 @@ from monitor.testing.daemon_harness import REPO_ROOT
 from monitor.testing.daemon_harness import WATCHER_POLICY as POLICY
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
+pytestmark = pytest.mark.slow
+
 IDLE_TIMEOUT_S = 2
 WORKERS = 3
 SILENCE = {"match": ["policy=watcher"], "until": "2h", "comment": "api test", "now": "2030-01-01T00:00:00Z"}
