@@ -455,6 +455,7 @@ def test_agent_harness_probe_gets_404(hub):
     assert get_session().get(f"{hub.url}/api/agent-harnesses").status_code == 404
 
 
+@pytest.mark.slow
 def test_runs_as_a_process_with_a_scenario_and_control_api(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "monitor.sandbox.fakehub", "--port", "0", "--scenario",
@@ -526,6 +527,7 @@ def test_standard_repos_are_listed_and_described(standard):
     assert len(set(steps)) == 3  # a different checkpoint on every step branch
 
 
+@pytest.mark.slow
 def test_transformers_loads_a_step_branch_and_refuses_hostile_repos(standard, tmp_path):
     hub, info, _ = standard
     script = textwrap.dedent("""
