@@ -251,6 +251,7 @@ def test_a_bad_lab_record_is_one_line_naming_the_file_and_key(tmp_path: Path, ch
     assert "\n" not in line and str(path) in line and needle in line
 
 
+@pytest.mark.slow
 def test_bad_lab_flags_are_refused_before_anything_is_written(tmp_path: Path, shared_dir: Path) -> None:
     out = tmp_path / "lab"
     for args, needle in ((["--families", "gpt2,../x"], "family '../x'"),

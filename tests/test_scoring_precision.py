@@ -85,6 +85,7 @@ def _bits_per_byte(nll_sum: float, n_bytes: int) -> float:
     return nll_sum / n_bytes / math.log(2)
 
 
+@pytest.mark.slow
 def test_bf16_through_the_chunked_head_is_within_tolerance_of_float32(llama3_tiny):
     out, seqs, prefix, n_bytes = llama3_tiny
     ckpt32 = load_checkpoint(str(out), dtype="float32", device="cpu")
