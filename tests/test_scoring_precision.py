@@ -122,6 +122,7 @@ def _precision() -> tuple[str, str]:
     return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.fp32_precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["legacy", "per-backend"])
 def test_float32_spec_runs_full_float32_matmuls_and_restores_the_setting(llama3_tiny, setting):
     """A process-wide lower precision (TF32 on CUDA, bf16 passes on the CPU), set with the
