@@ -9,6 +9,7 @@ A failure prints the cycle or the import chain, so the fix starts from the line 
 
 from __future__ import annotations
 
+import pytest
 from import_graph import PACKAGE, ROOT, all_modules, find_cycle, imports, module_graph
 
 # Loaded only where a model is scored or evaluated (the scoring child, `lstar eval`, the lab).
@@ -86,6 +87,7 @@ def _loaded_by(entry: str, graph: dict[str, dict[str, int]]) -> dict[str, str | 
     return seen
 
 
+@pytest.mark.slow
 def test_the_cli_and_the_daemon_start_without_torch() -> None:
     graph = module_graph()
     modules = all_modules()

@@ -51,6 +51,7 @@ def local_outcome(tiny_dir, calib_v0, tmp_path_factory) -> ScoreOutcome:
     return outcome
 
 
+@pytest.mark.slow
 def test_the_local_backend_scores_what_the_engine_scores_in_process(local_outcome, tiny_dir, calib_v0):
     assert local_outcome.ok, local_outcome.error
     direct = compute_score(prepare(request_for(tiny_dir, calib_v0)), None)
@@ -68,6 +69,7 @@ def test_the_local_backend_scores_what_the_engine_scores_in_process(local_outcom
     assert got.run_row["corpus_sha256"] == corpus.sha256
 
 
+@pytest.mark.slow
 def test_an_outcome_round_trips_through_json_bit_for_bit(local_outcome):
     again = ScoreOutcome.from_json(local_outcome.to_json())
     assert again.job == local_outcome.job
@@ -78,6 +80,7 @@ def test_an_outcome_round_trips_through_json_bit_for_bit(local_outcome):
     assert json.loads(again.to_json()) == json.loads(local_outcome.to_json())
 
 
+@pytest.mark.slow
 def test_a_job_carrying_the_cached_baseline_does_not_compute_it(local_outcome, tiny_dir, calib_v0, tmp_path):
     first = local_outcome.scored
     known = ((first.run_row["tokenizer_fingerprint"], first.run_row["corpus_sha256"], first.baseline),)
@@ -94,6 +97,7 @@ def test_a_job_carrying_the_cached_baseline_does_not_compute_it(local_outcome, t
     assert outcome.scored.result["ce_unigram"] == first.result["ce_unigram"]
 
 
+@pytest.mark.slow
 def test_a_failing_job_comes_back_as_an_error_of_the_class_the_queue_classifies(tmp_path, calib_v0, tiny_dir):
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -122,6 +126,7 @@ def test_error_classes_survive_the_trip():
         ScoreOutcome(job)
 
 
+@pytest.mark.slow
 def test_a_score_of_another_corpus_selection_is_refused(tiny_dir, calib_v0, tmp_path):
     job = replace(job_for(tiny_dir, calib_v0), corpus_sha256="f" * 64)
     [outcome] = list(LocalBackend(timeout_s=300, workdir=tmp_path).run([job]))
@@ -198,6 +203,7 @@ def test_lstar_run_checks_the_backend_options_before_starting(tmp_path, monkeypa
     assert not (tmp_path / "state").exists()                # nothing was started or written
 
 
+@pytest.mark.slow
 def test_in_process_the_store_caches_the_baseline_once(tiny_dir, calib_v0, tmp_path):
     from monitor.store import Store
 

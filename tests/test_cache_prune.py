@@ -130,6 +130,7 @@ def test_the_byte_budget_prunes_further_but_never_a_pending_checkpoint(world):
     assert fetch_pinned(FOREIGN, "main", cache_dir=cache, client=client).is_dir()
 
 
+@pytest.mark.slow
 def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
     from monitor.scoring.engine import ScoreRequest
     from monitor.service.daemon import Daemon, DaemonConfig

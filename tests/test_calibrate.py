@@ -75,6 +75,7 @@ def killed_and_resumed(layout: dict[str, Path]) -> dict[str, Any]:
             "final_code": code, "final": _runs(layout["db"])}
 
 
+@pytest.mark.slow
 def test_a_killed_campaign_resumes_without_redoing_finished_jobs(killed_and_resumed: dict[str, Any]) -> None:
     k = killed_and_resumed
     assert k["first"].returncode == -9, k["first"].stderr[-2000:]
@@ -88,6 +89,7 @@ def test_a_killed_campaign_resumes_without_redoing_finished_jobs(killed_and_resu
     assert s3 == s2 and len(e3) == 6 and e2 < e3
 
 
+@pytest.mark.slow
 def test_the_curves_hold_an_independent_score_and_evaluation(killed_and_resumed: dict[str, Any],
                                                              layout: dict[str, Path], shared_dir: Path) -> None:
     from monitor.curves import evaluate_checkpoint
@@ -118,6 +120,7 @@ def test_the_curves_hold_an_independent_score_and_evaluation(killed_and_resumed:
         assert curve.lofo is not None and curve.bootstrap.resamples == 200
 
 
+@pytest.mark.slow
 def test_the_report_carries_the_lofo_table_and_the_curves_warnings(killed_and_resumed: dict[str, Any],
                                                                     layout: dict[str, Path]) -> None:
     assert killed_and_resumed["final_code"] == 0
@@ -139,6 +142,7 @@ def test_the_report_carries_the_lofo_table_and_the_curves_warnings(killed_and_re
     assert "| L* |" in markdown and "| raw CE |" in markdown
 
 
+@pytest.mark.slow
 def test_the_written_curves_pass_policy_check(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert killed_and_resumed["final_code"] == 0
@@ -159,6 +163,7 @@ receivers:
     assert code == 0 and out.strip() == f"SUCCESS {policy}"
 
 
+@pytest.mark.slow
 def test_a_finished_campaign_reruns_nothing_and_refits_the_same_curves(
         killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert killed_and_resumed["final_code"] == 0
@@ -178,6 +183,7 @@ def _results_file(folder: Path, repo: str, sha: str, acc: float, task: str = "to
         "model_name": repo, "config": {"model_sha": sha}}))
 
 
+@pytest.mark.slow
 def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """A results task added to the finished campaign: only the import runs, and the curve's
@@ -222,6 +228,7 @@ def test_imported_results_join_the_campaigns_scores(killed_and_resumed: dict[str
     assert sorted(r.checkpoint for r in imported) == sorted(n for n in NAMES if n != removed)
 
 
+@pytest.mark.slow
 def test_two_curves_for_one_file_are_neither_written_and_only_this_campaigns_stale_curves_go(
         killed_and_resumed: dict[str, Any], layout: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """Two results entries that both define toy_mc would write one curves/toy_mc.acc.json: the
@@ -339,6 +346,7 @@ def _naive_lm_eval_acc(model_dir: Path, items: list[dict[str, Any]]) -> float:
     return correct / len(items)
 
 
+@pytest.mark.slow
 def test_an_lm_eval_task_runs_on_the_loaded_checkpoints(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
                                                         shared_dir: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch,
@@ -583,6 +591,7 @@ def test_a_ray_campaign_without_ray_says_how_to_install_it(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_pinned_hub_checkpoint_joins_the_campaign(killed_and_resumed: dict[str, Any], layout: dict[str, Path],
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A Hub checkpoint (the fake Hub, pinned to its commit) added to the finished campaign:
@@ -611,6 +620,7 @@ def test_a_pinned_hub_checkpoint_joins_the_campaign(killed_and_resumed: dict[str
     assert points[f"demo-org/neox-ref@{sha[:12]}"].x == run.lstar and curve.families == ["hub", "llama", "neox"]
 
 
+@pytest.mark.slow
 def test_a_broken_checkpoint_fails_its_jobs_and_keeps_the_rest(killed_and_resumed: dict[str, Any],
                                                                layout: dict[str, Path],
                                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -639,6 +649,7 @@ def test_a_broken_checkpoint_fails_its_jobs_and_keeps_the_rest(killed_and_resume
     assert {p.name: p.read_bytes() for p in (layout["out"] / "curves").glob("*.json")} == curves
 
 
+@pytest.mark.slow
 def test_a_checkpoint_added_to_a_campaign_on_ray_is_scored_on_the_cluster(
         killed_and_resumed: dict[str, Any], layout: dict[str, Path], shared_dir: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

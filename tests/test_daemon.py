@@ -17,6 +17,8 @@ from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, 
 from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import add_lineage
 
+pytestmark = pytest.mark.slow
+
 SECRET = "hub-webhook-secret-for-tests"
 
 

@@ -31,6 +31,8 @@ from monitor.testing.daemon_harness import REPO_ROOT
 from monitor.testing.daemon_harness import WATCHER_POLICY as POLICY
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 
+pytestmark = pytest.mark.slow
+
 IDLE_TIMEOUT_S = 2
 LIFETIME_S = 3
 WORKERS = 3

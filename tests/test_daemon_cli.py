@@ -16,6 +16,8 @@ from monitor.store import Store
 from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 from monitor.sandbox.fakehub import FakeHub
 
+pytestmark = pytest.mark.slow
+
 NOW = "2030-01-01T00:00:00+00:00"
 
 

@@ -30,6 +30,7 @@ def alerts_file(policies: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_rate_limit_and_long_outage(hub, tmp_path):
     """Row 6: no request before Retry-After, watermark kept, one meta-alert per outage."""
     policies = write_policy(tmp_path / "policies")
@@ -74,6 +75,7 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
      "gave up after 3 attempts: ScoringMemoryError: scoring ran out of memory under the --score-memory limit "
      "of 1.46 GiB"),
 ])
+@pytest.mark.slow
 def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint, extra, reason):
     """Row 17: a loader out of time or memory ends in its child; the daemon keeps running."""
     policies = write_policy(tmp_path / "policies")
@@ -88,6 +90,7 @@ def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint
         assert daemon.stop() == 0
 
 
+@pytest.mark.slow
 def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path):
     """Row 19: writes fail with ENOSPC, the next ticks retry, the operator is told."""
     policies = write_policy(tmp_path / "policies")
@@ -119,6 +122,7 @@ def _runs(daemon: DaemonProcess) -> dict[str, int]:
     return {name: job["runs"] for name, job in daemon.status()["jobs"].items()}
 
 
+@pytest.mark.slow
 def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path):
     """Row 19 without flapping: while the disk stays full, jobs that write nothing go on
     succeeding and /health stays 503 on one episode; freeing the disk ends it after a job's
@@ -161,6 +165,7 @@ def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_
         assert store.query("SELECT count(*) AS n FROM alerts WHERE alert_key LIKE 'meta|%|disk-full|%'")[0]["n"] == 1
 
 
+@pytest.mark.slow
 def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path):
     """After a DuckDB FatalException the connection is invalidated: /health says so for as long
     as re-opening fails, jobs pause, and once the file opens again everything committed before
@@ -197,6 +202,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
         assert sorted(r.repo for r in store.list_checkpoints()) == sorted(r["repo"] for r in rows)
 
 
+@pytest.mark.slow
 def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
     """Disk use stays bounded: the prune job deletes poll-log rows older than --retention and
     keeps the recent ones (and each rule's newest)."""
@@ -220,6 +226,7 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
         assert any(p.rule_name == "tiny" for p in store.hub_polls())  # the daemon's own polls stay
 
 
+@pytest.mark.slow
 def test_a_hung_job_is_reported_by_the_watchdog_and_health(hub, tmp_path):
     """Row 21."""
     policies = write_policy(tmp_path / "policies")

@@ -59,6 +59,7 @@ def test_reload_keeps_the_last_good_version_and_loads_new_files_beside_a_bad_one
     assert set(daemon.policy_set.errors) == {folder / "d.yaml", folder / "e.yaml", folder / "f.yaml"}
 
 
+@pytest.mark.slow
 def test_daemon_starts_with_a_deeply_nested_policy_beside_a_good_one(tmp_path: Path) -> None:
     folder = tmp_path / "policies"
     folder.mkdir()

@@ -27,6 +27,8 @@ from monitor.service.listings import list_score_runs
 from monitor.service.scoring_driver import score_queue_on
 from monitor.store import Store
 
+pytestmark = pytest.mark.slow
+
 
 class CountingBackend(LocalBackend):
     """The local backend, counting the jobs it is handed."""

@@ -11,7 +11,11 @@ import sys
 from email import message_from_bytes, policy as email_policy
 from pathlib import Path
 
+import pytest
+
 from monitor.store import Store
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,6 +40,7 @@ def test_dockerfile_declares_the_service_contract() -> None:
     assert "state" in ignored and ".git" in ignored
 
 
+@pytest.mark.slow
 def test_docker_build() -> None:
     reason = _docker_unavailable()
     if reason is not None:

@@ -427,6 +427,18 @@ def test_request_log_counts_and_resets(hub, api):
     assert hub.requests == [] and hub.count_requests() == 0
 
 
+def test_keep_alive_connections_send_without_waiting_for_acks(hub, api):
+    """Nagle's algorithm would hold each body behind the client's delayed ACK (~40 ms a request)."""
+    import socket
+
+    hub.add_repo("org/m", {"config.json": b"{}"})
+    api.model_info("org/m")  # the shared client keeps this connection open
+    with hub._server._open_lock:
+        sockets = list(hub._server._open)
+    assert sockets, "the client's keep-alive connection is not open on the hub"
+    assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
 def test_injected_clock_dates_commits_and_last_modified():
     now = [T0]
     with FakeHub(clock=lambda: now[0]) as hub:
@@ -443,6 +455,7 @@ def test_agent_harness_probe_gets_404(hub):
     assert get_session().get(f"{hub.url}/api/agent-harnesses").status_code == 404
 
 
+@pytest.mark.slow
 def test_runs_as_a_process_with_a_scenario_and_control_api(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "monitor.sandbox.fakehub", "--port", "0", "--scenario",
@@ -514,6 +527,7 @@ def test_standard_repos_are_listed_and_described(standard):
     assert len(set(steps)) == 3  # a different checkpoint on every step branch
 
 
+@pytest.mark.slow
 def test_transformers_loads_a_step_branch_and_refuses_hostile_repos(standard, tmp_path):
     hub, info, _ = standard
     script = textwrap.dedent("""

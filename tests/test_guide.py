@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from standardwebhooks import Webhook
 
 from monitor.sandbox.fakehub import FakeHub
@@ -90,6 +91,7 @@ for kind, body, path in json.load(open(sys.argv[1])):
 """
 
 
+@pytest.mark.slow
 def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir: Path) -> None:
     (tmp_path / "shared").symlink_to(shared_dir.resolve(), target_is_directory=True)
     work = tmp_path / "work"  # ../shared from here is the shared data, as beside a checkout

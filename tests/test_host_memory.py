@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the setting is glibc's")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+                                 reason="the setting is glibc's")]
 
 # A forward pass at batch 4 of a small model holds a few 12 MiB activations (gate, up,
 # their product) at once and frees them at the end of each layer. Do that 40 times and

@@ -39,6 +39,7 @@ def lab_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_reduced_lab_record_is_complete(lab_dir: Path) -> None:
     record = load_lab(lab_dir)
     assert record.family_names() == list(FAMILIES)
@@ -81,6 +82,7 @@ def test_reduced_lab_record_is_complete(lab_dir: Path) -> None:
         con.close()
 
 
+@pytest.mark.slow
 def test_lab_checkpoints_are_ordinary_full_vocabulary_models(lab_dir: Path) -> None:
     import torch
 
@@ -103,6 +105,7 @@ def test_lab_checkpoints_are_ordinary_full_vocabulary_models(lab_dir: Path) -> N
         assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0
 
 
+@pytest.mark.slow
 def test_lab_report_has_every_axis(lab_dir: Path, tmp_path: Path) -> None:
     """The trained reduced lab goes through the analysis: every task metric has a LOFO row
     for every x-axis, and a difference against L* for every other axis."""
@@ -148,6 +151,7 @@ def _train_tiny(out: Path, shared: Path, script: Path, kill_at: int | None = Non
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_lineage_killed_mid_training_resumes_to_the_same_weights(tmp_path: Path, shared_dir: Path) -> None:
     from safetensors.torch import load_file
 
@@ -247,6 +251,7 @@ def test_a_bad_lab_record_is_one_line_naming_the_file_and_key(tmp_path: Path, ch
     assert "\n" not in line and str(path) in line and needle in line
 
 
+@pytest.mark.slow
 def test_bad_lab_flags_are_refused_before_anything_is_written(tmp_path: Path, shared_dir: Path) -> None:
     out = tmp_path / "lab"
     for args, needle in ((["--families", "gpt2,../x"], "family '../x'"),

@@ -11,9 +11,13 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
 from monitor.sandbox.receivers import WebhookReceiver
 from monitor.store import Store
 from monitor.testing.scores import record_fake_score
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 CURVES = REPO / "tests" / "fixtures" / "policies" / "curves"

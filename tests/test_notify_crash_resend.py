@@ -7,9 +7,13 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from monitor.store import Store
 from monitor.sandbox.receivers import WebhookReceiver
 from test_notify_crash import T0, dispatch, killed, score, write_policy
+
+pytestmark = pytest.mark.slow
 
 
 def test_kill_after_2xx_before_mark_resends_once_with_the_same_id(tmp_path: Path) -> None:

@@ -97,6 +97,7 @@ def installed_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
     for name in ("alerts/templates/email.html.j2", "alerts/templates/email.txt.j2",
                  "alerts/templates/email_subject.txt.j2", "reports/templates/report.html.j2",
@@ -106,6 +107,7 @@ def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
     assert not (installed_wheel / "tests").exists()
 
 
+@pytest.mark.slow
 def test_installed_package_finds_its_templates_outside_the_checkout(installed_wheel: Path,
                                                                      tmp_path: Path) -> None:
     """The installed copy renders an alert email and loads the report template, run from a

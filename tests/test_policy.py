@@ -324,6 +324,7 @@ def test_deep_nesting_is_refused_with_file_and_line(tmp_path: Path) -> None:
     assert compose("[" * NESTING_LIMIT + "]" * NESTING_LIMIT, "ok.yaml") is not None  # the limit itself is fine
 
 
+@pytest.mark.slow
 def test_a_file_of_too_many_values_is_refused(tmp_path: Path) -> None:
     wide = tmp_path / "wide.yaml"
     wide.write_text("[" + "1, " * NODE_LIMIT + "1]")

@@ -244,6 +244,7 @@ def crash_env(crash_hub, tmp_path):
     return run, state, sha, files, cache
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["mid_download", "mid_job", "before_complete"])
 def test_worker_killed_at_a_fail_point_completes_exactly_once_after_restart(crash_env, point):
     run, state, sha, files, cache = crash_env
@@ -269,6 +270,7 @@ def test_worker_killed_at_a_fail_point_completes_exactly_once_after_restart(cras
         assert state()[1] == [("w2", digest)]
 
 
+@pytest.mark.slow
 def test_killed_three_times_then_failed_with_reason(crash_env):
     run, state, sha, files, cache = crash_env
     now = T0
@@ -282,6 +284,7 @@ def test_killed_three_times_then_failed_with_reason(crash_env):
     assert row.reason == "gave up after 3 attempts: lease of w3 expired during attempt 3"
 
 
+@pytest.mark.slow
 def test_a_tampered_download_fails_the_job_and_nothing_is_scored(crash_hub, crash_env):
     from monitor.hub.fetch import fetch_job
 

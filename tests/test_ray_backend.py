@@ -27,6 +27,8 @@ from monitor.scoring.engine import ScoreRequest
 from monitor.service.scoring_driver import score_queue_on
 from monitor.store import Store
 
+pytestmark = pytest.mark.slow
+
 ray = pytest.importorskip("ray", reason='the ray extra is not installed (pip install -e ".[ray]")')
 
 REPOS = {"acme/tiny-a": 3, "acme/tiny-b": 4}

@@ -157,6 +157,7 @@ def file_size_limit(limit: int):
         signal.signal(signal.SIGXFSZ, previous)
 
 
+@pytest.mark.slow
 def test_a_report_write_failing_half_way_leaves_no_folder_and_sends_nothing(world) -> None:
     store, policy, _, tmp = world
     now = T0 + timedelta(hours=5)

@@ -23,6 +23,8 @@ from monitor.scoring.child import (ScoringMemoryError, default_memory_limit, err
 from monitor.scoring.engine import ScoreRequest
 from monitor.store import Store
 
+pytestmark = pytest.mark.slow
+
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
 # A pre-tokenizer regex that backtracks exponentially on any run of words not followed by a digit.
 CATASTROPHIC_REGEX = r"(\w+\s?)+\d"

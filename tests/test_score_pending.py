@@ -26,6 +26,8 @@ from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.store import Store
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCORE_FLAGS = ["--max-context", "64", "--docs", "3", "--no-tcb", "--quiet"]
 

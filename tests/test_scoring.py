@@ -231,6 +231,7 @@ def _assert_close(ours, reference, rel=1e-6):
 # --------------------------------------------------------------------------- NLL against the reference
 
 
+@pytest.mark.slow
 def test_prefix_policies_are_what_the_cases_claim(tiny):
     assert tiny("llama-bos")[2] == 128000           # <|begin_of_text|>
     assert tiny("neox-eos")[2] == 151643            # <|endoftext|> (qwen2 has no BOS)
@@ -266,6 +267,7 @@ def test_other_architectures_and_prefix_policies(tiny, case, disjoint):
     _assert_close(out.doc_nll, nll)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["neox-tied-bias", "llama-tied-bias"])
 def test_lm_head_bias_and_tied_embeddings(tiny, case):
     ckpt, seqs, prefix, bias = tiny(case)
@@ -284,6 +286,7 @@ def test_lm_head_bias_and_tied_embeddings(tiny, case):
     assert np.max(np.abs(no_bias.doc_nll - nll) / np.maximum(nll, 1e-9)) > 1e-3
 
 
+@pytest.mark.slow
 def test_loss_in_chunks_of_a_few_positions(tiny):
     """Chunks of 3 positions (and a budget below one vocabulary row, i.e. 1 position)
     give the same NLLs as one chunk per batch."""
@@ -302,6 +305,7 @@ def test_loss_in_chunks_of_a_few_positions(tiny):
     _assert_close(chunked.doc_nll, whole.doc_nll, rel=1e-7)
 
 
+@pytest.mark.slow
 def test_padding_and_batching_do_not_change_results(tiny):
     """A short document scored alone (no padding) and inside a batch of longer windows
     (right-padded) gives the same NLL; TCB samples do not depend on batching either."""
@@ -321,6 +325,7 @@ def test_padding_and_batching_do_not_change_results(tiny):
     assert len(mixed.tcb) == 20 and np.all(np.isfinite(mixed.tcb)) and np.all(mixed.margin >= 0)
 
 
+@pytest.mark.slow
 def test_tcb_sample_is_deterministic_and_within_scored_positions(tiny):
     ckpt, seqs, prefix, _ = tiny("llama-bos")
     spec = ScoringSpec(max_context=32, device="cpu", tcb_positions=12, tcb_seed=5).resolve(64)
@@ -336,6 +341,7 @@ def test_tcb_sample_is_deterministic_and_within_scored_positions(tiny):
     assert a.tokens_per_s > 0 and a.wall_s > 0 and a.n_windows > len(seqs) - 3
 
 
+@pytest.mark.slow
 def test_bf16_cpu_path_is_opt_in_and_close_to_float32(tiny):
     ckpt32, seqs, prefix, _ = tiny("llama-bos")
     ckpt16 = load_checkpoint(str(ckpt32.model_dir), dtype="bfloat16", device="cpu")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
@@ -30,6 +32,7 @@ class ClusterLostAfterOne(LocalBackend):
         raise ConnectionError("lost the connection to the cluster")
 
 
+@pytest.mark.slow
 def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path: Path, calib_v0: Path):
     with FakeHub() as hub:
         hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
@@ -109,6 +112,7 @@ def test_the_daemon_does_not_spin_when_every_job_goes_back(tmp_path: Path, calib
     assert row.attempts == 0 and row.lease_owner is None and "the scoring backend failed" in row.reason
 
 
+@pytest.mark.slow
 def test_a_missing_corpus_on_the_daemon_is_not_the_jobs_fault(tmp_path: Path, calib_v0: Path):
     """The daemon's corpus folder gone (an unmounted share): the leased jobs go back with their
     attempts untouched and the reason; once the folder is back they are scored."""

@@ -85,6 +85,7 @@ def _bits_per_byte(nll_sum: float, n_bytes: int) -> float:
     return nll_sum / n_bytes / math.log(2)
 
 
+@pytest.mark.slow
 def test_bf16_through_the_chunked_head_is_within_tolerance_of_float32(llama3_tiny):
     out, seqs, prefix, n_bytes = llama3_tiny
     ckpt32 = load_checkpoint(str(out), dtype="float32", device="cpu")
@@ -121,6 +122,7 @@ def _precision() -> tuple[str, str]:
     return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.fp32_precision
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", ["legacy", "per-backend"])
 def test_float32_spec_runs_full_float32_matmuls_and_restores_the_setting(llama3_tiny, setting):
     """A process-wide lower precision (TF32 on CUDA, bf16 passes on the CPU), set with the

@@ -55,6 +55,7 @@ def policies(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_database_from_a_newer_version_is_refused_and_left_untouched(tmp_path, policies):
     state = tmp_path / "state"
     db = state / "lstar.duckdb"
@@ -72,6 +73,7 @@ def test_a_database_from_a_newer_version_is_refused_and_left_untouched(tmp_path,
         assert conn.execute("SELECT max(name) FROM schema_migrations").fetchone()[0] == "9000_from_a_newer_version"
 
 
+@pytest.mark.slow
 def test_a_newer_versions_database_with_a_wal_is_refused_and_left_untouched(tmp_path, policies):
     """A newer version stopped with writes still in the WAL: refusing the file must not fold
     the WAL into it (DuckDB checkpoints when a writable connection closes)."""
@@ -102,6 +104,7 @@ os._exit(0)   # as a killed process: the WAL stays
 HEADER, BLOCK = 3 * 4096, 256 * 1024  # DuckDB's file header, and its default block size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep", [HEADER, HEADER + BLOCK + BLOCK // 2], ids=["header-only", "mid-block"])
 def test_a_truncated_database_is_a_one_line_error(tmp_path, policies, keep):
     state = tmp_path / "state"
@@ -124,6 +127,7 @@ def test_a_truncated_database_is_a_one_line_error(tmp_path, policies, keep):
     assert fingerprint(db) == before
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_a_read_only_state_directory_is_a_one_line_error(tmp_path, policies):
     current, old = tmp_path / "current", tmp_path / "old"
@@ -146,6 +150,7 @@ def test_a_read_only_state_directory_is_a_one_line_error(tmp_path, policies):
     assert {folder: fingerprint(folder / "lstar.duckdb") for folder in (current, old)} == prints
 
 
+@pytest.mark.slow
 @needs_namespaces
 def test_start_up_on_a_full_disk_is_a_one_line_error(tmp_path, policies):
     seed, state = tmp_path / "seed", tmp_path / "state"

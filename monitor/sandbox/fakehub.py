@@ -713,6 +713,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeHub/1.0"
     timeout = 30  # idle keep-alive connections are dropped after this many seconds
+    # The status line and headers go out in one write and the body in the next: with Nagle's
+    # algorithm the body then waits for the client's delayed ACK (about 40 ms on Linux) on
+    # every keep-alive request. TCP_NODELAY sends it at once, as the live Hub's servers do.
+    disable_nagle_algorithm = True
 
     def _serve(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
