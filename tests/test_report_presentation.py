@@ -287,3 +287,16 @@ def test_the_report_of_three_families_renders_with_non_blank_plots(data, tmp_pat
     assert len(plots) == 3
     for non_white, colours in plots:
         assert non_white > 0.02 and colours > 50, (non_white, colours)
+
+
+def test_tasks_whose_names_slug_alike_get_one_curve_figure_each() -> None:
+    """"a b" and "a/b" both slug to `a_b`: each still gets its own file, and neither name is a
+    fixed figure's; the same names give the same files on every run."""
+    from monitor.reports.report import curve_figure_names
+
+    fixed = {"lstar_over_time.png", "ce_vs_lstar.png"}
+    names = curve_figure_names(["a b", "a/b", "a_b", "cloze"], taken=fixed)
+    assert len(set(names.values())) == 4 and not set(names.values()) & fixed
+    assert names["a b"] == "curve_a_b.png" and names["cloze"] == "curve_cloze.png"
+    assert all(n.startswith("curve_a_b_") and n.endswith(".png") for n in (names["a/b"], names["a_b"]))
+    assert curve_figure_names(["a b", "a/b", "a_b", "cloze"], taken=fixed) == names

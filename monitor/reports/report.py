@@ -20,11 +20,12 @@ JSON report, signed like alerts; email: Markdown text with the HTML report as al
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -225,11 +226,30 @@ def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
     colours = report_colours(data)
     figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
                "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
+    names = curve_figure_names([task["task"] for task in data["tasks"]], taken=figures)
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[f"curve_{slug(task['task'])}.png"] = report_plots.task_curve_figure(curve, task["new_points"],
-                                                                                   colours)
+        figures[names[task["task"]]] = report_plots.task_curve_figure(curve, task["new_points"], colours)
     return figures
+
+
+def curve_figure_names(tasks: Sequence[str], taken: Iterable[str] = ()) -> dict[str, str]:
+    """The file name of each task's curve figure: `curve_<slug>.png`, unique among `taken`.
+
+    Slugging folds characters ("a b" and "a/b" both give `a_b`), so a task whose name slugs
+    like an earlier one's gets the first hex digits of its name's sha256, as many as make it
+    unique: no figure silently replaces another."""
+    used = set(taken)
+    names: dict[str, str] = {}
+    for task in tasks:
+        base = f"curve_{slug(task)}"
+        digest = hashlib.sha256(task.encode("utf-8")).hexdigest()
+        name, width = f"{base}.png", 8
+        while name in used:
+            name, width = f"{base}_{digest[:width]}.png", width + 8
+        used.add(name)
+        names[task] = name
+    return names
 
 
 def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
@@ -237,7 +257,9 @@ def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
     figures = {name: report_plots.png(fig) for name, fig in report_figures(data).items()}
     titles = {"lstar_over_time.png": "L* over time per lineage",
               "ce_vs_lstar.png": "Raw CE against L* per family"}
-    data["plots"] = [{"file": f, "title": titles.get(f, f"Task curve: {f[6:-4]}")} for f in figures]
+    tasks = [task["task"] for task in data["tasks"]]
+    titles |= {name: f"Task curve: {task}" for task, name in curve_figure_names(tasks, taken=titles).items()}
+    data["plots"] = [{"file": f, "title": titles[f]} for f in figures]
     return figures
 
 
