@@ -1,9 +1,10 @@
-# lstar-monitor: the unattended watcher (`lstar run`) on a CUDA-capable PyTorch runtime.
+# lstar-monitor: the unattended watcher (`lstar run`) on a CUDA-capable PyTorch runtime: torch is
+# the version the README installs and CI tests (its PyPI wheel for Linux brings the CUDA libraries).
 #
 #   docker build -t lstar-monitor .
 #   docker run --gpus all -v lstar-state:/app/state -v hf-cache:/home/lstar/.cache/huggingface \
 #       -v $PWD/policies:/app/policies:ro lstar-monitor --policies /app/policies --state /app/state
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -16,7 +17,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin lstar
 WORKDIR /app
 
-# Dependencies first (cached while only the code changes); torch comes from the base image.
+# torch first and pinned, as the README and CI install it (cached while only the code changes).
+RUN pip install --no-cache-dir "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY monitor ./monitor
 COPY policies ./policies

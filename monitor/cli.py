@@ -91,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except _CLICK_ERRORS as exc:  # usage errors (bad flags) arrive here in non-standalone mode
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # `lstar` alone: the help is the answer (rich has printed it already; plain click
+            # carries it as the message), not an error line.
+            text = exc.format_message().strip()
+            if text:
+                print(text)
+            return int(exc.exit_code)
         print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
         return int(exc.exit_code)
     except Exception as exc:

@@ -5,8 +5,11 @@ Set here and only here; `lstar`, the scoring child and the loader call these.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 
 def disable_safetensors_conversion() -> None:
@@ -31,3 +34,55 @@ def quiet_hub_progress() -> None:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
+
+
+# huggingface_hub's offline switch: HF_HUB_OFFLINE, else TRANSFORMERS_OFFLINE, read at its import.
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+_TRUE = ("1", "ON", "YES", "TRUE")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def hub_offline_variable() -> str | None:
+    """The variable that puts huggingface_hub in offline mode in this environment, or None.
+
+    Read as huggingface_hub reads it (`HF_HUB_OFFLINE`, or `TRANSFORMERS_OFFLINE` when the first
+    is unset or empty; 1/ON/YES/TRUE in any case mean offline), from the environment as it is
+    now rather than from the value huggingface_hub took at its import."""
+    for name in OFFLINE_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            return name if value.strip().upper() in _TRUE else None
+    return None
+
+
+def refuse_hub_offline(command: str) -> None:
+    """Stop a command that must reach the Hub when offline mode is set: every request it made
+    would fail with OfflineModeIsEnabled, poll after poll, with nothing found."""
+    from monitor.errors import LstarError
+
+    name = hub_offline_variable()
+    if name is not None:
+        raise LstarError(f"{command} cannot poll the Hub while {name}={os.environ[name]} is set "
+                         "(huggingface_hub refuses every request in offline mode)",
+                         hint=f"unset {name} for the watcher; `lstar demo` runs with it set")
+
+
+@contextlib.contextmanager
+def local_hub_online(endpoint: str) -> Iterator[None]:
+    """huggingface_hub's offline mode lifted in this process while the block runs, for a Hub on
+    this machine (the demo's fake Hub on 127.0.0.1 is not the public Hub).
+
+    Only this process's setting changes: the environment, and with it every child process
+    (the scoring child loads local files only), keeps offline mode. Refuses any endpoint that
+    is not a loopback address."""
+    host = urlsplit(endpoint).hostname
+    if host not in LOOPBACK_HOSTS:
+        raise ValueError(f"offline mode is lifted only for a Hub on this machine, not {endpoint!r}")
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before

@@ -226,6 +226,18 @@ def test_version(capsys) -> None:
     assert code == 0 and out == f"lstar-monitor {version('lstar-monitor')}\n"
 
 
+def test_lstar_alone_prints_the_help_and_no_error_line() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "monitor.cli"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "120"})
+    assert proc.returncode in (0, 2), proc.stderr
+    assert "Usage:" in proc.stdout + proc.stderr and "demo" in proc.stdout + proc.stderr
+    assert not any(line.strip().startswith("error:") for line in (proc.stdout + proc.stderr).splitlines()), \
+        proc.stderr
+
+
 @pytest.mark.parametrize("path", [path for path, _ in COMMANDS] + [()], ids=lambda p: " ".join(p) or "lstar")
 def test_help_shows_flags_as_flags(path: tuple[str, ...], capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")

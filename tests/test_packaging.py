@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -16,13 +17,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from import_graph import imports
+from import_graph import all_modules, imports, module_graph, module_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "monitor"
 TEST_ONLY = PACKAGE / "testing"
-# Offline stand-ins the demo uses; they may need the test extras (aiosmtpd for the SMTP receiver).
-SANDBOX = PACKAGE / "sandbox"
 # Modules that exist to use an optional extra, imported only when that feature is asked for.
 EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
                  PACKAGE / "calibrate" / "evaluate.py": "bench"}
@@ -45,10 +44,9 @@ def test_every_third_party_import_is_declared() -> None:
     stdlib = set(sys.stdlib_module_names)
     dists = importlib.metadata.packages_distributions()
     core = _requirement_names(None)
-    test_extra = core | _requirement_names("test")
     missing = []
-    for path in _production_modules():
-        allowed = test_extra if SANDBOX in path.parents else core
+    for path in _production_modules():  # monitor/sandbox included: `lstar demo` ships with it
+        allowed = core
         if path in EXTRA_MODULES:
             allowed = core | _requirement_names(EXTRA_MODULES[path])
         for imp in imports(path):
@@ -62,6 +60,84 @@ def test_every_third_party_import_is_declared() -> None:
                 missing.append(f"{path.relative_to(ROOT)}:{line} imports {top} "
                                f"(from {sorted(owners) or 'no installed distribution'})")
     assert not missing, "declare these in pyproject.toml:\n" + "\n".join(missing)
+
+
+def _demo_import_graph() -> dict[str, Path]:
+    """Every module `lstar demo` may import: what `lstar` loads to parse its command line
+    (monitor.cli and the command modules it imports by name), and everything the demo's command
+    and `monitor.demo` reach, imports inside functions included. The modules of optional extras
+    are left out: they run only when their feature is asked for, and the demo asks for none."""
+    from monitor.cli import COMMAND_MODULES
+
+    modules = all_modules()
+    optional = {module_name(p) for p in EXTRA_MODULES}
+    module_level, everything = module_graph(module_level_only=True), module_graph(module_level_only=False)
+
+    def parents(name: str) -> list[str]:
+        parts = name.split(".")
+        return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+    seen: set[str] = set()
+    todo = [(m, module_level) for m in ("monitor.cli", *(f"monitor.commands.{c}" for c in COMMAND_MODULES))]
+    todo += [("monitor.commands.demo", everything), ("monitor.demo.run", everything)]
+    visited: set[tuple[str, int]] = set()
+    while todo:
+        name, graph = todo.pop()
+        if name in optional or name not in modules or (name, id(graph)) in visited:
+            continue
+        visited.add((name, id(graph)))
+        seen.add(name)
+        todo += [(m, graph) for m in (*graph[name], *parents(name))]
+    return {name: modules[name] for name in sorted(seen)}
+
+
+def test_the_demo_needs_only_the_core_dependencies() -> None:
+    """`pip install -e .` without extras, then `lstar demo`: every third-party package the demo
+    can import is a core dependency, never one of an extra."""
+    stdlib = set(sys.stdlib_module_names)
+    dists = importlib.metadata.packages_distributions()
+    core = _requirement_names(None)
+    graph = _demo_import_graph()
+    assert {"monitor.demo.run", "monitor.sandbox.receivers", "monitor.sandbox.fakehub",
+            "monitor.service.daemon"} <= set(graph)
+    missing = []
+    for name, path in graph.items():
+        for imp in imports(path):
+            top = imp.module.split(".")[0]
+            if not imp.runs or top in stdlib or top in ("monitor", "__future__"):
+                continue
+            owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+            if not owners & core:
+                missing.append(f"{path.relative_to(ROOT)}:{imp.line} imports {top} ({sorted(owners)})")
+    assert not missing, "the demo imports packages that are not core dependencies:\n" + "\n".join(missing)
+
+
+@pytest.mark.slow
+def test_the_demo_starts_in_a_venv_without_extras(tmp_path: Path) -> None:
+    """A fresh virtualenv, `pip install torch==2.13.0` then `pip install -e .` (no extras), as a
+    user would: `lstar demo --help` works and the demo's modules import."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    pins = re.findall(r"torch==[0-9][0-9A-Za-z.+]*", (ROOT / ".ci" / "run").read_text())
+    for args in ([pins[0]], ["-e", str(ROOT)]):
+        proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                              capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True,
+                            text=True, timeout=300, env=env).stdout.lower()
+    assert "pytest==" not in listed and "gguf==" not in listed  # no test extra slipped in
+    help_ = subprocess.run([str(venv / "bin" / "lstar"), "demo", "--help"], capture_output=True, text=True,
+                           timeout=300, env=env, cwd=tmp_path)
+    assert help_.returncode == 0 and "--workdir" in help_.stdout, help_.stderr[-3000:]
+    script = ("import monitor, monitor.demo.run, monitor.sandbox.receivers, monitor.sandbox.fakehub\n"
+              "from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver\n"
+              "with SmtpReceiver() as smtp, WebhookReceiver() as hook: print(monitor.__file__, smtp.port > 0)\n")
+    proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[0].startswith(str(ROOT)) and proc.stdout.split()[1] == "True", proc.stdout
 
 
 def test_duckdb_timestamptz_needs_its_declared_helper() -> None:

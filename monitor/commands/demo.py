@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.text import Text
 
 from monitor.commands.terminal import plain_console
 from monitor.demo import run_demo
+from monitor.demo.failure import DemoFailed
 
 
 def next_commands(summary: dict[str, Any]) -> list[str]:
@@ -60,13 +62,24 @@ def register(app: typer.Typer) -> None:
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
     ) -> None:
-        """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed."""
+        """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed.
+
+        A failed demo ends with one line, `demo failed at STAGE: REASON` (with --json, also the
+        summary's `failed_stage` and `failure`)."""
         console = plain_console(stderr=True)
-        summary = run_demo(workdir, shared_dir=shared,
-                           log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"), soft_wrap=True))
+        try:
+            summary = run_demo(workdir, shared_dir=shared,
+                               log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"),
+                                                              soft_wrap=True))
+        except DemoFailed as exc:  # a stage raised before the loop could run: nothing else to show
+            summary = {"ok": False, "workdir": str(workdir.resolve()), "failed_stage": exc.stage,
+                       "failure": exc.reason}
+        else:
+            if not as_json:
+                print_summary(summary)
         if as_json:
             print(json.dumps(summary, indent=2, default=str))
-        else:
-            print_summary(summary)
         if not summary["ok"]:
+            sys.stdout.flush()  # the summary first, the reason last
+            print(f"demo failed at {summary['failed_stage']}: {summary['failure']}", file=sys.stderr)
             raise typer.Exit(1)

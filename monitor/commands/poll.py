@@ -13,6 +13,7 @@ from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.terminal import plain_console
+from monitor.environment import refuse_hub_offline
 from monitor.errors import HubError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
 from monitor.policy import load_policy
@@ -72,6 +73,7 @@ def register(app: typer.Typer) -> None:
         Costs one listing request per rule when nothing changed. Exits 4 if the Hub failed
         for any rule (the watermark of that rule is kept for the next poll).
         """
+        refuse_hub_offline("lstar poll")   # before anything is opened or written
         db_path = db_file(state, db)
         if not once:
             raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")

@@ -13,6 +13,7 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, MAX_RESAMPLES, STATE
                                       int_option, seconds, size_bytes)
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
+from monitor.environment import refuse_hub_offline
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.scoring.backends import BACKENDS, check_ray_installed
@@ -139,6 +140,7 @@ def register(app: typer.Typer) -> None:
                                  help="Bootstrap resamples for the SE."),
     ) -> None:
         """Run the watcher: poll, gate, fetch, score, evaluate, alert and report on schedule."""
+        refuse_hub_offline("lstar run")   # before anything is opened or written
         # Rate limits and repeat intervals read recent delivery attempts: keep at least a day.
         retention_s = seconds(retention, "--retention", low=DAY_S)
         for flag, given in (("--ray-address", ray_address), ("--ray-gpu-memory", ray_gpu_memory)):

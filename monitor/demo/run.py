@@ -14,10 +14,15 @@
    server, and a report schedule.
 4. Run the daemon once (`Daemon(..., once=True)`): discovery → gate → fetch → score →
    predict → alert → dispatch → report, then check what each receiver got.
+
+The fake Hub is on 127.0.0.1, so the demo reaches it whatever `HF_HUB_OFFLINE` says. A demo that
+fails says at which stage and why (`DemoFailed`, or `failed_stage` and `failure` in the summary).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -25,11 +30,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from monitor.demo.failure import DemoFailed, diagnose, stage as _stage
 from monitor.errors import LstarError
 
 HISTORY_SEED, LIVE_SEED = 0, 1
 METRIC = "prob_correct"
 ORG = "demo-org"
+
+
+def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
+    """One pass of the daemon (`config.once`) against the demo's fake Hub on this machine.
+
+    huggingface_hub's offline mode (`HF_HUB_OFFLINE`, common where the demo is run for want of
+    a network) is lifted in this process for that loopback endpoint; child processes keep it.
+    Returns the exit code and the error of each job that failed, by job name.
+    """
+    from monitor.environment import local_hub_online
+    from monitor.service import Daemon
+
+    daemon = Daemon(config)
+    with local_hub_online(config.endpoint):
+        exit_code = daemon.run()
+    return exit_code, {name: job.last_error for name, job in daemon.jobs.items() if job.last_error}
 
 
 def _score_request(corpus_dir: Path) -> Any:
@@ -169,7 +191,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
 
     `summary["ok"]` is True when the loop closed: each local receiver got at least one
-    alert and a report was written.
+    alert and a report was written; when not, `failed_stage` and `failure` say where and why.
+    Raises `DemoFailed` when a stage raised before the loop could run.
     """
     from monitor.environment import harden_environment
 
@@ -178,29 +201,33 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
     from monitor.lab.demo import heldout_cloze_file, train_demo_lineages
     from monitor.sandbox.fakehub import FakeHub
     from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
-    from monitor.service import Daemon, DaemonConfig
+    from monitor.service import DaemonConfig
     from monitor.store import Store
 
     started = time.perf_counter()
     shared = Path(shared_dir) if shared_dir else Path(__file__).resolve().parents[3] / "shared"
     workdir = Path(workdir).resolve()
-    if workdir.exists():
-        shutil.rmtree(workdir)
+    with _stage("prepare"):
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        request = _score_request(shared / "corpus" / "calib-v0")
     state, models = workdir / "state", workdir / "models"
     db = state / "lstar.duckdb"
-    request = _score_request(shared / "corpus" / "calib-v0")
 
     log("training two checkpoint families with the emergence lab (gpt2 and the toy unigram "
         "tokenizer, two seeds each; about a minute and a half on 2 cores)")
-    lineages_by_seed = train_demo_lineages(models, shared=shared)
+    with _stage("train"):
+        lineages_by_seed = train_demo_lineages(models, shared=shared)
     history = {family: list(steps.values()) for (family, seed), steps in lineages_by_seed.items()
                if seed == HISTORY_SEED}
     live = {family: steps for (family, seed), steps in lineages_by_seed.items() if seed == LIVE_SEED}
 
     log("labelling the history with the cloze task and scoring it")
-    labels = _label_history(db, request, heldout_cloze_file(models), history)
+    with _stage("label"):
+        labels = _label_history(db, request, heldout_cloze_file(models), history)
     curve_path = workdir / "policies" / "curves" / "cloze.json"
-    curve, fit = fit_demo_curve(db, labels, curve_path)
+    with _stage("fit"):
+        curve, fit = fit_demo_curve(db, labels, curve_path)
     log(f"fitted the cloze curve: level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
     unresolved = unresolved_warnings(curve)
     if unresolved:
@@ -211,35 +238,42 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
 
     summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
                                "policy": str(workdir / "policies" / "demo.yaml"), "curve": str(curve_path), "fit": fit}
-    with FakeHub() as hub, WebhookReceiver() as hook, SmtpReceiver() as smtp:
-        lineages = {}
-        for family, folders in live.items():
-            lineages[f"{ORG}/{family}-lab"] = _publish(hub, f"{ORG}/{family}-lab", folders)
-        policy_path = workdir / "policies" / "demo.yaml"
-        policy_path.write_text(POLICY.format(org=ORG, corpus=fit["corpus_sha256"], curve="curves/cloze.json",
-                                             webhook=hook.url, smtp_port=smtp.port,
-                                             audit=str(workdir / "received" / "audit.jsonl")))
+    with contextlib.ExitStack() as stack:
+        with _stage("publish"):
+            hub = stack.enter_context(FakeHub())
+            hook = stack.enter_context(WebhookReceiver())
+            smtp = stack.enter_context(SmtpReceiver())
+            lineages = {}
+            for family, folders in live.items():
+                lineages[f"{ORG}/{family}-lab"] = _publish(hub, f"{ORG}/{family}-lab", folders)
+            policy_path = workdir / "policies" / "demo.yaml"
+            policy_path.write_text(POLICY.format(org=ORG, corpus=fit["corpus_sha256"], curve="curves/cloze.json",
+                                                 webhook=hook.url, smtp_port=smtp.port,
+                                                 audit=str(workdir / "received" / "audit.jsonl")))
         log(f"fake Hub at {hub.url}; running the daemon once (discover, gate, score, predict, alert, report)")
         config = DaemonConfig(policies_dir=policy_path.parent, state_dir=state, endpoint=hub.url, api_port=0,
                               once=True, cache_dir=workdir / "hf-cache", template=request)
-        exit_code = Daemon(config).run()
-        alerts = [r.json() for r in hook.requests if "alerts" in r.json()]
-        mails = list(smtp.mails)
-        alert_mails = [m for m in mails if m.message["X-Lstar-Report"] is None]
-        report_mails = [m for m in mails if m.message["X-Lstar-Report"] is not None]
+        with _stage("daemon"):
+            exit_code, job_errors = run_daemon_once(config)
+        with _stage("collect"):
+            alerts = [r.json() for r in hook.requests if "alerts" in r.json()]
+            mails = list(smtp.mails)
+            alert_mails = [m for m in mails if m.message["X-Lstar-Report"] is None]
+            report_mails = [m for m in mails if m.message["X-Lstar-Report"] is not None]
         summary["hub"] = {"url": hub.url, "lineages": lineages}
-    received = workdir / "received"
-    received.mkdir(parents=True, exist_ok=True)
-    import json
-
-    (received / "webhook.json").write_text(json.dumps(alerts, indent=2))
-    for i, m in enumerate(mails):
-        (received / f"mail-{i}.eml").write_bytes(m.raw)
-    with Store.open(db, read_only=True) as store:
-        scores = store.query("SELECT count(*) AS n FROM score_runs WHERE model_repo LIKE ?", [f"{ORG}/%"])[0]["n"]
-        predictions = store.query("SELECT state, count(*) AS n FROM predictions GROUP BY state ORDER BY state")
-        reports = store.reports()
-        checkpoints = store.checkpoint_counts()
+    with _stage("collect"):
+        received = workdir / "received"
+        received.mkdir(parents=True, exist_ok=True)
+        (received / "webhook.json").write_text(json.dumps(alerts, indent=2))
+        for i, m in enumerate(mails):
+            (received / f"mail-{i}.eml").write_bytes(m.raw)
+        with Store.open(db, read_only=True) as store:
+            scores = store.query("SELECT count(*) AS n FROM score_runs WHERE model_repo LIKE ?", [f"{ORG}/%"])[0]["n"]
+            predictions = store.query("SELECT state, count(*) AS n FROM predictions GROUP BY state ORDER BY state")
+            reports = store.reports()
+            checkpoints = store.checkpoint_counts()
+            failed = diagnose(store, org=ORG, exit_code=exit_code, job_errors=job_errors, alerts=len(alerts),
+                              alert_mails=len(alert_mails), reports=len(reports))
     summary.update({
         "daemon_exit_code": exit_code, "checkpoints": checkpoints, "hub_scores": int(scores),
         "predictions": {r["state"]: int(r["n"]) for r in predictions},
@@ -253,4 +287,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
         "wall_s": round(time.perf_counter() - started, 1),
     })
     summary["ok"] = bool(alerts) and bool(alert_mails) and bool(reports) and exit_code == 0
+    if not summary["ok"]:  # `diagnose` names a stage whenever one of these checks fails
+        assert failed is not None
+        summary["failed_stage"], summary["failure"] = failed
     return summary
