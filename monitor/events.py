@@ -113,6 +113,7 @@ def configure_logging(fmt: str = "text") -> None:
             root.removeHandler(old)
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+        logging.captureWarnings(True)   # a library's warning is a JSON line too, not raw text
     elif not root.handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Events are the log's point: shown even where the root logger is set quieter.

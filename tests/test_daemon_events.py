@@ -5,6 +5,7 @@ and policy-reload metrics at /metrics."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import time
@@ -74,6 +75,37 @@ def summary_counts(stdout: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in (re.match(r"  (.+?)\s+(\d+)$", line) for line in lines) if m}
 
 
+def test_an_event_is_one_human_line_or_one_json_object_with_its_fields():
+    from monitor.events import JsonFormatter, event, subscribe
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("lstar.events")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)   # as the daemon's logging set-up does
+    seen: list[tuple[str, dict]] = []
+    stop = subscribe(lambda kind, fields: seen.append((kind, dict(fields))))
+    try:
+        event("refused", checkpoint=3, repo="org/x", commit="c0ffee", reason="too big: 9 GB > 8 GB",
+              rule=None, at=datetime(2030, 1, 1, tzinfo=timezone.utc), se=float("nan"))
+    finally:
+        stop()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    [record] = records
+    assert record.getMessage() == ('refused checkpoint=3 repo=org/x commit=c0ffee reason="too big: 9 GB > 8 GB" '
+                                   'at=2030-01-01T00:00:00+00:00 se=-')
+    data = json.loads(JsonFormatter().format(record))
+    assert {k: data[k] for k in ("event", "checkpoint", "repo", "commit", "reason", "se", "logger")} == {
+        "event": "refused", "checkpoint": 3, "repo": "org/x", "commit": "c0ffee",
+        "reason": "too big: 9 GB > 8 GB", "se": None, "logger": "lstar.events"}
+    assert "rule" not in data   # None values are left out
+    assert seen == [("refused", {"checkpoint": 3, "repo": "org/x", "commit": "c0ffee",
+                                 "reason": "too big: 9 GB > 8 GB", "at": "2030-01-01T00:00:00+00:00", "se": None})]
+
+
 def test_once_waits_for_its_alert_logs_every_event_as_json_and_summarises(tmp_path, shared_dir):
     with FakeHub() as hub, WebhookReceiver() as hook:
         add_lineage(hub, "fake-org/tiny", steps=(1000,))
@@ -121,8 +153,8 @@ def test_once_waits_for_its_alert_logs_every_event_as_json_and_summarises(tmp_pa
     assert (scored["checkpoint"], scored["run"]) == (cp["id"], run["run_id"])
     assert abs(scored["lstar"] - run["lstar"]) < 1e-6 and abs(scored["se"] - run["se_ce"]) < 1e-6
     assert scored["tokens_per_s"] > 0
-    assert [(e["policy"], e["task"], e["run"], e["state"]) for e in events["state"]] == [
-        (prediction["policy"], prediction["task"], prediction["run_id"], prediction["state"])]
+    assert [(e["policy"], e["task"], e["run"], e["state"], e["previous"], e["changed"]) for e in events["state"]] == [
+        (prediction["policy"], prediction["task"], prediction["run_id"], prediction["state"], "none", True)]
     assert [e["alert"] for e in events["alert_raised"]] == [alerts[0]["alert_key"]]
     assert [(e["notification"], e["receiver"], e["alerts"]) for e in events["delivered"]] == [
         (notifications[0]["id"], "hook", 1)]

@@ -199,6 +199,7 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
                           threshold=prediction.threshold, curve_id=prediction.curve_id,
                           detail=prediction.as_dict())
     row["alerts"] = [alert.as_row()] if alert else []
+    row["previous_state"] = history.state   # for the event log only; not a column
     return row
 
 
@@ -211,7 +212,9 @@ def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime) -> dict[
         row = rows[0]
         ids = {"policy": row["policy"], "task": row["task"], "repo": row["repo"], "commit": row["commit_sha"],
                "run": row["run_id"]}
-        event("state", **ids, state=row["state"], p_hat=row["p_hat"], lo=row["lo"], hi=row["hi"],
+        previous = row.get("previous_state")
+        event("state", **ids, state=row["state"], previous=previous or "none",
+              changed=previous != row["state"], p_hat=row["p_hat"], lo=row["lo"], hi=row["hi"],
               threshold=row["threshold"])
         if counts["alerts"]:
             for alert in row.get("alerts", ()):
@@ -334,6 +337,7 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
                                   detail=numbers)
         planned["alerts"] = [alert.as_row()] if alert else []
+        planned["previous_state"] = history.state
         report.add(_write(store, [planned], now))
 
 
