@@ -180,7 +180,7 @@ def test_once_gives_up_on_alerts_due_after_its_wait_and_says_what_is_pending(tmp
             record_fake_score(store, repo="org/model", sha="a" * 40, lstar=-2.0, se=0.01,
                               finished_at=datetime.now(timezone.utc) - timedelta(minutes=1))
         daemon = DaemonProcess(tmp_path / "policies", tmp_path / "state", env=SECRET_ENV, fast=False,
-                               args=["--once", "--once-wait", "30s"])
+                               args=["--once", "--once-wait", "30s", "--max-context", "128"])
         started = time.monotonic()
         done = subprocess.run(daemon.command(), capture_output=True, text=True, env=daemon.env, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -208,18 +208,22 @@ def test_metrics_expose_outbox_dead_letters_skips_rule_polls_and_policy_reloads(
         with Store.open(tmp_path / "state" / "lstar.duckdb") as store:
             record_fake_score(store, repo="fake-org/model", sha="a" * 40, lstar=-2.0, se=0.01,
                               finished_at=now - timedelta(minutes=2))
-            # Scored with another window than the curve's: its evaluation is refused, every pass.
+            # Scored with another window than the curve's: its evaluation is refused.
             # (Both repos are fake-org's, so the policy's watch rule covers them.)
             record_fake_score(store, repo="fake-org/other", sha="b" * 40, lstar=-2.0, se=0.01,
                               finished_at=now - timedelta(minutes=1), spec={"window_len": 64, "stride": 32})
         with DaemonProcess(tmp_path / "policies", tmp_path / "state", endpoint=hub.url, env=SECRET_ENV,
-                           args=["--poll-every", "1h", "--score-every", "1h"]) as daemon:
-            wait_for(lambda: len(hook.requests) >= 1 and metric(daemon.request("/metrics")[1].decode(),
-                                                                "lstar_dead_letters_open") == 1,
-                     timeout=60, what="the dead letter in /metrics")
-            text = daemon.request("/metrics")[1].decode()
-            assert metric(text, 'lstar_outbox_depth{stage="notification"}') == 0
-            assert metric(text, 'lstar_outbox_depth{stage="delivery"}') == 0
+                           args=["--poll-every", "1h", "--score-every", "1h", "--max-context", "128"]) as daemon:
+            # The at-risk alert and the operator's note of the refused evaluation each go to the
+            # hook once, are refused for good, and stay dead letters: the outbox is then empty.
+            def settled() -> str | None:
+                text = daemon.request("/metrics")[1].decode()
+                empty = (metric(text, 'lstar_outbox_depth{stage="notification"}') == 0
+                         and metric(text, 'lstar_outbox_depth{stage="delivery"}') == 0)
+                return text if empty and len(hook.requests) >= 2 else None
+
+            text = wait_for(settled, timeout=60, what="the refused notifications to settle")
+            assert metric(text, "lstar_dead_letters_open") == len(hook.requests) == 2
             assert metric(text, 'lstar_evaluations_skipped_total{reason="curve_refused"}') == 1
             polled = metric(text, 'lstar_rule_last_success_timestamp_seconds{rule="tiny"}')
             assert polled is not None and abs(polled - time.time()) < 120
