@@ -55,6 +55,7 @@ from monitor.alerts.outbox import evaluate_pending
 from monitor.alerts.payload import build_body, notification_id
 from monitor.alerts.rules import Silence, group_due_at, next_attempt_at, rate_limit_free_at, silenced_by
 from monitor.errors import PolicyError
+from monitor.events import event
 from monitor.failpoints import failpoint
 from monitor.policy import Policy, parse_matcher
 from monitor.policy.schema import Receiver
@@ -213,8 +214,9 @@ def disabled_notification(store: Store, policy: Policy, receiver: str, now: date
     disabled = receiver_disabled(store, policy.name, receiver)
     if disabled is None:
         return None
-    store.kill_notifications(policy.name, receiver, now=now,
-                             reason=f"receiver {receiver} is disabled: {disabled}")
+    reason = f"receiver {receiver} is disabled: {disabled}"
+    for nid in store.kill_notifications(policy.name, receiver, now=now, reason=reason):
+        event("dead_lettered", notification=nid, policy=policy.name, receiver=receiver, reason=reason)
     return Stop()
 
 
@@ -270,8 +272,11 @@ def record(store: Store, owner: str, rng: random.Random, policy: Policy, receive
                "error": result.error, "retry_after_s": result.retry_after_s}
     outcome = {"id": row.id, "receiver": receiver.name, "attempt": attempts,
                "outcome": result.outcome, "status_code": result.status_code, "error": result.error}
+    ids = {"notification": row.id, "policy": policy.name, "receiver": receiver.name, "attempt": attempts,
+           "alerts": int(row.n_alerts)}
     if result.outcome == "delivered":
         store.finish_notification(row.id, owner, status="delivered", attempt=attempt, now=now)
+        event("delivered", **ids, status_code=result.status_code)
         return outcome
     if result.outcome == "retry" and attempts < receiver.retry.max_attempts:
         retry_after = timedelta(seconds=result.retry_after_s) if result.retry_after_s is not None else None
@@ -282,6 +287,7 @@ def record(store: Store, owner: str, rng: random.Random, policy: Policy, receive
         store.finish_notification(row.id, owner, status="pending", attempt=attempt, now=now,
                                   next_attempt_at=when, error=result.error, endpoint=endpoint)
         outcome["next_attempt_at"] = when
+        event("retried", **ids, status_code=result.status_code, error=result.error, next_attempt_at=when)
         return outcome
     if result.outcome == "retry":
         reason = f"gave up after {attempts} attempts: {result.error}"
@@ -297,9 +303,11 @@ def record(store: Store, owner: str, rng: random.Random, policy: Policy, receive
         reason += "; no other receiver to tell the operator"
     store.finish_notification(row.id, owner, status="dead", attempt=attempt, now=now,
                               error=reason, endpoint=endpoint, meta_alert=meta)
+    event("dead_lettered", **ids, status_code=result.status_code, reason=reason)
     if result.outcome == "gone":
-        store.kill_notifications(policy.name, receiver.name, now=now,
-                                 reason=f"receiver {receiver.name} is disabled: {reason}")
+        gone = f"receiver {receiver.name} is disabled: {reason}"
+        for nid in store.kill_notifications(policy.name, receiver.name, now=now, reason=gone):
+            event("dead_lettered", notification=nid, policy=policy.name, receiver=receiver.name, reason=gone)
     outcome["dead_reason"] = reason
     return outcome
 

@@ -28,6 +28,7 @@ from monitor.alerts.rules import (FIRING_STATES, GAMING_ALERTNAME, RouteTarget, 
                                   task_labels)
 from monitor.curves import ScoringRef
 from monitor.errors import CurveError
+from monitor.events import event
 from monitor.failpoints import failpoint
 from monitor.policy import Policy, Task
 from monitor.store import Store
@@ -71,6 +72,12 @@ class EvaluationReport:
     alerts: int = 0
     deliveries: int = 0
     skipped: list[str] = field(default_factory=list)
+    skip_reasons: dict[str, str] = field(default_factory=dict)   # line of `skipped` -> its reason code
+
+    def skip(self, reason: str, line: str) -> None:
+        """Record an evaluation that could not be done: a reason code and the line that says why."""
+        self.skipped.append(line)
+        self.skip_reasons[line] = reason
 
     def add(self, counts: Mapping[str, int]) -> None:
         self.predictions += counts["predictions"]
@@ -79,7 +86,8 @@ class EvaluationReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"predictions": self.predictions, "alerts": self.alerts,
-                "deliveries": self.deliveries, "skipped": list(self.skipped)}
+                "deliveries": self.deliveries, "skipped": list(self.skipped),
+                "skip_reasons": dict(self.skip_reasons)}
 
 
 def watches(policy: Policy, repo: str, rule: str | None) -> bool:
@@ -191,12 +199,28 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
                           threshold=prediction.threshold, curve_id=prediction.curve_id,
                           detail=prediction.as_dict())
     row["alerts"] = [alert.as_row()] if alert else []
+    row["previous_state"] = history.state   # for the event log only; not a column
     return row
 
 
 def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, int]:
+    """Write planned prediction rows (one at a time, as callers pass them) and log what was
+    written: the task's state, and the alert it raised."""
     failpoint("after_score_before_outbox")
-    return store.write_outbox(rows, now=now, before_commit=lambda conn: failpoint("mid_outbox_write"))
+    counts = store.write_outbox(rows, now=now, before_commit=lambda conn: failpoint("mid_outbox_write"))
+    if len(rows) == 1 and counts["predictions"]:   # 0: evaluated meanwhile, nothing new to tell
+        row = rows[0]
+        ids = {"policy": row["policy"], "task": row["task"], "repo": row["repo"], "commit": row["commit_sha"],
+               "run": row["run_id"]}
+        previous = row.get("previous_state")
+        event("state", **ids, state=row["state"], previous=previous or "none",
+              changed=previous != row["state"], p_hat=row["p_hat"], lo=row["lo"], hi=row["hi"],
+              threshold=row["threshold"])
+        if counts["alerts"]:
+            for alert in row.get("alerts", ()):
+                event("alert_raised", **ids, alert=alert["alert_key"], kind=alert["kind"],
+                      state=alert["state"], receivers=",".join(d["receiver"] for d in alert["deliveries"]))
+    return counts
 
 
 def _curve_id(curves: Predictor, policy: Policy, task: Task) -> str | None:
@@ -224,11 +248,11 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
             try:
                 public = curves.corpus_of(policy)
             except CurveError as exc:
-                report.skipped.append(f"policy {policy.name}: {exc.one_line()}")
+                report.skip("curve_unusable", f"policy {policy.name}: {exc.one_line()}")
                 continue
         if public is None and policy.tasks:
-            report.skipped.append(f"policy {policy.name}: no public corpus (set corpora.public, or use "
-                                  "curves fitted on one corpus)")
+            report.skip("no_public_corpus", f"policy {policy.name}: no public corpus (set corpora.public, "
+                                            "or use curves fitted on one corpus)")
             continue
         for task in policy.tasks:
             curve_id = _curve_id(curves, policy, task)
@@ -240,8 +264,8 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                     prediction = curves(policy, task, score)
                 except CurveError as exc:
                     # Recorded, so that it is shown (and not tried again until the curve changes).
-                    report.skipped.append(f"policy {policy.name}, task {task.name}, run {score.run_id}: "
-                                          f"{exc.one_line()}")
+                    report.skip("curve_refused", f"policy {policy.name}, task {task.name}, "
+                                                 f"run {score.run_id}: {exc.one_line()}")
                     report.add(_write(store, [_prediction_row(
                         policy, task.name, score, state=NOT_EVALUATED, now=now, curve_id=curve_id,
                         detail={"reason": exc.one_line()})], now))
@@ -275,7 +299,8 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
     rule, corpora = policy.calibration_gaming, policy.corpora
     assert rule is not None
     if corpora.public is None or corpora.private is None:
-        report.skipped.append(f"policy {policy.name}: calibration_gaming needs corpora.public and .private")
+        report.skip("gaming_corpora_missing",
+                    f"policy {policy.name}: calibration_gaming needs corpora.public and .private")
         return
     candidates = [r for r in store.evaluation_candidates(policy.name, GAMING_TASK, corpora.public)
                   if watches(policy, r.repo, r.rule)]
@@ -283,8 +308,9 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         return
     offsets, missing = reference_offsets(store, policy)
     if missing:
-        report.skipped.append(f"policy {policy.name}: calibration_gaming waits for scores of reference "
-                              f"checkpoint(s) on both corpora: {', '.join(missing)}")
+        report.skip("gaming_references_unscored",
+                    f"policy {policy.name}: calibration_gaming waits for scores of reference "
+                    f"checkpoint(s) on both corpora: {', '.join(missing)}")
         return
     for row in candidates:
         score = _view(row)
@@ -311,6 +337,7 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
                                   detail=numbers)
         planned["alerts"] = [alert.as_row()] if alert else []
+        planned["previous_state"] = history.state
         report.add(_write(store, [planned], now))
 
 

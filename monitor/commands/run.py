@@ -14,6 +14,7 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, MAX_RESAMPLES, STATE
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.environment import refuse_hub_offline
+from monitor.events import LOG_FORMATS
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.scoring.backends import BACKENDS, check_ray_installed
@@ -52,6 +53,14 @@ def _check_backend(value: str) -> str:
     return value
 
 
+def _check_log_format(value: str) -> str:
+    """`--log-format`: text or json."""
+    if value not in LOG_FORMATS:
+        raise click.BadParameter(f"{value!r} is not a log format; use one of: {', '.join(LOG_FORMATS)}",
+                                 param_hint="'--log-format'")
+    return value
+
+
 def _cache_keep(value: str) -> int | None:
     """`--cache-keep`: a count of finished checkpoints, or all/none/off to never prune."""
     if value.strip().lower() in ("all", "none", "off"):
@@ -83,7 +92,14 @@ def register(app: typer.Typer) -> None:
         api_connection_lifetime: str = typer.Option(
             "1m", "--api-connection-lifetime",
             help="A connection to the local API is closed this long after it opened, however busy."),
-        once: bool = typer.Option(False, "--once", help="Run every job once, then exit."),
+        once: bool = typer.Option(False, "--once",
+                                  help="Run every job once, wait for the alerts raised to be sent (see "
+                                       "--once-wait), print a summary, then exit."),
+        once_wait: str = typer.Option("60s", "--once-wait",
+                                      help="With --once: the longest wait for pending alerts to be sent "
+                                           "(0s: do not wait)."),
+        log_format: str = typer.Option("text", "--log-format", callback=_check_log_format,
+                                       help="Log lines as text, or json (one JSON object per line)."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub download cache (default: the HF cache)."),
         poll_every: str = typer.Option("15m", "--poll-every", help="Hub poll interval."),
         score_every: str = typer.Option("1m", "--score-every", help="How often the queue is checked."),
@@ -154,6 +170,7 @@ def register(app: typer.Typer) -> None:
         # Intervals and limits are at least 1 s (a clock, not a busy loop); the two waits may be 0.
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
+            once_wait=seconds(once_wait, "--once-wait", low=0.0), log_format=log_format,
             api_idle_timeout=seconds(api_idle_timeout, "--api-idle-timeout", low=0.1), api_workers=api_workers,
             api_connection_lifetime=seconds(api_connection_lifetime, "--api-connection-lifetime", low=1.0),
             cache_dir=cache_dir, poll_interval=seconds(poll_every, "--poll-every"),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import GateRefusedError, HubError, IntegrityError
+from monitor.events import event
 from monitor.hub.client import HubClient, describe_error, refusal_reason
 from monitor.hub.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
 from monitor.hub.rules import Budgets, WatchRule
@@ -373,5 +374,10 @@ def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
         store.set_checkpoint_verdict(row.id, expect_status="discovered", status=verdict.status,
                                      reason=verdict.reason, meta=verdict.meta, now=now_fn())
         outcomes.append(GateOutcome(row.id, row.repo, row.sha, verdict.status, verdict.reason))
+        if verdict.status == "gated":
+            event("gated", checkpoint=row.id, repo=row.repo, commit=row.sha, rule=row.rule)
+        else:
+            event("refused", checkpoint=row.id, repo=row.repo, commit=row.sha, rule=row.rule,
+                  status=verdict.status, reason=verdict.reason)
     store.checkpoint()
     return outcomes

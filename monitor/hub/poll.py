@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.errors import HubError
+from monitor.events import event
 from monitor.hub.client import HubClient, describe_error, refusal_reason
 from monitor.hub.rules import WatchRule
 from monitor.store import Store
@@ -142,9 +143,16 @@ def poll_rule(store: Store, client: HubClient, rule: WatchRule, *,
     else:
         newest, boundary = None, set()
     result.candidates = len(candidates)
+    inserted: list[tuple[int, Candidate]] = []
     result.new = store.record_discoveries(
         key, rule.name, client.endpoint, candidates, watermark=newest,
-        boundary=sorted(boundary), now=now, requests=result.requests, listed=len(changed))
+        boundary=sorted(boundary), now=now, requests=result.requests, listed=len(changed),
+        inserted_ids=inserted)
+    for row_id, c in inserted:
+        event("discovered", checkpoint=row_id, repo=c.repo, commit=c.sha, rule=rule.name,
+              refs=",".join(c.refs) or None)
+        if c.status == "skipped":   # listed but unreadable: refused at once, with the Hub's reason
+            event("refused", checkpoint=row_id, repo=c.repo, commit=c.sha, rule=rule.name, reason=c.reason)
     result.watermark = newest.isoformat() if newest else None
     return result
 

@@ -24,6 +24,7 @@ import duckdb
 
 from monitor.errors import (CorpusError, GateRefusedError, HubError, IntegrityError, LstarError,
                             ModelLoadError, SpecError, TokenizerError, UnsupportedCheckpointError)
+from monitor.events import event
 from monitor.failpoints import failpoint
 from monitor.store import Store, utcnow
 from monitor.store.rows import CheckpointRow
@@ -125,6 +126,7 @@ def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outc
     with its rows, if this owner still holds the lease.
     """
     hub_down = refunded = False
+    outcome: Outcome | None = None
     try:
         outcome = work()
     except SKIP_ERRORS as exc:
@@ -146,6 +148,13 @@ def settle(store: Store, job: CheckpointRow, owner: str, work: Callable[[], Outc
                         reason=outcome.reason, now=now_fn(), write=outcome.write)
     row = store.get_checkpoint(job.id)
     status, reason = (row.status, row.reason) if row is not None else ("gone", None)
+    ids = {"checkpoint": job.id, "repo": job.repo, "commit": job.sha, "attempt": job.attempts}
+    if held and status == "scored" and outcome is not None:
+        meta = outcome.meta
+        event("scored", **ids, run=meta.get("run_id"), lstar=meta.get("lstar"), se=meta.get("se"),
+              tokens_per_s=meta.get("tokens_per_s"), linked_from=meta.get("linked_from_run_id"))
+    elif held and status in ("failed", "skipped"):
+        event("score_failed", **ids, status=status, reason=reason)
     return JobResult(job.id, job.repo, job.sha, job.attempts, status, reason,
                      lease_lost=not held, refunded=refunded), hub_down
 

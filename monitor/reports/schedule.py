@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from monitor.events import event
 from monitor.policy import Policy, Report
 from monitor.reports.delivery import deliver_report
 from monitor.reports.report import build_report, missing_parents, remove_empty_folders, slug, write_report
@@ -63,6 +64,8 @@ def write_due_reports(store: Store, policies: Sequence[Policy], *, now: datetime
                 continue  # recorded meanwhile for this very time: sent then
             deliveries = deliver_report(policy, spec, data, paths, now=now)
             store.set_report_deliveries(report_id, deliveries)
+            event("report_written", report=report_id, policy=policy.name, name=spec.name, folder=str(folder),
+                  receivers=len(deliveries), delivered=sum(d.get("outcome") == "delivered" for d in deliveries))
             done.append({"policy": policy.name, "report": spec.name, "folder": str(folder),
                          "summary": data["summary"], "deliveries": deliveries})
     return done

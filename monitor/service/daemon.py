@@ -50,6 +50,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +61,7 @@ from typing import Any
 
 from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, StoreError
+from monitor.events import configure_logging, event
 from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
                          gate_pending, poll_once)
@@ -93,6 +95,8 @@ class DaemonConfig:
     api_workers: int = 8              # connections the local API serves at once (more: /health, /metrics or 503)
     api_connection_lifetime: float = 60.0  # an API connection closes this long after it opened
     once: bool = False
+    once_wait: float = 60.0           # with `once`: how long to wait for the alerts it raised to be sent
+    log_format: str = "text"          # text | json (one JSON object per log line)
     cache_dir: Path | None = None
     poll_interval: float = 900.0
     score_interval: float = 60.0
@@ -161,6 +165,7 @@ class Daemon:
         self.policy_digest: str | None = None
         self.policy_problems: list[str] = []   # no policy in force, missing secrets: unhealthy
         self.metrics = DaemonMetrics()
+        self.metrics.store_reader = self.read_store
         self.jobs = {name: JobState(name) for name in JOB_NAMES}
         self.jobs_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -194,9 +199,7 @@ class Daemon:
                 self._abandon_start()
                 raise
             if self.config.once:
-                for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
-                    if name != "report" or self.report_fn is not None:
-                        self._run_job(name)
+                self._run_once()
                 if self.policy_problems:
                     log.error("--once: not ready: %s", "; ".join(self.policy_problems))
                     return self._shutdown() or 2
@@ -210,6 +213,19 @@ class Daemon:
         finally:
             self.lock.release()
 
+    def _run_once(self) -> None:
+        """Every job once, then the outbox until what this run raised is sent (bounded by
+        `once_wait`), then the summary on stdout."""
+        from monitor.service.once import RunTally, print_summary, wait_for_outbox
+
+        with RunTally() as tally:
+            for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
+                if name != "report" or self.report_fn is not None:
+                    self._run_job(name)
+            pending = wait_for_outbox(self.read_store, lambda: self._run_job("dispatch"),
+                                      bound_s=self.config.once_wait, say=lambda line: print(line, flush=True))
+        print_summary(tally, pending, sys.stdout)
+
     def _start(self) -> None:
         from monitor.service.api import ApiServer
 
@@ -217,6 +233,9 @@ class Daemon:
         check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
         self._reclaim_leases()
+        with contextlib.suppress(Exception):   # the age of each rule's last good poll survives a restart
+            for rule, at in self.store.last_successful_polls().items():
+                self.metrics.rule_polled(rule, at.timestamp())
         self._reload_policies(force=True)
         self._check_policy_problems()
         self.check_scoring_pins(start=True)
@@ -530,6 +549,7 @@ class Daemon:
             return False
         self.policy_digest = digest
         errors = self.policy_set.reload(files)
+        self.metrics.policy_reloaded(ok=not errors)
         for path, message in errors.items():
             kept_note = "the last good version stays in force" if path in self.policy_set.policies \
                 else "no version of it is in force"
@@ -612,6 +632,8 @@ class Daemon:
                 for p in polls:
                     self.metrics.polls.labels(result="error" if p.error else "ok").inc()
                     self.metrics.discovered.inc(p.new)
+                    if p.error is None:
+                        self.metrics.rule_polled(p.rule)
                 out["polls"] = [p.as_dict() for p in polls]
                 outcomes = gate_pending(store, client, rules, cache_dir=self.cache_dir())
                 out["gated"] = [o.as_dict() for o in outcomes]
@@ -680,9 +702,20 @@ class Daemon:
         with self.job_store() as store:
             report = evaluate_pending(store, self.policies(), now=utcnow()).as_dict()
         self.metrics.alerts_raised.inc(report["alerts"])
+        self._log_new_skips(report["skip_reasons"])
         if report["deliveries"]:
             self.nudge("dispatch")
         return report
+
+    def _log_new_skips(self, skips: dict[str, str]) -> None:
+        """Log and count each skipped evaluation (line -> reason code) not skipped in the
+        previous pass: a policy-level skip is found again every pass until it is mended."""
+        seen = getattr(self, "_skips_seen", set())
+        for line, reason in skips.items():
+            if line not in seen:
+                event("evaluation_skipped", reason=reason, detail=line)
+                self.metrics.evaluations_skipped.labels(reason=reason).inc()
+        self._skips_seen = set(skips)
 
     def job_dispatch(self) -> dict[str, Any]:
         from monitor.alerts import Dispatcher, raise_hub_outage_alerts
@@ -820,8 +853,7 @@ def _report_function() -> Callable[..., Any] | None:
 
 def run_daemon(config: DaemonConfig) -> int:
     """Run the daemon in this process until stopped; returns the exit code."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_format)
     for noisy in ("apscheduler", "httpx", "httpx2", "huggingface_hub"):  # one line per job run or request
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # A tick that finds its job still running is expected (max_instances=1), not a warning.

@@ -204,6 +204,7 @@ def outcome_to_queue(store: Store, outcome: ScoreOutcome, key: dict[str, str] | 
 
     return Outcome("scored", meta={"run_id": result["run_id"], "lstar": result["lstar"],
                                    "se": result["se_ce"], "corpus_sha256": result["corpus"]["sha256"],
+                                   "tokens_per_s": result.get("tokens_per_s"),
                                    "baseline": scored.baseline_source,
                                    **({"worker": outcome.worker} if outcome.worker else {})},
                    write=write)

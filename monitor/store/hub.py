@@ -40,23 +40,27 @@ class HubRows(StoreConnection):
     def record_discoveries(self, rule_key: str, rule_name: str, endpoint: str,
                            candidates: Sequence[Any], *, watermark: datetime | None,
                            boundary: Sequence[str], now: datetime, requests: int,
-                           listed: int) -> int:
+                           listed: int, inserted_ids: list[tuple[int, Any]] | None = None) -> int:
         """Upsert candidate checkpoints, advance the rule's watermark and log the poll, atomically.
 
         `candidates` have repo, sha, refs, status, reason, meta. An existing (repo, sha) keeps
-        its row and gains any new refs. Returns the number of rows inserted.
+        its row and gains any new refs. Returns the number of rows inserted; `inserted_ids`,
+        when given, receives (row id, candidate) of each, once committed.
         """
         inserted = 0
+        new_rows: list[tuple[int, Any]] = []
         with self.transaction() as conn:
             for c in candidates:
                 row = conn.execute("SELECT id, refs FROM checkpoints WHERE repo = ? AND sha = ?",
                                    [c.repo, c.sha]).fetchone()
                 if row is None:
-                    conn.execute(
+                    new_id = conn.execute(
                         "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at,"
-                        " updated_at, status, reason, meta) VALUES (?, ?, 'hub', ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " updated_at, status, reason, meta) VALUES (?, ?, 'hub', ?, ?, ?, ?, ?, ?, ?, ?)"
+                        " RETURNING id",
                         [c.repo, c.sha, json.dumps(sorted(c.refs)), c.repo, rule_name, now, now,
-                         c.status, c.reason, json.dumps(c.meta, sort_keys=True)])
+                         c.status, c.reason, json.dumps(c.meta, sort_keys=True)]).fetchone()[0]
+                    new_rows.append((int(new_id), c))
                     inserted += 1
                     continue
                 old = json.loads(row[1])
@@ -73,7 +77,14 @@ class HubRows(StoreConnection):
             self._insert_hub_poll(conn, rule_key, rule_name, now=now, ok=True, listed=listed,
                                   new=inserted, requests=requests, error=None)
         self.checkpoint()
+        if inserted_ids is not None:
+            inserted_ids.extend(new_rows)
         return inserted
+
+    def last_successful_polls(self) -> dict[str, datetime]:
+        """Each watch rule's last successful poll (from the poll log, within its retention)."""
+        rows = self.query("SELECT rule_name, max(polled_at) AS at FROM hub_polls WHERE ok GROUP BY rule_name")
+        return {r["rule_name"]: r["at"] for r in rows}
 
     def hub_polls(self, *, limit: int = 100) -> list[HubPollRow]:
         """Recent rule polls, newest first."""

@@ -220,6 +220,24 @@ class NotificationRows(StoreConnection):
                              "WHERE notification_id = ?", [silence_id, now, notification_id])
         return n == 1
 
+    def outbox_depth(self) -> dict[str, int]:
+        """Counts for the daemon's metrics: deliveries not yet grouped, notifications waiting to
+        be sent, and open dead letters (dead notifications nobody has retried)."""
+        row = self.query(
+            "SELECT (SELECT count(*) FROM deliveries WHERE status = 'pending') AS deliveries_pending,"
+            " count(*) FILTER (WHERE status = 'pending') AS notifications_pending,"
+            " count(*) FILTER (WHERE status = 'dead') AS dead_letters FROM notifications")[0]
+        return {k: int(v or 0) for k, v in row.items()}
+
+    def outbox_due_times(self) -> list[datetime]:
+        """When each pending delivery's group may first be sent (created + group_wait) and each
+        pending notification is next tried: what `lstar run --once` waits for."""
+        rows = self.query(
+            "SELECT created_at + to_microseconds(CAST(group_wait_s * 1e6 AS BIGINT)) AS due FROM deliveries"
+            " WHERE status = 'pending' UNION ALL SELECT next_attempt_at AS due FROM notifications"
+            " WHERE status = 'pending'")
+        return [r["due"] for r in rows]
+
     def notification(self, notification_id: str) -> NotificationRow | None:
         """One notification row, or None."""
         rows = self.query("SELECT * FROM notifications WHERE id = ?", [notification_id])
