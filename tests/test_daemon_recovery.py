@@ -66,7 +66,9 @@ def test_kill_9_mid_delivery_resends_once_within_an_interval_with_the_same_webho
         with Store.open(state / "lstar.duckdb") as store:
             record_fake_score(store, repo="org/model", sha="a" * 40, lstar=AT_RISK, se=0.02,
                               finished_at=datetime.now(timezone.utc))
-        args = ["--outbox-every", f"{INTERVAL_S:g}s", "--score-every", "1h", "--poll-every", "1h"]
+        # --max-context 128: the window of the recorded score and of its curve (TEST_SPEC)
+        args = ["--outbox-every", f"{INTERVAL_S:g}s", "--score-every", "1h", "--poll-every", "1h",
+                "--max-context", "128"]
         first = DaemonProcess(policies, state, args=args, env={"LSTAR_TEST_WEBHOOK_SECRET": SECRET}, fast=False)
         with first:
             wait_for(lambda: hook.requests, timeout=60, what=f"the first send\n{first.log()}")

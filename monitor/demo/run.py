@@ -252,7 +252,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
                                                  audit=str(workdir / "received" / "audit.jsonl")))
         log(f"fake Hub at {hub.url}; running the daemon once (discover, gate, score, predict, alert, report)")
         config = DaemonConfig(policies_dir=policy_path.parent, state_dir=state, endpoint=hub.url, api_port=0,
-                              once=True, cache_dir=workdir / "hf-cache", template=request)
+                              once=True, once_summary=False, cache_dir=workdir / "hf-cache", template=request)
         with _stage("daemon"):
             exit_code, job_errors = run_daemon_once(config)
         with _stage("collect"):

@@ -96,6 +96,7 @@ class DaemonConfig:
     api_connection_lifetime: float = 60.0  # an API connection closes this long after it opened
     once: bool = False
     once_wait: float = 60.0           # with `once`: how long to wait for the alerts it raised to be sent
+    once_summary: bool = True         # with `once`: its waiting notes and summary on stdout (else the log)
     log_format: str = "text"          # text | json (one JSON object per log line)
     cache_dir: Path | None = None
     poll_interval: float = 900.0
@@ -215,16 +216,19 @@ class Daemon:
 
     def _run_once(self) -> None:
         """Every job once, then the outbox until what this run raised is sent (bounded by
-        `once_wait`), then the summary on stdout."""
+        `once_wait`), then the summary on stdout (`once_summary`)."""
         from monitor.service.once import RunTally, print_summary, wait_for_outbox
 
         with RunTally() as tally:
             for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
                 if name != "report" or self.report_fn is not None:
                     self._run_job(name)
+            # `lstar demo --json` keeps stdout for its own JSON: there the notes go to the log
+            say = (lambda line: print(line, flush=True)) if self.config.once_summary else log.info
             pending = wait_for_outbox(self.read_store, lambda: self._run_job("dispatch"),
-                                      bound_s=self.config.once_wait, say=lambda line: print(line, flush=True))
-        print_summary(tally, pending, sys.stdout)
+                                      bound_s=self.config.once_wait, say=say)
+        if self.config.once_summary:
+            print_summary(tally, pending, sys.stdout)
 
     def _start(self) -> None:
         from monitor.service.api import ApiServer
