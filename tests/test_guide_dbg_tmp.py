@@ -1,0 +1,130 @@
+"""docs/guide.md runs as written: every ```bash block after a `<!-- guide-test -->` comment is
+executed in order, each `lstar` line through the real command line, against the fake Hub's
+`guide` scenario (tiny real models) with `HF_ENDPOINT` pointing at it, in an empty folder
+beside the shared data; each `<!-- guide-file: PATH -->` block is written to PATH first.
+Blocks without the marker (systemd, Docker, lm-eval) are shown, not run, and say so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from standardwebhooks import Webhook
+
+from monitor.sandbox.fakehub import FakeHub
+from monitor.sandbox.hub_repos import scenario_guide
+from monitor.sandbox.receivers import WebhookReceiver
+from monitor.store import Store
+from monitor.testing.daemon_harness import REPO_ROOT
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
+PRODUCTION_WEBHOOK = "https://hooks.example.org/lstar"
+BLOCK = re.compile(r"<!-- guide-(test|file: (?P<path>[^ ]+)) -->\n```(?P<lang>\w+)\n(?P<body>.*?)\n```", re.S)
+
+
+def guide_steps(text: str) -> list[tuple[str, str, str | None]]:
+    """(kind, body, path) of every marked block, in order: kind is 'test' or 'file'."""
+    return [("file" if m.group("path") else "test", m.group("body"), m.group("path")) for m in BLOCK.finditer(text)]
+
+
+def command_lines(body: str) -> list[str]:
+    """The block's commands: comments and blank lines dropped, `\\` continuations joined."""
+    lines, current = [], ""
+    for raw in body.splitlines():
+        line = raw.strip()
+        if not current and (not line or line.startswith("#")):
+            continue
+        current += line[:-1] + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    return lines
+
+
+def test_the_guide_is_linked_and_its_blocks_are_marked() -> None:
+    assert "(docs/guide.md)" in README.read_text()
+    text = GUIDE.read_text()
+    steps = guide_steps(text)
+    tested = [line for kind, body, _ in steps if kind == "test" for line in command_lines(body)]
+    for needed in ("lstar score ", "lstar eval ", "lstar curves fit ", "lstar curves validate ", "lstar policy check ",
+                   "lstar run ", "lstar report ", "lstar runs ", "lstar status "):
+        assert any(line.startswith(needed) for line in tested), needed
+    # Every fenced shell block is either run by the test or says that it is not.
+    for block in re.finditer(r"(?P<before>.{0,30})```bash\n(?P<body>.*?)\n```", text, re.S):
+        assert "<!-- guide-test -->" in block.group("before") or "not run by the tests" in block.group("body"), \
+            block.group("body")[:200]
+
+
+# Runs the steps in one fresh interpreter, so HF_ENDPOINT and HF_HOME are set before
+# huggingface_hub reads them at import, as in a shell; each `lstar` line goes through the real
+# command line (`monitor.cli.main`), in process, to keep torch's import to once.
+DRIVER = """
+import json, os, shlex, sys
+from pathlib import Path
+from monitor.cli import main
+for kind, body, path in json.load(open(sys.argv[1])):
+    if kind == "file":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(body + "\\n")
+        continue
+    for line in json.loads(body):
+        argv = shlex.split(line)
+        if argv[0] == "export":
+            name, _, value = argv[1].partition("=")
+            os.environ[name] = value
+            continue
+        if argv[0] != "lstar":
+            sys.exit(f"a tested block may hold only lstar and export lines: {line}")
+        print(f"\\n$ {line}", flush=True)
+        print(f"$ {line}", file=sys.stderr, flush=True)
+        code = main(argv[1:])
+        sys.stdout.flush()
+        print(f"exit {code}", file=sys.stderr, flush=True)
+        if code != 0:
+            sys.exit(f"exit {code}: {line}")
+"""
+
+
+@pytest.mark.slow
+def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir: Path) -> None:
+    (tmp_path / "shared").symlink_to(shared_dir.resolve(), target_is_directory=True)
+    work = tmp_path / "work"  # ../shared from here is the shared data, as beside a checkout
+    work.mkdir()
+    with FakeHub() as hub, WebhookReceiver() as hook:
+        scenario_guide(hub, tmp_path / "hub")
+        steps = [(kind, body.replace(PRODUCTION_WEBHOOK, hook.url) if kind == "file"
+                  else json.dumps(command_lines(body)), path) for kind, body, path in guide_steps(GUIDE.read_text())]
+        (tmp_path / "steps.json").write_text(json.dumps(steps))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LSTAR_"))}
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT))
+        proc = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path / "steps.json")], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        # The test message went out signed with the secret the guide exported.
+        tests = [r for r in hook.requests if b"LstarTest" in r.body]
+        assert len(tests) == 1
+        Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(tests[0].body, dict(tests[0].headers))
+    Path("/tmp/guide_out.txt").write_text(proc.stdout + "\n=====STDERR\n" + proc.stderr)
+    import shutil; shutil.copy(work / "state" / "alerts.jsonl", "/tmp/guide_alerts.jsonl") if (work / "state" / "alerts.jsonl").exists() else None
+    Path("/tmp/guide_hook.txt").write_text("\n".join(r.body.decode(errors="replace") for r in hook.requests))
+    ran = [line for line in proc.stdout.splitlines() if line.startswith("$ lstar ")]
+    # The daemon downloads without huggingface_hub's progress bars ("Fetching 1 files").
+    daemon_err = proc.stderr.split("$ lstar run ", 1)[1].split("\n$ ", 1)[0]
+    assert "Fetching" not in daemon_err and "it/s]" not in daemon_err, daemon_err[-2000:]
+    assert len(ran) == proc.stderr.count("exit 0") and len(ran) >= 25
+    # What the commands left is what the guide says they leave.
+    with Store.open(work / "state" / "lstar.duckdb", read_only=True) as store:
+        repos = {r["model_repo"] for r in store.query("SELECT DISTINCT model_repo FROM score_runs")}
+        statuses = {r.status for r in store.list_checkpoints(repo="demo-org/pythia-tiny")}
+        labels = store.query("SELECT count(*) AS n FROM labels")[0]["n"]
+    assert repos == {"demo-org/neox-ref", "demo-org/llama-ref", "demo-org/pythia-tiny"}
+    assert statuses == {"scored"} and labels >= 6
+    curve = json.loads((work / "policies" / "curves" / "cloze.json").read_text())
+    assert curve["task"] == "cloze-v0" and sorted(curve["families"]) == ["llama", "neox"]
+    assert (work / "reports" / "watch.html").stat().st_size > 10_000
