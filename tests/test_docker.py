@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -71,3 +76,135 @@ def test_docker_build() -> None:
         pytest.skip("docker build not attempted: Docker works but the base image "
                     "python cannot be pulled from Docker Hub (no registry access)")
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# -- the entry point, its arguments and the documented paths -------------------------------------
+def _json_instruction(text: str, name: str) -> list[str]:
+    """The exec-form array of ENTRYPOINT or CMD (continuation lines joined)."""
+    found = re.search(rf"^{name} (\[.*?\])\s*$", text.replace("\\\n", " "), re.M)
+    assert found is not None, f"the Dockerfile has no exec-form {name}"
+    return json.loads(found.group(1))
+
+
+def _parsed_run(args: list[str]) -> dict:
+    """The options `lstar run` makes of `args`: the real command line's parsing and checks,
+    without starting the daemon."""
+    import typer.main
+
+    from monitor.cli import app
+
+    command = typer.main.get_command(app)
+    run = command.commands["run"]  # type: ignore[attr-defined]
+    with run.make_context("run", list(args)) as ctx:
+        return ctx.params
+
+
+def _documented_docker_run() -> list[str]:
+    """The guide's `docker run` line, as a shell would split it."""
+    text = (ROOT / "docs" / "guide.md").read_text()
+    found = re.search(r"^docker run .*?(?<!\\)\n", text, re.M | re.S)
+    assert found is not None, "the guide shows no docker run"
+    return shlex.split(found.group(0).replace("\\\n", " "))
+
+
+def test_the_images_command_parses_with_the_real_cli() -> None:
+    text = DOCKERFILE.read_text()
+    assert _json_instruction(text, "ENTRYPOINT") == ["lstar", "run"]
+    params = _parsed_run(_json_instruction(text, "CMD"))
+    # Reachable through a published port, the corpus where the image documents its mount.
+    assert params["api_host"] == "0.0.0.0" and params["api_port"] == 8787
+    assert params["state"] == Path("/app/state") and params["policies"] == Path("/app/policies")
+    assert params["corpus"] == Path("/app/corpus/calib-v0")
+    assert "mkdir -p /app/state /app/corpus" in text
+    # The health check asks the port the command listens on, on loopback (inside 0.0.0.0).
+    assert "LSTAR_API_PORT=8787" in text and "http://127.0.0.1:%s/health" in text
+
+
+def test_the_guides_docker_run_matches_the_image() -> None:
+    argv = _documented_docker_run()
+    image = argv.index("lstar-monitor")
+    docker_args, lstar_args = argv[:image], argv[image + 1:]
+    params = _parsed_run(lstar_args)
+    mounts = {v.split(":")[1]: v.split(":")[2:] for flag, v in zip(docker_args, docker_args[1:]) if flag == "-v"}
+    volumes = json.loads(re.search(r"^VOLUME (\[.*\])", DOCKERFILE.read_text(), re.M).group(1))
+    assert set(volumes) <= set(mounts), (volumes, mounts)
+    assert mounts["/app/corpus"] == ["ro"] and mounts["/app/policies"] == ["ro"]
+    assert str(params["corpus"]).startswith("/app/corpus/") and str(params["policies"]) == "/app/policies"
+    assert str(params["state"]) == "/app/state"
+    published = docker_args[docker_args.index("-p") + 1]
+    assert published == f"127.0.0.1:{params['api_port']}:{params['api_port']}"  # Host carries this port
+    assert params["api_host"] == "0.0.0.0"
+
+
+def test_the_api_host_flag_refuses_other_addresses() -> None:
+    import click
+
+    with pytest.raises(click.BadParameter, match="use 127.0.0.1"):
+        _parsed_run(["--policies", "p", "--api-host", "10.0.0.5"])
+    with pytest.raises(click.BadParameter, match="is not a host name"):
+        _parsed_run(["--policies", "p", "--api-allowed-host", "http://evil.example:80"])
+
+
+def _get(port: int, path: str, *, host: str, token: str | None = None) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": host})
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.slow
+def test_a_daemon_on_every_interface_keeps_host_and_token_checks(tmp_path: Path) -> None:
+    """What the image runs: `--api-host 0.0.0.0`. /health answers on loopback; a foreign Host is
+    refused; reads need the token; a name given with --api-allowed-host is accepted; the
+    commands on the same machine still read through it."""
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.service.api_guard import read_api_token
+    from monitor.testing.daemon_harness import WATCHER_POLICY, DaemonProcess
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "watcher.yaml").write_text(WATCHER_POLICY)
+    with FakeHub() as hub, DaemonProcess(tmp_path / "policies", tmp_path / "state", endpoint=hub.url,
+                                         args=["--poll-every", "1h", "--score-every", "1h",
+                                               "--cache-dir", str(tmp_path / "cache"), "--api-host", "0.0.0.0",
+                                               "--api-allowed-host", "lstar"]) as daemon:
+        assert daemon.url is not None and daemon.url.startswith("http://127.0.0.1:")
+        port = int(daemon.url.rsplit(":", 1)[1])
+        token = read_api_token(tmp_path / "state")
+        assert _get(port, "/health", host=f"127.0.0.1:{port}") == 200
+        assert _get(port, "/metrics", host=f"localhost:{port}") == 200
+        assert _get(port, "/health", host=f"attacker.example:{port}") == 403
+        assert _get(port, "/status", host=f"127.0.0.1:{port}") == 401
+        assert _get(port, "/status", host=f"127.0.0.1:{port}", token="wrong") == 403
+        assert _get(port, "/status", host=f"127.0.0.1:{port}", token=token) == 200
+        assert _get(port, "/status", host=f"lstar:{port}", token=token) == 200
+        assert _get(port, "/status", host=f"attacker.example:{port}", token=token) == 403
+        # `lstar status` beside it (docker exec) reads through the API with the token.
+        status = subprocess.run([sys.executable, "-m", "monitor.cli", "status", "--state", str(tmp_path / "state")],
+                                capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert status.returncode == 0, status.stderr
+
+
+def test_a_loopback_daemon_still_serves_reads_without_the_token(tmp_path: Path) -> None:
+    """The default bind keeps today's contract: reads need no token (only state changes do)."""
+    from monitor.service.api import ApiServer
+
+    class Idle:  # the API's view of a daemon: only /health is asked here
+        config = None
+
+        def health(self) -> tuple[bool, list[str]]:
+            return True, []
+
+    server = ApiServer(Idle(), port=0, token="t").start()  # type: ignore[arg-type]
+    try:
+        port = int(server.url.rsplit(":", 1)[1])
+        assert server.server.reads_need_token is False
+        assert _get(port, "/health", host=f"127.0.0.1:{port}") == 200
+        assert _get(port, "/health", host=f"lstar:{port}") == 403  # no allowed names by default
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="API host"):
+        ApiServer(Idle(), port=0, token="t", host="10.0.0.5")  # type: ignore[arg-type]

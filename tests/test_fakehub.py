@@ -567,3 +567,16 @@ def test_transformers_loads_a_step_branch_and_refuses_hostile_repos(standard, tm
         assert not Path(canary).exists()
     pins = [r for r in hub.requests if r.path == "/api/models/fake-org/pythia-tiny/revision/step1000"]
     assert len(pins) == 1
+
+
+def test_help_names_every_built_in_scenario(capsys):
+    """`--help` lists the scenarios `--scenario` accepts (docs/guide.md serves `guide`)."""
+    from monitor.sandbox.fakehub import main
+    from monitor.sandbox.hub_repos import SCENARIOS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "guide" in SCENARIOS
+    for name in SCENARIOS:
+        assert name in shown.split("built-in scenario (", 1)[1].split(")", 1)[0], name

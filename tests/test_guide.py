@@ -1,8 +1,11 @@
 """docs/guide.md runs as written: every ```bash block after a `<!-- guide-test -->` comment is
 executed in order, each `lstar` line through the real command line, against the fake Hub's
-`guide` scenario (tiny real models) with `HF_ENDPOINT` pointing at it, in an empty folder
-beside the shared data; each `<!-- guide-file: PATH -->` block is written to PATH first.
-Blocks without the marker (systemd, Docker, lm-eval) are shown, not run, and say so."""
+`guide` scenario (tiny real models), whose URL replaces the guide's `http://127.0.0.1:8765`
+(the guide exports `HF_ENDPOINT` itself), in an empty folder beside the shared data; each
+`<!-- guide-file: PATH -->` block is written to PATH first. Each `<!-- guide-expect: CMD -->`
+block lists lines the output of the last command starting with CMD contains (runs of spaces
+count as one). Blocks without the marker (systemd, Docker, lm-eval) are shown, not run, and
+say so."""
 
 from __future__ import annotations
 
@@ -25,12 +28,34 @@ from monitor.testing.daemon_harness import REPO_ROOT
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 README = Path(__file__).resolve().parents[1] / "README.md"
 PRODUCTION_WEBHOOK = "https://hooks.example.org/lstar"
+GUIDE_HUB = "http://127.0.0.1:8765"
+EXPECT = re.compile(r"<!-- guide-expect: (?P<command>[^>]+?) -->\n```text\n(?P<body>.*?)\n```", re.S)
 BLOCK = re.compile(r"<!-- guide-(test|file: (?P<path>[^ ]+)) -->\n```(?P<lang>\w+)\n(?P<body>.*?)\n```", re.S)
 
 
 def guide_steps(text: str) -> list[tuple[str, str, str | None]]:
     """(kind, body, path) of every marked block, in order: kind is 'test' or 'file'."""
     return [("file" if m.group("path") else "test", m.group("body"), m.group("path")) for m in BLOCK.finditer(text)]
+
+
+def expectations(text: str) -> list[tuple[str, list[str]]]:
+    """(command prefix, lines its output must contain) of every guide-expect block, in order."""
+    return [(m.group("command"), [line for line in m.group("body").splitlines() if line.strip()])
+            for m in EXPECT.finditer(text)]
+
+
+def outputs(stdout: str, stderr: str) -> list[tuple[str, str]]:
+    """(command line, what it printed on stdout and stderr) of every command the driver ran."""
+    def split(text: str) -> list[tuple[str, str]]:
+        parts = re.split(r"^\$ (lstar .*)$", text, flags=re.M)
+        return list(zip(parts[1::2], parts[2::2]))
+    out, err = split(stdout), split(stderr)
+    assert [c for c, _ in out] == [c for c, _ in err]
+    return [(command, o + e) for (command, o), (_, e) in zip(out, err)]
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"[ \t]+", " ", text)
 
 
 def command_lines(body: str) -> list[str]:
@@ -63,11 +88,12 @@ def test_the_guide_is_linked_and_its_blocks_are_marked() -> None:
 
 # Runs the steps in one fresh interpreter, so HF_ENDPOINT and HF_HOME are set before
 # huggingface_hub reads them at import, as in a shell; each `lstar` line goes through the real
-# command line (`monitor.cli.main`), in process, to keep torch's import to once.
+# command line (`monitor.cli.main`), in process, to keep torch's import to once; it is imported
+# at the first `lstar` line, after the guide's own `export HF_ENDPOINT=...`.
 DRIVER = """
 import json, os, shlex, sys
 from pathlib import Path
-from monitor.cli import main
+main = None
 for kind, body, path in json.load(open(sys.argv[1])):
     if kind == "file":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +107,8 @@ for kind, body, path in json.load(open(sys.argv[1])):
             continue
         if argv[0] != "lstar":
             sys.exit(f"a tested block may hold only lstar and export lines: {line}")
+        if main is None:
+            from monitor.cli import main
         print(f"\\n$ {line}", flush=True)
         print(f"$ {line}", file=sys.stderr, flush=True)
         code = main(argv[1:])
@@ -99,10 +127,11 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     with FakeHub() as hub, WebhookReceiver() as hook:
         scenario_guide(hub, tmp_path / "hub")
         steps = [(kind, body.replace(PRODUCTION_WEBHOOK, hook.url) if kind == "file"
-                  else json.dumps(command_lines(body)), path) for kind, body, path in guide_steps(GUIDE.read_text())]
+                  else json.dumps(command_lines(body.replace(GUIDE_HUB, hub.url))), path)
+                 for kind, body, path in guide_steps(GUIDE.read_text())]
         (tmp_path / "steps.json").write_text(json.dumps(steps))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LSTAR_"))}
-        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT))
+        env.update(HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT))  # HF_ENDPOINT: the guide's
         proc = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path / "steps.json")], cwd=work, env=env,
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -110,6 +139,24 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         tests = [r for r in hook.requests if b"LstarTest" in r.body]
         assert len(tests) == 1
         Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(tests[0].body, dict(tests[0].headers))
+        # The daemon's at-risk alert went out signed too (step 5 says it is delivered).
+        at_risk = [r for r in hook.requests if b"LstarTest" not in r.body]
+        assert len(at_risk) == 1, [r.body[:200] for r in hook.requests]
+        Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(at_risk[0].body, dict(at_risk[0].headers))
+        sent = json.loads(at_risk[0].body)
+        assert [a["labels"]["state"] for a in sent["alerts"]] == ["at_risk"]
+        assert sent["commonLabels"]["repo"] == "demo-org/pythia-tiny"
+    # Each output the guide shows is what its command printed.
+    printed = outputs(proc.stdout, proc.stderr)
+    for command, lines in expectations(GUIDE.read_text()):
+        shown = [text for ran, text in printed if ran == command or ran.startswith(command + " ")]
+        assert shown, f"the guide shows the output of {command!r}, which its tested blocks never run"
+        for line in lines:
+            assert squeeze(line) in squeeze(shown[-1]), f"{command}: {line!r} not in\n{shown[-1][-3000:]}"
+    # The file receiver got every alert (the at-risk one included), as the guide's policy says.
+    filed = [json.loads(line) for line in (work / "state" / "alerts.jsonl").read_text().splitlines()]
+    states = [a.get("labels", {}).get("state") for entry in filed for a in entry.get("message", {}).get("alerts", [])]
+    assert "at_risk" in states, filed
     ran = [line for line in proc.stdout.splitlines() if line.startswith("$ lstar ")]
     # The daemon downloads without huggingface_hub's progress bars ("Fetching 1 files").
     daemon_err = proc.stderr.split("$ lstar run ", 1)[1].split("\n$ ", 1)[0]

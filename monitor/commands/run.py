@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -61,6 +62,29 @@ def _check_log_format(value: str) -> str:
     return value
 
 
+def _check_api_host(value: str) -> str:
+    """`--api-host`: loopback, or every interface; nothing else (a named interface would leave
+    this machine's own commands unable to reach the daemon)."""
+    from monitor.service.api import API_HOSTS
+
+    if value not in API_HOSTS:
+        raise click.BadParameter(f"{value!r} is not allowed; use 127.0.0.1 (this machine only) or 0.0.0.0 "
+                                 "(every interface, in a container)", param_hint="'--api-host'")
+    return value
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+
+
+def _allowed_host(value: str) -> str:
+    """`--api-allowed-host`: one host name, no port, scheme or wildcard."""
+    name = value.strip().lower()
+    if not _HOST_NAME.fullmatch(name):
+        raise click.BadParameter(f"{value!r} is not a host name; give a name such as lstar or lstar.internal "
+                                 "(no port, scheme or wildcard)", param_hint="'--api-allowed-host'")
+    return name
+
+
 def _cache_keep(value: str) -> int | None:
     """`--cache-keep`: a count of finished checkpoints, or all/none/off to never prune."""
     if value.strip().lower() in ("all", "none", "off"):
@@ -82,7 +106,15 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         endpoint: str = typer.Option(None, "--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or the Hub)."),
         api_port: int = int_option(8787, "--api-port", low=0, high=65535,
-                                   help="Port of the local API on 127.0.0.1 (0: any free port)."),
+                                   help="Port of the local API (0: any free port)."),
+        api_host: str = typer.Option(
+            "127.0.0.1", "--api-host", callback=_check_api_host,
+            help="Address the local API listens on: 127.0.0.1, or 0.0.0.0 in a container whose port is "
+                 "published (every read but /health and /metrics then needs the API token)."),
+        api_allowed_host: list[str] = typer.Option(
+            [], "--api-allowed-host", callback=lambda values: [_allowed_host(v) for v in values or []],
+            help="A Host name the API accepts beside 127.0.0.1 and localhost (repeatable), e.g. a "
+                 "container's service name."),
         api_idle_timeout: str = typer.Option("15s", "--api-idle-timeout",
                                              help="A request to the local API must arrive whole within this; "
                                                   "idle connections are closed after it."),
@@ -170,6 +202,7 @@ def register(app: typer.Typer) -> None:
         # Intervals and limits are at least 1 s (a clock, not a busy loop); the two waits may be 0.
         config = DaemonConfig(
             policies_dir=policies, state_dir=state, endpoint=endpoint, api_port=api_port, once=once,
+            api_host=api_host, api_allowed_hosts=tuple(api_allowed_host),
             once_wait=seconds(once_wait, "--once-wait", low=0.0), log_format=log_format,
             api_idle_timeout=seconds(api_idle_timeout, "--api-idle-timeout", low=0.1), api_workers=api_workers,
             api_connection_lifetime=seconds(api_connection_lifetime, "--api-connection-lifetime", low=1.0),

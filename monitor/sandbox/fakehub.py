@@ -19,7 +19,7 @@ Run as a process for the daemon and the demo::
     python -m monitor.sandbox.fakehub --port 8765 --scenario demo
 
 It prints one JSON line `{"url": ..., "scenario": ..., "summary": ...}` and serves until
-SIGTERM/SIGINT. A small control API under `/_fakehub/` (log, faults) serves other processes.
+SIGTERM/SIGINT; point the commands at it with `export HF_ENDPOINT=URL`. A small control API under `/_fakehub/` (log, faults) serves other processes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from monitor.sandbox.fakehub_state import Commit, HubState, Repo, format_time, micros
-from monitor.sandbox.hub_repos import add_filler_repos, load_scenario
+from monitor.sandbox.hub_repos import SCENARIOS, add_filler_repos, load_scenario
 
 DISABLED_MESSAGE = "Access to this resource is disabled."
 
@@ -795,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--scenario", default="empty",
-                        help="a built-in scenario (empty, standard, demo) or module:function(hub, workdir)")
+                        help=f"a built-in scenario ({', '.join(SCENARIOS)}) or module:function(hub, workdir)")
     parser.add_argument("--workdir", type=Path, default=None, help="where built files and canaries go")
     parser.add_argument("--filler", type=int, default=0, help="add this many cheap filler repos")
     parser.add_argument("--cdn-redirect", action="store_true", help="serve LFS files as 302s to a CDN host")

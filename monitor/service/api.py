@@ -1,4 +1,4 @@
-"""The daemon's local HTTP API (127.0.0.1 only). The client side is `monitor.service.client`.
+"""The daemon's local HTTP API (127.0.0.1 unless `lstar run --api-host 0.0.0.0`). The client side is `monitor.service.client`.
 
     GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]} (unhealthy, or
                                 degraded: a task the scoring settings can never evaluate)
@@ -22,7 +22,9 @@
 
 Every request must name the API by a loopback `Host` (and `Origin`, if any) with its port;
 POSTs other than the Hub webhook need `Authorization: Bearer TOKEN`, the token `lstar run`
-writes to STATE/api.token (`monitor.service.api_guard`). The body's length, the token and the
+writes to STATE/api.token (`monitor.service.api_guard`). Bound to every interface (`--api-host
+0.0.0.0`, for a container whose port is published), every GET but /health and /metrics needs
+the token too, and `Host` may also be a name given with `--api-allowed-host`. The body's length, the token and the
 webhook secret are checked before the body is read; a refused body is never read. Query
 parameters are validated: unknown or malformed ones get 400 with what is expected.
 
@@ -180,6 +182,8 @@ class _Handler(GuardedHandler):
         self.admit(body_limit=0)
         daemon = self.server.daemon
         url = urlsplit(self.path)
+        if self.server.reads_need_token and url.path not in RESERVED_PATHS:
+            self._check_token("this API is reachable beyond this machine; reads need the API token")
         alert = ALERT_PATH.fullmatch(url.path)
         if url.path not in GET_PARAMS and alert is None:
             raise RequestRefused(404, f"no such endpoint {url.path[:200]}")
@@ -296,12 +300,12 @@ class _Handler(GuardedHandler):
         daemon.request_poll()
         self._send(202, _json_bytes({"poll": "requested"}))
 
-    def _check_token(self) -> None:
+    def _check_token(self, why: str = "this request changes state and needs the API token") -> None:
         matched = bearer_matches(self.headers.get("Authorization"), self.server.token)
         hint = (f"send `Authorization: Bearer TOKEN` with the token in "
                 f"{self.server.daemon.config.state_dir / TOKEN_NAME}")
         if matched is None:
-            raise RequestRefused(401, "this request changes state and needs the API token", hint=hint,
+            raise RequestRefused(401, why, hint=hint,
                                  headers={"WWW-Authenticate": 'Bearer realm="lstar"'})
         if not matched:
             raise RequestRefused(403, "wrong API token",
@@ -359,15 +363,25 @@ def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | Non
 
 class _Server(BoundedHTTPServer):
     def __init__(self, address: tuple[str, int], daemon: "Daemon", *, token: str, workers: int,
-                 idle_timeout: float, lifetime: float) -> None:
+                 idle_timeout: float, lifetime: float, allowed_hosts: tuple[str, ...] = ()) -> None:
         super().__init__(address, _Handler, workers=workers, idle_timeout=idle_timeout, lifetime=lifetime,
                          reserved_paths=RESERVED_PATHS)
         self.daemon = daemon
         self.token = token
+        self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
+        # Beyond loopback, reads (which show repos, alerts and receivers) need the token too.
+        self.reads_need_token = address[0] not in API_LOOPBACK_HOSTS
+
+
+API_LOOPBACK_HOSTS = ("127.0.0.1",)
+API_HOSTS = ("127.0.0.1", "0.0.0.0")   # loopback, or every interface (a container's published port)
 
 
 class ApiServer(ServedInThread):
-    """The API on 127.0.0.1:`port` (0 picks a free port), served from a background thread.
+    """The API on `host`:`port` (0 picks a free port), served from a background thread.
+
+    `host` is 127.0.0.1, or 0.0.0.0 inside a container (every GET but /health and /metrics
+    then needs the token, and `allowed_hosts` are accepted in `Host` beside the loopback names).
 
     `token` guards the state-changing requests; `workers` bounds the connections served at
     once; a request must arrive whole within `idle_timeout` seconds, and a connection closes
@@ -375,10 +389,18 @@ class ApiServer(ServedInThread):
     """
 
     def __init__(self, daemon: "Daemon", *, port: int, token: str, workers: int = DEFAULT_WORKERS,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, lifetime: float = DEFAULT_LIFETIME) -> None:
-        super().__init__(_Server(("127.0.0.1", port), daemon, token=token, workers=workers,
-                                 idle_timeout=idle_timeout, lifetime=lifetime), name="lstar-api", poll_interval=0.2)
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, lifetime: float = DEFAULT_LIFETIME,
+                 host: str = "127.0.0.1", allowed_hosts: tuple[str, ...] = ()) -> None:
+        if host not in API_HOSTS:
+            raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
+        super().__init__(_Server((host, port), daemon, token=token, workers=workers, idle_timeout=idle_timeout,
+                                 lifetime=lifetime, allowed_hosts=allowed_hosts), name="lstar-api", poll_interval=0.2)
+
+    @property
+    def url(self) -> str:
+        """The URL this machine's commands use: loopback, whatever the bind (0.0.0.0 includes it)."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
-__all__ = ["ApiServer", "webhook_secret", "SECRET_ENV", "live_daemon_url", "api_get", "api_post",
+__all__ = ["ApiServer", "API_HOSTS", "webhook_secret", "SECRET_ENV", "live_daemon_url", "api_get", "api_post",
            "revive_times"]

@@ -8,7 +8,8 @@ passes before it is served, and the bounded server that serves it.
 - **Host and Origin.** The API listens on 127.0.0.1, but a web page can still reach it by
   DNS rebinding (its own name resolving to 127.0.0.1). Such a request carries the page's
   name in `Host` (and `Origin`), so `Host` must be a loopback name with the API's port, and
-  an `Origin`, when present, the same.
+  an `Origin`, when present, the same. Names given with `--api-allowed-host` are accepted
+  beside the loopback names (a container's service name), never any name at all.
 - **Framing.** `Content-Length` is one run of ASCII digits (no sign, no second header, no
   `Transfer-Encoding`), checked before a single byte of the body is read.
 - **Time.** A request (line, headers and body) must arrive within the idle timeout of the
@@ -132,8 +133,9 @@ def bearer_matches(authorization: str | None, token: str) -> bool | None:
 
 
 # -- Host and Origin -----------------------------------------------------------------------------
-def loopback_authority(text: str, port: int, *, default_port: int = 80) -> bool:
-    """Whether `text` (HOST[:PORT]) names this API: a loopback name and its port."""
+def loopback_authority(text: str, port: int, *, default_port: int = 80, allowed: tuple[str, ...] = ()) -> bool:
+    """Whether `text` (HOST[:PORT]) names this API: a loopback name (or one of `allowed`,
+    lower-case host names) and its port."""
     text = text.strip().lower()
     if text.startswith("["):
         name, bracket, rest = text.partition("]")
@@ -141,7 +143,7 @@ def loopback_authority(text: str, port: int, *, default_port: int = 80) -> bool:
     else:
         name, colon, port_text = text.partition(":")
         rest = colon + port_text
-    if name not in LOOPBACK_NAMES:
+    if name not in LOOPBACK_NAMES and name not in allowed:
         return False
     if not rest:
         return port == default_port
@@ -150,10 +152,12 @@ def loopback_authority(text: str, port: int, *, default_port: int = 80) -> bool:
     return int(rest[1:]) == port
 
 
-def check_host_and_origin(hosts: list[str] | None, origins: list[str] | None, port: int) -> None:
-    """Refuse (403) a request not addressed to this API by a loopback name (DNS rebinding)."""
+def check_host_and_origin(hosts: list[str] | None, origins: list[str] | None, port: int, *,
+                          allowed: tuple[str, ...] = ()) -> None:
+    """Refuse (403) a request not addressed to this API by a loopback name or one of the
+    `allowed` host names (DNS rebinding)."""
     hint = f"address the API as http://127.0.0.1:{port} (or localhost)"
-    if not hosts or len(hosts) != 1 or not loopback_authority(hosts[0], port):
+    if not hosts or len(hosts) != 1 or not loopback_authority(hosts[0], port, allowed=allowed):
         shown = "none" if not hosts else ", ".join(repr(h[:100]) for h in hosts[:3])
         raise RequestRefused(403, f"Host {shown} is not this API", hint=hint)
     if not origins:
@@ -162,7 +166,7 @@ def check_host_and_origin(hosts: list[str] | None, origins: list[str] | None, po
     if len(origins) == 1:
         parts = urlsplit(origins[0].strip())
         ok = (parts.scheme == "http" and not parts.path and not parts.query and not parts.username
-              and loopback_authority(parts.netloc, port))
+              and loopback_authority(parts.netloc, port, allowed=allowed))
     if not ok:
         raise RequestRefused(403, f"Origin {origins[0][:100]!r} is not this API", hint=hint)
 
@@ -294,7 +298,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
         # Until the framing is known good, whatever follows the headers is unread body.
         self.body_pending = bool(lengths or encodings)
         check_host_and_origin(self.headers.get_all("Host"), self.headers.get_all("Origin"),
-                              self.server.server_address[1])
+                              self.server.server_address[1], allowed=self.server.allowed_hosts)
         length = body_length(lengths, encodings, limit=body_limit or 1 << 16)
         self.body_pending = length > 0
         if length and not body_limit:
@@ -351,6 +355,7 @@ class BoundedHTTPServer(HTTPServer):
     """
 
     allow_reuse_address = True
+    allowed_hosts: tuple[str, ...] = ()   # Host names accepted beside the loopback names
 
     def __init__(self, address: tuple[str, int], handler: type[GuardedHandler], *, workers: int,
                  idle_timeout: float, lifetime: float = DEFAULT_LIFETIME,

@@ -2,7 +2,8 @@
 commands (silences, retries) use while `lstar run` holds the database.
 
 Requests that change state carry the token the daemon wrote to STATE/api.token
-(`Authorization: Bearer ...`); reads need none. An error answer raises the `monitor.errors`
+(`Authorization: Bearer ...`); reads need none unless the API listens beyond loopback
+(`lstar run --api-host 0.0.0.0`), so reads send the token too when it can be read. An error answer raises the `monitor.errors`
 class the daemon names, so a command prints the same one line either way.
 """
 
@@ -24,6 +25,7 @@ from monitor.service.api_guard import read_api_token
 
 MAX_ANSWER_BYTES = 256 << 20   # the daemon's answers are JSON rows; far below this
 _TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
+_STATE_OF_URL: dict[str, Path] = {}   # the state directory whose daemon answers at a URL (its token)
 
 
 def live_daemon_url(state_dir: Path) -> str | None:
@@ -40,6 +42,7 @@ def live_daemon_url(state_dir: Path) -> str | None:
     url = str(info.get("url", ""))
     if not url.startswith("http://127.0.0.1:"):
         return None
+    _STATE_OF_URL[url] = state_dir
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=3):
             return url
@@ -54,7 +57,14 @@ def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
     parameter); an error answer raises as `_call` says."""
     query = {k: v for k, v in (params or {}).items() if v is not None}
     target = f"{url}{path}" + (f"?{urlencode(query, doseq=True)}" if query else "")
-    return _call(urllib.request.Request(target))
+    headers = {}
+    state_dir = _STATE_OF_URL.get(url)
+    if state_dir is not None:
+        try:  # a daemon bound beyond loopback wants it for reads; one on loopback ignores it
+            headers["Authorization"] = f"Bearer {read_api_token(state_dir)}"
+        except StoreError:
+            pass
+    return _call(urllib.request.Request(target, headers=headers))
 
 
 def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> Any:

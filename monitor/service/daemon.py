@@ -91,6 +91,8 @@ class DaemonConfig:
     state_dir: Path
     endpoint: str | None = None
     api_port: int = 8787
+    api_host: str = "127.0.0.1"      # 0.0.0.0 in a container: reads then need the token too
+    api_allowed_hosts: tuple[str, ...] = ()   # Host names the API accepts beside the loopback names
     api_idle_timeout: float = 15.0   # a request must arrive whole within this; idle connections close
     api_workers: int = 8              # connections the local API serves at once (more: /health, /metrics or 503)
     api_connection_lifetime: float = 60.0  # an API connection closes this long after it opened
@@ -245,7 +247,8 @@ class Daemon:
         self.check_scoring_pins(start=True)
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
                              workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
-                             lifetime=cfg.api_connection_lifetime).start()
+                             lifetime=cfg.api_connection_lifetime, host=cfg.api_host,
+                             allowed_hosts=cfg.api_allowed_hosts).start()
         info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
                 "db": str(cfg.db_path)}
         tmp = cfg.state_dir / (INFO_NAME + ".part")
