@@ -4,6 +4,8 @@ and policy-reload metrics at /metrics."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import logging
 import re
@@ -19,6 +21,8 @@ from monitor.scoring.corpus import load_corpus
 from monitor.store import Store
 from monitor.testing.daemon_harness import DaemonProcess, wait_for
 from monitor.testing.scores import CALIB_V0_SHA256, record_fake_score
+
+pytestmark = pytest.mark.slow  # the daemon or the scoring stack in subprocesses
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 SECRET_ENV = {"LSTAR_TEST_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}

@@ -23,6 +23,8 @@ from monitor.testing.scores import record_fake_score
 from tests.test_daemon import score_args, write_policy as write_watcher_policy
 from tests.test_notify_crash import AT_RISK, SECRET, write_policy as write_hook_policy
 
+pytestmark = pytest.mark.slow  # the daemon or the scoring stack in subprocesses
+
 # The outbox and scoring jobs' interval here. Each job also runs once at start, so a resume
 # takes well under one interval; the bound is the interval (a live lease would take minutes).
 INTERVAL_S = 20.0

@@ -78,6 +78,7 @@ print(json.dumps(out, default=str))
 """
 
 
+@pytest.mark.slow
 def test_the_demo_reaches_its_fake_hub_with_hf_hub_offline_set(tmp_path: Path, calib_v0: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", DAEMON_PASS, str(tmp_path), str(calib_v0), POLICY],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env(HF_HUB_OFFLINE="1"))
@@ -133,6 +134,7 @@ def test_hf_hub_offline_0_polls_as_usual(tmp_path: Path) -> None:
     assert [r["new"] for r in json.loads(proc.stdout)["rules"]] == [1]
 
 
+@pytest.mark.slow
 def test_a_failed_poll_is_the_demos_diagnosis(tmp_path: Path) -> None:
     """Nothing listens at the endpoint: the poll row's error is what the demo says."""
     rule = WatchRule(name="demo-steps", author="demo-org", revisions={"branches": r"step\d+"})

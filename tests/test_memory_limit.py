@@ -12,6 +12,8 @@ from monitor.cli import main
 from monitor.errors import SpecError
 from monitor.scoring.memory_limit import check_score_memory, is_memory_failure
 
+pytestmark = pytest.mark.slow  # the daemon or the scoring stack in subprocesses
+
 
 def test_lstar_run_refuses_a_score_memory_too_small_to_load_torch(tmp_path, capsys):
     policies = tmp_path / "policies"

@@ -140,6 +140,7 @@ def daemon_corpus(shared_dir: Path) -> tuple[list[str], str, str]:
     return ["--corpus", str(corpus), "--docs", "2", "--n-boot", "10"], sha, prefix
 
 
+@pytest.mark.slow
 def test_the_daemon_refuses_to_start_when_no_task_can_be_evaluated(tmp_path: Path, shared_dir: Path) -> None:
     flags, sha, prefix = daemon_corpus(shared_dir)
     fit(tmp_path / "policies" / "narrow.json", corpus=sha, window=64, stride=32, prefix=prefix)
@@ -158,6 +159,7 @@ def test_the_daemon_refuses_to_start_when_no_task_can_be_evaluated(tmp_path: Pat
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_the_daemon_starts_degraded_and_records_each_checkpoint_it_cannot_evaluate(
         hub, tmp_path: Path, shared_dir: Path) -> None:
     flags, sha, prefix = daemon_corpus(shared_dir)

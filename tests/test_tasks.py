@@ -188,6 +188,7 @@ def test_cloze_task_loads_with_its_pin(cloze, shared_dir):
     assert len(cloze.items) == 8 and all(len(it.choices) == 4 for it in cloze.items)
 
 
+@pytest.mark.slow
 def test_mc_evaluator_equals_a_naive_per_option_loop(tiny_model_dir, cloze):
     import torch
     from transformers import AutoModelForCausalLM
