@@ -41,4 +41,4 @@ def track_evaluation_gap(store: Store, policy: Policy, *, now: datetime) -> int:
         summary=f"policy {policy.name} cannot evaluate {len(open_rows)} checkpoint(s) for task(s) "
                 f"{', '.join(tasks)}: {gap.reason}",
         description="\n".join(lines), now=now)
-    return store.alert_evaluation_gap(gap.id, [a.as_row() for a in alerts], now=now)
+    return store.raise_operator_alerts([a.as_row() for a in alerts], now=now, evaluation_gap_id=gap.id)

@@ -212,18 +212,20 @@ class AlertRows(StoreConnection):
 
     # -- operator alerts (raised by the daemon itself) ------------------------------------------
     def raise_operator_alerts(self, alerts: Sequence[Mapping[str, Any]], *, now: datetime,
-                              hub_outage_id: int | None = None) -> int:
+                              hub_outage_id: int | None = None, evaluation_gap_id: int | None = None) -> int:
         """Insert operator alerts (meta-alerts with deliveries) in one transaction.
 
-        With `hub_outage_id`, the outage is marked alerted in the same transaction
-        (compare-and-set), and nothing is written if it already was: one meta-alert per
-        outage however often the daemon restarts. Returns the deliveries written.
+        With `hub_outage_id` (or `evaluation_gap_id`), that episode is marked alerted in the
+        same transaction (compare-and-set), and nothing is written if it already was: one
+        meta-alert per episode however often the daemon restarts. Returns the deliveries written.
         """
+        episodes = [(table, episode_id) for table, episode_id in
+                    (("hub_outages", hub_outage_id), ("evaluation_gaps", evaluation_gap_id)) if episode_id is not None]
         written = 0
         with self.transaction() as conn:
-            if hub_outage_id is not None:
-                n = conn.execute("UPDATE hub_outages SET alerted_at = ? WHERE id = ? AND alerted_at IS NULL",
-                                 [now, hub_outage_id]).fetchone()[0]
+            for table, episode_id in episodes:   # table: one of the two names above, never input
+                n = conn.execute(f"UPDATE {table} SET alerted_at = ? WHERE id = ? AND alerted_at IS NULL",
+                                 [now, episode_id]).fetchone()[0]
                 if n != 1:
                     return 0
             for alert in alerts:

@@ -83,16 +83,3 @@ class EvaluationGapRows(StoreConnection):
             n = conn.execute("UPDATE evaluation_gaps SET ended_at = ? WHERE id = ? AND ended_at IS NULL",
                              [now, gap_id]).fetchone()[0]
         return n == 1
-
-    def alert_evaluation_gap(self, gap_id: int, alerts: Sequence[Mapping[str, Any]], *, now: datetime) -> int:
-        """Mark the episode alerted and write its operator alerts in one transaction (compare-and-set:
-        nothing is written when it was alerted already). Returns the deliveries written."""
-        written = 0
-        with self.transaction() as conn:
-            n = conn.execute("UPDATE evaluation_gaps SET alerted_at = ? WHERE id = ? AND alerted_at IS NULL",
-                             [now, gap_id]).fetchone()[0]
-            if n != 1:
-                return 0
-            for alert in alerts:
-                written += self._insert_alert(conn, alert, None, now)
-        return written
