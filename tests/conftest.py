@@ -15,6 +15,11 @@ SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()
 os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests talk only to Hubs they start on 127.0.0.1; an air-gapped user's offline switch would
+# refuse those requests (and `lstar run`/`poll` refuse to start under it). Tests of that
+# behaviour set the variables themselves, in the subprocesses they start.
+for _offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.pop(_offline, None)
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
