@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from lanes import fast_first
 
 from monitor.errors import LabError
 from monitor.lab.analysis import AXES, AnalysisConfig, analyse, difference_intervals
@@ -251,14 +252,14 @@ def test_lab_report_refuses_numbers_out_of_bounds_in_one_line(tmp_path: Path, ca
     assert not out.exists()
 
 
-@pytest.mark.parametrize("mutate", [
+@pytest.mark.parametrize("mutate", fast_first([
     _every_metric(1e6),                                                            # the bound, everywhere
+    lambda d: [c["metrics"].update(lstar=i * 1e-300, ce=i * 1e-300, bits_per_byte=i * 5e-324)
+               for i, c in enumerate(d["checkpoints"])],                            # spans of 1e-300 and less
     _every_metric(-1e6),
     lambda d: [c.update(bytes_seen=10**18 - 1, tokens_seen=10**18 - 1) for c in d["checkpoints"]],
     lambda d: [c["metrics"].update(lstar=(-1e6 if i % 2 else 1e6)) for i, c in enumerate(d["checkpoints"])],
-    lambda d: [c["metrics"].update(lstar=i * 1e-300, ce=i * 1e-300, bits_per_byte=i * 5e-324)
-               for i, c in enumerate(d["checkpoints"])],                            # spans of 1e-300 and less
-])
+], keep=2))
 def test_lab_report_on_extreme_numbers_within_bounds(tmp_path: Path, mutate: Any) -> None:
     """Any record the schema accepts gives a report, figures included, without an exception."""
     from monitor.lab.report import write_lab_report

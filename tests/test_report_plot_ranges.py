@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lanes import fast_first
 
 from monitor.curves.artifact import Band, CurvePoint
 from monitor.curves.plot import plot_curve
@@ -64,7 +65,7 @@ def _runs(name: str) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("name", list(RANGES))
+@pytest.mark.parametrize("name", fast_first(RANGES, keep=2))
 def test_governance_report_figures_draw_extreme_ranges(name: str, curve: Any) -> None:
     values = RANGES[name]
     runs = _runs(name)
@@ -75,14 +76,14 @@ def test_governance_report_figures_draw_extreme_ranges(name: str, curve: Any) ->
     assert report_plots.task_curve(_extreme_curve(curve, values, values), new_points)[:8] == PNG
 
 
-@pytest.mark.parametrize("name", list(RANGES))
+@pytest.mark.parametrize("name", fast_first(RANGES, keep=2))
 def test_curve_png_draws_extreme_ranges(name: str, curve: Any, tmp_path: Path) -> None:
     values = RANGES[name]
     path = plot_curve(_extreme_curve(curve, values, values), tmp_path / "curve.png")
     assert path.read_bytes()[:8] == PNG
 
 
-@pytest.mark.parametrize("name", list(RANGES))
+@pytest.mark.parametrize("name", fast_first(RANGES, keep=2))
 def test_lab_figures_draw_extreme_ranges(name: str) -> None:
     values = RANGES[name]
     metrics = ("ce", "lstar", "bits_per_byte")

@@ -8,9 +8,12 @@ import json
 import math
 import shutil
 from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+from lanes import fast_first
 
 from monitor.errors import TokenizerError
 from monitor.scoring.corpus import Corpus, load_corpus
@@ -45,9 +48,30 @@ def tokenizers_dir(shared_dir: Path) -> Path:
     return shared_dir / "tokenizers"
 
 
+class _LoadedOnFirstUse(Mapping):
+    """A mapping whose values are made on first access: a fast-lane run that checks a few
+    tokenizers loads (and encodes with) only those; iterating the mapping makes them all."""
+
+    def __init__(self, names: list[str], make: Callable[[str], Any]) -> None:
+        self._names, self._make, self._made = list(names), make, {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @pytest.fixture(scope="module")
-def handles(tokenizers_dir: Path) -> dict[str, TokenizerHandle]:
-    return {name: load_tokenizer(tokenizers_dir / name) for name in EXPECTED_PREFIX}
+def handles(tokenizers_dir: Path) -> Mapping[str, TokenizerHandle]:
+    return _LoadedOnFirstUse(list(EXPECTED_PREFIX), lambda name: load_tokenizer(tokenizers_dir / name))
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +80,8 @@ def calib(calib_v0: Path) -> Corpus:
 
 
 @pytest.fixture(scope="module")
-def encoded(handles, calib) -> dict[str, list[list[int]]]:
-    return {name: handles[name].encode_documents(calib) for name in CORE}
+def encoded(handles, calib) -> Mapping[str, list[list[int]]]:
+    return _LoadedOnFirstUse(CORE, lambda name: handles[name].encode_documents(calib))
 
 
 def token_id(tokenizers_dir: Path, name: str, content: str) -> int:
@@ -69,7 +93,12 @@ def token_id(tokenizers_dir: Path, name: str, content: str) -> int:
     return ids[0]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_PREFIX))
+# The fast lane checks one tokenizer of each policy (bos, eos, none); the full run all twelve.
+PREFIX_FAST_FIRST = ["gpt2", "qwen2", "bert-base-uncased"]
+
+
+@pytest.mark.parametrize("name", fast_first(
+    PREFIX_FAST_FIRST + sorted(set(EXPECTED_PREFIX) - set(PREFIX_FAST_FIRST)), keep=len(PREFIX_FAST_FIRST)))
 def test_prefix_policy_follows_the_spec(name, handles, tokenizers_dir) -> None:
     policy, token = EXPECTED_PREFIX[name]
     handle = handles[name]
@@ -90,6 +119,7 @@ def test_fingerprint_is_sha256_of_canonical_json_and_prefix(handles, tokenizers_
         assert handle.fingerprint == hashlib.sha256((canonical + "\n" + suffix).encode()).hexdigest()
 
 
+@pytest.mark.slow  # loads all twelve tokenizers
 def test_fingerprints_are_stable_and_distinct(handles, tokenizers_dir, tmp_path) -> None:
     fingerprints = {name: h.fingerprint for name, h in handles.items()}
     assert len(set(fingerprints.values())) == len(fingerprints)
@@ -133,7 +163,7 @@ def test_special_tokens_map_overrides_the_config(tokenizers_dir, tmp_path) -> No
     assert handle.bos_token == "[CLS]" and handle.eos_token is None
 
 
-@pytest.mark.parametrize("name", CORE)
+@pytest.mark.parametrize("name", fast_first(CORE, keep=2))
 def test_calib_v0_token_ids_match_the_pins(name, encoded, shared_dir, handles) -> None:
     pins = json.loads((shared_dir / "tokenizers" / "calib-v0-fingerprints.json").read_text())
     seqs = encoded[name]
@@ -144,7 +174,7 @@ def test_calib_v0_token_ids_match_the_pins(name, encoded, shared_dir, handles) -
     assert handles[name].model_max_length == README_TABLE[name][0]
 
 
-@pytest.mark.parametrize("name", CORE)
+@pytest.mark.parametrize("name", fast_first(CORE, keep=2))
 def test_unigram_baseline_matches_the_readme_table(name, encoded, handles, calib) -> None:
     _, h1, code_tpb, prose_tpb = README_TABLE[name]
     handle, seqs = handles[name], encoded[name]
@@ -211,6 +241,7 @@ def test_missing_or_broken_tokenizers_name_the_path(tmp_path: Path) -> None:
         load_tokenizer(empty)
 
 
+@pytest.mark.slow  # gpt-4o and xlm-roberta are the slowest tokenizers to load
 def test_vocab_size_covers_every_id(handles) -> None:
     # README: gpt-4o has 200,000 tokens with ids 0-200018 (gaps), so 200,019 ids are needed.
     assert handles["gpt-4o"].vocab_size == 200_019
