@@ -307,6 +307,27 @@ def _measured_axes(run: Any) -> dict[str, tuple[float | None, float | None]]:
     return out
 
 
+def with_score_axes(label: Label, run: Any) -> Label:
+    """The label with every axis read from a stored score run (a ScoreRunRow or a
+    CheckpointScoreRow): L*, raw CE, bits/byte, L* per byte, L_rel, L_gain with their SEs, and
+    the parameter count of the run's weights where the label gives none. Axes now measured by
+    the run are no longer marked imported."""
+    model = run.model if isinstance(run.model, dict) else json.loads(run.model or "{}")
+    params = label.params if label.params is not None else model.get("n_params")
+    measured = _measured_axes(run)
+    imported = tuple(a for a in label.imported if a not in measured)
+    if label.params is None:
+        imported = tuple(a for a in imported if a != "log_params")
+    return label.with_(sha=run.model_sha, lstar=float(run.lstar), lstar_se=float(run.se_ce),
+                       raw_ce=float(run.ce), params=float(params) if params else None,
+                       bits_per_byte=measured["bits_per_byte"][0],
+                       lstar_per_byte=measured["lstar_per_byte"][0],
+                       l_rel=measured["l_rel"][0], l_gain=measured["l_gain"][0],
+                       axis_se={**label.axis_se, **{a: v[1] for a, v in measured.items()
+                                                    if v[1] is not None and a != "lstar"}},
+                       imported=imported, details={**label.details, "score_run_id": run.run_id})
+
+
 def join_scores(labels: Sequence[Label], store: Any, *, corpus_sha256: str | None = None
                 ) -> tuple[list[Label], dict[str, Any]]:
     """Fill L*, its SE, raw CE and the parameter count of each label from the newest score run
@@ -333,21 +354,7 @@ def join_scores(labels: Sequence[Label], store: Any, *, corpus_sha256: str | Non
         run = runs[0]
         key = (run.corpus_sha256, run.spec_version, int(run.window_len), int(run.stride), run.prefix_policy)
         used.setdefault(key, []).append(label.checkpoint)
-        params = label.params if label.params is not None else run.model.get("n_params")
-        measured = _measured_axes(run)
-        imported = tuple(a for a in label.imported if a not in measured)
-        if label.params is None or params is None:
-            imported = tuple(a for a in imported if a != "log_params")
-        joined.append(label.with_(repo=repo, sha=run.model_sha, lstar=float(run.lstar),
-                                  lstar_se=float(run.se_ce), raw_ce=float(run.ce),
-                                  params=float(params) if params else None,
-                                  bits_per_byte=measured["bits_per_byte"][0],
-                                  lstar_per_byte=measured["lstar_per_byte"][0],
-                                  l_rel=measured["l_rel"][0], l_gain=measured["l_gain"][0],
-                                  axis_se={**label.axis_se, **{a: v[1] for a, v in measured.items()
-                                                               if v[1] is not None}},
-                                  imported=imported,
-                                  details={**label.details, "score_run_id": run.run_id}))
+        joined.append(with_score_axes(label.with_(repo=repo), run))
     if len(used) > 1:
         described = "; ".join(f"corpus {k[0][:12]} {k[1]} window {k[2]} stride {k[3]} prefix {k[4]} "
                               f"({len(v)} checkpoints)" for k, v in used.items())
