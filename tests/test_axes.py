@@ -8,7 +8,7 @@ import json
 import math
 import random
 import statistics
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
 from monitor.errors import CurveError
 from monitor.policy.load import load_policy
+from monitor.reports.report import build_report, to_markdown
 from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
 from monitor.scoring.metrics import aggregate, bootstrap_se_ce
 from monitor.store import Store
@@ -256,6 +257,7 @@ def test_a_bits_per_byte_curve_alerts_with_its_axis_value_and_se(tmp_path: Path,
             assert report.predictions == 1 and not report.skipped
             Dispatcher(store, [policy], rng=random.Random(0), owner="t").run_once(T0)
             [prediction] = store.report_predictions("bytes")
+            report = build_report(store, policy, now=T0 + timedelta(hours=1), period_start=T0 - timedelta(days=1))
         [request] = hook.requests
         [mail] = smtp.mails
     z = float(norm.ppf(0.95))
@@ -278,6 +280,12 @@ def test_a_bits_per_byte_curve_alerts_with_its_axis_value_and_se(tmp_path: Path,
     assert "L*         -2.0000 (SE 0.0300)" in text
     assert prediction.lstar == -2.0 and prediction.detail["axis"] == "bits_per_byte"
     assert prediction.detail["value"] == 1.0 and prediction.detail["se"] == 0.02
+    # The governance report names the axis and shows the value on it.
+    [task] = report["tasks"]
+    assert task["axis"] == "bits_per_byte" and task["axis_label"] == "bits/byte"
+    [lineage] = task["lineages"]
+    assert (lineage["value"], lineage["value_se"], lineage["lstar"]) == (1.0, 0.02, -2.0)
+    assert "| lineage | current checkpoint | state | bits/byte | P̂ |" in to_markdown(report)
 
 
 def test_a_curve_on_an_axis_the_score_lacks_is_recorded_with_its_reason(tmp_path: Path) -> None:
@@ -294,3 +302,37 @@ def test_a_curve_on_an_axis_the_score_lacks_is_recorded_with_its_reason(tmp_path
     reason = row.detail["reason"]
     assert "is on log10 FLOPs" in reason and f"score run {run_id} has no declared training FLOPs" in reason
     assert again.predictions == 0  # recorded once, not retried while the curve is the same
+
+
+# -- the command line ----------------------------------------------------------------------------
+def test_policy_test_and_curves_predict_take_a_value_on_the_curves_axis(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from monitor.cli import main
+
+    curve = _bpb_curve(tmp_path)
+    path = tmp_path / "mixed.yaml"
+    path.write_text(f"""\
+name: mixed
+tasks:
+  - name: arith
+    curve: {CURVES / "arith.json"}
+  - name: bytes
+    curve: {curve}
+route:
+  receiver: log
+receivers:
+  - name: log
+    file: {{path: log.jsonl}}
+""")
+    assert main(["policy", "test", str(path), "--value", "1.0"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 axes (L*: arith; bits/byte: bytes)" in err and "--axis" in err
+    assert main(["policy", "test", str(path), "--value", "1.0", "--se", "0.02", "--axis", "bits_per_byte",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    [task] = out["tasks"]
+    assert out["axis"] == "bits_per_byte" and out["skipped"] == {"arith": "its curve is on L*, not bits/byte"}
+    expected = predict(load_curve(curve), 1.0, 0.02)
+    assert (task["task"], task["axis"], task["value"], task["se"]) == ("bytes", "bits_per_byte", 1.0, 0.02)
+    assert task["interval"] == [expected.lower, expected.upper] and task["state"] == expected.state
+    assert main(["curves", "predict", str(curve), "--value", "1.0", "--se", "0.02"]) == 0
+    assert "at bits/byte 1.0000 ± 0.0200: P̂ = 0.4500" in capsys.readouterr().out
