@@ -163,9 +163,10 @@ def axis_value(row: Any, name: str) -> tuple[float, float] | str:
         key = {"log_params": "n_params", "log_flops": "flops"}[name]
         raw = _finite(_model_info(row).get(key))
         if raw is None or raw <= 0:
-            what = ("a parameter count" if name == "log_params"
-                    else "declared training FLOPs (no score measures FLOPs; declare them in a labels file)")
-            return f"{where} has no {what}, so the {axis.label} curve cannot be applied to it"
+            what = ("parameter count in its model info" if name == "log_params"
+                    else "declared training FLOPs (a score run measures none; they come only with the model info "
+                         "a campaign declares, or a labels file)")
+            return f"{where} has no {what}, so a {axis.label} curve cannot be applied to it"
         return math.log10(raw), 0.0
     assert axis.score_column is not None and axis.se_column is not None
     value = _finite(_get(row, axis.score_column))
