@@ -28,7 +28,8 @@ CASES = [
      "a number > 0 and < 1"),
     ([*FIT, "--baseline", "0.25", "--margin", "0.1", "--seed", "-1"], "'--seed'",
      "an integer from 0 to 4,294,967,295"),
-    (["curves", "predict", "TMP/none.json", "--lstar", "inf"], "'--lstar'", "a finite number"),
+    (["curves", "predict", "TMP/none.json", "--lstar", "inf"], "'--value' / '--lstar'", "a finite number"),
+    (["curves", "predict", "TMP/none.json", "--value", "-inf"], "'--value' / '--lstar'", "a finite number"),
     (["curves", "predict", "TMP/none.json", "--lstar", "-2", "--se", "-0.1"], "'--se'", "a number ≥ 0"),
     ([*SCORE, "--docs", "0"], "'--docs'", "an integer ≥ 1"),
     ([*SCORE, "--max-context", "1"], "'--max-context'", "an integer ≥ 2"),
@@ -51,7 +52,7 @@ CASES = [
     (["checkpoints", "--db", "TMP/none.duckdb", "--limit", "0"], "'--limit'", "an integer from 1 to 1,000,000"),
     (["alerts", "list", "--db", "TMP/none.duckdb", "--limit", "1" + "0" * 400], "'--limit'",
      "an integer from 1 to 1,000,000"),
-    (["policy", "test", "TMP/none.yaml", "--lstar", "nan"], "'--lstar'", "a finite number"),
+    (["policy", "test", "TMP/none.yaml", "--lstar", "nan"], "'--value' / '--lstar'", "a finite number"),
 ]
 IDS = [" ".join(arg[:12] for arg in argv[:2] + argv[-2:]) for argv, _, _ in CASES]
 

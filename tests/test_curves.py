@@ -289,7 +289,7 @@ def curve():
 
 
 def test_fit_curve_artifact_holds_what_prediction_needs(curve, tmp_path):
-    assert curve.schema_ == "lstar-curve/1"
+    assert curve.schema_ == "lstar-curve/2"
     assert curve.threshold.lower <= curve.threshold.estimate <= curve.threshold.upper
     assert curve.threshold.lower <= TRUE_THRESHOLD <= curve.threshold.upper
     assert curve.n_checkpoints == 30 and curve.families == ["a", "b", "c"]
@@ -357,8 +357,8 @@ def test_loading_rejects_unknown_keys_other_versions_and_edits(curve, tmp_path):
     bad.write_text(json.dumps({**data, "threshold": {**data["threshold"], "extra": 1}}))
     with pytest.raises(CurveError, match="unknown key 'threshold.extra'"):
         load_curve(bad)
-    bad.write_text(json.dumps({**data, "schema": "lstar-curve/2"}))
-    with pytest.raises(CurveError, match="lstar-curve/2.*reads 'lstar-curve/1'"):
+    bad.write_text(json.dumps({**data, "schema": "lstar-curve/3"}))
+    with pytest.raises(CurveError, match="lstar-curve/3.*reads 'lstar-curve/2'"):
         load_curve(bad)
     bad.write_text(json.dumps({**data, "margin": 0.2}))
     with pytest.raises(CurveError, match="do not match curve id"):

@@ -104,7 +104,7 @@ def test_predict_prints_p_hat_interval_and_state(fitted, capsys):
                          "--spec", SPEC, "--json")
     assert code == 0 and json.loads(out)["state"] == "emerged"
     code, out, err = run(capsys, "curves", "predict", str(fitted), "--lstar", "-2.4")
-    assert code == 0 and "cloze-v0 (acc): P̂ =" in out
+    assert code == 0 and "cloze-v0 (acc) at L* -2.4000 ± 0.0000: P̂ =" in out
 
 
 def one_line_error(code: int, err: str, *fragments: str) -> None:
@@ -121,7 +121,7 @@ def test_bad_input_exits_non_zero_with_one_line(fitted, labels_csv, tmp_path, ca
                        "--spec", "lstar-score/1:window=1024,stride=512,prefix=bos")
     one_line_error(code, err, "window=2048,stride=1024", "window=1024,stride=512")
     code, _, err = run(capsys, "curves", "predict", str(fitted))
-    one_line_error(code, err, "--lstar")
+    one_line_error(code, err, "--value")
 
     rows = labels_csv.read_text().splitlines()
     few = tmp_path / "few.csv"

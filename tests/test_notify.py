@@ -180,7 +180,7 @@ def test_alert_is_signed_alertmanager_shaped_and_carries_the_numbers(world: Worl
     [alert] = msg.alerts
     assert alert.labels == {"alertname": "LstarTaskEmergence", "policy": "frontier", "task": "arith",
                             "repo": "org/model", "lineage": "org/model", "commit": "a" * 40,
-                            "state": "at_risk", "severity": "warning"}
+                            "state": "at_risk", "severity": "warning", "axis": "lstar"}
     assert msg.groupLabels == {"policy": "frontier", "repo": "org/model", "commit": "a" * 40}
     assert alert.endsAt == "0001-01-01T00:00:00Z"
     assert _rfc3339(alert.startsAt) == now

@@ -17,6 +17,7 @@ from monitor.sandbox.fakehub import FakeHub
 from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.scoring.backends import LocalBackend
 from monitor.scoring.engine import ScoreRequest
+from monitor.scoring.metrics import aggregate
 from monitor.service.scoring_driver import score_queue_on
 from monitor.store import Store
 
@@ -49,6 +50,13 @@ def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path:
                                      template, owner="test", state_dir=tmp_path, cache_dir=cache, limit=4)
             rows = {r.repo: r for r in store.list_checkpoints()}
             runs = store.score_runs()
+            docs = store.score_documents(runs[0].run_id) if runs else []
+    # The stored run carries every axis's SE, from the run's one bootstrap (n_boot 10, seed 0).
+    again = aggregate([d.nll for d in docs], [d.n_tokens for d in docs], [d.n_bytes for d in docs],
+                      runs[0].ce_unigram, n_boot=10, seed=0)
+    for column in ("se_ce", "se_bits_per_byte", "se_lstar_per_byte", "se_l_rel", "se_l_gain", "lstar_per_byte"):
+        assert getattr(runs[0], column) == pytest.approx(again[column], rel=1e-9), column
+    assert runs[0].se_bits_per_byte > 0
     statuses = sorted(r.status for r in results)
     assert statuses == ["fetched", "scored"]
     [lost] = [r for r in results if r.status == "fetched"]

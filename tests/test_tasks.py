@@ -141,13 +141,15 @@ def test_csv_labels_and_their_errors(tmp_path):
     assert labels[0].n == 300 and labels[0].params == 1e8 and labels[0].stderr is None
     assert labels[1].lstar_se is None and labels[1].stderr == 0.02 and labels[1].n is None
     for body, message in (
-        ("checkpoint,family,lstar,value,n\n", "lacks column.*lstar_se, raw_ce"),
+        ("checkpoint,lstar,value,n\n", "lacks column.*family"),
+        ("checkpoint,family,value,n\nx,a,0.3,300\n", "no axis column"),
+        ("checkpoint,family,params,log_params,value,n\n", "both 'params' and 'log_params'"),
         ("checkpoint,family,lstar,lstar_se,raw_ce,value,n,colour\n", "unknown column.*colour"),
         ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\nx,a,-2,0.1,4,nan,300\n",
          r":2: column 'value' is 'nan' \(not a finite number\)"),
         ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\nx,a,-2,0.1,4,abc,300\n",
          r":2: column 'value': 'abc' is not a number"),
-        ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\nx,a,,0.1,4,0.3,300\n", r":2: column 'lstar' is empty"),
+        ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\nx,a,-2,x,4,0.3,300\n", r":2: column 'lstar_se': 'x'"),
         ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\nx,a,-2,0.1,4,0.3,2.5\n", "not a positive whole number"),
         ("checkpoint,family,lstar,lstar_se,raw_ce,value,n\n", "no rows"),
     ):

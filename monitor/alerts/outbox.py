@@ -27,13 +27,14 @@ from monitor.alerts.rules import (FIRING_STATES, GAMING_ALERTNAME, RouteTarget, 
                                   calibration_gaming, decide, group_key, group_labels, route_alert,
                                   task_labels)
 from monitor.curves import ScoringRef
+from monitor.curves.artifact import score_axis_value
 from monitor.errors import CurveError
 from monitor.events import event
 from monitor.failpoints import failpoint
 from monitor.policy import Policy, Task
 from monitor.store import Store
 from monitor.store.evaluation_gaps import NOT_EVALUATED
-from monitor.store.rows import EvaluationCandidateRow, LineageHistory
+from monitor.store.rows import EVALUATION_AXIS_COLUMNS, EvaluationCandidateRow, LineageHistory
 
 GAMING_TASK = "calibration_gaming"
 # (policy, task, score) -> prediction; raises CurveError when the curve does not apply.
@@ -56,8 +57,13 @@ class CurvePredictor:
 
     def __call__(self, policy: Policy, task: Task, score: ScoreView) -> TaskPrediction:
         spec = ScoringRef.from_score_run(score.extra) if score.extra.get("spec_version") else None
-        return predict_task(self.curve(policy, task), task, lstar=score.lstar, se=score.se,
-                            corpus_sha256=score.corpus_sha256, scoring_spec=spec)
+        curve = self.curve(policy, task)
+        # The score's value on the curve's axis and that axis's SE; a score without one (e.g. no
+        # declared FLOPs for a log_flops curve) raises CurveError, recorded as not_evaluated.
+        value, se = score_axis_value(curve, {**score.extra, "run_id": score.run_id, "lstar": score.lstar,
+                                             "se_ce": score.se})
+        return predict_task(curve, task, value=value, se=se, corpus_sha256=score.corpus_sha256,
+                            scoring_spec=spec, score_lstar=score.lstar, score_lstar_se=score.se)
 
     def corpus_of(self, policy: Policy) -> str | None:
         """The public corpus of a policy (`predict.public_corpus`), loading its curves."""
@@ -119,7 +125,8 @@ def _view(row: EvaluationCandidateRow) -> ScoreView:
                      lineage=row.lineage, lstar=float(row.lstar), se=float(row.se),
                      corpus_sha256=row.corpus_sha256, finished_at=row.finished_at, rule=row.rule,
                      extra={"spec_version": row.spec_version, "window_len": row.window_len,
-                            "stride": row.stride, "prefix_policy": row.prefix_policy})
+                            "stride": row.stride, "prefix_policy": row.prefix_policy,
+                            **{k: getattr(row, k) for k in EVALUATION_AXIS_COLUMNS}})
 
 
 def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) -> Delivery:
@@ -188,7 +195,7 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
                "lineage": score.lineage, "run_id": score.run_id}
     labels = task_labels(policy=policy.name, task=task.name, repo=score.repo, lineage=score.lineage,
                          commit=score.commit, state=prediction.state,
-                         extra={**policy.labels, **task.labels})
+                         extra={**policy.labels, **task.labels}, axis=prediction.axis)
     alert = plan_alert(
         policy, task=task.name, score=score, state=prediction.state, numbers=numbers, history=history,
         now=now, labels=labels,

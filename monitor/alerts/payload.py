@@ -79,6 +79,18 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def axis_reading(numbers: Mapping[str, Any]) -> str:
+    """`bits/byte = 0.9120 ± 0.0040 (SE)`: the score's value on the curve's axis with that
+    axis's SE, and the score's L* beside it when the curve is on another axis. Numbers written
+    before curves had an axis are L*."""
+    label = numbers.get("axis_label") or "L*"
+    value = numbers.get("value", numbers.get("lstar"))
+    text = f"{label} = {_fmt(value, 4)} ± {_fmt(numbers['se'], 4)} (SE)"
+    if numbers.get("axis", "lstar") != "lstar" and numbers.get("lstar") is not None:
+        text += f"; L* = {_fmt(numbers['lstar'], 4)} ± {_fmt(numbers.get('lstar_se'), 4)}"
+    return text
+
+
 def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, state: str,
                      resolved: bool = False) -> dict[str, str]:
     """Human-readable summary and description of a task alert (also used by the email).
@@ -94,7 +106,7 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
     else:
         summary = f"{numbers['task']} {state.replace('_', ' ')} for {where}"
     description = (
-        f"L* = {_fmt(numbers['lstar'], 4)} ± {_fmt(numbers['se'], 4)} (SE). The task curve "
+        f"{axis_reading(numbers)}. The task curve "
         f"{str(numbers['curve_id'])[:12]} predicts performance {_fmt(numbers['p_hat'])}, {level} interval "
         f"[{_fmt(lo)}, {_fmt(hi)}], against the threshold b + ε = {_fmt(numbers['floor'])} + "
         f"{_fmt(numbers['margin'])} = {_fmt(numbers['threshold'])}. State: {numbers['state']}.")

@@ -66,10 +66,11 @@ def alert_key(policy: str, task: str, repo: str, commit: str, state: str) -> str
 
 
 def task_labels(*, policy: str, task: str, repo: str, lineage: str, commit: str, state: str,
-                extra: Mapping[str, str] = {}) -> dict[str, str]:
-    """The labels of a task alert (routing, grouping and silences match on these)."""
+                extra: Mapping[str, str] = {}, axis: str = "lstar") -> dict[str, str]:
+    """The labels of a task alert (routing, grouping and silences match on these); `axis` is
+    the progress axis of the task's curve (monitor.curves.axes)."""
     labels = {**extra, "alertname": TASK_ALERTNAME, "policy": policy, "task": task, "repo": repo,
-              "lineage": lineage, "commit": commit, "state": state}
+              "lineage": lineage, "commit": commit, "state": state, "axis": axis}
     labels.setdefault("severity", SEVERITY.get(state, "info"))
     return labels
 

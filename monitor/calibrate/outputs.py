@@ -29,7 +29,7 @@ from monitor.calibrate.plan import Plan
 from monitor.curves import curve_summary, curve_warnings, save_curve
 from monitor.curves.artifact import CurveArtifact, ScoringRef
 from monitor.curves.fit import fit_curve
-from monitor.curves.labels import Label, labels_from_rows, select_labels
+from monitor.curves.labels import Label, labels_from_rows, select_labels, with_score_axes
 from monitor.curves.validation import LofoResult, lofo_validate
 from monitor.errors import CampaignError, CurveError, LabelError
 from monitor.store import Store
@@ -90,7 +90,7 @@ def _score_rows(plan: Plan, store: Store) -> tuple[dict[tuple[str, str], ScoreRu
 
 def _task_labels(campaign: Campaign, task: TaskSpec, name: str, plan: Plan, store: Store,
                  scores: dict[tuple[str, str], ScoreRunRow]) -> list[Label]:
-    """The campaign's labels of one task, each with its checkpoint's L*, SE, raw CE and size."""
+    """The campaign's labels of one task, each with its checkpoint's value and SE on every axis."""
     by_key = {(c.repo, c.sha): c for c in plan.checkpoints}
     if task.kind == "results":
         rows = _imported_rows(campaign, task, store, name)
@@ -101,11 +101,8 @@ def _task_labels(campaign: Campaign, task: TaskSpec, name: str, plan: Plan, stor
     for label in labels_from_rows([r for r in rows if (r.repo, r.sha) in by_key]):
         c = by_key[(label.repo or "", label.sha or "")]
         run = scores[(c.repo, c.sha)]
-        params = json.loads(run.model).get("n_params")   # a score run keeps its model as JSON text
-        out.append(label.with_(checkpoint=c.name, family=c.family, lstar=float(run.lstar),
-                               lstar_se=float(run.se_ce), raw_ce=float(run.ce),
-                               params=float(params) if params else None,
-                               details={**label.details, "score_run_id": run.run_id}))
+        # every axis of the run (monitor.curves.axes) with its SE, and the weights' parameter count
+        out.append(with_score_axes(label.with_(checkpoint=c.name, family=c.family), run))
     return out
 
 

@@ -25,7 +25,8 @@ from monitor.store import Store
 if TYPE_CHECKING:
     from monitor.curves import CurveArtifact, Label, ScoringRef
 
-LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
+LABELS_HELP = ("CSV (checkpoint,family,value,n or stderr, and a column per axis: lstar, bits_per_byte, "
+               "lstar_per_byte, l_rel, l_gain, raw_ce, log_params, log_flops; <axis>_se for SEs), "
                "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
                "Without it, labels stored by `lstar eval` are used.")
 
@@ -99,15 +100,18 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 def print_summary(curve: CurveArtifact, console: Console) -> None:
     """A rich summary of a curve artifact."""
-    from monitor.curves.stats import PREDICTORS
+    from monitor.curves.axes import AXES
 
     thr = curve.threshold
     table = Table(title=f"curve {curve.curve_id[:12]}: {curve.task} · {curve.metric}", title_justify="left",
                   show_header=False)
     table.add_column("field")
     table.add_column("value")
-    pred = PREDICTORS[curve.predictor]
+    pred = AXES[curve.axis]
+    n_imported = sum(p.imported for p in curve.points)
     rows = [
+        ("axis", f"{pred.label} ({pred.name}, {pred.unit}; {'lower' if pred.lower_is_progress else 'higher'} "
+                 f"is progress)" + (f"; {n_imported} imported point(s)" if n_imported else "")),
         ("checkpoints", f"{curve.n_checkpoints} in {len(curve.families)} families "
                         f"({', '.join(curve.families) or '—'})"),
         (f"{pred.label} range", f"{curve.x_range[0]:.4g} … {curve.x_range[1]:.4g}"),
@@ -160,20 +164,26 @@ def register(app: typer.Typer) -> None:
         spec: str = typer.Option(None, "--spec", help="Scoring spec, e.g. lstar-score/1:window=2048,stride=1024,prefix=bos."),
         family: str = typer.Option(None, "--family", help="Family for every row (lm-eval/stored labels)."),
         no_lofo: bool = typer.Option(False, "--no-lofo", help="Skip leave-one-family-out validation."),
+        axis: str = typer.Option("lstar", "--axis", "--predictor",
+                                 help="Progress axis: lstar, bits_per_byte, lstar_per_byte, l_rel, l_gain, "
+                                      "raw_ce, log_params or log_flops."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
-        """Fit a monotone curve of task performance on L* and write its artifact."""
+        """Fit a monotone curve of task performance on a progress axis (L* by default) and write
+        its artifact."""
         from monitor.curves import curve_summary, save_curve
+        from monitor.curves.axes import get_axis
         from monitor.curves.fit import fit_curve
 
+        get_axis(axis)  # an unknown axis is refused before any labels are read
         db_path = db_file(state, db)
         rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
         curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
                           confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
-                          scoring_spec=scoring, lofo=not no_lofo)
+                          scoring_spec=scoring, lofo=not no_lofo, axis=axis)
         save_curve(curve, out)
         _warn(curve)
         if as_json:
@@ -246,23 +256,26 @@ def register(app: typer.Typer) -> None:
     @curves.command("predict")
     def predict_cmd(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
-        lstar: float = float_option(None, "--lstar", help="L* of the checkpoint."),
-        se: float = float_option(0.0, "--se", low=0.0, help="Standard error of L*."),
-        run: str = typer.Option(None, "--run", help="Take L*, SE, corpus and spec from this score run."),
+        lstar: float = float_option(None, "--value", "--lstar",
+                                    help="The checkpoint's value on the curve's axis (L* for an L* curve)."),
+        se: float = float_option(0.0, "--se", low=0.0, help="Its standard error on that axis."),
+        run: str = typer.Option(None, "--run", help="Take the value on the curve's axis, its SE, corpus and "
+                                                    "spec from this score run."),
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """P̂ = g(L*), its interval widened by SE(L*), and the state (clear / at_risk / emerged)."""
+        """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
+        (clear / at_risk / emerged)."""
         from monitor.curves import ScoringRef, load_curve, predict, predict_score_run
 
         db_path = db_file(state, db)
         curve = load_curve(curve_path)
         if run is not None:
             if lstar is not None:
-                raise CurveError("give either --run or --lstar, not both")
+                raise CurveError("give either --run or --value, not both")
             with Store.open(db_path, read_only=True) as store:
                 row = store.score_run(run)
             if row is None:
@@ -270,14 +283,16 @@ def register(app: typer.Typer) -> None:
             result = predict_score_run(curve, row)
         else:
             if lstar is None:
-                raise CurveError("give --lstar (and --se), or --run RUN_ID")
+                raise CurveError(f"give --value (the {curve.axis_label} of the checkpoint, and --se), "
+                                 "or --run RUN_ID")
             result = predict(curve, lstar, se, corpus_sha256=corpus_sha,
                              scoring_spec=ScoringRef.parse(spec) if spec else None)
         if as_json:
             print(json.dumps(result.as_dict(), indent=2))
             return
         plain_console().print(Text.assemble(
-            f"{curve.task} ({curve.metric}): P̂ = {result.p_hat:.4f} "
+            f"{curve.task} ({curve.metric}) at {curve.axis_label} {result.value:.4f} ± {result.se:.4f}: "
+            f"P̂ = {result.p_hat:.4f} "
             f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → ", (result.state, "bold"),
             f" (threshold {result.level:g})"
             + (" · extrapolated beyond the fitted range" if result.extrapolated else "")))

@@ -27,24 +27,49 @@ def expand_policy_paths(paths: list[Path]) -> list[Path]:
     return out
 
 
-def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: str) -> dict[str, Any]:
-    """For each task of the policy: the prediction and the receivers an alert would reach."""
-    from monitor.alerts import load_task_curve, predict_task, route_alert, task_labels
+def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: str,
+                     axis: str | None = None) -> dict[str, Any]:
+    """For each task of the policy: the prediction and the receivers an alert would reach.
 
+    `lstar` is the value on each task curve's axis (L* for L* curves). When the curves use more
+    than one axis, `axis` names the one the value is on; tasks on other axes are listed in
+    `skipped` with why.
+    """
+    from monitor.alerts import load_task_curve, predict_task, route_alert, task_labels
+    from monitor.curves.axes import AXES, get_axis
+
+    if axis is not None:
+        get_axis(axis)
     if not math.isfinite(lstar) or not math.isfinite(se) or se < 0:
-        raise PolicyError(f"--lstar {lstar} / --se {se}: give a finite L* and a standard error ≥ 0")
+        raise PolicyError(f"--value {lstar} / --se {se}: give a finite value and a standard error ≥ 0")
     policy = load_policy(path)
-    tasks = []
+    curves = {task.name: load_task_curve(policy.resolve_path(task.curve)) for task in policy.tasks}
+    used = sorted({c.axis for c in curves.values()}, key=list(AXES).index)
+    if axis is None and len(used) > 1:
+        by_axis = "; ".join(f"{AXES[a].label}: {', '.join(t for t, c in curves.items() if c.axis == a)}"
+                            for a in used)
+        raise PolicyError(f"{path}: the task curves are on {len(used)} axes ({by_axis}); a value is on one",
+                          hint=f"give --axis ({', '.join(used)}) to test the tasks on that axis")
+    chosen = axis or (used[0] if used else "lstar")
+    tasks, skipped = [], {}
     for task in policy.tasks:
-        curve = load_task_curve(policy.resolve_path(task.curve))
-        prediction = predict_task(curve, task, lstar=lstar, se=se)
+        curve = curves[task.name]
+        if curve.axis != chosen:
+            skipped[task.name] = f"its curve is on {curve.axis_label}, not {AXES[chosen].label}"
+            continue
+        prediction = predict_task(curve, task, value=lstar, se=se)
         labels = task_labels(policy=policy.name, task=task.name, repo=repo, lineage=repo, commit=commit,
-                             state=prediction.state, extra={**policy.labels, **task.labels})
+                             state=prediction.state, extra={**policy.labels, **task.labels}, axis=curve.axis)
         receivers = [t.receiver for t in route_alert(policy.route, labels)] \
             if prediction.state != "clear" else []
         tasks.append({**prediction.as_dict(), "receivers": receivers})
-    return {"policy": policy.name, "file": str(path), "lstar": lstar, "se": se, "tasks": tasks,
-            "sent": False}
+    out = {"policy": policy.name, "file": str(path), "axis": chosen, "axis_label": AXES[chosen].label,
+           "value": lstar, "se": se, "tasks": tasks, "sent": False}
+    if chosen == "lstar":
+        out["lstar"] = lstar
+    if skipped:
+        out["skipped"] = skipped
+    return out
 
 
 _LABEL_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
@@ -123,20 +148,23 @@ def register(app: typer.Typer) -> None:
     @policy.command("test")
     def test(
         file: Path = typer.Argument(..., help="Policy file."),
-        lstar: float = float_option(..., "--lstar", help="L* of a hypothetical score."),
-        se: float = float_option(0.0, "--se", low=0.0, help="Its standard error."),
+        lstar: float = float_option(..., "--value", "--lstar",
+                                    help="A hypothetical score's value on the task curves' axis (L* for L* curves)."),
+        se: float = float_option(0.0, "--se", low=0.0, help="Its standard error on that axis."),
+        axis: str = typer.Option(None, "--axis", help="The axis the value is on, where the policy's curves "
+                                                      "use several (tasks on other axes are skipped)."),
         repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
         commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Print each task's decision (P̂, interval, threshold, state, receivers) for one
-        L* ± SE. Nothing is stored or sent."""
-        result = policy_decisions(file, lstar=lstar, se=se, repo=repo, commit=commit)
+        """Print each task's decision (P̂, interval, threshold, state, receivers) for one value
+        ± SE on the task curves' axis (L*, bits/byte, ...). Nothing is stored or sent."""
+        result = policy_decisions(file, lstar=lstar, se=se, repo=repo, commit=commit, axis=axis)
         if as_json:
             print(json.dumps(result, indent=2))
             return
-        table = Table(title=f"policy {result['policy']}: L* = {lstar:.4f} ± {se:.4f} (nothing sent)",
-                      title_justify="left")
+        table = Table(title=f"policy {result['policy']}: {result['axis_label']} = {lstar:.4f} ± {se:.4f} "
+                            "(nothing sent)", title_justify="left")
         for col in ("task", "P̂", "interval", "threshold", "state", "caveats", "would notify"):
             table.add_column(col)
         for t in result["tasks"]:
@@ -145,6 +173,8 @@ def register(app: typer.Typer) -> None:
                           f"{t['threshold']:.3f}", t["state"], "\n".join(caveats(t)) or "—",
                           ", ".join(t["receivers"]) or "—")
         plain_console().print(table)
+        for name, why in result.get("skipped", {}).items():
+            print(f"skipped {name}: {why}")
 
     routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 

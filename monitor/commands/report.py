@@ -98,12 +98,12 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
         name_column(tt, "lineage")
-        for col in ("state", "L*", "P̂", "interval", "threshold"):
+        for col in ("state", t.get("axis_label", "L*"), "P̂", "interval", "threshold"):
             tt.add_column(col)
         for x in t["lineages"]:
             colour = STATE_COLOURS.get(x["state"], "")
             tt.add_row(x["lineage"], Text(x["state"], style=colour or ""),
-                       fmt(x["lstar"]), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
+                       fmt(x.get("value", x["lstar"])), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
         print_table(console, tt)
     if data["crossings"]:
         ct = Table(title="crossings")

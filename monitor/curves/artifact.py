@@ -1,4 +1,4 @@
-"""The task-curve artifact `lstar-curve/1`, and prediction from it (docs/measurement.md §2-§3).
+"""The task-curve artifact `lstar-curve/2`, and prediction from it (docs/measurement.md §2-§3).
 
 A fitted curve is stored as versioned JSON holding everything needed to predict without
 refitting: the knots of g, the band on a grid, the threshold with its interval, the corpus
@@ -6,7 +6,10 @@ and scoring spec the L* values were measured on, and the validation results. The
 strict pydantic model; loading rejects unknown keys, another schema version, and contents
 that no longer match the curve id (a content hash).
 
-`predict` turns an L* (with its standard error) into P̂ = g(L*), an interval and a state
+The artifact records the progress axis it is fitted on (`axis`, monitor.curves.axes);
+`lstar-curve/1` files (no `axis`: their `predictor`, L* in practice) load unchanged.
+
+`predict` turns a value on that axis (with its standard error) into P̂ = g(x), an interval and a state
 (clear / at_risk / emerged), refusing a score from another corpus or scoring spec. This
 module stays free of scipy and scikit-learn at import time so that policies can load and
 apply curves cheaply; the fitting lives in `monitor.curves.stats` and `monitor.curves.fit`.
@@ -27,11 +30,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.store.rows import ScoreRunRow
 
-SCHEMA = "lstar-curve/1"
+AXIS_LABELS = {name: axis.label for name, axis in AXES.items()}
+SCHEMA = "lstar-curve/2"
+# Read as L* curves: the same artifact with `predictor` for `axis` and no imported flags.
+SCHEMA_V1 = "lstar-curve/1"
+AxisName = Literal["lstar", "bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "raw_ce", "log_params",
+                   "log_flops"]
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
 CURVE_MAX_BYTES = 16 << 20
 CURVE_FILE = FileKind("curve artifact", "curve artifacts", "JSON")
@@ -177,17 +186,25 @@ class CurvePoint(_Strict):
     x: float
     value: float
     weight: float
+    # True: x was given by the labels file (a published value), not measured by a score run
+    imported: bool = False
 
 
 class CurveArtifact(_Strict):
-    """A fitted task curve (`lstar-curve/1`): everything needed to predict without refitting."""
+    """A fitted task curve (`lstar-curve/2`): everything needed to predict without refitting.
 
-    schema_: Literal["lstar-curve/1"] = Field(alias="schema")
+    `axis` names the progress axis the curve is fitted on (monitor.curves.axes); x values,
+    the band, the threshold and its interval are in that axis's units. An `lstar-curve/1`
+    file loads as the same object (its `predictor` is the axis) and keeps its schema, id and
+    JSON when written again.
+    """
+
+    schema_: Literal["lstar-curve/1", "lstar-curve/2"] = Field(alias="schema")
     curve_id: str
     created_at: datetime
     task: str
     metric: str
-    predictor: Literal["lstar", "raw_ce", "log_params", "log_flops"]
+    axis: AxisName
     direction: Literal["non-increasing", "non-decreasing"]
     baseline: float
     margin: float = Field(gt=0.0)
@@ -214,14 +231,33 @@ class CurveArtifact(_Strict):
         """b_t + ε."""
         return self.baseline + self.margin
 
+    @property
+    def predictor(self) -> str:
+        """The axis, by its `lstar-curve/1` name."""
+        return self.axis
+
+    @property
+    def axis_label(self) -> str:
+        """The axis as text names it (L*, bits/byte, ...)."""
+        return AXIS_LABELS.get(self.axis, self.axis)
+
+    def _dump(self) -> dict[str, Any]:
+        """The JSON object, in the layout of its own schema version."""
+        data = self.model_dump(mode="json", by_alias=True)
+        if self.schema_ == SCHEMA_V1:
+            data = {("predictor" if k == "axis" else k): v for k, v in data.items()}
+            for point in data["points"]:
+                point.pop("imported", None)
+        return data
+
     def content_id(self) -> str:
         """sha256 of the canonical JSON of everything but `curve_id` and `created_at`."""
-        data = self.model_dump(mode="json", by_alias=True, exclude={"curve_id", "created_at"})
+        data = {k: v for k, v in self._dump().items() if k not in ("curve_id", "created_at")}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2, allow_nan=False) + "\n"
+        return json.dumps(self._dump(), indent=2, allow_nan=False) + "\n"
 
 
 def _first_error(exc: Exception) -> str:
@@ -248,6 +284,22 @@ def save_curve(curve: CurveArtifact, path: str | Path) -> Path:
     return path
 
 
+def _upgrade_v1(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """An `lstar-curve/1` object in the model's field names: `predictor` is the axis (one of
+    lstar, raw_ce, log_params, log_flops); it has no `axis` key and no imported flags."""
+    for key in ("axis",):
+        if key in data:
+            raise CurveError(f"{path} is not a valid {SCHEMA_V1} artifact: unknown key {key!r}")
+    points = data.get("points")
+    if isinstance(points, list) and any(isinstance(p, dict) and "imported" in p for p in points):
+        raise CurveError(f"{path} is not a valid {SCHEMA_V1} artifact: unknown key 'points.imported'")
+    predictor = data.get("predictor")
+    if predictor not in ("lstar", "raw_ce", "log_params", "log_flops"):
+        raise CurveError(f"{path} is not a valid {SCHEMA_V1} artifact: predictor {predictor!r} is not one of "
+                         "lstar, raw_ce, log_params, log_flops")
+    return {("axis" if k == "predictor" else k): v for k, v in data.items()}
+
+
 def load_curve(path: str | Path) -> CurveArtifact:
     """Read and validate a curve artifact; unknown keys, another schema version, or contents
     that do not match the curve id are errors."""
@@ -264,15 +316,17 @@ def load_curve(path: str | Path) -> CurveArtifact:
         raise CurveError(f"{path} is not a curve artifact (no 'schema' key)",
                          hint=f"fit one with `lstar curves fit`; expected schema {SCHEMA}")
     schema = data["schema"]
-    if schema != SCHEMA:
+    if schema not in (SCHEMA, SCHEMA_V1):
         if isinstance(schema, str) and schema.startswith(_SCHEMA_FAMILY):
-            raise CurveError(f"{path} has schema {schema!r}; this version reads {SCHEMA!r}",
+            raise CurveError(f"{path} has schema {schema!r}; this version reads {SCHEMA!r} and {SCHEMA_V1!r}",
                              hint="refit the curve with this version, or upgrade lstar-monitor")
         raise CurveError(f"{path} has schema {schema!r}, not a curve artifact ({SCHEMA!r})")
+    if schema == SCHEMA_V1:
+        data = _upgrade_v1(data, path)
     try:
         curve = CurveArtifact.model_validate(data)
     except ValidationError as exc:
-        raise CurveError(f"{path} is not a valid {SCHEMA} artifact: {_first_error(exc)}") from exc
+        raise CurveError(f"{path} is not a valid {schema} artifact: {_first_error(exc)}") from exc
     if curve.content_id() != curve.curve_id:
         raise CurveError(f"{path}: contents do not match curve id {curve.curve_id[:16]}",
                          hint="the file was edited after fitting; refit it")
@@ -282,9 +336,10 @@ def load_curve(path: str | Path) -> CurveArtifact:
 # -- prediction ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CurvePrediction:
-    """P̂ = g(L*) with its interval and state (docs/measurement.md §3)."""
+    """P̂ = g(x) with its interval and state (docs/measurement.md §3), x the score's value on
+    the curve's axis and se its standard error."""
 
-    lstar: float
+    value: float
     se: float
     p_hat: float
     lower: float
@@ -296,12 +351,22 @@ class CurvePrediction:
     curve_id: str
     task: str
     metric: str
+    axis: str = "lstar"
+
+    @property
+    def lstar(self) -> float:
+        """The value on the curve's axis (the `lstar-curve/1` name: L* was the only axis)."""
+        return self.value
 
     def as_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "metric": self.metric, "lstar": self.lstar, "se": self.se,
-                "p_hat": self.p_hat, "lower": self.lower, "upper": self.upper, "state": self.state,
-                "level": self.level, "confidence": self.confidence,
-                "extrapolated": self.extrapolated, "curve_id": self.curve_id}
+        out = {"task": self.task, "metric": self.metric, "axis": self.axis,
+               "axis_label": AXIS_LABELS.get(self.axis, self.axis), "value": self.value, "se": self.se,
+               "p_hat": self.p_hat, "lower": self.lower, "upper": self.upper, "state": self.state,
+               "level": self.level, "confidence": self.confidence,
+               "extrapolated": self.extrapolated, "curve_id": self.curve_id}
+        if self.axis == "lstar":
+            out["lstar"] = self.value
+        return out
 
 
 def _check_pin(curve: CurveArtifact, kind: str, score_value: object, score_text: str,
@@ -328,17 +393,21 @@ def check_compatible(curve: CurveArtifact, *, corpus_sha256: str | None,
                "rescore with the curve's spec, or fit a curve for this one")
 
 
-def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
+def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
             corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None) -> CurvePrediction:
     """P̂ = g(x) and its interval at the curve's confidence, widened for the SE of x.
+
+    x is the score's value on the curve's axis (`curve.axis`: L*, bits/byte, ...) and se its
+    standard error on that axis.
 
     Widening rule: the interval is the lowest lower edge and the highest upper edge of the
     band over [x - z·se, x + z·se], z the two-sided normal quantile of the curve's confidence
     (the band is monotone, so this is the band at the two ends of that range). State:
     emerged if lower ≥ b_t + ε, at_risk if upper ≥ b_t + ε, else clear.
     """
+    lstar = x  # the value on the curve's axis
     if not math.isfinite(lstar):
-        raise CurveError(f"cannot predict at L* = {lstar}")
+        raise CurveError(f"cannot predict at {curve.axis_label} = {lstar}")
     if not math.isfinite(se) or se < 0:
         raise CurveError(f"the standard error must be a finite number ≥ 0, got {se}")
     check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
@@ -357,17 +426,27 @@ def predict(curve: CurveArtifact, lstar: float, se: float = 0.0, *,
     state: Literal["clear", "at_risk", "emerged"] = (
         "emerged" if lower >= level else "at_risk" if upper >= level else "clear")
     lo_r, hi_r = curve.x_range
-    return CurvePrediction(lstar=lstar, se=se, p_hat=p_hat, lower=lower, upper=upper, state=state,
+    return CurvePrediction(value=lstar, se=se, p_hat=p_hat, lower=lower, upper=upper, state=state,
                            level=level, confidence=curve.confidence,
                            extrapolated=not (lo_r <= lstar <= hi_r), curve_id=curve.curve_id,
-                           task=curve.task, metric=curve.metric)
+                           task=curve.task, metric=curve.metric, axis=curve.axis)
+
+
+def score_axis_value(curve: CurveArtifact, run: Any) -> tuple[float, float]:
+    """(value, SE) of a score run on the curve's axis; CurveError with the reason when the run
+    has none (e.g. a log_flops curve and a checkpoint without declared FLOPs)."""
+    got = axis_value(run, curve.axis)
+    if isinstance(got, str):
+        raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is on {curve.axis_label}: {got}",
+                         hint="fit the task's curve on an axis every score has, e.g. lstar")
+    return got
 
 
 def predict_score_run(curve: CurveArtifact, run: ScoreRunRow) -> CurvePrediction:
-    """Predict for a stored score run (a `score_runs` row), checking corpus and spec."""
-    if curve.predictor != "lstar":
-        raise CurveError(f"curve {curve.curve_id[:12]} is fitted on {curve.predictor}, not L*")
-    return predict(curve, float(run.lstar), float(run.se_ce),
+    """Predict for a stored score run (a `score_runs` row) on the curve's axis, widened by that
+    axis's standard error, checking corpus and spec."""
+    value, se = score_axis_value(curve, run)
+    return predict(curve, value, se,
                    corpus_sha256=str(run.corpus_sha256), scoring_spec=ScoringRef.from_score_run(run.as_dict()))
 
 
@@ -410,8 +489,8 @@ def _stored_code(text: str) -> str | None:
     return "other"
 
 
-# The predictors' display names (monitor.curves.stats.PREDICTORS; not imported: it pulls in scipy).
-_AXIS_LABELS = {"lstar": "L*", "raw_ce": "raw CE", "log_params": "log10 params", "log_flops": "log10 FLOPs"}
+# The axes' display names (monitor.curves.axes).
+_AXIS_LABELS = AXIS_LABELS
 
 
 def _g(v: float | None) -> str:
@@ -499,7 +578,9 @@ def unresolved_warnings(curve: CurveArtifact) -> list[CurveWarning]:
 def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
     """The headline numbers of a curve, as `lstar curves show --json` prints them."""
     return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric,
-            "predictor": curve.predictor, "n_checkpoints": curve.n_checkpoints,
+            "axis": curve.axis, "axis_label": curve.axis_label, "predictor": curve.predictor,
+            "schema": curve.schema_, "n_imported": sum(p.imported for p in curve.points),
+            "n_checkpoints": curve.n_checkpoints,
             "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
             "level": curve.level, "confidence": curve.confidence,
             "threshold": curve.threshold.model_dump(), "logistic_threshold": curve.logistic.threshold,

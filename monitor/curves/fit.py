@@ -1,4 +1,5 @@
-"""Fit a task curve from labelled checkpoints and package it as a `lstar-curve/1` artifact.
+"""Fit a task curve from labelled checkpoints and package it as a `lstar-curve/2` artifact, on
+any progress axis (monitor.curves.axes).
 
 `fit_curve` checks the rows (enough distinct checkpoints, finite values, no duplicates, a
 metric where higher is better), fits the centred isotonic curve with its band and threshold
@@ -22,8 +23,8 @@ import numpy as np
 from monitor.curves.artifact import (SCHEMA, Band, BootstrapInfo, CurveArtifact, CurvePoint, Knots,
                                      LofoSummary, LogisticCheck, ScoringRef, Threshold)
 from monitor.curves.labels import Label, select_labels
-from monitor.curves.stats import (PREDICTORS, Predictor, fit_logistic, fit_monotone, label_weights,
-                                  logistic_value)
+from monitor.curves.axes import AXES, Axis
+from monitor.curves.stats import fit_logistic, fit_monotone, label_weights, logistic_value
 from monitor.curves.validation import emergence_score, lofo_validate, resolution_warnings
 from monitor.errors import CurveError, LabelError
 
@@ -36,12 +37,20 @@ def training_data_sha256(labels: Sequence[Label]) -> str:
     """sha256 of the canonical label rows a curve was fitted on (order-independent)."""
     keys = ("checkpoint", "family", "task", "metric", "value", "n", "stderr", "lstar",
             "lstar_se", "raw_ce", "params", "flops", "repo", "sha")
-    rows = sorted((json.dumps({k: getattr(label, k) for k in keys}, sort_keys=True,
-                              separators=(",", ":")) for label in labels))
+    # The fields added with the other axes enter only where set, so a curve fitted on the same
+    # rows as before keeps its training-data hash.
+    extra = ("bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "axis_se", "imported")
+
+    def row(label: Label) -> str:
+        data = {k: getattr(label, k) for k in keys}
+        data.update({k: getattr(label, k) for k in extra if getattr(label, k)})
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    rows = sorted(row(label) for label in labels)
     return hashlib.sha256("\n".join(rows).encode("utf-8")).hexdigest()
 
 
-def _check_rows(labels: Sequence[Label], predictor: Predictor) -> None:
+def _check_rows(labels: Sequence[Label], predictor: Axis) -> None:
     seen: dict[str, int] = {}
     for label in labels:
         if not math.isfinite(label.value):
@@ -49,8 +58,12 @@ def _check_rows(labels: Sequence[Label], predictor: Predictor) -> None:
                              hint="drop or fix the row")
         x = getattr(label, predictor.column)
         if x is None or not math.isfinite(x):
-            raise LabelError(f"checkpoint {label.checkpoint!r}: {predictor.column} is {x} (not a number)",
-                             hint=f"every row needs a finite {predictor.label}")
+            raise LabelError(f"checkpoint {label.checkpoint!r}: {predictor.name} is {x} (not a number)",
+                             hint=f"every row needs a finite {predictor.label}: give a {predictor.name} "
+                                  "column in the labels file, or join score runs that measure it")
+        if predictor.log10 and x <= 0:
+            raise LabelError(f"checkpoint {label.checkpoint!r}: {predictor.column} is {x}; "
+                             f"{predictor.label} needs a positive count")
         key = label.checkpoint
         seen[key] = seen.get(key, 0) + 1
     dupes = sorted(k for k, v in seen.items() if v > 1)
@@ -62,9 +75,10 @@ def _check_rows(labels: Sequence[Label], predictor: Predictor) -> None:
 def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, baseline: float,
               margin: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
               corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
-              predictor: str = "lstar", lofo: bool = True, lofo_resamples: int = 200,
-              grid_size: int = 101, now: datetime | None = None) -> CurveArtifact:
-    """Fit a task curve from labelled checkpoints and return its artifact.
+              predictor: str | None = None, lofo: bool = True, lofo_resamples: int = 200,
+              grid_size: int = 101, now: datetime | None = None, axis: str | None = None) -> CurveArtifact:
+    """Fit a task curve from labelled checkpoints on `axis` (default L*; `predictor` is the
+    older name of the same argument) and return its artifact.
 
     Rows are selected by task and metric (rows without a task/metric match any). Errors name
     what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
@@ -76,13 +90,16 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
         raise CurveError(f"the margin ε must be positive, got {margin}")
     if resamples < 50:
         raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
-    if predictor not in PREDICTORS:
-        raise CurveError(f"unknown predictor {predictor!r}", hint=f"choose from {', '.join(PREDICTORS)}")
+    if axis is not None and predictor is not None and axis != predictor:
+        raise CurveError(f"axis {axis!r} and predictor {predictor!r} differ; give one")
+    predictor = axis or predictor or "lstar"
+    if predictor not in AXES:
+        raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
     chosen, metric = select_labels(labels, task=task, metric=metric)
     if metric in LOWER_IS_BETTER:
         raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline",
                          hint="fit accuracy or the probability of the correct option instead")
-    pred = PREDICTORS[predictor]
+    pred = AXES[predictor]
     _check_rows(chosen, pred)
     if len(chosen) < 3:
         raise LabelError(f"task {task!r}, metric {metric!r}: {len(chosen)} checkpoint(s); a curve needs at least 3")
@@ -133,8 +150,8 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
 
     now = now or datetime.now(timezone.utc)
     body = dict(
-        schema=SCHEMA, curve_id="", created_at=now, task=task, metric=metric, predictor=predictor,
-        direction="non-increasing" if pred.lower_is_progress else "non-decreasing",
+        schema=SCHEMA, curve_id="", created_at=now, task=task, metric=metric, axis=predictor,
+        direction=pred.direction,
         baseline=baseline, margin=margin, confidence=confidence,
         corpus_sha256=corpus_sha256, scoring_spec=scoring_spec,
         training_data_sha256=training_data_sha256(chosen), n_checkpoints=len(chosen),
@@ -150,7 +167,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
         emergence_score=score if math.isfinite(score) else None,
         emergence_by_family=by_family, lofo=lofo_summary,
         points=[CurvePoint(checkpoint=label.checkpoint, family=label.family, x=float(xi),
-                           value=label.value, weight=float(wi))
+                           value=label.value, weight=float(wi), imported=predictor in label.imported)
                 for label, xi, wi in zip(chosen, x, weights)],
         warnings=warnings)
     draft = CurveArtifact.model_validate(body)

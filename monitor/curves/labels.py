@@ -44,6 +44,15 @@ class Label:
     source: str = "csv"
     source_ref: str | None = None
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The other score axes (monitor.curves.axes), their standard errors by axis name (L*'s is
+    # lstar_se), and the axes whose value the label's file gave directly rather than a score
+    # run of the store (an imported point: a published bits/byte, a parameter count).
+    bits_per_byte: float | None = None
+    lstar_per_byte: float | None = None
+    l_rel: float | None = None
+    l_gain: float | None = None
+    axis_se: dict[str, float] = field(default_factory=dict)
+    imported: tuple[str, ...] = ()
 
     def with_(self, **changes: Any) -> "Label":
         """A copy with some fields changed."""
@@ -153,20 +162,29 @@ def _read_one_results_file(file: Path, family: str | None) -> list[Label]:
                 checkpoint=checkpoint, value=float(value), family=family or repo, task=task,
                 metric=name if filt == "none" else f"{name},{filt}",
                 n=int(n) if isinstance(n, int) else None, stderr=stderr, repo=repo, sha=sha,
-                params=params, source="lm-eval", source_ref=str(file),
+                params=params, imported=("log_params",) if params is not None else (),
+                source="lm-eval", source_ref=str(file),
                 details={"revision": revision, "n_shot": (data.get("n-shot") or {}).get(task)}))
     return labels
 
 
 # -- CSV tables ---------------------------------------------------------------------------------
-CSV_REQUIRED = ("checkpoint", "family", "lstar", "lstar_se", "raw_ce", "value", "n")
-CSV_OPTIONAL = ("params", "flops", "stderr", "task", "metric", "repo", "sha")
+# A column per axis, named as the axis (monitor.curves.axes.AXES), with `<axis>_se` for its
+# standard error; `params`/`flops` are raw counts (log_params/log_flops their log10).
+CSV_REQUIRED = ("checkpoint", "family", "value")
+_SCORE_AXIS_COLUMNS = ("lstar", "bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "raw_ce")
+CSV_AXIS_COLUMNS = (*_SCORE_AXIS_COLUMNS, "log_params", "log_flops", "params", "flops")
+CSV_OPTIONAL = ("n", "stderr", "task", "metric", "repo", "sha", *CSV_AXIS_COLUMNS,
+                *(f"{a}_se" for a in _SCORE_AXIS_COLUMNS))
 
 
 def read_labels_csv(path: str | Path) -> list[Label]:
-    """Labels with predictors from a CSV table: columns checkpoint, family, lstar, lstar_se,
-    raw_ce, value, n (n may be empty where stderr is given), optionally params, flops, stderr,
-    task, metric, repo, sha. Errors name the line and column."""
+    """Labels with axis values from a CSV table: columns checkpoint, family, value, and per row
+    n or stderr; then one column per axis it gives (lstar, bits_per_byte, lstar_per_byte, l_rel,
+    l_gain, raw_ce, log_params, log_flops, or raw params / flops), each score axis optionally
+    with `<axis>_se`; optionally task, metric, repo, sha. Every axis value read from the file
+    is marked imported (not measured by a score run of the store). Errors name the line and
+    column."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -179,11 +197,17 @@ def read_labels_csv(path: str | Path) -> list[Label]:
     missing = [c for c in CSV_REQUIRED if c not in columns]
     if missing:
         raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
-                         hint=f"the header must include {','.join(CSV_REQUIRED)}")
+                         hint=f"the header must include {','.join(CSV_REQUIRED)} and at least one axis column")
     unknown = [c for c in columns if c not in CSV_REQUIRED + CSV_OPTIONAL]
     if unknown:
         raise LabelError(f"{path} has unknown column(s) {', '.join(unknown)}",
                          hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL)}")
+    if not any(c in columns for c in CSV_AXIS_COLUMNS):
+        raise LabelError(f"{path} has no axis column",
+                         hint=f"give at least one of {', '.join(CSV_AXIS_COLUMNS)}")
+    for raw_col, log_col in (("params", "log_params"), ("flops", "log_flops")):
+        if raw_col in columns and log_col in columns:
+            raise LabelError(f"{path} has both {raw_col!r} and {log_col!r}", hint="keep one of the two")
     labels = []
     for line, raw in enumerate(reader, start=2):
         row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
@@ -214,13 +238,27 @@ def read_labels_csv(path: str | Path) -> list[Label]:
         if n is None and stderr is None:
             raise LabelError(f"{path}:{line}: row has neither n nor stderr",
                              hint="give the number of items (n) or the metric's standard error")
+        params, flops = number("params"), number("flops")
+        if number("log_params") is not None:
+            params = 10.0 ** number("log_params")
+        if number("log_flops") is not None:
+            flops = 10.0 ** number("log_flops")
+        values = {a: number(a) for a in _SCORE_AXIS_COLUMNS}
+        ses = {a: number(f"{a}_se") for a in _SCORE_AXIS_COLUMNS}
+        for a, se in ses.items():
+            if se is not None and se < 0:
+                raise LabelError(f"{path}:{line}: column {a + '_se'!r} is negative")
+        given = {**values, "log_params": params, "log_flops": flops}
         labels.append(Label(
             checkpoint=row["checkpoint"], value=number("value", required=True),
             family=row.get("family") or None, task=row.get("task") or None,
             metric=row.get("metric") or None, n=n, stderr=stderr,
             repo=row.get("repo") or None, sha=row.get("sha") or None,
-            lstar=number("lstar", required=True), lstar_se=number("lstar_se"),
-            raw_ce=number("raw_ce"), params=number("params"), flops=number("flops"),
+            lstar=values["lstar"], lstar_se=ses["lstar"], raw_ce=values["raw_ce"], params=params, flops=flops,
+            bits_per_byte=values["bits_per_byte"], lstar_per_byte=values["lstar_per_byte"],
+            l_rel=values["l_rel"], l_gain=values["l_gain"],
+            axis_se={a: se for a, se in ses.items() if se is not None and a != "lstar"},
+            imported=tuple(a for a, v in given.items() if v is not None),
             source="csv", source_ref=str(path)))
     if not labels:
         raise LabelError(f"{path} has a header but no rows")
@@ -254,6 +292,42 @@ def label_rows(labels: Sequence[Label], *, source_ref: str, eval_run_id: str | N
             for label in labels]
 
 
+def _measured_axes(run: Any) -> dict[str, tuple[float | None, float | None]]:
+    """(value, SE) of every score axis a stored run has (SE None where it was not stored)."""
+    from monitor.curves.axes import SCORE_AXES, axis_value
+
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for name in SCORE_AXES:
+        got = axis_value(run, name)
+        if isinstance(got, str):
+            value = getattr(run, {"raw_ce": "ce"}.get(name, name), None)
+            out[name] = (float(value) if value is not None else None, None)
+        else:
+            out[name] = got
+    return out
+
+
+def with_score_axes(label: Label, run: Any) -> Label:
+    """The label with every axis read from a stored score run (a ScoreRunRow or a
+    CheckpointScoreRow): L*, raw CE, bits/byte, L* per byte, L_rel, L_gain with their SEs, and
+    the parameter count of the run's weights where the label gives none. Axes now measured by
+    the run are no longer marked imported."""
+    model = run.model if isinstance(run.model, dict) else json.loads(run.model or "{}")
+    params = label.params if label.params is not None else model.get("n_params")
+    measured = _measured_axes(run)
+    imported = tuple(a for a in label.imported if a not in measured)
+    if label.params is None:
+        imported = tuple(a for a in imported if a != "log_params")
+    return label.with_(sha=run.model_sha, lstar=float(run.lstar), lstar_se=float(run.se_ce),
+                       raw_ce=float(run.ce), params=float(params) if params else None,
+                       bits_per_byte=measured["bits_per_byte"][0],
+                       lstar_per_byte=measured["lstar_per_byte"][0],
+                       l_rel=measured["l_rel"][0], l_gain=measured["l_gain"][0],
+                       axis_se={**label.axis_se, **{a: v[1] for a, v in measured.items()
+                                                    if v[1] is not None and a != "lstar"}},
+                       imported=imported, details={**label.details, "score_run_id": run.run_id})
+
+
 def join_scores(labels: Sequence[Label], store: Any, *, corpus_sha256: str | None = None
                 ) -> tuple[list[Label], dict[str, Any]]:
     """Fill L*, its SE, raw CE and the parameter count of each label from the newest score run
@@ -280,11 +354,7 @@ def join_scores(labels: Sequence[Label], store: Any, *, corpus_sha256: str | Non
         run = runs[0]
         key = (run.corpus_sha256, run.spec_version, int(run.window_len), int(run.stride), run.prefix_policy)
         used.setdefault(key, []).append(label.checkpoint)
-        params = label.params if label.params is not None else run.model.get("n_params")
-        joined.append(label.with_(repo=repo, sha=run.model_sha, lstar=float(run.lstar),
-                                  lstar_se=float(run.se_ce), raw_ce=float(run.ce),
-                                  params=float(params) if params else None,
-                                  details={**label.details, "score_run_id": run.run_id}))
+        joined.append(with_score_axes(label.with_(repo=repo), run))
     if len(used) > 1:
         described = "; ".join(f"corpus {k[0][:12]} {k[1]} window {k[2]} stride {k[3]} prefix {k[4]} "
                               f"({len(v)} checkpoints)" for k, v in used.items())

@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from monitor.curves.artifact import CurveArtifact
-from monitor.curves.stats import PREDICTORS, logistic_value
+from monitor.curves.axes import AXES
+from monitor.curves.stats import logistic_value
 from monitor.plotting import guard_ticks, pyplot, shown, shown_value
 
 
 def plot_curve(curve: CurveArtifact, path: str | Path) -> Path:
     """Render the curve, its band, b_t + ε, η̂ with its interval, and the checkpoints as a PNG."""
     plt = pyplot()
-    pred = PREDICTORS[curve.predictor]
+    pred = AXES[curve.axis]
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
     try:
         band = curve.band

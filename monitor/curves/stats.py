@@ -42,50 +42,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.special import expit, logit
 from scipy.stats import norm
 from sklearn.isotonic import isotonic_regression
 
+from monitor.curves.axes import AXES, Axis
 from monitor.errors import CurveError, LabelError
 
-if TYPE_CHECKING:
-    from monitor.curves.labels import Label
-
-
 # -- predictors ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Predictor:
-    """A column a curve can be fitted on, and which way is progress along it."""
-
-    name: str
-    label: str
-    column: str
-    lower_is_progress: bool
-    log10: bool = False
-
-    def values(self, labels: Sequence[Label]) -> np.ndarray | None:
-        """The predictor for each row, or None when any row lacks it (or it is not positive
-        where a logarithm is taken)."""
-        raw = [getattr(label, self.column) for label in labels]
-        if any(v is None or not math.isfinite(v) for v in raw):
-            return None
-        arr = np.asarray(raw, dtype=np.float64)
-        if self.log10:
-            if np.any(arr <= 0):
-                return None
-            arr = np.log10(arr)
-        return arr
-
-
-PREDICTORS: dict[str, Predictor] = {
-    "lstar": Predictor("lstar", "L*", "lstar", lower_is_progress=True),
-    "raw_ce": Predictor("raw_ce", "raw CE", "raw_ce", lower_is_progress=True),
-    "log_params": Predictor("log_params", "log10 params", "params", lower_is_progress=False, log10=True),
-    "log_flops": Predictor("log_flops", "log10 FLOPs", "flops", lower_is_progress=False, log10=True),
-}
+# The axes are a closed set defined in monitor.curves.axes; `Predictor` is the older name of
+# `Axis`. PREDICTORS is the set the leave-one-family-out table compares by default.
+Predictor = Axis
+PREDICTORS: dict[str, Axis] = {name: AXES[name] for name in ("lstar", "raw_ce", "log_params", "log_flops")}
 
 
 # -- weights and the isotonic fit ---------------------------------------------------------------

@@ -15,8 +15,9 @@ HOW_TO_READ: dict[str, str] = {
         "documents. Checkpoints of a lineage are listed in training order (by the step in their branch "
         "name, else by Hub commit date); the last one is the lineage's current checkpoint."),
     "tasks": (
-        "Each task curve maps L* to the task's metric. The level b + ε is the chance baseline b plus the "
-        "margin ε that counts as a real capability; η̂ is the L* at which the fitted curve reaches that "
+        "Each task curve maps a progress axis (L* unless the task's table names another, such as bits/byte) "
+        "to the task's metric. The level b + ε is the chance baseline b plus the "
+        "margin ε that counts as a real capability; η̂ is the value at which the fitted curve reaches that "
         "level, with its bootstrap interval. A lineage is emerged when even the pessimistic end (lo) of "
         "its predicted interval is at or above the level, at risk when only the optimistic end (hi) is, "
         "and clear otherwise. States are those of each lineage's current checkpoint."),

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import timezone
 from typing import Any
 
+from monitor.curves.axes import AXES
 from monitor.plotting import png, pyplot, shown, shown_value
 from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
 
@@ -103,7 +104,7 @@ def lstar_over_time(runs: Sequence[Mapping[str, Any]], colours: Mapping[str, str
 
 def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
                       colours: Mapping[str, str] | None = None) -> Any:
-    """A task curve g(L*) with its band, level b + ε, η̂ and its interval (a shaded band), and the
+    """A task curve g(x) on its axis (L*, bits/byte, ...) with its band, level b + ε, η̂ and its interval (a shaded band), and the
     new checkpoints' predictions in their family's colour (marker by state)."""
     plt = pyplot()
     colours = dict(colours or family_colours(p["lineage"] for p in new_points))
@@ -131,11 +132,13 @@ def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
                 y = shown(p["p_hat"] for p in pts)
                 yerr = [[max(0.0, v - shown_value(p["lo"])) for v, p in zip(y, pts)],
                         [max(0.0, shown_value(p["hi"]) - v) for v, p in zip(y, pts)]]
-                ax.errorbar(shown(p["lstar"] for p in pts), y, yerr=yerr,
+                ax.errorbar(shown(p.get("value", p["lstar"]) for p in pts), y, yerr=yerr,
                             fmt=marker, ms=7, color=colours[lineage], capsize=2,
                             label=f"{lineage}: {state.replace('_', ' ')}", zorder=4)
-    ax.invert_xaxis()  # progress runs left to right
-    ax.set_xlabel("L* (nats/token; lower = more progress)")
+    axis = AXES[getattr(curve, "axis", "lstar")]
+    if axis.lower_is_progress:
+        ax.invert_xaxis()  # progress runs left to right
+    ax.set_xlabel(f"{axis.label} ({axis.unit}; {'lower' if axis.lower_is_progress else 'higher'} = more progress)")
     ax.set_ylabel(curve.metric)
     ax.set_title(f"task {curve.task} · {curve.metric}")
     ax.legend(fontsize=7, loc="best")

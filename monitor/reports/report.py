@@ -83,6 +83,15 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(timezone.utc).isoformat() if moment is not None else None
 
 
+def _axis_value(p: Any) -> tuple[float, float]:
+    """A stored prediction's value on its curve's axis and that axis's SE (its detail holds
+    them; predictions made before curves had an axis are on L*)."""
+    detail = p.detail or {}
+    if "value" in detail and "se" in detail:
+        return float(detail["value"]), float(detail["se"])
+    return float(p.lstar), float(p.se)
+
+
 def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
@@ -166,7 +175,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                     crossings.append({"task": task.name, "lineage": lineage, "repo": p.repo,
                                       "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),
                                       "from": previous, "to": p.state, "lstar": p.lstar,
-                                      "at": p.evaluated_at})
+                                      "value": _axis_value(p)[0], "at": p.evaluated_at})
                 previous = p.state
             # The current state is that of the lineage's last checkpoint in training order (its
             # newest prediction), not of whichever checkpoint happened to be scored last.
@@ -176,6 +185,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
                             "checkpoint": name_of(last.repo, last.commit_sha),
                             "state": last.state, "lstar": last.lstar, "se": last.se,
+                            "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
                             "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
                             "threshold": last.threshold, "evaluated_at": last.evaluated_at})
         margin = task.margin if task.margin is not None else curve.margin
@@ -186,12 +196,13 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                                                unresolved))
         tasks.append({
             "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
+            "axis": curve.axis, "axis_label": curve.axis_label,
             "baseline": curve.baseline, "margin": margin, "level": curve.baseline + margin,
             "confidence": curve.confidence, "eta": curve.threshold.estimate,
             "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
             "threshold_resolved": not unresolved, "curve_warnings": warnings,
             "lineages": current,
-            "new_points": [{"lstar": p.lstar, "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
+            "new_points": [{"lstar": p.lstar, "value": _axis_value(p)[0], "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
                             "state": p.state, "lineage": p.lineage, "repo": p.repo,
                             "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha)}
                            for p in rows if _in_period(p.evaluated_at, period_start, now)
@@ -324,11 +335,12 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
         out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
+        label = t.get("axis_label", "L*")
         out += ([""] if t["curve_warnings"] else []) + [
-                "| lineage | current checkpoint | state | L* | P̂ | interval | threshold |",
+                f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
-            out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x['lstar'])} | "
+            out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
     out += ["## Crossings", "", *how("crossings")]

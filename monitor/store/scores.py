@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -11,8 +12,18 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection, utcnow
-from monitor.store.rows import (CheckpointRow, CheckpointScoreRow, ScoreDocumentRow, ScoredRunRef,
-                                ScoreRunRow)
+from monitor.store.rows import (AXIS_COLUMNS, CheckpointRow, CheckpointScoreRow, ScoreDocumentRow,
+                                ScoredRunRef, ScoreRunRow)
+
+
+def _derived_axis_columns(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The axis columns a run row may lack (one written by code that predates them): L* per
+    byte and the SEs of L_rel and L_gain follow exactly from the other columns; the bootstrap
+    SEs of bits/byte and L* per byte cannot, and stay NULL."""
+    uni, se_ce = run.get("ce_unigram"), run.get("se_ce")
+    rel = se_ce / uni if se_ce is not None and uni else None
+    return {"lstar_per_byte": run["lstar"] * run["tokens_per_byte"] / math.log(2),
+            "se_bits_per_byte": None, "se_lstar_per_byte": None, "se_l_rel": rel, "se_l_gain": rel}
 
 
 class ScoreRows(StoreConnection):
@@ -78,7 +89,7 @@ class ScoreRows(StoreConnection):
         "prefix_policy", "dtype", "device", "n_tokens", "n_bytes", "nll_sum", "ce", "ce_unigram",
         "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte", "se_ce", "weighted_ppl",
         "reference_fingerprint", "slices", "tcb", "spec", "model", "library_versions", "wall_s",
-        "tokens_per_s", "finished_at")
+        "tokens_per_s", "finished_at", *AXIS_COLUMNS)
     _JSON_COLUMNS = frozenset({"slices", "tcb", "spec", "model", "library_versions"})
 
     def record_score_run(self, run: Mapping[str, Any], documents: Sequence[Sequence[Any]],
@@ -98,9 +109,10 @@ class ScoreRows(StoreConnection):
                          tokenizer: Mapping[str, Any]) -> None:
         """The writes of `record_score_run`, inside a transaction the caller holds (the queue
         completes a job and records its score in one transaction)."""
-        missing = [c for c in self.SCORE_RUN_COLUMNS if c not in run]
+        missing = [c for c in self.SCORE_RUN_COLUMNS if c not in run and c not in AXIS_COLUMNS]
         if missing:
             raise StoreError(f"score run is missing columns: {', '.join(missing)}")
+        run = {**_derived_axis_columns(run), **run}
         values = [json.dumps(run[c], sort_keys=True) if c in self._JSON_COLUMNS and run[c] is not None
                   else run[c] for c in self.SCORE_RUN_COLUMNS]
         placeholders = ", ".join("?" for _ in self.SCORE_RUN_COLUMNS)
@@ -137,7 +149,8 @@ class ScoreRows(StoreConnection):
             params.append(corpus_sha256)
         rows = self.query_json(
             "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
-            "prefix_policy, lstar, se_ce, ce, model, finished_at FROM score_runs WHERE "
+            "prefix_policy, lstar, se_ce, ce, model, finished_at, ce_unigram, l_rel, l_gain, bits_per_byte, "
+            "tokens_per_byte, " + ", ".join(AXIS_COLUMNS) + " FROM score_runs WHERE "
             + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
         return [CheckpointScoreRow.from_row(r) for r in rows]
 

@@ -24,8 +24,10 @@ def fake_sha(text: str) -> str:
 
 def record_fake_score(store: Store, *, repo: str, sha: str, lstar: float, se: float,
                       finished_at: datetime, corpus_sha256: str = CALIB_V0_SHA256,
-                      spec: dict[str, Any] | None = None, checkpoint_id: int | None = None) -> str:
-    """Write one score run (with a single stand-in document row) and return its run id."""
+                      spec: dict[str, Any] | None = None, checkpoint_id: int | None = None,
+                      columns: dict[str, Any] | None = None) -> str:
+    """Write one score run (with a single stand-in document row) and return its run id.
+    `columns` overrides or adds `score_runs` columns (another axis's value and SE, model info)."""
     spec = {**TEST_SPEC, **(spec or {})}
     ce_unigram = 7.0
     run_id = hashlib.sha256(f"{repo}@{sha}:{corpus_sha256}:{finished_at.isoformat()}".encode()).hexdigest()[:32]
@@ -40,7 +42,7 @@ def record_fake_score(store: Store, *, repo: str, sha: str, lstar: float, se: fl
         "bits_per_byte": 1.0, "tokens_per_byte": 0.25, "se_ce": se, "weighted_ppl": None,
         "reference_fingerprint": None, "slices": {}, "tcb": None, "spec": spec,
         "model": {"repo": repo, "sha": sha}, "library_versions": {}, "wall_s": 1.0,
-        "tokens_per_s": 1000.0, "finished_at": finished_at,
+        "tokens_per_s": 1000.0, "finished_at": finished_at, **(columns or {}),
     }
     corpus = {"sha256": corpus_sha256, "name": "test", "version": "0", "parent_sha256": corpus_sha256,
               "selection": "all", "n_documents": 1, "n_bytes": 4000}
