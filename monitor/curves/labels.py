@@ -44,6 +44,8 @@ class Label:
     source: str = "csv"
     source_ref: str | None = None
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Further progress axes given directly by a labels file (`CSV_AXES`), by name.
+    axes: dict[str, float] = field(default_factory=dict, compare=False)
 
     def with_(self, **changes: Any) -> "Label":
         """A copy with some fields changed."""
@@ -161,12 +163,17 @@ def _read_one_results_file(file: Path, family: str | None) -> list[Label]:
 # -- CSV tables ---------------------------------------------------------------------------------
 CSV_REQUIRED = ("checkpoint", "family", "lstar", "lstar_se", "raw_ce", "value", "n")
 CSV_OPTIONAL = ("params", "flops", "stderr", "task", "metric", "repo", "sha")
+# Axis values a file may import directly (a published bits per character, a log parameter
+# count); a file with any of them needs no lstar, lstar_se or raw_ce column.
+CSV_AXES = ("bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "log_params", "log_flops")
 
 
 def read_labels_csv(path: str | Path) -> list[Label]:
     """Labels with predictors from a CSV table: columns checkpoint, family, lstar, lstar_se,
     raw_ce, value, n (n may be empty where stderr is given), optionally params, flops, stderr,
-    task, metric, repo, sha. Errors name the line and column."""
+    task, metric, repo, sha. A file that carries any axis column of `CSV_AXES` may leave out
+    lstar, lstar_se and raw_ce (and leave lstar cells empty); those values go to `Label.axes`.
+    Errors name the line and column."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -176,14 +183,16 @@ def read_labels_csv(path: str | Path) -> list[Label]:
         raise LabelError(f"cannot read {path}: {exc}") from exc
     reader = csv.DictReader(text.splitlines())
     columns = [c.strip() for c in (reader.fieldnames or [])]
-    missing = [c for c in CSV_REQUIRED if c not in columns]
+    imported = [c for c in CSV_AXES if c in columns]
+    required = tuple(c for c in CSV_REQUIRED if not imported or c not in ("lstar", "lstar_se", "raw_ce"))
+    missing = [c for c in required if c not in columns]
     if missing:
         raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
-                         hint=f"the header must include {','.join(CSV_REQUIRED)}")
-    unknown = [c for c in columns if c not in CSV_REQUIRED + CSV_OPTIONAL]
+                         hint=f"the header must include {','.join(required)}")
+    unknown = [c for c in columns if c not in CSV_REQUIRED + CSV_OPTIONAL + CSV_AXES]
     if unknown:
         raise LabelError(f"{path} has unknown column(s) {', '.join(unknown)}",
-                         hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL)}")
+                         hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL + CSV_AXES)}")
     labels = []
     for line, raw in enumerate(reader, start=2):
         row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
@@ -219,9 +228,10 @@ def read_labels_csv(path: str | Path) -> list[Label]:
             family=row.get("family") or None, task=row.get("task") or None,
             metric=row.get("metric") or None, n=n, stderr=stderr,
             repo=row.get("repo") or None, sha=row.get("sha") or None,
-            lstar=number("lstar", required=True), lstar_se=number("lstar_se"),
+            lstar=number("lstar", required=not imported), lstar_se=number("lstar_se"),
             raw_ce=number("raw_ce"), params=number("params"), flops=number("flops"),
-            source="csv", source_ref=str(path)))
+            source="csv", source_ref=str(path),
+            axes={c: v for c in imported if (v := number(c)) is not None}))
     if not labels:
         raise LabelError(f"{path} has a header but no rows")
     return labels
