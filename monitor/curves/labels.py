@@ -171,8 +171,9 @@ CSV_AXES = ("bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "log_params", 
 def read_labels_csv(path: str | Path) -> list[Label]:
     """Labels with predictors from a CSV table: columns checkpoint, family, lstar, lstar_se,
     raw_ce, value, n (n may be empty where stderr is given), optionally params, flops, stderr,
-    task, metric, repo, sha. A file that carries any axis column of `CSV_AXES` may leave out
-    lstar, lstar_se and raw_ce (and leave lstar cells empty); those values go to `Label.axes`.
+    task, metric, repo, sha, and the axis columns of `CSV_AXES` (their values go to
+    `Label.axes`). A file without an lstar column, or with an axis column, needs no lstar,
+    lstar_se or raw_ce (its lstar cells may be empty) but must have some axis column.
     Errors name the line and column."""
     path = Path(path)
     try:
@@ -184,7 +185,12 @@ def read_labels_csv(path: str | Path) -> list[Label]:
     reader = csv.DictReader(text.splitlines())
     columns = [c.strip() for c in (reader.fieldnames or [])]
     imported = [c for c in CSV_AXES if c in columns]
-    required = tuple(c for c in CSV_REQUIRED if not imported or c not in ("lstar", "lstar_se", "raw_ce"))
+    # Without an lstar column, or with imported axes, L* is optional; some axis must be there.
+    lstar_optional = bool(imported) or "lstar" not in columns
+    required = tuple(c for c in CSV_REQUIRED if not lstar_optional or c not in ("lstar", "lstar_se", "raw_ce"))
+    if lstar_optional and not any(c in columns for c in ("lstar", "raw_ce", "params", "flops", *CSV_AXES)):
+        raise LabelError(f"{path} has no progress axis column",
+                         hint=f"give lstar,lstar_se,raw_ce or any of raw_ce,params,flops,{','.join(CSV_AXES)}")
     missing = [c for c in required if c not in columns]
     if missing:
         raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
@@ -228,7 +234,7 @@ def read_labels_csv(path: str | Path) -> list[Label]:
             family=row.get("family") or None, task=row.get("task") or None,
             metric=row.get("metric") or None, n=n, stderr=stderr,
             repo=row.get("repo") or None, sha=row.get("sha") or None,
-            lstar=number("lstar", required=not imported), lstar_se=number("lstar_se"),
+            lstar=number("lstar", required=not lstar_optional), lstar_se=number("lstar_se"),
             raw_ce=number("raw_ce"), params=number("params"), flops=number("flops"),
             source="csv", source_ref=str(path),
             axes={c: v for c in imported if (v := number(c)) is not None}))
