@@ -96,6 +96,8 @@ def obsscaling_hkust(data: Path) -> list[dict[str, object]]:
         o = obs[JOIN[name]]
         params_b, flops_e21 = _number(o["Model Size (B)"]), _number(o["FLOPs (1E21)"])
         for task, (column, metric, items, corpus, _) in TASKS.items():
+            if not o[column].strip():   # not every model has every benchmark
+                continue
             rows.append({"checkpoint": name, "family": series(name), "task": task, "metric": metric,
                          "value": o[column], "n": items, "bits_per_byte": bpc[name][corpus],
                          "params": f"{params_b * 1e9:.6g}" if params_b else "",

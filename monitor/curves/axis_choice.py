@@ -80,7 +80,9 @@ class ChoiceConfig:
 
 def rule_text(reference: str, cfg: ChoiceConfig) -> str:
     """The recommendation rule, as printed with every choice."""
-    return (f"default {reference}; another axis is recommended only if its family-averaged LOFO "
+    default = reference if reference == REFERENCE else (
+        f"{REFERENCE}, here {reference} as no point has {REFERENCE}")
+    return (f"default {default}; another axis is recommended only if its family-averaged LOFO "
             f"{cfg.error} is lower than {reference}'s with sign-flip permutation p < {cfg.alpha:g} over "
             f"families AND the {cfg.interval:.0%} refit-bootstrap interval of the difference wholly "
             f"below 0; among several, the largest improvement; ties stay {reference}")
@@ -358,10 +360,12 @@ def choice_markdown(choice: dict[str, Any]) -> str:
     lines = [f"| axis | points | LOFO RMSE | family RMSE [interval] | crossing error [interval] | "
              f"Δ{e} vs {choice['reference']} [interval] | p |",
              "|---|---:|---:|---:|---:|---:|---:|"]
-    notes = []
+    notes: list[str] = []
+    absent = [r["axis"] for r in choice["axes"] if not r["available"] and r["reason"] == "no point has it"]
     for r in choice["axes"]:
         if not r["available"]:
-            notes.append(f"- {r['axis']}: not validated ({r['reason']})")
+            if r["axis"] not in absent:
+                notes.append(f"- {r['axis']}: not validated ({r['reason']})")
             continue
         fr, fc, v = r["family_rmse"], r["family_crossing_error"], r["vs_reference"]
         diff = "—" if v is None else (f"{_g(v[e]['difference'])} [{_g(v[e]['lower'])}, {_g(v[e]['upper'])}]")
@@ -371,6 +375,8 @@ def choice_markdown(choice: dict[str, Any]) -> str:
                      f"{_g(fc['upper'])}] | {diff} | {p} |")
         if r.get("note"):
             notes.append(f"- {r['axis']}: {r['note']}")
+    if absent:
+        notes.append(f"- no point has {', '.join(absent)}")
     lines += [""] + notes + ([""] if notes else [])
     if choice.get("reference_note"):
         lines += [f"Reference: {choice['reference_note']}.", ""]
