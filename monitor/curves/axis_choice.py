@@ -282,7 +282,7 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                 note = (f"validated only on the {len(idx)} of {len(labels)} points with {need} "
                         f"(without: {', '.join(missing[:8])}{', …' if len(missing) > 8 else ''})")
             row: dict[str, Any] = {
-                "axis": a, "label": AXES[a].label, "available": True, "n_points": int(len(idx)),
+                "axis": a, "label": AXES[a].label, "available": True, "n_points": len(idx),
                 "note": note, "families": sorted(set(fam.tolist())), "n_folds": pooled[a].n_folds,
                 "rmse": pooled[a].rmse, "crossing_error": pooled[a].crossing_error, "brier": pooled[a].brier,
                 "extrapolated": pooled[a].extrapolated,
@@ -357,8 +357,8 @@ def _g(v: float | None, digits: int = 3) -> str:
 def choice_markdown(choice: dict[str, Any]) -> str:
     """The axis table of one task in Markdown, with the recommendation and its rule."""
     e = choice["error"]
-    lines = [f"| axis | points | LOFO RMSE | family RMSE [interval] | crossing error [interval] | "
-             f"Δ{e} vs {choice['reference']} [interval] | p |",
+    lines = [(f"| axis | points | LOFO RMSE | family RMSE [interval] | crossing error [interval] | "
+              f"Δ{e} vs {choice['reference']} [interval] | p |"),
              "|---|---:|---:|---:|---:|---:|---:|"]
     notes: list[str] = []
     absent = [r["axis"] for r in choice["axes"] if not r["available"] and r["reason"] == "no point has it"]
