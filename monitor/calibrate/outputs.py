@@ -51,7 +51,7 @@ class CurveOutcome:
     curve: CurveArtifact | None = None
     lofo: LofoResult | None = None
     error: str | None = None
-    axis_choice: dict[str, Any] | None = None   # `choose_axis`'s table, or {"error": why not}
+    axis_choice: dict[str, Any] | None = None   # `choose_axis`'s table, or {"failed": why not}
 
 
 @dataclass
@@ -163,7 +163,7 @@ def fit_task(campaign: Campaign, task: TaskSpec, name: str, metric: str, labels:
                                           config=ChoiceConfig(confidence=fit.confidence,
                                                               resamples=fit.lofo_n_boot, seed=fit.seed))
     except (LabelError, CurveError) as exc:
-        outcome.axis_choice = {"error": exc.one_line()}
+        outcome.axis_choice = {"failed": exc.one_line()}
     return outcome
 
 
@@ -253,7 +253,7 @@ def report_markdown(data: dict[str, Any], outputs: CampaignOutputs) -> str:
                 lines.append("")
         if c.axis_choice is not None:
             lines += ["Progress axis, by leave-one-family-out evidence:", ""]
-            lines += ([f"Not chosen: {c.axis_choice['error']}", ""] if "error" in c.axis_choice
+            lines += ([f"Not chosen: {c.axis_choice['failed']}", ""] if "failed" in c.axis_choice
                       else [choice_markdown(c.axis_choice).rstrip(), ""])
     return "\n".join(lines).rstrip() + "\n"
 

@@ -306,7 +306,10 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                     p, how = sign_flip_pvalue(d, permutations=cfg.permutations, seed=cfg.seed)
                     lo, hi = _interval(boot[a][f"{e}_diff"], cfg.interval)
                     comparison[e] = {"difference": float(np.mean(d)) if d else None, "lower": lo,
-                                     "upper": hi, "p_value": p, "permutation": how}
+                                     "upper": hi, "p_value": p, "permutation": how,
+                                     # the reference's own family mean on these points and folds
+                                     "reference_mean": float(np.mean([ref_fam[f][e] for f in both]))
+                                     if both else None}
                 c = comparison[cfg.error]
                 comparison["better_by_rule"] = bool(
                     c["difference"] is not None and c["difference"] < 0 and math.isfinite(c["p_value"])
