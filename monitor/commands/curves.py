@@ -25,7 +25,9 @@ from monitor.store import Store
 if TYPE_CHECKING:
     from monitor.curves import CurveArtifact, Label, ScoringRef
 
-LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]), "
+LABELS_HELP = ("CSV (checkpoint,family,lstar,lstar_se,raw_ce,value,n[,params,flops,stderr,task,metric]; "
+               "imported axis columns bits_per_byte,lstar_per_byte,l_rel,l_gain,log_params,log_flops "
+               "make lstar optional), "
                "or lm-eval results_*.json (a file or folder) joined with L* from --db. "
                "Without it, labels stored by `lstar eval` are used.")
 
