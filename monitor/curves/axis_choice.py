@@ -16,8 +16,8 @@ The comparison is made at the level of families, the unit a threshold has to tra
   is refitted on the draw (a family drawn k times is one fold whose points weigh k times),
   giving percentile intervals of each axis's family-averaged error and of the difference.
 
-The rule (`rule_text`, printed with every choice): the recommended axis is L* unless another axis is better by both the
-permutation test (p < α) and the bootstrap interval of its difference (wholly below zero);
+The rule (`rule_text`, printed with every choice): the recommended axis is L* unless
+another axis is better by both the permutation test (p < α) and the bootstrap interval of its difference (wholly below zero);
 among several such axes the one with the largest mean improvement wins; ties stay L*. Where
 no point has L* (published data without the corpus behind it), the first available axis in
 `AXIS_ORDER` is the reference, and the output says so. An axis missing on some points is
@@ -203,7 +203,7 @@ def _refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarr
 def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                 axes: Sequence[str] | None = None, config: ChoiceConfig | None = None,
                 task: str | None = None, metric: str | None = None) -> dict[str, Any]:
-    """Validate every available axis leave-one-family-out and recommend one by the rule (`rule_text`).
+    """Validate every available axis leave-one-family-out; recommend one by `rule_text`.
 
     Returns a JSON-ready dict (no NaN): the task, the reference axis (and why, if not L*), the
     rule text, the recommended axis and, per axis, its pooled LOFO errors, family-level
