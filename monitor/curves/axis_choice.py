@@ -17,8 +17,9 @@ The comparison is made at the level of families, the unit a threshold has to tra
   giving percentile intervals of each axis's family-averaged error and of the difference.
 
 The rule (`rule_text`, printed with every choice): the recommended axis is L* unless
-another axis is better by both the permutation test (p < α) and the bootstrap interval of its difference (wholly below zero);
-among several such axes the one with the largest mean improvement wins; ties stay L*. Where
+another axis is better by both the permutation test (p < α) and the bootstrap interval of
+its difference (wholly below zero); among several such axes the one with the largest mean
+improvement wins; ties stay L*. Where
 no point has L* (published data without the corpus behind it), the first available axis in
 `AXIS_ORDER` is the reference, and the output says so. An axis missing on some points is
 validated, together with the reference, only on the points having both, and says so.
