@@ -140,6 +140,13 @@ def test_the_report_carries_the_lofo_table_and_the_curves_warnings(killed_and_re
         for w in curve_warnings(curve):
             assert w.message in markdown
     assert "| L* |" in markdown and "| raw CE |" in markdown
+    # The axis table: every score axis raced against L* on the same folds, one recommended.
+    for entry in report["curves"]:
+        choice = entry["axis_choice"]
+        assert choice["reference"] == "lstar" and choice["recommended"] in {r["axis"] for r in choice["axes"]}
+        assert {r["axis"] for r in choice["axes"] if r["available"]} >= {"lstar", "bits_per_byte", "raw_ce"}
+        assert choice["rule"] in markdown.replace("\n", " ")
+    assert "Progress axis, by leave-one-family-out evidence:" in markdown
 
 
 @pytest.mark.slow

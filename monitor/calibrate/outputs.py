@@ -5,9 +5,11 @@ The labels of each task are joined with the campaign's own score run of each che
 selection and one scoring spec, which pin the curve. Each curve is fitted by
 `monitor.curves.fit.fit_curve` (what `lstar curves fit` runs), written with `save_curve`
 (the format `policy check` accepts), and validated leave-one-family-out by
-`monitor.curves.validation.lofo_validate` (what `lstar curves validate` prints). The report
-(`OUTPUT/validation.md` and `.json`) carries each curve's threshold, its own warnings
-(`curve_warnings`: unresolved thresholds and the like) and the LOFO table; a task whose
+`monitor.curves.validation.lofo_validate` (what `lstar curves validate` prints). Every axis
+the points have is raced for the progress axis by `monitor.curves.axis_choice.choose_axis`
+(what `lstar curves validate --axes` prints). The report (`OUTPUT/validation.md` and `.json`)
+carries each curve's threshold, its own warnings (`curve_warnings`: unresolved thresholds and
+the like), the LOFO table and the axis table with its recommended axis; a task whose
 curve cannot be fitted is reported with the reason. A curve an earlier run of the same
 campaign wrote and this run did not is removed, and only such a curve
 (`monitor.calibrate.manifest`).
@@ -28,6 +30,7 @@ from monitor.calibrate.manifest import Cleanup, prepare_output, remove_stale, wr
 from monitor.calibrate.plan import Plan
 from monitor.curves import curve_summary, curve_warnings, save_curve
 from monitor.curves.artifact import CurveArtifact, ScoringRef
+from monitor.curves.axis_choice import ChoiceConfig, choice_markdown, choose_axis
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label, labels_from_rows, select_labels, with_score_axes
 from monitor.curves.validation import LofoResult, lofo_validate
@@ -48,6 +51,7 @@ class CurveOutcome:
     curve: CurveArtifact | None = None
     lofo: LofoResult | None = None
     error: str | None = None
+    axis_choice: dict[str, Any] | None = None   # `choose_axis`'s table, or {"failed": why not}
 
 
 @dataclass
@@ -149,6 +153,12 @@ def fit_task(campaign: Campaign, task: TaskSpec, name: str, metric: str, labels:
         return outcome
     outcome.path = save_curve(curve, campaign.output_dir / "curves" / curve_file_name(name, metric))
     outcome.curve, outcome.lofo = curve, lofo
+    try:
+        outcome.axis_choice = choose_axis(chosen, baseline=baseline, margin=fit.margin, task=name, metric=metric,
+                                          config=ChoiceConfig(confidence=fit.confidence,
+                                                              resamples=fit.lofo_n_boot, seed=fit.seed))
+    except (LabelError, CurveError) as exc:
+        outcome.axis_choice = {"failed": exc.one_line()}
     return outcome
 
 
@@ -200,7 +210,7 @@ def report_data(campaign: Campaign, plan: Plan, outputs: CampaignOutputs, *, cor
         else:
             entry.update(path=str(c.path), summary=curve_summary(c.curve),
                          warnings=[w.as_dict() for w in curve_warnings(c.curve)],
-                         lofo=c.lofo.as_dict() if c.lofo is not None else None)
+                         lofo=c.lofo.as_dict() if c.lofo is not None else None, axis_choice=c.axis_choice)
         curves.append(entry)
     return {"campaign": campaign.name, "corpus_sha256": corpus_sha256, "scoring_spec": ref.describe(),
             "checkpoints": plan.as_dict()["checkpoints"], "fit": campaign.fit.model_dump(), "curves": curves}
@@ -236,6 +246,10 @@ def report_markdown(data: dict[str, Any], outputs: CampaignOutputs) -> str:
             lines += [f"- skipped {k}: {v}" for k, v in c.lofo.skipped.items()]
             if c.lofo.skipped:
                 lines.append("")
+        if c.axis_choice is not None:
+            lines += ["Progress axis, by leave-one-family-out evidence:", ""]
+            lines += ([f"Not chosen: {c.axis_choice['failed']}", ""] if "failed" in c.axis_choice
+                      else [choice_markdown(c.axis_choice).rstrip(), ""])
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -146,6 +146,49 @@ def _warn(curve: CurveArtifact) -> None:
         print(f"warning: {warning.message}", file=sys.stderr)
 
 
+def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: Path | None,
+                   metric: str | None, confidence: float, bootstrap: int, seed: int, corpus_sha: str | None,
+                   family: str | None, axes: str, family_resamples: int, out: Path | None, db_path: Path,
+                   as_json: bool) -> None:
+    """`curves validate --axes`: the axis choice of one task, or of every task of a CSV."""
+    from monitor.curves import select_labels
+    from monitor.curves.axis_choice import ChoiceConfig, choice_markdown, choose_axis, parse_axes
+
+    names = parse_axes(axes)
+    cfg = ChoiceConfig(confidence=confidence, resamples=bootstrap, seed=seed, family_resamples=family_resamples)
+    if task is None:
+        if labels is None or labels.suffix.lower() != ".csv":
+            raise CurveError("give --task (every task is validated only from a labels CSV)")
+        rows, _ = load_fit_labels(labels, db_path, task="", corpus_sha256=corpus_sha, family=family)
+        tasks = sorted({label.task for label in rows if label.task is not None}) or [None]
+    else:
+        rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
+        tasks = [task]
+    choices = []
+    for name in tasks:
+        chosen, used = select_labels(rows, task=name, metric=metric)
+        choices.append(choose_axis(chosen, baseline=baseline, margin=margin, axes=names, config=cfg,
+                                   task=name, metric=used))
+    data = {"schema": "lstar-axis-choice/1", "tasks": choices}
+    if out is not None:
+        suffix = out.suffix.lower()
+        if suffix not in (".json", ".md", ".markdown"):
+            raise CurveError(f"cannot tell the table format of {out}", hint="use .json or .md with --axes")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2) + "\n" if suffix == ".json" else
+                       "\n".join(f"### {c['task']} · {c['metric']}\n\n{choice_markdown(c)}" for c in choices),
+                       encoding="utf-8")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    console = plain_console()
+    for c in choices:
+        console.print(f"{c['task']} · {c['metric']}", style="bold", markup=False, highlight=False)
+        console.print(choice_markdown(c), markup=False, highlight=False, emoji=False, soft_wrap=True)
+    if out is not None:
+        console.print(f"wrote {out}", soft_wrap=True, markup=False)
+
+
 def register(app: typer.Typer) -> None:
     curves = typer.Typer(help="Task curves: fit, show, validate and apply them.", no_args_is_help=True)
 
@@ -217,7 +260,8 @@ def register(app: typer.Typer) -> None:
 
     @curves.command("validate")
     def validate(
-        task: str = TASK_OPTION,
+        task: str = typer.Option(None, "--task", help="Task name (as in the labels); with --axes and a CSV, "
+                                                      "leave out to validate every task of the file."),
         baseline: float = BASELINE_OPTION,
         margin: float = MARGIN_OPTION,
         labels: Path = LABELS_OPTION,
@@ -227,16 +271,31 @@ def register(app: typer.Typer) -> None:
         seed: int = SEED_OPTION,
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus sha256 (store joins)."),
         family: str = typer.Option(None, "--family", help="Family for every row."),
+        axes: str = typer.Option(None, "--axes", help="Choose the progress axis by evidence: validate these "
+                                 "axes (comma-separated, or 'all': lstar, lstar_per_byte, bits_per_byte, "
+                                 "l_rel, l_gain, raw_ce, log_params, log_flops) with family-level statistics "
+                                 "and recommend one."),
+        family_resamples: int = int_option(200, "--family-resamples", low=20, high=MAX_RESAMPLES,
+                                           help="With --axes: refit-bootstrap resamples over families."),
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     ) -> None:
-        """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs."""
+        """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs
+        (with --axes: every axis, and the recommended one)."""
         from monitor.curves import select_labels
         from monitor.curves.validation import lofo_validate
 
         db_path = db_file(state, db)
+        if axes is not None:
+            _validate_axes(task=task, baseline=baseline, margin=margin, labels=labels, metric=metric,
+                           confidence=confidence, bootstrap=bootstrap, seed=seed, corpus_sha=corpus_sha,
+                           family=family, axes=axes, family_resamples=family_resamples, out=out,
+                           db_path=db_path, as_json=as_json)
+            return
+        if task is None:
+            raise CurveError("give --task (every task of a CSV is validated only with --axes)")
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,

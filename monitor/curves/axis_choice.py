@@ -1,0 +1,374 @@
+"""Which progress axis should a task's curve use? Chosen by leave-one-family-out evidence.
+
+For one task metric and labelled points, each with a family and values on several axes
+(L*, bits/byte, L* per byte, L_rel, L_gain, raw CE, log10 parameters, log10 FLOPs), the curve
+is fitted on each axis with the ordinary curve code and validated leave-one-family-out
+(`monitor.curves.validation.lofo_axes`: same fit, weights, folds and seeds on every axis).
+The comparison is made at the level of families, the unit a threshold has to transfer to:
+
+- per-family errors: RMSE of the predicted performance and the crossing error (share of the
+  held-out family's points put on the wrong side of b_t + ε), per axis;
+- the family-averaged difference of each axis's error to the reference axis (L*):
+  mean over families of (error on the axis − error on L*), negative when the axis is better;
+- an exact sign-flip permutation test of that mean over families (all 2^F sign patterns for
+  F ≤ 16 families, else a seeded Monte Carlo sample), two-sided;
+- a refit bootstrap over families: families are drawn with replacement and the whole LOFO
+  is refitted on the draw (a family drawn k times is one fold whose points weigh k times),
+  giving percentile intervals of each axis's family-averaged error and of the difference.
+
+The rule (`rule_text`, printed with every choice): the recommended axis is L* unless
+another axis is better by both the permutation test (p < α) and the bootstrap interval of
+its difference (wholly below zero); among several such axes the one with the largest mean
+improvement wins; ties stay L*. Where
+no point has L* (published data without the corpus behind it), the first available axis in
+`AXIS_ORDER` is the reference, and the output says so. An axis missing on some points is
+validated, together with the reference, only on the points having both, and says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from monitor.curves.axes import AXES as AXIS_REGISTRY, label_point
+from monitor.curves.labels import Label
+from monitor.curves.stats import Predictor, label_weights
+from monitor.curves.validation import lofo_axes
+from monitor.errors import CurveError, LabelError
+
+REFERENCE = "lstar"
+# The closed set of axes (monitor.curves.axes), in the order a fallback reference is taken.
+AXES: dict[str, Predictor] = {name: AXIS_REGISTRY[name] for name in (
+    "lstar", "lstar_per_byte", "bits_per_byte", "l_rel", "l_gain", "raw_ce", "log_params", "log_flops")}
+AXIS_ORDER = tuple(AXES)
+ERRORS = ("rmse", "crossing_error")
+EXACT_MAX_FAMILIES = 16
+
+
+@dataclass(frozen=True)
+class ChoiceConfig:
+    """Knobs of the axis choice (all recorded in its output)."""
+
+    error: str = "rmse"               # the error the rule compares
+    alpha: float = 0.05               # permutation test level
+    interval: float = 0.95            # bootstrap interval level
+    family_resamples: int = 200       # refit bootstrap over families
+    permutations: int = 10_000        # Monte Carlo sign patterns when F > 16
+    confidence: float = 0.9           # curve bands (Brier of the main LOFO)
+    resamples: int = 200              # band bootstrap per LOFO fold
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.error not in ERRORS:
+            raise CurveError(f"unknown error {self.error!r} for the axis choice", hint=f"choose from {', '.join(ERRORS)}")
+        if not (0.0 < self.alpha < 1.0 and 0.0 < self.interval < 1.0 and 0.0 < self.confidence < 1.0):
+            raise CurveError("alpha, interval and confidence must lie in (0, 1)")
+        if self.family_resamples < 20 or self.permutations < 100 or self.resamples < 1:
+            raise CurveError("use at least 20 family resamples and 100 permutations")
+
+
+def rule_text(reference: str, cfg: ChoiceConfig) -> str:
+    """The recommendation rule, as printed with every choice."""
+    default = reference if reference == REFERENCE else (
+        f"{REFERENCE}, here {reference} as no point has {REFERENCE}")
+    return (f"default {default}; another axis is recommended only if its family-averaged LOFO "
+            f"{cfg.error} is lower than {reference}'s with sign-flip permutation p < {cfg.alpha:g} over "
+            f"families AND the {cfg.interval:.0%} refit-bootstrap interval of the difference wholly "
+            f"below 0; among several, the largest improvement; ties stay {reference}")
+
+
+def parse_axes(text: str | None) -> list[str]:
+    """Axis names from `all` or a comma-separated list, checked against the closed set."""
+    if text is None or text.strip().lower() in ("", "all"):
+        return list(AXIS_ORDER)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in AXES]
+    if unknown:
+        raise CurveError(f"unknown axis {', '.join(map(repr, unknown))} in --axes",
+                         hint=f"choose from all, {', '.join(AXIS_ORDER)}")
+    return list(dict.fromkeys(names))
+
+
+def axis_values(labels: Sequence[Label], axis: str) -> np.ndarray:
+    """Each label's value on `axis` (NaN where it lacks one), read as every curve reads it
+    (`monitor.curves.axes.label_point`: log_params / log_flops are log10 of the counts)."""
+    out = np.full(len(labels), np.nan)
+    for i, label in enumerate(labels):
+        point = label_point(label, axis)
+        if point is not None and math.isfinite(point[0]):
+            out[i] = float(point[0])
+    return out
+
+
+# -- the family-level statistics ----------------------------------------------------------------
+def sign_flip_pvalue(diffs: Sequence[float], *, permutations: int = 10_000, seed: int = 0,
+                     exact_max: int = EXACT_MAX_FAMILIES) -> tuple[float, str]:
+    """Two-sided sign-flip permutation p-value of mean(diffs) = 0, and how it was computed.
+
+    Under the null each family's difference is as likely positive as negative. Exact for
+    F ≤ `exact_max`: the share of all 2^F sign patterns (the observed one included) whose
+    |mean| reaches the observed |mean|. Beyond, (1 + hits) / (1 + M) over M seeded patterns.
+    """
+    d = np.asarray(diffs, dtype=np.float64)
+    f = len(d)
+    if f == 0:
+        return math.nan, "no families"
+    observed = abs(float(d.mean()))
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))   # equal means must count as reaching it
+    if f <= exact_max:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=f)))
+        means = np.abs(signs @ d) / f
+        return float(np.mean(means >= observed - tol)), f"exact, all 2^{f} = {2 ** f} sign patterns"
+    rng = np.random.default_rng(seed)
+    signs = rng.choice((1.0, -1.0), size=(permutations, f))
+    hits = int(np.sum(np.abs(signs @ d) / f >= observed - tol))
+    return (1 + hits) / (1 + permutations), f"Monte Carlo, {permutations} seeded sign patterns"
+
+
+def _family_errors(per_family: Sequence[dict[str, Any]], axis: str) -> dict[str, dict[str, float]]:
+    return {r["family"]: r for r in per_family if r["predictor"] == axis}
+
+
+def _interval(samples: Sequence[float], level: float) -> tuple[float | None, float | None]:
+    s = np.asarray([v for v in samples if math.isfinite(v)])
+    if len(s) == 0:
+        return None, None
+    lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def _refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarray,
+                     xs: dict[str, np.ndarray], *, baseline: float, margin: float, reference: str,
+                     cfg: ChoiceConfig, seed: int) -> tuple[dict[str, dict[str, list[float]]], int]:
+    """Draw families with replacement and refit the whole LOFO on each draw.
+
+    Returns per axis and error the family-averaged error of every resample ("<error>") and
+    its difference to the reference ("<error>_diff"), and the number of draws left out
+    (fewer than two distinct families). A family drawn k times is one fold whose rows weigh
+    k times (the same isotonic fit as k copies), so it is never in its own training set.
+    """
+    names = sorted(set(families.tolist()))
+    rng = np.random.default_rng([seed, 7])
+    out: dict[str, dict[str, list[float]]] = {a: {k: [] for e in ERRORS for k in (e, f"{e}_diff")} for a in xs}
+    degenerate = 0
+    for b in range(cfg.family_resamples):
+        drawn = rng.choice(len(names), size=len(names), replace=True)
+        counts = {names[i]: int(c) for i, c in zip(*np.unique(drawn, return_counts=True))}
+        if len(counts) < 2:
+            degenerate += 1
+            continue
+        rows = np.flatnonzero(np.isin(families, list(counts)))
+        mult = np.array([counts[f] for f in families[rows]], dtype=np.float64)
+        stderr = (1.0 / np.sqrt(weights[rows] * mult)).tolist()
+        # The band is not needed for RMSE and crossing error: one resample per fold.
+        lofo = lofo_axes(values[rows], families[rows].tolist(),
+                         {a: (AXES[a], x[rows]) for a, x in xs.items()}, baseline=baseline,
+                         margin=margin, stderr=stderr, confidence=cfg.confidence, resamples=1,
+                         seed=cfg.seed + b)
+        ref = _family_errors(lofo.per_family, reference)
+        for axis in xs:
+            mine = _family_errors(lofo.per_family, axis)
+            for e in ERRORS:
+                fams = [f for f in mine if f in counts]
+                w = np.array([counts[f] for f in fams], dtype=np.float64)
+                out[axis][e].append(float(np.average([mine[f][e] for f in fams], weights=w))
+                                    if fams else math.nan)
+                both = [f for f in fams if f in ref]
+                w = np.array([counts[f] for f in both], dtype=np.float64)
+                out[axis][f"{e}_diff"].append(
+                    float(np.average([mine[f][e] - ref[f][e] for f in both], weights=w)) if both else math.nan)
+    return out, degenerate
+
+
+# -- the choice ----------------------------------------------------------------------------------
+def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
+                axes: Sequence[str] | None = None, config: ChoiceConfig | None = None,
+                task: str | None = None, metric: str | None = None) -> dict[str, Any]:
+    """Validate every available axis leave-one-family-out; recommend one by `rule_text`.
+
+    Returns a JSON-ready dict (no NaN): the task, the reference axis (and why, if not L*), the
+    rule text, the recommended axis and, per axis, its pooled LOFO errors, family-level
+    intervals, per-family errors and its comparison with the reference.
+    """
+    cfg = config or ChoiceConfig()
+    cfg.check()
+    labels = list(labels)
+    if not labels:
+        raise LabelError("no labels to choose an axis on")
+    if any(label.family is None for label in labels):
+        raise LabelError("choosing an axis needs a family on every row",
+                         hint="add a `family` column (e.g. the tokenizer or model series)")
+    names = list(axes) if axes is not None else list(AXIS_ORDER)
+    for name in names:
+        if name not in AXES:
+            raise CurveError(f"unknown axis {name!r}", hint=f"choose from {', '.join(AXIS_ORDER)}")
+    values = np.array([label.value for label in labels], dtype=np.float64)
+    families = np.array([str(label.family) for label in labels], dtype=object)
+    weights, _ = label_weights(values, [label.n for label in labels], [label.stderr for label in labels])
+    xs = {a: axis_values(labels, a) for a in AXIS_ORDER if a in names or a == REFERENCE}
+    have = {a: np.isfinite(x) for a, x in xs.items()}
+    available = [a for a in AXIS_ORDER if a in xs and have[a].any()]
+    if not available:
+        raise LabelError(f"no point has a value on any of the axes {', '.join(names)}")
+    reference = REFERENCE if REFERENCE in available else available[0]
+    reference_note = None if reference == REFERENCE else (
+        f"no point has L*; {AXES[reference].label} ({reference}) is the reference instead")
+    rule = rule_text(reference, cfg)
+    base: dict[str, Any] = {"task": task, "metric": metric, "baseline": baseline, "margin": margin,
+                            "level": baseline + margin, "n_points": len(labels),
+                            "families": sorted(set(families.tolist())), "reference": reference,
+                            "reference_note": reference_note, "error": cfg.error, "rule": rule,
+                            "config": asdict(cfg)}
+    # Axes sharing one set of usable points (those with both the axis and the reference) are
+    # validated together, paired on the same folds and family draws.
+    groups: dict[bytes, list[str]] = {}
+    masks: dict[bytes, np.ndarray] = {}
+    for a in available:
+        mask = have[a] & have[reference]
+        if mask.any():
+            groups.setdefault(mask.tobytes(), []).append(a)
+            masks[mask.tobytes()] = mask
+    rows: dict[str, dict[str, Any]] = {}
+    for g, (key, members) in enumerate(groups.items()):
+        mask = masks[key]
+        group_axes = list(dict.fromkeys([reference, *members]))
+        idx = np.flatnonzero(mask)
+        fam = families[idx]
+        if len(set(fam.tolist())) < 2:
+            for a in members:
+                rows[a] = {"axis": a, "available": False,
+                           "reason": f"its {len(idx)} point(s) with {reference} are of one family; "
+                                     "leave-one-family-out needs two"}
+            continue
+        lofo = lofo_axes(values[idx], fam.tolist(), {a: (AXES[a], xs[a][idx]) for a in group_axes},
+                         baseline=baseline, margin=margin, n=[labels[i].n for i in idx],
+                         stderr=[labels[i].stderr for i in idx], confidence=cfg.confidence,
+                         resamples=cfg.resamples, seed=cfg.seed)
+        boot, degenerate = _refit_bootstrap(values[idx], fam, weights[idx], {a: xs[a][idx] for a in group_axes},
+                                            baseline=baseline, margin=margin, reference=reference,
+                                            cfg=cfg, seed=cfg.seed + g)
+        pooled = {r.predictor: r for r in lofo.rows}
+        ref_fam = _family_errors(lofo.per_family, reference)
+        for a in members:
+            if a not in pooled:
+                rows[a] = {"axis": a, "available": False,
+                           "reason": "; ".join(f"{k}: {v}" for k, v in lofo.skipped.items()
+                                               if k.split(":")[0] == a) or "no fold could be fitted"}
+                continue
+            mine = _family_errors(lofo.per_family, a)
+            missing = sorted({labels[i].checkpoint for i in np.flatnonzero(~mask)})
+            note = None
+            if missing:
+                need = a if a == reference else f"both {a} and {reference}"
+                note = (f"validated only on the {len(idx)} of {len(labels)} points with {need} "
+                        f"(without: {', '.join(missing[:8])}{', …' if len(missing) > 8 else ''})")
+            row: dict[str, Any] = {
+                "axis": a, "label": AXES[a].label, "available": True, "n_points": len(idx),
+                "note": note, "families": sorted(set(fam.tolist())), "n_folds": pooled[a].n_folds,
+                "rmse": pooled[a].rmse, "crossing_error": pooled[a].crossing_error, "brier": pooled[a].brier,
+                "extrapolated": pooled[a].extrapolated,
+                "per_family": [{k: mine[f][k] for k in ("family", "n", "rmse", "crossing_error", "brier")}
+                               for f in sorted(mine)],
+                "skipped": {k: v for k, v in lofo.skipped.items() if k.split(":")[0] == a},
+                "bootstrap": {"resamples": cfg.family_resamples, "left_out": degenerate,
+                              "level": cfg.interval},
+            }
+            for e in ERRORS:
+                per = [mine[f][e] for f in sorted(mine)]
+                lo, hi = _interval(boot[a][e], cfg.interval)
+                row[f"family_{e}"] = {"mean": float(np.mean(per)), "lower": lo, "upper": hi}
+            if a == reference:
+                row["vs_reference"] = None
+            else:
+                both = sorted(set(mine) & set(ref_fam))
+                comparison: dict[str, Any] = {"reference": reference, "n_families": len(both)}
+                for e in ERRORS:
+                    d = [mine[f][e] - ref_fam[f][e] for f in both]
+                    p, how = sign_flip_pvalue(d, permutations=cfg.permutations, seed=cfg.seed)
+                    lo, hi = _interval(boot[a][f"{e}_diff"], cfg.interval)
+                    comparison[e] = {"difference": float(np.mean(d)) if d else None, "lower": lo,
+                                     "upper": hi, "p_value": p, "permutation": how,
+                                     # the reference's own family mean on these points and folds
+                                     "reference_mean": float(np.mean([ref_fam[f][e] for f in both]))
+                                     if both else None}
+                c = comparison[cfg.error]
+                comparison["better_by_rule"] = bool(
+                    c["difference"] is not None and c["difference"] < 0 and math.isfinite(c["p_value"])
+                    and c["p_value"] < cfg.alpha and c["upper"] is not None and c["upper"] < 0)
+                row["vs_reference"] = comparison
+            rows[a] = row
+    for a in names:
+        if a not in rows:
+            rows[a] = {"axis": a, "available": False,
+                       "reason": "no point has it" if a not in available
+                       else f"no point has both it and the reference {reference}"}
+    table = [rows[a] for a in AXIS_ORDER if a in rows and (a in names or a == reference)]
+    winners = [r for r in table if r.get("available") and r.get("vs_reference")
+               and r["vs_reference"]["better_by_rule"]]
+    if winners:
+        best = min(winners, key=lambda r: r["vs_reference"][cfg.error]["difference"])
+        recommended = best["axis"]
+        c = best["vs_reference"][cfg.error]
+        reason = (f"{recommended} beats {reference} on family-averaged LOFO {cfg.error} by "
+                  f"{-c['difference']:.4g} (p = {c['p_value']:.3g}, {cfg.interval:.0%} interval "
+                  f"[{c['lower']:.4g}, {c['upper']:.4g}])")
+    else:
+        recommended = reference
+        reason = f"no axis is better than {reference} by the rule"
+    return _finite({**base, "recommended": recommended, "recommended_reason": reason, "axes": table})
+
+
+def _finite(value: Any) -> Any:
+    """NaN and ±inf become None, numpy scalars plain numbers (strict JSON)."""
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _g(v: float | None, digits: int = 3) -> str:
+    return "—" if v is None else f"{v:.{digits}g}"
+
+
+def choice_markdown(choice: dict[str, Any]) -> str:
+    """The axis table of one task in Markdown, with the recommendation and its rule."""
+    e = choice["error"]
+    lines = [(f"| axis | points | LOFO RMSE | family RMSE [interval] | crossing error [interval] | "
+              f"Δ{e} vs {choice['reference']} [interval] | p |"),
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    notes: list[str] = []
+    absent = [r["axis"] for r in choice["axes"] if not r["available"] and r["reason"] == "no point has it"]
+    for r in choice["axes"]:
+        if not r["available"]:
+            if r["axis"] not in absent:
+                notes.append(f"- {r['axis']}: not validated ({r['reason']})")
+            continue
+        fr, fc, v = r["family_rmse"], r["family_crossing_error"], r["vs_reference"]
+        diff = "—" if v is None else (f"{_g(v[e]['difference'])} [{_g(v[e]['lower'])}, {_g(v[e]['upper'])}]")
+        p = "—" if v is None else _g(v[e]["p_value"])
+        lines.append(f"| {r['axis']} | {r['n_points']} | {_g(r['rmse'], 4)} | {_g(fr['mean'])} "
+                     f"[{_g(fr['lower'])}, {_g(fr['upper'])}] | {_g(fc['mean'])} [{_g(fc['lower'])}, "
+                     f"{_g(fc['upper'])}] | {diff} | {p} |")
+        if r.get("note"):
+            notes.append(f"- {r['axis']}: {r['note']}")
+    if absent:
+        notes.append(f"- no point has {', '.join(absent)}")
+    lines += [""] + notes + ([""] if notes else [])
+    if choice.get("reference_note"):
+        lines += [f"Reference: {choice['reference_note']}.", ""]
+    lines += [f"Recommended axis: **{choice['recommended']}** ({choice['recommended_reason']}).", "",
+              f"Rule: {choice['rule']}."]
+    return "\n".join(lines) + "\n"
