@@ -292,3 +292,26 @@ def test_a_query_whose_connection_is_closed_under_it_fails_clearly(tmp_path):
     job._conn = ClosesParent(job.conn)  # type: ignore[assignment]
     with pytest.raises(StoreError, match="was closed while a query on it ran"):
         job.query("SELECT 1 AS x")
+
+
+def test_cache_pruning_reads_the_rows_of_the_cached_commits_only(tmp_path):
+    from monitor.hub.cache_prune import prune_cache
+
+    cache = tmp_path / "cache"
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        store.conn.execute(
+            "INSERT INTO checkpoints (repo, sha, source, lineage, discovered_at, updated_at, status) "
+            "SELECT 'org/m' || (i % 5)::VARCHAR, sha1(i::VARCHAR), 'hub', 'org/m', ?, "
+            "?::TIMESTAMPTZ + INTERVAL 1 MINUTE * i, 'scored' FROM range(300) t(i)", [T0, T0])
+        cached = store.query("SELECT repo, sha, updated_at FROM checkpoints WHERE id % 100 = 7 ORDER BY id")
+        for r in cached:   # three finished checkpoints still in the cache
+            snap = cache / ("models--" + r["repo"].replace("/", "--")) / "snapshots" / r["sha"]
+            snap.mkdir(parents=True)
+            (snap / "config.json").write_text("{}")
+        counter = counted(store)
+        report = prune_cache(store, cache, keep_last=1, max_bytes=None)
+        uncounted(store, counter)
+        newest_first = sorted(cached, key=lambda r: r["updated_at"], reverse=True)
+        assert report.kept == [f"{r['repo']}@{r['sha']}" for r in newest_first[:1]]
+        assert sorted(report.removed) == sorted(f"{r['repo']}@{r['sha']}" for r in newest_first[1:])
+        assert counter.rows == len(cached)   # not the 300 rows of the table

@@ -345,6 +345,8 @@ def _finish_tick(store: Store, tick: _Tick, now: datetime) -> None:
     and the predictions' unique key makes that write nothing twice."""
     for policy, task, corpus, scope in tick.to_record:
         store.record_evaluation_scope(policy, task, corpus, scope, now=now)
+    if not tick.queue:
+        return
     # A consumer recorded earlier but not handled now (a policy this call was not given) has
     # not seen the queued runs of its corpus yet: those stay.
     waiting = {c for (p, t, c) in store.evaluation_consumers() if (p, t, c) not in tick.handled}

@@ -203,23 +203,6 @@ class StoreConnection:
             cols = [d[0] for d in description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
 
-    def stream(self, sql: str, params: Sequence[Any] | None = None, *,
-               batch: int = 1000) -> Iterator[dict[str, Any]]:
-        """`query` a batch of rows at a time: memory follows the batch, not the result (the
-        daemon's jobs over tables that grow). Hold no other query on this store meanwhile."""
-        with self._lock:
-            cur = self.conn.execute(sql, params or [])
-            if cur.description is None:
-                raise StoreError(f"{self.path} was closed while a query on it ran",
-                                 hint="the daemon is stopping; the job runs again on the next start")
-            cols = [d[0] for d in cur.description]
-            while True:
-                rows = cur.fetchmany(batch)
-                if not rows:
-                    return
-                for row in rows:
-                    yield dict(zip(cols, row))
-
     def query_json(self, sql: str, params: Sequence[Any] | None, json_columns: Sequence[str]) -> list[dict[str, Any]]:
         """`query`, with the JSON text of `json_columns` decoded."""
         rows = self.query(sql, params)
