@@ -352,3 +352,21 @@ def test_shutdown_past_the_drain_interrupts_a_running_query_and_exits_cleanly(tm
         for cursor in list(getattr(daemon, "live_cursors", ())):
             cursor.interrupt()
         job.join(5)
+
+
+def test_a_task_dropped_from_the_configuration_does_not_hold_the_queue(tmp_path):
+    folder = tmp_path / "p"
+    two = write_policy(folder)
+    two.write_text(two.read_text().replace("tasks:\n", "tasks:\n  - name: arith\n    curve: arith.json\n"))
+    policy = load_policy(two, check_curves=False)
+    one = load_policy(write_policy(tmp_path / "q"), check_curves=False)   # the same policy without arith
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        evaluate_pending(store, [policy], now=T0, predictor=predictor)
+        assert sorted(store.evaluation_consumers()) == [("gov", "arith", CALIB_V0_SHA256),
+                                                        ("gov", "cloze", CALIB_V0_SHA256)]
+        record_fake_score(store, repo="org/m", sha=fake_sha("x"), lstar=1.0, se=0.02, finished_at=T0)
+        evaluate_pending(store, [one], now=T0, predictor=predictor)
+        assert len(store.evaluation_queue()) == 1                 # arith might still come: it waits
+        evaluate_pending(store, [one], now=T0, predictor=predictor, complete=True)
+        assert store.evaluation_queue() == {}                     # the daemon's whole set: arith is gone
+        assert store.evaluation_consumers() == [("gov", "cloze", CALIB_V0_SHA256)]

@@ -281,15 +281,13 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
     with nothing new writes nothing. Its cost follows what is new: the runs queued since the
     last tick (`evaluation_queue`), plus one scan of every run for a (policy, task) whose
     curve, watch rules or corpora changed. `complete`: `policies` is the whole configuration
-    (the daemon's), so a policy that is not in it is forgotten, and scans every run again if
-    it comes back. `stop()` true (the daemon is shutting down) ends the tick after the score
+    (the daemon's), so a (policy, task, corpus) not in it is forgotten, and scans every run
+    again if it comes back; otherwise the queued runs it has not seen wait for it. `stop()` true (the daemon is shutting down) ends the tick after the score
     at hand: what is left stays queued for the next one.
     """
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
     tick = _Tick(queue=store.evaluation_queue())
-    if complete:
-        store.forget_evaluation_scopes(keep=[p.name for p in policies])
     for policy in policies:
         public = policy.corpora.public
         if public is None and isinstance(curves, CurvePredictor):
@@ -334,11 +332,11 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
             report.deliveries += track_evaluation_gap(store, policy, now=now)
         if policy.calibration_gaming is not None:
             write_gaming_predictions(store, policy, now=now, report=report, tick=tick)
-    _finish_tick(store, tick, now)
+    _finish_tick(store, tick, now, complete=complete)
     return report
 
 
-def _finish_tick(store: Store, tick: _Tick, now: datetime) -> None:
+def _finish_tick(store: Store, tick: _Tick, now: datetime, *, complete: bool) -> None:
     """Record the scopes scanned in full and drain the queued runs every consumer has handled.
 
     Last, after every write of the tick: a crash before it looks at the same runs again,
@@ -347,9 +345,14 @@ def _finish_tick(store: Store, tick: _Tick, now: datetime) -> None:
         store.record_evaluation_scope(policy, task, corpus, scope, now=now)
     if not tick.queue:
         return
-    # A consumer recorded earlier but not handled now (a policy this call was not given) has
-    # not seen the queued runs of its corpus yet: those stay.
-    waiting = {c for (p, t, c) in store.evaluation_consumers() if (p, t, c) not in tick.handled}
+    # A consumer recorded earlier but not handled now has not seen the queued runs of its
+    # corpus. Given the whole configuration, it is gone (a policy, a task or a corpus no
+    # longer there) and is forgotten; given part of it, it is waiting, and those runs stay.
+    stale = [key for key in store.evaluation_consumers() if key not in tick.handled]
+    if complete:
+        store.forget_evaluation_scopes(consumers=stale)
+        stale = []
+    waiting = {corpus for (_, _, corpus) in stale}
     store.drain_evaluation_queue([r for r, c in tick.queue.items() if r not in tick.held and c not in waiting])
 
 

@@ -103,16 +103,19 @@ class EvaluationQueueRows(StoreConnection):
         rows = self.query("SELECT policy, task, corpus_sha256 FROM evaluation_scopes")
         return [(r["policy"], r["task"], r["corpus_sha256"]) for r in rows]
 
-    def forget_evaluation_scopes(self, policy: str | None = None, *, keep: Sequence[str] | None = None) -> int:
-        """Drop the scopes of `policy`, or (with `keep`) of every policy not named in it: such a
-        policy scans every run once when it is evaluated again. Returns rows deleted."""
+    def forget_evaluation_scopes(self, policy: str | None = None, *,
+                                 consumers: Sequence[tuple[str, str, str]] = ()) -> int:
+        """Drop the scopes of `policy`, or of the (policy, task, corpus_sha256) `consumers`: each
+        scans every run once when it is evaluated again. Returns rows deleted."""
         if policy is not None:
-            where, params = "policy = ?", [policy]
-        elif keep:
-            where, params = f"policy NOT IN ({', '.join('?' for _ in keep)})", list(keep)
-        else:
-            where, params = "true", []
-        if not self.query(f"SELECT 1 FROM evaluation_scopes WHERE {where} LIMIT 1", params):
-            return 0   # the common case writes nothing
-        with self.transaction() as conn:
-            return int(conn.execute(f"DELETE FROM evaluation_scopes WHERE {where}", params).fetchone()[0])
+            if not self.query("SELECT 1 FROM evaluation_scopes WHERE policy = ? LIMIT 1", [policy]):
+                return 0   # the common case writes nothing
+            with self.transaction() as conn:
+                return int(conn.execute("DELETE FROM evaluation_scopes WHERE policy = ?", [policy]).fetchone()[0])
+        deleted = 0
+        if consumers:
+            with self.transaction() as conn:
+                for key in consumers:
+                    deleted += int(conn.execute("DELETE FROM evaluation_scopes WHERE policy = ? AND task = ? "
+                                                "AND corpus_sha256 = ?", list(key)).fetchone()[0])
+        return deleted
