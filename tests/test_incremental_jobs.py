@@ -18,7 +18,12 @@ from monitor.alerts.predict import TaskPrediction
 from monitor.errors import StoreError
 from monitor.policy.load import load_policy
 from monitor.store import Store
-from monitor.testing.scores import CALIB_V0_SHA256, TEST_SPEC, fake_sha, record_fake_score
+from monitor.testing.scores import (
+    CALIB_V0_SHA256,
+    TEST_SPEC,
+    fake_sha,
+    record_fake_score,
+)
 
 T0 = datetime(2025, 5, 1, 12, tzinfo=timezone.utc)
 
@@ -206,7 +211,7 @@ def test_a_tick_stopped_or_crashed_half_way_evaluates_each_run_exactly_once_late
         assert (report.predictions, report.stopped) == (2, True)
         assert set(store.evaluation_queue()) == set(runs)     # nothing drained: the next tick goes on
 
-        import monitor.alerts.outbox as outbox
+        from monitor.alerts import outbox
         real, seen = outbox._write, []
 
         def crash_on_fourth(store_: Store, rows: Any, now: datetime) -> Any:
