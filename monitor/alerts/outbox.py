@@ -282,8 +282,9 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
     last tick (`evaluation_queue`), plus one scan of every run for a (policy, task) whose
     curve, watch rules or corpora changed. `complete`: `policies` is the whole configuration
     (the daemon's), so a (policy, task, corpus) not in it is forgotten, and scans every run
-    again if it comes back; otherwise the queued runs it has not seen wait for it. `stop()` true (the daemon is shutting down) ends the tick after the score
-    at hand: what is left stays queued for the next one.
+    again if it comes back; otherwise the queued runs it has not seen wait for it. `stop()`
+    true (the daemon is shutting down) ends the tick before the next score: what is left
+    stays queued for the next tick.
     """
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
@@ -436,5 +437,5 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         report.add(_write(store, [planned], now))
 
 
-__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluation_scope", "task_prediction_row",
-           "write_gaming_predictions", "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]
+__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluation_scope",
+           "task_prediction_row", "write_gaming_predictions", "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]

@@ -361,7 +361,7 @@ class Daemon:
                 self.store.checkpoint()
                 self.store.close()
             except Exception as exc:  # noqa: BLE001 - reported, and the exit code says so
-                log.error("CHECKPOINT on shutdown failed: %s", exc)
+                log.error("CHECKPOINT or close on shutdown failed: %s", exc)
                 return 1
         log.info("stopped cleanly")
         return 0
