@@ -92,7 +92,10 @@ def measure(n: int, *, lineages: int, new: int, idle_ticks: int, folder: Path) -
             report = evaluate_pending(store, [policy], now=T0 + timedelta(days=400), predictor=predictor)
             times.append(time.perf_counter() - t)
             assert report.predictions == 0
-        out["idle_tick_s"] = statistics.median(times)
+        out["idle_tick_s"] = statistics.median(times) if times else float("nan")
+        out["new_tick_s"] = float("nan")
+        if not new:
+            return out
         for i in range(new):
             record_fake_score(store, repo=f"org/new{i % 10}", sha=fake_sha(f"new{i}"), lstar=1.5, se=0.02,
                               finished_at=T0 + timedelta(days=401, minutes=i))
@@ -107,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, nargs="+", default=[10_000, 100_000], help="score runs in the state")
     parser.add_argument("--lineages", type=int, default=5000)
-    parser.add_argument("--new", type=int, default=100, help="new scores for the last tick")
-    parser.add_argument("--idle-ticks", type=int, default=5, help="idle ticks timed (the median is shown)")
+    parser.add_argument("--new", type=int, default=100, help="new scores for the last tick (0: none)")
+    parser.add_argument("--idle-ticks", type=int, default=5, help="idle ticks timed (the median is shown; "
+                        "0: none, e.g. for code whose every tick reads everything, where the first one is idle)")
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the checkout whose `monitor` is measured")
     args = parser.parse_args(argv)
