@@ -375,3 +375,23 @@ def test_a_task_dropped_from_the_configuration_does_not_hold_the_queue(tmp_path)
         evaluate_pending(store, [one], now=T0, predictor=predictor, complete=True)
         assert store.evaluation_queue() == {}                     # the daemon's whole set: arith is gone
         assert store.evaluation_consumers() == [("gov", "cloze", CALIB_V0_SHA256)]
+
+
+def test_the_migration_carries_each_groups_newest_notification_over(tmp_path):
+    from monitor.store import MIGRATIONS
+
+    made = {("r1", "g1"): [5, 1, 9], ("r1", "g2"): [3], ("r2", "g1"): [7, 2]}   # minutes after T0
+    with Store.open(tmp_path / "lstar.duckdb", migrate=False) as store:
+        store.migrate([m for m in MIGRATIONS if m.name < "0010"])
+        for (receiver, key), minutes in made.items():
+            for m in minutes:
+                store.conn.execute(
+                    "INSERT INTO notifications (id, policy, receiver, group_key, status, body, n_alerts, is_meta, "
+                    "next_attempt_at, created_at, updated_at) VALUES (?, 'p', ?, ?, 'delivered', '{}', 1, false, ?, ?, ?)",
+                    [f"{receiver}-{key}-{m}", receiver, key, T0, T0 + timedelta(minutes=m), T0])
+        store.migrate()
+        groups = store.query("SELECT receiver, group_key, last_created_at FROM notification_groups")
+        assert {(g["receiver"], g["group_key"]): g["last_created_at"] for g in groups} == \
+            {k: T0 + timedelta(minutes=max(v)) for k, v in made.items()}
+        for (receiver, key), minutes in made.items():
+            assert store.last_notification_at("p", receiver, key) == T0 + timedelta(minutes=max(minutes))
