@@ -25,6 +25,7 @@ RECORDED = {
     "0007_lease_starts": "cfbe0a0e2d70bc1dbb9bba621b3d72b1dcb90d87de03aee611d4af18615698c3",
     "0008_evaluation_gaps": "3dd8e020a53d24f7b79eb7e0fcdf48be9d64842da3f6e241bdf0655c16d20be5",
     "0009_axis_se": "b1463e2f744082a6fcaa8e2a6f79e442dce8e6487cfd6a1502b68e74e1c0fa35",
+    "0010_incremental_jobs": "45944f623617db19cebec7454d552d7ea2a85b9b2f6086c0081a1370f4beae48",
 }
 
 

@@ -14,6 +14,8 @@ made, nothing written) and `mid_outbox_write` (inside the transaction, before CO
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -79,6 +81,7 @@ class EvaluationReport:
     deliveries: int = 0
     skipped: list[str] = field(default_factory=list)
     skip_reasons: dict[str, str] = field(default_factory=dict)   # line of `skipped` -> its reason code
+    stopped: bool = False   # ended early by `stop` (shutdown); the rest waits on the queue
 
     def skip(self, reason: str, line: str) -> None:
         """Record an evaluation that could not be done: a reason code and the line that says why."""
@@ -93,7 +96,7 @@ class EvaluationReport:
     def as_dict(self) -> dict[str, Any]:
         return {"predictions": self.predictions, "alerts": self.alerts,
                 "deliveries": self.deliveries, "skipped": list(self.skipped),
-                "skip_reasons": dict(self.skip_reasons)}
+                "skip_reasons": dict(self.skip_reasons), **({"stopped": True} if self.stopped else {})}
 
 
 def watches(policy: Policy, repo: str, rule: str | None) -> bool:
@@ -240,15 +243,59 @@ def _curve_id(curves: Predictor, policy: Policy, task: Task) -> str | None:
         return None
 
 
+def evaluation_scope(policy: Policy, curve_id: str | None) -> str:
+    """A digest of what decides which runs are candidates for one (policy, task): the curve id
+    and the policy's watch rules and corpora (and its calibration-gaming rule). While it is the
+    one recorded, the evaluation queue holds every run still to look at."""
+    what = {"curve_id": curve_id, "watch": [w.model_dump(mode="json") for w in policy.watch],
+            "corpora": policy.corpora.model_dump(mode="json"),
+            "gaming": None if policy.calibration_gaming is None else
+            policy.calibration_gaming.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class _Tick:
+    """One evaluation tick's view of the queue: the runs queued when it began, the
+    (policy, task, corpus) consumers it handled, the runs one of them still waits on, and the
+    scopes to record once the tick's writes are done."""
+
+    queue: dict[str, str]
+    scopes: dict[tuple[str, str], str] = field(default_factory=dict)
+    handled: set[tuple[str, str, str]] = field(default_factory=set)
+    held: set[str] = field(default_factory=set)
+    to_record: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def candidates(self, store: Store, policy: Policy, task: str, corpus: str,
+                   curve_id: str | None) -> tuple[list[EvaluationCandidateRow], bool]:
+        """The runs (policy, task) has to look at: the queued ones on `corpus` while its scope is
+        unchanged, else every run once (full scan: True)."""
+        scope = evaluation_scope(policy, curve_id)
+        self.handled.add((policy.name, task, corpus))
+        if self.scopes.get((task, corpus)) == scope:
+            queued = [r for r, c in self.queue.items() if c == corpus]
+            return store.queued_candidates(policy.name, task, corpus, curve_id, queued), False
+        self.to_record.append((policy.name, task, corpus, scope))
+        return store.evaluation_candidates(policy.name, task, corpus, curve_id), True
+
+
 def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
-                     predictor: Predictor | None = None) -> EvaluationReport:
+                     predictor: Predictor | None = None, complete: bool = False,
+                     stop: Callable[[], bool] | None = None) -> EvaluationReport:
     """Evaluate every score run each policy has not evaluated yet (oldest first).
 
     Idempotent: run it after every score, on start-up and on a schedule; a second call
-    with nothing new writes nothing.
+    with nothing new writes nothing. Its cost follows what is new: the runs queued since the
+    last tick (`evaluation_queue`), plus one scan of every run for a (policy, task) whose
+    curve, watch rules or corpora changed. `complete`: `policies` is the whole configuration
+    (the daemon's), so a (policy, task, corpus) not in it is forgotten, and scans every run
+    again if it comes back; otherwise the queued runs it has not seen wait for it. `stop()`
+    true (the daemon is shutting down) ends the tick before the next score: what is left
+    stays queued for the next tick.
     """
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
+    tick = _Tick(queue=store.evaluation_queue())
     for policy in policies:
         public = policy.corpora.public
         if public is None and isinstance(curves, CurvePredictor):
@@ -256,14 +303,23 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                 public = curves.corpus_of(policy)
             except CurveError as exc:
                 report.skip("curve_unusable", f"policy {policy.name}: {exc.one_line()}")
+                store.forget_evaluation_scopes(policy.name)   # scanned in full once it is usable
                 continue
         if public is None and policy.tasks:
             report.skip("no_public_corpus", f"policy {policy.name}: no public corpus (set corpora.public, "
                                             "or use curves fitted on one corpus)")
+            store.forget_evaluation_scopes(policy.name)
             continue
+        tick.scopes = store.evaluation_scopes(policy.name)
+        new = any(c == public for c in tick.queue.values())
         for task in policy.tasks:
             curve_id = _curve_id(curves, policy, task)
-            for row in store.evaluation_candidates(policy.name, task.name, public, curve_id):
+            candidates, full = tick.candidates(store, policy, task.name, public, curve_id)
+            new = new or full
+            for row in candidates:
+                if stop is not None and stop():
+                    report.stopped = True
+                    return report   # nothing recorded nor drained: the next tick goes on
                 score = _view(row)
                 if not watches(policy, score.repo, score.rule):
                     continue
@@ -279,10 +335,33 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                     continue
                 planned = task_prediction_row(store, policy, task, score, prediction, now=now)
                 report.add(_write(store, [planned], now))
-        report.deliveries += track_evaluation_gap(store, policy, now=now)
+        # The episode changes only with new predictions; an open one is followed every tick.
+        if new or store.open_evaluation_gap(policy.name) is not None:
+            report.deliveries += track_evaluation_gap(store, policy, now=now)
         if policy.calibration_gaming is not None:
-            write_gaming_predictions(store, policy, now=now, report=report)
+            write_gaming_predictions(store, policy, now=now, report=report, tick=tick)
+    _finish_tick(store, tick, now, complete=complete)
     return report
+
+
+def _finish_tick(store: Store, tick: _Tick, now: datetime, *, complete: bool) -> None:
+    """Record the scopes scanned in full and drain the queued runs every consumer has handled.
+
+    Last, after every write of the tick: a crash before it looks at the same runs again,
+    and the predictions' unique key makes that write nothing twice."""
+    for policy, task, corpus, scope in tick.to_record:
+        store.record_evaluation_scope(policy, task, corpus, scope, now=now)
+    if not tick.queue:
+        return
+    # A consumer recorded earlier but not handled now has not seen the queued runs of its
+    # corpus. Given the whole configuration, it is gone (a policy, a task or a corpus no
+    # longer there) and is forgotten; given part of it, it is waiting, and those runs stay.
+    stale = [key for key in store.evaluation_consumers() if key not in tick.handled]
+    if complete:
+        store.forget_evaluation_scopes(consumers=stale)
+        stale = []
+    waiting = {corpus for (_, _, corpus) in stale}
+    store.drain_evaluation_queue([r for r, c in tick.queue.items() if r not in tick.held and c not in waiting])
 
 
 def reference_offsets(store: Store, policy: Policy) -> tuple[list[float], list[str]]:
@@ -301,16 +380,31 @@ def reference_offsets(store: Store, policy: Policy) -> tuple[list[float], list[s
 
 
 def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
-                             report: EvaluationReport) -> None:
-    """The calibration-gaming rule for every public score that also has a private one."""
+                             report: EvaluationReport, tick: _Tick | None = None) -> None:
+    """The calibration-gaming rule for every public score that also has a private one.
+
+    With `tick` (from `evaluate_pending`) only the runs it has to look at are read, and a
+    run that waits (for its private score, for the references' scores) is held on the queue."""
     rule, corpora = policy.calibration_gaming, policy.corpora
     assert rule is not None
     if corpora.public is None or corpora.private is None:
         report.skip("gaming_corpora_missing",
                     f"policy {policy.name}: calibration_gaming needs corpora.public and .private")
         return
-    candidates = [r for r in store.evaluation_candidates(policy.name, GAMING_TASK, corpora.public)
-                  if watches(policy, r.repo, r.rule)]
+    if tick is None:
+        rows = store.evaluation_candidates(policy.name, GAMING_TASK, corpora.public)
+        full = False
+    else:
+        rows, full = tick.candidates(store, policy, GAMING_TASK, corpora.public, None)
+    candidates = [r for r in rows if watches(policy, r.repo, r.rule)]
+
+    def hold(waiting: Sequence[EvaluationCandidateRow]) -> None:
+        if tick is None:
+            return
+        tick.held.update(r.run_id for r in waiting)
+        if full:   # found by the scan, not on the queue: queued, so that they are looked at again
+            store.requeue_evaluation([r.run_id for r in waiting], corpora.public, now=now)
+
     if not candidates:
         return
     offsets, missing = reference_offsets(store, policy)
@@ -318,11 +412,13 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         report.skip("gaming_references_unscored",
                     f"policy {policy.name}: calibration_gaming waits for scores of reference "
                     f"checkpoint(s) on both corpora: {', '.join(missing)}")
+        hold(candidates)
         return
     for row in candidates:
         score = _view(row)
         private = store.latest_score(score.repo, score.commit, corpora.private)
         if private is None:
+            hold([row])
             continue  # not scored on the private corpus yet; evaluated once it is
         verdict = calibration_gaming(score.lstar, score.se, float(private.lstar), float(private.se),
                                      reference_offsets=offsets, k=rule.k)
@@ -348,5 +444,5 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
         report.add(_write(store, [planned], now))
 
 
-__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "task_prediction_row",
-           "write_gaming_predictions", "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]
+__all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluation_scope",
+           "task_prediction_row", "write_gaming_predictions", "plan_alert", "reference_offsets", "watches", "GAMING_TASK", "FIRING_STATES"]

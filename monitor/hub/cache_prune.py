@@ -69,6 +69,16 @@ def _snapshot(root: Path, repo: str, sha: str) -> Path | None:
         else None
 
 
+def _cached_shas(root: Path) -> set[str]:
+    """The commit shas of the snapshot folders under the cache (any repo)."""
+    found: set[str] = set()
+    for repo_dir in root.glob("models--*"):
+        snapshots = repo_dir / "snapshots"
+        if repo_dir.is_dir() and not repo_dir.is_symlink() and snapshots.is_dir() and not snapshots.is_symlink():
+            found.update(p.name for p in snapshots.iterdir() if _SHA.fullmatch(p.name))
+    return found
+
+
 def _targets(snapshot: Path, root: Path) -> dict[Path, int]:
     """The files a snapshot's entries resolve to inside the cache, with their sizes."""
     found: dict[Path, int] = {}
@@ -134,7 +144,8 @@ def prune_cache(store: Store, cache_dir: str | Path, *, keep_last: int = DEFAULT
     root = Path(cache_dir).resolve()
     if not root.is_dir():
         return report
-    rows = [r for r in store.list_checkpoints() if r.source == "hub"]
+    # The commits the cache holds decide which rows are read: its size, not the table's.
+    rows = store.hub_checkpoints_at(sorted(_cached_shas(root)))
     pending_bytes = 0
     finished: list[tuple[CheckpointRow, Path, dict[Path, int]]] = []
     for row in rows:

@@ -182,6 +182,7 @@ class Daemon:
         self.db_lock = threading.RLock()
         self.faults = StoreFailpoints()
         self.job_local = threading.local()            # per job run: did it commit a real write?
+        self.live_cursors: set[Any] = set()           # the jobs' DuckDB cursors, interrupted at the drain deadline
         self.scheduler: Any = None
         self.api: Any = None
         self.started_at = utcnow()
@@ -330,6 +331,12 @@ class Daemon:
             # A score that outlives the drain is killed; its lease goes back and it is retried.
             if self.backend is not None and self.backend.interrupt():
                 log.warning("stopped the score still running after the %.0f s drain", self.config.drain)
+            # A query that outlives it is interrupted: its job fails (its transaction rolls
+            # back, the next start does that work again) instead of finding the connection
+            # closed under it.
+            if self._interrupt_queries():
+                log.warning("interrupted the database queries still running after the %.0f s drain",
+                            self.config.drain)
             deadline = time.monotonic() + 10
             while self._running_jobs() and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -352,16 +359,25 @@ class Daemon:
         if self.store is not None:
             try:
                 self.store.checkpoint()
+                self.store.close()
             except Exception as exc:  # noqa: BLE001 - reported, and the exit code says so
-                log.error("CHECKPOINT on shutdown failed: %s", exc)
+                log.error("CHECKPOINT or close on shutdown failed: %s", exc)
                 return 1
-            self.store.close()
         log.info("stopped cleanly")
         return 0
 
     def _running_jobs(self) -> list[str]:
         with self.jobs_lock:
             return [j.name for j in self.jobs.values() if j.running_since is not None]
+
+    def _interrupt_queries(self) -> int:
+        """Interrupt the query each job's cursor is running; returns the cursors told."""
+        with self.jobs_lock:
+            cursors = list(self.live_cursors)
+        for cursor in cursors:
+            with contextlib.suppress(Exception):   # a cursor closed meanwhile has nothing to stop
+                cursor.interrupt()
+        return len(cursors)
 
     # -- job plumbing --------------------------------------------------------------------------
     def _cursor(self) -> Any:
@@ -373,13 +389,18 @@ class Daemon:
 
     @contextlib.contextmanager
     def _cursor_store(self, *, read_only: bool) -> Iterator[DaemonStore]:
-        store = DaemonStore(self._cursor(), self.config.db_path, read_only=read_only)
+        cursor = self._cursor()
+        store = DaemonStore(cursor, self.config.db_path, read_only=read_only)
         store.faults = self.faults
         if not read_only:
             store.on_write = self._wrote
+        with self.jobs_lock:
+            self.live_cursors.add(cursor)
         try:
             yield store
         finally:
+            with self.jobs_lock:
+                self.live_cursors.discard(cursor)
             with contextlib.suppress(Exception):
                 store.conn.close()
 
@@ -707,7 +728,8 @@ class Daemon:
         from monitor.alerts import evaluate_pending
 
         with self.job_store() as store:
-            report = evaluate_pending(store, self.policies(), now=utcnow()).as_dict()
+            report = evaluate_pending(store, self.policies(), now=utcnow(), complete=True,
+                                      stop=self.stopping.is_set).as_dict()
         self.metrics.alerts_raised.inc(report["alerts"])
         self._log_new_skips(report["skip_reasons"])
         if report["deliveries"]:

@@ -1,4 +1,4 @@
-"""Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),
+"""Alert rows: the latest scores evaluation reads, predictions, alerts and their deliveries (the outbox's write side),
 and operator alerts."""
 
 from __future__ import annotations
@@ -11,36 +11,13 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
-from monitor.store.rows import (EVALUATION_AXIS_COLUMNS, AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow,
-                                DeliverySummaryRow, EvaluationCandidateRow, FiringAlertRow, LatestScoreRow, LineageHistory,
+from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
+                                FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
 
 
 class AlertRows(StoreConnection):
-    """Alert rows: what evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
-
-    def evaluation_candidates(self, policy: str, task: str, corpus_sha256: str,
-                              curve_id: str | None = None) -> list[EvaluationCandidateRow]:
-        """Score runs on `corpus_sha256` that (policy, task) has not evaluated, oldest first.
-
-        A run recorded `not_evaluated` is handled while the curve is the one it was recorded
-        with (`curve_id`); another curve evaluates it again.
-
-        Each row has run_id, repo, commit_sha, lstar, se, corpus_sha256, finished_at, lineage
-        (the checkpoint's, else the repo) and rule (the watch rule that found it, if any).
-        """
-        rows = self.query(
-            "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.lstar, "
-            "r.se_ce AS se, r.corpus_sha256, r.finished_at, coalesce(c.lineage, r.model_repo) AS lineage, "
-            "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy, "
-            + ", ".join(f"r.{c}" for c in EVALUATION_AXIS_COLUMNS)
-            + " FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
-            "(r.checkpoint_id IS NULL AND c.repo = r.model_repo AND c.sha = r.model_sha) "
-            "WHERE r.corpus_sha256 = ? AND NOT EXISTS (SELECT 1 FROM predictions p WHERE "
-            "p.policy = ? AND p.task = ? AND p.run_id = r.run_id AND (p.state != 'not_evaluated' OR "
-            "p.curve_id IS NOT DISTINCT FROM ?)) ORDER BY r.finished_at, r.run_id",
-            [corpus_sha256, policy, task, curve_id])
-        return [EvaluationCandidateRow.from_row(r) for r in rows]
+    """Alert rows: the latest scores evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
 
     def latest_score(self, repo: str, commit_sha: str, corpus_sha256: str) -> LatestScoreRow | None:
         """The newest score run of (repo, commit) on a corpus, or None."""

@@ -44,6 +44,16 @@ class CheckpointRows(StoreConnection):
                           f"ORDER BY discovered_at, id {tail}", params)
         return [self._decode_checkpoint(r) for r in rows]
 
+    def hub_checkpoints_at(self, shas: Sequence[str]) -> list[CheckpointRow]:
+        """The Hub checkpoint rows at any of the commits `shas` (what a cache holds), oldest
+        discovery first: a lookup by the few commits asked for, not a read of the table."""
+        if not shas:
+            return []
+        marks = ", ".join("?" for _ in shas)
+        rows = self.query(f"SELECT {', '.join(self._CHECKPOINT_COLUMNS)} FROM checkpoints WHERE source = 'hub' "
+                          f"AND sha IN ({marks}) ORDER BY discovered_at, id", list(shas))
+        return [self._decode_checkpoint(r) for r in rows]
+
     def get_checkpoint(self, checkpoint_id: int) -> CheckpointRow | None:
         """One checkpoint row by id (refs and meta decoded), or None."""
         rows = self.query(f"SELECT {', '.join(self._CHECKPOINT_COLUMNS)} FROM checkpoints "

@@ -194,7 +194,13 @@ class StoreConnection:
         """Run a read query and return rows as dicts."""
         with self._lock:
             cur = self.conn.execute(sql, params or [])
-            cols = [d[0] for d in cur.description]
+            description = cur.description
+            if description is None:
+                # What DuckDB leaves when the connection this cursor came from was closed
+                # after the statement ran (a shutdown past its drain deadline): no result set.
+                raise StoreError(f"{self.path} was closed while a query on it ran",
+                                 hint="the daemon is stopping; the job runs again on the next start")
+            cols = [d[0] for d in description]
             return [dict(zip(cols, row)) for row in cur.fetchall()]
 
     def query_json(self, sql: str, params: Sequence[Any] | None, json_columns: Sequence[str]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from monitor.store.alerts import AlertRows
 from monitor.store.checkpoints import CheckpointRows
 from monitor.store.evaluation_gaps import EvaluationGapRows
+from monitor.store.evaluation_queue import EvaluationQueueRows
 from monitor.store.hub import HubRows
 from monitor.store.labels import LabelRows
 from monitor.store.notifications import NotificationRows
@@ -13,7 +14,7 @@ from monitor.store.scores import ScoreRows
 
 
 class Store(ScoreRows, HubRows, CheckpointRows, AlertRows, NotificationRows, LabelRows, ReportRows,
-            EvaluationGapRows):
+            EvaluationGapRows, EvaluationQueueRows):
     """A DuckDB state file. Use `Store.open(...)`; close it (or use `with`).
 
     One process writes the file; readers open it read-only. The schema lives in

@@ -50,9 +50,9 @@ class HubRows(StoreConnection):
         inserted = 0
         new_rows: list[tuple[int, Any]] = []
         with self.transaction() as conn:
+            known = self._known_checkpoints(conn, {(c.repo, c.sha) for c in candidates})
             for c in candidates:
-                row = conn.execute("SELECT id, refs FROM checkpoints WHERE repo = ? AND sha = ?",
-                                   [c.repo, c.sha]).fetchone()
+                row = known.get((c.repo, c.sha))
                 if row is None:
                     new_id = conn.execute(
                         "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at,"
@@ -61,6 +61,7 @@ class HubRows(StoreConnection):
                         [c.repo, c.sha, json.dumps(sorted(c.refs)), c.repo, rule_name, now, now,
                          c.status, c.reason, json.dumps(c.meta, sort_keys=True)]).fetchone()[0]
                     new_rows.append((int(new_id), c))
+                    known[(c.repo, c.sha)] = (int(new_id), json.dumps(sorted(c.refs)))
                     inserted += 1
                     continue
                 old = json.loads(row[1])
@@ -68,6 +69,7 @@ class HubRows(StoreConnection):
                 if merged != sorted(old):
                     conn.execute("UPDATE checkpoints SET refs = ?, updated_at = ? WHERE id = ?",
                                  [json.dumps(merged), now, row[0]])
+                    known[(c.repo, c.sha)] = (row[0], json.dumps(merged))
             if watermark is not None:
                 conn.execute(
                     "INSERT INTO hub_watermarks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (rule_key) DO "
@@ -80,6 +82,24 @@ class HubRows(StoreConnection):
         if inserted_ids is not None:
             inserted_ids.extend(new_rows)
         return inserted
+
+    _LOOKUP_CHUNK = 500   # (repo, sha) pairs per lookup: two parameters each
+
+    @classmethod
+    def _known_checkpoints(cls, conn: duckdb.DuckDBPyConnection,
+                           keys: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str]]:
+        """{(repo, sha): (id, refs JSON)} of the rows that exist among `keys`: one query per
+        chunk of a poll's candidates, not one per candidate."""
+        found: dict[tuple[str, str], tuple[int, str]] = {}
+        pairs = sorted(keys)
+        for start in range(0, len(pairs), cls._LOOKUP_CHUNK):
+            chunk = pairs[start:start + cls._LOOKUP_CHUNK]
+            values = ", ".join("(?, ?)" for _ in chunk)
+            rows = conn.execute(
+                f"SELECT c.repo, c.sha, c.id, c.refs FROM checkpoints c JOIN (VALUES {values}) AS k(repo, sha) "
+                "ON c.repo = k.repo AND c.sha = k.sha", [v for pair in chunk for v in pair]).fetchall()
+            found.update({(r[0], r[1]): (int(r[2]), r[3]) for r in rows})
+        return found
 
     def last_successful_polls(self) -> dict[str, datetime]:
         """Each watch rule's last successful poll (from the poll log, within its retention)."""

@@ -26,7 +26,7 @@ class NotificationRows(StoreConnection):
     # -- notifications, their leases and attempts -------------------------------------------
     def last_notification_at(self, policy: str, receiver: str, group_key: str) -> datetime | None:
         """When the group's newest notification was created (group_interval counts from it)."""
-        row = self.conn.execute("SELECT max(created_at) FROM notifications WHERE policy = ? AND "
+        row = self.conn.execute("SELECT last_created_at FROM notification_groups WHERE policy = ? AND "
                                 "receiver = ? AND group_key = ?", [policy, receiver, group_key]).fetchone()
         return row[0] if row else None
 
@@ -57,6 +57,10 @@ class NotificationRows(StoreConnection):
             [notification["id"], notification["policy"], notification["receiver"],
              notification["group_key"], notification["body"], notification["n_alerts"],
              notification["is_meta"], now, now, now])
+        conn.execute(
+            "INSERT INTO notification_groups VALUES (?, ?, ?, ?) ON CONFLICT (policy, receiver, group_key) "
+            "DO UPDATE SET last_created_at = greatest(last_created_at, excluded.last_created_at)",
+            [notification["policy"], notification["receiver"], notification["group_key"], now])
 
     def due_notifications(self, now: datetime) -> list[DueNotificationRow]:
         """Pending notifications whose next attempt is due and that no live lease holds."""

@@ -12,6 +12,7 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection, utcnow
+from monitor.store.evaluation_queue import enqueue_evaluation
 from monitor.store.rows import (AXIS_COLUMNS, CheckpointRow, CheckpointScoreRow, ScoreDocumentRow,
                                 ScoredRunRef, ScoreRunRow)
 
@@ -122,6 +123,7 @@ class ScoreRows(StoreConnection):
                      f"VALUES ({placeholders})", values)
         conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)",
                          [[run["run_id"], *doc] for doc in documents])
+        enqueue_evaluation(conn, str(run["run_id"]), str(run["corpus_sha256"]), utcnow())
 
     def score_runs(self, *, model_repo: str | None = None, limit: int = 100) -> list[ScoreRunRow]:
         """Recent score runs, newest first."""
@@ -200,3 +202,4 @@ class ScoreRows(StoreConnection):
                      "FROM score_documents WHERE run_id = ? ORDER BY rowid", [run_id, src])
         self.insert_score_digest(conn, run_id, checkpoint.id, key, linked_from_run_id=src,
                                  linked_from_checkpoint_id=source.checkpoint_id)
+        enqueue_evaluation(conn, run_id, key["corpus_sha256"], now)
