@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import scale_state as ss  # noqa: E402
+import scale_state as ss
 
-from monitor.store import Store  # noqa: E402
+from monitor.store import Store
 
 T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
 N_LINEAGES, PER_LINEAGE = 6, 5   # two more lineages than the template, each shape at least once
