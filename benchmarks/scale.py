@@ -328,8 +328,10 @@ def fmt_time(r: dict[str, Any] | None, key: str = "wall_s") -> str:
     if value is None:
         return "failed" if r.get("rc") else "-"
     text = f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-    if r.get("rc") not in (None, 0) or r.get("error") or (r.get("status") or 200) >= 400:
-        text += f" (rc {r.get('rc')}, status {r.get('status')}, {r.get('error') or ''})"
+    notes = [f"exit {r['rc']}" if r.get("rc") not in (None, 0) else "",
+             f"HTTP {r['status']}" if (r.get("status") or 200) >= 400 else "", r.get("error") or ""]
+    if any(notes):
+        text += f" ({', '.join(n for n in notes if n)})"
     return text
 
 
