@@ -432,7 +432,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure a state folder kept (--keep) by an earlier run instead of building it again "
                         "(the daemon's and the report's week is then relative to that build)")
     p.add_argument("--skip", default="", help="comma-separated: jobs,new,cli,daemon")
+    p.add_argument("--table", type=Path, nargs="+", metavar="JSON",
+                   help="only print the table of earlier runs' scale-*.json files (sizes merged)")
     args = p.parse_args(argv)
+    if args.table:
+        merged: dict[int, dict[str, Any]] = {}
+        for path in args.table:
+            merged.update({int(k): v for k, v in json.loads(path.read_text())["sizes"].items()})
+        print(table(merged))
+        return 0
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
