@@ -91,10 +91,12 @@ def run_measured(cmd: list[str], *, timeout: float) -> dict[str, Any]:
         proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, usage_file.name, *cmd], stdout=out, stderr=err,
                                 env=env(), cwd=ROOT, start_new_session=True)
         timed_out = False
+        peak = None
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
+            peak = child_peak_mb(proc.pid)   # the launcher dies too: the peak so far, from /proc
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         wall = time.perf_counter() - t0
@@ -109,7 +111,7 @@ def run_measured(cmd: list[str], *, timeout: float) -> dict[str, Any]:
     lines = data.decode(errors="replace").strip().splitlines()
     rc = usage.get("rc", proc.returncode)
     return {"wall_s": round(usage.get("wall_s", wall), 3),
-            "rss_mb": round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else None,
+            "rss_mb": round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else peak,
             "rc": rc, "timed_out": timed_out, "timeout_s": timeout, "stdout_bytes": len(data),
             "last_line": lines[-1] if lines else "", "stderr_tail": tail if rc else ""}
 
@@ -243,6 +245,15 @@ def measure_cli(state: Path, policies: Path, timeout: float, results: dict[str, 
             r["stdout_bytes"] = (tmp / "r.html").stat().st_size
         results[name] = r
         say(f"lstar {name}", r)
+
+
+def child_peak_mb(launcher: int) -> float | None:
+    """Peak RSS so far of the command a launcher runs (its child), MB; None if unknown."""
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except OSError:
+        return None
+    return vm_hwm_mb(int(children[0])) if children else None
 
 
 def vm_hwm_mb(pid: int) -> float | None:
