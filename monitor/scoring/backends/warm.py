@@ -2,9 +2,9 @@
 between jobs (`lstar run --scoring-workers N`), so a job does not pay for importing torch.
 
 Each job is still bounded as a cold child's is (`monitor.scoring.child`):
-- time: the job's limit runs from when it is handed to a worker (a worker still starting
-  counts against it, as a cold child's start does); past it the worker is SIGKILLed and
-  replaced, and the job ends `ScoringTimeout`, retried by the queue;
+- time: the job's limit runs from when its worker is ready (torch imported; the start-up
+  itself is bounded by START_TIMEOUT_S); past it the worker is SIGKILLed and replaced, and
+  the job ends `ScoringTimeout`, retried by the queue, while the other workers go on;
 - memory: each worker starts under the address-space limit (`limit_child`, as a cold child),
   and is replaced after `max_jobs` jobs, when its resident memory has grown past
   `max_rss_bytes`, and after any job that failed (a failure may leave a half-loaded model or
@@ -40,7 +40,7 @@ from monitor.scoring.backends.local import check_corpus
 from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_error, _envelope, _OutputTail,
                                    error_from_payload, physical_memory, scored_from_payload)
 from monitor.scoring.engine import ScoredRun
-from monitor.scoring.memory_limit import limit_child
+from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child
 
 DEFAULT_MAX_JOBS = 20
 # Without a given threshold, a worker is replaced once its resident memory passes this share
@@ -48,6 +48,8 @@ DEFAULT_MAX_JOBS = 20
 RSS_SHARE = 0.5
 # How long a worker asked to stop may take to exit before it is killed.
 STOP_WAIT_S = 5.0
+# The longest a worker may take to import the scoring libraries (as the start-up probe's bound).
+START_TIMEOUT_S = PROBE_TIMEOUT_S
 # How long a slot waits before replacing a worker that died with no job.
 IDLE_RESTART_WAIT_S = 5.0
 
@@ -91,6 +93,7 @@ class WarmWorker:
         self.output = _OutputTail(self.proc.stdout, log_path)
         self.output.start()
         self.jobs = 0
+        self.ready = False           # it said it has imported the scoring libraries
         self.interrupted = False
 
     @property
@@ -128,7 +131,8 @@ class WarmWorker:
         result_path = Path(result_name)
         result_path.unlink()
         self.jobs += 1
-        deadline = time.monotonic() + timeout_s
+        # The job's clock starts once the worker is ready: its start-up has its own bound.
+        deadline = time.monotonic() + (timeout_s if self.ready else max(timeout_s, START_TIMEOUT_S))
         try:
             line = json.dumps({**json.loads(_envelope(job.request, job.baselines)), "result": str(result_path)})
             with contextlib.suppress(BrokenPipeError, OSError):   # a dead worker says why below
@@ -138,8 +142,15 @@ class WarmWorker:
                 message = self._next_message(deadline)
                 if message is None:
                     self.kill()
+                    if not self.ready:
+                        raise ScoringTimeout(f"scoring worker (pid {self.pid}) killed: it did not start within "
+                                             f"{max(timeout_s, START_TIMEOUT_S):g} s")
                     raise ScoringTimeout(f"scoring worker (pid {self.pid}) killed after the {timeout_s:g} s "
                                          "time limit")
+                if message.get("ready") and not self.ready:
+                    self.ready = True
+                    deadline = time.monotonic() + timeout_s
+                    continue
                 if not message or "garbled" in message:
                     break      # it died (or broke the protocol): described below
                 if message.get("done") == str(result_path):
@@ -290,7 +301,10 @@ class WarmBackend:
 
     def _replace_reason(self, worker: WarmWorker, outcome: ScoreOutcome) -> str | None:
         if not worker.alive():
-            return "died" if not worker.interrupted else "stopped by the shutdown"
+            if worker.interrupted:
+                return "stopped by the shutdown"
+            timed_out = outcome.error is not None and outcome.error.error_class == "ScoringTimeout"
+            return "killed at the time limit" if timed_out else "died"
         if not outcome.ok:
             return f"its job failed ({outcome.error.error_class})"  # type: ignore[union-attr]
         if worker.jobs >= self.max_jobs:
