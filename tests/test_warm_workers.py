@@ -55,7 +55,7 @@ def pid_of(outcome) -> int:
 
 def assert_same_numbers(got, expected) -> None:
     assert [d[0] for d in got.documents] == [d[0] for d in expected.documents]
-    for mine, theirs in zip(got.documents, expected.documents):
+    for mine, theirs in zip(got.documents, expected.documents, strict=True):
         assert mine[2] == theirs[2]
         assert mine[3] == pytest.approx(theirs[3], abs=1e-12, rel=0)
     for key in METRICS:
@@ -130,19 +130,46 @@ def test_a_warm_worker_killed_mid_job_loses_the_attempt_not_the_result(tmp_path,
     assert pool.started == 2 and pool.recycled[0] == (handed[0], "died")
 
 
+def address_space_limit(pid: int) -> str:
+    """The soft 'Max address space' of process `pid`, as /proc/PID/limits writes it."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max address space"):
+            return line.split()[3]
+    raise AssertionError(f"no address-space line in /proc/{pid}/limits")
+
+
 @pytest.mark.slow
 def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
-    """Row 52 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new one."""
-    pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, workdir=tmp_path / "work")
+    """Row 52 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
+    one, which starts under the same address-space limit."""
+    limit = 64 << 30
+    pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
     try:
         outcomes = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2, 3)]))
+        pids = [pid_of(o) for o in outcomes]
+        assert address_space_limit(pids[2]) == str(limit)     # the replacement, alive and idle
     finally:
         pool.close()
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-    pids = [pid_of(o) for o in outcomes]
     assert pids[0] == pids[1] != pids[2]
     assert pool.recycled[0] == (pids[0], "2 jobs done")
+    assert pool.started == 2
     assert {o.scored.result["lstar"] for o in outcomes} == {outcomes[0].scored.result["lstar"]}
+
+
+@pytest.mark.slow
+def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, calib_v0, tiny_dir):
+    """Row 52 (memory): a worker resident above --worker-max-rss after a job is replaced
+    before the next one (a threshold of 64 MiB: torch alone is resident above it)."""
+    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work")
+    try:
+        first, second = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2)]))
+    finally:
+        pool.close()
+    assert first.ok and second.ok
+    assert pid_of(first) != pid_of(second)
+    pid, why = pool.recycled[0]
+    assert pid == pid_of(first) and why.startswith("resident memory ") and why.endswith("past 64 MiB")
 
 
 @pytest.mark.slow

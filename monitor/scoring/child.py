@@ -55,8 +55,8 @@ from monitor import errors
 from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
 from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compute_score, prepare
-from monitor.scoring.process_cache import PrepareCache
 from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
+from monitor.scoring.process_cache import PrepareCache
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root")
 # The default address-space limit: this share of the machine's memory, and at least
