@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def request_for(model: Path, corpus: Path) -> ScoreRequest:
 
 
 def job_for(model: Path, corpus: Path, checkpoint_id: int | None = 7) -> ScoreJob:
-    request = request_for(model, corpus)
+    request = replace(request_for(model, corpus), checkpoint_id=checkpoint_id)
     return ScoreJob(checkpoint_id=checkpoint_id, repo="acme/tiny", sha="a" * 40, request=request,
                     corpus_sha256=corpus_selection(request).sha256)
 
