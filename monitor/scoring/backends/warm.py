@@ -265,21 +265,29 @@ class WarmBackend:
                 job, out, cancelled = item
                 if cancelled.is_set():
                     continue
-                outcome, worker = self._run_one(slot, worker, job)
-                out.put(outcome)
+                try:
+                    outcome, worker, why = self._run_one(slot, worker, job)
+                except Exception as exc:  # a fault of the pool, not the job: it goes back to the queue
+                    outcome, why = ScoreOutcome(job, error=ScoreError.from_exception(exc),
+                                                worker=socket.gethostname()), "the pool failed"
+                out.put(outcome)   # before a replaced worker is stopped: the result does not wait
+                if why is not None and worker is not None:
+                    self._retire(worker, why)
+                if why is not None:
+                    worker = None
         finally:
             if worker is not None:
                 worker.stop()
 
     def _run_one(self, slot: int, worker: WarmWorker | None,
-                 job: ScoreJob) -> tuple[ScoreOutcome, WarmWorker | None]:
-        """Score `job` on `worker` (a new one if it has none); the outcome and the worker to
-        keep (None when it was killed, died or is due for replacement)."""
+                 job: ScoreJob) -> tuple[ScoreOutcome, WarmWorker | None, str | None]:
+        """Score `job` on `worker` (a new one if it has none): the outcome, the worker, and why
+        it is to be replaced (None: it takes the next job)."""
         try:
             if worker is None:
                 worker = self._spawn()
         except OSError as exc:
-            return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None
+            return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
         where = f"{socket.gethostname()}:{worker.pid}"
         with self._lock:
             self._busy[slot] = worker
@@ -293,11 +301,7 @@ class WarmBackend:
         finally:
             with self._lock:
                 self._busy.pop(slot, None)
-        why = self._replace_reason(worker, outcome)
-        if why is not None:
-            self._retire(worker, why)
-            return outcome, None
-        return outcome, worker
+        return outcome, worker, self._replace_reason(worker, outcome)
 
     def _replace_reason(self, worker: WarmWorker, outcome: ScoreOutcome) -> str | None:
         if not worker.alive():
