@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.checkpoints} tiny checkpoints (llama, width {args.hidden}, 2 layers), calib-v0 every "
           f"{args.every}th document, one job after another; max |L* cold - warm| = {worst:.1e}")
     print()
-    print(f"{'job':<16} {'cold wall s':>11} {'cold start-up s':>15} {'warm wall s':>11} {'warm start-up s':>15}")
+    print(f"{'job':<28} {'cold wall s':>11} {'cold start-up s':>15} {'warm wall s':>11} {'warm start-up s':>15}")
     for c, w in zip(cold, warm, strict=True):
-        print(f"{c['job']:<16} {c['wall_s']:>11.2f} {c['startup_s']:>15.2f} {w['wall_s']:>11.2f} {w['startup_s']:>15.2f}")
+        print(f"{c['job']:<28} {c['wall_s']:>11.2f} {c['startup_s']:>15.2f} {w['wall_s']:>11.2f} {w['startup_s']:>15.2f}")
     print()
     print(f"{'':<28} {'cold':>9} {'warm':>9} {'cold/warm':>10}")
     for key, label in (("total_s", "total wall s"), ("mean_job_s", "mean job wall s"),
