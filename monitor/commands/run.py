@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
         scoring_backend: str = typer.Option(
             "local", "--scoring-backend", callback=_check_backend,
-            help="Where scoring runs: local (a child process per job) or ray (tasks on a Ray cluster; "
+            help="Where scoring runs: local (child processes beside the daemon, see --scoring-workers) or ray (tasks on a Ray cluster; "
                  'needs pip install -e ".[ray]").'),
         scoring_workers: int = int_option(
             1, "--scoring-workers", low=0, high=64,
