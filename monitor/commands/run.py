@@ -169,8 +169,19 @@ def register(app: typer.Typer) -> None:
                                                  help="Hub webhook secret (else $LSTAR_HUB_WEBHOOK_SECRET)."),
         scoring_backend: str = typer.Option(
             "local", "--scoring-backend", callback=_check_backend,
-            help="Where scoring runs: local (a child process per job) or ray (tasks on a Ray cluster; "
+            help="Where scoring runs: local (child processes beside the daemon, see --scoring-workers) or ray (tasks on a Ray cluster; "
                  'needs pip install -e ".[ray]").'),
+        scoring_workers: int = int_option(
+            1, "--scoring-workers", low=0, high=64,
+            help="Local backend: scoring children kept warm between jobs (torch imported, tokenizers "
+                 "and baselines cached), each scoring one job at a time; 0: a fresh child per job."),
+        worker_max_jobs: int = int_option(
+            20, "--worker-max-jobs", low=1, high=100000,
+            help="A warm scoring worker is replaced by a fresh one after this many jobs."),
+        worker_max_rss: str = typer.Option(
+            "auto", "--worker-max-rss",
+            help="A warm scoring worker is replaced once its resident memory passes this (a size, e.g. 8G; "
+                 "auto: half of --score-memory, or of the machine's memory without a limit)."),
         ray_address: str = typer.Option(
             None, "--ray-address",
             help="Ray cluster to score on with --scoring-backend ray (default: $RAY_ADDRESS, else a "
@@ -225,6 +236,9 @@ def register(app: typer.Typer) -> None:
             retention=retention_s, prune_interval=seconds(prune_every, "--prune-every"),
             webhook_secret_file=webhook_secret_file, template=template,
             scoring_backend=scoring_backend, ray_address=ray_address,
+            scoring_workers=scoring_workers, worker_max_jobs=worker_max_jobs,
+            worker_max_rss=(None if worker_max_rss.strip().lower() == "auto"
+                            else size_bytes(worker_max_rss, "--worker-max-rss", low=64 << 20, high=1 << 50)),
             ray_gpu_bytes=size_bytes(ray_gpu_memory, "--ray-gpu-memory", low=1 << 30, high=1 << 44))
         if scoring_backend == "local" and score_memory.strip().lower() != "auto":
             # A limit too small to load torch would fail every checkpoint: refuse it now, before

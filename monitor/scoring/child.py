@@ -56,6 +56,7 @@ from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
 from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
+from monitor.scoring.process_cache import PrepareCache
 
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root")
 # The default address-space limit: this share of the machine's memory, and at least
@@ -390,15 +391,12 @@ def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Child entry point: score the request on stdin, write the rows to the result file."""
-    args = sys.argv[1:] if argv is None else argv
-    result_path = Path(args[0])
-    faulthandler.enable()  # a crash in native code leaves a traceback for the parent to report
-    harden_environment()
-    envelope = json.loads(sys.stdin.read())
-    request = request_from_json(json.dumps(envelope["request"]))
-    baselines = [(str(fp), str(sha), dict(b)) for fp, sha, b in envelope.get("baselines") or ()]
+def score_payload(request: ScoreRequest, baselines: Sequence[KnownBaseline], *,
+                  cache: PrepareCache | None = None) -> dict[str, Any]:
+    """Score `request` here and describe the outcome as the result file's JSON: the rows, or
+    the error's class, message and hint (the body of a scoring child and of a warm worker's
+    job; `cache`: the warm worker's tokenizers and tokenized corpora). Honours the crash
+    fail points of the module docstring."""
     points = set(failpoint_values())
     try:
         if "hang_score_child" in points:
@@ -411,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         if "segfault_score_child" in points:
             ctypes.string_at(0)  # reads address 0: SIGSEGV
 
-        scored = compute_score(prepare(request), None, baselines=baselines)
+        scored = compute_score(prepare(request, cache=cache), None, baselines=baselines)
         payload = {"ok": True, **scored_to_payload(scored)}
     except MemoryError as exc:
         hog = []  # noqa: F841 (free what the fail point held before answering)
@@ -431,6 +429,19 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         payload = {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Child entry point: score the request on stdin, write the rows to the result file."""
+    args = sys.argv[1:] if argv is None else argv
+    result_path = Path(args[0])
+    faulthandler.enable()  # a crash in native code leaves a traceback for the parent to report
+    harden_environment()
+    envelope = json.loads(sys.stdin.read())
+    request = request_from_json(json.dumps(envelope["request"]))
+    baselines = [(str(fp), str(sha), dict(b)) for fp, sha, b in envelope.get("baselines") or ()]
+    payload = score_payload(request, baselines)
     _write_atomically(result_path, payload)
     return 0
 

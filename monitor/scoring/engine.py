@@ -18,6 +18,7 @@ from monitor import SCORING_SPEC_VERSION, __version__
 from monitor.errors import TokenizerError
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
+from monitor.scoring.process_cache import PrepareCache
 from monitor.scoring.smollm2 import ensure_smollm2
 from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
 from monitor.store import Store, utcnow
@@ -172,8 +173,11 @@ class Prepared:
     reference_tokens: list[int] | None
 
 
-def prepare(request: ScoreRequest) -> Prepared:
-    """Check everything that can be wrong with the input and load the model; writes nothing."""
+def prepare(request: ScoreRequest, *, cache: PrepareCache | None = None) -> Prepared:
+    """Check everything that can be wrong with the input and load the model; writes nothing.
+
+    `cache` (a warm scoring worker's): tokenizers and the tokenized corpus are taken from it
+    when the same bytes were loaded before, and kept in it."""
     from monitor.scoring.forward import ScoringSpec
 
     corpus = _select(load_corpus(request.corpus_dir), request)
@@ -187,13 +191,15 @@ def prepare(request: ScoreRequest) -> Prepared:
     spec.validate()
     tokenizer_dir = request.tokenizer_dir
     if tokenizer_dir is not None:
-        handle = load_tokenizer(tokenizer_dir)
+        handle = cache.tokenizer(tokenizer_dir, load_tokenizer) if cache else load_tokenizer(tokenizer_dir)
     checkpoint = load_checkpoint(model_ref, dtype=request.dtype, device=request.device,
                                  allowed_root=request.model_root, device_map=request.device_map)
     if tokenizer_dir is None:
-        handle = load_tokenizer(checkpoint.model_dir)
+        handle = (cache.tokenizer(checkpoint.model_dir, load_tokenizer) if cache
+                  else load_tokenizer(checkpoint.model_dir))
     resolved = spec.resolve(checkpoint.max_positions)
-    token_seqs = handle.encode_documents(corpus)
+    token_seqs = (cache.token_ids(handle.fingerprint, corpus.sha256, lambda: handle.encode_documents(corpus))
+                  if cache else handle.encode_documents(corpus))
     _check_vocabulary(handle, token_seqs, checkpoint.vocab_size, model_ref)
     reference_fingerprint, reference_tokens = (
         _reference_tokens(request.reference_tokenizer, corpus) if request.reference_tokenizer

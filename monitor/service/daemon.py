@@ -124,6 +124,9 @@ class DaemonConfig:
     webhook_secret_file: Path | None = None
     template: ScoreRequest = field(default_factory=lambda: ScoreRequest(progress=False))
     scoring_backend: str = "local"    # where scoring runs: local (child processes) | ray
+    scoring_workers: int = 1          # local: warm scoring children kept between jobs (0: a fresh child per job)
+    worker_max_jobs: int = 20         # a warm worker is replaced after this many jobs
+    worker_max_rss: int | None = None  # ... or once its resident memory passes this (None: half its limit)
     ray_address: str | None = None    # the Ray cluster (else $RAY_ADDRESS, else a local one)
     ray_gpu_bytes: int | None = None  # one GPU's memory there: larger CUDA jobs span several GPUs
 
@@ -681,7 +684,9 @@ class Daemon:
             cfg = self.config
             options: dict[str, Any] = {"timeout_s": cfg.score_timeout, "memory_bytes": cfg.score_memory}
             if cfg.scoring_backend == "local":
-                options.update(workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log")
+                options.update(workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log",
+                               workers=cfg.scoring_workers, max_jobs=cfg.worker_max_jobs,
+                               max_rss_bytes=cfg.worker_max_rss)
             else:
                 # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
                 # scoring child on whichever node runs it.
@@ -695,8 +700,8 @@ class Daemon:
         prune the Hub cache; returns what happened to each job."""
         cfg = self.config
         backend = self.scoring_backend()
-        # One job at a time on the local backend (the next is leased when it can start); a Ray
-        # cluster takes the whole batch at once.
+        # As many jobs as the local backend runs at once (one, or one per warm worker: the next
+        # is leased when it can start); a Ray cluster takes the whole batch at once.
         limit = min(cfg.score_batch, backend.concurrency or cfg.score_batch)
         results = score_queue_on(store, self.hub_client(store), backend, cfg.template,
                                  owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,

@@ -1,7 +1,8 @@
 """The `local` backend: each job in a child process beside the daemon (`monitor.scoring.child`).
 
-One job at a time, bounded by the child's time and address-space limits; this is what the
-daemon has always done, behind the backend seam.
+One job at a time, bounded by the child's time and address-space limits; the daemon's
+`--scoring-workers 0`. By default the daemon keeps its scoring children warm between jobs
+instead (`monitor.scoring.backends.warm`), with the same limits per job.
 """
 
 from __future__ import annotations

@@ -1,0 +1,355 @@
+"""The `local` backend with warm workers: a small pool of scoring children kept alive
+between jobs (`lstar run --scoring-workers N`), so a job does not pay for importing torch.
+
+Each job is still bounded as a cold child's is (`monitor.scoring.child`):
+- time: the job's limit runs from when its worker is ready (torch imported; the start-up
+  itself is bounded by START_TIMEOUT_S); past it the worker is SIGKILLed and replaced, and
+  the job ends `ScoringTimeout`, retried by the queue, while the other workers go on;
+- memory: each worker starts under the address-space limit (`limit_child`, as a cold child),
+  and is replaced after `max_jobs` jobs, when its resident memory has grown past
+  `max_rss_bytes`, and after any job that failed (a failure may leave a half-loaded model or
+  a fragmented heap behind);
+- a worker that dies mid-job takes nothing with it: a job's rows exist only once the worker
+  has written its result file and said so; a death is described (signal, last output) and
+  becomes the job's error, exactly as for a cold child, so the queue returns the lease and
+  retries the job, which is then scored once.
+
+Workers die with the daemon (`PR_SET_PDEATHSIG`): each is started by a slot thread that
+lives as long as the pool, since the signal follows the thread that forked the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from monitor.scoring.backends.base import ScoreError, ScoreJob, ScoreOutcome, workdir_default
+from monitor.scoring.backends.local import check_corpus
+from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_error, _envelope, _OutputTail,
+                                   error_from_payload, physical_memory, scored_from_payload)
+from monitor.scoring.engine import ScoredRun
+from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child
+
+DEFAULT_MAX_JOBS = 20
+# Without a given threshold, a worker is replaced once its resident memory passes this share
+# of its address-space limit (or of the machine's memory when it has none).
+RSS_SHARE = 0.5
+# How long a worker asked to stop may take to exit before it is killed.
+STOP_WAIT_S = 5.0
+# The longest a worker may take to import the scoring libraries (as the start-up probe's bound).
+START_TIMEOUT_S = PROBE_TIMEOUT_S
+# How long a slot waits before replacing a worker that died with no job.
+IDLE_RESTART_WAIT_S = 5.0
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory (`VmRSS`) of process `pid`, in bytes; None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def default_max_rss(memory_bytes: int | None) -> int | None:
+    """The resident-memory threshold past which a worker is replaced, when none is given."""
+    base = memory_bytes if memory_bytes is not None else physical_memory()
+    return int(base * RSS_SHARE) if base else None
+
+
+class WarmWorker:
+    """One warm scoring child (`python -m monitor.scoring.warm`) and its status pipe."""
+
+    def __init__(self, *, memory_bytes: int | None, log_path: Path | None) -> None:
+        self.memory_bytes = memory_bytes
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "monitor.scoring.warm", str(write_end)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
+                pass_fds=(write_end,), preexec_fn=lambda: limit_child(memory_bytes))
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self._status = read_end
+        self._buffer = b""
+        self.output = _OutputTail(self.proc.stdout, log_path)
+        self.output.start()
+        self.jobs = 0
+        self.ready = False           # it said it has imported the scoring libraries
+        self.interrupted = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _next_message(self, deadline: float) -> dict[str, Any] | None:
+        """The worker's next status line; None at the deadline; {} when the pipe closed (it died)."""
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self._status], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self._status, 1 << 16)
+            if not chunk:
+                return {}
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return {"garbled": line.decode("utf-8", errors="replace")}
+        return message if isinstance(message, dict) else {"garbled": str(message)}
+
+    def score(self, job: ScoreJob, *, timeout_s: float, workdir: Path) -> ScoredRun:
+        """Score `job` on this worker; raise as `run_score_child` does for a cold child."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd, result_name = tempfile.mkstemp(prefix="score-", suffix=".json", dir=workdir)
+        os.close(fd)
+        result_path = Path(result_name)
+        result_path.unlink()
+        self.jobs += 1
+        # The job's clock starts once the worker is ready: its start-up has its own bound.
+        deadline = time.monotonic() + (timeout_s if self.ready else max(timeout_s, START_TIMEOUT_S))
+        try:
+            line = json.dumps({**json.loads(_envelope(job.request, job.baselines)), "result": str(result_path)})
+            with contextlib.suppress(BrokenPipeError, OSError):   # a dead worker says why below
+                self.proc.stdin.write(line.encode() + b"\n")  # type: ignore[union-attr]
+                self.proc.stdin.flush()  # type: ignore[union-attr]
+            while True:
+                message = self._next_message(deadline)
+                if message is None:
+                    self.kill()
+                    if not self.ready:
+                        raise ScoringTimeout(f"scoring worker (pid {self.pid}) killed: it did not start within "
+                                             f"{max(timeout_s, START_TIMEOUT_S):g} s")
+                    raise ScoringTimeout(f"scoring worker (pid {self.pid}) killed after the {timeout_s:g} s "
+                                         "time limit")
+                if message.get("ready") and not self.ready:
+                    self.ready = True
+                    deadline = time.monotonic() + timeout_s
+                    continue
+                if not message or "garbled" in message:
+                    break      # it died (or broke the protocol): described below
+                if message.get("done") == str(result_path):
+                    break
+            if not message or "garbled" in message or not result_path.exists():
+                self.kill()
+                if self.interrupted:
+                    raise ScoringInterrupted(f"scoring worker (pid {self.pid}) was stopped by the shutdown")
+                self.output.join(timeout=10)
+                returncode = self.proc.returncode if self.proc.returncode is not None else -9
+                raise _death_error(self.pid, returncode, self.output.text(), self.memory_bytes)
+            payload = json.loads(result_path.read_text())
+        finally:
+            result_path.unlink(missing_ok=True)
+        if not payload.get("ok"):
+            raise error_from_payload(payload, self.memory_bytes)
+        return scored_from_payload(payload)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and reap it."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        self._close_status()
+
+    def stop(self) -> None:
+        """Ask the worker to exit (end of its stdin); kill it if it does not within STOP_WAIT_S."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._close_status()
+        self.output.join(timeout=5)
+
+    def _close_status(self) -> None:
+        if self._status >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._status)
+            self._status = -1
+
+
+class WarmBackend:
+    """Scores jobs on a pool of `workers` warm scoring children, `workers` jobs at a time."""
+
+    name = "local"
+
+    def __init__(self, *, workers: int = 1, max_jobs: int = DEFAULT_MAX_JOBS, max_rss_bytes: int | None = None,
+                 timeout_s: float = 3600.0, memory_bytes: int | None = None,
+                 workdir: str | Path | None = None, log_path: str | Path | None = None) -> None:
+        if workers < 1 or max_jobs < 1:
+            raise ValueError("a warm pool needs at least one worker and one job per worker")
+        self.concurrency = workers
+        self.max_jobs = max_jobs
+        self.max_rss_bytes = max_rss_bytes if max_rss_bytes is not None else default_max_rss(memory_bytes)
+        self.timeout_s = timeout_s
+        self.memory_bytes = memory_bytes
+        self.workdir = Path(workdir) if workdir is not None else workdir_default()
+        self.log_path = Path(log_path) if log_path is not None else None
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._busy: dict[int, WarmWorker] = {}       # slot -> the worker running a job now
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+        self.started = 0                               # workers started so far
+        self.recycled: list[tuple[int, str]] = []      # (pid, why) of each worker replaced
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._threads or self._closed.is_set():
+                return
+            for slot in range(self.concurrency):
+                thread = threading.Thread(target=self._slot, args=(slot,), name=f"warm-scorer-{slot}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _spawn(self) -> WarmWorker:
+        worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        with self._lock:
+            self.started += 1
+        return worker
+
+    def _retire(self, worker: WarmWorker, why: str) -> None:
+        with self._lock:
+            self.recycled.append((worker.pid, why))
+        worker.stop()
+
+    def _slot(self, slot: int) -> None:
+        """One worker's life: start it (warming while idle), run jobs, replace it when due."""
+        worker: WarmWorker | None = None
+        try:
+            while not self._closed.is_set():
+                if worker is not None and not worker.alive():
+                    self._retire(worker, "died while idle")
+                    worker = None
+                    # Not at once: a worker that cannot start would otherwise be restarted in a loop.
+                    if self._closed.wait(IDLE_RESTART_WAIT_S):
+                        break
+                if worker is None:
+                    try:
+                        worker = self._spawn()
+                    except OSError:
+                        worker = None     # the job below says why, from a cold attempt of its own
+                try:
+                    item = self._queue.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    break
+                job, out, cancelled = item
+                if cancelled.is_set():
+                    continue
+                try:
+                    outcome, worker, why = self._run_one(slot, worker, job)
+                except Exception as exc:  # a fault of the pool, not the job: it goes back to the queue
+                    outcome, why = ScoreOutcome(job, error=ScoreError.from_exception(exc),
+                                                worker=socket.gethostname()), "the pool failed"
+                out.put(outcome)   # before a replaced worker is stopped: the result does not wait
+                if why is not None and worker is not None:
+                    self._retire(worker, why)
+                if why is not None:
+                    worker = None
+        finally:
+            if worker is not None:
+                worker.stop()
+
+    def _run_one(self, slot: int, worker: WarmWorker | None,
+                 job: ScoreJob) -> tuple[ScoreOutcome, WarmWorker | None, str | None]:
+        """Score `job` on `worker` (a new one if it has none): the outcome, the worker, and why
+        it is to be replaced (None: it takes the next job)."""
+        try:
+            if worker is None:
+                worker = self._spawn()
+        except OSError as exc:
+            return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
+        where = f"{socket.gethostname()}:{worker.pid}"
+        with self._lock:
+            self._busy[slot] = worker
+        try:
+            scored = worker.score(job, timeout_s=self.timeout_s, workdir=self.workdir)
+            check_corpus(job, scored)
+        except Exception as exc:  # the queue classifies it (retry, fail, skip) from its class
+            outcome = ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=where)
+        else:
+            outcome = ScoreOutcome(job, scored=scored, worker=where)
+        finally:
+            with self._lock:
+                self._busy.pop(slot, None)
+        return outcome, worker, self._replace_reason(worker, outcome)
+
+    def _replace_reason(self, worker: WarmWorker, outcome: ScoreOutcome) -> str | None:
+        if not worker.alive():
+            if worker.interrupted:
+                return "stopped by the shutdown"
+            timed_out = outcome.error is not None and outcome.error.error_class == "ScoringTimeout"
+            return "killed at the time limit" if timed_out else "died"
+        if not outcome.ok:
+            return f"its job failed ({outcome.error.error_class})"  # type: ignore[union-attr]
+        if worker.jobs >= self.max_jobs:
+            return f"{worker.jobs} jobs done"
+        rss = resident_bytes(worker.pid)
+        if rss is not None and self.max_rss_bytes is not None and rss > self.max_rss_bytes:
+            return f"resident memory {rss >> 20} MiB past {self.max_rss_bytes >> 20} MiB"
+        return None
+
+    def run(self, jobs: Iterable[ScoreJob]) -> Iterator[ScoreOutcome]:
+        """Hand `jobs` to the pool; yield each outcome as soon as its worker returned it."""
+        todo = list(jobs)
+        if not todo:
+            return
+        self._start()
+        out: queue.Queue = queue.Queue()
+        cancelled = threading.Event()
+        for job in todo:
+            self._queue.put((job, out, cancelled))
+        try:
+            for _ in todo:
+                yield out.get()
+        finally:
+            cancelled.set()     # the caller stopped early: jobs not yet started are not run
+
+    def interrupt(self) -> int:
+        """Kill the workers running a job now (the daemon's shutdown after its drain); how
+        many. Their jobs end `ScoringInterrupted`: the jobs were not at fault."""
+        with self._lock:
+            busy = list(self._busy.values())
+        for worker in busy:
+            worker.interrupted = True
+            with contextlib.suppress(OSError):
+                worker.proc.kill()
+        return len(busy)
+
+    def close(self) -> None:
+        """Stop every worker and the pool's threads."""
+        self._closed.set()
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout=STOP_WAIT_S + 35)
+        self._threads.clear()

@@ -1,0 +1,234 @@
+"""Warm scoring workers: a pool of scoring children kept alive between jobs.
+
+A worker killed mid-job loses the job's attempt but never its result (the queue retries it
+and it is scored once); a worker is replaced after its quota of jobs; a job over its time
+limit kills only its worker; and a warm worker scores exactly what a cold child does. Every
+score is a real forward pass of a real tiny checkpoint on calib-v0; the queue is a real
+DuckDB file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor.hub.poll import Candidate
+from monitor.hub.queue import process_pending
+from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.scoring import compute_score, prepare
+from monitor.scoring.backends import LocalBackend, ScoreJob, WarmBackend, make_backend
+from monitor.scoring.engine import ScoreRequest, corpus_selection
+from monitor.scoring.process_cache import PrepareCache, folder_digest
+from monitor.scoring.tokenizer import load_tokenizer
+from monitor.service.scoring_driver import outcome_to_queue
+from monitor.store import Store
+
+T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
+METRICS = ("lstar", "ce", "ce_unigram", "nll_sum", "bits_per_byte")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, shared_dir) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", shared_dir / "tokenizers" / "gpt2",
+                            arch="llama", hidden=16, layers=1, heads=2, max_positions=64)
+
+
+def request_for(model: Path, corpus: Path) -> ScoreRequest:
+    return ScoreRequest(model=str(model), corpus_dir=corpus, docs=2, max_context=32, device="cpu",
+                        dtype="float32", with_tcb=False, n_boot=10, progress=False)
+
+
+def job_for(model: Path, corpus: Path, checkpoint_id: int | None = 7) -> ScoreJob:
+    request = replace(request_for(model, corpus), checkpoint_id=checkpoint_id)
+    return ScoreJob(checkpoint_id=checkpoint_id, repo="acme/tiny", sha="a" * 40, request=request,
+                    corpus_sha256=corpus_selection(request).sha256)
+
+
+def pid_of(outcome) -> int:
+    return int(outcome.worker.rpartition(":")[2])
+
+
+def assert_same_numbers(got, expected) -> None:
+    assert [d[0] for d in got.documents] == [d[0] for d in expected.documents]
+    for mine, theirs in zip(got.documents, expected.documents, strict=True):
+        assert mine[2] == theirs[2]
+        assert mine[3] == pytest.approx(theirs[3], abs=1e-12, rel=0)
+    for key in METRICS:
+        assert got.result[key] == pytest.approx(expected.result[key], abs=1e-12, rel=0)
+
+
+@pytest.mark.slow
+def test_a_warm_worker_scores_what_a_cold_child_and_the_engine_score(tiny_dir, calib_v0, tmp_path):
+    cold_backend = LocalBackend(timeout_s=300, workdir=tmp_path / "cold")
+    [cold] = list(cold_backend.run([job_for(tiny_dir, calib_v0)]))
+    pool = make_backend("local", workers=1, max_jobs=5, timeout_s=300, workdir=tmp_path / "warm")
+    assert isinstance(pool, WarmBackend)
+    try:
+        # The second job runs on the same worker, from its cached tokenizer, ids and baseline.
+        first, second = list(pool.run([job_for(tiny_dir, calib_v0), job_for(tiny_dir, calib_v0)]))
+    finally:
+        pool.close()
+    assert cold.ok and first.ok and second.ok, (cold.error, first.error, second.error)
+    assert pid_of(first) == pid_of(second)
+    assert (first.scored.baseline_source, second.scored.baseline_source) == ("computed", "job")
+    direct = compute_score(prepare(request_for(tiny_dir, calib_v0)), None)   # in this process
+    for warm in (first.scored, second.scored):
+        assert_same_numbers(warm, cold.scored)
+        assert_same_numbers(warm, direct)
+        assert warm.baseline == direct.baseline
+        assert warm.run_row["tokenizer_fingerprint"] == direct.run_row["tokenizer_fingerprint"]
+
+
+def gated_row(store: Store, repo: str):
+    store.record_discoveries("k", "rule", "http://hub", [Candidate(repo, "b" * 40, ("main",))],
+                             watermark=None, boundary=[], now=T0, requests=0, listed=1)
+    (row,) = store.list_checkpoints()
+    store.set_checkpoint_verdict(row.id, expect_status="discovered", status="gated", reason=None, meta=None, now=T0)
+    return row
+
+
+@pytest.mark.slow
+def test_a_warm_worker_killed_mid_job_loses_the_attempt_not_the_result(tmp_path, calib_v0, tiny_dir, monkeypatch):
+    """Row 51: the worker is SIGKILLed after taking the job; the lease goes back, the retry
+    runs on a fresh worker and the checkpoint is scored exactly once."""
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv("LSTAR_FAILPOINT", f"kill_warm_worker={marker}")
+    pool = WarmBackend(workers=1, max_jobs=10, timeout_s=300, workdir=tmp_path / "work")
+    handed: list[int] = []
+    try:
+        with Store.open(tmp_path / "state.duckdb") as store:
+            row = gated_row(store, "org/tiny")
+
+            def worker(job):
+                [outcome] = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=job.id)]))
+                handed.append(pid_of(outcome))
+                return outcome_to_queue(store, outcome)
+
+            (first,) = process_pending(store, worker, owner="w", now_fn=lambda: T0)
+            after_kill = store.get_checkpoint(row.id)
+            runs_after_kill = store.query("SELECT count(*) AS n FROM score_runs")[0]["n"]
+            (second,) = process_pending(store, worker, owner="w", now_fn=lambda: T0)
+            assert process_pending(store, worker, owner="w", now_fn=lambda: T0) == []   # nothing left
+            done = store.get_checkpoint(row.id)
+            runs = store.query("SELECT checkpoint_id, lstar FROM score_runs")
+    finally:
+        pool.close()
+    assert marker.exists()
+    assert (first.status, after_kill.status, after_kill.attempts, after_kill.lease_owner) == ("gated", "gated", 1, None)
+    assert "killed by SIGKILL" in after_kill.reason and "without an answer" in after_kill.reason
+    assert runs_after_kill == 0
+    assert (second.status, done.status, done.attempts) == ("scored", "scored", 2)
+    assert len(runs) == 1 and runs[0]["checkpoint_id"] == row.id
+    direct = compute_score(prepare(request_for(tiny_dir, calib_v0)), None)
+    assert runs[0]["lstar"] == pytest.approx(direct.result["lstar"], abs=1e-12, rel=0)
+    assert len(handed) == 2 and handed[0] != handed[1]                  # the retry had a new worker
+    assert pool.started == 2 and pool.recycled[0] == (handed[0], "died")
+
+
+def address_space_limit(pid: int) -> str:
+    """The soft 'Max address space' of process `pid`, as /proc/PID/limits writes it."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max address space"):
+            return line.split()[3]
+    raise AssertionError(f"no address-space line in /proc/{pid}/limits")
+
+
+@pytest.mark.slow
+def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
+    """Row 52 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
+    one, which starts under the same address-space limit."""
+    limit = 64 << 30
+    pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
+    try:
+        outcomes = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2, 3)]))
+        pids = [pid_of(o) for o in outcomes]
+        assert address_space_limit(pids[2]) == str(limit)     # the replacement, alive and idle
+    finally:
+        pool.close()
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert pids[0] == pids[1] != pids[2]
+    assert pool.recycled[0] == (pids[0], "2 jobs done")
+    assert pool.started == 2
+    assert {o.scored.result["lstar"] for o in outcomes} == {outcomes[0].scored.result["lstar"]}
+
+
+@pytest.mark.slow
+def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, calib_v0, tiny_dir):
+    """Row 52 (memory): a worker resident above --worker-max-rss after a job is replaced
+    before the next one (a threshold of 64 MiB: torch alone is resident above it)."""
+    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work")
+    try:
+        first, second = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2)]))
+    finally:
+        pool.close()
+    assert first.ok and second.ok
+    assert pid_of(first) != pid_of(second)
+    pid, why = pool.recycled[0]
+    assert pid == pid_of(first) and why.startswith("resident memory ") and why.endswith("past 64 MiB")
+
+
+@pytest.mark.slow
+def test_a_job_over_its_time_limit_kills_only_its_worker(tmp_path, calib_v0, tiny_dir, monkeypatch):
+    """Row 52 (time limit): the hanging job's worker is killed; the other worker's job and the
+    next job on a fresh worker are scored."""
+    marker = tmp_path / "hung-once"
+    monkeypatch.setenv("LSTAR_FAILPOINT", f"hang_warm_worker={marker}")
+    pool = WarmBackend(workers=2, max_jobs=10, timeout_s=60, workdir=tmp_path / "work")
+    try:
+        first = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2)]))
+        [after] = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=3)]))
+    finally:
+        pool.close()
+    timed_out = [o for o in first if not o.ok]
+    scored = [o for o in first if o.ok]
+    assert len(timed_out) == 1 and len(scored) == 1
+    assert timed_out[0].error.error_class == "ScoringTimeout"
+    assert "killed after the 60 s time limit" in timed_out[0].error.message
+    assert after.ok, after.error
+    assert pid_of(after) != pid_of(timed_out[0])
+    assert pool.recycled == [(pid_of(timed_out[0]), "killed at the time limit")]
+    assert after.scored.result["lstar"] == scored[0].scored.result["lstar"]
+
+
+def test_the_cache_keys_tokenizers_by_content_and_hands_out_copies(tmp_path, shared_dir):
+    gpt2 = shared_dir / "tokenizers" / "gpt2"
+    a, b, c = (tmp_path / name for name in "abc")
+    for folder in (a, b, c):
+        shutil.copytree(gpt2, folder)
+        (folder / "model.safetensors").write_bytes(os.urandom(64))   # weights are not part of the key
+    edited = json.loads((c / "tokenizer.json").read_text())
+    edited["added_tokens"] = [*edited.get("added_tokens", []),
+                              {"id": 50257, "content": "<|x|>", "single_word": False, "lstrip": False,
+                               "rstrip": False, "normalized": False, "special": True}]
+    (c / "tokenizer.json").write_text(json.dumps(edited))
+    loads: list[Path] = []
+
+    def load(path):
+        loads.append(Path(path))
+        return load_tokenizer(path)
+
+    cache = PrepareCache()
+    first, same, other = cache.tokenizer(a, load), cache.tokenizer(b, load), cache.tokenizer(c, load)
+    assert loads == [a, c]                                   # b has a's bytes: not loaded again
+    assert same.tokenizer is first.tokenizer and same.source == str(b.resolve())
+    assert same.fingerprint == load_tokenizer(b).fingerprint
+    assert other.fingerprint != first.fingerprint
+    assert folder_digest(a) == folder_digest(b) != folder_digest(c)
+
+    encoded = []
+    ids = cache.token_ids("fp", "sha", lambda: encoded.append(1) or [[1, 2], [3]])
+    ids[0].append(99)                                        # a job may not change the next one's ids
+    assert cache.token_ids("fp", "sha", lambda: encoded.append(1) or [[0]]) == [[1, 2], [3]]
+    assert encoded == [1]
+    assert cache.token_ids("fp2", "sha", lambda: [[7]]) == [[7]]
+
+    cache.remember_baseline("fp", "sha", {"ce_unigram": 1.5})
+    given = [("fp", "sha", {"ce_unigram": 2.5})]
+    assert cache.baselines(given) == given                   # the job's own baseline wins
+    assert cache.baselines([]) == [("fp", "sha", {"ce_unigram": 1.5})]
