@@ -32,7 +32,8 @@ class AlertRows(StoreConnection):
         rows = self.query(
             "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.lstar, "
             "r.se_ce AS se, r.corpus_sha256, r.finished_at, coalesce(c.lineage, r.model_repo) AS lineage, "
-            "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
+            "c.rule, r.spec_version, r.window_len, r.stride, r.prefix_policy, r.partial, r.sequential "
+            "FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
             "(r.checkpoint_id IS NULL AND c.repo = r.model_repo AND c.sha = r.model_sha) "
             "WHERE r.corpus_sha256 = ? AND NOT EXISTS (SELECT 1 FROM predictions p WHERE "
             "p.policy = ? AND p.task = ? AND p.run_id = r.run_id AND (p.state != 'not_evaluated' OR "

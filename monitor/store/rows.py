@@ -368,6 +368,8 @@ class ScoreRunRow(Row):
     wall_s: float
     tokens_per_s: float
     finished_at: datetime
+    partial: bool = False            # a sequential score that stopped before the selection's end
+    sequential: str | None = None    # its record (JSON text): documents, tokens, reason, bound
 
 
 @dataclass(frozen=True)
@@ -408,6 +410,7 @@ class CheckpointScoreRow(Row):
     ce: float
     model: dict[str, Any]
     finished_at: datetime
+    partial: bool = False
 
 
 # -- alerts -------------------------------------------------------------------------------------
@@ -429,6 +432,8 @@ class EvaluationCandidateRow(Row):
     window_len: int
     stride: int
     prefix_policy: str
+    partial: bool = False
+    sequential: str | None = None
 
 
 @dataclass(frozen=True)
