@@ -1,12 +1,12 @@
 """Sequential scoring: score a pinned document order in blocks and stop once every task's
-state is settled (docs/measurement.md §5).
+state is settled (docs/measurement.md §4).
 
 Pure numpy: the document order, the ratio estimator of CE over the pinned selection with its
 finite-population standard error, the anytime-valid confidence box after look k, and the
 stopping loop. The forward passes are the caller's (`monitor.scoring.sequential_run`), handed
 in as a function from document indices to per-document (NLL, scored tokens).
 
-The rule (proof sketch in docs/measurement.md §5): after look k (k = 1, 2, …) the interval
+The rule (proof sketch in docs/measurement.md §4): after look k (k = 1, 2, …) the interval
 for the selection's CE is CE_hat ± t_{n−1}(δ_k/4)·SE_k with δ_k = δ·6/(π²k²), and the bracket for the
 full score's standard error is ŝe_N·(1 ∓ z(δ_k/4)·r_k ∓ ε_boot). Σ_k δ_k = δ, so under the
 normal approximation at every look the chance that any look's box misses the truth is at

@@ -37,18 +37,23 @@ def sequential_plan(tasks: Sequence[Mapping[str, Any]], *, delta: float | None =
             "seed": seed, "min_blocks": min_blocks}
 
 
-def _load_tasks(plan: Mapping[str, Any], corpus_sha256: str) -> tuple[list[Any], list[dict[str, str]]]:
+def _load_tasks(plan: Mapping[str, Any], prepared: Any) -> tuple[list[Any], list[dict[str, str]]]:
     """The plan's tasks as `CurveTask`s, and those left out (a curve that does not apply to
-    this corpus: evaluation would refuse it, so the stop does not wait for it)."""
-    from monitor.curves.artifact import check_compatible, load_curve
+    this corpus or scoring spec: evaluation would refuse it, so the stop does not wait for it)."""
+    from monitor import SCORING_SPEC_VERSION
+    from monitor.curves.artifact import ScoringRef, check_compatible, load_curve
     from monitor.scoring.sequential import CurveTask
+
+    corpus_sha256 = prepared.corpus.sha256
+    spec = ScoringRef(spec_version=SCORING_SPEC_VERSION, window=prepared.resolved.window,
+                      stride=prepared.resolved.stride, prefix_policy=prepared.handle.prefix_policy)
 
     tasks, skipped = [], []
     for entry in plan.get("tasks") or ():
         name = f"{entry.get('policy', '')}/{entry['task']}".lstrip("/")
         try:
             curve = load_curve(entry["curve"])
-            check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=None)
+            check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=spec)
         except CurveError as exc:
             skipped.append({"task": name, "reason": exc.one_line()})
             continue
@@ -90,7 +95,7 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_sour
                             hint="a score continues only a partial run of the same corpus selection")
         known[index[doc_id]] = (float(nll), int(n_tokens))
     plan = request.sequential or {}
-    tasks, skipped = _load_tasks(plan, p.corpus.sha256) if request.sequential is not None else ([], [])
+    tasks, skipped = _load_tasks(plan, p) if request.sequential is not None else ([], [])
     delta = plan.get("delta")
     if delta is None:
         delta = min((1.0 - t.curve.confidence for t in tasks), default=0.05)
@@ -124,7 +129,7 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_sour
     else:
         summary = aggregate(nll, ntok, nbytes, baseline["ce_unigram"], n_boot=request.n_boot, seed=request.seed)
         # what predictions use: the estimate of the full selection's CE and of the SE the full
-        # score would report (docs/measurement.md §5), not the scored subset's own bootstrap
+        # score would report (docs/measurement.md §4), not the scored subset's own bootstrap
         est = res.estimate
         summary.update(ce=est.ce, lstar=est.ce - float(baseline["ce_unigram"]), se_ce=est.se_full,
                        se_lstar=est.se_full)

@@ -11,10 +11,11 @@ BASELINE, MARGIN = 0.25, 0.05
 
 
 def synthetic_curve(path: Path, *, midpoint: float, corpus_sha256: str, task: str = "cloze",
-                    width: float = 0.5, spread: float = 4.0, seed: int = 0) -> Any:
+                    width: float = 0.5, spread: float = 4.0, seed: int = 0,
+                    scoring_spec: Any = None) -> Any:
     """Fit and save (at `path`) a curve whose performance rises from the baseline 0.25 to 0.85
     as L* falls through `midpoint` (a logistic of scale `width`), from 24 noisy labels over
-    `midpoint` ± `spread`; pinned to `corpus_sha256` and no scoring spec."""
+    `midpoint` ± `spread`; pinned to `corpus_sha256` and `scoring_spec` (a ScoringRef, or None)."""
     from monitor.curves.artifact import save_curve
     from monitor.curves.fit import fit_curve
     from monitor.curves.labels import Label
@@ -26,7 +27,7 @@ def synthetic_curve(path: Path, *, midpoint: float, corpus_sha256: str, task: st
                     family="f1" if i % 2 else "f2", task=task, metric="acc", n=400, lstar=float(x))
               for i, x in enumerate(xs)]
     curve = fit_curve(labels, task=task, metric="acc", baseline=BASELINE, margin=MARGIN, resamples=100,
-                      lofo=False, corpus_sha256=corpus_sha256)
+                      lofo=False, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_curve(curve, path)
     return curve

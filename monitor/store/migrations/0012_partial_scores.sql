@@ -1,4 +1,4 @@
--- Sequential scoring (docs/measurement.md §5): a score that stopped once every task's state was
+-- Sequential scoring (docs/measurement.md §4): a score that stopped once every task's state was
 -- settled covers only part of the corpus selection. `partial` marks it; `sequential` records
 -- the documents and tokens scored out of the selection's, the stopping reason, the bound used
 -- and the run a resumed score continued from. DuckDB cannot alter a table that has an index,
