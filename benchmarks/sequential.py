@@ -30,15 +30,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from monitor.alerts.predict import predict_task  # noqa: E402
-from monitor.curves.artifact import ScoringRef  # noqa: E402
-from monitor.policy import Task  # noqa: E402
-from monitor.sandbox.tiny_models import build_tiny_model  # noqa: E402
-from monitor.scoring import ScoreRequest  # noqa: E402
-from monitor.scoring.engine import compute_score, prepare  # noqa: E402
-from monitor.scoring.sequential import CurveTask, run_sequential  # noqa: E402
-from monitor.scoring.sequential_run import sequential_plan  # noqa: E402
-from monitor.testing.sequential import synthetic_curve  # noqa: E402
+from monitor.alerts.predict import predict_task
+from monitor.alerts.sequential_plan import task_entry
+from monitor.curves.artifact import ScoringRef
+from monitor.policy import Task
+from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.scoring import ScoreRequest
+from monitor.scoring.engine import compute_score, prepare
+from monitor.scoring.sequential import CurveTask, run_sequential
+from monitor.scoring.sequential_run import sequential_plan
+from monitor.testing.sequential import synthetic_curve
 
 SHARED = ROOT.parent / "shared"
 STDS = (0.02, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
@@ -88,8 +89,7 @@ def main() -> int:
                                     corpus_sha256=corpus_sha, task=name, scoring_spec=spec, seed=7)
               for name, m in crossings.items()}
     edges = {n: (m + upper_edge, m + lower_edge) for n, m in crossings.items()}
-    plan = sequential_plan([{"policy": "bench", "task": n, "curve": str(work / "curves" / f"{n}.json")}
-                            for n in curves])
+    plan = sequential_plan([task_entry("bench", n, cv) for n, cv in curves.items()])
     delta = 1 - min(c.confidence for c in curves.values())
     # 3. sequential scores, fresh (no resume)
     rows = []
@@ -122,7 +122,7 @@ def main() -> int:
 
 def boundaries(curve, se: float) -> tuple[float, float]:
     """The L* where the state changes emerged→at_risk and at_risk→clear (scan of 0.001)."""
-    task = CurveTask("shape", curve)
+    task = CurveTask("shape", task_entry("bench", "shape", curve))
     xs = np.arange(-4.0, 4.0, 0.001)
     states = [task.state(float(x), se) for x in xs]
     first = {s: xs[i] for i, s in reversed(list(enumerate(states)))}
@@ -152,7 +152,7 @@ def simulate(checkpoints: list[dict], curves: dict, rows: list[dict], delta: flo
     """Replay each checkpoint's per-document losses in `orders` seeded orders."""
     from scipy.stats import beta
 
-    tasks = [CurveTask(n, cv) for n, cv in curves.items()]
+    tasks = [CurveTask(n, task_entry("bench", n, cv)) for n, cv in curves.items()]
     wrong = decisions = 0
     shares = []
     for c, row in zip(checkpoints, rows):
@@ -163,7 +163,7 @@ def simulate(checkpoints: list[dict], curves: dict, rows: list[dict], delta: flo
         ce_uni = c["full"]["ce_unigram"]
         block = max(1, math.ceil(len(docs) / 20))
         for seed in range(1, orders + 1):
-            res = run_sequential(lambda idx: (nll[idx], ntok[idx]), doc_slices=slices, ce_unigram=ce_uni,
+            res = run_sequential(lambda idx, nll=nll, ntok=ntok: (nll[idx], ntok[idx]), doc_slices=slices, ce_unigram=ce_uni,
                                  tasks=tasks, delta=delta, block_documents=block, seed=seed)
             decisions += 1
             wrong += any(o.state != row["decision_full"][o.name] for o in res.tasks)

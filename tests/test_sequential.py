@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 from scipy.stats import beta, norm
 
-from monitor.scoring.sequential import (ThresholdTask, block_schedule, confidence_box, look_delta,
-                                        min_documents, ratio_estimate, run_sequential, stratified_order)
+from monitor.scoring.sequential import (
+    ThresholdTask,
+    block_schedule,
+    confidence_box,
+    look_delta,
+    min_documents,
+    ratio_estimate,
+    run_sequential,
+    stratified_order,
+)
 
 
 def _population(seed: int, n: int = 300):

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from monitor.alerts.predict import predict_task
+from monitor.alerts.sequential_plan import task_entry
 from monitor.cli import app
 from monitor.policy import Task
 from monitor.sandbox.tiny_models import build_tiny_model
@@ -51,7 +52,7 @@ def test_partial_then_full_gives_the_full_scores_numbers(setup):
 
     root, full = setup["root"], setup["full"]
     db = root / "resume.duckdb"
-    plan = sequential_plan([{"policy": "p", "task": "far", "curve": str(setup["curve"])}], block_documents=6)
+    plan = sequential_plan([task_entry("p", "far", setup["curve_obj"])], block_documents=6)
     partial = score_checkpoint(replace(setup["request"], sequential=plan), db_path=db)
     seq = partial["sequential"]
     assert partial["partial"] is True and seq["reason"] == "settled"
@@ -87,7 +88,6 @@ def test_partial_then_full_gives_the_full_scores_numbers(setup):
 
 @pytest.mark.slow
 def test_until_settled_cli_prints_states_tokens_and_reason(setup, tmp_path):
-    root = setup["root"]
     # performance crosses the threshold b + ε = 0.30 at midpoint + 2.4·width: at this L*
     near = synthetic_curve(tmp_path / "near.json", midpoint=setup["full"]["lstar"] - 0.12, width=0.05,
                            corpus_sha256=setup["curve_obj"].corpus_sha256)

@@ -108,7 +108,7 @@ def _score_until_settled(request: ScoreRequest, folder: Path, *, db: Path | None
     from monitor.policy.files import policy_files_in
     from monitor.policy.readiness import require_policy_folder
     from monitor.scoring.engine import prepare
-    from monitor.scoring.sequential_run import plan_for_repo
+    from monitor.alerts.sequential_plan import plan_for_repo
 
     require_policy_folder(folder)
     files = policy_files_in(folder)

@@ -258,9 +258,7 @@ def compute_score(prepared: Prepared, store: Store | None, *,
     p, request = prepared, prepared.request
     baseline, baseline_source = _baseline(p, store, baselines)
     if request.sequential is not None or request.resume is not None:
-        from monitor.scoring.sequential_run import compute_sequential
-
-        return compute_sequential(p, baseline, baseline_source)
+        return _sequential_run(p, baseline, baseline_source)
     output = score_token_sequences(p.checkpoint.model, p.token_seqs, p.handle.prefix_token_id,
                                    p.resolved, with_tcb=request.with_tcb, progress=request.progress)
     summary = summarize(output.doc_nll, output.doc_ntok, [d.n_bytes for d in p.corpus.documents],
@@ -278,6 +276,21 @@ def compute_score(prepared: Prepared, store: Store | None, *,
                  for d, n, nll in zip(p.corpus.documents, output.doc_ntok, output.doc_nll)]
     return ScoredRun(result, run_row, documents, p.corpus.as_row(), p.handle.as_row(),
                      baseline=baseline, baseline_source=baseline_source)
+
+
+def _sequential_run(p: Prepared, baseline: dict[str, Any], baseline_source: str) -> ScoredRun:
+    """A sequential or resumed score (`monitor.scoring.sequential_run`) as a run."""
+    from monitor.scoring.sequential_run import compute_sequential
+
+    seq = compute_sequential(p, baseline)
+    result = _result_object(p.request, p.corpus, p.handle, p.checkpoint, p.resolved, seq.summary, None, seq.output)
+    result["reference_tokenizer"] = None
+    result["partial"] = seq.partial
+    result["sequential"] = seq.record
+    run_row = _run_row(p.request, result, p.corpus, p.handle)
+    run_row.update(partial=seq.partial, sequential=seq.record)
+    return ScoredRun(result, run_row, seq.rows, p.corpus.as_row(), p.handle.as_row(), baseline=dict(baseline),
+                     baseline_source=baseline_source)
 
 
 def _result_object(request: ScoreRequest, corpus: Corpus, handle: TokenizerHandle, checkpoint,

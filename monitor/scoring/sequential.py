@@ -26,6 +26,8 @@ import numpy as np
 from scipy.stats import norm
 from scipy.stats import t as t_dist
 
+from monitor.bands import classify_state, predicted_interval
+
 BOUND_NAME = "normal-union: delta_k = delta*6/(pi^2 k^2), CE and SE(full) each at delta_k/2"
 # Relative Monte Carlo error allowed between the plug-in SE of the full selection and the
 # full score's bootstrap SE (n_boot = 1000: the bootstrap SD's own relative SD is ≈ 1/√2000).
@@ -275,31 +277,29 @@ def run_sequential(score_block: BlockScorer, *, doc_slices: Sequence[str], ce_un
 # -- tasks ---------------------------------------------------------------------------------------
 @dataclass
 class CurveTask:
-    """A policy task as a `TaskRule`: the state `predict_task` gives with its curve."""
+    """A policy task as a `TaskRule`: the state `monitor.alerts.predict.predict_task` gives with
+    its curve, from the curve's numbers carried in the plan (`entry`: threshold b_t + ε,
+    confidence, band {x, lower, upper}, knots {x, y}; see `monitor.alerts.sequential_plan`)."""
 
     name: str
-    curve: Any          # monitor.curves.CurveArtifact
-    margin: float | None = None
+    entry: dict[str, Any]
 
-    @property
-    def threshold(self) -> float:
-        return float(self.curve.baseline + (self.margin if self.margin is not None else self.curve.margin))
-
-    def _z(self) -> float:
-        return float(norm.ppf(0.5 + self.curve.confidence / 2.0))
+    def __post_init__(self) -> None:
+        e = self.entry
+        self.threshold = float(e["threshold"])
+        self.confidence = float(e["confidence"])
+        self._z = float(norm.ppf(0.5 + self.confidence / 2.0))
+        self._band = tuple(np.asarray(e["band"][k], dtype=np.float64) for k in ("x", "lower", "upper"))
+        self._knots = tuple(np.asarray(e["knots"][k], dtype=np.float64) for k in ("x", "y"))
 
     def state(self, lstar: float, se: float) -> str:
-        from monitor.alerts.predict import classify_state
-        from monitor.curves import predict
-
-        out = predict(self.curve, lstar, se)
-        return classify_state(out.lower, out.upper, self.threshold)
+        _, lower, upper = predicted_interval(lstar, se, self._z, *self._band, *self._knots)
+        return classify_state(lower, upper, self.threshold)
 
     def grid(self, lo: float, hi: float, se: float) -> np.ndarray:
         """L* ends plus every point in between where the predicted interval's edges bend."""
-        zs = self._z() * se
-        gx = np.asarray(self.curve.band.x, dtype=np.float64)
-        kx = np.asarray(self.curve.knots.x, dtype=np.float64)
+        zs = self._z * se
+        gx, kx = self._band[0], self._knots[0]
         points = np.concatenate([[lo, hi], gx - zs, gx + zs, kx, np.linspace(lo, hi, 17)])
         return np.unique(points[(points >= lo) & (points <= hi)])
 
@@ -314,8 +314,6 @@ class ThresholdTask:
     z: float = 1.959963984540054
 
     def state(self, lstar: float, se: float) -> str:
-        from monitor.alerts.predict import classify_state
-
         return classify_state(-lstar - self.z * se, -lstar + self.z * se, self.threshold)
 
     def grid(self, lo: float, hi: float, se: float) -> np.ndarray:

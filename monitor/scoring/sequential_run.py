@@ -15,12 +15,28 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from monitor.errors import CurveError, SpecError
+from monitor.errors import SpecError
+
+@dataclass
+class SequentialScore:
+    """What a sequential or resumed score measured: the metrics (`summarize`'s keys), the
+    `sequential` record, the per-document rows in corpus order, and the timing."""
+
+    summary: dict[str, Any]
+    record: dict[str, Any]
+    rows: list[tuple[Any, ...]]
+    output: Any
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.record["partial"])
+
 
 DEFAULT_BLOCKS = 20        # the selection is scored in about this many blocks at most
 DEFAULT_MIN_BLOCKS = 2
@@ -29,8 +45,9 @@ DEFAULT_MIN_BLOCKS = 2
 def sequential_plan(tasks: Sequence[Mapping[str, Any]], *, delta: float | None = None,
                     block_documents: int | None = None, seed: int = 0,
                     min_blocks: int = DEFAULT_MIN_BLOCKS) -> dict[str, Any]:
-    """The JSON-able plan a `ScoreRequest` carries: tasks as {policy, task, curve (path),
-    margin}; δ None means 1 − the highest confidence among the tasks' curves."""
+    """The JSON-able plan a `ScoreRequest` carries: tasks as made by
+    `monitor.alerts.sequential_plan.task_entry` (the curve's numbers, so a scoring worker
+    needs no curve file); δ None means 1 − the highest confidence among the tasks' curves."""
     if min_blocks < 2:
         raise SpecError(f"a sequential score looks after at least 2 blocks (got min_blocks={min_blocks})")
     return {"tasks": [dict(t) for t in tasks], "delta": delta, "block_documents": block_documents,
@@ -38,26 +55,25 @@ def sequential_plan(tasks: Sequence[Mapping[str, Any]], *, delta: float | None =
 
 
 def _load_tasks(plan: Mapping[str, Any], prepared: Any) -> tuple[list[Any], list[dict[str, str]]]:
-    """The plan's tasks as `CurveTask`s, and those left out (a curve that does not apply to
-    this corpus or scoring spec: evaluation would refuse it, so the stop does not wait for it)."""
+    """The plan's tasks as `CurveTask`s, and those left out: a curve pinned to another corpus
+    or scoring spec (evaluation would refuse it, so the stop does not wait for it)."""
     from monitor import SCORING_SPEC_VERSION
-    from monitor.curves.artifact import ScoringRef, check_compatible, load_curve
     from monitor.scoring.sequential import CurveTask
 
-    corpus_sha256 = prepared.corpus.sha256
-    spec = ScoringRef(spec_version=SCORING_SPEC_VERSION, window=prepared.resolved.window,
-                      stride=prepared.resolved.stride, prefix_policy=prepared.handle.prefix_policy)
-
+    ours = {"spec_version": SCORING_SPEC_VERSION, "window": prepared.resolved.window,
+            "stride": prepared.resolved.stride, "prefix_policy": prepared.handle.prefix_policy}
     tasks, skipped = [], []
     for entry in plan.get("tasks") or ():
         name = f"{entry.get('policy', '')}/{entry['task']}".lstrip("/")
-        try:
-            curve = load_curve(entry["curve"])
-            check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=spec)
-        except CurveError as exc:
-            skipped.append({"task": name, "reason": exc.one_line()})
+        if entry.get("corpus_sha256") != prepared.corpus.sha256:
+            skipped.append({"task": name, "reason": f"its curve is pinned to corpus {str(entry.get('corpus_sha256'))[:12]}, "
+                                                    f"not {prepared.corpus.sha256[:12]}"})
             continue
-        tasks.append(CurveTask(name, curve, entry.get("margin")))
+        spec = entry.get("scoring_spec")
+        if spec is not None and {k: spec.get(k) for k in ours} != ours:
+            skipped.append({"task": name, "reason": f"its curve is pinned to scoring spec {spec}, not {ours}"})
+            continue
+        tasks.append(CurveTask(name, dict(entry)))
     return tasks, skipped
 
 
@@ -73,9 +89,9 @@ def _slices_summary(nll: np.ndarray, ntok: np.ndarray, nbytes: np.ndarray, slice
     return out
 
 
-def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_source: str) -> Any:
-    """Score `prepared` block by block (see the module's docstring); returns a `ScoredRun`."""
-    from monitor.scoring.engine import ScoredRun, _result_object, _run_row
+def compute_sequential(prepared: Any, baseline: Mapping[str, Any]) -> SequentialScore:
+    """Score `prepared` block by block (see the module's docstring); the engine makes the run
+    of what this returns."""
     from monitor.scoring.forward import score_token_sequences
     from monitor.scoring.metrics import aggregate, summarize
     from monitor.scoring.sequential import BOUND_NAME, run_sequential
@@ -98,7 +114,7 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_sour
     tasks, skipped = _load_tasks(plan, p) if request.sequential is not None else ([], [])
     delta = plan.get("delta")
     if delta is None:
-        delta = min((1.0 - t.curve.confidence for t in tasks), default=0.05)
+        delta = min((1.0 - t.confidence for t in tasks), default=0.05)
     block = plan.get("block_documents") or max(1, math.ceil(n / DEFAULT_BLOCKS))
     if request.sequential is None or not tasks:
         block = n   # a full score (or nothing to settle): one block, the rest of the selection
@@ -140,7 +156,7 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_sour
     tokens_total = int(baseline["n_tokens"])
     record = {
         "partial": res.partial, "reason": res.reason, "mode": "sequential" if request.sequential is not None else "full",
-        "documents_scored": int(len(scored)), "documents_total": n,
+        "documents_scored": len(scored), "documents_total": n,
         "tokens_scored": int(ntok.sum()), "tokens_total": tokens_total,
         "tokens_scored_now": timing["tokens"], "documents_resumed": len(known),
         "resumed_from": resume.get("run_id"), "looks": res.looks, "delta": float(delta),
@@ -151,16 +167,9 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any], baseline_sour
     wall = timing["wall_s"]
     output = SimpleNamespace(tokens_per_s=timing["tokens"] / wall if wall > 0 else 0.0, wall_s=wall,
                              peak_memory_bytes=timing["peak"])
-    result = _result_object(request, p.corpus, p.handle, p.checkpoint, p.resolved, summary, None, output)
-    result["reference_tokenizer"] = None
-    result["partial"] = res.partial
-    result["sequential"] = record
-    run_row = _run_row(request, result, p.corpus, p.handle)
-    run_row.update(partial=res.partial, sequential=record)
     rows = [(documents[i].id, documents[i].slice, int(t), float(v), documents[i].n_bytes)
             for i, t, v in zip(scored, ntok, nll)]
-    return ScoredRun(result, run_row, rows, p.corpus.as_row(), p.handle.as_row(), baseline=dict(baseline),
-                     baseline_source=baseline_source)
+    return SequentialScore(summary, record, rows, output)
 
 
 def resume_payload(store: Any, result_like: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -176,15 +185,3 @@ def resume_payload(store: Any, result_like: Mapping[str, Any]) -> dict[str, Any]
     docs = [(d.doc_id, d.slice, d.n_tokens, d.nll, d.n_bytes) for d in store.score_documents(run.run_id)]
     return {"run_id": run.run_id, "documents": docs}
 
-
-def plan_for_repo(policies: Sequence[Any], repo: str, rule: str | None = None, *,
-                  delta: float | None = None, block_documents: int | None = None,
-                  seed: int = 0) -> dict[str, Any]:
-    """The sequential plan of every task of every policy that watches `repo` (found by watch
-    rule `rule`, if any); curve paths are made absolute (a worker runs elsewhere)."""
-    from monitor.alerts.outbox import watches
-
-    tasks = [{"policy": p.name, "task": t.name, "curve": str(p.resolve_path(t.curve).resolve()),
-              "margin": t.margin}
-             for p in policies if watches(p, repo, rule) for t in p.tasks]
-    return sequential_plan(tasks, delta=delta, block_documents=block_documents, seed=seed)

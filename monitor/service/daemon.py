@@ -689,8 +689,8 @@ class Daemon:
 
     def sequential_plan(self, job: Any) -> dict[str, Any]:
         """The tasks a sequential score of `job` must settle: every task of every policy in
-        force that watches its repo (`monitor.scoring.sequential_run.plan_for_repo`)."""
-        from monitor.scoring.sequential_run import plan_for_repo
+        force that watches its repo (`monitor.alerts.sequential_plan.plan_for_repo`)."""
+        from monitor.alerts.sequential_plan import plan_for_repo
 
         return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed)
 
