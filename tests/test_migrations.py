@@ -24,6 +24,8 @@ RECORDED = {
     "0006_score_digests": "6b57df74403418826556ac58d9752ef7dca1809fba55adbcb918abb6ea8689f1",
     "0007_lease_starts": "cfbe0a0e2d70bc1dbb9bba621b3d72b1dcb90d87de03aee611d4af18615698c3",
     "0008_evaluation_gaps": "3dd8e020a53d24f7b79eb7e0fcdf48be9d64842da3f6e241bdf0655c16d20be5",
+    # 0009–0011 are other changes' migrations
+    "0012_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
 }
 
 
