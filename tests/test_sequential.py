@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -111,3 +112,23 @@ def test_the_box_covers_the_truth_at_every_look_while_a_naive_interval_does_not(
         miss_naive += naive_missed
     assert miss_box / orders <= delta
     assert miss_naive / orders > 2 * delta
+
+
+def test_a_state_resting_on_a_partial_score_says_so_in_the_alert():
+    from monitor.alerts.outbox import partial_caveats
+    from monitor.alerts.payload import task_annotations
+
+    record = {"documents_scored": 22, "documents_total": 216, "tokens_scored": 28193, "tokens_total": 314327,
+              "reason": "settled", "delta": 0.1, "bound": "normal-union"}
+    assert partial_caveats(False, record) == []
+    [caveat] = partial_caveats(True, json.dumps(record))
+    assert caveat == ("rests on a partial score: 22 of 216 documents (28193 of 314327 tokens) scored; "
+                      "stopped: settled at delta 0.1 (normal-union)")
+    numbers = {"task": "arith", "lstar": 2.0, "se": 0.01, "p_hat": 0.4, "interval": [0.35, 0.45],
+               "confidence": 0.9, "floor": 0.25, "margin": 0.05, "threshold": 0.3, "state": "emerged",
+               "curve_id": "c" * 12, "caveats": [caveat]}
+    annotations = task_annotations(numbers, repo="org/m", commit="a" * 40, state="emerged")
+    assert annotations["caveats"] == caveat
+    assert annotations["description"].endswith(f" Caveat: {caveat}.")
+    del numbers["caveats"]
+    assert "caveats" not in task_annotations(numbers, repo="org/m", commit="a" * 40, state="emerged")

@@ -23,6 +23,7 @@ import numpy as np
 
 from monitor.errors import SpecError
 
+
 @dataclass
 class SequentialScore:
     """What a sequential or resumed score measured: the metrics (`summarize`'s keys), the
