@@ -221,6 +221,9 @@ def register(app: typer.Typer) -> None:
                 raise SpecError("--pending scores the queue; do not also name MODEL")
             if no_db:
                 raise SpecError("--pending needs the database; drop --no-db")
+            if until_settled is not None:
+                raise SpecError("--until-settled scores one MODEL; the queue is scored sequentially by "
+                                "`lstar run --scoring sequential`", hint="drop one of --pending and --until-settled")
             _score_pending(request, db, limit=limit, endpoint=endpoint, cache_dir=cache_dir,
                            as_json=as_json)
             return
