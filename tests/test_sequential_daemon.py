@@ -67,6 +67,9 @@ def test_sequential_daemon_raises_the_alerts_of_the_full_daemon(tmp_path, shared
     key = [(s["task"], s["repo"], s["commit_sha"], s["state"]) for s in full["states"]]
     assert key == [(s["task"], s["repo"], s["commit_sha"], s["state"]) for s in seq["states"]]
     assert not any(s["partial"] for s in full["states"])
+    # the sequential daemon did stop early, with fewer tokens
+    assert any(s["partial"] for s in seq["states"])
+    assert sum(s["n_tokens"] for s in seq["states"]) < sum(s["n_tokens"] for s in full["states"])
     # a state resting on a partial score says so
     assert {s["state"] for s in seq["states"]} <= {"clear", "at_risk", "emerged"}   # every task evaluated
     for s in seq["states"]:
