@@ -26,6 +26,7 @@ RECORDED = {
     "0008_evaluation_gaps": "3dd8e020a53d24f7b79eb7e0fcdf48be9d64842da3f6e241bdf0655c16d20be5",
     "0009_axis_se": "b1463e2f744082a6fcaa8e2a6f79e442dce8e6487cfd6a1502b68e74e1c0fa35",
     "0010_incremental_jobs": "45944f623617db19cebec7454d552d7ea2a85b9b2f6086c0081a1370f4beae48",
+    "0011_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
 }
 
 

@@ -129,7 +129,19 @@ def _view(row: EvaluationCandidateRow) -> ScoreView:
                      corpus_sha256=row.corpus_sha256, finished_at=row.finished_at, rule=row.rule,
                      extra={"spec_version": row.spec_version, "window_len": row.window_len,
                             "stride": row.stride, "prefix_policy": row.prefix_policy,
-                            **{k: getattr(row, k) for k in EVALUATION_AXIS_COLUMNS}})
+                            **{k: getattr(row, k) for k in EVALUATION_AXIS_COLUMNS},
+                            "caveats": partial_caveats(row.partial, row.sequential)})
+
+
+def partial_caveats(partial: bool, sequential: Any) -> list[str]:
+    """The caveat of a state that rests on a partial (sequential) score, else none."""
+    if not partial:
+        return []
+    record = json.loads(sequential) if isinstance(sequential, str) else (sequential or {})
+    return [f"rests on a partial score: {record.get('documents_scored', '?')} of "
+            f"{record.get('documents_total', '?')} documents ({record.get('tokens_scored', '?')} of "
+            f"{record.get('tokens_total', '?')} tokens) scored; stopped: {record.get('reason', '?')} "
+            f"at delta {record.get('delta', '?')} ({record.get('bound', '?')})"]
 
 
 def _delivery(policy: Policy, target: RouteTarget, labels: Mapping[str, str]) -> Delivery:
@@ -196,6 +208,9 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     history = store.lineage_history(policy.name, task.name, score.lineage)
     numbers = {**prediction.as_dict(), "repo": score.repo, "commit": score.commit,
                "lineage": score.lineage, "run_id": score.run_id}
+    caveats = list(score.extra.get("caveats") or [])
+    if caveats:
+        numbers["caveats"] = caveats
     labels = task_labels(policy=policy.name, task=task.name, repo=score.repo, lineage=score.lineage,
                          commit=score.commit, state=prediction.state,
                          extra={**policy.labels, **task.labels}, axis=prediction.axis)
@@ -207,7 +222,7 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     row = _prediction_row(policy, task.name, score, state=prediction.state, now=now,
                           p_hat=prediction.p_hat, lo=prediction.lo, hi=prediction.hi,
                           threshold=prediction.threshold, curve_id=prediction.curve_id,
-                          detail=prediction.as_dict())
+                          detail={**prediction.as_dict(), **({"caveats": caveats} if caveats else {})})
     row["alerts"] = [alert.as_row()] if alert else []
     row["previous_state"] = history.state   # for the event log only; not a column
     return row

@@ -118,6 +118,10 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
                                        "established: " + "; ".join(unresolved) + ".")
     if warnings:
         annotations["curve_warnings"] = "; ".join(w["message"] for w in warnings)
+    caveats = numbers.get("caveats") or []
+    if caveats:   # e.g. the state rests on a partial (sequential) score
+        annotations["caveats"] = "; ".join(caveats)
+        annotations["description"] += " Caveat: " + "; ".join(caveats) + "."
     return annotations
 
 

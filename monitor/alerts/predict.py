@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from monitor.bands import classify_state
 from monitor.curves import CurveArtifact, curve_warnings, load_curve, predict
 from monitor.curves.axes import AXES
 from monitor.policy import Policy, Task
@@ -21,18 +22,7 @@ from monitor.policy import Policy, Task
 State = Literal["clear", "at_risk", "emerged"]
 
 
-# -- states ------------------------------------------------------------------------------------
-def classify_state(lo: float, hi: float, threshold: float) -> State:
-    """clear / at_risk / emerged from the interval [lo, hi] and the threshold b_t + ε."""
-    if lo > hi:
-        raise ValueError(f"interval is reversed: lo={lo} > hi={hi}")
-    if lo >= threshold:
-        return "emerged"
-    if hi >= threshold:
-        return "at_risk"
-    return "clear"
-
-
+# -- states (classify_state: monitor.bands) ------------------------------------------------------
 @dataclass(frozen=True)
 class TaskPrediction:
     """What one task curve says about one score."""

@@ -46,6 +46,14 @@ def _score_memory(value: str, device: str) -> int | None:
     return size_bytes(value, "--score-memory", low=256 << 20, high=64 << 40)
 
 
+def _check_scoring(value: str) -> str:
+    """`--scoring`: full or sequential, named in the error otherwise."""
+    if value not in ("full", "sequential"):
+        raise click.BadParameter(f"{value!r} is not a scoring mode; choose full or sequential",
+                                 param_hint="'--scoring'")
+    return value
+
+
 def _check_backend(value: str) -> str:
     """`--scoring-backend`: one of the backends, named in the error otherwise."""
     if value not in BACKENDS:
@@ -190,6 +198,11 @@ def register(app: typer.Typer) -> None:
             None, "--ray-gpu-memory",
             help="Memory of one GPU of the Ray cluster (e.g. 80G): a CUDA job whose estimate is larger asks "
                  "for several GPUs of one node and is spread over them (device_map auto)."),
+        scoring: str = typer.Option(
+            "full", "--scoring", callback=_check_scoring,
+            help="full: every document of the corpus selection; sequential: score blocks of a pinned "
+                 "document order and stop once every task of every policy watching the repo is settled "
+                 "(a partial score, marked so in its alerts)."),
         corpus: Path = typer.Option(ScoreRequest.corpus_dir, "--corpus", help="Calibration corpus folder."),
         docs: int = int_option(None, "--docs", low=1, help="Score only the first N documents."),
         max_context: int = int_option(None, "--max-context", low=2, help="Scoring window (tokens)."),
@@ -235,7 +248,7 @@ def register(app: typer.Typer) -> None:
             hub_circuit_threshold=hub_circuit_threshold,
             retention=retention_s, prune_interval=seconds(prune_every, "--prune-every"),
             webhook_secret_file=webhook_secret_file, template=template,
-            scoring_backend=scoring_backend, ray_address=ray_address,
+            scoring_backend=scoring_backend, ray_address=ray_address, scoring_mode=scoring,
             scoring_workers=scoring_workers, worker_max_jobs=worker_max_jobs,
             worker_max_rss=(None if worker_max_rss.strip().lower() == "auto"
                             else size_bytes(worker_max_rss, "--worker-max-rss", low=64 << 20, high=1 << 50)),

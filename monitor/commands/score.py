@@ -86,6 +86,76 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
     print_table(plain_console(), table)
 
 
+def until_settled_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What `lstar score --until-settled --json` prints: the state per task, the tokens scored
+    and the selection's total, the stopping reason and the bound."""
+    seq = result["sequential"]
+    return {"run_id": result["run_id"], "model": result["model"]["repo"], "sha": result["model"]["sha"],
+            "states": {t["task"]: t["state"] or "unresolved" for t in seq["tasks"]},
+            "tokens_scored": seq["tokens_scored"], "tokens_total": seq["tokens_total"],
+            "documents_scored": seq["documents_scored"], "documents_total": seq["documents_total"],
+            "stopping_reason": seq["reason"], "partial": seq["partial"], "looks": seq["looks"],
+            "delta": seq["delta"], "bound": seq["bound"], "lstar": result["lstar"], "se": result["se_ce"],
+            "lstar_box": seq["box"]["lstar"], "tasks_skipped": seq["tasks_skipped"],
+            "resumed_from": seq["resumed_from"], "wall_s": result["wall_s"]}
+
+
+def _score_until_settled(request: ScoreRequest, folder: Path, *, db: Path | None, delta: float | None,
+                         block_docs: int | None, seed: int, as_json: bool) -> None:
+    from dataclasses import replace
+
+    from monitor.policy import load_policies
+    from monitor.policy.files import policy_files_in
+    from monitor.policy.readiness import require_policy_folder
+    from monitor.scoring.engine import prepare
+    from monitor.alerts.sequential_plan import plan_for_repo
+
+    require_policy_folder(folder)
+    files = policy_files_in(folder)
+    if not files:
+        raise SpecError(f"--until-settled {folder}: no policy files (*.yaml) there",
+                        hint="point it at the folder of the policies whose tasks decide the stop")
+    policies = load_policies(files)
+    prepared = prepare(request)
+    plan = plan_for_repo(policies, prepared.checkpoint.repo, delta=delta, block_documents=block_docs, seed=seed)
+    if not plan["tasks"]:
+        raise SpecError(f"no policy in {folder} watches {prepared.checkpoint.repo}",
+                        hint="add a watch rule that matches it, or drop --until-settled for a full score")
+    prepared.request = replace(request, sequential=plan)
+    result = _record(prepared, db)
+    summary = until_settled_summary(result)
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        return
+    table = Table(title=f"{summary['model']} @ {summary['sha'][:12]}: {summary['stopping_reason']} after "
+                        f"{summary['tokens_scored']:,} of {summary['tokens_total']:,} tokens", title_justify="left")
+    add_columns(table, ("task", "state"), names=("task",))
+    for task, state in summary["states"].items():
+        table.add_row(task, state)
+    print_table(plain_console(), table)
+
+
+def _record(prepared: Any, db: Path | None) -> dict[str, Any]:
+    """Score a prepared request (continuing a recorded partial score) and record it."""
+    from dataclasses import replace
+
+    from monitor.scoring.engine import compute_score, score_identity
+    from monitor.scoring.sequential_run import resume_payload
+
+    if db is None:
+        return compute_score(prepared, None).result
+    with Store.open(db) as store:
+        if prepared.request.resume_partial and prepared.request.resume is None:
+            resume = resume_payload(store, score_identity(prepared))
+            if resume is not None:
+                prepared.request = replace(prepared.request, resume=resume)
+        scored = compute_score(prepared, store)
+        with store.transaction() as conn:
+            scored.write(store, conn)
+        store.checkpoint()
+    return scored.result
+
+
 def register(app: typer.Typer) -> None:
     @app.command("score")
     def score(
@@ -98,6 +168,8 @@ def register(app: typer.Typer) -> None:
         stride: int | None = int_option(None, "--stride", low=1, help="Stride (default window/2)."),
         disjoint: bool = typer.Option(False, "--disjoint", help="Disjoint windows (stride = window)."),
         docs: int | None = int_option(None, "--docs", low=1, help="Score only the first K documents."),
+        every: int | None = int_option(None, "--every", low=1, help="Score every K-th document "
+                                       "(after --slices, before --docs)."),
         slices: str | None = typer.Option(None, "--slices", help="Comma-separated slices to score."),
         dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
         device: Device = typer.Option(Device.auto, "--device"),
@@ -119,6 +191,16 @@ def register(app: typer.Typer) -> None:
                                             "HF_ENDPOINT or the public Hub)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache "
                                               "(default HF_HUB_CACHE)."),
+        until_settled: Path | None = typer.Option(
+            None, "--until-settled", help="Policy folder: score in blocks of a pinned document order and "
+            "stop once every task of every policy watching MODEL is settled (a partial score)."),
+        delta: float | None = typer.Option(None, "--delta", min=1e-9, max=0.5, help="With --until-settled: "
+                                           "chance of a wrong state (default 1 − the curves' confidence)."),
+        block_docs: int | None = int_option(None, "--block-docs", low=1, help="With --until-settled: "
+                                            "documents per block (default: 1/20 of the selection)."),
+        order_seed: int = typer.Option(0, "--order-seed", help="With --until-settled: seed of the document order."),
+        no_resume: bool = typer.Option(False, "--no-resume", help="Score every document even when a "
+                                       "partial score of this checkpoint is recorded."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
         db = db_file(state, db)
@@ -129,7 +211,7 @@ def register(app: typer.Typer) -> None:
                             hint="--disjoint means stride = window; give one of them")
         request = ScoreRequest(
             model=model, corpus_dir=corpus, max_context=max_context, stride=stride,
-            disjoint=disjoint, docs=docs,
+            disjoint=disjoint, docs=docs, every=every, resume_partial=not no_resume,
             slices=[s.strip() for s in slices.split(",") if s.strip()] if slices else None,
             dtype=dtype.value, device=device.value, batch_size=batch_size,
             tokenizer_dir=tokenizer, reference_tokenizer=reference_tokenizer,
@@ -139,9 +221,19 @@ def register(app: typer.Typer) -> None:
                 raise SpecError("--pending scores the queue; do not also name MODEL")
             if no_db:
                 raise SpecError("--pending needs the database; drop --no-db")
+            if until_settled is not None:
+                raise SpecError("--until-settled scores one MODEL; the queue is scored sequentially by "
+                                "`lstar run --scoring sequential`", hint="drop one of --pending and --until-settled")
             _score_pending(request, db, limit=limit, endpoint=endpoint, cache_dir=cache_dir,
                            as_json=as_json)
             return
+        if until_settled is not None:
+            _score_until_settled(request, until_settled, db=None if no_db else db, delta=delta,
+                                 block_docs=block_docs, seed=order_seed, as_json=as_json)
+            return
+        if delta is not None or block_docs is not None:
+            raise SpecError("--delta and --block-docs apply to a sequential score",
+                            hint="add --until-settled POLICY_DIR")
         result = score_checkpoint(request, db_path=None if no_db else db)
         if as_json:
             print(json.dumps(result, indent=2, sort_keys=True, default=str))

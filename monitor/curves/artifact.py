@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from monitor.bands import predicted_interval
 from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
@@ -414,14 +415,8 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     from scipy.stats import norm  # imported here: loading this module must stay cheap
 
     z = float(norm.ppf(0.5 + curve.confidence / 2.0))
-    gx = np.asarray(curve.band.x)
-    lo_x, hi_x = lstar - z * se, lstar + z * se
-    inside = gx[(gx > lo_x) & (gx < hi_x)]
-    xs = np.concatenate([[lo_x, lstar, hi_x], inside])
-    lower = float(np.min(np.interp(xs, gx, curve.band.lower)))
-    upper = float(np.max(np.interp(xs, gx, curve.band.upper)))
-    p_hat = float(np.interp(lstar, curve.knots.x, curve.knots.y))
-    lower, upper = min(lower, p_hat), max(upper, p_hat)
+    p_hat, lower, upper = predicted_interval(lstar, se, z, curve.band.x, curve.band.lower, curve.band.upper,
+                                             curve.knots.x, curve.knots.y)
     level = curve.level
     state: Literal["clear", "at_risk", "emerged"] = (
         "emerged" if lower >= level else "at_risk" if upper >= level else "clear")

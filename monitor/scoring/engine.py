@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,13 @@ class ScoreRequest:
     checkpoint_id: int | None = None
     model_root: Path | None = None  # a local model's files may resolve inside this folder
     extra_model_info: dict[str, Any] = field(default_factory=dict)
+    # Sequential scoring (`sequential_run.sequential_plan`): stop once every task is settled.
+    sequential: dict[str, Any] | None = None
+    # An earlier partial run to continue: {run_id, documents: [(doc_id, slice, n_tokens, nll,
+    # n_bytes), ...]}; its documents are not scored again. `score_checkpoint` finds it itself
+    # when `resume_partial` is true and the database is given.
+    resume: dict[str, Any] | None = None
+    resume_partial: bool = True
 
 
 def resolve_model_ref(ref: str) -> str:
@@ -148,6 +155,12 @@ def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str
     prepared = prepare(request)
     store = Store.open(db_path) if db_path is not None else None
     try:
+        if store is not None and request.resume is None and request.resume_partial:
+            from monitor.scoring.sequential_run import resume_payload
+
+            resume = resume_payload(store, score_identity(prepared))
+            if resume is not None:
+                prepared.request = replace(request, resume=resume)
         scored = compute_score(prepared, store)
         if store is not None:
             with store.transaction() as conn:
@@ -208,6 +221,17 @@ def prepare(request: ScoreRequest, *, cache: PrepareCache | None = None) -> Prep
                     reference_fingerprint, reference_tokens)
 
 
+def score_identity(prepared: Prepared) -> dict[str, Any]:
+    """What makes two scores of a checkpoint comparable, shaped as in a result (`model`,
+    `corpus`, `spec`): the partial run a score may continue must match all of it."""
+    r = prepared.resolved
+    model = {**prepared.checkpoint.as_model_info(), **prepared.request.extra_model_info,
+             "tokenizer_fingerprint": prepared.handle.fingerprint}
+    return {"model": model, "corpus": {"sha256": prepared.corpus.sha256},
+            "spec": {"version": SCORING_SPEC_VERSION, "window": r.window, "stride": r.stride,
+                     "prefix": prepared.handle.prefix_policy, "dtype": r.dtype, "device": r.device}}
+
+
 # A baseline handed in with a job: (tokenizer fingerprint, corpus sha256, baseline).
 KnownBaseline = tuple[str, str, Mapping[str, Any]]
 
@@ -240,6 +264,8 @@ def compute_score(prepared: Prepared, store: Store | None, *,
 
     p, request = prepared, prepared.request
     baseline, baseline_source = _baseline(p, store, baselines)
+    if request.sequential is not None or request.resume is not None:
+        return _sequential_run(p, baseline, baseline_source)
     output = score_token_sequences(p.checkpoint.model, p.token_seqs, p.handle.prefix_token_id,
                                    p.resolved, with_tcb=request.with_tcb, progress=request.progress)
     summary = summarize(output.doc_nll, output.doc_ntok, [d.n_bytes for d in p.corpus.documents],
@@ -257,6 +283,21 @@ def compute_score(prepared: Prepared, store: Store | None, *,
                  for d, n, nll in zip(p.corpus.documents, output.doc_ntok, output.doc_nll)]
     return ScoredRun(result, run_row, documents, p.corpus.as_row(), p.handle.as_row(),
                      baseline=baseline, baseline_source=baseline_source)
+
+
+def _sequential_run(p: Prepared, baseline: dict[str, Any], baseline_source: str) -> ScoredRun:
+    """A sequential or resumed score (`monitor.scoring.sequential_run`) as a run."""
+    from monitor.scoring.sequential_run import compute_sequential
+
+    seq = compute_sequential(p, baseline)
+    result = _result_object(p.request, p.corpus, p.handle, p.checkpoint, p.resolved, seq.summary, None, seq.output)
+    result["reference_tokenizer"] = None
+    result["partial"] = seq.partial
+    result["sequential"] = seq.record
+    run_row = _run_row(p.request, result, p.corpus, p.handle)
+    run_row.update(partial=seq.partial, sequential=seq.record)
+    return ScoredRun(result, run_row, seq.rows, p.corpus.as_row(), p.handle.as_row(), baseline=dict(baseline),
+                     baseline_source=baseline_source)
 
 
 def _result_object(request: ScoreRequest, corpus: Corpus, handle: TokenizerHandle, checkpoint,

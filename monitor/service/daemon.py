@@ -127,6 +127,7 @@ class DaemonConfig:
     scoring_workers: int = 1          # local: warm scoring children kept between jobs (0: a fresh child per job)
     worker_max_jobs: int = 20         # a warm worker is replaced after this many jobs
     worker_max_rss: int | None = None  # ... or once its resident memory passes this (None: half its limit)
+    scoring_mode: str = "full"        # full | sequential (stop once every watching task is settled)
     ray_address: str | None = None    # the Ray cluster (else $RAY_ADDRESS, else a local one)
     ray_gpu_bytes: int | None = None  # one GPU's memory there: larger CUDA jobs span several GPUs
 
@@ -705,11 +706,19 @@ class Daemon:
         limit = min(cfg.score_batch, backend.concurrency or cfg.score_batch)
         results = score_queue_on(store, self.hub_client(store), backend, cfg.template,
                                  owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,
-                                 lease_s=cfg.lease_s, limit=limit, stopping=self.stopping.is_set)
+                                 lease_s=cfg.lease_s, limit=limit, stopping=self.stopping.is_set,
+                                 plan_for=self.sequential_plan if cfg.scoring_mode == "sequential" else None)
         if any(r.status in ("scored", "skipped", "failed") for r in results):
             prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
                                 max_bytes=cfg.cache_max_bytes)
         return results
+
+    def sequential_plan(self, job: Any) -> dict[str, Any]:
+        """The tasks a sequential score of `job` must settle: every task of every policy in
+        force that watches its repo (`monitor.alerts.sequential_plan.plan_for_repo`)."""
+        from monitor.alerts.sequential_plan import plan_for_repo
+
+        return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed)
 
     def job_score(self) -> list[dict[str, Any]]:
         done: list[dict[str, Any]] = []

@@ -118,9 +118,12 @@ class JobBuilder:
     of); the baselines the store has for it go with each job.
     """
 
-    def __init__(self, store: Store, template: ScoreRequest, state_dir: Path) -> None:
+    def __init__(self, store: Store, template: ScoreRequest, state_dir: Path,
+                 plan_for: Callable[[CheckpointRow], dict[str, Any]] | None = None) -> None:
         self.store = store
         self.template = absolute_paths(template)
+        # Sequential scoring: the plan (tasks to settle) of each job, else None (full scores).
+        self.plan_for = plan_for
         self.state_dir = state_dir
         self._corpus_sha: str | None = None
         self._request_digest: str | None = None
@@ -144,6 +147,8 @@ class JobBuilder:
                        "reference_tokenizer": checkpoint_hash(t.reference_tokenizer) if t.reference_tokenizer
                        else None,
                        "libraries": {name: _version(name) for name in ("torch", "transformers", "tokenizers")}}
+            if self.plan_for is not None:   # a partial score is no stand-in for a full one
+                options["scoring"] = "sequential"
             self._request_digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()
         return self._request_digest
 
@@ -164,7 +169,8 @@ class JobBuilder:
         flat = materialize_snapshot(snapshot, self.state_dir / "tmp" / f"checkpoint-{job.id}")
         try:
             request = replace(self.template, model=str(flat), checkpoint_id=job.id,
-                              extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)})
+                              extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)},
+                              sequential=self.plan_for(job) if self.plan_for is not None else None)
             try:
                 memory = estimate_memory(flat, dtype=request.dtype, device=request.device)
             except (LayoutError, OSError):
@@ -241,8 +247,11 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
                    *, owner: str, state_dir: Path, cache_dir: Path | None = None,
                    lease_s: float = DEFAULT_LEASE_S, limit: int | None = None,
                    now_fn: Callable[[], datetime] = utcnow,
-                   stopping: Callable[[], bool] | None = None) -> list[JobResult]:
+                   stopping: Callable[[], bool] | None = None,
+                   plan_for: Callable[[CheckpointRow], dict[str, Any]] | None = None) -> list[JobResult]:
     """Lease up to `limit` queued checkpoints, fetch them, score them together on `backend`.
+
+    With `plan_for` each job is scored sequentially, until the tasks of its plan are settled.
 
     Each outcome is written with its lease's completion as it arrives, so a job completes
     exactly once whatever the backend does; a job whose worker died goes back to the queue
@@ -250,7 +259,7 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     job is handed over, that job's lease and attempt go back.
     """
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
-    builder = JobBuilder(store, template, state_dir)
+    builder = JobBuilder(store, template, state_dir, plan_for)
     results: list[JobResult] = []
     if claimed:
         try:

@@ -23,6 +23,7 @@ _CANDIDATE_SELECT = (
     "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.lstar, r.se_ce AS se, "
     "r.corpus_sha256, r.finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, "
     "coalesce(c1.rule, c2.rule) AS rule, r.spec_version, r.window_len, r.stride, r.prefix_policy, "
+    "r.partial, r.sequential, "
     # every axis a curve may read (monitor.curves.axes)
     + ", ".join(f"r.{c}" for c in EVALUATION_AXIS_COLUMNS)
     + " FROM {runs} r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "

@@ -379,6 +379,8 @@ class ScoreRunRow(Row):
     se_lstar_per_byte: float | None = None
     se_l_rel: float | None = None
     se_l_gain: float | None = None
+    partial: bool = False            # a sequential score that stopped before the selection's end
+    sequential: str | None = None    # its record (JSON text): documents, tokens, reason, bound
 
 
 @dataclass(frozen=True)
@@ -429,6 +431,7 @@ class CheckpointScoreRow(Row):
     se_lstar_per_byte: float | None
     se_l_rel: float | None
     se_l_gain: float | None
+    partial: bool = False
 
 
 # -- alerts -------------------------------------------------------------------------------------
@@ -468,6 +471,8 @@ class EvaluationCandidateRow(Row):
         """The columns `monitor.curves.axes.axis_value` reads, by name."""
         return {"run_id": self.run_id, "lstar": self.lstar, "se_ce": self.se,
                 **{k: getattr(self, k) for k in EVALUATION_AXIS_COLUMNS}}
+    partial: bool = False
+    sequential: str | None = None
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,9 @@ class ScoreRows(StoreConnection):
         "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte", "se_ce", "weighted_ppl",
         "reference_fingerprint", "slices", "tcb", "spec", "model", "library_versions", "wall_s",
         "tokens_per_s", "finished_at", *AXIS_COLUMNS)
-    _JSON_COLUMNS = frozenset({"slices", "tcb", "spec", "model", "library_versions"})
+    # Columns a run row may leave out (rows made before sequential scoring): their defaults.
+    OPTIONAL_COLUMNS = {"partial": False, "sequential": None}
+    _JSON_COLUMNS = frozenset({"slices", "tcb", "spec", "model", "library_versions", "sequential"})
 
     def record_score_run(self, run: Mapping[str, Any], documents: Sequence[Sequence[Any]],
                          corpus: Mapping[str, Any], tokenizer: Mapping[str, Any]) -> str:
@@ -113,13 +115,14 @@ class ScoreRows(StoreConnection):
         missing = [c for c in self.SCORE_RUN_COLUMNS if c not in run and c not in AXIS_COLUMNS]
         if missing:
             raise StoreError(f"score run is missing columns: {', '.join(missing)}")
-        run = {**_derived_axis_columns(run), **run}
+        run = {**self.OPTIONAL_COLUMNS, **_derived_axis_columns(run), **run}
+        columns = (*self.SCORE_RUN_COLUMNS, *self.OPTIONAL_COLUMNS)
         values = [json.dumps(run[c], sort_keys=True) if c in self._JSON_COLUMNS and run[c] is not None
-                  else run[c] for c in self.SCORE_RUN_COLUMNS]
-        placeholders = ", ".join("?" for _ in self.SCORE_RUN_COLUMNS)
+                  else run[c] for c in columns]
+        placeholders = ", ".join("?" for _ in columns)
         self.upsert_corpus(conn, corpus)
         self.upsert_tokenizer(conn, tokenizer)
-        conn.execute(f"INSERT INTO score_runs ({', '.join(self.SCORE_RUN_COLUMNS)}) "
+        conn.execute(f"INSERT INTO score_runs ({', '.join(columns)}) "
                      f"VALUES ({placeholders})", values)
         conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)",
                          [[run["run_id"], *doc] for doc in documents])
@@ -139,10 +142,15 @@ class ScoreRows(StoreConnection):
         return [ScoreDocumentRow.from_row(r) for r in rows]
 
     def score_runs_for_checkpoint(self, repo: str, sha: str | None = None, *,
-                                  corpus_sha256: str | None = None) -> list[CheckpointScoreRow]:
+                                  corpus_sha256: str | None = None,
+                                  include_partial: bool = False) -> list[CheckpointScoreRow]:
         """Score runs of a checkpoint (all commits of the repo when sha is None), newest first,
-        with what joining labels needs: L*, its SE, raw CE, corpus, spec and model info."""
+        with what joining labels needs: L*, its SE, raw CE, corpus, spec and model info.
+        Partial (sequential) scores only with `include_partial`: curves are fitted on
+        complete scores unless asked."""
         where, params = ["model_repo = ?"], [repo]
+        if not include_partial:
+            where.append("NOT partial")
         if sha:
             where.append("model_sha = ?")
             params.append(sha)
@@ -152,9 +160,23 @@ class ScoreRows(StoreConnection):
         rows = self.query_json(
             "SELECT run_id, model_repo, model_sha, corpus_sha256, spec_version, window_len, stride, "
             "prefix_policy, lstar, se_ce, ce, model, finished_at, ce_unigram, l_rel, l_gain, bits_per_byte, "
-            "tokens_per_byte, " + ", ".join(AXIS_COLUMNS) + " FROM score_runs WHERE "
+            "tokens_per_byte, " + ", ".join(AXIS_COLUMNS) + ", partial FROM score_runs WHERE "
             + " AND ".join(where) + " ORDER BY finished_at DESC, run_id DESC", params, ("model",))
         return [CheckpointScoreRow.from_row(r) for r in rows]
+
+    def partial_score_run(self, *, model_repo: str, model_sha: str, corpus_sha256: str,
+                          tokenizer_fingerprint: str, spec: Mapping[str, Any]) -> ScoreRunRow | None:
+        """The newest partial score of this checkpoint on this corpus selection, tokenizer and
+        scoring spec (window, stride, prefix, dtype, device): what a later score continues
+        from. None when there is none."""
+        rows = self.query(
+            "SELECT * FROM score_runs WHERE partial AND model_repo = ? AND model_sha = ? AND "
+            "corpus_sha256 = ? AND tokenizer_fingerprint = ? AND spec_version = ? AND window_len = ? "
+            "AND stride = ? AND prefix_policy = ? AND dtype = ? AND device = ? "
+            "ORDER BY finished_at DESC, run_id DESC LIMIT 1",
+            [model_repo, model_sha, corpus_sha256, tokenizer_fingerprint, spec["version"],
+             spec["window"], spec["stride"], spec["prefix"], spec["dtype"], spec["device"]])
+        return ScoreRunRow.from_row(rows[0]) if rows else None
 
     def score_run(self, run_id: str) -> ScoreRunRow | None:
         """One score run by id, or None."""
@@ -191,7 +213,7 @@ class ScoreRows(StoreConnection):
             raise StoreError(f"score run {src} to link to is missing")
         model = {**json.loads(row[0]), "repo": checkpoint.repo, "sha": checkpoint.sha,
                  "linked_from": {"run_id": src, "checkpoint_id": source.checkpoint_id}}
-        columns = [c for c in self.SCORE_RUN_COLUMNS
+        columns = [c for c in (*self.SCORE_RUN_COLUMNS, *self.OPTIONAL_COLUMNS)
                    if c not in ("run_id", "checkpoint_id", "model_repo", "model_sha", "model", "finished_at")]
         conn.execute(
             f"INSERT INTO score_runs (run_id, checkpoint_id, model_repo, model_sha, model, finished_at, "
