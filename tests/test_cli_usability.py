@@ -152,7 +152,7 @@ def test_status_and_runs_read_the_state_given(tmp_path: Path, capsys) -> None:
     assert json.loads(out)["db"] == str(moved)
     code, out, err = run(["runs", "--db", str(moved), "--json"], capsys)
     assert code == 0, err
-    assert [r["run_id"] for r in json.loads(out)] == run_ids[::-1]
+    assert [r["run_id"] for r in json.loads(out)["items"]] == run_ids[::-1]
 
 
 # -- lstar report without --policy ---------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_runs_lists_score_runs_newest_first_with_their_numbers(tmp_path: Path, c
     state, _, run_ids = populate_state(tmp_path / "w", repos)
     code, out, err = run(["runs", "--state", str(state), "--limit", "3", "--json"], capsys)
     assert code == 0, err
-    rows = json.loads(out)
+    rows = json.loads(out)["items"]
     assert [r["run_id"] for r in rows] == run_ids[::-1][:3]
     # Against the table itself, read independently of the listing's query.
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
