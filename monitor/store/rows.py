@@ -91,6 +91,17 @@ class ReportScoreRow(Row):
     rule: str | None
     refs: list[str]
     discovered_at: datetime | None
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReportCarriedRow(Row):
+    """A (lineage, repo)'s state at a report window's start: its newest score run before the
+    window, how many checkpoints it had scored by then and its best L* by then."""
+
+    run: ReportScoreRow
+    checkpoints_before: int
+    best_lstar_before: float
 
 
 @dataclass(frozen=True)
