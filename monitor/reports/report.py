@@ -34,6 +34,7 @@ from monitor.errors import CurveError
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.summary import plotted, summarised
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
@@ -262,6 +263,7 @@ def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
 
     The family colours are assigned once, over every lineage the report mentions, and passed
     to each figure, so a family has the same colour in all of them."""
+    data = plotted(data)
     colours = report_colours(data)
     figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
                "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
@@ -334,9 +336,14 @@ def ref_name(row: Mapping[str, Any]) -> str:
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it)."""
     s = data["summary"]
+    data = summarised(data)
+    omitted = data["omitted"]
 
     def how(section: str) -> list[str]:
         return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
+
+    def note(section: str) -> list[str]:
+        return [f"*{omitted[section]}.*", ""] if section in omitted else []
 
     out = [f"# Governance report: {data['policy']} ({data['report']})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
@@ -346,7 +353,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
            f"- crossings (state changes): {s['crossings']}", ""]
     for problem in data["problems"]:
         out.append(f"> problem: {problem}")
-    out += ["## L* by family", "", *how("lstar"),
+    out += ["## L* by family", "", *how("lstar"), *note("lstar_table"),
             "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["lstar_table"]:
@@ -363,14 +370,14 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
         out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
-        out += ([""] if t["curve_warnings"] else []) + [
+        out += ([""] if t["curve_warnings"] else []) + note(f"task:{t['task']}") + [
                 "| lineage | current checkpoint | state | L* | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
             out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x['lstar'])} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
-    out += ["## Crossings", "", *how("crossings")]
+    out += ["## Crossings", "", *how("crossings"), *note("crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
         for c in data["crossings"]:
@@ -385,7 +392,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
         st = r["stability"] or {}
         out.append(f"| {ref_name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
                    f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
-    out += ["", "## New checkpoints", ""]
+    out += ["", "## New checkpoints", "", *note("new_checkpoints")]
     for c in data["new_checkpoints"]:
         out.append(f"- {ref_name(c)}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
     if not data["new_checkpoints"]:
@@ -412,7 +419,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     images = [{"title": p["title"], "file": p["file"],
                "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode("ascii")}
               for p in data["plots"]]
-    return env.get_template(HTML_TEMPLATE).render(data=data, images=images)
+    return env.get_template(HTML_TEMPLATE).render(data=summarised(data), images=images)
 
 
 def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
