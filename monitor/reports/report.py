@@ -177,7 +177,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         policy.name, start=period_start, skip_state=NOT_EVALUATED) if p.task in curves}
     discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
                   if watches(policy, c.repo, c.rule)]
-    names.update({(c.repo, c.sha): checkpoint_name(c.repo, c.sha, c.refs) for c in discovered})
+    for c in discovered:
+        names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
     unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_in.values()]} - set(names)
     refs = store.checkpoint_refs(sorted(unnamed))
 
