@@ -45,14 +45,19 @@ class ReportRows(StoreConnection):
 
     def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> list[ReportCarriedRow]:
         """Each (lineage, repo)'s state at `start`: its newest score run finished by then, with the
-        number of checkpoints it had scored and its best L* (one row each; a window function)."""
+        number of checkpoints it had scored and its best L* (one row each: an aggregate over the
+        history's key columns, then only the chosen runs are read whole)."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
         rows = self.query(
-            f"WITH history AS ({self._RUN_SELECT} WHERE r.finished_at <= ? {where}), "
-            "ranked AS (SELECT *, row_number() OVER (PARTITION BY lineage, repo ORDER BY finished_at DESC, "
-            "run_id DESC) AS newest, count(DISTINCT commit_sha) OVER (PARTITION BY lineage, repo) AS checkpoints_before, "
-            "min(lstar) OVER (PARTITION BY lineage, repo) AS best_lstar_before FROM history) "
-            "SELECT * EXCLUDE (newest) FROM ranked WHERE newest = 1 ORDER BY lineage, repo", [start, *params])
+            "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
+            "coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage FROM score_runs r "
+            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL "
+            f"AND c2.repo = r.model_repo AND c2.sha = r.model_sha WHERE r.finished_at <= ? {where}), "
+            "state AS (SELECT lineage, repo, arg_max(run_id, (finished_at, run_id)) AS newest, "
+            "count(DISTINCT model_sha) AS checkpoints_before, min(lstar) AS best_lstar_before "
+            "FROM history GROUP BY lineage, repo) "
+            f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
+            "ON run.run_id = s.newest ORDER BY run.lineage, run.repo", [start, *params])
         out = []
         for row in rows:
             counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))

@@ -20,6 +20,9 @@ from monitor.errors import StoreError
 _R = TypeVar("_R", bound="Row")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}   # each row class's field names, read once
+
+
 @dataclass(frozen=True)
 class Row:
     """Base of the typed rows: construction by column name and the dict view for JSON."""
@@ -27,7 +30,11 @@ class Row:
     @classmethod
     def from_row(cls: type[_R], row: Mapping[str, Any]) -> _R:
         """The row of `cls` holding the columns of `row`, which must be exactly its fields."""
-        names = [f.name for f in fields(cls)]
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+        if len(row) == len(names) and all(n in row for n in names):  # the common case, checked cheaply
+            return cls(**{n: row[n] for n in names})
         missing = [n for n in names if n not in row]
         extra = [c for c in row if c not in names]
         if missing or extra:
