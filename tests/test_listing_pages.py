@@ -1,6 +1,7 @@
-"""Every listing is bounded: a default page size, keyset cursors that walk every row exactly once
-in the listing's order, the total, and a clear refusal of a cursor it did not hand out, in the
-library, the commands and the daemon's API (served in-process here over a stub daemon)."""
+"""Every listing is bounded (docs/reliability.md row 48): a default page size, keyset cursors
+that walk every row exactly once in the listing's order, the total, and a clear refusal of a
+cursor it did not hand out, in the library, the commands and the daemon's API (served
+in-process here over a stub daemon)."""
 
 from __future__ import annotations
 
@@ -49,16 +50,19 @@ def build_state(path: Path) -> Path:
                          [cid, f"org/m{i % 4}", f"{i:040x}", f"org/m{i % 4}", _at(i), _at(i),
                           "scored" if i % 2 else "failed"])
             conn.execute(RUN, [f"run-{(i * 11) % N:03d}", cid, f"org/m{i % 4}", f"{i:040x}", 4.0 - i / N, _at(i)])
-            conn.execute("INSERT INTO alerts (id, alert_key, kind, policy, task, repo, commit_sha, lineage, state, "
-                         "status, labels, annotations, numbers, fingerprint, starts_at, created_at) VALUES "
-                         "(?, ?, 'fire', ?, 't', 'org/m', ?, 'org/m', 'at_risk', 'firing', '{}', '{}', '{}', 'f', ?, ?)",
+            conn.execute("INSERT INTO alerts (id, alert_key, kind, policy, task, repo, commit_sha, lineage, "
+                         "state, status, labels, annotations, numbers, fingerprint, starts_at, created_at) VALUES "
+                         "(?, ?, 'fire', ?, 't', 'org/m', ?, 'org/m', 'at_risk', 'firing', '{}', '{}', '{}', 'f', "
+                         "?, ?)",
                          [(i * 13) % N + 1, f"k{i}", "p1" if i % 3 else "p2", f"{i:040x}", _at(i), _at(i)])
-            conn.execute("INSERT INTO deliveries (id, alert_id, policy, receiver, group_key, group_labels, group_wait_s, "
-                         "group_interval_s, status, created_at, updated_at) VALUES (?, ?, 'p', 'ops', 'g', '{}', 0, 0, 'queued', ?, ?)",
+            conn.execute("INSERT INTO deliveries (id, alert_id, policy, receiver, group_key, group_labels, "
+                         "group_wait_s, group_interval_s, status, created_at, updated_at) VALUES "
+                         "(?, ?, 'p', 'ops', 'g', '{}', 0, 0, 'queued', ?, ?)",
                          [i + 1, (i * 13) % N + 1, _at(i), _at(i)])
             ends = NOW - timedelta(hours=1) if i % 3 == 0 else NOW + timedelta(days=1)
             conn.execute("INSERT INTO silences (id, matchers, starts_at, ends_at, comment, created_by, created_at) "
-                         "VALUES (?, '[\"policy=p\"]', ?, ?, 'c', 'me', ?)", [f"sil-{(i * 17) % N:03d}", T0, ends, _at(i)])
+                         "VALUES (?, '[\"policy=p\"]', ?, ?, 'c', 'me', ?)",
+                         [f"sil-{(i * 17) % N:03d}", T0, ends, _at(i)])
         conn.execute("INSERT INTO predictions (policy, task, run_id, repo, commit_sha, lineage, corpus_sha256, lstar, "
                      "se, state, detail, evaluated_at) VALUES ('p1', 't', 'run-000', 'org/m1', ?, 'org/m1', 'corpus', "
                      "1, 0.1, 'not_evaluated', '{\"reason\": \"no curve\"}', ?)", [f"{101:040x}", T0])

@@ -1,7 +1,8 @@
-"""A report is about its window: old history (scores, predictions, discoveries and
-`not_evaluated` records before the window) changes nothing in it but the lineage states
-carried in — one row per lineage (its newest run before the window) and, per task, its state
-then — and the Markdown shows the top rows of long tables with counts, the JSON every row."""
+"""A report is about its window (docs/reliability.md row 48): old history (scores,
+predictions, discoveries and `not_evaluated` records before the window) changes nothing in it
+but the lineage states carried in — one row per lineage (its newest run before the window)
+and, per task, its state then — and the Markdown shows the top rows of long tables with
+counts, the JSON every row."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ RUN = ("INSERT INTO score_runs (run_id, checkpoint_id, model_repo, model_sha, mo
        "library_versions, wall_s, tokens_per_s, finished_at) VALUES (?, ?, ?, ?, 'hub', 'fp-old', ?, 'lstar-score/1', "
        "64, 32, 'bos', 'float32', 'cpu', 1000, 4000, 1.0, ?, 7.0, ?, 1.0, 0.0, 1.0, 0.25, 0.03, '{}', '{}', '{}', "
        "'{}', 1.0, 1000.0, ?)")
-PREDICTION = ("INSERT INTO predictions (policy, task, run_id, repo, commit_sha, lineage, corpus_sha256, lstar, se, p_hat, "
-              "lo, hi, threshold, state, curve_id, detail, evaluated_at) VALUES ('governance', 'cloze', ?, ?, ?, ?, ?, "
-              "?, 0.03, 0.5, 0.4, 0.6, 0.3, ?, 'curve', ?, ?)")
+PREDICTION = ("INSERT INTO predictions (policy, task, run_id, repo, commit_sha, lineage, corpus_sha256, lstar, se, "
+              "p_hat, lo, hi, threshold, state, curve_id, detail, evaluated_at) VALUES ('governance', 'cloze', "
+              "?, ?, ?, ?, ?, ?, 0.03, 0.5, 0.4, 0.6, 0.3, ?, 'curve', ?, ?)")
 
 
 def old_history() -> list[dict]:
