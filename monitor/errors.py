@@ -55,6 +55,10 @@ class StoreError(LstarError):
     exit_code = 3
 
 
+class CursorError(LstarError):
+    """A listing's `--cursor` (`?cursor=`) is not one this listing handed out."""
+
+
 class HubError(LstarError):
     """The Hub answered with an error or could not be reached."""
 

@@ -256,7 +256,7 @@ def test_a_bits_per_byte_curve_alerts_with_its_axis_value_and_se(tmp_path: Path,
             report = evaluate_pending(store, [policy], now=T0)
             assert report.predictions == 1 and not report.skipped
             Dispatcher(store, [policy], rng=random.Random(0), owner="t").run_once(T0)
-            [prediction] = store.report_predictions("bytes")
+            [prediction] = store.report_predictions("bytes", start=T0 - timedelta(days=1), end=T0 + timedelta(hours=1))
             report = build_report(store, policy, now=T0 + timedelta(hours=1), period_start=T0 - timedelta(days=1))
         [request] = hook.requests
         [mail] = smtp.mails
@@ -295,7 +295,7 @@ def test_a_curve_on_an_axis_the_score_lacks_is_recorded_with_its_reason(tmp_path
     with Store.open(tmp_path / "state.duckdb") as store:
         run_id = record_fake_score(store, repo="org/model", sha="c" * 40, lstar=-2.0, se=0.03, finished_at=T0)
         report = evaluate_pending(store, [policy], now=T0)
-        [row] = store.report_predictions("bytes")
+        [row] = store.report_predictions("bytes", start=T0 - timedelta(days=1), end=T0 + timedelta(hours=1))
         again = evaluate_pending(store, [policy], now=T0)
     assert report.predictions == 1 and list(report.skip_reasons.values()) == ["curve_refused"]
     assert row.state == "not_evaluated" and row.run_id == run_id

@@ -52,9 +52,9 @@ CASES = [
     ([*RUN, "--worker-max-jobs", "0"], "'--worker-max-jobs'", "an integer from 1 to 100,000"),
     ([*RUN, "--worker-max-rss", "12"], "'--worker-max-rss'", "a size from 64M to 1024T"),
     (["eval", "TMP/none", "--task", "TMP/none", "--device", "tpu"], "'--device'", "auto, cpu, cuda or cuda:N"),
-    (["checkpoints", "--db", "TMP/none.duckdb", "--limit", "0"], "'--limit'", "an integer from 1 to 1,000,000"),
+    (["checkpoints", "--db", "TMP/none.duckdb", "--limit", "0"], "'--limit'", "an integer from 1 to 1,000"),
     (["alerts", "list", "--db", "TMP/none.duckdb", "--limit", "1" + "0" * 400], "'--limit'",
-     "an integer from 1 to 1,000,000"),
+     "an integer from 1 to 1,000"),
     (["policy", "test", "TMP/none.yaml", "--lstar", "nan"], "'--value' / '--lstar'", "a finite number"),
 ]
 IDS = [" ".join(arg[:12] for arg in argv[:2] + argv[-2:]) for argv, _, _ in CASES]

@@ -152,7 +152,7 @@ def test_status_and_runs_read_the_state_given(tmp_path: Path, capsys) -> None:
     assert json.loads(out)["db"] == str(moved)
     code, out, err = run(["runs", "--db", str(moved), "--json"], capsys)
     assert code == 0, err
-    assert [r["run_id"] for r in json.loads(out)] == run_ids[::-1]
+    assert [r["run_id"] for r in json.loads(out)["items"]] == run_ids[::-1]
 
 
 # -- lstar report without --policy ---------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_runs_lists_score_runs_newest_first_with_their_numbers(tmp_path: Path, c
     state, _, run_ids = populate_state(tmp_path / "w", repos)
     code, out, err = run(["runs", "--state", str(state), "--limit", "3", "--json"], capsys)
     assert code == 0, err
-    rows = json.loads(out)
+    rows = json.loads(out)["items"]
     assert [r["run_id"] for r in rows] == run_ids[::-1][:3]
     # Against the table itself, read independently of the listing's query.
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
@@ -257,15 +257,17 @@ def test_help_shows_flags_as_flags(path: tuple[str, ...], capsys, monkeypatch) -
 
 def test_tables_keep_long_identifiers_whole_at_80_columns(tmp_path: Path, capsys, monkeypatch) -> None:
     state, policy, _ = populate_state(tmp_path / "w")
+    # Inside the report's window (the week to the clock's now): a report reads its window only.
+    recent = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(days=3)
     with Store.open(state / "lstar.duckdb") as store:
         store.record_discoveries("k", "rule", "http://hub", [Candidate(repo, fake_sha(repo), (LONG_REF,))
                                                             for repo in LONG_REPOS],
-                                 watermark=None, boundary=[], now=T0, requests=1, listed=2)
+                                 watermark=None, boundary=[], now=recent, requests=1, listed=2)
         for repo in LONG_REPOS:  # past the cloze curve's threshold: an emerged alert each
             record_fake_score(store, repo=repo, sha=fake_sha(repo + "-later"), lstar=-3.5, se=0.01,
-                              finished_at=T0 + timedelta(days=1))
+                              finished_at=recent + timedelta(days=1))
     code, _, err = run(["alerts", "evaluate", "--policy", str(policy), "--state", str(state),
-                        "--now", "2024-03-03T00:00:00Z"], capsys)
+                        "--now", (recent + timedelta(days=2)).isoformat()], capsys)
     assert code == 0, err
     monkeypatch.setenv("COLUMNS", "80")
     # Model names (repo ids, repo@commit) stay whole on one line, even when that makes the

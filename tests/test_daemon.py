@@ -75,9 +75,9 @@ def test_read_commands_are_answered_through_the_api_while_the_daemon_runs(runnin
     # ... and the read commands ask the daemon instead.
     listed = lstar("checkpoints", "--db", str(db), "--json")
     assert listed.returncode == 0, listed.stderr
-    rows = json.loads(listed.stdout)
+    rows = json.loads(listed.stdout)["items"]
     assert [(r["repo"], r["refs"]) for r in rows] == [("fake-org/tiny", ["step1000"])]
-    assert rows == json.loads(json.dumps(running.get_json("/checkpoints"), default=str))
+    assert rows == json.loads(json.dumps(running.get_json("/checkpoints")["items"], default=str))
 
     status = lstar("status", "--state", str(running.state_dir), "--json")
     assert status.returncode == 0, status.stderr
@@ -111,7 +111,7 @@ def test_hub_webhook_checks_the_secret_and_triggers_a_poll(running, hub):
     status, _ = running.request("/hooks/hub", method="POST", body=b'{"event": {"action": "update"}}',
                                 headers={"X-Webhook-Secret": SECRET})
     assert status == 202
-    rows = wait_for(lambda: [r for r in running.get_json("/checkpoints") if r["repo"] == "fake-org/tiny-two"],
+    rows = wait_for(lambda: [r for r in running.get_json("/checkpoints")["items"] if r["repo"] == "fake-org/tiny-two"],
                     timeout=60, what="the webhook's poll to discover the new repo")
     assert rows[0]["refs"] == ["step5"]
     wait_for(lambda: running.status()["jobs"]["poll"]["runs"] == runs_before + 1, timeout=30,

@@ -121,7 +121,7 @@ def parse_answer(data: bytes) -> tuple[int, bytes]:
 
 
 def silences(daemon: DaemonProcess) -> list[dict]:
-    return daemon.get_json("/silences?all=1&now=2030-01-01T00:00:00Z")
+    return daemon.get_json("/silences?all=1&now=2030-01-01T00:00:00Z")["items"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -350,11 +350,11 @@ def test_the_cli_report_names_the_policy_and_says_when_the_daemon_lacks_it(daemo
 
 
 @pytest.mark.parametrize(("path", "message"), [
-    ("/checkpoints?limit=-1", "limit must be a whole number from 1 to 1000000, got '-1'"),
-    ("/checkpoints?limit=abc", "limit must be a whole number from 1 to 1000000, got 'abc'"),
-    ("/checkpoints?limit=99999999999999999999", "limit must be a whole number from 1 to 1000000, "
+    ("/checkpoints?limit=-1", "limit must be a whole number from 1 to 1000, got '-1'"),
+    ("/checkpoints?limit=abc", "limit must be a whole number from 1 to 1000, got 'abc'"),
+    ("/checkpoints?limit=99999999999999999999", "limit must be a whole number from 1 to 1000, "
                                                  "got '99999999999999999999'"),
-    ("/alerts?limit=0", "limit must be a whole number from 1 to 1000000, got '0'"),
+    ("/alerts?limit=0", "limit must be a whole number from 1 to 1000, got '0'"),
     ("/alerts?limit=1&limit=2", "query parameter 'limit' given 2 times"),
     ("/status?verbose=1", "unknown query parameter 'verbose' for /status"),
     ("/report/latest?format=txt", "format must be one of html, md, json, png, got 'txt'"),

@@ -49,7 +49,7 @@ def test_alerts_and_report_are_answered_through_the_api(daemon):
 
     listed = lstar("alerts", "list", "--db", db, "--json")
     assert listed.returncode == 0, listed.stderr
-    assert json.loads(listed.stdout) == []
+    assert json.loads(listed.stdout)["items"] == []
 
     # The daemon's refusals come back as the command's own one-line errors.
     shown = lstar("alerts", "show", "7", "--db", db, "--json")
@@ -88,7 +88,7 @@ def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_sto
 
     listed = lstar("silence", "list", "--now", NOW, "--db", db, "--json")
     assert listed.returncode == 0, listed.stderr
-    assert sorted((r["id"], r["state"]) for r in json.loads(listed.stdout)) == sorted(
+    assert sorted((r["id"], r["state"]) for r in json.loads(listed.stdout)["items"]) == sorted(
         [(row["id"], "active"), (other_id, "active")])
 
     expired = lstar("silence", "expire", row["id"], "--now", "2030-01-01T01:00:00Z", "--db", db)
@@ -109,7 +109,7 @@ def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_sto
     later = ["silence", "list", "--all", "--now", "2030-01-01T01:30:00Z", "--db", db, "--json"]
     served = lstar(*later)
     assert served.returncode == 0, served.stderr
-    states = {r["id"]: r["state"] for r in json.loads(served.stdout)}
+    states = {r["id"]: r["state"] for r in json.loads(served.stdout)["items"]}
     assert states == {row["id"]: "expired", other_id: "active"}
     served_table = lstar(*later[:-1])
     assert served_table.returncode == 0, served_table.stderr
@@ -150,7 +150,7 @@ def test_runs_are_listed_through_the_api_as_a_direct_read_lists_them(tmp_path):
             assert status == 400 and b"unknown query parameter" in body
             process.stop()
     assert through_api.returncode == 0, through_api.stderr
-    rows = json.loads(through_api.stdout)
+    rows = json.loads(through_api.stdout)["items"]
     assert [r["run_id"] for r in rows] == run_ids[::-1][:3]
     assert [r["lstar"] for r in rows] == [-4.0, -3.0, -2.0]
     assert table.returncode == 0 and "3 score run(s)" not in table.stdout and "4 score run(s)" in table.stdout

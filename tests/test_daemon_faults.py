@@ -41,7 +41,7 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
     args = ["--cache-dir", str(tmp_path / "cache"), "--hub-max-wait", "0s", "--hub-cooldown", "3s",
             "--hub-circuit-threshold", "1", "--score-every", "1h"]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
-        rows = wait_for(lambda: daemon.get_json("/checkpoints"), timeout=60, what="discovery after the 429")
+        rows = wait_for(lambda: daemon.get_json("/checkpoints")["items"], timeout=60, what="discovery after the 429")
         assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]  # watermark was kept
         log = hub.requests
         limited = [r for r in log if r.status == 429]
@@ -82,7 +82,7 @@ def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint
     args = ["--cache-dir", str(tmp_path / "cache"), *extra]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args, start_timeout=240,
                        env={"LSTAR_FAILPOINT": failpoint}) as daemon:
-        rows = wait_for(lambda: [r for r in daemon.get_json("/checkpoints?status=failed")],
+        rows = wait_for(lambda: [r for r in daemon.get_json("/checkpoints?status=failed")["items"]],
                         timeout=180, what=f"a failed row\n{daemon.log()}")
         assert reason in rows[0]["reason"]
         assert daemon.proc.poll() is None
@@ -97,7 +97,7 @@ def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_p
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
                        args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
                        env={"LSTAR_FAILPOINT": "enospc_writes=5"}) as daemon:
-        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="discovery after the disk frees")
+        wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="discovery after the disk frees")
         status = wait_for(lambda: (s := daemon.status())["disk"]["history"] and s, timeout=30,
                           what="the disk episode in /status")
         episode = status["disk"]["history"][0]
@@ -158,7 +158,7 @@ def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_
         assert status["disk"]["error"] is None and _health(daemon)[0] == 200
         told = wait_for(lambda: [a for a in alerts_file(policies) if "disk-full" in json.dumps(a)], timeout=30,
                         what="the operator alert")
-        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="discovery after the disk frees")
+        wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="discovery after the disk frees")
         assert daemon.stop() == 0
     assert len(told) == 1 and since in json.dumps(told[0])
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
@@ -175,7 +175,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
                        args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
                        env={"LSTAR_FAILPOINT": f"fatal_while={fatal}"}) as daemon:
-        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the first discovery")
+        wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="the first discovery")
         fatal.touch()  # the next poll's write hits the fatal error
         code, body = wait_for(lambda: (h := _health(daemon))[0] == 503 and h, timeout=60,
                               what=f"/health to report the invalidated database\n{daemon.log()}")
@@ -194,7 +194,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
         (episode,) = daemon.status()["database"]["history"]
         assert episode["reopened_at"] > episode["since"]
         add_lineage(hub, "fake-org/tiny-later", steps=(5,), seed=11, start=datetime.now(timezone.utc))
-        rows = wait_for(lambda: (r := daemon.get_json("/checkpoints")) and len(r) == 3 and r, timeout=60,
+        rows = wait_for(lambda: (r := daemon.get_json("/checkpoints")["items"]) and len(r) == 3 and r, timeout=60,
                         what="a write after the re-open")
         assert "DATABASE INVALIDATED" in daemon.log()
         assert daemon.stop() == 0
@@ -218,7 +218,7 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
         result = wait_for(lambda: daemon.status()["jobs"]["prune"]["last_result"], timeout=60,
                           what=f"the prune job\n{daemon.log()}")
         assert result == {"hub_polls": 2, "delivery_attempts": 0, "hub_outages": 0}
-        wait_for(lambda: len(daemon.get_json("/checkpoints")) == 2, timeout=60, what="the poll")
+        wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="the poll")
         assert daemon.stop() == 0
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
         ages = sorted((now - p.polled_at).days for p in store.hub_polls() if p.rule_key == "old-rule")

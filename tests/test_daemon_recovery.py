@@ -84,7 +84,7 @@ def test_kill_9_mid_delivery_resends_once_within_an_interval_with_the_same_webho
                               what=f"the re-send\n{second.log()}")
             assert resent.received_at - up <= INTERVAL_S
             assert "reclaimed the lease of" in second.log()
-            wait_for(lambda: second.get_json("/alerts")[0]["deliveries"][0]["status"] == "delivered",
+            wait_for(lambda: second.get_json("/alerts")["items"][0]["deliveries"][0]["status"] == "delivered",
                      timeout=30, what="the delivery to be recorded")
             assert second.stop() == 0
 
@@ -120,7 +120,7 @@ def test_kill_9_mid_score_reruns_it_once_within_an_interval(hub, tmp_path, share
     with first:
         scorers = wait_for(lambda: child_pids(first.proc.pid), timeout=120,
                            what=f"the scoring child\n{first.log()}")
-        [row] = first.get_json("/checkpoints")
+        [row] = first.get_json("/checkpoints")["items"]
         assert (row["status"], row["attempts"]) == ("fetched", 1) and row["lease_owner"]
         dead_owner = row["lease_owner"]
         first.kill()
@@ -129,7 +129,7 @@ def test_kill_9_mid_score_reruns_it_once_within_an_interval(hub, tmp_path, share
     with restarted(first) as second:
         up = time.time()
         # bounded: were the lease waited out, this would take 70 minutes
-        resumed = wait_for(lambda: second.get_json("/checkpoints")[0]["attempts"] == 2 and time.time(),
+        resumed = wait_for(lambda: second.get_json("/checkpoints")["items"][0]["attempts"] == 2 and time.time(),
                            timeout=INTERVAL_S + 10, what=f"the rerun of the score\n{second.log()}")
         assert resumed - up <= INTERVAL_S
         wait_for(lambda: second.status()["checkpoints"].get("scored") == 1, timeout=240,

@@ -378,11 +378,11 @@ def test_poll_and_checkpoints_cli(hub, tmp_path, capsys):
     assert code == 0 and report["rules"][0]["new"] == 2 and report["gate"] == []
 
     assert main(["checkpoints", "--db", str(db), "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
+    listed = json.loads(capsys.readouterr().out)["items"]
     assert {(r["repo"], r["sha"], r["status"]) for r in listed} == \
         {(repo, sha, "discovered") for repo, sha in heads.items()}
     assert main(["checkpoints", "--db", str(db), "--status", "gated", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capsys.readouterr().out)["items"] == []
     assert main(["checkpoints", "--db", str(db)]) == 0
     assert "cli/m1" in capsys.readouterr().out
 

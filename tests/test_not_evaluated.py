@@ -179,7 +179,7 @@ def test_the_daemon_starts_degraded_and_records_each_checkpoint_it_cannot_evalua
         assert code == 503 and len(reasons) == 1 and reasons[0].startswith("degraded: policy gov, task narrow")
 
         def both_recorded() -> bool:
-            rows = daemon.get_json("/checkpoints")
+            rows = daemon.get_json("/checkpoints")["items"]
             return len(rows) == 2 and all(r["not_evaluated"] for r in rows)
         wait_for(both_recorded, timeout=240, what=f"two checkpoints recorded not_evaluated\n{daemon.log()}")
         wait_for(lambda: gap_alerts_sent(policies / "alerts.jsonl"), timeout=60,

@@ -534,7 +534,7 @@ def test_alerts_and_silence_commands(world: World, capsys: pytest.CaptureFixture
     world.store.close()
     db = str(world.tmp / "state.duckdb")
     assert main(["alerts", "list", "--db", db, "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["items"]
     task_alert = next(r for r in rows if r["kind"] == "fire")
     assert task_alert["deliveries"] == [{"receiver": "hook", "status": "dead", "reason": task_alert["deliveries"][0]["reason"],
                                          "notification_id": task_alert["deliveries"][0]["notification_id"]}]
@@ -558,13 +558,13 @@ def test_alerts_and_silence_commands(world: World, capsys: pytest.CaptureFixture
                  "--comment", "upgrade", "--db", db, "--now", T0.isoformat()]) == 0
     sid = capsys.readouterr().out.strip()
     assert main(["silence", "list", "--db", db, "--json", "--now", (T0 + H).isoformat()]) == 0
-    [listed] = json.loads(capsys.readouterr().out)
+    [listed] = json.loads(capsys.readouterr().out)["items"]
     assert listed["id"] == sid and listed["state"] == "active" and listed["comment"] == "upgrade"
     assert listed["matchers"] == ['task="arith"', 'repo=~"org/.*"']
     assert main(["silence", "expire", sid, "--db", db, "--now", (T0 + H).isoformat()]) == 0
     capsys.readouterr()
     assert main(["silence", "list", "--db", db, "--json", "--now", (T0 + H).isoformat()]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    assert json.loads(capsys.readouterr().out)["items"] == []
     assert main(["silence", "add", "--match", "task=~.*", "--until", "1h", "--comment", "x", "--db", db]) == 2
     assert "would silence every alert" in capsys.readouterr().err
     world.store = Store.open(world.tmp / "state.duckdb")

@@ -48,7 +48,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, 
 def test_alerts_show_prints_bracketed_values_whole(state, capsys) -> None:
     db, _, messages = state
     assert main(["alerts", "list", "--db", str(db), "--json"]) == 0
-    [alert] = json.loads(capsys.readouterr().out)
+    [alert] = json.loads(capsys.readouterr().out)["items"]
     assert main(["alerts", "show", str(alert["id"]), "--db", str(db), "--json"]) == 0
     description = json.loads(capsys.readouterr().out)["annotations"]["description"]
     assert all(m in description for m in messages)

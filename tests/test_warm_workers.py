@@ -95,7 +95,7 @@ def gated_row(store: Store, repo: str):
 
 @pytest.mark.slow
 def test_a_warm_worker_killed_mid_job_loses_the_attempt_not_the_result(tmp_path, calib_v0, tiny_dir, monkeypatch):
-    """Row 51: the worker is SIGKILLed after taking the job; the lease goes back, the retry
+    """Row 49: the worker is SIGKILLed after taking the job; the lease goes back, the retry
     runs on a fresh worker and the checkpoint is scored exactly once."""
     marker = tmp_path / "killed-once"
     monkeypatch.setenv("LSTAR_FAILPOINT", f"kill_warm_worker={marker}")
@@ -141,7 +141,7 @@ def address_space_limit(pid: int) -> str:
 
 @pytest.mark.slow
 def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
-    """Row 52 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
+    """Row 50 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
     one, which starts under the same address-space limit."""
     limit = 64 << 30
     pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
@@ -160,7 +160,7 @@ def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_d
 
 @pytest.mark.slow
 def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, calib_v0, tiny_dir):
-    """Row 52 (memory): a worker resident above --worker-max-rss after a job is replaced
+    """Row 50 (memory): a worker resident above --worker-max-rss after a job is replaced
     before the next one (a threshold of 64 MiB: torch alone is resident above it)."""
     pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work")
     try:
@@ -175,7 +175,7 @@ def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, cal
 
 @pytest.mark.slow
 def test_a_job_over_its_time_limit_kills_only_its_worker(tmp_path, calib_v0, tiny_dir, monkeypatch):
-    """Row 52 (time limit): the hanging job's worker is killed; the other worker's job and the
+    """Row 50 (time limit): the hanging job's worker is killed; the other worker's job and the
     next job on a fresh worker are scored."""
     marker = tmp_path / "hung-once"
     monkeypatch.setenv("LSTAR_FAILPOINT", f"hang_warm_worker={marker}")

@@ -16,8 +16,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import (DB_OPTION, MAX_ID, MAX_ROWS, STATE_OPTION, add_columns, db_file, id_column,
-                                      int_argument, int_option)
+from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_columns, db_file, id_column, int_argument
+from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
 from monitor.commands.terminal import name_column, plain_console, print_table
@@ -25,6 +25,7 @@ from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
 from monitor.policy import load_policies, load_policy
 from monitor.service import api_get, api_post, retry_dead_letters, revive_times
+from monitor.service.listings import alerts_page
 from monitor.store import Store
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
@@ -60,21 +61,24 @@ def register(app: typer.Typer) -> None:
     @alerts.command("list")
     def list_(
         policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
-        limit: int = int_option(50, "--limit", low=1, high=MAX_ROWS, help="At most this many alerts."),
+        limit: int = limit_option("alerts"),
+        cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
-        rows = through_daemon(db_file(state, db),
-                              lambda url: revive_times(api_get(url, "/alerts", {"policy": policy, "limit": limit})),
-                              lambda store: [r.as_dict() for r in store.list_alerts(limit=limit, policy=policy)])
+        page = through_daemon(db_file(state, db),
+                              lambda url: page_of(api_get(url, "/alerts", {"policy": policy, "limit": limit,
+                                                                           "cursor": cursor})),
+                              lambda store: alerts_page(store, policy=policy, limit=limit, cursor=cursor))
         if as_json:
-            print(json.dumps(rows, indent=2, default=str))
+            print(json.dumps(page.as_dict(), indent=2, default=str))
             return
+        rows = page.items
         # Eight fields in six columns, no outer border: the table fits 80 columns, and the
         # identifiers (policy, task, repo@commit, receivers) wrap whole instead of being cut.
-        table = Table(title=f"{len(rows)} alert(s)", title_justify="left", show_edge=False, pad_edge=False)
+        table = Table(title=title(page, "alert(s)"), title_justify="left", show_edge=False, pad_edge=False)
         table.add_column("id", justify="right", no_wrap=True)
         table.add_column("created")
         id_column(table, "policy / task")
@@ -87,7 +91,9 @@ def register(app: typer.Typer) -> None:
             table.add_row(str(r["id"]), r["created_at"].strftime("%Y-%m-%d %H:%M"),
                           f"{r['policy']}\n{r['task'] or r['kind']}", where, f"{r['state']}\n{r['status']}",
                           deliveries)
-        print_table(plain_console(), table)
+        console = plain_console()
+        print_table(console, table)
+        print_more(console, page, "alerts")
 
     @alerts.command("show")
     def show(

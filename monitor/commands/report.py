@@ -23,6 +23,7 @@ from monitor.policy import load_policies, policy_files_in
 from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
                              to_json, to_markdown)
 from monitor.reports.report import write_report
+from monitor.reports.summary import summarised
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
@@ -76,6 +77,8 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
 def print_rich(data: dict[str, Any], console: Console) -> None:
     """Render a report's data as rich tables (on a `plain_console`: values are not markup)."""
     s = data["summary"]
+    data = summarised(data)  # the long tables' top rows; --json has every row
+    omitted = data["omitted"]
     console.print(Text.assemble((f"Governance report: {data['policy']}", "bold"),
                                 f"  {fmt(data['period']['start'])} → {fmt(data['period']['end'])}"))
     console.print(f"new checkpoints {s['new_checkpoints']} · new scores {s['new_scores']} · lineages "
@@ -94,6 +97,7 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                       fmt(r["se"]), fmt(r["ce"]), fmt(r["ce_unigram"]), fmt(st.get("median")),
                       fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
     print_table(console, table)
+    _note(console, omitted, "lstar_table")
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
@@ -105,6 +109,7 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
             tt.add_row(x["lineage"], Text(x["state"], style=colour or ""),
                        fmt(x.get("value", x["lstar"])), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
         print_table(console, tt)
+        _note(console, omitted, f"task:{t['task']}")
     if data["crossings"]:
         ct = Table(title="crossings")
         for col in ("task", "lineage", "checkpoint"):
@@ -115,6 +120,13 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
             ct.add_row(c["task"], c["lineage"], ref_name(c), c["from"] or "new", c["to"],
                        fmt(c["lstar"]))
         console.print(ct)
+        _note(console, omitted, "crossings")
+
+
+def _note(console: Console, omitted: dict[str, str], section: str) -> None:
+    """Under a cut table: how many rows of how many it shows."""
+    if section in omitted:
+        console.print(f"{omitted[section]}.", highlight=False)
 
 
 def write_report_folder(data: dict[str, Any], folder: Path) -> Path:

@@ -10,17 +10,19 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, MAX_ROWS, STATE_OPTION, db_file, id_column, int_option
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import api_get, revive_times
-from monitor.service.listings import list_score_runs
+from monitor.service import api_get
+from monitor.service.listings import runs_page
+from monitor.service.pages import Page
 
 
-def read_runs(db_path: Path, *, limit: int) -> list[dict[str, Any]]:
-    """Score runs from the daemon running on the database's folder (its API), else a read-only open."""
-    return through_daemon(db_path, lambda url: revive_times(api_get(url, "/runs", {"limit": limit})),
-                          lambda store: list_score_runs(store, limit=limit))
+def read_runs(db_path: Path, *, limit: int, cursor: str | None = None) -> Page:
+    """A page of score runs from the daemon running on the database's folder (its API), else a read-only open."""
+    return through_daemon(db_path, lambda url: page_of(api_get(url, "/runs", {"limit": limit, "cursor": cursor})),
+                          lambda store: runs_page(store, limit=limit, cursor=cursor))
 
 
 def corpus_label(row: dict[str, Any]) -> str:
@@ -30,12 +32,13 @@ def corpus_label(row: dict[str, Any]) -> str:
     return f"{row['corpus_name']} {row['corpus_version']} ({row['corpus_selection']})"
 
 
-def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
+def render_runs(page: Page, console: Console) -> None:
     """The runs as one table that fits 80 columns for repo ids up to about 30 characters: the
     model (repo, then revision @ sha, then the run id and the run it was linked to when its
     weights were scored before) is never broken inside a name, L* and its SE share a column,
     the corpus wraps whole. Longer repo ids widen the table rather than break."""
-    table = Table(title=f"{len(rows)} score run(s), newest first", title_justify="left")
+    rows = page.items
+    table = Table(title=title(page, "score run(s)", ", newest first"), title_justify="left")
     name_column(table, "model")  # repo, then revision @ sha, then the run
     id_column(table, "corpus")
     table.add_column("L* ± SE", justify="right", no_wrap=True)
@@ -51,19 +54,21 @@ def render_runs(rows: list[dict[str, Any]], console: Console) -> None:
         table.add_row(f"{r['model_repo']}\n{at}", corpus_label(r), f"{r['lstar']:.4f}\n± {r['se_ce']:.4f}",
                       f"{r['tokens_per_s']:,.0f}", when)
     print_table(console, table)
+    print_more(console, page, "score runs")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs(
-        limit: int = int_option(20, "--limit", low=1, high=MAX_ROWS, help="At most this many runs."),
+        limit: int = limit_option("runs", default=20),
+        cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List score runs newest first: model, revision, corpus, L*, SE, tokens/s (opens the file read-only)."""
-        rows = read_runs(db_file(state, db), limit=limit)
+        page = read_runs(db_file(state, db), limit=limit, cursor=cursor)
         if as_json:
-            print(json.dumps(rows, indent=2, default=str))
+            print(json.dumps(page.as_dict(), indent=2, default=str))
             return
-        render_runs(rows, plain_console())
+        render_runs(page, plain_console())

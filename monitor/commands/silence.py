@@ -15,9 +15,11 @@ import typer
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
+from monitor.service.listings import silences_page
 
 NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
 
@@ -62,29 +64,33 @@ def register(app: typer.Typer) -> None:
     @silence.command("list")
     def list_(
         include_expired: bool = typer.Option(False, "--all", help="Include expired silences."),
+        limit: int = limit_option("silences"),
+        cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """List active and pending silences (opens the file read-only)."""
-        from monitor.alerts import list_silences
-
+        """List active and pending silences, newest first (opens the file read-only)."""
         now = parse_now(now_text)
-        rows = through_daemon(
+        page = through_daemon(
             db_file(state, db),
-            lambda url: revive_times(api_get(url, "/silences", {"now": now.isoformat(),
-                                                                "all": "1" if include_expired else None})),
-            lambda store: list_silences(store, now=now, include_expired=include_expired))
+            lambda url: page_of(api_get(url, "/silences", {"now": now.isoformat(), "limit": limit, "cursor": cursor,
+                                                           "all": "1" if include_expired else None})),
+            lambda store: silences_page(store, now=now, include_expired=include_expired, limit=limit,
+                                        cursor=cursor))
         if as_json:
-            print(json.dumps(rows, indent=2, default=str))
+            print(json.dumps(page.as_dict(), indent=2, default=str))
             return
-        table = Table(title=f"{len(rows)} silence(s)", title_justify="left")
+        rows = page.items
+        table = Table(title=title(page, "silence(s)"), title_justify="left")
         add_columns(table, ("id", "state", "matchers", "until", "by", "comment"), ids=("id", "matchers"))
         for r in rows:
             table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
                           r["created_by"], r["comment"])
-        plain_console().print(table)
+        console = plain_console()
+        console.print(table)
+        print_more(console, page, "silences")
 
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),

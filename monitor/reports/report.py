@@ -34,11 +34,12 @@ from monitor.errors import CurveError
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.summary import plotted, summarised
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
 from monitor.store.evaluation_gaps import NOT_EVALUATED
-from monitor.store.rows import CheckpointRow, PredictionRow, ReportScoreRow
+from monitor.store.rows import PredictionRow, ReportCarriedRow, ReportScoreRow
 
 SCHEMA = "lstar-report/1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -96,18 +97,65 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
 
-def _known_checkpoints(store: Store) -> dict[tuple[str, str], CheckpointRow]:
-    return {(c.repo, c.sha): c for c in store.list_checkpoints()}
-
-
 def _placement(row: Mapping[str, Any]) -> Placement:
     return Placement(row["step"], row["released_at"], row["time_source"])
+
+
+def _table_row(r: ReportScoreRow, *, new: bool) -> dict[str, Any]:
+    """One row of the L* table: a checkpoint's newest run, placed in its lineage."""
+    tcb = r.tcb or {}
+    where = place(r.refs, r.meta, r.discovered_at, r.finished_at)
+    return {
+        "lineage": r.lineage, "repo": r.repo, "commit": r.commit_sha, "refs": r.refs,
+        "checkpoint": checkpoint_name(r.repo, r.commit_sha, r.refs),
+        "step": where.step, "released_at": where.time, "time_source": where.time_source,
+        "run_id": r.run_id, "tokenizer": r.tokenizer_fingerprint, "lstar": r.lstar,
+        "se": r.se_ce, "ce": r.ce, "ce_unigram": r.ce_unigram,
+        "bits_per_byte": r.bits_per_byte, "n_tokens": int(r.n_tokens),
+        "finished_at": r.finished_at, "new": new,
+        "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
+                                               "n_positions")} if tcb else None}
+
+
+def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: datetime,
+                  end: datetime) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The L* table's rows by lineage: each checkpoint scored in the window (its newest run
+    there), and each lineage's current checkpoint at the window's start (its newest run before
+    it, `new` false) unless the window scored that checkpoint again; and, per lineage, how many
+    checkpoints it had scored before the window and its best L* then."""
+    from monitor.alerts import watches
+
+    latest: dict[tuple[str, str], ReportScoreRow] = {}
+    for r in store.report_score_runs(corpus, start=start, end=end):  # oldest first: the newest run wins
+        if watches(policy, r.repo, r.rule):
+            latest[(r.repo, r.commit_sha)] = r
+    carried: dict[str, ReportCarriedRow] = {}
+    before: dict[str, dict[str, Any]] = {}
+    for c in store.report_carried_runs(corpus, start=start):
+        if not watches(policy, c.run.repo, c.run.rule):
+            continue
+        seen = before.setdefault(c.run.lineage, {"checkpoints": 0, "best_lstar": c.best_lstar_before})
+        seen["checkpoints"] += c.checkpoints_before
+        seen["best_lstar"] = min(seen["best_lstar"], c.best_lstar_before)
+        held = carried.get(c.run.lineage)
+        if held is None or (c.run.finished_at, c.run.run_id) > (held.run.finished_at, held.run.run_id):
+            carried[c.run.lineage] = c
+    by_lineage: dict[str, list[dict[str, Any]]] = {}
+    for r in latest.values():
+        by_lineage.setdefault(r.lineage, []).append(_table_row(r, new=True))
+    for lineage, c in carried.items():
+        if (c.run.repo, c.run.commit_sha) not in latest:
+            by_lineage.setdefault(lineage, []).append(_table_row(c.run, new=False))
+    return by_lineage, before
 
 
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`).
 
+    A report reads its window (period_start, now] — the scores, predictions, crossings and
+    discoveries in it — and each lineage's state at the window's start (its current checkpoint
+    and, per task, its state then), so its cost follows the window's activity, not the history.
     Checkpoints are named by `present.checkpoint_name` everywhere and each lineage's rows are
     in training order (`present.lineage_order`); a lineage's current checkpoint is its last.
     """
@@ -116,55 +164,50 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     curves, problems = load_policy_curves(policy)
     corpus = public_corpus(policy, curves.values())
-    known = _known_checkpoints(store)
-    runs = [r for r in store.report_score_runs(corpus) if watches(policy, r.repo, r.rule)]
-    latest: dict[tuple[str, str], ReportScoreRow] = {}
-    for r in runs:  # oldest first: the newest run of each commit wins
-        latest[(r.repo, r.commit_sha)] = r
-    by_lineage: dict[str, list[dict[str, Any]]] = {}
-    for r in latest.values():
-        tcb = r.tcb or {}
-        checkpoint = known.get((r.repo, r.commit_sha))
-        meta = checkpoint.meta if checkpoint is not None else None
-        where = place(r.refs, meta, r.discovered_at, r.finished_at)
-        by_lineage.setdefault(r.lineage, []).append({
-            "lineage": r.lineage, "repo": r.repo, "commit": r.commit_sha, "refs": r.refs,
-            "checkpoint": checkpoint_name(r.repo, r.commit_sha, r.refs),
-            "step": where.step, "released_at": where.time, "time_source": where.time_source,
-            "run_id": r.run_id, "tokenizer": r.tokenizer_fingerprint, "lstar": r.lstar,
-            "se": r.se_ce, "ce": r.ce, "ce_unigram": r.ce_unigram,
-            "bits_per_byte": r.bits_per_byte, "n_tokens": int(r.n_tokens),
-            "finished_at": r.finished_at, "new": _in_period(r.finished_at, period_start, now),
-            "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
-                                                   "n_positions")} if tcb else None})
+    by_lineage, before = _lineage_rows(store, policy, corpus, start=period_start, end=now)
     table, families, order = [], {}, {}
     for lineage in sorted(by_lineage):
         rows = lineage_order(by_lineage[lineage], _placement, lambda row: row["commit"])
         table += rows
         order.update({(row["repo"], row["commit"]): i for i, row in enumerate(rows)})
+        earlier = before.get(lineage, {"checkpoints": 0, "best_lstar": None})
+        best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
+                                                      else []))
         families[lineage] = {
-            "lineage": lineage, "checkpoints": len(rows),
+            "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
+            "new_scores": sum(row["new"] for row in rows),
             "order": "training step" if orders_by_step(map(_placement, rows)) else "release time",
             "current": rows[-1]["checkpoint"], "latest_lstar": rows[-1]["lstar"], "latest_se": rows[-1]["se"],
-            "best_lstar": min(row["lstar"] for row in rows)}
+            "best_lstar": best}
     names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
+
+    window = [p for p in store.report_predictions(policy.name, start=period_start, end=now) if p.task in curves]
+    carried_in = {(p.task, p.lineage): p for p in store.report_carried_predictions(
+        policy.name, start=period_start, skip_state=NOT_EVALUATED) if p.task in curves}
+    discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
+                  if watches(policy, c.repo, c.rule)]
+    for c in discovered:
+        names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
+    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_in.values()]} - set(names)
+    refs = store.checkpoint_refs(sorted(unnamed))
 
     def name_of(repo: str, commit: str) -> str:
         if (repo, commit) not in names:
-            checkpoint = known.get((repo, commit))
-            names[(repo, commit)] = checkpoint_name(repo, commit, checkpoint.refs if checkpoint is not None else [])
+            names[(repo, commit)] = checkpoint_name(repo, commit, refs.get((repo, commit), []))
         return names[(repo, commit)]
 
-    predictions = [p for p in store.report_predictions(policy.name) if p.task in curves]
-    problems += not_evaluated_problems(predictions, name_of)
-    predictions = [p for p in predictions if p.state != NOT_EVALUATED]
+    problems += not_evaluated_problems(window, name_of)
+    predictions = [p for p in window if p.state != NOT_EVALUATED]
     tasks, crossings = [], []
     for task in policy.tasks:
         curve = curves.get(task.name)
         if curve is None:
             continue
         rows = [p for p in predictions if p.task == task.name]
-        preds_by_lineage: dict[str, list[dict[str, Any]]] = {}
+        preds_by_lineage: dict[str, list[PredictionRow]] = {}
+        for (carried_task, lineage), p in carried_in.items():
+            if carried_task == task.name:
+                preds_by_lineage[lineage] = [p]
         for p in rows:
             preds_by_lineage.setdefault(p.lineage, []).append(p)
         current = []
@@ -209,8 +252,6 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                            and p.p_hat is not None]})
 
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    discovered = [c for c in known.values() if watches(policy, c.repo, c.rule)
-                  and _in_period(c.discovered_at, period_start, now)]
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
     return {
@@ -234,6 +275,7 @@ def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
 
     The family colours are assigned once, over every lineage the report mentions, and passed
     to each figure, so a family has the same colour in all of them."""
+    data = plotted(data)
     colours = report_colours(data)
     figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
                "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
@@ -306,9 +348,14 @@ def ref_name(row: Mapping[str, Any]) -> str:
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it)."""
     s = data["summary"]
+    data = summarised(data)
+    omitted = data["omitted"]
 
     def how(section: str) -> list[str]:
         return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
+
+    def note(section: str) -> list[str]:
+        return [f"*{omitted[section]}.*", ""] if section in omitted else []
 
     out = [f"# Governance report: {data['policy']} ({data['report']})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
@@ -318,7 +365,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
            f"- crossings (state changes): {s['crossings']}", ""]
     for problem in data["problems"]:
         out.append(f"> problem: {problem}")
-    out += ["## L* by family", "", *how("lstar"),
+    out += ["## L* by family", "", *how("lstar"), *note("lstar_table"),
             "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["lstar_table"]:
@@ -336,14 +383,14 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
         out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
         label = t.get("axis_label", "L*")
-        out += ([""] if t["curve_warnings"] else []) + [
+        out += ([""] if t["curve_warnings"] else []) + note(f"task:{t['task']}") + [
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
             out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
-    out += ["## Crossings", "", *how("crossings")]
+    out += ["## Crossings", "", *how("crossings"), *note("crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
         for c in data["crossings"]:
@@ -358,7 +405,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
         st = r["stability"] or {}
         out.append(f"| {ref_name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
                    f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
-    out += ["", "## New checkpoints", ""]
+    out += ["", "## New checkpoints", "", *note("new_checkpoints")]
     for c in data["new_checkpoints"]:
         out.append(f"- {ref_name(c)}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
     if not data["new_checkpoints"]:
@@ -385,7 +432,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     images = [{"title": p["title"], "file": p["file"],
                "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode("ascii")}
               for p in data["plots"]]
-    return env.get_template(HTML_TEMPLATE).render(data=data, images=images)
+    return env.get_template(HTML_TEMPLATE).render(data=summarised(data), images=images)
 
 
 def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:

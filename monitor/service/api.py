@@ -4,15 +4,16 @@
                                 degraded: a task the scoring settings can never evaluate)
     GET  /metrics               Prometheus text format
     GET  /status                JSON: checkpoints by status, jobs, policy errors, disk, outages
-    GET  /checkpoints?status=S&repo=R&limit=N   rows as `lstar checkpoints --json` prints them
+    GET  /checkpoints?status=S&repo=R&limit=N&cursor=C   a page of rows as `lstar checkpoints --json`
+                                prints it: {"items", "total", "next_cursor", "limit"}
     GET  /db/info               as `lstar db info --json`
-    GET  /runs?limit=N          score runs newest first, as `lstar runs --json`
+    GET  /runs?limit=N&cursor=C score runs newest first, a page as `lstar runs --json`
     GET  /report/latest?format=html|md|json|png   the newest file under STATE/reports (404: none)
     GET  /report?policy=NAME... `lstar report --json` of loaded policies, each named by its
                                 name or its file name in the policies folder (never a path)
-    GET  /alerts?policy=P&limit=N   as `lstar alerts list --json`
+    GET  /alerts?policy=P&limit=N&cursor=C   a page as `lstar alerts list --json`
     GET  /alerts/ID             as `lstar alerts show ID --json` (404 when there is none)
-    GET  /silences?all=1&now=T  as `lstar silence list --json`
+    GET  /silences?all=1&now=T&limit=N&cursor=C   a page as `lstar silence list --json`
     POST /silences              `lstar silence add`: {"match": [...], "until", "comment",
                                 "start", "now", "created_by"}; answers the new silence's row
     POST /silences/ID/expire    `lstar silence expire ID`: {"now"}; answers {"expired": ID}
@@ -27,6 +28,10 @@ writes to STATE/api.token (`monitor.service.api_guard`). Bound to every interfac
 the token too, and `Host` may also be a name given with `--api-allowed-host`. The body's length, the token and the
 webhook secret are checked before the body is read; a refused body is never read. Query
 parameters are validated: unknown or malformed ones get 400 with what is expected.
+
+Every listing answers one page: `limit` rows at most (default 50, at most 1000), the total
+with the same filters, and `next_cursor` (null on the last page) to pass as `cursor` for the
+next; a cursor the listing did not hand out gets 400 (`monitor.service.pages`).
 
 Errors the commands would raise come back as 4xx {"error", "hint", "kind"} and the client
 raises the same `monitor.errors` class, so the command prints the same one line either way.
@@ -57,14 +62,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from monitor.alerts import expire_silence, list_silences
+from monitor.alerts import expire_silence
 from monitor.errors import DeliveryError, LstarError, PolicyError
 from monitor.reports import report_for_cli, to_json
 from monitor.served import ServedInThread
 from monitor.service.api_guard import (DEFAULT_LIFETIME, MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer,
                                        GuardedHandler, RequestRefused, bearer_matches)
 from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
-from monitor.service.listings import list_score_runs
+from monitor.service.listings import alerts_page, checkpoints_page, runs_page, silences_page
+from monitor.service.pages import DEFAULT_LIMIT
 from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.store import utcnow
 
@@ -86,8 +92,9 @@ REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; char
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
 GET_PARAMS = {"/health": (), "/metrics": (), "/status": (), "/db/info": (),
-              "/checkpoints": ("status", "repo", "limit"), "/runs": ("limit",), "/report/latest": ("format",),
-              "/report": ("policy",), "/alerts": ("policy", "limit"), "/silences": ("all", "now")}
+              "/checkpoints": ("status", "repo", "limit", "cursor"), "/runs": ("limit", "cursor"),
+              "/report/latest": ("format",), "/report": ("policy",), "/alerts": ("policy", "limit", "cursor"),
+              "/silences": ("all", "now", "limit", "cursor")}
 INTERNAL_ERROR = "internal error; the daemon's log has the details"
 
 
@@ -131,7 +138,7 @@ class _Query:
         values = self.lists.get(name)
         return values[0] if values else None
 
-    def limit(self, default: int | None) -> int | None:
+    def limit(self, default: int = DEFAULT_LIMIT) -> int:
         text = self.one("limit")
         if text is None or text == "":
             return default
@@ -198,28 +205,29 @@ class _Handler(GuardedHandler):
         elif url.path == "/status":
             self._send(200, _json_bytes(daemon.status()))
         elif url.path == "/checkpoints":
-            limit = query.limit(None)
+            limit = query.limit()
             with daemon.read_store() as store:
-                rows = store.list_checkpoints(status=query.one("status"), repo=query.one("repo"), limit=limit)
-                listed = store.with_not_evaluated([r.as_dict() for r in rows])
-            self._send(200, _json_bytes(listed))
+                page = checkpoints_page(store, status=query.one("status"), repo=query.one("repo"), limit=limit,
+                                        cursor=query.one("cursor"))
+            self._send(200, _json_bytes(page.as_dict()))
         elif url.path == "/db/info":
             with daemon.read_store() as store:
                 self._send(200, _json_bytes(store.info()))
         elif url.path == "/runs":
-            limit = query.limit(50)
+            limit = query.limit()
             with daemon.read_store() as store:
-                self._send(200, _json_bytes(list_score_runs(store, limit=limit)))
+                page = runs_page(store, limit=limit, cursor=query.one("cursor"))
+            self._send(200, _json_bytes(page.as_dict()))
         elif url.path == "/report/latest":
             fmt = query.choice("format", tuple(s.lstrip(".") for s in REPORT_TYPES))
             self._latest_report(daemon.config.state_dir / "reports", fmt)
         elif url.path == "/report":
             self._send(200, _json_bytes(self._reports(query.lists.get("policy", []))))
         elif url.path == "/alerts":
-            limit = query.limit(50)
+            limit = query.limit()
             with daemon.read_store() as store:
-                self._send(200, _json_bytes([r.as_dict() for r in store.list_alerts(limit=limit,
-                                                                                      policy=query.one("policy"))]))
+                page = alerts_page(store, policy=query.one("policy"), limit=limit, cursor=query.one("cursor"))
+            self._send(200, _json_bytes(page.as_dict()))
         elif alert is not None:
             with daemon.read_store() as store:
                 detail = store.alert_detail(int(alert.group(1)))
@@ -229,12 +237,13 @@ class _Handler(GuardedHandler):
             else:
                 self._send(200, _json_bytes(detail.as_dict()))
         else:  # /silences
-
             include_expired = query.choice("all", ("0", "1")) == "1"
             now = parse_now(query.one("now"))
+            limit = query.limit()
             with daemon.read_store() as store:
-                rows = list_silences(store, now=now, include_expired=include_expired)
-            self._send(200, _json_bytes(rows))
+                page = silences_page(store, now=now, include_expired=include_expired, limit=limit,
+                                     cursor=query.one("cursor"))
+            self._send(200, _json_bytes(page.as_dict()))
 
     def _reports(self, names: list[str]) -> list[dict[str, Any]]:
         """`lstar report --json` of each named loaded policy, as data (times in ISO 8601)."""

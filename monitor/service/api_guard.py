@@ -50,7 +50,7 @@ from monitor.service.api_lane import ReservedLane
 log = logging.getLogger("lstar.api")
 
 TOKEN_NAME = "api.token"
-MAX_LIMIT = 1_000_000   # the largest `limit` the API (and the commands that may ask it) accept
+MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
 MAX_TOKEN_BYTES = 256
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 LINGER_SECONDS = 2.0            # after refusing a body: how long its rest is drained, at most

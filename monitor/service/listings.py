@@ -1,10 +1,17 @@
-"""Read-only listings shared by the commands and the daemon's API, so both print the same rows."""
+"""Read-only listings shared by the commands and the daemon's API, so both print the same rows.
+
+Each listing answers one bounded page (`monitor.service.pages`): at most `limit` rows after
+`cursor` in the listing's order, the total with the same filters, and the next page's cursor.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from monitor.service.pages import Key, Page, page_query
 from monitor.store import Store
+from monitor.store.rows import AlertSummaryRow, DeliverySummaryRow, SilenceRow
 
 # What `lstar runs` shows of a score run: enough to tell runs apart and defend a number
 # (which model and commit, on which corpus selection, with what L* and SE, how fast, when).
@@ -14,15 +21,83 @@ RUN_COLUMNS = ("r.run_id", "r.model_repo", "r.model_sha", "r.model_source", "r.c
                "json_extract_string(r.model, '$.revision') AS revision",
                # a run copied from an earlier run of the same weights names that run
                "l.linked_from_run_id", "l.linked_from_checkpoint_id")
+CHECKPOINT_COLUMNS = ("id", "repo", "sha", "source", "refs", "lineage", "rule", "discovered_at", "updated_at",
+                      "status", "reason", "attempts", "lease_owner", "lease_expires_at", "meta")
+
+CHECKPOINTS = Key("checkpoints", ("discovered_at", "id"), ("time", "int"))          # oldest first
+RUNS = Key("runs", ("r.finished_at", "r.run_id"), ("time", "str"), descending=True)    # newest first
+ALERTS = Key("alerts", ("a.created_at", "a.id"), ("time", "int"), descending=True)     # newest first
+SILENCES = Key("silences", ("created_at", "id"), ("time", "str"), descending=True)     # newest first
+
+
+def checkpoints_page(store: Store, *, status: str | None = None, repo: str | None = None,
+                     limit: int | None = None, cursor: str | None = None) -> Page:
+    """Checkpoint rows oldest discovery first, as `lstar checkpoints --json` prints them (refs
+    and meta decoded, with the `not_evaluated` notes of each)."""
+    where, params = [], []
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
+    if repo is not None:
+        where.append("repo = ?")
+        params.append(repo)
+    rows, total, after, limit = page_query(
+        store, CHECKPOINTS, select=f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints", where=where,
+        params=params, limit=limit, cursor=cursor)
+    items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
+    return Page(items, total, after, limit)
+
+
+def runs_page(store: Store, *, limit: int | None = None, cursor: str | None = None) -> Page:
+    """Score runs newest first (ties by run id), each with its corpus's name, version and selection."""
+    rows, total, after, limit = page_query(
+        store, RUNS, select=(f"SELECT {', '.join(RUN_COLUMNS)} FROM score_runs r "
+                             "LEFT JOIN corpora c ON c.sha256 = r.corpus_sha256 "
+                             "LEFT JOIN score_digests l ON l.run_id = r.run_id"),
+        where=[], params=[], limit=limit, cursor=cursor)
+    return Page(rows, total, after, limit)
 
 
 def list_score_runs(store: Store, *, limit: int | None = 50) -> list[dict[str, Any]]:
-    """Score runs newest first (ties by run id), each with its corpus's name, version and
-    selection; at most `limit` rows (None: all)."""
-    sql = (f"SELECT {', '.join(RUN_COLUMNS)} FROM score_runs r "
-           "LEFT JOIN corpora c ON c.sha256 = r.corpus_sha256 "
-           "LEFT JOIN score_digests l ON l.run_id = r.run_id "
-           "ORDER BY r.finished_at DESC, r.run_id DESC")
-    if limit is None:
-        return store.query(sql)
-    return store.query(sql + " LIMIT ?", [limit])
+    """The first page of `runs_page` (its rows only)."""
+    return runs_page(store, limit=limit).items
+
+
+def alerts_page(store: Store, *, policy: str | None = None, limit: int | None = None,
+                cursor: str | None = None) -> Page:
+    """Newest alerts first, each with a `deliveries` summary [{receiver, status, reason}]."""
+    where, params = (["a.policy = ?"], [policy]) if policy else ([], [])
+    rows, total, after, limit = page_query(
+        store, ALERTS, select=("SELECT a.id, a.created_at, a.kind, a.policy, a.task, a.repo, a.commit_sha, "
+                               "a.state, a.status FROM alerts a"),
+        where=where, params=params, limit=limit, cursor=cursor)
+    per: dict[int, list[DeliverySummaryRow]] = {}
+    if rows:
+        marks = ", ".join("?" for _ in rows)
+        for d in store.query(f"SELECT alert_id, receiver, status, reason, notification_id FROM deliveries "
+                             f"WHERE alert_id IN ({marks}) ORDER BY id", [r["id"] for r in rows]):
+            per.setdefault(d.pop("alert_id"), []).append(DeliverySummaryRow.from_row(d))
+    items = [AlertSummaryRow.from_row({**r, "deliveries": per.get(r["id"], [])}).as_dict() for r in rows]
+    return Page(items, total, after, limit)
+
+
+def silences_page(store: Store, *, now: datetime, include_expired: bool = False, limit: int | None = None,
+                  cursor: str | None = None) -> Page:
+    """Silences newest first with a `state` of active / pending / expired (expired ones only
+    with `include_expired`)."""
+    import json
+
+    where, params = ([], []) if include_expired else (
+        ["least(ends_at, coalesce(expired_at, ends_at)) > ?"], [now])
+    rows, total, after, limit = page_query(
+        store, SILENCES, select="SELECT * FROM silences", where=where, params=params, limit=limit, cursor=cursor)
+    items = []
+    for r in rows:
+        row = SilenceRow.from_row({**r, "matchers": json.loads(r["matchers"]) if r["matchers"] else []})
+        end = row.ends_at if row.expired_at is None else min(row.ends_at, row.expired_at)
+        state = "expired" if end <= now else ("pending" if row.starts_at > now else "active")
+        items.append({**row.as_dict(), "state": state})
+    return Page(items, total, after, limit)
+
+
+__all__ = ["RUN_COLUMNS", "checkpoints_page", "runs_page", "alerts_page", "silences_page", "list_score_runs"]

@@ -4,37 +4,99 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from monitor.store.connection import StoreConnection
-from monitor.store.rows import PredictionRow, ReportRow, ReportScoreRow
+from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
 
 class ReportRows(StoreConnection):
     """Governance-report rows, and the score runs and predictions a report reads."""
 
     # -- governance reports ---------------------------------------------------------------------
-    def report_score_runs(self, corpus_sha256: str | None) -> list[ReportScoreRow]:
-        """Score runs (on one corpus, or all), oldest first, with their checkpoint's lineage,
-        rule, refs and discovery time (JSON columns decoded)."""
-        where, params = ("WHERE r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
-        rows = self.query(
-            "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.tokenizer_fingerprint, "
-            "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, r.tcb, "
-            "r.finished_at, coalesce(c.lineage, r.model_repo) AS lineage, c.rule, c.refs, c.discovered_at "
-            "FROM score_runs r LEFT JOIN checkpoints c ON (c.id = r.checkpoint_id) OR "
-            "(r.checkpoint_id IS NULL AND c.repo = r.model_repo AND c.sha = r.model_sha) "
-            f"{where} ORDER BY r.finished_at, r.run_id", params)
-        for row in rows:
-            row["tcb"] = json.loads(row["tcb"]) if row["tcb"] else None
-            row["refs"] = json.loads(row["refs"]) if row["refs"] else []
-        return [ReportScoreRow.from_row(row) for row in rows]
+    # A report reads its window (start, end] and, for each lineage, one row of its state at the
+    # window's start: its cost follows the window's activity, not the history.
+    _RUN_SELECT = (
+        "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.tokenizer_fingerprint, "
+        "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, r.tcb, "
+        "r.finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, coalesce(c1.rule, c2.rule) AS rule, "
+        "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at, "
+        "coalesce(c1.meta, c2.meta) AS meta "
+        # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
+        # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
+        "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
+        "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha ")
 
-    def report_predictions(self, policy: str) -> list[PredictionRow]:
-        """Every prediction of a policy, oldest first (detail decoded)."""
-        rows = self.query_json("SELECT * FROM predictions WHERE policy = ? ORDER BY evaluated_at, id", [policy],
-                               ("detail",))
+    @staticmethod
+    def _report_score_row(row: dict[str, Any]) -> ReportScoreRow:
+        row["tcb"] = json.loads(row["tcb"]) if row["tcb"] else None
+        row["refs"] = json.loads(row["refs"]) if row["refs"] else []
+        row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
+        return ReportScoreRow.from_row(row)
+
+    def report_score_runs(self, corpus_sha256: str | None, *, start: datetime, end: datetime) -> list[ReportScoreRow]:
+        """The score runs that finished in (start, end] (on one corpus, or all), oldest first, with
+        their checkpoint's lineage, rule, refs, discovery time and meta (JSON columns decoded)."""
+        where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
+        rows = self.query(f"{self._RUN_SELECT} WHERE r.finished_at > ? AND r.finished_at <= ? {where} "
+                          "ORDER BY r.finished_at, r.run_id", [start, end, *params])
+        return [self._report_score_row(row) for row in rows]
+
+    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> list[ReportCarriedRow]:
+        """Each (lineage, repo)'s state at `start`: its newest score run finished by then, with the
+        number of checkpoints it had scored and its best L* (one row each: an aggregate over the
+        history's key columns, then only the chosen runs are read whole)."""
+        where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
+        rows = self.query(
+            "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
+            "coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage FROM score_runs r "
+            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL "
+            f"AND c2.repo = r.model_repo AND c2.sha = r.model_sha WHERE r.finished_at <= ? {where}), "
+            "state AS (SELECT lineage, repo, arg_max(run_id, (finished_at, run_id)) AS newest, "
+            "count(DISTINCT model_sha) AS checkpoints_before, min(lstar) AS best_lstar_before "
+            "FROM history GROUP BY lineage, repo) "
+            f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
+            "ON run.run_id = s.newest ORDER BY run.lineage, run.repo", [start, *params])
+        out = []
+        for row in rows:
+            counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))
+            out.append(ReportCarriedRow(self._report_score_row(row), counted, best))
+        return out
+
+    def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
+        """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""
+        rows = self.query_json("SELECT * FROM predictions WHERE policy = ? AND evaluated_at > ? AND evaluated_at <= ? "
+                               "ORDER BY evaluated_at, id", [policy, start, end], ("detail",))
         return [PredictionRow.from_row(row) for row in rows]
+
+    def report_carried_predictions(self, policy: str, *, start: datetime, skip_state: str) -> list[PredictionRow]:
+        """Each (task, lineage)'s state at `start`: the policy's newest prediction evaluated by
+        then whose state is not `skip_state` (one row each; a window function)."""
+        rows = self.query_json(
+            "SELECT * EXCLUDE (newest) FROM (SELECT *, row_number() OVER (PARTITION BY task, lineage "
+            "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions WHERE policy = ? AND evaluated_at <= ? "
+            "AND state != ?) WHERE newest = 1 ORDER BY task, lineage", [policy, start, skip_state], ("detail",))
+        return [PredictionRow.from_row(row) for row in rows]
+
+    def report_new_checkpoints(self, *, start: datetime, end: datetime) -> list[CheckpointRow]:
+        """The checkpoints discovered in (start, end], oldest first (refs and meta decoded)."""
+        rows = self.query("SELECT id, repo, sha, source, refs, lineage, rule, discovered_at, updated_at, status, "
+                          "reason, attempts, lease_owner, lease_expires_at, meta FROM checkpoints "
+                          "WHERE discovered_at > ? AND discovered_at <= ? ORDER BY discovered_at, id", [start, end])
+        return [self._decode_checkpoint(row) for row in rows]
+
+    def checkpoint_refs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+        """The refs of each known (repo, sha) among `pairs`."""
+        out: dict[tuple[str, str], list[str]] = {}
+        pairs = sorted(set(pairs))
+        for first in range(0, len(pairs), 500):
+            chunk = pairs[first:first + 500]
+            marks = ", ".join("(?, ?)" for _ in chunk)
+            for row in self.query(f"SELECT repo, sha, refs FROM checkpoints WHERE (repo, sha) IN "
+                                  f"(SELECT * FROM (VALUES {marks}))", [v for pair in chunk for v in pair]):
+                out[(row["repo"], row["sha"])] = json.loads(row["refs"]) if row["refs"] else []
+        return out
 
     def last_report(self, policy: str, name: str) -> ReportRow | None:
         """The newest recorded report of (policy, report name), or None."""

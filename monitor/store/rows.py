@@ -26,6 +26,9 @@ EVALUATION_AXIS_COLUMNS = ("ce", "ce_unigram", "l_rel", "l_gain", "bits_per_byte
                            *AXIS_COLUMNS, "model")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}   # each row class's field names, read once
+
+
 @dataclass(frozen=True)
 class Row:
     """Base of the typed rows: construction by column name and the dict view for JSON."""
@@ -33,7 +36,11 @@ class Row:
     @classmethod
     def from_row(cls: type[_R], row: Mapping[str, Any]) -> _R:
         """The row of `cls` holding the columns of `row`, which must be exactly its fields."""
-        names = [f.name for f in fields(cls)]
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+        if len(row) == len(names) and all(n in row for n in names):  # the common case, checked cheaply
+            return cls(**{n: row[n] for n in names})
         missing = [n for n in names if n not in row]
         extra = [c for c in row if c not in names]
         if missing or extra:
@@ -97,6 +104,17 @@ class ReportScoreRow(Row):
     rule: str | None
     refs: list[str]
     discovered_at: datetime | None
+    meta: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReportCarriedRow(Row):
+    """A (lineage, repo)'s state at a report window's start: its newest score run before the
+    window, how many checkpoints it had scored by then and its best L* by then."""
+
+    run: ReportScoreRow
+    checkpoints_before: int
+    best_lstar_before: float
 
 
 @dataclass(frozen=True)
