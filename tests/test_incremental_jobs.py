@@ -430,3 +430,83 @@ def test_a_tick_writes_its_new_runs_in_a_bounded_number_of_commits_and_one_check
     expected = [{"lstar": 1.0 + i / 10, "p_hat": 0.1 + 0.01 * (1.0 + i / 10), "state": "clear"} for i in range(24)]
     assert [{k: pytest.approx(v) if k != "state" else v for k, v in r.items()} for r in expected] == many_rows
     assert many_rows[:3] == few_rows
+
+
+def test_shutdown_gives_up_on_a_job_blocked_outside_any_query_and_says_so(tmp_path, caplog):
+    """A job blocked in Python (no query to interrupt) past the drain and its grace: the
+    shutdown names it, does not touch the busy connection, and reports exit 1, never
+    "stopped cleanly"."""
+    import logging
+    import threading
+
+    from monitor.service.daemon import Daemon, DaemonConfig
+
+    (tmp_path / "policies").mkdir()
+    daemon = Daemon(DaemonConfig(policies_dir=tmp_path / "policies", state_dir=tmp_path / "state",
+                                 drain=0.2, drain_grace=0.2))
+    daemon.store = Store.open(tmp_path / "state" / "lstar.duckdb")
+    started, release = threading.Event(), threading.Event()
+
+    def blocked() -> dict:
+        with daemon.job_store():
+            started.set()
+            release.wait()
+        return {}
+
+    daemon.job_report = blocked  # type: ignore[method-assign]
+    job = threading.Thread(target=daemon._run_job, args=("report",), daemon=True)
+    job.start()
+    assert started.wait(30)
+    try:
+        daemon.stopping.set()
+        with caplog.at_level(logging.INFO, logger="monitor.service.daemon"):
+            assert daemon._shutdown() == 1
+        assert job.is_alive()
+        assert daemon.unfinished == ["report"]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("not stopped cleanly: job(s) report did not end") for m in messages)
+        assert "stopped cleanly" not in messages
+    finally:
+        release.set()
+        job.join(5)
+        daemon.store.close()
+
+
+_BLOCKED_DAEMON = """
+import sys, threading
+from pathlib import Path
+from monitor.service.daemon import Daemon, DaemonConfig, run_daemon
+
+def blocked(self):
+    print("blocked", flush=True)
+    threading.Event().wait()   # in Python, outside any query: no interrupt reaches it
+
+Daemon.job_prune = blocked
+folder = Path(sys.argv[1])
+sys.exit(run_daemon(DaemonConfig(policies_dir=folder / "policies", state_dir=folder / "state",
+                                 api_port=0, drain=0.5, drain_grace=0.5, poll_interval=3600)))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_job_blocked_outside_any_query_ends_the_process_with_exit_1(tmp_path):
+    """The real process: the scheduler's job threads are not daemon threads, so a job that
+    never ends kept the interpreter alive after "stopped cleanly". It now exits 1, naming it."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "policies").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_DAEMON, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "blocked"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)   # a bound against hanging, not a timing check
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "not stopped cleanly: job(s) prune did not end" in err
+    assert "stopped cleanly\n" not in err.replace("not stopped cleanly", "")
