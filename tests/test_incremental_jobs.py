@@ -412,7 +412,8 @@ def _tick_statements(tmp_path: Path, n: int) -> tuple[dict[str, int], list[dict[
         report = evaluate_pending(store, [policy], now=T0 + timedelta(days=1), predictor=predictor)
         uncounted(store, counter)
         assert report.predictions == n
-        kinds = {k: sum(s.upper().startswith(k) for s in counter.statements) for k in ("BEGIN", "COMMIT", "CHECKPOINT")}
+        kinds = {k: sum(s.upper().startswith(k) for s in counter.statements)
+                 for k in ("BEGIN", "COMMIT", "CHECKPOINT")}
         rows = store.query("SELECT r.lstar, p.p_hat, p.state FROM predictions p JOIN score_runs r USING (run_id) "
                            "ORDER BY r.lstar")
     return kinds, rows
