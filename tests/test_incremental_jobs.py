@@ -214,17 +214,19 @@ def test_a_tick_stopped_or_crashed_half_way_evaluates_each_run_exactly_once_late
         from monitor.alerts import outbox
         real, seen = outbox._write, []
 
-        def crash_on_fourth(store_: Store, rows: Any, now: datetime) -> Any:
+        def crash_on_fourth(store_: Store, rows: Any, now: datetime, *batch: Any) -> Any:
             seen.append(rows[0]["run_id"])
             if rows[0]["run_id"] == runs[3]:
                 raise RuntimeError("killed")
-            return real(store_, rows, now)
+            return real(store_, rows, now, *batch)
         monkeypatch.setattr(outbox, "_write", crash_on_fourth)
         with pytest.raises(RuntimeError):
             evaluate_pending(store, [policy], now=T0, predictor=predictor)
         assert seen == runs[2:]   # the two evaluated before the stop are not looked at again
+        # The third run's write shared the crashed run's transaction: both are evaluated again.
+        assert store.query("SELECT count(*) AS n FROM predictions WHERE run_id = ?", [runs[2]]) == [{"n": 0}]
         monkeypatch.setattr(outbox, "_write", real)
-        assert evaluate_pending(store, [policy], now=T0, predictor=predictor).predictions == 1
+        assert evaluate_pending(store, [policy], now=T0, predictor=predictor).predictions == 2
         counts = store.query("SELECT run_id, count(*) AS n FROM predictions GROUP BY run_id ORDER BY run_id")
         assert counts == [{"run_id": r, "n": 1} for r in sorted(runs)]
         assert store.evaluation_queue() == {}
@@ -395,3 +397,117 @@ def test_the_migration_carries_each_groups_newest_notification_over(tmp_path):
             {k: T0 + timedelta(minutes=max(v)) for k, v in made.items()}
         for (receiver, key), minutes in made.items():
             assert store.last_notification_at("p", receiver, key) == T0 + timedelta(minutes=max(minutes))
+
+
+def _tick_statements(tmp_path: Path, n: int) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """BEGIN/COMMIT/CHECKPOINT statements of the tick that evaluates `n` new runs (over three
+    lineages), and the predictions it wrote."""
+    policy = load_policy(write_policy(tmp_path / f"policies{n}"), check_curves=False)
+    with Store.open(tmp_path / f"lstar{n}.duckdb") as store:
+        evaluate_pending(store, [policy], now=T0, predictor=predictor)
+        for i in range(n):
+            record_fake_score(store, repo=f"org/m{i % 3}", sha=fake_sha(f"n{i}"), lstar=1.0 + i / 10, se=0.02,
+                              finished_at=T0 + timedelta(minutes=i))
+        counter = counted(store)
+        report = evaluate_pending(store, [policy], now=T0 + timedelta(days=1), predictor=predictor)
+        uncounted(store, counter)
+        assert report.predictions == n
+        kinds = {k: sum(s.upper().startswith(k) for s in counter.statements)
+                 for k in ("BEGIN", "COMMIT", "CHECKPOINT")}
+        rows = store.query("SELECT r.lstar, p.p_hat, p.state FROM predictions p JOIN score_runs r USING (run_id) "
+                           "ORDER BY r.lstar")
+    return kinds, rows
+
+
+def test_a_tick_writes_its_new_runs_in_a_bounded_number_of_commits_and_one_checkpoint(tmp_path):
+    few, few_rows = _tick_statements(tmp_path, 3)
+    many, many_rows = _tick_statements(tmp_path, 24)
+    # One write transaction per (policy, task) batch, whatever the number of new runs
+    # (each run committed, and checkpointed, on its own before).
+    assert few == many
+    assert many["CHECKPOINT"] == 1
+    assert many["COMMIT"] == many["BEGIN"] <= 4
+    # The numbers are the stand-in curve's, run by run (p = 0.1 + 0.01 L*).
+    expected = [{"lstar": 1.0 + i / 10, "p_hat": 0.1 + 0.01 * (1.0 + i / 10), "state": "clear"} for i in range(24)]
+    assert [{k: pytest.approx(v) if k != "state" else v for k, v in r.items()} for r in expected] == many_rows
+    assert many_rows[:3] == few_rows
+
+
+def test_shutdown_gives_up_on_a_job_blocked_outside_any_query_and_says_so(tmp_path, caplog):
+    """A job blocked in Python (no query to interrupt) past the drain and its grace: the
+    shutdown names it, does not touch the busy connection, and reports exit 1, never
+    "stopped cleanly"."""
+    import logging
+    import threading
+
+    from monitor.service.daemon import Daemon, DaemonConfig
+
+    (tmp_path / "policies").mkdir()
+    daemon = Daemon(DaemonConfig(policies_dir=tmp_path / "policies", state_dir=tmp_path / "state",
+                                 drain=0.2, drain_grace=0.2))
+    daemon.store = Store.open(tmp_path / "state" / "lstar.duckdb")
+    started, release = threading.Event(), threading.Event()
+
+    def blocked() -> dict:
+        with daemon.job_store():
+            started.set()
+            release.wait()
+        return {}
+
+    daemon.job_report = blocked  # type: ignore[method-assign]
+    job = threading.Thread(target=daemon._run_job, args=("report",), daemon=True)
+    job.start()
+    assert started.wait(30)
+    try:
+        daemon.stopping.set()
+        with caplog.at_level(logging.INFO, logger="monitor.service.daemon"):
+            assert daemon._shutdown() == 1
+        assert job.is_alive()
+        assert daemon.unfinished == ["report"]
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("not stopped cleanly: job(s) report did not end") for m in messages)
+        assert "stopped cleanly" not in messages
+    finally:
+        release.set()
+        job.join(5)
+        daemon.store.close()
+
+
+_BLOCKED_DAEMON = """
+import sys, threading
+from pathlib import Path
+from monitor.service.daemon import Daemon, DaemonConfig, run_daemon
+
+def blocked(self):
+    print("blocked", flush=True)
+    threading.Event().wait()   # in Python, outside any query: no interrupt reaches it
+
+Daemon.job_prune = blocked
+folder = Path(sys.argv[1])
+sys.exit(run_daemon(DaemonConfig(policies_dir=folder / "policies", state_dir=folder / "state",
+                                 api_port=0, drain=0.5, drain_grace=0.5, poll_interval=3600)))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_job_blocked_outside_any_query_ends_the_process_with_exit_1(tmp_path):
+    """The real process: the scheduler's job threads are not daemon threads, so a job that
+    never ends kept the interpreter alive after "stopped cleanly". It now exits 1, naming it."""
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "policies").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_DAEMON, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "blocked"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)   # a bound against hanging, not a timing check
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert "not stopped cleanly: job(s) prune did not end" in err
+    assert "stopped cleanly\n" not in err.replace("not stopped cleanly", "")

@@ -13,10 +13,11 @@ made, nothing written) and `mid_outbox_write` (inside the transaction, before CO
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -228,23 +229,68 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     return row
 
 
-def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime) -> dict[str, int]:
+# Runs evaluated per write transaction: one commit for a tick's new scores, while a full scan
+# (after a curve or rule change) still commits as it goes.
+BATCH_RUNS = 500
+
+
+class _Batch:
+    """The writes of up to BATCH_RUNS evaluated runs in ONE transaction of the store.
+
+    Each plan reads the lineage's history inside the transaction, so it sees the rows
+    written before it in the batch, exactly as when each run committed alone. The events
+    that tell what was written are logged after the commit (a rolled-back batch told
+    nothing). A crash before the commit leaves the batch's runs on the queue (it is drained
+    only after the tick's writes), and the predictions' unique key makes the next tick's
+    writes of the runs already committed a no-op."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.written = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, store: Store) -> Iterator[_Batch]:
+        batch = cls(store)
+        with store.transaction():
+            yield batch
+        for name, fields in batch.events:
+            event(name, **fields)
+
+
+def _chunks(rows: Sequence[EvaluationCandidateRow]) -> Iterator[Sequence[EvaluationCandidateRow]]:
+    for start in range(0, len(rows), BATCH_RUNS):
+        yield rows[start:start + BATCH_RUNS]
+
+
+def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime,
+           batch: _Batch | None = None) -> dict[str, int]:
     """Write planned prediction rows (one at a time, as callers pass them) and log what was
-    written: the task's state, and the alert it raised."""
+    written: the task's state, and the alert it raised. In `batch`, the rows join its
+    transaction and the lines wait for its commit."""
     failpoint("after_score_before_outbox")
     counts = store.write_outbox(rows, now=now, before_commit=lambda conn: failpoint("mid_outbox_write"))
+    events: list[tuple[str, dict[str, Any]]] = []
     if len(rows) == 1 and counts["predictions"]:   # 0: evaluated meanwhile, nothing new to tell
         row = rows[0]
         ids = {"policy": row["policy"], "task": row["task"], "repo": row["repo"], "commit": row["commit_sha"],
                "run": row["run_id"]}
         previous = row.get("previous_state")
-        event("state", **ids, state=row["state"], previous=previous or "none",
-              changed=previous != row["state"], p_hat=row["p_hat"], lo=row["lo"], hi=row["hi"],
-              threshold=row["threshold"])
+        events.append(("state", dict(**ids, state=row["state"], previous=previous or "none",
+                                     changed=previous != row["state"], p_hat=row["p_hat"], lo=row["lo"],
+                                     hi=row["hi"], threshold=row["threshold"])))
         if counts["alerts"]:
             for alert in row.get("alerts", ()):
-                event("alert_raised", **ids, alert=alert["alert_key"], kind=alert["kind"],
-                      state=alert["state"], receivers=",".join(d["receiver"] for d in alert["deliveries"]))
+                events.append(("alert_raised", dict(
+                    **ids, alert=alert["alert_key"], kind=alert["kind"], state=alert["state"],
+                    receivers=",".join(d["receiver"] for d in alert["deliveries"]))))
+    if batch is None:
+        for name, fields in events:
+            event(name, **fields)
+    else:
+        batch.events.extend(events)
+        batch.written = True
     return counts
 
 
@@ -311,6 +357,7 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
     tick = _Tick(queue=store.evaluation_queue())
+    written = False
     for policy in policies:
         public = policy.corpora.public
         if public is None and isinstance(curves, CurvePredictor):
@@ -331,32 +378,46 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
             curve_id = _curve_id(curves, policy, task)
             candidates, full = tick.candidates(store, policy, task.name, public, curve_id)
             new = new or full
-            for row in candidates:
-                if stop is not None and stop():
-                    report.stopped = True
-                    return report   # nothing recorded nor drained: the next tick goes on
-                score = _view(row)
-                if not watches(policy, score.repo, score.rule):
-                    continue
-                try:
-                    prediction = curves(policy, task, score)
-                except CurveError as exc:
-                    # Recorded, so that it is shown (and not tried again until the curve changes).
-                    report.skip("curve_refused", f"policy {policy.name}, task {task.name}, "
-                                                 f"run {score.run_id}: {exc.one_line()}")
-                    report.add(_write(store, [_prediction_row(
-                        policy, task.name, score, state=NOT_EVALUATED, now=now, curve_id=curve_id,
-                        detail={"reason": exc.one_line()})], now))
-                    continue
-                planned = task_prediction_row(store, policy, task, score, prediction, now=now)
-                report.add(_write(store, [planned], now))
+            for chunk in _chunks(candidates):
+                with _Batch.open(store) as batch:
+                    for row in chunk:
+                        if stop is not None and stop():
+                            report.stopped = True
+                            break
+                        _evaluate_run(store, policy, task, _view(row), curves, curve_id, now, report, batch)
+                written = written or batch.written
+                if report.stopped:   # nothing recorded nor drained: the next tick goes on
+                    if written:
+                        store.checkpoint()
+                    return report
         # The episode changes only with new predictions; an open one is followed every tick.
         if new or store.open_evaluation_gap(policy.name) is not None:
             report.deliveries += track_evaluation_gap(store, policy, now=now)
         if policy.calibration_gaming is not None:
-            write_gaming_predictions(store, policy, now=now, report=report, tick=tick)
+            written = write_gaming_predictions(store, policy, now=now, report=report, tick=tick) or written
     _finish_tick(store, tick, now, complete=complete)
+    if written:   # the commits are durable in the WAL; one fold into the file per tick
+        store.checkpoint()
     return report
+
+
+def _evaluate_run(store: Store, policy: Policy, task: Task, score: ScoreView, curves: Predictor,
+                  curve_id: str | None, now: datetime, report: EvaluationReport, batch: _Batch) -> None:
+    """Predict one run for one task and write its prediction (and alert) into `batch`."""
+    if not watches(policy, score.repo, score.rule):
+        return
+    try:
+        prediction = curves(policy, task, score)
+    except CurveError as exc:
+        # Recorded, so that it is shown (and not tried again until the curve changes).
+        report.skip("curve_refused", f"policy {policy.name}, task {task.name}, "
+                                     f"run {score.run_id}: {exc.one_line()}")
+        report.add(_write(store, [_prediction_row(
+            policy, task.name, score, state=NOT_EVALUATED, now=now, curve_id=curve_id,
+            detail={"reason": exc.one_line()})], now, batch))
+        return
+    planned = task_prediction_row(store, policy, task, score, prediction, now=now)
+    report.add(_write(store, [planned], now, batch))
 
 
 def _finish_tick(store: Store, tick: _Tick, now: datetime, *, complete: bool) -> None:
@@ -395,17 +456,19 @@ def reference_offsets(store: Store, policy: Policy) -> tuple[list[float], list[s
 
 
 def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
-                             report: EvaluationReport, tick: _Tick | None = None) -> None:
+                             report: EvaluationReport, tick: _Tick | None = None) -> bool:
     """The calibration-gaming rule for every public score that also has a private one.
 
     With `tick` (from `evaluate_pending`) only the runs it has to look at are read, and a
-    run that waits (for its private score, for the references' scores) is held on the queue."""
+    run that waits (for its private score, for the references' scores) is held on the queue.
+    Returns whether anything was written (a tick checkpoints once, at its end; without
+    `tick`, this checkpoints itself)."""
     rule, corpora = policy.calibration_gaming, policy.corpora
     assert rule is not None
     if corpora.public is None or corpora.private is None:
         report.skip("gaming_corpora_missing",
                     f"policy {policy.name}: calibration_gaming needs corpora.public and .private")
-        return
+        return False
     if tick is None:
         rows = store.evaluation_candidates(policy.name, GAMING_TASK, corpora.public)
         full = False
@@ -421,42 +484,58 @@ def write_gaming_predictions(store: Store, policy: Policy, *, now: datetime,
             store.requeue_evaluation([r.run_id for r in waiting], corpora.public, now=now)
 
     if not candidates:
-        return
+        return False
     offsets, missing = reference_offsets(store, policy)
     if missing:
         report.skip("gaming_references_unscored",
                     f"policy {policy.name}: calibration_gaming waits for scores of reference "
                     f"checkpoint(s) on both corpora: {', '.join(missing)}")
         hold(candidates)
-        return
-    for row in candidates:
-        score = _view(row)
-        private = store.latest_score(score.repo, score.commit, corpora.private)
-        if private is None:
-            hold([row])
-            continue  # not scored on the private corpus yet; evaluated once it is
-        verdict = calibration_gaming(score.lstar, score.se, float(private.lstar), float(private.se),
-                                     reference_offsets=offsets, k=rule.k)
-        state = "flagged" if verdict.flagged else "clear"
-        numbers = {**verdict.as_dict(), "task": GAMING_TASK, "state": state, "lstar_public": score.lstar,
-                   "se_public": score.se, "lstar_private": float(private.lstar),
-                   "se_private": float(private.se), "corpus_public": corpora.public,
-                   "corpus_private": corpora.private, "repo": score.repo, "commit": score.commit,
-                   "lineage": score.lineage, "run_id": score.run_id}
-        labels = task_labels(policy=policy.name, task=GAMING_TASK, repo=score.repo, lineage=score.lineage,
-                             commit=score.commit, state=state, extra={**policy.labels, **rule.labels})
-        labels["alertname"] = GAMING_ALERTNAME
-        history = store.lineage_history(policy.name, GAMING_TASK, score.lineage)
-        alert = plan_alert(policy, task=GAMING_TASK, score=score, state=state, numbers=numbers,
-                           history=history, now=now, labels=labels,
-                           annotate=lambda resolved: gaming_annotations(numbers, repo=score.repo,
-                                                                        commit=score.commit,
-                                                                        resolved=resolved))
-        planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
-                                  detail=numbers)
-        planned["alerts"] = [alert.as_row()] if alert else []
-        planned["previous_state"] = history.state
-        report.add(_write(store, [planned], now))
+        return False
+    written = False
+    for chunk in _chunks(candidates):
+        with _Batch.open(store) as batch:
+            for row in chunk:
+                _gaming_run(store, policy, row, offsets, now, report, batch, hold)
+        written = written or batch.written
+    if written and tick is None:
+        store.checkpoint()
+    return written
+
+
+def _gaming_run(store: Store, policy: Policy, row: EvaluationCandidateRow, offsets: Sequence[float],
+                now: datetime, report: EvaluationReport, batch: _Batch,
+                hold: Callable[[Sequence[EvaluationCandidateRow]], None]) -> None:
+    """The calibration-gaming verdict of one public score, written into `batch`."""
+    rule, corpora = policy.calibration_gaming, policy.corpora
+    assert rule is not None and corpora.private is not None
+    score = _view(row)
+    private = store.latest_score(score.repo, score.commit, corpora.private)
+    if private is None:
+        hold([row])
+        return  # not scored on the private corpus yet; evaluated once it is
+    verdict = calibration_gaming(score.lstar, score.se, float(private.lstar), float(private.se),
+                                 reference_offsets=offsets, k=rule.k)
+    state = "flagged" if verdict.flagged else "clear"
+    numbers = {**verdict.as_dict(), "task": GAMING_TASK, "state": state, "lstar_public": score.lstar,
+               "se_public": score.se, "lstar_private": float(private.lstar),
+               "se_private": float(private.se), "corpus_public": corpora.public,
+               "corpus_private": corpora.private, "repo": score.repo, "commit": score.commit,
+               "lineage": score.lineage, "run_id": score.run_id}
+    labels = task_labels(policy=policy.name, task=GAMING_TASK, repo=score.repo, lineage=score.lineage,
+                         commit=score.commit, state=state, extra={**policy.labels, **rule.labels})
+    labels["alertname"] = GAMING_ALERTNAME
+    history = store.lineage_history(policy.name, GAMING_TASK, score.lineage)
+    alert = plan_alert(policy, task=GAMING_TASK, score=score, state=state, numbers=numbers,
+                       history=history, now=now, labels=labels,
+                       annotate=lambda resolved: gaming_annotations(numbers, repo=score.repo,
+                                                                    commit=score.commit,
+                                                                    resolved=resolved))
+    planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
+                              detail=numbers)
+    planned["alerts"] = [alert.as_row()] if alert else []
+    planned["previous_state"] = history.state
+    report.add(_write(store, [planned], now, batch))
 
 
 __all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluation_scope",

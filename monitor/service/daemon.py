@@ -19,7 +19,10 @@ state directory. Under it, at start, the daemon frees every lease an earlier pro
 (scores, notifications), recording each interrupted attempt with the time it started, so
 the work resumes on the first run of its job rather than when the lease would expire.
 SIGTERM/SIGINT stop new work, let running jobs finish (bounded by `drain`), CHECKPOINT the
-database and exit 0. Policy files are re-read when they change; a
+database and exit 0. Past the drain, a running score is killed and running queries are
+interrupted; a job that still has not ended after `drain_grace` (blocked outside any query)
+is named in the log, and the process exits 1 at once without a CHECKPOINT (the WAL is
+replayed on the next start). Policy files are re-read when they change; a
 bad file keeps its last good version and the error shows in the log and in /status. A missing
 policy folder stops the start; no policy in force, or a receiver secret that does not resolve,
 keeps /health unhealthy and makes `--once` exit 2 (`monitor.policy.readiness`).
@@ -116,6 +119,7 @@ class DaemonConfig:
     lease: float | None = None        # checkpoint lease; default: score_timeout + 10 min
     score_batch: int = 4              # queue jobs one scoring run takes on at most (at once on Ray)
     drain: float = 60.0
+    drain_grace: float = 5.0          # after the drain: how long interrupted jobs get to end
     hub_max_wait: float = 60.0        # longer rate-limit waits end the job instead of sleeping
     hub_cooldown: float = 300.0       # circuit-breaker cool-down after repeated Hub failures
     hub_circuit_threshold: int = 5    # consecutive Hub failures that open the circuit
@@ -186,6 +190,7 @@ class Daemon:
         self.db_lock = threading.RLock()
         self.faults = StoreFailpoints()
         self.job_local = threading.local()            # per job run: did it commit a real write?
+        self.unfinished: list[str] = []               # jobs still running when the shutdown gave up on them
         self.live_cursors: set[Any] = set()           # the jobs' DuckDB cursors, interrupted at the drain deadline
         self.scheduler: Any = None
         self.api: Any = None
@@ -341,7 +346,7 @@ class Daemon:
             if self._interrupt_queries():
                 log.warning("interrupted the database queries still running after the %.0f s drain",
                             self.config.drain)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + self.config.drain_grace
             while self._running_jobs() and time.monotonic() < deadline:
                 time.sleep(0.1)
         left = self._running_jobs()
@@ -359,6 +364,16 @@ class Daemon:
             if self.store is not None:
                 with contextlib.suppress(Exception):
                     self.store.close()
+            return 1
+        if left:
+            # A job still inside a DuckDB call holds the connection ("connection is busy"):
+            # neither CHECKPOINT nor close can run. What was committed is in the WAL, which
+            # the next start replays (it holds no DDL: that is checkpointed at start-up); the
+            # jobs' open transactions roll back and their work is done again then.
+            self.unfinished = left
+            log.error("not stopped cleanly: job(s) %s did not end within the %.0f s drain and %.0f s "
+                      "grace; exiting without a CHECKPOINT (the next start replays the WAL and does "
+                      "their work again)", ", ".join(left), self.config.drain, self.config.drain_grace)
             return 1
         if self.store is not None:
             try:
@@ -902,7 +917,24 @@ def run_daemon(config: DaemonConfig) -> int:
     # A tick that finds its job still running is expected (max_instances=1), not a warning.
     logging.getLogger("apscheduler.scheduler").addFilter(
         lambda record: "maximum number of running instances" not in record.getMessage())
-    return Daemon(config).run()
+    daemon = Daemon(config)
+    code = daemon.run()
+    if daemon.unfinished:
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """End the process with `code` at once, the logs flushed first.
+
+    For a shutdown that gave up on jobs still running: their threads (the scheduler's pool,
+    not daemon threads) would keep the interpreter alive at exit, and a job blocked outside
+    any query (no interrupt reaches it) would never let the process end."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 __all__ = ["DaemonConfig", "Daemon", "StateLock", "run_daemon", "build_scheduler", "add_interval_job",

@@ -86,18 +86,26 @@ class AlertRows(StoreConnection):
         exists, writes nothing, so evaluating the same score twice sends nothing twice; a
         `not_evaluated` record is replaced by the new evaluation.
         `before_commit(conn)` runs last inside the transaction (crash tests kill there).
+        Called inside a `transaction()` of the store, it joins it and does not checkpoint.
         """
         counts = {"predictions": 0, "alerts": 0, "deliveries": 0}
+        joined = self.in_transaction
         with self.transaction() as conn:
             for p in predictions:
                 values = [json.dumps(p[c], sort_keys=True, default=str) if c == "detail" else p[c]
                           for c in self._PREDICTION_COLUMNS]
-                conn.execute("DELETE FROM predictions WHERE policy = ? AND task = ? AND run_id = ? AND "
-                             "state = 'not_evaluated'", [p["policy"], p["task"], p["run_id"]])
-                row = conn.execute(
-                    f"INSERT INTO predictions ({', '.join(self._PREDICTION_COLUMNS)}) VALUES "
-                    f"({', '.join('?' for _ in self._PREDICTION_COLUMNS)}) "
-                    "ON CONFLICT (policy, task, run_id) DO NOTHING RETURNING id", values).fetchone()
+                insert = (f"INSERT INTO predictions ({', '.join(self._PREDICTION_COLUMNS)}) VALUES "
+                          f"({', '.join('?' for _ in self._PREDICTION_COLUMNS)}) "
+                          "ON CONFLICT (policy, task, run_id) DO NOTHING RETURNING id")
+                # The unique key's index answers the insert; only a run already recorded (rare:
+                # a not_evaluated record, or a second evaluation) pays for the DELETE, which
+                # DuckDB answers with a scan of the table.
+                row = conn.execute(insert, values).fetchone()
+                if row is None:
+                    gone = conn.execute(
+                        "DELETE FROM predictions WHERE policy = ? AND task = ? AND run_id = ? AND "
+                        "state = 'not_evaluated'", [p["policy"], p["task"], p["run_id"]]).fetchone()[0]
+                    row = conn.execute(insert, values).fetchone() if gone else None
                 if row is None:
                     continue
                 counts["predictions"] += 1
@@ -108,7 +116,8 @@ class AlertRows(StoreConnection):
                     counts["deliveries"] += written
             if before_commit is not None:
                 before_commit(conn)
-        self.checkpoint()
+        if not joined:   # a caller's batch checkpoints (at most) once, after its commits
+            self.checkpoint()
         return counts
 
     def pending_deliveries(self) -> list[PendingDeliveryRow]:

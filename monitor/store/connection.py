@@ -81,6 +81,7 @@ class StoreConnection:
         self.read_only = read_only
         self._lock = threading.RLock()
         self._refused = False
+        self._depth = 0          # open transaction() blocks (the lock is held while > 0)
 
     # -- opening ---------------------------------------------------------------------
     @classmethod
@@ -172,17 +173,36 @@ class StoreConnection:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """BEGIN ... COMMIT, rolled back on any exception."""
+        """BEGIN ... COMMIT, rolled back on any exception.
+
+        Opened inside another transaction of this store (the same thread: the lock is held),
+        it joins that one: its writes commit, or roll back, with the outer one. That lets a
+        caller write many rows in one commit through methods that each open a transaction."""
         with self._lock:
             conn = self.conn
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield conn
+                finally:
+                    self._depth -= 1
+                return
             conn.execute("BEGIN TRANSACTION")
+            self._depth = 1
             try:
                 yield conn
             except BaseException:
+                self._depth = 0
                 with contextlib.suppress(duckdb.Error):
                     conn.execute("ROLLBACK")
                 raise
+            self._depth = 0
             conn.execute("COMMIT")
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a `transaction()` of this store is open (in the thread holding it)."""
+        return self._depth > 0
 
     def checkpoint(self) -> None:
         """Fold the WAL into the main file (after batches and on shutdown)."""
