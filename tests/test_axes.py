@@ -198,10 +198,12 @@ def test_a_v1_artifact_loads_and_predicts_as_before(tmp_path: Path) -> None:
 
 
 # -- the daemon's evaluation on an axis -----------------------------------------------------------
-def _bpb_curve(tmp_path: Path, *, axis: str = "bits_per_byte") -> Path:
+def _bpb_curve(tmp_path: Path, *, axis: str = "bits_per_byte", imported: int = 0) -> Path:
     """A bits/byte (or other axis) curve pinned like the fixture curves: from arith.json's
-    shape, moved to x in [0.8, 1.2]."""
+    shape, moved to x in [0.8, 1.2]; its first `imported` points marked imported."""
     base = load_curve(CURVES / "arith.json")
+    base = base.model_copy(update={"points": [point.model_copy(update={"imported": i < imported})
+                                              for i, point in enumerate(base.points)]})
     xs = [0.8, 1.0, 1.2]
     ys = [0.8, 0.45, 0.2]
     draft = base.model_copy(update={
@@ -240,7 +242,7 @@ meta_receivers: [ops-log]
 def test_a_bits_per_byte_curve_alerts_with_its_axis_value_and_se(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LSTAR_TEST_WEBHOOK_SECRET", SECRET)
-    curve = _bpb_curve(tmp_path)
+    curve = _bpb_curve(tmp_path, imported=2)
     with WebhookReceiver() as hook, SmtpReceiver() as smtp:
         receivers = f"""\
   - name: hook
@@ -286,6 +288,12 @@ def test_a_bits_per_byte_curve_alerts_with_its_axis_value_and_se(tmp_path: Path,
     [lineage] = task["lineages"]
     assert (lineage["value"], lineage["value_se"], lineage["lstar"]) == (1.0, 0.02, -2.0)
     assert "| lineage | current checkpoint | state | bits/byte | P̂ |" in to_markdown(report)
+    # ... and the evidence behind the axis: the curve file the policy points at, its points,
+    # and how many of them a labels file gave directly.
+    n_points = len(load_curve(curve).points)
+    assert (task["curve_file"], task["curve_points"], task["imported_points"]) == (str(curve), n_points, 2)
+    assert (f"Progress axis: bits/byte, from the curve `{curve}` ({n_points} labelled points, 2 of them "
+            "imported from a labels file (not scored here)).") in to_markdown(report)
 
 
 def test_a_curve_on_an_axis_the_score_lacks_is_recorded_with_its_reason(tmp_path: Path) -> None:

@@ -240,6 +240,10 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         tasks.append({
             "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
             "axis": curve.axis, "axis_label": curve.axis_label,
+            # the evidence behind the axis: the reviewed curve file the policy points at, and how
+            # many of its points a labels file gave directly instead of a score run of this store
+            "curve_file": str(policy.resolve_path(task.curve)), "curve_points": len(curve.points),
+            "imported_points": sum(1 for point in curve.points if point.imported),
             "baseline": curve.baseline, "margin": margin, "level": curve.baseline + margin,
             "confidence": curve.confidence, "eta": curve.threshold.estimate,
             "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
@@ -381,8 +385,13 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
                 f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
-        out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
         label = t.get("axis_label", "L*")
+        if "curve_file" in t:
+            imported = (f", {t['imported_points']} of them imported from a labels file (not scored here)"
+                        if t["imported_points"] else "")
+            out += [f"Progress axis: {label}, from the curve `{t['curve_file']}` "
+                    f"({t['curve_points']} labelled points{imported}).", ""]
+        out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
         out += ([""] if t["curve_warnings"] else []) + note(f"task:{t['task']}") + [
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
