@@ -132,3 +132,72 @@ def test_a_state_resting_on_a_partial_score_says_so_in_the_alert():
     assert annotations["description"].endswith(f" Caveat: {caveat}.")
     del numbers["caveats"]
     assert "caveats" not in task_annotations(numbers, repo="org/m", commit="a" * 40, state="emerged")
+
+
+# -- the plan of the daemon's sequential scoring ----------------------------------------------------
+def _watching_policy(tmp_path, curve_text: str):
+    from monitor.policy.load import load_policy
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "curve.json").write_text(curve_text, encoding="utf-8")
+    (tmp_path / "policy.yaml").write_text(
+        "name: seq\nwatch:\n  - name: org\n    author: org\ntasks:\n  - name: arith\n    curve: curve.json\n"
+        "route:\n  receiver: log\nreceivers:\n  - name: log\n    file: {path: log.jsonl}\n", encoding="utf-8")
+    return load_policy(tmp_path / "policy.yaml")
+
+
+def test_a_curve_the_stop_cannot_watch_makes_the_daemon_score_in_full_and_the_cli_refuse(tmp_path):
+    """A broken curve file, or a curve on another axis than L*, cannot be settled by the L*
+    stopping rule: the daemon's plan is empty (a full score, tasks evaluated as in full mode,
+    the scoring job never failed for it); `lstar score --until-settled` refuses in one line."""
+    from pathlib import Path
+
+    from monitor.alerts.sequential_plan import plan_for_repo
+    from monitor.curves.artifact import load_curve, save_curve
+    from monitor.errors import CurveError
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves" / "arith.json"
+    good = _watching_policy(tmp_path / "good", fixture.read_text(encoding="utf-8"))
+    assert [t["task"] for t in plan_for_repo([good], "org/model", strict=False)["tasks"]] == ["arith"]
+
+    # a curve file edited into garbage after the policy was loaded (policies are read at start
+    # and on change; the plan reads the curve at each job)
+    broken = _watching_policy(tmp_path / "broken", fixture.read_text(encoding="utf-8"))
+    (tmp_path / "broken" / "curve.json").write_text("{ not json", encoding="utf-8")
+    with pytest.raises(CurveError):
+        plan_for_repo([broken], "org/model")
+    assert plan_for_repo([broken, good], "org/model", strict=False)["tasks"] == []
+
+    draft = load_curve(fixture).model_copy(update={"schema_": "lstar-curve/2", "axis": "bits_per_byte"})
+    other = tmp_path / "bpb.json"
+    save_curve(draft.model_copy(update={"curve_id": draft.content_id()}), other)
+    on_bpb = _watching_policy(tmp_path / "bpb", other.read_text(encoding="utf-8"))
+    with pytest.raises(CurveError, match="sequential stopping watches L\\* only"):
+        plan_for_repo([on_bpb], "org/model")
+    assert plan_for_repo([good, on_bpb], "org/model", strict=False)["tasks"] == []
+
+
+def test_a_partial_score_is_never_reused_for_identical_weights(tmp_path):
+    """Dedupe links a checkpoint to an earlier run of identical weights and options; a partial
+    (sequential) run stopped for the tasks watching its own repo, so only a complete run is
+    reused, however old."""
+    from datetime import datetime, timedelta, timezone
+
+    from monitor.store import Store
+    from monitor.testing.scores import CALIB_V0_SHA256, record_fake_score
+
+    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    key = {"weights_digest": "w" * 64, "files_digest": "f" * 64, "request_digest": "r" * 64,
+           "corpus_sha256": CALIB_V0_SHA256}
+    with Store.open(tmp_path / "s.duckdb") as store:
+        partial = record_fake_score(store, repo="org/a", sha="a" * 40, lstar=-1.0, se=0.01, finished_at=t0,
+                                    columns={"partial": True, "sequential": {"reason": "settled"}})
+        with store.transaction() as conn:
+            store.insert_score_digest(conn, partial, None, key)
+        assert store.scored_run_with(key) is None
+        full = record_fake_score(store, repo="org/b", sha="b" * 40, lstar=-1.0, se=0.01,
+                                 finished_at=t0 + timedelta(days=1))
+        with store.transaction() as conn:
+            store.insert_score_digest(conn, full, None, key)
+        ref = store.scored_run_with(key)
+        assert ref is not None and ref.run_id == full

@@ -3,12 +3,16 @@ policy that watches a repo, with the numbers of its curve that decide its state.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from monitor.alerts.outbox import watches
 from monitor.alerts.predict import load_task_curve
+from monitor.errors import CurveError
 from monitor.policy import Policy, Task
+
+log = logging.getLogger("lstar.daemon")
 
 
 def task_entry(policy_name: str, task: Task | str, curve: Any, margin: float | None = None) -> dict[str, Any]:
@@ -28,11 +32,32 @@ def task_entry(policy_name: str, task: Task | str, curve: Any, margin: float | N
 
 def plan_for_repo(policies: Sequence[Policy], repo: str, rule: str | None = None, *,
                   delta: float | None = None, block_documents: int | None = None,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, strict: bool = True) -> dict[str, Any]:
     """The sequential plan of every task of every policy that watches `repo` (found by watch
-    rule `rule`, if any)."""
+    rule `rule`, if any).
+
+    The stopping rule watches L*: a task whose curve is on another axis, or whose curve file
+    cannot be read, cannot be settled by it. With `strict` (the CLI) that is a `CurveError`;
+    without (the daemon) the plan has no tasks, so the checkpoint is scored in full and its
+    tasks are evaluated, or refused with their reason, as in full mode: a broken curve never
+    fails the scoring job, and no state rests on a stop that did not watch it."""
     from monitor.scoring.sequential_run import sequential_plan
 
-    tasks = [task_entry(p.name, t, load_task_curve(p.resolve_path(t.curve)))
-             for p in policies if watches(p, repo, rule) for t in p.tasks]
+    tasks = []
+    for policy in policies:
+        if not watches(policy, repo, rule):
+            continue
+        for task in policy.tasks:
+            try:
+                curve = load_task_curve(policy.resolve_path(task.curve))
+                if curve.axis != "lstar":
+                    raise CurveError(f"task {task.name!r} of policy {policy.name!r} is predicted on "
+                                     f"{curve.axis_label}, and sequential stopping watches L* only",
+                                     hint="score in full (without --until-settled)")
+            except CurveError as exc:
+                if strict:
+                    raise
+                log.warning("sequential scoring of %s: %s; scoring it in full", repo, exc.one_line())
+                return sequential_plan([], delta=delta, block_documents=block_documents, seed=seed)
+            tasks.append(task_entry(policy.name, task, curve))
     return sequential_plan(tasks, delta=delta, block_documents=block_documents, seed=seed)

@@ -733,7 +733,7 @@ class Daemon:
         force that watches its repo (`monitor.alerts.sequential_plan.plan_for_repo`)."""
         from monitor.alerts.sequential_plan import plan_for_repo
 
-        return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed)
+        return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed, strict=False)
 
     def job_score(self) -> list[dict[str, Any]]:
         done: list[dict[str, Any]] = []

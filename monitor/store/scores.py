@@ -194,11 +194,14 @@ class ScoreRows(StoreConnection):
                       key["corpus_sha256"], linked_from_run_id, linked_from_checkpoint_id, utcnow()])
 
     def scored_run_with(self, key: Mapping[str, str]) -> ScoredRunRef | None:
-        """The first run (not itself a link) that measured exactly `key`, or None."""
+        """The first complete run (not itself a link) that measured exactly `key`, or None.
+
+        A partial (sequential) run is never reused: it stopped once the tasks watching *its*
+        repo were settled, which says nothing of the tasks watching another."""
         rows = self.query(
             "SELECT d.run_id, d.checkpoint_id FROM score_digests d JOIN score_runs r ON r.run_id = d.run_id "
             "WHERE d.weights_digest = ? AND d.files_digest = ? AND d.request_digest = ? AND d.corpus_sha256 = ? "
-            "AND d.linked_from_run_id IS NULL ORDER BY r.finished_at, d.run_id LIMIT 1",
+            "AND d.linked_from_run_id IS NULL AND NOT r.partial ORDER BY r.finished_at, d.run_id LIMIT 1",
             [key["weights_digest"], key["files_digest"], key["request_digest"], key["corpus_sha256"]])
         return ScoredRunRef.from_row(rows[0]) if rows else None
 
