@@ -320,15 +320,15 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
     else:
         recommended = reference
         reason = f"no axis is better than {reference} by the rule"
-    return _finite({**base, "recommended": recommended, "recommended_reason": reason, "axes": table})
+    return finite_json({**base, "recommended": recommended, "recommended_reason": reason, "axes": table})
 
 
-def _finite(value: Any) -> Any:
+def finite_json(value: Any) -> Any:
     """NaN and ±inf become None, numpy scalars plain numbers (strict JSON)."""
     if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
+        return {str(k): finite_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite_json(v) for v in value]
     if isinstance(value, (np.floating, float)):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):

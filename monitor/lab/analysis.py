@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor.curves.axis_choice import finite_json as _finite
 from monitor.curves.stats import Predictor, fit_monotone, label_weights
 from monitor.curves.validation import lofo_axes
 from monitor.errors import CurveError, LabelError, LabError
@@ -243,18 +244,3 @@ def analyse(lab: LabRecord, cfg: AnalysisConfig | None = None) -> dict[str, Any]
                     "families": family_summary(lab), "n_checkpoints": len(lab.checkpoints),
                     "tasks": tasks, "analyses": metrics,
                     "checkpoints": [c.model_dump(mode="json") for c in lab.checkpoints]})
-
-
-def _finite(value: Any) -> Any:
-    """NaN and ±inf become None, numpy scalars plain numbers (so the JSON is strict)."""
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value

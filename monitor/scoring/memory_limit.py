@@ -164,16 +164,22 @@ def check_score_memory(memory_bytes: int | None, *, timeout_s: float = PROBE_TIM
     return measured
 
 
-def vm_peak() -> int | None:
-    """This process's peak address space (`VmPeak`, what RLIMIT_AS bounds) in bytes."""
+def proc_status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A memory field of `/proc/PID/status` (`VmPeak`, `VmRSS`, …) in bytes; None when it
+    cannot be read."""
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
             for line in status:
-                if line.startswith("VmPeak:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def vm_peak() -> int | None:
+    """This process's peak address space (`VmPeak`, what RLIMIT_AS bounds) in bytes."""
+    return proc_status_bytes("VmPeak")
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ from monitor.scoring.backends.local import check_corpus
 from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_error, _envelope, _OutputTail,
                                    error_from_payload, physical_memory, scored_from_payload)
 from monitor.scoring.engine import ScoredRun
-from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child
+from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child, proc_status_bytes
 
 DEFAULT_MAX_JOBS = 20
 # Without a given threshold, a worker is replaced once its resident memory passes this share
@@ -56,14 +56,7 @@ IDLE_RESTART_WAIT_S = 5.0
 
 def resident_bytes(pid: int) -> int | None:
     """The resident memory (`VmRSS`) of process `pid`, in bytes; None when it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return proc_status_bytes("VmRSS", pid)
 
 
 def default_max_rss(memory_bytes: int | None) -> int | None:
