@@ -53,9 +53,9 @@ class CurvePredictor:
 
     def curve(self, policy: Policy, task: Task) -> Any:
         path = policy.resolve_path(task.curve)
-        key = str(path.resolve())
+        key = f"{path.resolve()}@{task.budget}"  # one curve file may serve tasks at several budgets
         if key not in self._curves:
-            self._curves[key] = load_task_curve(path)
+            self._curves[key] = load_task_curve(path, task.budget)
         return self._curves[key]
 
     def __call__(self, policy: Policy, task: Task, score: ScoreView) -> TaskPrediction:

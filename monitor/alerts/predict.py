@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from monitor.bands import classify_state
-from monitor.curves import CurveArtifact, curve_warnings, load_curve, predict
+from monitor.curves import CurveArtifact, at_budget, curve_warnings, load_curve, predict
 from monitor.curves.axes import AXES
 from monitor.policy import Policy, Task
 
@@ -97,9 +97,10 @@ def make_prediction(task: str, *, lstar: float, se: float, p_hat: float, lo: flo
 
 
 # -- task curves (artifacts of monitor.curves.artifact) ------------------------------------------
-def load_task_curve(path: str | Path) -> CurveArtifact:
-    """Load a curve artifact; raises CurveError."""
-    return load_curve(path)
+def load_task_curve(path: str | Path, budget: float | None = None) -> CurveArtifact:
+    """Load a task's curve artifact at the task's deployment budget (a budget curve's slice at
+    that level; `monitor.curves.artifact.at_budget`); raises CurveError."""
+    return at_budget(load_curve(path), budget)
 
 
 def public_corpus(policy: Policy, curves: Iterable[CurveArtifact]) -> str | None:
@@ -128,6 +129,7 @@ def predict_task(curve: CurveArtifact, task: Task, *, lstar: float | None = None
     x = value if value is not None else lstar
     if x is None:
         raise TypeError("predict_task needs the value on the curve's axis")
+    curve = at_budget(curve, task.budget)
     out = predict(curve, x, se, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
     margin = task.margin if task.margin is not None else curve.margin
     return make_prediction(task.name, lstar=x, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,

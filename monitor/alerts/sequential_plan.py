@@ -49,7 +49,7 @@ def plan_for_repo(policies: Sequence[Policy], repo: str, rule: str | None = None
             continue
         for task in policy.tasks:
             try:
-                curve = load_task_curve(policy.resolve_path(task.curve))
+                curve = load_task_curve(policy.resolve_path(task.curve), task.budget)
                 if curve.axis != "lstar":
                     raise CurveError(f"task {task.name!r} of policy {policy.name!r} is predicted on "
                                      f"{curve.axis_label}, and sequential stopping watches L* only",

@@ -52,13 +52,16 @@ def bootstrap_option(default: int, help: str) -> Any:
 
 
 def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpus_sha256: str | None,
-                    family: str | None) -> tuple[list[Label], dict[str, Any] | None]:
+                    family: str | None, budget_column: str | None = None
+                    ) -> tuple[list[Label], dict[str, Any] | None]:
     """Labels with predictors from a CSV, or from lm-eval results / the store joined with the
     store's score runs; the second value holds the corpus and spec pins of a join."""
     from monitor.curves import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
 
+    if budget_column is not None and (labels_path is None or labels_path.suffix.lower() != ".csv"):
+        raise LabelError("--budget-column needs a labels CSV (--labels FILE.csv) with that column")
     if labels_path is not None and labels_path.suffix.lower() == ".csv":
-        labels = read_labels_csv(labels_path)
+        labels = read_labels_csv(labels_path, budget_column=budget_column)
         if family is not None:
             labels = [label.with_(family=family) for label in labels]
         return labels, None
@@ -126,9 +129,28 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
         ("bootstrap", f"{curve.bootstrap.resamples} resamples, seed {curve.bootstrap.seed}, "
                       f"dispersion {curve.bootstrap.dispersion:.3g}"),
     ]
+    if curve.budget is not None:
+        from monitor.curves import at_budget
+
+        # A budget curve has one threshold per budget level; the top-level one is only the first.
+        rows = [r for r in rows if r[0] not in ("η̂ (threshold)", "logistic check", "emergence score")]
+        rows.insert(4, ("budget", f"column {curve.budget.column!r}, levels {curve.budget.describe_levels()} "
+                                  "(predictions only at these levels)"))
+        for offset, value in enumerate(curve.budget.levels):
+            part = at_budget(curve, value).threshold
+            rows.insert(5 + offset, (f"η̂ at budget {value:g}",
+                                     f"{_fmt(part.estimate)} [{_fmt(part.lower)}, {_fmt(part.upper)}] at "
+                                     f"{part.confidence:.0%} · {part.status}"))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    if curve.budget is not None and curve.budget.lofo:
+        lofo = Table(title="leave-one-family-out: how the budget is used", title_justify="left")
+        for name in ("model", "RMSE", "crossing error", "held out", "folds"):
+            lofo.add_column(name, justify="left" if name == "model" else "right")
+        for b in curve.budget.lofo:
+            lofo.add_row(b.model, f"{b.rmse:.4f}", f"{b.crossing_error:.3f}", str(b.n_heldout), str(b.n_folds))
+        console.print(lofo)
     if curve.lofo is not None:
         lofo = Table(title=f"leave-one-family-out ({len(curve.lofo.families)} families)", title_justify="left")
         for name in ("predictor", "RMSE", "crossing error", "Brier", "held out"):
@@ -140,8 +162,13 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
 
 def _warn(curve: CurveArtifact) -> None:
     """The curve's own warnings (`curve_warnings`), one line each on stderr."""
-    from monitor.curves import curve_warnings
+    from monitor.curves import at_budget, curve_warnings
 
+    if curve.budget is not None:  # each level has its own threshold and warnings
+        for value in curve.budget.levels:
+            for warning in curve_warnings(at_budget(curve, value)):
+                print(f"warning: budget {value:g}: {warning.message}", file=sys.stderr)
+        return
     for warning in curve_warnings(curve):
         print(f"warning: {warning.message}", file=sys.stderr)
 
@@ -210,23 +237,36 @@ def register(app: typer.Typer) -> None:
         axis: str = typer.Option("lstar", "--axis", "--predictor",
                                  help="Progress axis: lstar, bits_per_byte, lstar_per_byte, l_rel, l_gain, "
                                       "raw_ce, log_params or log_flops."),
+        budget_column: str = typer.Option(None, "--budget-column",
+                                          help="Labels CSV column holding each row's inference budget "
+                                               "(samples, majority-of-k, an ordered level): fit a curve "
+                                               "monotone in both the axis and the budget."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on a progress axis (L* by default) and write
-        its artifact."""
+        its artifact (with --budget-column: monotone in the axis and an inference budget)."""
         from monitor.curves import curve_summary, save_curve
         from monitor.curves.axes import get_axis
         from monitor.curves.fit import fit_curve
 
         get_axis(axis)  # an unknown axis is refused before any labels are read
         db_path = db_file(state, db)
-        rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
+        rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family,
+                                     budget_column=budget_column)
         corpus, scoring = _resolve_pins(pins, corpus_sha, spec)
-        curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
-                          confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
-                          scoring_spec=scoring, lofo=not no_lofo, axis=axis)
+        if budget_column is not None:
+            from monitor.curves.budget import fit_budget_curve
+
+            curve = fit_budget_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
+                                     budget_column=budget_column, confidence=confidence, resamples=bootstrap,
+                                     seed=seed, corpus_sha256=corpus, scoring_spec=scoring,
+                                     lofo=not no_lofo, axis=axis)
+        else:
+            curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
+                              confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
+                              scoring_spec=scoring, lofo=not no_lofo, axis=axis)
         save_curve(curve, out)
         _warn(curve)
         if as_json:
@@ -322,16 +362,19 @@ def register(app: typer.Typer) -> None:
                                                     "spec from this score run."),
         corpus_sha: str = typer.Option(None, "--corpus-sha", help="Corpus of the L* (checked against the curve)."),
         spec: str = typer.Option(None, "--spec", help="Scoring spec of the L* (checked against the curve)."),
+        budget: float = float_option(None, "--budget", low=0.0,
+                                     help="Inference budget to predict at (a curve fitted with "
+                                          "--budget-column; one of its fitted levels)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
         (clear / at_risk / emerged)."""
-        from monitor.curves import ScoringRef, load_curve, predict, predict_score_run
+        from monitor.curves import ScoringRef, at_budget, load_curve, predict, predict_score_run
 
         db_path = db_file(state, db)
-        curve = load_curve(curve_path)
+        curve = at_budget(load_curve(curve_path), budget)
         if run is not None:
             if lstar is not None:
                 raise CurveError("give either --run or --value, not both")
@@ -353,7 +396,8 @@ def register(app: typer.Typer) -> None:
             f"{curve.task} ({curve.metric}) at {curve.axis_label} {result.value:.4f} ± {result.se:.4f}: "
             f"P̂ = {result.p_hat:.4f} "
             f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → ", (result.state, "bold"),
-            f" (threshold {result.level:g})"
+            f" (threshold {result.level:g}"
+            + (f", budget {result.budget:g})" if result.budget is not None else ")")
             + (" · extrapolated beyond the fitted range" if result.extrapolated else "")))
 
     app.add_typer(curves, name="curves")

@@ -43,7 +43,7 @@ def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: 
     if not math.isfinite(lstar) or not math.isfinite(se) or se < 0:
         raise PolicyError(f"--value {lstar} / --se {se}: give a finite value and a standard error ≥ 0")
     policy = load_policy(path)
-    curves = {task.name: load_task_curve(policy.resolve_path(task.curve)) for task in policy.tasks}
+    curves = {task.name: load_task_curve(policy.resolve_path(task.curve), task.budget) for task in policy.tasks}
     used = sorted({c.axis for c in curves.values()}, key=list(AXES).index)
     if axis is None and len(used) > 1:
         by_axis = "; ".join(f"{AXES[a].label}: {', '.join(t for t, c in curves.items() if c.axis == a)}"

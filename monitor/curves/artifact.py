@@ -189,6 +189,54 @@ class CurvePoint(_Strict):
     weight: float
     # True: x was given by the labels file (a published value), not measured by a score run
     imported: bool = False
+    # The point's inference budget (a curve fitted with a budget column; None otherwise)
+    budget: float | None = None
+
+
+class BudgetLevelCurve(_Strict):
+    """The curve of a budget curve at one of its fitted budget levels: the slice of the fit
+    monotone in both the axis and the budget, with its own band and threshold."""
+
+    budget: float
+    n_checkpoints: int
+    x_range: tuple[float, float]
+    knots: Knots
+    band: Band
+    threshold: Threshold
+    logistic: LogisticCheck
+    emergence_score: float | None
+
+
+class BudgetLofoRow(_Strict):
+    """Leave-one-family-out error of one way of using the budget (bivariate: monotone in axis
+    and budget; per_level: a separate one-axis curve per level; pooled: the budget ignored)."""
+
+    model: Literal["bivariate", "per_level", "pooled"]
+    rmse: float
+    crossing_error: float
+    n_heldout: int
+    n_folds: int
+
+
+class BudgetInfo(_Strict):
+    """The inference-budget dimension of a curve (`lstar curves fit --budget-column`)."""
+
+    column: str
+    levels: list[float] = Field(min_length=2)
+    curves: list[BudgetLevelCurve]
+    method: str
+    lofo: list[BudgetLofoRow] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "BudgetInfo":
+        if any(b <= a for a, b in zip(self.levels, self.levels[1:])):
+            raise ValueError("budget levels must be strictly increasing")
+        if [c.budget for c in self.curves] != self.levels:
+            raise ValueError("one level curve per budget level, in the same order")
+        return self
+
+    def describe_levels(self) -> str:
+        return ", ".join(f"{v:g}" for v in self.levels)
 
 
 class CurveArtifact(_Strict):
@@ -226,6 +274,11 @@ class CurveArtifact(_Strict):
     lofo: LofoSummary | None
     points: list[CurvePoint]
     warnings: list[str]
+    # A budget curve (fitted with a budget column): the per-level slices. Such a curve predicts
+    # only through `at_budget` at one of its levels.
+    budget: BudgetInfo | None = None
+    # Set on the view `at_budget` returns: the budget level this one-axis curve is the slice at.
+    at_budget_level: float | None = None
 
     @property
     def level(self) -> float:
@@ -245,6 +298,14 @@ class CurveArtifact(_Strict):
     def _dump(self) -> dict[str, Any]:
         """The JSON object, in the layout of its own schema version."""
         data = self.model_dump(mode="json", by_alias=True)
+        # The budget fields appear only on budget curves, so every other artifact keeps its
+        # JSON and its content id.
+        for key in ("budget", "at_budget_level"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        for point in data["points"]:
+            if point.get("budget") is None:
+                point.pop("budget", None)
         if self.schema_ == SCHEMA_V1:
             data = {("predictor" if k == "axis" else k): v for k, v in data.items()}
             for point in data["points"]:
@@ -353,6 +414,7 @@ class CurvePrediction:
     task: str
     metric: str
     axis: str = "lstar"
+    budget: float | None = None
 
     @property
     def lstar(self) -> float:
@@ -367,6 +429,8 @@ class CurvePrediction:
                "extrapolated": self.extrapolated, "curve_id": self.curve_id}
         if self.axis == "lstar":
             out["lstar"] = self.value
+        if self.budget is not None:
+            out["budget"] = self.budget
         return out
 
 
@@ -406,6 +470,10 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     (the band is monotone, so this is the band at the two ends of that range). State:
     emerged if lower ≥ b_t + ε, at_risk if upper ≥ b_t + ε, else clear.
     """
+    if curve.budget is not None:
+        raise CurveError(f"curve {curve.curve_id[:12]} ({curve.task}) is fitted at budgets "
+                         f"{curve.budget.describe_levels()} ({curve.budget.column}); give the budget to predict at",
+                         hint="lstar curves predict --budget K, or `budget:` on the policy task")
     lstar = x  # the value on the curve's axis
     if not math.isfinite(lstar):
         raise CurveError(f"cannot predict at {curve.axis_label} = {lstar}")
@@ -424,7 +492,42 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     return CurvePrediction(value=lstar, se=se, p_hat=p_hat, lower=lower, upper=upper, state=state,
                            level=level, confidence=curve.confidence,
                            extrapolated=not (lo_r <= lstar <= hi_r), curve_id=curve.curve_id,
-                           task=curve.task, metric=curve.metric, axis=curve.axis)
+                           task=curve.task, metric=curve.metric, axis=curve.axis,
+                           budget=curve.at_budget_level)
+
+
+def at_budget(curve: CurveArtifact, budget: float | None) -> CurveArtifact:
+    """The one-axis curve to predict with at inference budget `budget`.
+
+    A curve without a budget dimension is returned as it is (a budget given for it is refused);
+    a budget curve needs one of the levels it was fitted at and returns that level's slice,
+    with the parent's id. A budget between or beyond the fitted levels is refused: the fit says
+    nothing about budgets it did not see.
+    """
+    info = curve.budget
+    name = f"curve {curve.curve_id[:12]} ({curve.task})"
+    if info is None and curve.at_budget_level is not None:  # already the slice at one level
+        if budget != curve.at_budget_level:
+            raise CurveError(f"{name} is the slice at budget {curve.at_budget_level:g}, not at {budget}")
+        return curve
+    if info is None:
+        if budget is not None:
+            raise CurveError(f"{name} has no budget dimension; budget {budget:g} cannot be applied",
+                             hint="drop the budget, or fit the curve with --budget-column")
+        return curve
+    if budget is None:
+        raise CurveError(f"{name} is fitted at budgets {info.describe_levels()} ({info.column}); "
+                         "give the deployment budget",
+                         hint="lstar curves predict --budget K, or `budget:` on the policy task")
+    if not math.isfinite(budget) or budget not in info.levels:
+        raise CurveError(f"budget {budget:g} is outside the fitted levels {info.describe_levels()} of {name}; "
+                         "a budget curve does not extrapolate or interpolate between levels")
+    part = info.curves[info.levels.index(budget)]
+    points = [p for p in curve.points if p.budget == budget]
+    return curve.model_copy(update=dict(
+        knots=part.knots, band=part.band, threshold=part.threshold, logistic=part.logistic,
+        x_range=part.x_range, emergence_score=part.emergence_score, n_checkpoints=part.n_checkpoints,
+        points=points, budget=None, at_budget_level=budget))
 
 
 def score_axis_value(curve: CurveArtifact, run: Any) -> tuple[float, float]:
@@ -583,5 +686,23 @@ def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
             "scoring_spec": curve.scoring_spec.describe() if curve.scoring_spec else None,
             "x_range": list(curve.x_range),
             "warnings": [w.message for w in curve_warnings(curve)],
-            "threshold_resolved": not unresolved_warnings(curve),
-            "lofo": curve.lofo.model_dump() if curve.lofo else None}
+            "threshold_resolved": not unresolved_warnings(curve) if curve.budget is None else None,
+            "lofo": curve.lofo.model_dump() if curve.lofo else None,
+            **({"budget": _budget_summary(curve)} if curve.budget is not None else {}),
+            **({"at_budget": curve.at_budget_level} if curve.at_budget_level is not None else {})}
+
+
+def _budget_summary(curve: CurveArtifact) -> dict[str, Any]:
+    """Per budget level: the threshold and whether it is resolved (a budget curve's summary)."""
+    info = curve.budget
+    assert info is not None
+    levels = []
+    for value in info.levels:
+        view = at_budget(curve, value)
+        levels.append({"budget": value, "n_checkpoints": view.n_checkpoints,
+                       "threshold": view.threshold.model_dump(),
+                       "logistic_threshold": view.logistic.threshold,
+                       "threshold_resolved": not unresolved_warnings(view),
+                       "warnings": [w.message for w in curve_warnings(view)]})
+    return {"column": info.column, "levels": list(info.levels), "method": info.method,
+            "per_level": levels, "lofo": [r.model_dump() for r in info.lofo] if info.lofo else None}

@@ -39,11 +39,13 @@ def training_data_sha256(labels: Sequence[Label]) -> str:
             "lstar_se", "raw_ce", "params", "flops", "repo", "sha")
     # The fields added with the other axes enter only where set, so a curve fitted on the same
     # rows as before keeps its training-data hash.
-    extra = ("bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "axis_se", "imported")
+    extra = ("bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "axis_se", "imported", "budget")
 
     def row(label: Label) -> str:
         data = {k: getattr(label, k) for k in keys}
         data.update({k: getattr(label, k) for k in extra if getattr(label, k)})
+        if label.budget is not None:  # budget 0 (e.g. chain of thought off) is a level too
+            data["budget"] = label.budget
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     rows = sorted(row(label) for label in labels)

@@ -53,6 +53,9 @@ class Label:
     l_gain: float | None = None
     axis_se: dict[str, float] = field(default_factory=dict)
     imported: tuple[str, ...] = ()
+    # The inference budget the value was measured at (samples per question, majority-of-k, an
+    # ordered level such as chain of thought off/on), from a labels file's budget column.
+    budget: float | None = None
 
     def with_(self, **changes: Any) -> "Label":
         """A copy with some fields changed."""
@@ -178,13 +181,14 @@ CSV_OPTIONAL = ("n", "stderr", "task", "metric", "repo", "sha", *CSV_AXIS_COLUMN
                 *(f"{a}_se" for a in _SCORE_AXIS_COLUMNS))
 
 
-def read_labels_csv(path: str | Path) -> list[Label]:
+def read_labels_csv(path: str | Path, *, budget_column: str | None = None) -> list[Label]:
     """Labels with axis values from a CSV table: columns checkpoint, family, value, and per row
     n or stderr; then one column per axis it gives (lstar, bits_per_byte, lstar_per_byte, l_rel,
     l_gain, raw_ce, log_params, log_flops, or raw params / flops), each score axis optionally
     with `<axis>_se`; optionally task, metric, repo, sha. Every axis value read from the file
-    is marked imported (not measured by a score run of the store). Errors name the line and
-    column."""
+    is marked imported (not measured by a score run of the store). `budget_column` names one
+    more column, required in every row: the inference budget of the value (a number; ordered
+    levels such as chain of thought off/on as 0/1). Errors name the line and column."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -194,11 +198,15 @@ def read_labels_csv(path: str | Path) -> list[Label]:
         raise LabelError(f"cannot read {path}: {exc}") from exc
     reader = csv.DictReader(text.splitlines())
     columns = [c.strip() for c in (reader.fieldnames or [])]
-    missing = [c for c in CSV_REQUIRED if c not in columns]
+    if budget_column is not None and budget_column in CSV_REQUIRED + CSV_OPTIONAL:
+        raise LabelError(f"the budget column {budget_column!r} is one of the labels file's own columns",
+                         hint="name the column that holds the inference budget, e.g. samples")
+    required = CSV_REQUIRED + ((budget_column,) if budget_column is not None else ())
+    missing = [c for c in required if c not in columns]
     if missing:
         raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
                          hint=f"the header must include {','.join(CSV_REQUIRED)} and at least one axis column")
-    unknown = [c for c in columns if c not in CSV_REQUIRED + CSV_OPTIONAL]
+    unknown = [c for c in columns if c not in required + CSV_OPTIONAL]
     if unknown:
         raise LabelError(f"{path} has unknown column(s) {', '.join(unknown)}",
                          hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL)}")
@@ -259,6 +267,7 @@ def read_labels_csv(path: str | Path) -> list[Label]:
             l_rel=values["l_rel"], l_gain=values["l_gain"],
             axis_se={a: se for a, se in ses.items() if se is not None and a != "lstar"},
             imported=tuple(a for a, v in given.items() if v is not None),
+            budget=number(budget_column, required=True) if budget_column is not None else None,
             source="csv", source_ref=str(path)))
     if not labels:
         raise LabelError(f"{path} has a header but no rows")

@@ -251,6 +251,30 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
         raise LabelError(f"the {predictor.label} values ({float(np.min(x)):.3g} … {float(np.max(x)):.3g}) "
                          "are too close together or too far apart to fit a curve on")
     fitted = isotonic_regression(yu, sample_weight=wu, increasing=True)
+    grid_t = np.linspace(t[0], t[-1], grid_size)
+    rng = np.random.default_rng(seed)
+    curves, crossings = _bootstrap(t, yu, wu, grid_t, level, resamples, rng)
+    return monotone_fit_from(t, yu, wu, fitted, curves, crossings, grid_t, x=x, sign=sign,
+                             predictor=predictor, level=level, confidence=confidence,
+                             known_variance=known_variance, bounds=bounds)
+
+
+def monotone_fit_from(t: np.ndarray, yu: np.ndarray, wu: np.ndarray, fitted: np.ndarray,
+                      curves: np.ndarray, crossings: np.ndarray, grid_t: np.ndarray, *, x: np.ndarray,
+                      sign: float, predictor: Predictor, level: float, confidence: float,
+                      known_variance: bool, bounds: tuple[float, float] | None,
+                      centred: bool = True) -> MonotoneFit:
+    """The curve, band and threshold from a non-decreasing fit in the progress coordinate t.
+
+    t: the distinct progress values (ascending), yu and wu the pooled values and weights there,
+    `fitted` the monotone fit at t, `curves` [resamples, grid] and `crossings` (in t; NaN: never)
+    the bootstrap refits on `grid_t`, x the input rows on the axis (for `fitted_at_points`).
+    Shared by the one-axis fit and each budget level of a budget curve
+    (`monitor.curves.budget`), so both widen and read thresholds the same way. `centred` False
+    draws the curve through the fitted value at every t instead of one knot per block centroid
+    (a budget curve's levels share the points, so the curves stay ordered between them too);
+    the standard errors come from the blocks either way.
+    """
     kt, ky, kw = _centred_knots(t, fitted, wu)
     n_blocks = len(kt)
     chi2 = float(np.sum(wu * (yu - fitted) ** 2))
@@ -260,14 +284,14 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
     else:
         dispersion = chi2 / dof if dof > 0 else 0.0
 
-    grid_t = np.linspace(t[0], t[-1], grid_size)
+    half_se = _knot_se(grid_t, kt, kw)
+    if not centred:
+        kt, ky = t, fitted
     est = np.interp(grid_t, kt, ky)
-    rng = np.random.default_rng(seed)
-    curves, crossings = _bootstrap(t, yu, wu, grid_t, level, resamples, rng)
     alpha = 1.0 - confidence
     z = float(norm.ppf(1.0 - alpha / 2.0))
     b_lo, b_hi = np.quantile(curves, [alpha / 2.0, 1.0 - alpha / 2.0], axis=0)
-    half = z * math.sqrt(dispersion) * _knot_se(grid_t, kt, kw)
+    half = z * math.sqrt(dispersion) * half_se
     lo = np.minimum(b_lo, est - half)
     hi = np.maximum(b_hi, est + half)
     if bounds is not None:

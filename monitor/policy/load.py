@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from monitor.curves.artifact import load_curve
+from monitor.curves.artifact import at_budget, load_curve
 from monitor.errors import LstarError, PolicyError
 from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
@@ -107,6 +107,10 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
             except Exception as exc:  # noqa: BLE001 - a hostile curve file (e.g. JSON nested 10^5 deep)
                 error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {_exception_text(exc)}")
                 continue
+            try:
+                at_budget(curve, task.budget)
+            except LstarError as exc:
+                error(["tasks", i, "budget"], exc.one_line())
             public = policy.corpora.public
             if public is not None and curve.corpus_sha256 != public:
                 error(["tasks", i, "curve"],

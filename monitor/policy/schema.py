@@ -113,6 +113,9 @@ class Task(_Strict):
     confidence: 1 − δ, the level of the interval [lo, hi] around P̂; it must equal the level
                 the curve's band was fitted at (say it here to have that checked)
     labels:     extra alert labels (e.g. severity)
+    budget:     the deployment's inference budget (samples per question, majority of k, an
+                ordered level); required for a curve fitted with a budget column, and one of
+                the levels it was fitted at (no extrapolation)
     """
 
     name: str = Field(pattern=_NAME_PATTERN)
@@ -120,6 +123,7 @@ class Task(_Strict):
     margin: float | None = Field(None, gt=0.0, le=1.0)
     confidence: float | None = Field(None, gt=0.0, lt=1.0)
     labels: dict[str, str] = Field(default_factory=dict)
+    budget: float | None = Field(None, ge=0.0, allow_inf_nan=False)
 
 
 class Corpora(_Strict):

@@ -54,7 +54,7 @@ def load_policy_curves(policy: Policy) -> tuple[dict[str, Any], list[str]]:
     curves, problems = {}, []
     for task in policy.tasks:
         try:
-            curves[task.name] = load_task_curve(policy.resolve_path(task.curve))
+            curves[task.name] = load_task_curve(policy.resolve_path(task.curve), task.budget)
         except CurveError as exc:
             problems.append(f"task {task.name}: {exc.one_line()}")
     return curves, problems
