@@ -26,6 +26,7 @@ from typing import Any
 from monitor.errors import GateRefusedError, HubError, IntegrityError
 from monitor.events import event
 from monitor.hub.client import HubClient, describe_error, refusal_reason
+from monitor.hub.lineage import DeclaredBase, Lineage, declared_base
 from monitor.hub.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
 from monitor.hub.rules import Budgets, WatchRule
 from monitor.hub.safetensors_layout import LayoutError, SafetensorsHeader, check_file_size, tensor_layout
@@ -279,8 +280,8 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
         raise GateRefusedError(f"no {CONFIG_FILE}")
     # Every file it would fetch besides the weights, within its byte limit before any download.
     check_file_budgets([_announced(n, s) for n, s in siblings.items() if n in FILE_BYTE_LIMITS])
-    config_facts, shape = check_config(
-        _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size), budgets)
+    config = _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size)
+    config_facts, shape = check_config(config, budgets)
     headers = read_headers(client, repo, sha, weights, siblings, cache_dir)
     announced = {name: _announced(name, siblings[name]) for name in headers}
     header_facts = check_safetensors(headers, announced, budgets)
@@ -301,8 +302,40 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     # be the repo's last change): reports order lineages without step names by it
     # (monitor.reports.present).
     committed = client.commit_date(repo, sha)
+    base = pin_base(client, declared_base(getattr(info, "card_data", None), siblings, config))
     return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files],
-            "commit_date": committed.isoformat() if committed is not None else None}
+            "commit_date": committed.isoformat() if committed is not None else None,
+            **({"lineage": base.as_dict()} if base is not None else {})}
+
+
+def pin_base(client: HubClient, declared: DeclaredBase | None) -> Lineage | None:
+    """Pin a declared base to a commit: the one its reference names, else the commit its main
+    points at now. A base the Hub will not serve (missing, gated, private) is recorded with
+    the Hub's reason and no commit; an outage raises HubError (the row is gated again later)."""
+    if declared is None:
+        return None
+    problems = list(declared.problems)
+    sha = declared.pinned_sha
+    repo = declared.base_repo
+    if repo is not None and sha is None:
+        try:
+            sha = client.model_info(repo, None, files_metadata=False).sha
+        except HubError:
+            raise
+        except Exception as exc:
+            reason = refusal_reason(exc)
+            if reason is None and client.classify(exc) != "answer":
+                raise
+            problems.append(f"base {repo} could not be pinned: {reason or describe_error(exc)}")
+            sha = None
+        if sha is not None and not COMMIT_RE.fullmatch(str(sha)):
+            problems.append(f"the Hub answered {str(sha)[:50]!r} as the commit of base {repo}; not pinned")
+            sha = None
+    if repo is None and len(declared.bases) > 1:
+        problems.append(f"a merge of {len(declared.bases)} bases has no single base to compare with")
+    return Lineage(base_repo=repo, base_sha=sha, relation=declared.relation,
+                   relation_source=declared.relation_source, bases=list(declared.bases),
+                   problem="; ".join(problems) or None)
 
 
 def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,
@@ -372,7 +405,8 @@ def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
             outcomes.append(GateOutcome(row.id, row.repo, row.sha, "discovered", exc.one_line()))
             break
         store.set_checkpoint_verdict(row.id, expect_status="discovered", status=verdict.status,
-                                     reason=verdict.reason, meta=verdict.meta, now=now_fn())
+                                     reason=verdict.reason, meta=verdict.meta, now=now_fn(),
+                                     base=verdict.meta.get("gate", {}).get("lineage"))
         outcomes.append(GateOutcome(row.id, row.repo, row.sha, verdict.status, verdict.reason))
         if verdict.status == "gated":
             event("gated", checkpoint=row.id, repo=row.repo, commit=row.sha, rule=row.rule)
