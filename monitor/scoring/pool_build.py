@@ -92,14 +92,14 @@ class CalibFilter:
         for corpus in corpora:
             for doc in corpus.documents:
                 for gram in shingles(doc.text):
-                    self.grams.setdefault(gram, corpus.name)
+                    self.grams.setdefault(gram, f"{corpus.name} {corpus.version}")
 
     def is_exact(self, text: str) -> bool:
         """The text is, up to whitespace, a document of one of the corpora."""
         return " ".join(text.split()) in self.exact
 
     def overlap(self, text: str) -> str | None:
-        """The name of a corpus sharing a shingle with `text`, or None."""
+        """'name version' of a corpus sharing a shingle with `text`, or None."""
         words = _words(text)
         for i in range(len(words) - SHINGLE_WORDS + 1):
             hit = self.grams.get(" ".join(words[i:i + SHINGLE_WORDS]))
