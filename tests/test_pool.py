@@ -355,3 +355,31 @@ def test_the_committed_pool_manifest_describes_a_large_enough_pool() -> None:
     assert [(p["package"], p["version"]) for p in manifest["packages"]] == [
         ("dict-gcide", "0.48.5+nmu2"), ("python3.11-doc", "3.11.2-6+deb12u8")]
     assert {s["package"] for s in manifest["sources"]} == {"dict-gcide", "python3.11-doc"}
+
+
+def test_load_pool_refuses_a_pool_from_other_packages(world: dict, tmp_path: Path) -> None:
+    pins = pins_with(world, tmp_path, "dict-tiny", version="1.0-2")
+    with pytest.raises(CorpusError, match=r"manifest's packages differ from .*pins\.json"):
+        load_pool(world["pool"], pins=pins)
+
+
+def test_oversized_member_is_refused(world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import monitor.scoring.debs as debs
+    monkeypatch.setattr(debs, "MAX_MEMBER_BYTES", 1000)  # the gzip'd dictionary is larger
+    with pytest.raises(CorpusError, match=r"dict-tiny_1\.0-1_all\.deb: usr/share/dictd/tiny\.dict\.dz .* exceeds"):
+        build_pool(tmp_path / "out", ["dict-tiny"], cache=world["cache"], exclude=world["exclude"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_versions_in_the_cache_need_a_pin(world: dict, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(world["cache"], cache)
+    root = tmp_path / "v2"
+    (root / "usr/share/doc/tinydoc/html/_sources").mkdir(parents=True)
+    (root / "usr/share/doc/tinydoc/html/_sources/a.rst.txt").write_text(RST)
+    dpkg_build(root, "tinydoc-doc", "2:3.2-1", cache / "tinydoc-doc_3.2-1_all.deb")
+    with pytest.raises(CorpusError, match=r"holds 2 \.debs of tinydoc-doc \(2:3\.1-2, 2:3\.2-1\)"):
+        build_pool(tmp_path / "out", ["tinydoc-doc"], cache=cache, exclude=world["exclude"])
+    # the pins pick the one the pool was built from
+    build_pool(tmp_path / "out", None, cache=cache, exclude=world["exclude"], pins=world["pool"] / "manifest.json")
+    assert tree(tmp_path / "out") == tree(world["pool"])
