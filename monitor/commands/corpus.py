@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import typer
@@ -70,5 +71,41 @@ def register(app: typer.Typer) -> None:
         """Build a new corpus version (deterministic: the same inputs give the same manifest)."""
         corpus = build_corpus(src_dir, out_dir, slice_rules)
         print(f"built {out_dir}: {_one_line(corpus)}")
+
+    @corpus_app.command("build-pool")
+    def build_pool_cmd(
+            out_dir: Path = typer.Argument(..., help="New pool folder (must not exist or be empty)."),
+            packages: str = typer.Option(None, "--packages", help="Comma-separated Debian packages "
+                                         "(default: those of --pins)."),
+            cache: Path = typer.Option(None, "--cache", help="Folder of .debs; missing ones are "
+                                       "fetched there with `apt-get download` (default: a temporary folder)."),
+            pins: Path = typer.Option(None, "--pins", help="A pool manifest: refuse any other package "
+                                      "version or file, and check the result against it."),
+            exclude: list[Path] = typer.Option(
+                [Path("../shared/corpus/calib-v0"), Path("../shared/corpus/calib-v0-alt")], "--exclude",
+                help="Corpus folder whose documents the pool must not contain (repeatable)."),
+            sample: bool = typer.Option(False, "--sample", help="Keep a small deterministic sample "
+                                        "(about 340 kB of text) in the same layout."),
+            name: str = typer.Option("lab-pool", "--name", help="Pool name (corpora are NAME-train, ...)."),
+            version: str = typer.Option("v1", "--version", help="Pool version."),
+            as_json: bool = typer.Option(False, "--json", help="Print the pool manifest's summary as JSON."),
+    ) -> None:
+        """Build the lab's text pool from Debian packages: train / heldout / tasks corpora."""
+        from monitor.scoring.pool_build import build_pool
+
+        names = [p.strip() for p in packages.split(",") if p.strip()] if packages else None
+        with tempfile.TemporaryDirectory(prefix="lstar-debs.") as tmp:
+            built = build_pool(out_dir, names, cache=cache or Path(tmp), exclude=exclude, pins=pins,
+                               sample=sample, name=name, version=version)
+        splits = built.manifest["splits"]
+        if as_json:
+            print(json.dumps({"path": str(out_dir), "splits": splits,
+                              "excluded": built.manifest["excluded"]}, indent=2))
+            return
+        for split, info in splits.items():
+            print(f"{split}: {info['documents']:,} documents, {info['bytes']:,} bytes, "
+                  f"sha256 {info['sha256']}")
+        print(f"built {out_dir} from "
+              + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
 
     app.add_typer(corpus_app, name="corpus")

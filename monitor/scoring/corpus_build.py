@@ -150,7 +150,7 @@ def load_slice_rules(path: str | Path) -> SliceRules:
 
 
 @dataclass(frozen=True)
-class _Piece:
+class Piece:
     """A document before numbering: where it came from and its canonical text."""
 
     slice: str
@@ -197,7 +197,7 @@ def _split_text(text: str, max_bytes: int | None) -> list[tuple[int, int]]:
     return ranges
 
 
-def _pieces_of_file(path: Path, relpath: str, rule: SliceRule) -> list[_Piece]:
+def _pieces_of_file(path: Path, relpath: str, rule: SliceRule) -> list[Piece]:
     text = normalize_text(decode_strict(path.read_bytes(), str(path)))
     if path.suffix == JSONL_SUFFIX:
         return _pieces_of_jsonl(text, relpath, rule, path)
@@ -206,11 +206,11 @@ def _pieces_of_file(path: Path, relpath: str, rule: SliceRule) -> list[_Piece]:
     for a, b in _split_text(text, rule.max_bytes):
         doc = canonicalize("\n".join(lines[a:b + 1]))
         if doc:
-            pieces.append(_Piece(rule.slice, rule.source, doc, f"{relpath}:L{a + 1}-L{b + 1}"))
+            pieces.append(Piece(rule.slice, rule.source, doc, f"{relpath}:L{a + 1}-L{b + 1}"))
     return pieces
 
 
-def _pieces_of_jsonl(text: str, relpath: str, rule: SliceRule, path: Path) -> list[_Piece]:
+def _pieces_of_jsonl(text: str, relpath: str, rule: SliceRule, path: Path) -> list[Piece]:
     pieces = []
     for lineno, record in json_lines(text.split("\n"), path, CorpusError):
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
@@ -226,7 +226,7 @@ def _pieces_of_jsonl(text: str, relpath: str, rule: SliceRule, path: Path) -> li
                               f"or newlines (got {given_id!r})")
         doc = canonicalize(record["text"])
         if doc:
-            pieces.append(_Piece(rule.slice, source, doc, f"{relpath}:{lineno}", given_id))
+            pieces.append(Piece(rule.slice, source, doc, f"{relpath}:{lineno}", given_id))
     return pieces
 
 
@@ -244,8 +244,8 @@ def _input_files(src: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def _collect_pieces(src: Path, rules: SliceRules, rules_path: Path) -> tuple[list[_Piece], list[str]]:
-    pieces: list[_Piece] = []
+def _collect_pieces(src: Path, rules: SliceRules, rules_path: Path) -> tuple[list[Piece], list[str]]:
+    pieces: list[Piece] = []
     used: list[str] = []
     unmatched: list[str] = []
     for relpath, path in _input_files(src):
@@ -264,7 +264,7 @@ def _collect_pieces(src: Path, rules: SliceRules, rules_path: Path) -> tuple[lis
     return pieces, used
 
 
-def _number_documents(pieces: list[_Piece]) -> list[tuple[Document, str]]:
+def number_documents(pieces: list[Piece]) -> list[tuple[Document, str]]:
     """Give ids (<slice>-<source>-<nnnn>, position in the source) and put them in corpus order."""
     position: dict[tuple[str, str], int] = {}
     numbered = []
@@ -311,6 +311,17 @@ def build_manifest(name: str, version: str, docs: Sequence[tuple[Document, str]]
     }
 
 
+def documents_jsonl(docs: Sequence[tuple[Document, str]]) -> str:
+    """The documents.jsonl text of documents in corpus order."""
+    return "".join(json.dumps({"id": d.id, "slice": d.slice, "source": d.source, "text": d.text},
+                              ensure_ascii=False) + "\n" for d, _ in docs)
+
+
+def manifest_json(manifest: Mapping[str, Any]) -> str:
+    """A manifest as written to disk (the bytes are part of a build's reproducibility)."""
+    return json.dumps(manifest, indent=1, ensure_ascii=False) + "\n"
+
+
 def _sources_markdown(manifest: Mapping[str, Any], rules: SliceRules, src: Path,
                       used: Sequence[str], rules_text: str) -> str:
     lines = [f"# {rules.name} {rules.version}", "",
@@ -345,10 +356,9 @@ def build_corpus(src_dir: str | Path, out_dir: str | Path, slice_rules_file: str
     if not pieces:
         raise CorpusError(f"no documents built from {src}",
                           hint="check the globs in the slice rules and that the files are not empty")
-    docs = _number_documents(pieces)
+    docs = number_documents(pieces)
     manifest = build_manifest(rules.name, rules.version, docs, _size_policy(rules))
-    documents_text = "".join(json.dumps({"id": d.id, "slice": d.slice, "source": d.source,
-                                         "text": d.text}, ensure_ascii=False) + "\n" for d, _ in docs)
+    documents_text = documents_jsonl(docs)
     sources_text = _sources_markdown(manifest, rules, src, used,
                                      rules_path.read_text(encoding="utf-8"))
 
@@ -356,7 +366,7 @@ def build_corpus(src_dir: str | Path, out_dir: str | Path, slice_rules_file: str
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
         for name, text in ((DOCUMENTS_FILE, documents_text),
-                           (MANIFEST_FILE, json.dumps(manifest, indent=1, ensure_ascii=False) + "\n"),
+                           (MANIFEST_FILE, manifest_json(manifest)),
                            (SOURCES_FILE, sources_text)):
             with (tmp / name).open("w", encoding="utf-8", newline="\n") as f:
                 f.write(text)
