@@ -27,6 +27,7 @@ RECORDED = {
     "0009_axis_se": "b1463e2f744082a6fcaa8e2a6f79e442dce8e6487cfd6a1502b68e74e1c0fa35",
     "0010_incremental_jobs": "45944f623617db19cebec7454d552d7ea2a85b9b2f6086c0081a1370f4beae48",
     "0011_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
+    "0012_checkpoint_bases": "bb9b04d643b2d5379049e922f590546913f33c53bd459675a8392b0b67acc4d5",
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from monitor.errors import GateRefusedError, HubError, IntegrityError
 from monitor.failpoints import failpoint
+from monitor.hub.adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from monitor.hub.client import HubClient, describe_error, refusal_reason
 from monitor.hub.gate import (COMMIT_RE, CONFIG_FILE, FILE_BYTE_LIMITS, OPTIONAL_FILES, TOKENIZER_FILE,
                               WEIGHTS_INDEX, ExpectedFile, _announced, _index_shards, _siblings,
@@ -46,6 +47,8 @@ def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Pat
     budgets = budgets or Budgets()
     siblings = _siblings(info)
     check_file_names(list(siblings), cache_dir)
+    if ADAPTER_CONFIG in siblings:
+        return _adapter_plan(repo, sha, siblings, budgets)
     weights = weight_files(info)
     if weights == [WEIGHTS_INDEX]:
         weights = [WEIGHTS_INDEX, *_index_shards(client, repo, sha, siblings, cache_dir)]
@@ -57,6 +60,21 @@ def plan_files(client: HubClient, repo: str, sha: str, info: Any, cache_dir: Pat
     weight_bytes = sum(f.size for f in files if f.name not in FILE_BYTE_LIMITS)
     if weight_bytes > budgets.max_bytes:
         raise GateRefusedError(f"over budget: {weight_bytes:,} bytes of weights > max_bytes "
+                               f"{budgets.max_bytes:,}")
+    return files
+
+
+def _adapter_plan(repo: str, sha: str, siblings: dict[str, Any], budgets: Budgets) -> list[ExpectedFile]:
+    """An adapter repo's own files (config, safetensors weights, a tokenizer if it has one);
+    its base is fetched as a checkpoint of its own (`fetch_job`)."""
+    if ADAPTER_WEIGHTS not in siblings:
+        raise GateRefusedError(f"{repo}@{sha} is an adapter without {ADAPTER_WEIGHTS}")
+    wanted = [ADAPTER_CONFIG, ADAPTER_WEIGHTS, TOKENIZER_FILE, *OPTIONAL_FILES]
+    files = [_announced(n, siblings[n]) for n in wanted if n in siblings]
+    check_file_budgets(files)
+    weight_bytes = sum(f.size for f in files if f.name == ADAPTER_WEIGHTS)
+    if weight_bytes > budgets.max_bytes:
+        raise GateRefusedError(f"over budget: {weight_bytes:,} bytes of adapter weights > max_bytes "
                                f"{budgets.max_bytes:,}")
     return files
 
@@ -227,7 +245,26 @@ def fetch_job(store: Store, job: CheckpointRow, *, owner: str, client: HubClient
     Re-running it on a `fetched` row re-verifies the cached files without downloading.
     """
     path, digests = fetch_verified(job.repo, job.sha, cache_dir=cache_dir, client=client)
+    extra: dict[str, Any] = {}
+    adapter = adapter_facts(job)
+    if adapter is not None:
+        # The model an adapter makes is its pinned base with the update merged in: fetch and
+        # verify the base too, and let both decide the score's identity (dedupe digests).
+        base_path, base_digests = fetch_verified(adapter["base_repo"], adapter["base_sha"], cache_dir=cache_dir,
+                                                 client=client)
+        extra["base_snapshot_dir"] = str(base_path)
+        digests = {key: hashlib.sha256(f"adapter:{digests[key]}+base:{base_digests[key]}".encode()).hexdigest()
+                   for key in digests}
     store.advance_checkpoint(job.id, owner, status="fetched",
-                             meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat(), **digests},
+                             meta={"snapshot_dir": str(path), "fetched_at": now_fn().isoformat(), **digests,
+                                   **extra},
                              now=now_fn())
     return path
+
+
+def adapter_facts(job: CheckpointRow) -> dict[str, Any] | None:
+    """The gate's adapter facts of a checkpoint row (base repo and pinned commit, rank, ...),
+    or None for a model."""
+    gate = (job.meta or {}).get("gate") or {}
+    adapter = gate.get("adapter")
+    return adapter if isinstance(adapter, dict) and adapter.get("base_sha") else None

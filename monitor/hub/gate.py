@@ -26,6 +26,9 @@ from typing import Any
 from monitor.errors import GateRefusedError, HubError, IntegrityError
 from monitor.events import event
 from monitor.hub.client import HubClient, describe_error, refusal_reason
+from monitor.hub.adapter import (ADAPTER_CONFIG, ADAPTER_CONFIG_MAX_BYTES, ADAPTER_WEIGHTS, adapter_base,
+                                 check_adapter_config, check_adapter_shapes)
+from monitor.hub.lineage import DeclaredBase, Lineage, declared_base
 from monitor.hub.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
 from monitor.hub.rules import Budgets, WatchRule
 from monitor.hub.safetensors_layout import LayoutError, SafetensorsHeader, check_file_size, tensor_layout
@@ -47,7 +50,7 @@ TOKENIZER_MAX_BYTES = 64 << 20
 FILE_BYTE_LIMITS = {CONFIG_FILE: CONFIG_MAX_BYTES, TOKENIZER_FILE: TOKENIZER_MAX_BYTES,
                     WEIGHTS_INDEX: 16 << 20, "generation_config.json": 1 << 20,
                     "tokenizer_config.json": 16 << 20, "special_tokens_map.json": 1 << 20,
-                    "added_tokens.json": 16 << 20}
+                    "added_tokens.json": 16 << 20, "adapter_config.json": 1 << 20}
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
@@ -263,8 +266,79 @@ def _read_config(client: HubClient, repo: str, sha: str, cache_dir: Path, size: 
         raise GateRefusedError(f"config.json is not valid JSON: {exc}") from exc
 
 
+def _read_small_json(client: HubClient, repo: str, sha: str, cache_dir: Path, name: str, size: int | None,
+                     limit: int) -> Any:
+    if size is not None and size > limit:
+        raise GateRefusedError(f"{name} is {size:,} bytes (limit {limit:,})")
+    path = client.download(repo, name, sha, cache_dir=cache_dir, max_bytes=min(size, limit) if size is not None else limit)
+    if not path.resolve().is_relative_to(cache_dir.resolve()):
+        raise GateRefusedError(f"{name} resolved outside the cache")
+    try:
+        return json.loads(path.read_bytes()[:limit + 1])
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise GateRefusedError(f"{name} is not valid JSON: {type(exc).__name__}") from exc
+
+
+def _gate_adapter(client: HubClient, repo: str, sha: str, info: Any, siblings: dict[str, Any], budgets: Budgets,
+                  rule: WatchRule | None, cache_dir: Path) -> dict[str, Any]:
+    """Gate a LoRA adapter repo (`monitor.hub.adapter`): its config and header, its pinned
+    base through the whole gate, and every adapter shape against the base's headers."""
+    if ADAPTER_WEIGHTS not in siblings:
+        pickles = sorted(n for n in siblings if n.lower().endswith(PICKLE_SUFFIXES))
+        raise GateRefusedError(f"pickle adapter weights refused ({', '.join(pickles[:3])}); only safetensors "
+                               "are ever loaded" if pickles else f"an adapter without {ADAPTER_WEIGHTS}")
+    config_sibling = siblings[ADAPTER_CONFIG]
+    adapter = check_adapter_config(_read_small_json(client, repo, sha, cache_dir, ADAPTER_CONFIG,
+                                                    config_sibling.size, ADAPTER_CONFIG_MAX_BYTES))
+    declared = declared_base(getattr(info, "card_data", None), siblings, None)
+    base_repo = adapter_base(declared.base_repo if declared is not None else None,
+                             adapter["base_model_name_or_path"])
+    if declared is None or declared.base_repo != base_repo:
+        declared = DeclaredBase((base_repo,), "adapter", "inferred")
+    lineage = pin_base(client, declared)
+    assert lineage is not None
+    if lineage.base_sha is None:
+        raise GateRefusedError(f"the adapter's base {base_repo} could not be pinned ({lineage.problem})")
+    base_sha = lineage.base_sha
+    try:
+        base_facts = _gate(client, base_repo, base_sha, budgets, None, cache_dir, adapters=False)
+    except GateRefusedError as exc:
+        raise GateRefusedError(f"base {base_repo}@{base_sha[:12]} refused: {exc.message}") from None
+    base_info = client.model_info(base_repo, base_sha, files_metadata=True)
+    base_siblings = _siblings(base_info)
+    base_headers = read_headers(client, base_repo, base_sha, weight_files(base_info), base_siblings, cache_dir)
+    announced = _announced(ADAPTER_WEIGHTS, siblings[ADAPTER_WEIGHTS])
+    try:
+        header = client.safetensors_header(repo, ADAPTER_WEIGHTS, sha, file_size=announced.size)
+        check_file_size(header, tensor_layout(header), announced.size)
+    except LayoutError as exc:
+        raise GateRefusedError(f"malformed safetensors in {ADAPTER_WEIGHTS}: {exc}") from None
+    shapes = check_adapter_shapes(header, base_headers, adapter["r"])
+    total = base_facts["n_bytes"] + announced.size
+    if total > budgets.max_bytes:
+        raise GateRefusedError(f"over budget: {total:,} bytes of base and adapter weights > max_bytes "
+                               f"{budgets.max_bytes:,}")
+    if rule is not None and not rule.params_in_range(base_facts["n_params"]):
+        raise GateRefusedError(f"{base_facts['n_params']:,} parameters is outside rule "
+                               f"{rule.name!r}'s range [{rule.min_params}, {rule.max_params}]")
+    own = [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *(n for n in (TOKENIZER_FILE, *OPTIONAL_FILES) if n in siblings)]
+    check_file_budgets([_announced(n, siblings[n]) for n in own if n in FILE_BYTE_LIMITS])
+    files = [_announced(n, siblings[n]) for n in own]
+    unverifiable = [f.name for f in files if f.sha256 is None and f.blob_id is None]
+    if unverifiable:
+        raise GateRefusedError(f"the Hub announced no hash for {', '.join(unverifiable)}")
+    committed = client.commit_date(repo, sha)
+    base_lineage = {k: v for k, v in base_facts.items() if k != "lineage"}
+    return {**base_lineage, "files": [asdict(f) for f in files],
+            "adapter": {**adapter, **shapes, "base_repo": base_repo, "base_sha": base_sha,
+                        "base_files": base_facts["files"], "adapter_bytes": announced.size,
+                        "tokenizer_from": "adapter" if TOKENIZER_FILE in siblings else "base"},
+            "n_bytes": total, "commit_date": committed.isoformat() if committed is not None else None,
+            "lineage": lineage.as_dict()}
+
+
 def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchRule | None,
-          cache_dir: Path) -> dict[str, Any]:
+          cache_dir: Path, *, adapters: bool = True) -> dict[str, Any]:
     info = client.model_info(repo, sha, files_metadata=True)
     if info.sha and info.sha != sha:
         raise GateRefusedError(f"the Hub answered for commit {info.sha} instead of {sha}")
@@ -272,6 +346,10 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
         raise GateRefusedError("the Hub reports the repo as disabled")
     siblings = _siblings(info)
     check_file_names(list(siblings), cache_dir)
+    if ADAPTER_CONFIG in siblings:
+        if not adapters:  # the base of an adapter must be a model itself
+            raise GateRefusedError("it is itself an adapter; an adapter's base must be a model")
+        return _gate_adapter(client, repo, sha, info, siblings, budgets, rule, cache_dir)
     weights = weight_files(info)
     if TOKENIZER_FILE not in siblings:
         raise GateRefusedError(f"no {TOKENIZER_FILE}: a tokenizer is required to score")
@@ -279,8 +357,8 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
         raise GateRefusedError(f"no {CONFIG_FILE}")
     # Every file it would fetch besides the weights, within its byte limit before any download.
     check_file_budgets([_announced(n, s) for n, s in siblings.items() if n in FILE_BYTE_LIMITS])
-    config_facts, shape = check_config(
-        _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size), budgets)
+    config = _read_config(client, repo, sha, cache_dir, siblings[CONFIG_FILE].size)
+    config_facts, shape = check_config(config, budgets)
     headers = read_headers(client, repo, sha, weights, siblings, cache_dir)
     announced = {name: _announced(name, siblings[name]) for name in headers}
     header_facts = check_safetensors(headers, announced, budgets)
@@ -301,8 +379,40 @@ def _gate(client: HubClient, repo: str, sha: str, budgets: Budgets, rule: WatchR
     # be the repo's last change): reports order lineages without step names by it
     # (monitor.reports.present).
     committed = client.commit_date(repo, sha)
+    base = pin_base(client, declared_base(getattr(info, "card_data", None), siblings, config))
     return {**config_facts, **header_facts, **estimates, "files": [asdict(f) for f in files],
-            "commit_date": committed.isoformat() if committed is not None else None}
+            "commit_date": committed.isoformat() if committed is not None else None,
+            **({"lineage": base.as_dict()} if base is not None else {})}
+
+
+def pin_base(client: HubClient, declared: DeclaredBase | None) -> Lineage | None:
+    """Pin a declared base to a commit: the one its reference names, else the commit its main
+    points at now. A base the Hub will not serve (missing, gated, private) is recorded with
+    the Hub's reason and no commit; an outage raises HubError (the row is gated again later)."""
+    if declared is None:
+        return None
+    problems = list(declared.problems)
+    sha = declared.pinned_sha
+    repo = declared.base_repo
+    if repo is not None and sha is None:
+        try:
+            sha = client.model_info(repo, None, files_metadata=False).sha
+        except HubError:
+            raise
+        except Exception as exc:
+            reason = refusal_reason(exc)
+            if reason is None and client.classify(exc) != "answer":
+                raise
+            problems.append(f"base {repo} could not be pinned: {reason or describe_error(exc)}")
+            sha = None
+        if sha is not None and not COMMIT_RE.fullmatch(str(sha)):
+            problems.append(f"the Hub answered {str(sha)[:50]!r} as the commit of base {repo}; not pinned")
+            sha = None
+    if repo is None and len(declared.bases) > 1:
+        problems.append(f"a merge of {len(declared.bases)} bases has no single base to compare with")
+    return Lineage(base_repo=repo, base_sha=sha, relation=declared.relation,
+                   relation_source=declared.relation_source, bases=list(declared.bases),
+                   problem="; ".join(problems) or None)
 
 
 def gate_checkpoint(client: HubClient, repo: str, sha: str, *, rule: WatchRule | None = None,
@@ -372,7 +482,8 @@ def gate_pending(store: Store, client: HubClient, rules: Sequence[WatchRule], *,
             outcomes.append(GateOutcome(row.id, row.repo, row.sha, "discovered", exc.one_line()))
             break
         store.set_checkpoint_verdict(row.id, expect_status="discovered", status=verdict.status,
-                                     reason=verdict.reason, meta=verdict.meta, now=now_fn())
+                                     reason=verdict.reason, meta=verdict.meta, now=now_fn(),
+                                     base=verdict.meta.get("gate", {}).get("lineage"))
         outcomes.append(GateOutcome(row.id, row.repo, row.sha, verdict.status, verdict.reason))
         if verdict.status == "gated":
             event("gated", checkpoint=row.id, repo=row.repo, commit=row.sha, rule=row.rule)

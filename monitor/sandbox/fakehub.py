@@ -52,7 +52,7 @@ DEFAULT_LIST_FIELDS = ("_id", "id", "likes", "trendingScore", "private", "downlo
 FULL_LIST_FIELDS = DEFAULT_LIST_FIELDS + ("author", "sha", "lastModified", "gated", "disabled", "siblings")
 MODEL_INFO_FIELDS = ("_id", "id", "modelId", "author", "sha", "lastModified", "private", "disabled",
                      "gated", "downloads", "likes", "library_name", "tags", "pipeline_tag", "createdAt",
-                     "config", "siblings", "spaces", "safetensors", "usedStorage")
+                     "config", "siblings", "spaces", "safetensors", "usedStorage", "cardData")
 # Every property huggingface_hub 2.4 may send as `expand=`; the live Hub answers 400 to others.
 EXPAND_PROPERTIES = frozenset((
     "author", "baseModels", "cardData", "childrenModelCount", "config", "createdAt", "disabled",
@@ -450,7 +450,7 @@ class FakeHub(HubState):
 
     def _fields(self, repo: Repo, commit: Commit | None, names: tuple[str, ...], *, blobs: bool) -> dict:
         """A model item with the requested fields (commit None: the head of main)."""
-        needs_commit = {"sha", "siblings", "safetensors", "config", "usedStorage"}
+        needs_commit = {"sha", "siblings", "safetensors", "config", "usedStorage", "cardData"}
         if commit is None and needs_commit.intersection(names):
             self._materialise(repo)
             # A repo made only of other branches (e.g. step branches) has no main: use the
@@ -491,6 +491,10 @@ class FakeHub(HubState):
                 cfg = commit.config()
                 if cfg is not None:
                     item[name] = cfg
+            elif name == "cardData":
+                card = commit.card_data()
+                if card is not None:
+                    item[name] = card
             elif name == "usedStorage":
                 item[name] = sum(len(d) for d in commit.files.values())
         return item

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
+import yaml
+
 # Files the Hub stores through LFS: the default .gitattributes patterns, or anything over 10 MiB.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf",
                 ".model", ".tflite", ".ot", ".npy", ".npz", ".pkl", ".pickle", ".zip", ".tar", ".gz")
@@ -25,6 +27,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 # ----------------------------------------------------------------------------- time
+
+# The Hub reads a model card's metadata from the start of README.md.
+CARD_MAX_BYTES = 64 << 10
+
 
 def utc(dt: datetime) -> datetime:
     """`dt` as an aware UTC datetime truncated to milliseconds (the Hub's resolution)."""
@@ -150,6 +156,22 @@ class Commit:
                     totals[dtype] = totals.get(dtype, 0) + n
             self._safetensors = {"parameters": totals, "total": sum(totals.values())} if found else None
         return self._safetensors
+
+    def card_data(self) -> dict | None:
+        """The YAML front matter of README.md, as the Hub reports it under `cardData` (None
+        without a README or front matter, or when it is not a mapping)."""
+        raw = self.files.get("README.md")
+        if raw is None or not raw.startswith(b"---"):
+            return None
+        text = raw[:CARD_MAX_BYTES].decode("utf-8", errors="replace")
+        end = text.find("\n---", 3)
+        if end < 0:
+            return None
+        try:
+            data = yaml.safe_load(text[3:end])
+        except yaml.YAMLError:
+            return None
+        return data if isinstance(data, dict) else None
 
     def config(self) -> dict | None:
         """The subset of config.json the Hub reports under `config`."""

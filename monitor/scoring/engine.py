@@ -55,6 +55,10 @@ class ScoreRequest:
     progress: bool = True
     checkpoint_id: int | None = None
     model_root: Path | None = None  # a local model's files may resolve inside this folder
+    # A LoRA adapter folder merged into `model` (its base) before scoring, and where its files
+    # may resolve (a Hub cache snapshot links into its repo's blobs/).
+    adapter: Path | None = None
+    adapter_root: Path | None = None
     extra_model_info: dict[str, Any] = field(default_factory=dict)
     # Sequential scoring (`sequential_run.sequential_plan`): stop once every task is settled.
     sequential: dict[str, Any] | None = None
@@ -206,7 +210,8 @@ def prepare(request: ScoreRequest, *, cache: PrepareCache | None = None) -> Prep
     if tokenizer_dir is not None:
         handle = cache.tokenizer(tokenizer_dir, load_tokenizer) if cache else load_tokenizer(tokenizer_dir)
     checkpoint = load_checkpoint(model_ref, dtype=request.dtype, device=request.device,
-                                 allowed_root=request.model_root, device_map=request.device_map)
+                                 allowed_root=request.model_root, device_map=request.device_map,
+                                 adapter=request.adapter, adapter_root=request.adapter_root)
     if tokenizer_dir is None:
         handle = (cache.tokenizer(checkpoint.model_dir, load_tokenizer) if cache
                   else load_tokenizer(checkpoint.model_dir))

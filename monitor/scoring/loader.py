@@ -69,6 +69,7 @@ class LoadedCheckpoint:
     lm_head_bias: bool = False
     revision: str | None = None
     ignored_weights: tuple[str, ...] = ()      # checkpoint tensors the architecture does not use
+    adapter: dict[str, Any] | None = None     # a merged LoRA adapter's facts (rank, modules)
 
     def as_model_info(self) -> dict[str, Any]:
         """The `model{}` object of a score."""
@@ -79,7 +80,9 @@ class LoadedCheckpoint:
                 "max_positions": self.max_positions, "vocab_size": self.vocab_size,
                 "tied_embeddings": self.tied_embeddings, "lm_head_bias": self.lm_head_bias,
                 "dtype": self.dtype, "device": self.device,
-                "ignored_weights": list(self.ignored_weights[:20])}
+                "ignored_weights": list(self.ignored_weights[:20]),
+                **({"adapter": {k: v for k, v in self.adapter.items() if k != "modules"}
+                    | {"modules": list(self.adapter.get("modules", []))[:50]}} if self.adapter else {})}
 
 
 # --------------------------------------------------------------------------- checks on files
@@ -451,9 +454,58 @@ def _load_model(model_dir: Path, dtype: str, device: str,
     return model, has_bias, ignored
 
 
+def check_adapter_dir(path: Path, allowed_root: Path | None = None) -> dict[str, Any]:
+    """The checks of `monitor.hub.adapter` on a local adapter folder, before peft reads it:
+    files inside the folder (or `allowed_root`), no pickle file, a bounded LoRA config and
+    safetensors weights covered exactly by their header."""
+    from monitor.hub.adapter import ADAPTER_CONFIG, ADAPTER_CONFIG_MAX_BYTES, ADAPTER_WEIGHTS, check_adapter_config
+
+    path = path.expanduser()
+    if not path.is_dir():
+        raise ModelLoadError(f"no adapter folder at {path}")
+    root = (allowed_root or path).resolve()
+    for entry in path.rglob("*"):
+        _check_inside(entry, root)
+        if entry.name.lower().endswith(PICKLE_SUFFIXES):
+            raise UnsafeCheckpointError(f"{entry}: pickle files are never loaded (adapter)")
+    config_file = path / ADAPTER_CONFIG
+    if not config_file.is_file() or config_file.stat().st_size > ADAPTER_CONFIG_MAX_BYTES:
+        raise ModelLoadError(f"{path} has no {ADAPTER_CONFIG} of at most {ADAPTER_CONFIG_MAX_BYTES:,} bytes")
+    try:
+        facts = check_adapter_config(_read_json(config_file, "adapter config"))
+    except Exception as exc:  # GateRefusedError: the same refusal the gate makes
+        raise UnsafeCheckpointError(f"{config_file}: {getattr(exc, 'message', exc)}") from None
+    weights = path / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise ModelLoadError(f"{path} has no {ADAPTER_WEIGHTS}")
+    try:
+        header = read_local_header(weights)
+        check_file_size(header, tensor_layout(header), weights.stat().st_size)
+    except LayoutError as exc:
+        raise ModelLoadError(f"{weights}: {exc}") from None
+    return {**facts, "header": header}
+
+
+def _merge_adapter(model: Any, adapter_dir: Path, allowed_root: Path | None) -> tuple[Any, dict[str, Any]]:
+    """The loaded base with the adapter merged in, after its shapes are checked against the
+    base's parameters (the same check the gate made against the base's headers)."""
+    from monitor.hub.adapter import check_adapter_shapes, merge_lora
+    from monitor.hub.safetensors_layout import SafetensorsHeader
+
+    facts = check_adapter_dir(adapter_dir, allowed_root)
+    params = SafetensorsHeader(header_len=0, tensors={name: {"shape": list(t.shape)}
+                                                       for name, t in model.state_dict().items()})
+    try:
+        shapes = check_adapter_shapes(facts.pop("header"), {"base": params}, facts["r"])
+    except Exception as exc:  # GateRefusedError
+        raise UnsafeCheckpointError(f"{adapter_dir}: {getattr(exc, 'message', exc)}") from None
+    return merge_lora(model, str(adapter_dir)), {**facts, **shapes}
+
+
 def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
                     cache_dir: str | Path | None = None, endpoint: str | None = None,
-                    allowed_root: str | Path | None = None, device_map: str | None = None) -> LoadedCheckpoint:
+                    allowed_root: str | Path | None = None, device_map: str | None = None,
+                    adapter: str | Path | None = None, adapter_root: str | Path | None = None) -> LoadedCheckpoint:
     """Load `ref` (a local checkpoint folder, or `org/name[@revision]` from the Hub, pinned to
     the commit sha the revision resolves to) in the resolved dtype on the resolved device.
 
@@ -461,7 +513,9 @@ def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
     machine instead of moving it whole to `device`; it is checked before anything is read.
 
     A local folder's files must resolve inside it, or inside `allowed_root` when given (a Hub
-    cache snapshot links into its repo's `blobs/`)."""
+    cache snapshot links into its repo's `blobs/`). With `adapter` (a LoRA adapter folder, its
+    files inside it or `adapter_root`), `ref` is its base and the adapter is merged into it
+    before anything is scored."""
     from monitor.scoring.forward import resolve_device, resolve_dtype
 
     device = resolve_device(device)
@@ -489,6 +543,9 @@ def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
     tokenizer_config = (_read_json(tokenizer_config_path, "tokenizer config")
                         if tokenizer_config_path.is_file() else None)
     model, has_bias, ignored = _load_model(model_dir, dtype, device, device_map)
+    adapter_info = None
+    if adapter is not None:
+        model, adapter_info = _merge_adapter(model, Path(adapter), Path(adapter_root) if adapter_root else None)
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     tied = embed is not None and head.weight.data_ptr() == embed.weight.data_ptr()
     return LoadedCheckpoint(
@@ -496,4 +553,4 @@ def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
         max_positions=max_positions_from_config(config, tokenizer_config),
         n_params=sum(p.numel() for p in model.parameters()), dtype=dtype, device=device,
         vocab_size=int(head.weight.shape[0]), tied_embeddings=tied, lm_head_bias=has_bias, revision=revision,
-        ignored_weights=ignored)
+        ignored_weights=ignored, adapter=adapter_info)

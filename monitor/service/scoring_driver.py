@@ -41,6 +41,7 @@ from monitor.errors import HubError, LstarError
 from monitor.failpoints import failpoint
 from monitor.hub import (DEFAULT_LEASE_S, HubClient, JobResult, LayoutError, Outcome, fetch_job,
                          process_pending, prune_cache, resolve_cache_dir)
+from monitor.hub.fetch import adapter_facts
 from monitor.hub.queue import claim_batch, release, settle
 from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
@@ -79,15 +80,34 @@ def score_queue(store: Store, client: HubClient | None, scorer: Scorer, *, owner
 
 
 def _hub_info(job: CheckpointRow) -> dict[str, Any]:
-    return {"repo": job.repo, "sha": job.sha, "source": "hub"}
+    info: dict[str, Any] = {"repo": job.repo, "sha": job.sha, "source": "hub"}
+    adapter = adapter_facts(job)
+    if adapter is not None:   # the score records both commits: the adapter's and its base's
+        info["base"] = {"repo": adapter["base_repo"], "sha": adapter["base_sha"], "relation": "adapter"}
+    return info
+
+
+def base_snapshot(job: CheckpointRow, snapshot: Path) -> Path | None:
+    """For an adapter job, the verified snapshot of its pinned base (fetched beside the
+    adapter's in the same cache by `fetch_job`); None for a model."""
+    from monitor.hub.fetch import snapshot_dir
+
+    adapter = adapter_facts(job)
+    if adapter is None:
+        return None
+    return snapshot_dir(snapshot.parent.parent.parent, adapter["base_repo"], adapter["base_sha"])
 
 
 def score_in_process(store: Store, template: ScoreRequest) -> Scorer:
     """Score in this process with the spec of `template`."""
     def scorer(job: CheckpointRow, snapshot: Path) -> ScoredRun:
         # snapshots/<sha>/ links into the repo's blobs/: both live under the repo cache folder
-        request = replace(template, model=str(snapshot), checkpoint_id=job.id,
-                          model_root=snapshot.parent.parent,
+        base = base_snapshot(job, snapshot)
+        model = base if base is not None else snapshot
+        request = replace(template, model=str(model), checkpoint_id=job.id,
+                          model_root=model.parent.parent,
+                          adapter=snapshot if base is not None else None,
+                          adapter_root=snapshot.parent.parent if base is not None else None,
                           extra_model_info={**_hub_info(job), "path": str(snapshot)})
         return compute_score(prepare(request), store)
 
@@ -166,13 +186,21 @@ class JobBuilder:
     def build(self, job: CheckpointRow, snapshot: Path) -> tuple[ScoreJob, Path]:
         """The job, and the flat copy of its snapshot (removed by the caller when done)."""
         corpus_sha = self.corpus_sha256()
-        flat = materialize_snapshot(snapshot, self.state_dir / "tmp" / f"checkpoint-{job.id}")
+        flat = self.state_dir / "tmp" / f"checkpoint-{job.id}"
+        base = base_snapshot(job, snapshot)
         try:
-            request = replace(self.template, model=str(flat), checkpoint_id=job.id,
+            adapter = None
+            if base is None:
+                model_dir = materialize_snapshot(snapshot, flat)
+            else:   # the adapter beside its base, both flat: the child merges them
+                shutil.rmtree(flat, ignore_errors=True)
+                adapter = materialize_snapshot(snapshot, flat / "adapter")
+                model_dir = materialize_snapshot(base, flat / "model")
+            request = replace(self.template, model=str(model_dir), checkpoint_id=job.id, adapter=adapter,
                               extra_model_info={**_hub_info(job), "files_sha256_dir": str(snapshot)},
                               sequential=self.plan_for(job) if self.plan_for is not None else None)
             try:
-                memory = estimate_memory(flat, dtype=request.dtype, device=request.device)
+                memory = estimate_memory(model_dir, dtype=request.dtype, device=request.device)
             except (LayoutError, OSError):
                 memory = None   # the loader refuses such a checkpoint with the reason
             score_job = ScoreJob(checkpoint_id=job.id, repo=job.repo, sha=job.sha, request=request,

@@ -69,15 +69,47 @@ class CheckpointRows(StoreConnection):
 
     def set_checkpoint_verdict(self, checkpoint_id: int, *, expect_status: str, status: str,
                                reason: str | None, meta: Mapping[str, Any] | None,
-                               now: datetime) -> bool:
-        """Move an unleased row from `expect_status` to `status` (compare-and-set)."""
+                               now: datetime, base: Mapping[str, Any] | None = None) -> bool:
+        """Move an unleased row from `expect_status` to `status` (compare-and-set); with `base`
+        (a `monitor.hub.lineage.Lineage` as a dict) record what it derives from in the same
+        transaction."""
         with self.transaction() as conn:
             merged = self._merged_meta(conn, checkpoint_id, meta)
             n = conn.execute(
                 "UPDATE checkpoints SET status = ?, reason = ?, meta = ?, updated_at = ? "
                 "WHERE id = ? AND status = ? AND lease_owner IS NULL",
                 [status, reason, merged, now, checkpoint_id, expect_status]).fetchone()[0]
+            if n == 1 and base is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO checkpoint_bases (checkpoint_id, base_repo, base_sha, relation, "
+                    "relation_source, bases, problem, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [checkpoint_id, base.get("base_repo"), base.get("base_sha"), base["relation"],
+                     base["relation_source"], json.dumps(list(base.get("bases") or [])), base.get("problem"),
+                     now])
         return n == 1
+
+    def checkpoint_base(self, checkpoint_id: int) -> dict[str, Any] | None:
+        """What a checkpoint derives from (`checkpoint_bases`), with the id of the base's own
+        checkpoint row when the store has the pinned base; None when it declares no base."""
+        rows = self.query(
+            "SELECT b.*, (SELECT min(c.id) FROM checkpoints c WHERE c.repo = b.base_repo "
+            "AND c.sha = b.base_sha) AS base_checkpoint_id FROM checkpoint_bases b "
+            "WHERE b.checkpoint_id = ?", [checkpoint_id])
+        if not rows:
+            return None
+        out = dict(rows[0])
+        out["bases"] = json.loads(out["bases"]) if isinstance(out["bases"], str) else out["bases"]
+        return out
+
+    def derivatives_of(self, base_repo: str, base_sha: str | None = None) -> list[dict[str, Any]]:
+        """The checkpoints that declare `base_repo` (at `base_sha` when given) as their base."""
+        sql = ("SELECT b.checkpoint_id, c.repo, c.sha, b.relation, b.relation_source, b.base_sha "
+               "FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id WHERE b.base_repo = ?")
+        args: list[Any] = [base_repo]
+        if base_sha is not None:
+            sql += " AND b.base_sha = ?"
+            args.append(base_sha)
+        return [dict(r) for r in self.query(sql + " ORDER BY b.checkpoint_id", args)]
 
     def claim_checkpoint(self, owner: str, *, now: datetime, lease_s: float,
                          statuses: Sequence[str], max_attempts: int,

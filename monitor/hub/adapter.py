@@ -1,0 +1,129 @@
+"""LoRA adapters: what the gate checks before any weight byte, and what the scoring child merges.
+
+An adapter repo holds `adapter_config.json` and `adapter_model.safetensors`: low-rank updates
+B·A to some linear layers of a base model it names. It is scored as the model it makes: the
+base at its pinned commit with the update merged in (`merge_lora` in the scoring child, through
+the `peft` library). Before anything is downloaded the gate checks, from the config and the
+safetensors headers of both repos (range requests):
+
+- the config is a bounded JSON object of a LoRA adapter (`peft_type` LORA; other adapter
+  kinds are refused with the reason), without code: an `auto_mapping` that points outside
+  transformers' own model classes is refused as remote code;
+- the weights are safetensors (`adapter_model.bin` would be unpickled: refused);
+- the base is declared (model card or `base_model_name_or_path`; two different ones are
+  refused), pinned, and passes the gate itself (safetensors only, budgets, no remote code);
+- every adapter tensor is a `lora_A`/`lora_B` weight of a module the base has, with shapes
+  [r, in] and [out, r] for the base's [out, in] weight and r the configured rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.errors import GateRefusedError
+from monitor.hub.safetensors_layout import SafetensorsHeader
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG_MAX_BYTES = 1 << 20
+# Far above any published LoRA rank; a larger one is not a low-rank update.
+MAX_RANK = 4096
+_PREFIX = "base_model.model."
+_LORA_KEY = re.compile(r"^base_model\.model\.(?P<module>[A-Za-z0-9_.]+)\.lora_(?P<part>[AB])\.weight$")
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+def check_adapter_config(config: Any) -> dict[str, Any]:
+    """The facts of a LoRA adapter config; GateRefusedError naming what is wrong."""
+    if not isinstance(config, dict):
+        raise GateRefusedError(f"{ADAPTER_CONFIG} is not a JSON object")
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: peft_type {str(peft_type)[:40]!r} is not supported "
+                               "(only LoRA adapters are merged and scored)")
+    mapping = config.get("auto_mapping")
+    if mapping is not None:
+        library = mapping.get("parent_library") if isinstance(mapping, dict) else None
+        if not (isinstance(library, str) and library.startswith("transformers.models.")):
+            raise GateRefusedError(f"remote code: {ADAPTER_CONFIG} has auto_mapping to {str(library)[:80]!r}, "
+                                   "outside transformers (trust_remote_code is never set)")
+    rank = config.get("r")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_RANK:
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: r = {str(rank)[:20]} is not a rank in [1, {MAX_RANK}]")
+    alpha = config.get("lora_alpha", rank)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1e6:
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: lora_alpha {str(alpha)[:20]} is not a positive number")
+    for key in ("modules_to_save", "trainable_token_indices", "layer_replication"):
+        if config.get(key):
+            raise GateRefusedError(f"{ADAPTER_CONFIG}: {key} is not supported (it replaces or adds "
+                                   "whole modules, not a low-rank update)")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: per-module rank_pattern/alpha_pattern is not supported")
+    base = config.get("base_model_name_or_path")
+    if base is not None and (not isinstance(base, str) or not _REPO.match(base)):
+        base = None  # a local path at training time: the model card must name the base
+    return {"peft_type": peft_type, "r": rank, "lora_alpha": float(alpha),
+            "use_dora": bool(config.get("use_dora")), "use_rslora": bool(config.get("use_rslora")),
+            "base_model_name_or_path": base}
+
+
+def adapter_base(card_base: str | None, config_base: str | None) -> str:
+    """The base repo an adapter applies to: the model card's, else its config's."""
+    if card_base and config_base and card_base != config_base:
+        raise GateRefusedError(f"the model card names base {card_base} but {ADAPTER_CONFIG} names {config_base}")
+    base = card_base or config_base
+    if not base:
+        raise GateRefusedError("the adapter names no base model (model card base_model or "
+                               f"{ADAPTER_CONFIG} base_model_name_or_path)")
+    return base
+
+
+def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, SafetensorsHeader], rank: int) -> dict[str, Any]:
+    """Every adapter tensor against the base's headers: A [r, in] and B [out, r] of a module
+    whose weight is [out, in]. Returns the modules and the adapter's parameter count."""
+    shapes: dict[str, list[int]] = {}
+    for header in base.values():
+        for name, entry in header.tensors.items():
+            shapes[name] = list(entry.get("shape") or [])
+    parts: dict[str, dict[str, list[int]]] = {}
+    n_params = 0
+    for name, entry in adapter.tensors.items():
+        match = _LORA_KEY.match(name)
+        if match is None:
+            raise GateRefusedError(f"adapter tensor {name[:120]!r} is not a LoRA A/B weight")
+        shape = list(entry.get("shape") or [])
+        if len(shape) != 2:
+            raise GateRefusedError(f"adapter tensor {name[:120]} has shape {shape}, not a matrix")
+        parts.setdefault(match["module"], {})[match["part"]] = shape
+        n_params += shape[0] * shape[1]
+    if not parts:
+        raise GateRefusedError(f"{ADAPTER_WEIGHTS} holds no LoRA weights")
+    for module, pair in sorted(parts.items()):
+        target = shapes.get(f"{module}.weight")
+        if target is None:
+            raise GateRefusedError(f"the adapter updates {module}, which the base does not have")
+        if set(pair) != {"A", "B"}:
+            raise GateRefusedError(f"the adapter has only lora_{''.join(pair)} for {module}")
+        if len(target) != 2:
+            raise GateRefusedError(f"the base's {module}.weight has shape {target}, not a matrix")
+        out_f, in_f = target
+        want_a, want_b = [rank, in_f], [out_f, rank]
+        if pair["A"] != want_a or pair["B"] != want_b:
+            raise GateRefusedError(f"adapter shapes for {module} do not match the base: lora_A {pair['A']}, "
+                                   f"lora_B {pair['B']}; the base's [{out_f}, {in_f}] weight at r = {rank} "
+                                   f"needs {want_a} and {want_b}")
+    return {"modules": sorted(parts), "n_adapter_params": n_params}
+
+
+def merge_lora(model: Any, adapter_dir: str) -> Any:
+    """The base model with the adapter at `adapter_dir` merged in (peft, local files only).
+
+    The folder has passed the gate's checks and the loader's (safetensors only); peft reads
+    `adapter_model.safetensors` from it and never the network.
+    """
+    from peft import PeftModel
+
+    wrapped = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False, local_files_only=True)
+    return wrapped.merge_and_unload()
