@@ -27,6 +27,7 @@ import click
 import typer
 
 from monitor.policy import format_duration, parse_duration
+from monitor.scoring.precision import DTYPE_CHOICES
 from monitor.service import MAX_LIMIT
 from monitor.store import DB_NAME
 
@@ -92,11 +93,8 @@ def id_column(table: Any, header: str, **kwargs: Any) -> None:
     table.add_column(header, overflow="fold", no_wrap=False, **kwargs)
 
 
-class DType(str, Enum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+# --dtype's choices: those of `monitor.scoring.precision` (one list for every command).
+DType = Enum("DType", {name: name for name in DTYPE_CHOICES}, type=str)  # type: ignore[misc]
 
 
 class Device(str, Enum):
