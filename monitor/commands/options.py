@@ -16,28 +16,64 @@ identifiers wrap instead of being cut.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Collection, Sequence
-from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
-from monitor.policy import format_duration, parse_duration
-from monitor.scoring.precision import DTYPE_CHOICES
+from pydantic_core import PydanticCustomError
+
+try:  # typer >= 0.20 vendors click: its exceptions are the ones its commands raise
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import UsageError as _UsageError  # type: ignore[assignment]
+
+from monitor.scoring.precision import DEVICE_PATTERN, DTYPE_CHOICES
 from monitor.service import MAX_LIMIT
+from monitor.service.settings import MAX_BATCH, MAX_RESAMPLES, parse_seconds, parse_size
 from monitor.store import DB_NAME
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.
 MAX_ROWS = MAX_LIMIT          # --limit of the listing commands: what the daemon's API accepts
-MAX_RESAMPLES = 100_000       # bootstrap resamples
-MAX_BATCH = 4096              # windows or sequences per forward pass
 MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32-bit seeds
 MAX_ID = 2**63 - 1            # DuckDB BIGINT
+
+
+class CommandLineError(_UsageError):
+    """Root of every command-line error a command raises: one line on stderr, exit code 2
+    (`monitor.cli` catches typer's usage errors, this one included)."""
+
+
+class OptionError(typer.BadParameter, CommandLineError):
+    """A bad value of one flag or argument (or of a setting from the environment or a config
+    file): 'Invalid value for <where>: <what to give instead>'."""
+
+
+def bounded_int(low: int | None, high: int | None) -> Callable[[Any], int]:
+    """typer's parser of an integer option that must lie in [low, high]: typer validates
+    through pydantic, so the check runs as the value is parsed, and the refusal reads
+    `0 is not allowed; give an integer from 1 to 256` (typer's own min/max would say only
+    "Input should be greater than or equal to 1")."""
+    allowed = describe_range(low=low, high=high, integer=True)
+
+    def parse(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                raise PydanticCustomError("int_range", "{value} is not an integer; give {allowed}",
+                                          {"value": repr(value), "allowed": allowed}) from None
+        if (low is not None and number < low) or (high is not None and number > high):
+            raise PydanticCustomError("int_range", "{value} is not allowed; give {allowed}",
+                                      {"value": _show(number), "allowed": allowed})
+        return number
+
+    return parse
 
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
@@ -103,12 +139,9 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:[0-9]{1,3})$")
-
-
 def _check_device(value: str | None) -> str | None:
-    if value is not None and not _DEVICE_RE.match(value):
-        raise typer.BadParameter(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
+    if value is not None and not DEVICE_PATTERN.fullmatch(value):
+        raise OptionError(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
     return value
 
 
@@ -149,7 +182,7 @@ def in_range(*, low: float | None = None, high: float | None = None, low_open: b
         if ok and high is not None:
             ok = value < high if high_open else value <= high
         if not ok:
-            raise typer.BadParameter(f"{_show(value)} is not allowed; give {allowed}")
+            raise OptionError(f"{_show(value)} is not allowed; give {allowed}")
         return value
 
     return check
@@ -171,16 +204,14 @@ def int_option(default: Any, *names: str, low: int | None = 1, high: int | None 
                help: str | None = None, **kwargs: Any) -> Any:
     """An integer option that must lie in [low, high] (default: a count, at least 1)."""
     allowed = describe_range(low=low, high=high, integer=True)
-    return typer.Option(default, *names, callback=in_range(low=low, high=high, integer=True),
-                        help=_help(help, allowed), **kwargs)
+    return typer.Option(default, *names, parser=bounded_int(low, high), help=_help(help, allowed), **kwargs)
 
 
 def int_argument(default: Any, *, low: int | None = 1, high: int | None = None,
                  help: str | None = None, **kwargs: Any) -> Any:
     """An integer argument that must lie in [low, high]."""
     allowed = describe_range(low=low, high=high, integer=True)
-    return typer.Argument(default, callback=in_range(low=low, high=high, integer=True),
-                          help=_help(help, allowed), **kwargs)
+    return typer.Argument(default, parser=bounded_int(low, high), help=_help(help, allowed), **kwargs)
 
 
 def float_option(default: Any, *names: str, low: float | None = None, high: float | None = None,
@@ -195,40 +226,21 @@ def float_option(default: Any, *names: str, low: float | None = None, high: floa
 def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
     """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
     try:
-        delta = parse_duration(value)
+        return parse_seconds(value, low=low)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
-    if delta.total_seconds() < low:
-        raise click.BadParameter(f"{value!r} is not allowed; give a duration of at least "
-                                 f"{format_duration(timedelta(seconds=low))}", param_hint=f"'{flag}'")
-    return delta.total_seconds()
-
-
-_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+        raise OptionError(str(exc), param_hint=f"'{flag}'") from None
 
 
 def size_bytes(value: str | None, flag: str, *, low: int, high: int) -> int | None:
     """A size flag (`512M`, `16G`, `1.5T`, or bytes) in bytes, within [low, high]."""
     if value is None:
         return None
-    text = value.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        number = float(text[:-1]) * _SIZE_UNITS[text[-1]] if text and text[-1] in _SIZE_UNITS else float(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint=f"'{flag}'") from None
-    if not (math.isfinite(number) and low <= number <= high):
-        raise click.BadParameter(f"{value!r} is not allowed; give a size from {_size(low)} to {_size(high)}",
-                                 param_hint=f"'{flag}'")
-    return int(number)
+        return parse_size(value, low=low, high=high)
+    except ValueError as exc:
+        raise OptionError(str(exc), param_hint=f"'{flag}'") from None
 
 
-def _size(n: int) -> str:
-    for unit, size in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"
-
-
-__all__ = ["DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
+__all__ = ["CommandLineError", "OptionError", "bounded_int", "DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
            "in_range", "int_option", "int_argument", "float_option", "seconds", "size_bytes", "MAX_ROWS",
            "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ DTYPE_CHOICES: tuple[str, ...] = get_args(DTypeChoice)
 DTYPES = DTYPE_CHOICES[1:]
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                  "float16": "float16", "fp16": "float16", "half": "float16"}
+# --device: auto, cpu, cuda or cuda:N (checked when parsed; availability when used).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda|cuda:[0-9]{1,3}")
 # Compute capability from which a GPU computes in bf16 natively (Ampere).
 BF16_NATIVE_MAJOR = 8
 # What "the hardware is not known here" means for an auto dtype on CUDA (a Ray worker seen
@@ -157,5 +160,5 @@ def host_precision(dtype: str, device: str) -> Precision:
     return Precision(device, resolve_dtype(dtype, device, capability))
 
 
-__all__ = ["BF16_NATIVE_MAJOR", "DTypeChoice", "DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "Precision", "UNKNOWN",
+__all__ = ["BF16_NATIVE_MAJOR", "DEVICE_PATTERN", "DTypeChoice", "DTYPES", "DTYPE_ALIASES", "DTYPE_CHOICES", "Precision", "UNKNOWN",
            "canonical_dtype", "host_precision", "resolve_device", "resolve_dtype", "resolve_precision"]
