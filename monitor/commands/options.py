@@ -1,16 +1,23 @@
-"""Numeric and enumerated flags shared by the commands, checked when the command line is parsed.
+"""Numeric and enumerated flags shared by the commands, checked when the command line is parsed,
+and the command-line errors every command raises.
 
-`int_option`/`float_option` (and `int_argument`) build typer parameters whose callback
-refuses zero, negative, NaN, infinite or out-of-range values with one line naming the flag
-and the allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an integer
-from 2 to 100,000``), before any work starts. The range is appended to the help text, so
-`--help` shows it too. `seconds` and `size_bytes` do the same for durations (`15m`) and
-sizes (`16G`). `DType` and `Device` are the choices of `--dtype` and `--device`;
-`device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the state is:
-`--state DIR` in every command that reads or writes it, `--db FILE` to name the database
-file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from giving
-boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose long
-identifiers wrap instead of being cut.
+`int_option` (and `int_argument`) build typer parameters whose parser (`bounded_int`, run by
+typer as it parses) refuses out-of-range integers with one line naming the flag and the
+allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an integer from 2 to
+100,000``), before any work starts; `float_option` does the same for finite numbers. The
+range is appended to the help text, so `--help` shows it too. `seconds` and `size_bytes` do
+the same for durations (`15m`) and sizes (`16G`), with the parsers of the daemon's settings
+(`monitor.service.settings`). `DType` and `Device` are the choices of `--dtype` and
+`--device`; `device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the
+state is: `--state DIR` in every command that reads or writes it, `--db FILE` to name the
+database file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from
+giving boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose
+long identifiers wrap instead of being cut.
+
+Errors: `CommandLineError` (a usage error, exit code 2) and its `OptionError` (a bad value of
+one flag, or of a setting from the environment or a config file) are the only command-line
+errors the commands raise; both are typer's own usage errors, so typer and `monitor.cli`
+print them alike.
 """
 
 from __future__ import annotations
@@ -22,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-
-from pydantic_core import PydanticCustomError
 
 try:  # typer >= 0.20 vendors click: its exceptions are the ones its commands raise
     from typer._click.exceptions import UsageError as _UsageError
@@ -53,10 +58,10 @@ class OptionError(typer.BadParameter, CommandLineError):
 
 
 def bounded_int(low: int | None, high: int | None) -> Callable[[Any], int]:
-    """typer's parser of an integer option that must lie in [low, high]: typer validates
-    through pydantic, so the check runs as the value is parsed, and the refusal reads
-    `0 is not allowed; give an integer from 1 to 256` (typer's own min/max would say only
-    "Input should be greater than or equal to 1")."""
+    """typer's parser of an integer option that must lie in [low, high]: the check runs as
+    typer parses the value, and the refusal (an OptionError, which typer passes on with the
+    flag's name) reads `0 is not allowed; give an integer from 1 to 256` (typer's own min/max
+    would say only "Input should be greater than or equal to 1")."""
     allowed = describe_range(low=low, high=high, integer=True)
 
     def parse(value: Any) -> int:
@@ -66,11 +71,9 @@ def bounded_int(low: int | None, high: int | None) -> Callable[[Any], int]:
             try:
                 number = int(str(value).strip())
             except ValueError:
-                raise PydanticCustomError("int_range", "{value} is not an integer; give {allowed}",
-                                          {"value": repr(value), "allowed": allowed}) from None
+                raise OptionError(f"{value!r} is not an integer; give {allowed}") from None
         if (low is not None and number < low) or (high is not None and number > high):
-            raise PydanticCustomError("int_range", "{value} is not allowed; give {allowed}",
-                                      {"value": _show(number), "allowed": allowed})
+            raise OptionError(f"{_show(number)} is not allowed; give {allowed}")
         return number
 
     return parse

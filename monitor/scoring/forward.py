@@ -5,7 +5,8 @@ function), the output head (logits in chunks, never a full `[batch, length, voca
 tensor), the Token Constraint Bound, and the scoring loop that batches the windows of all
 documents by length.
 
-Numerics: the model runs in the resolved dtype (bf16 on CUDA, float32 on CPU unless asked);
+Numerics: the model runs in the resolved dtype (`monitor.scoring.precision`: bf16 on a GPU of
+compute capability 8 or later, float32 on older GPUs and the CPU, unless asked);
 logits come out of the output matmul in that dtype, the log-softmax is taken in float32
 (float64 for a float64 model), and per-token NLLs are summed in float64 on the host, in a
 fixed order, so a score does not depend on the device's scheduling of atomic adds. A
