@@ -378,9 +378,6 @@ class Sources:
             return f"{name!r} in {self.file_path} (config file)"
         return f"'{flag_of(name)}' (default)"
 
-    def given(self, name: str) -> bool:
-        return name in self.flags or name in self.env or name in self.file
-
 
 def _read_config_file(path: Path) -> Path:
     """The config file, resolved (symlinks too) and bounded, or a SettingError saying why not."""
