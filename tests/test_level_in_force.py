@@ -20,7 +20,8 @@ from monitor.curves.artifact import ScoringRef, curve_warnings, save_curve, thre
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
 from monitor.policy.load import load_policy
-from monitor.reports.report import build_report
+from monitor.reports.present import fmt
+from monitor.reports.report import build_report, to_markdown
 from monitor.store import Store
 from monitor.testing.report_state import write_report_policy
 
@@ -108,6 +109,9 @@ def test_report_and_alert_print_eta_of_the_policy_level(tmp_path: Path):
     assert (task["eta_lower"], task["eta_upper"]) == pytest.approx(
         (refit.threshold.lower, refit.threshold.upper), abs=1e-12)
     assert task["eta"] != pytest.approx(curve.threshold.estimate, abs=0.05)
+    # the printed line: the policy's level beside the η̂ of that level
+    line = next(x for x in to_markdown(data).splitlines() if x.startswith("Level b + ε"))
+    assert f"= {fmt(0.25 + POLICY_MARGIN)}; threshold η̂ = {fmt(refit.threshold.estimate)} [" in line, line
     # the alert's prediction carries the same warnings as the report's task
     pred = predict_task(curve, policy.tasks[0], value=1.0, se=0.0, corpus_sha256=CORPUS)
     assert pred.threshold == pytest.approx(task["level"])
