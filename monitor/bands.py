@@ -1,10 +1,16 @@
 """The arithmetic from (L*, SE) and a task curve's band to an interval and a state, shared by
 `monitor.curves.artifact.predict` (alerts) and `monitor.scoring.sequential` (when to stop):
 numpy only, so that both stages use one definition without importing each other.
+
+`threshold_crossing` is the threshold η̂ and its interval at a level b_t + ε: the fit
+(`monitor.curves.stats`) computes it at the curve's own margin when the curve is made, and
+`monitor.curves.artifact.threshold_at` at the level a policy puts in force, from the same
+knots and band, so a report's η̂ is always that of the level it prints.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,3 +40,39 @@ def classify_state(lo: float, hi: float, threshold: float) -> str:
     if hi >= threshold:
         return "at_risk"
     return "clear"
+
+
+def first_reach(t: np.ndarray, values: np.ndarray, level: float) -> float:
+    """Smallest t at which the piecewise-linear curve through (t, values) reaches `level`
+    (values non-decreasing); t[0] if it starts there, NaN if it never does."""
+    above = np.flatnonzero(values >= level)
+    if len(above) == 0:
+        return math.nan
+    i = int(above[0])
+    if i == 0:
+        return float(t[0])
+    t0, t1, v0, v1 = t[i - 1], t[i], values[i - 1], values[i]
+    return float(t0 + (level - v0) * (t1 - t0) / (v1 - v0))
+
+
+def threshold_crossing(level: float, *, sign: float, t_first: float, knots_t: np.ndarray, knots_y: np.ndarray,
+                       grid_t: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> dict[str, object]:
+    """η̂, its interval and its status at `level`, from a curve in progress order.
+
+    t = sign · x runs toward progress (sign −1 for an axis where lower is progress, e.g. L*);
+    `knots_t`/`knots_y` are the curve's knots and `grid_t` with `lower`/`upper` its band, all
+    ascending in t and non-decreasing in value; `t_first` is the least advanced data point.
+    η̂ is where the curve first reaches the level; the interval is the band inverted: the
+    optimistic edge reaches it early, the pessimistic edge late (None: never inside the data).
+    Returns estimate, lower, upper (in x) and status: crosses, never or before_range.
+    """
+    if knots_y[0] >= level:
+        t_est, status = float(t_first), "before_range"
+    else:
+        t_est = first_reach(knots_t, knots_y, level)
+        status = "never" if math.isnan(t_est) else "crosses"
+    early, late = first_reach(grid_t, upper, level), first_reach(grid_t, lower, level)
+    in_x = (lambda v: None if math.isnan(v) else float(sign * v))
+    # For L* (sign −1) the early crossing is the larger L*, so it is the upper end of the interval.
+    low, high = (in_x(late), in_x(early)) if sign < 0 else (in_x(early), in_x(late))
+    return {"estimate": in_x(t_est), "lower": low, "upper": high, "status": status}

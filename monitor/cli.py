@@ -16,14 +16,14 @@ from monitor.commands.options import show_flags_as_flags
 from monitor.environment import harden_environment
 from monitor.errors import LstarError, StoreError
 
-try:  # typer >= 0.20 vendors click; its exceptions are not click's
-    from typer._click.exceptions import ClickException as _TyperClickException
+try:  # typer >= 0.20 vendors click: every usage error a command raises derives from its ClickException
+    from typer._click.exceptions import ClickException as _ClickException
 except ImportError:  # pragma: no cover - older typer uses click itself
-    _TyperClickException = None
-import click
+    from click.exceptions import ClickException as _ClickException  # type: ignore[assignment]
 
-_CLICK_ERRORS: tuple[type[BaseException], ...] = tuple(
-    cls for cls in (click.exceptions.ClickException, _TyperClickException) if cls is not None)
+# Usage errors: typer's own (unknown flags, missing arguments, range checks) and ours, all
+# under one class (`monitor.commands.options.CommandLineError` / `OptionError`).
+_CLICK_ERRORS: tuple[type[BaseException], ...] = (_ClickException,)
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
 COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "runs", "policy", "alerts", "silence",

@@ -152,7 +152,8 @@ def test_the_memory_estimate_is_the_headers_arithmetic(tiny_dir):
     activations = 4 * window * (4 * hidden + ffn)
     assert estimate_memory(tiny_dir, dtype="float32", device="cpu") == 4 * numel + 2 * activations + RUNTIME_OVERHEAD
     assert estimate_memory(tiny_dir, dtype="bfloat16", device="cpu") == 2 * numel + 2 * activations + RUNTIME_OVERHEAD
-    assert estimate_memory(tiny_dir, device="cuda") == 2 * numel + 2 * activations + RUNTIME_OVERHEAD
+    assert estimate_memory(tiny_dir, device="cuda", capability=(8, 0)) == 2 * numel + 2 * activations + RUNTIME_OVERHEAD
+    assert estimate_memory(tiny_dir, device="cuda", capability=(7, 0)) == 4 * numel + 2 * activations + RUNTIME_OVERHEAD
 
 
 def test_gpus_needed_rounds_up():

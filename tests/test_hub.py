@@ -138,7 +138,7 @@ def test_load_watch_rules_reports_file_and_key_path(tmp_path):
 def test_rate_limit_wait_reads_ratelimit_then_retry_after():
     assert rate_limit_wait({"ratelimit": '"api";r=0;t=55', "retry-after": "3"}) == 55
     assert rate_limit_wait({"ratelimit": '"api";r=10;t=55', "retry-after": "3"}) == 3
-    assert rate_limit_wait({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) is None
+    assert rate_limit_wait({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0   # a past date: now
     assert rate_limit_wait({}) is None
 
 

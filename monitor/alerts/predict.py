@@ -112,6 +112,11 @@ def public_corpus(policy: Policy, curves: Iterable[CurveArtifact]) -> str | None
     return shas.pop() if len(shas) == 1 else None
 
 
+def margin_in_force(curve: CurveArtifact, task: Task) -> float:
+    """The margin ε of `task`'s level b_t + ε: the policy's, else the curve's own."""
+    return task.margin if task.margin is not None else curve.margin
+
+
 def predict_task(curve: CurveArtifact, task: Task, *, lstar: float | None = None, se: float,
                  corpus_sha256: str | None = None, scoring_spec: Any = None, value: float | None = None,
                  score_lstar: float | None = None, score_lstar_se: float | None = None) -> TaskPrediction:
@@ -131,10 +136,10 @@ def predict_task(curve: CurveArtifact, task: Task, *, lstar: float | None = None
         raise TypeError("predict_task needs the value on the curve's axis")
     curve = at_budget(curve, task.budget)
     out = predict(curve, x, se, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
-    margin = task.margin if task.margin is not None else curve.margin
+    margin = margin_in_force(curve, task)
     return make_prediction(task.name, lstar=x, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,
                            floor=curve.baseline, margin=margin, confidence=curve.confidence,
                            curve_id=curve.curve_id, corpus_sha256=curve.corpus_sha256,
                            extrapolated=out.extrapolated,
-                           curve_warnings=[w.as_dict() for w in curve_warnings(curve)], axis=curve.axis,
+                           curve_warnings=[w.as_dict() for w in curve_warnings(curve, margin)], axis=curve.axis,
                            score_lstar=score_lstar, score_lstar_se=score_lstar_se)

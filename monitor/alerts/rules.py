@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from monitor.backoff import backoff_seconds
 from monitor.policy import Matcher, matches_all
 # The closed sets of label values live beside the matchers, which routes and silences check against them.
 from monitor.policy.vocabulary import GAMING_ALERTNAME, META_ALERTNAME, STATES, TASK_ALERTNAME  # noqa: F401 - re-exported
@@ -186,10 +187,8 @@ def backoff_delay(attempt: int, *, initial: timedelta, cap: timedelta, uniform: 
 
     `uniform` is a draw from U[0, 1) supplied by the caller (an injected RNG).
     """
-    if attempt < 1:
-        raise ValueError("attempt counts from 1")
-    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** min(attempt - 1, 60))
-    return timedelta(seconds=uniform * ceiling)
+    return timedelta(seconds=backoff_seconds(attempt, base_s=initial.total_seconds(), cap_s=cap.total_seconds(),
+                                             uniform=uniform, jitter="full"))
 
 
 def next_attempt_at(now: datetime, attempt: int, *, initial: timedelta, cap: timedelta,

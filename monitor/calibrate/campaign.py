@@ -41,6 +41,7 @@ from monitor.calibrate.manifest import CampaignId, output_problem
 from monitor.curves.evaluator import load_mc_task
 from monitor.errors import CampaignError, LstarError, PolicyError
 from monitor.files import FileKind, read_bounded_text
+from monitor.scoring.precision import DTypeChoice
 from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$"
@@ -72,7 +73,7 @@ class CorpusSpec(_Strict):
 class ScoringSpec(_Strict):
     """How every checkpoint is scored; one spec for the whole campaign, so all L* share it."""
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: DTypeChoice = "auto"
     device: str = "auto"
     batch_size: int = Field(8, ge=1, le=MAX_BATCH)
     max_context: int | None = Field(None, ge=2)

@@ -36,6 +36,7 @@ from monitor.scoring import ScoredRun, ScoreRequest, default_memory_limit, load_
 from monitor.scoring.backends import ScoreJob, ScoringBackend, estimate_memory, make_backend
 from monitor.scoring.backends.ray import INSTALL_HINT as RAY_INSTALL_HINT
 from monitor.scoring.loader import download_hub_checkpoint
+from monitor.scoring.precision import host_precision
 from monitor.scoring.tokenizer import load_tokenizer
 from monitor.service.scoring_driver import materialize_snapshot
 from monitor.store import Store
@@ -111,8 +112,10 @@ def score_job(campaign: Campaign, work: ScoreWork, store: Store, corpus_sha256: 
         request = replace(request, model=str(model_dir),
                           extra_model_info={**request.extra_model_info, "repo": c.repo, "sha": c.sha,
                                             "source": "hub", "files_sha256_dir": str(snapshot)})
+    # The local backend loads on this machine: estimate in the precision `auto` resolves to here.
+    here = host_precision(request.dtype, request.device) if campaign.scoring.backend == "local" else request
     try:
-        memory = estimate_memory(model_dir, dtype=request.dtype, device=request.device)
+        memory = estimate_memory(model_dir, dtype=here.dtype, device=here.device)
     except (LayoutError, OSError):
         memory = None  # the loader refuses such a checkpoint with the reason
     return ScoreJob(checkpoint_id=None, repo=c.repo, sha=c.sha, request=request, corpus_sha256=corpus_sha256,

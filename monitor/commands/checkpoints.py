@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import click
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -34,7 +33,7 @@ def register(app: typer.Typer) -> None:
         """List checkpoint rows, oldest first: repo, commit, refs, status and reason (opens the file read-only)."""
         db_path = db_file(state, db)
         if status is not None and status not in STATUSES:
-            raise click.BadParameter(f"{status!r} is not one of {', '.join(STATUSES)}",
+            raise OptionError(f"{status!r} is not one of {', '.join(STATUSES)}",
                                      param_hint="--status")
         page = read_checkpoints(db_path, status=status, repo=repo, limit=limit, cursor=cursor)
         if as_json:

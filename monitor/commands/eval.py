@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         limit: int = int_option(None, "--limit", low=1, help="Evaluate only the first N items."),
         family: str = typer.Option(None, "--family", help="Family recorded with the labels (default: the repo)."),
         batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Sequences per forward pass."),
-        dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
+        dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on a GPU of compute capability 8 or later, float32 elsewhere."),
         device: str = device_option(),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,

@@ -1,42 +1,82 @@
-"""Numeric and enumerated flags shared by the commands, checked when the command line is parsed.
+"""Numeric and enumerated flags shared by the commands, checked when the command line is parsed,
+and the command-line errors every command raises.
 
-`int_option`/`float_option` (and `int_argument`) build typer parameters whose callback
-refuses zero, negative, NaN, infinite or out-of-range values with one line naming the flag
-and the allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an integer
-from 2 to 100,000``), before any work starts. The range is appended to the help text, so
-`--help` shows it too. `seconds` and `size_bytes` do the same for durations (`15m`) and
-sizes (`16G`). `DType` and `Device` are the choices of `--dtype` and `--device`;
-`device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the state is:
-`--state DIR` in every command that reads or writes it, `--db FILE` to name the database
-file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from giving
-boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose long
-identifiers wrap instead of being cut.
+`int_option` (and `int_argument`) build typer parameters whose parser (`bounded_int`, run by
+typer as it parses) refuses out-of-range integers with one line naming the flag and the
+allowed range (``Invalid value for '--n-boot': 0 is not allowed; give an integer from 2 to
+100,000``), before any work starts; `float_option` does the same for finite numbers. The
+range is appended to the help text, so `--help` shows it too. `seconds` and `size_bytes` do
+the same for durations (`15m`) and sizes (`16G`), with the parsers of the daemon's settings
+(`monitor.service.settings`). `DType` and `Device` are the choices of `--dtype` and
+`--device`; `device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the
+state is: `--state DIR` in every command that reads or writes it, `--db FILE` to name the
+database file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from
+giving boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose
+long identifiers wrap instead of being cut.
+
+Errors: `CommandLineError` (a usage error, exit code 2) and its `OptionError` (a bad value of
+one flag, or of a setting from the environment or a config file) are the only command-line
+errors the commands raise; both are typer's own usage errors, so typer and `monitor.cli`
+print them alike.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Collection, Sequence
-from datetime import timedelta
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 
-from monitor.policy import format_duration, parse_duration
+try:  # typer >= 0.20 vendors click: its exceptions are the ones its commands raise
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click.exceptions import UsageError as _UsageError  # type: ignore[assignment]
+
+from monitor.scoring.precision import DEVICE_PATTERN, DTYPE_CHOICES
 from monitor.service import MAX_LIMIT
+from monitor.service.settings import MAX_BATCH, MAX_RESAMPLES, parse_seconds, parse_size
 from monitor.store import DB_NAME
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.
 MAX_ROWS = MAX_LIMIT          # --limit of the listing commands: what the daemon's API accepts
-MAX_RESAMPLES = 100_000       # bootstrap resamples
-MAX_BATCH = 4096              # windows or sequences per forward pass
 MAX_SEED = 2**32 - 1          # numpy's legacy seeding takes 32-bit seeds
 MAX_ID = 2**63 - 1            # DuckDB BIGINT
+
+
+class CommandLineError(_UsageError):
+    """Root of every command-line error a command raises: one line on stderr, exit code 2
+    (`monitor.cli` catches typer's usage errors, this one included)."""
+
+
+class OptionError(typer.BadParameter, CommandLineError):
+    """A bad value of one flag or argument (or of a setting from the environment or a config
+    file): 'Invalid value for <where>: <what to give instead>'."""
+
+
+def bounded_int(low: int | None, high: int | None) -> Callable[[Any], int]:
+    """typer's parser of an integer option that must lie in [low, high]: the check runs as
+    typer parses the value, and the refusal (an OptionError, which typer passes on with the
+    flag's name) reads `0 is not allowed; give an integer from 1 to 256` (typer's own min/max
+    would say only "Input should be greater than or equal to 1")."""
+    allowed = describe_range(low=low, high=high, integer=True)
+
+    def parse(value: Any) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                raise OptionError(f"{value!r} is not an integer; give {allowed}") from None
+        if (low is not None and number < low) or (high is not None and number > high):
+            raise OptionError(f"{_show(number)} is not allowed; give {allowed}")
+        return number
+
+    return parse
 
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
@@ -92,11 +132,8 @@ def id_column(table: Any, header: str, **kwargs: Any) -> None:
     table.add_column(header, overflow="fold", no_wrap=False, **kwargs)
 
 
-class DType(str, Enum):
-    auto = "auto"
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
+# --dtype's choices: those of `monitor.scoring.precision` (one list for every command).
+DType = Enum("DType", {name: name for name in DTYPE_CHOICES}, type=str)  # type: ignore[misc]
 
 
 class Device(str, Enum):
@@ -105,12 +142,9 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:[0-9]{1,3})$")
-
-
 def _check_device(value: str | None) -> str | None:
-    if value is not None and not _DEVICE_RE.match(value):
-        raise typer.BadParameter(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
+    if value is not None and not DEVICE_PATTERN.fullmatch(value):
+        raise OptionError(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
     return value
 
 
@@ -151,7 +185,7 @@ def in_range(*, low: float | None = None, high: float | None = None, low_open: b
         if ok and high is not None:
             ok = value < high if high_open else value <= high
         if not ok:
-            raise typer.BadParameter(f"{_show(value)} is not allowed; give {allowed}")
+            raise OptionError(f"{_show(value)} is not allowed; give {allowed}")
         return value
 
     return check
@@ -173,16 +207,14 @@ def int_option(default: Any, *names: str, low: int | None = 1, high: int | None 
                help: str | None = None, **kwargs: Any) -> Any:
     """An integer option that must lie in [low, high] (default: a count, at least 1)."""
     allowed = describe_range(low=low, high=high, integer=True)
-    return typer.Option(default, *names, callback=in_range(low=low, high=high, integer=True),
-                        help=_help(help, allowed), **kwargs)
+    return typer.Option(default, *names, parser=bounded_int(low, high), help=_help(help, allowed), **kwargs)
 
 
 def int_argument(default: Any, *, low: int | None = 1, high: int | None = None,
                  help: str | None = None, **kwargs: Any) -> Any:
     """An integer argument that must lie in [low, high]."""
     allowed = describe_range(low=low, high=high, integer=True)
-    return typer.Argument(default, callback=in_range(low=low, high=high, integer=True),
-                          help=_help(help, allowed), **kwargs)
+    return typer.Argument(default, parser=bounded_int(low, high), help=_help(help, allowed), **kwargs)
 
 
 def float_option(default: Any, *names: str, low: float | None = None, high: float | None = None,
@@ -197,40 +229,21 @@ def float_option(default: Any, *names: str, low: float | None = None, high: floa
 def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
     """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
     try:
-        delta = parse_duration(value)
+        return parse_seconds(value, low=low)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=f"'{flag}'") from None
-    if delta.total_seconds() < low:
-        raise click.BadParameter(f"{value!r} is not allowed; give a duration of at least "
-                                 f"{format_duration(timedelta(seconds=low))}", param_hint=f"'{flag}'")
-    return delta.total_seconds()
-
-
-_SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+        raise OptionError(str(exc), param_hint=f"'{flag}'") from None
 
 
 def size_bytes(value: str | None, flag: str, *, low: int, high: int) -> int | None:
     """A size flag (`512M`, `16G`, `1.5T`, or bytes) in bytes, within [low, high]."""
     if value is None:
         return None
-    text = value.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        number = float(text[:-1]) * _SIZE_UNITS[text[-1]] if text and text[-1] in _SIZE_UNITS else float(text)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a size (e.g. 8G, 512M)", param_hint=f"'{flag}'") from None
-    if not (math.isfinite(number) and low <= number <= high):
-        raise click.BadParameter(f"{value!r} is not allowed; give a size from {_size(low)} to {_size(high)}",
-                                 param_hint=f"'{flag}'")
-    return int(number)
+        return parse_size(value, low=low, high=high)
+    except ValueError as exc:
+        raise OptionError(str(exc), param_hint=f"'{flag}'") from None
 
 
-def _size(n: int) -> str:
-    for unit, size in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return f"{n} bytes"
-
-
-__all__ = ["DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
+__all__ = ["CommandLineError", "OptionError", "bounded_int", "DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
            "in_range", "int_option", "int_argument", "float_option", "seconds", "size_bytes", "MAX_ROWS",
            "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, id_column
 from monitor.commands.terminal import plain_console
 from monitor.environment import refuse_hub_offline
 from monitor.errors import HubError
@@ -23,7 +22,7 @@ from monitor.store import Store
 def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
     """The watch rules of a policy file, or of a rule file (a YAML with only a `watch:` list)."""
     if (policy is None) == (rule_file is None):
-        raise click.UsageError("give exactly one of --policy FILE or --rule-file FILE")
+        raise CommandLineError("give exactly one of --policy FILE or --rule-file FILE")
     if policy is not None:
         return list(load_policy(policy, check_curves=False).watch)  # curves are not needed to poll
 
@@ -76,7 +75,7 @@ def register(app: typer.Typer) -> None:
         refuse_hub_offline("lstar poll")   # before anything is opened or written
         db_path = db_file(state, db)
         if not once:
-            raise click.UsageError("only --once is supported here; continuous polling is the daemon's job")
+            raise CommandLineError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file)
 
         with Store.open(db_path) as store:

@@ -171,7 +171,7 @@ def register(app: typer.Typer) -> None:
         every: int | None = int_option(None, "--every", low=1, help="Score every K-th document "
                                        "(after --slices, before --docs)."),
         slices: str | None = typer.Option(None, "--slices", help="Comma-separated slices to score."),
-        dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on CUDA, float32 on CPU."),
+        dtype: DType = typer.Option(DType.auto, "--dtype", help="auto: bf16 on a GPU of compute capability 8 or later, float32 elsewhere."),
         device: Device = typer.Option(Device.auto, "--device"),
         batch_size: int = int_option(8, "--batch-size", low=1, high=MAX_BATCH, help="Windows per forward pass."),
         tokenizer: Path | None = typer.Option(None, "--tokenizer", help="Tokenizer folder "

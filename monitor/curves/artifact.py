@@ -21,7 +21,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from monitor.bands import predicted_interval
+from monitor.bands import predicted_interval, threshold_crossing
 from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
@@ -548,6 +549,74 @@ def predict_score_run(curve: CurveArtifact, run: ScoreRunRow) -> CurvePrediction
                    corpus_sha256=str(run.corpus_sha256), scoring_spec=ScoringRef.from_score_run(run.as_dict()))
 
 
+# -- the level in force -------------------------------------------------------------------------
+# A policy task may set its own margin ε; the level b_t + ε it puts in force is then not the
+# curve's. η̂, its interval and every warning about them are computed here, at the level in
+# force, for the alerts and the reports alike.
+_SAME_LEVEL = 1e-12
+
+
+@dataclass(frozen=True)
+class LevelThreshold:
+    """η̂ at one level b_t + ε: `threshold` as the artifact stores it (at the curve's own
+    level it is the stored object; at another its bootstrap share `never_share` and
+    percentile interval are unknown, None), and the logistic check's threshold there."""
+
+    margin: float
+    level: float
+    threshold: Threshold | None
+    estimate: float | None
+    lower: float | None
+    upper: float | None
+    status: str
+    confidence: float
+    never_share: float | None
+    logistic_threshold: float | None
+    own_level: bool
+
+
+def _progress_sign(curve: CurveArtifact) -> float:
+    return -1.0 if AXES[curve.axis].lower_is_progress else 1.0
+
+
+def _logistic_threshold(curve: CurveArtifact, margin: float) -> float | None:
+    """Where the logistic check reaches b_t + `margin` (the inverse of its fitted curve)."""
+    log = curve.logistic
+    if not log.converged or log.ceiling is None or log.midpoint is None or log.scale is None:
+        return None
+    room = log.ceiling - curve.baseline
+    if not room > margin:
+        return None
+    sign = _progress_sign(curve)
+    share = margin / room
+    return sign * (sign * log.midpoint + log.scale * math.log(share / (1.0 - share)))
+
+
+def threshold_at(curve: CurveArtifact, margin: float | None = None) -> LevelThreshold:
+    """η̂, its interval and status at b_t + `margin` (default: the curve's own margin),
+    from the curve's knots and band by the rule the fit used (`monitor.bands.threshold_crossing`)."""
+    margin = curve.margin if margin is None else float(margin)
+    level = curve.baseline + margin
+    if abs(margin - curve.margin) <= _SAME_LEVEL * max(1.0, abs(curve.margin)):
+        thr = curve.threshold
+        return LevelThreshold(margin=curve.margin, level=curve.level, threshold=thr, estimate=thr.estimate,
+                              lower=thr.lower, upper=thr.upper, status=thr.status, confidence=thr.confidence,
+                              never_share=thr.never_share, logistic_threshold=curve.logistic.threshold,
+                              own_level=True)
+    sign = _progress_sign(curve)
+    kt, ky = sign * np.asarray(curve.knots.x), np.asarray(curve.knots.y)
+    gt = sign * np.asarray(curve.band.x)
+    lo, hi = np.asarray(curve.band.lower), np.asarray(curve.band.upper)
+    k_order, g_order = np.argsort(kt, kind="stable"), np.argsort(gt, kind="stable")
+    t_first = min(sign * curve.x_range[0], sign * curve.x_range[1])
+    got = threshold_crossing(level, sign=sign, t_first=t_first, knots_t=kt[k_order], knots_y=ky[k_order],
+                             grid_t=gt[g_order], lower=lo[g_order], upper=hi[g_order])
+    return LevelThreshold(margin=margin, level=level, threshold=None, estimate=got["estimate"],  # type: ignore[arg-type]
+                          lower=got["lower"], upper=got["upper"], status=str(got["status"]),  # type: ignore[arg-type]
+                          confidence=curve.threshold.confidence, never_share=None,
+                          logistic_threshold=_logistic_threshold(curve, margin), own_level=False)
+
+
 # -- the curve's own warnings -----------------------------------------------------------------
 # Warnings that make the threshold η̂ unresolved: a prediction resting on such a curve says so
 # in the governance report's problems and in its alert.
@@ -595,8 +664,9 @@ def _g(v: float | None) -> str:
     return "none" if v is None else f"{v:.4g}"
 
 
-def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
-    """Every warning a curve artifact carries about itself, in one list.
+def curve_warnings(curve: CurveArtifact, margin: float | None = None) -> list[CurveWarning]:
+    """Every warning a curve artifact carries about itself at the level b_t + `margin` in
+    force (default: the curve's own margin), in one list.
 
     Stored fit-time warnings that need the labels (resolution of the test set, missing
     corpus/spec pins) are read from `curve.warnings`; the rest is derived from the artifact,
@@ -608,19 +678,26 @@ def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
       allows ((1 - confidence)/2), so the percentile interval of η̂ is open;
     - logistic: the logistic check's threshold lies outside η̂'s interval or the data, or only
       one of the two fits reaches b_t + ε (logistic_failed: the check did not converge).
+
+    At another level than the curve's, the stored resolution warnings are judged again at the
+    margin in force (their n is in the text), and never_crosses is not derived: the bootstrap
+    resamples behind it are not stored (an open end of η̂'s interval still is threshold_edge).
     """
+    at = threshold_at(curve, margin)
     out: list[CurveWarning] = []
     for text in curve.warnings:
         code = _stored_code(text)
-        if code is not None:
+        if code == "resolution" and not at.own_level:
+            out.extend(CurveWarning("resolution", again) for again in _resolution_again(curve, text, at.margin))
+        elif code is not None:
             out.append(CurveWarning(code, text))
     label = _AXIS_LABELS.get(curve.predictor, curve.predictor)
-    thr = curve.threshold
+    thr = at
     lo_r, hi_r = curve.x_range
     span = f"{label} {lo_r:.4g} … {hi_r:.4g}"
     tol = 1e-9 * max(1.0, abs(hi_r - lo_r))
     at_end = (lambda v: v is not None and (abs(v - lo_r) <= tol or abs(v - hi_r) <= tol))
-    level = f"b + ε = {curve.level:g}"
+    level = f"b + ε = {at.level:g}"
     if thr.status == "never":
         out.append(CurveWarning("threshold_edge", f"the curve never reaches {level} inside the data "
                                 f"({span}); the threshold lies beyond the most advanced checkpoint"))
@@ -639,21 +716,22 @@ def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
                                     f"[{_g(thr.lower)}, {_g(thr.upper)}] reaches the edge of the data "
                                     f"({what}; {span})"))
     tail = (1.0 - thr.confidence) / 2.0
-    if thr.never_share > tail:
+    if thr.never_share is not None and thr.never_share > tail:
         out.append(CurveWarning("never_crosses", f"{thr.never_share:.0%} of bootstrap resamples never reach "
                                 f"{level} (more than the {tail:.0%} tail of a {thr.confidence:.0%} interval); "
                                 f"the threshold may lie beyond the data"))
     log = curve.logistic
+    log_threshold = at.logistic_threshold
     if not log.converged:
         out.append(CurveWarning("logistic_failed", f"the logistic check did not converge ({log.message})"))
-    elif thr.estimate is not None and thr.status == "crosses" and log.threshold is None:
+    elif thr.estimate is not None and thr.status == "crosses" and log_threshold is None:
         out.append(CurveWarning("logistic", f"the logistic check never reaches {level} (ceiling "
                                 f"{_g(log.ceiling)}), but the isotonic curve crosses at η̂ = {_g(thr.estimate)}"))
-    elif log.threshold is not None:
-        outside_data = not (lo_r - tol <= log.threshold <= hi_r + tol)
+    elif log_threshold is not None:
+        outside_data = not (lo_r - tol <= log_threshold <= hi_r + tol)
         outside_interval = thr.estimate is not None and (
-            (thr.lower is not None and log.threshold < thr.lower) or
-            (thr.upper is not None and log.threshold > thr.upper))
+            (thr.lower is not None and log_threshold < thr.lower) or
+            (thr.upper is not None and log_threshold > thr.upper))
         if thr.estimate is None or outside_interval or outside_data:
             where = []
             if thr.estimate is None:
@@ -663,13 +741,48 @@ def curve_warnings(curve: CurveArtifact) -> list[CurveWarning]:
             if outside_data:
                 where.append(f"outside the data ({span})")
             out.append(CurveWarning("logistic", f"the logistic check puts the threshold at "
-                                    f"{log.threshold:.4g}: {'; '.join(where)}"))
+                                    f"{log_threshold:.4g}: {'; '.join(where)}"))
     return out
 
 
-def unresolved_warnings(curve: CurveArtifact) -> list[CurveWarning]:
-    """The warnings that leave the curve's threshold unresolved (empty: it is resolved)."""
-    return [w for w in curve_warnings(curve) if w.unresolved]
+def resolution_warnings(n: Sequence[int | None], *, baseline: float, margin: float,
+                        metric: str) -> list[str]:
+    """Warnings when a test set is too small for the margin: the resolution of an accuracy
+    on n items is 1/n, and its binomial standard error at the baseline sqrt(b(1-b)/n)."""
+    counts = sorted({int(c) for c in n if c is not None and c > 0})
+    if not counts:
+        return []
+    smallest = counts[0]
+    messages = []
+    if 1.0 / smallest > margin:
+        messages.append(f"{metric}: resolution 1/n = {1.0 / smallest:.4g} (n = {smallest}) is coarser "
+                        f"than the margin ε = {margin:g}; a one-item change moves past the threshold")
+    if 0.0 < baseline < 1.0:
+        se = math.sqrt(baseline * (1.0 - baseline) / smallest)
+        if se > margin:
+            messages.append(f"{metric}: binomial standard error at the baseline "
+                            f"sqrt(b(1-b)/n) = {se:.4g} (n = {smallest}) exceeds the margin ε = {margin:g}; "
+                            f"single checkpoints cannot resolve the threshold")
+    return messages
+
+
+_RESOLUTION_N = re.compile(r"^(?P<metric>.*?): .*\(n = (?P<n>[0-9]{1,12})\)")
+
+
+def _resolution_again(curve: CurveArtifact, text: str, margin: float) -> list[str]:
+    """A stored resolution warning judged again at `margin` (its test-set size n is in it)."""
+    found = _RESOLUTION_N.match(text)
+    if found is None:
+        return [text]
+    again = resolution_warnings([int(found["n"])], baseline=curve.baseline, margin=margin, metric=found["metric"])
+    kind = "resolution 1/n" if "resolution 1/n" in text else "binomial standard error"
+    return [m for m in again if kind in m]
+
+
+def unresolved_warnings(curve: CurveArtifact, margin: float | None = None) -> list[CurveWarning]:
+    """The warnings that leave the threshold at b_t + `margin` (default: the curve's)
+    unresolved (empty: it is resolved)."""
+    return [w for w in curve_warnings(curve, margin) if w.unresolved]
 
 
 # -- presentation ------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from scipy.special import expit, logit
 from scipy.stats import norm
 from sklearn.isotonic import isotonic_regression
 
+from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.axes import AXES, Axis
 from monitor.errors import CurveError, LabelError
 
@@ -149,19 +150,6 @@ def _knot_se(grid: np.ndarray, kt: np.ndarray, kw: np.ndarray) -> np.ndarray:
     return np.sqrt((1.0 - lam) ** 2 / kw[j - 1] + lam ** 2 / kw[j])
 
 
-def _first_reach(t: np.ndarray, values: np.ndarray, level: float) -> float:
-    """Smallest t at which the piecewise-linear curve through (t, values) reaches `level`
-    (values non-decreasing); t[0] if it starts there, NaN if it never does."""
-    above = np.flatnonzero(values >= level)
-    if len(above) == 0:
-        return math.nan
-    i = int(above[0])
-    if i == 0:
-        return float(t[0])
-    t0, t1, v0, v1 = t[i - 1], t[i], values[i - 1], values[i]
-    return float(t0 + (level - v0) * (t1 - t0) / (v1 - v0))
-
-
 def _bootstrap(t: np.ndarray, y: np.ndarray, w: np.ndarray, grid: np.ndarray, level: float,
                resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Refit the centred curve on `resamples` bootstrap samples of the checkpoints.
@@ -193,7 +181,7 @@ def _bootstrap(t: np.ndarray, y: np.ndarray, w: np.ndarray, grid: np.ndarray, le
         lo, hi = bounds[b], bounds[b + 1]
         curves[b] = np.interp(grid, kt[lo:hi], ky[lo:hi])
         # Above the level from the first knot on: it crossed at or before the range start.
-        crossings[b] = grid[0] if ky[lo] >= level else _first_reach(kt[lo:hi], ky[lo:hi], level)
+        crossings[b] = grid[0] if ky[lo] >= level else first_reach(kt[lo:hi], ky[lo:hi], level)
     return curves, crossings
 
 
@@ -302,12 +290,8 @@ def monotone_fit_from(t: np.ndarray, yu: np.ndarray, wu: np.ndarray, fitted: np.
     lo = np.minimum.accumulate(lo[::-1])[::-1]
     hi = np.maximum.accumulate(hi)
 
-    t_est = float(t[0]) if ky[0] >= level else _first_reach(kt, ky, level)
-    t_early = _first_reach(grid_t, hi, level)
-    t_late = _first_reach(grid_t, lo, level)
-    status = ("never" if math.isnan(t_est) else "before_range" if ky[0] >= level else "crosses")
-    in_x = (lambda v: None if math.isnan(v) else float(sign * v))
-    lower, upper = _ordered(in_x(t_early), in_x(t_late), sign)
+    crossing = threshold_crossing(level, sign=sign, t_first=float(t[0]), knots_t=kt, knots_y=ky,
+                                  grid_t=grid_t, lower=lo, upper=hi)
     boot_x = sign * crossings
     never_share = float(np.mean(np.isnan(crossings)))
     # Bootstrap percentile interval of η̂, with "never" beyond the most advanced checkpoint.
@@ -316,10 +300,9 @@ def monotone_fit_from(t: np.ndarray, yu: np.ndarray, wu: np.ndarray, fitted: np.
     boot = {name: (None if not math.isfinite(v) else float(sign * v))
             for name, v in zip(("early", "median", "late"), q)}
     threshold = {
-        "estimate": in_x(t_est),
         # lower/upper in the predictor's own units; None: the edge never reaches the level
-        "lower": lower, "upper": upper,
-        "never_share": never_share, "confidence": confidence, "status": status, "level": level,
+        "estimate": crossing["estimate"], "lower": crossing["lower"], "upper": crossing["upper"],
+        "never_share": never_share, "confidence": confidence, "status": crossing["status"], "level": level,
         "bootstrap": boot,
     }
     order = np.argsort(sign * grid_t)
@@ -331,17 +314,6 @@ def monotone_fit_from(t: np.ndarray, yu: np.ndarray, wu: np.ndarray, fitted: np.
         grid_x=(sign * grid_t)[order], grid_fit=est[order], lower=lo[order], upper=hi[order],
         threshold=threshold, boot_thresholds=boot_x, dispersion=dispersion, n_blocks=n_blocks,
         fitted_at_points=fitted_rows)
-
-
-def _ordered(early: float | None, late: float | None, sign: float) -> tuple[float | None, float | None]:
-    """(lower, upper) in x from the early and late crossings (in progress order).
-
-    For L* (sign -1) the early crossing is the larger L*, so it is the upper end; a missing
-    late crossing is unbounded toward progress, i.e. lower = None.
-    """
-    if sign < 0:
-        return late, early
-    return early, late
 
 
 # -- logistic check ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from monitor.curves.artifact import LofoRow
+from monitor.curves.artifact import LofoRow, resolution_warnings  # noqa: F401  (its home was here)
 from monitor.curves.labels import Label
 from monitor.curves.stats import PREDICTORS, Predictor, fit_monotone, label_weights
 from monitor.errors import CurveError, LabelError
@@ -53,27 +53,6 @@ def emergence_score(values_by_progress: Sequence[float]) -> float:
     if scale == 0.0:
         return math.copysign(math.inf, direction)
     return direction * span / scale
-
-
-def resolution_warnings(n: Sequence[int | None], *, baseline: float, margin: float,
-                        metric: str) -> list[str]:
-    """Warnings when a test set is too small for the margin: the resolution of an accuracy
-    on n items is 1/n, and its binomial standard error at the baseline sqrt(b(1-b)/n)."""
-    counts = sorted({int(c) for c in n if c is not None and c > 0})
-    if not counts:
-        return []
-    smallest = counts[0]
-    messages = []
-    if 1.0 / smallest > margin:
-        messages.append(f"{metric}: resolution 1/n = {1.0 / smallest:.4g} (n = {smallest}) is coarser "
-                        f"than the margin ε = {margin:g}; a one-item change moves past the threshold")
-    if 0.0 < baseline < 1.0:
-        se = math.sqrt(baseline * (1.0 - baseline) / smallest)
-        if se > margin:
-            messages.append(f"{metric}: binomial standard error at the baseline "
-                            f"sqrt(b(1-b)/n) = {se:.4g} (n = {smallest}) exceeds the margin ε = {margin:g}; "
-                            f"single checkpoints cannot resolve the threshold")
-    return messages
 
 
 # -- leave-one-family-out validation -------------------------------------------------------------

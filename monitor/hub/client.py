@@ -18,10 +18,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from monitor.backoff import backoff_seconds, parse_retry_after
 from monitor.errors import HubError, IntegrityError
 from monitor.hub.counting import count_requests_for
 from monitor.hub.download import (DownloadTooLarge, cache_entries, capped_progress, read_page, read_range,
@@ -68,15 +69,17 @@ class HubState:
     last_success_at: datetime | None = None
 
 
-def rate_limit_wait(headers: Any) -> float | None:
-    """Seconds a 429 asks us to wait: `RateLimit: "api";r=0;t=N`, else integer `Retry-After`."""
+def rate_limit_wait(headers: Any, *, now: datetime | None = None) -> float | None:
+    """Seconds a 429 asks us to wait: `RateLimit: "api";r=0;t=N`, else `Retry-After`
+    (delta-seconds or an HTTP date, read by `monitor.backoff.parse_retry_after`)."""
     ratelimit = headers.get("ratelimit") if headers is not None else None
     if ratelimit:
         fields = dict(part.strip().split("=", 1) for part in ratelimit.split(";") if "=" in part)
         if fields.get("r", "").strip() == "0" and fields.get("t", "").strip().isdigit():
             return float(fields["t"].strip())
-    retry_after = (headers.get("retry-after") or "").strip() if headers is not None else ""
-    return float(retry_after) if retry_after.isdigit() else None
+    if headers is None:
+        return None
+    return parse_retry_after(headers.get("retry-after"), now=now or datetime.now(timezone.utc))
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -192,9 +195,10 @@ class HubClient:
         self._save()
 
     def _backoff(self, attempt: int) -> float:
-        """Equal-jitter exponential backoff: half fixed, half random, capped."""
-        ceiling = min(self.policy.cap_s, self.policy.base_s * 2 ** (attempt - 1))
-        return ceiling / 2 + self.rng.uniform(0, ceiling / 2)
+        """Equal-jitter exponential backoff (half fixed, half random, capped): a Hub outage
+        is waited out at least half the ceiling, whoever else retries."""
+        return backoff_seconds(attempt, base_s=self.policy.base_s, cap_s=self.policy.cap_s,
+                               uniform=self.rng.random(), jitter="equal")
 
     @staticmethod
     def classify(exc: BaseException) -> Literal["rate_limited", "transient", "answer"]:
@@ -227,7 +231,8 @@ class HubClient:
                     raise
                 last = exc
                 if kind == "rate_limited":
-                    self._rate_limited(rate_limit_wait(exc.response.headers)  # type: ignore[attr-defined]
+                    self._rate_limited(rate_limit_wait(exc.response.headers,  # type: ignore[attr-defined]
+                                                       now=self.clock())
                                        or self._backoff(attempt))
                 else:
                     self._failed(what, exc)
@@ -263,7 +268,8 @@ class HubClient:
                 if kind == "answer":
                     raise
                 if kind == "rate_limited":  # still limited after the client's own waits
-                    self._rate_limited(rate_limit_wait(exc.response.headers)  # type: ignore[attr-defined]
+                    self._rate_limited(rate_limit_wait(exc.response.headers,  # type: ignore[attr-defined]
+                                                       now=self.clock())
                                        or self.policy.max_wait_s)
                 else:
                     self._failed(what, exc)

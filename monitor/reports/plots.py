@@ -103,9 +103,12 @@ def lstar_over_time(runs: Sequence[Mapping[str, Any]], colours: Mapping[str, str
 
 
 def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
-                      colours: Mapping[str, str] | None = None) -> Any:
+                      colours: Mapping[str, str] | None = None, *, margin: float | None = None) -> Any:
     """A task curve g(x) on its axis (L*, bits/byte, ...) with its band, level b + ε, η̂ and its interval (a shaded band), and the
-    new checkpoints' predictions in their family's colour (marker by state)."""
+    new checkpoints' predictions in their family's colour (marker by state). `margin` is the ε in
+    force (the policy's; default: the curve's own): the level and η̂ drawn are those of b + ε."""
+    from monitor.curves.artifact import threshold_at
+
     plt = pyplot()
     colours = dict(colours or family_colours(p["lineage"] for p in new_points))
     fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
@@ -115,15 +118,15 @@ def task_curve_figure(curve: Any, new_points: Sequence[Mapping[str, Any]],
     ax.plot(shown(band.x), shown(band.fit), color="tab:blue", lw=2, label="fitted curve")
     ax.scatter(shown(p.x for p in curve.points), shown(p.value for p in curve.points), s=12, color="tab:gray",
                label="labelled checkpoints", zorder=3)
-    eta = curve.threshold
+    eta = threshold_at(curve, margin)
     if eta.lower is not None and eta.upper is not None:
         ax.axvspan(shown_value(eta.lower), shown_value(eta.upper), color=ETA_COLOUR, alpha=0.12, lw=0,
                    label=f"η̂ {curve.confidence:.0%} interval [{fmt(eta.lower)}, {fmt(eta.upper)}]")
     if eta.estimate is not None:
         ax.axvline(shown_value(eta.estimate), color=ETA_COLOUR, lw=1.5,
                    label=f"η̂ (threshold) = {fmt(eta.estimate)}")
-    ax.axhline(shown_value(curve.level), color=LEVEL_COLOUR, lw=1, ls="-.",
-               label=f"level b + ε = {fmt(curve.level)}")
+    ax.axhline(shown_value(eta.level), color=LEVEL_COLOUR, lw=1, ls="-.",
+               label=f"level b + ε = {fmt(eta.level)}")
     for lineage in sorted({p["lineage"] for p in new_points}):
         for state, marker in STATE_MARKERS.items():
             pts = [p for p in new_points if p["lineage"] == lineage and p["state"] == state]

@@ -160,7 +160,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     in training order (`present.lineage_order`); a lineage's current checkpoint is its last.
     """
     from monitor.alerts import public_corpus, watches
+    from monitor.alerts.predict import margin_in_force
     from monitor.curves import curve_warnings
+    from monitor.curves.artifact import threshold_at
 
     curves, problems = load_policy_curves(policy)
     corpus = public_corpus(policy, curves.values())
@@ -231,8 +233,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                             "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
                             "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
                             "threshold": last.threshold, "evaluated_at": last.evaluated_at})
-        margin = task.margin if task.margin is not None else curve.margin
-        warnings = [w.as_dict() for w in curve_warnings(curve)]
+        margin = margin_in_force(curve, task)
+        eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
+        warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
         unresolved = [w["message"] for w in warnings if w["unresolved"]]
         if unresolved:
             problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
@@ -244,9 +247,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             # many of its points a labels file gave directly instead of a score run of this store
             "curve_file": str(policy.resolve_path(task.curve)), "curve_points": len(curve.points),
             "imported_points": sum(1 for point in curve.points if point.imported),
-            "baseline": curve.baseline, "margin": margin, "level": curve.baseline + margin,
-            "confidence": curve.confidence, "eta": curve.threshold.estimate,
-            "eta_lower": curve.threshold.lower, "eta_upper": curve.threshold.upper,
+            "baseline": curve.baseline, "margin": margin, "level": eta.level,
+            "confidence": curve.confidence, "eta": eta.estimate,
+            "eta_lower": eta.lower, "eta_upper": eta.upper,
             "threshold_resolved": not unresolved, "curve_warnings": warnings,
             "lineages": current,
             "new_points": [{"lstar": p.lstar, "value": _axis_value(p)[0], "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
@@ -286,7 +289,8 @@ def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
     names = curve_figure_names([task["task"] for task in data["tasks"]], taken=figures)
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[names[task["task"]]] = report_plots.task_curve_figure(curve, task["new_points"], colours)
+        figures[names[task["task"]]] = report_plots.task_curve_figure(curve, task["new_points"], colours,
+                                                                      margin=task.get("margin"))
     return figures
 
 

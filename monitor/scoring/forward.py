@@ -5,7 +5,8 @@ function), the output head (logits in chunks, never a full `[batch, length, voca
 tensor), the Token Constraint Bound, and the scoring loop that batches the windows of all
 documents by length.
 
-Numerics: the model runs in the resolved dtype (bf16 on CUDA, float32 on CPU unless asked);
+Numerics: the model runs in the resolved dtype (`monitor.scoring.precision`: bf16 on a GPU of
+compute capability 8 or later, float32 on older GPUs and the CPU, unless asked);
 logits come out of the output matmul in that dtype, the log-softmax is taken in float32
 (float64 for a float64 model), and per-token NLLs are summed in float64 on the host, in a
 fixed order, so a score does not depend on the device's scheduling of atomic adds. A
@@ -28,54 +29,17 @@ import torch.nn.functional as F
 from monitor import DEFAULT_MAX_CONTEXT, SCORING_SPEC_VERSION
 from monitor.errors import ModelLoadError, SpecError
 from monitor.scoring.host_memory import keep_freed_memory
+from monitor.scoring.precision import resolve_device, resolve_dtype  # noqa: F401  (the one rule; re-exported)
 
 # Logit elements per loss chunk: 2**24 float32 values = 64 MiB, whatever the vocabulary.
 DEFAULT_LOGITS_CHUNK = 1 << 24
 # Vocabulary rows per Token Constraint Bound chunk.
 DEFAULT_TCB_CHUNK = 16384
 
-_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-                  "float16": "float16", "fp16": "float16", "half": "float16"}
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --------------------------------------------------------------------------- spec
-
-
-def resolve_device(device: str) -> str:
-    """'auto' → 'cuda' when a GPU is usable, else 'cpu'; explicit choices are checked."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return "cpu"
-    if device == "cuda" or device.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise SpecError(f"device {device!r} requested but no CUDA GPU is available",
-                            hint="use --device cpu or --device auto")
-        index = device.partition(":")[2]
-        if device != "cuda" and not (index.isdigit() and int(index) < torch.cuda.device_count()):
-            raise SpecError(f"device {device!r} does not exist: this host has "
-                            f"{torch.cuda.device_count()} CUDA device(s)",
-                            hint=f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1} or cuda")
-        return device
-    raise SpecError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    """'auto' → bfloat16 on a CUDA device with native bf16 (Ampere and later), float32 on an
-    older GPU (which only emulates bf16, slowly) and on the CPU; 'bfloat16' on CPU is the
-    opt-in bf16 CPU path."""
-    if dtype == "auto":
-        if device.startswith("cuda"):
-            native = torch.cuda.get_device_capability(device)[0] >= 8   # bf16 arithmetic from Ampere on
-            return "bfloat16" if native else "float32"
-        return "float32"
-    name = _DTYPE_ALIASES.get(dtype)
-    if name is None:
-        raise SpecError(f"unknown dtype {dtype!r}", hint="use auto, float32, bfloat16 or float16")
-    if name == "float16" and device == "cpu":
-        raise SpecError("dtype float16 is not supported on CPU", hint="use float32 or bfloat16 on CPU")
-    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:

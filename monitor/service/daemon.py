@@ -88,7 +88,8 @@ DAY_S = 86400.0
 
 @dataclass
 class DaemonConfig:
-    """Everything `lstar run` is told; intervals and limits in seconds."""
+    """Everything the daemon runs with; intervals and limits in seconds. `lstar run` builds it
+    from its validated settings (`monitor.service.settings.RunSettings.daemon_config`)."""
 
     policies_dir: Path
     state_dir: Path

@@ -47,6 +47,7 @@ from monitor.scoring import ScoredRun, ScoreRequest, compute_score, prepare
 from monitor.scoring.backends import ScoreJob, ScoreOutcome, ScoringBackend, estimate_memory
 from monitor.scoring.engine import corpus_selection
 from monitor.scoring.loader import checkpoint_hash
+from monitor.scoring.precision import canonical_dtype, host_precision
 from monitor.store import Store, utcnow
 from monitor.store.rows import CheckpointRow, ScoredRunRef
 
@@ -124,6 +125,15 @@ def absolute_paths(template: ScoreRequest) -> ScoreRequest:
                    reference_tokenizer=resolved(template.reference_tokenizer), progress=False)
 
 
+def resolved_precision(template: ScoreRequest, *, workers_here: bool = True) -> ScoreRequest:
+    """The request with `auto` device and dtype resolved for this machine's workers
+    (`scoring.precision.host_precision`); with workers elsewhere, only a CPU device resolves."""
+    if workers_here or template.device == "cpu":
+        got = host_precision(template.dtype, template.device)
+        return replace(template, dtype=got.dtype, device=got.device)
+    return replace(template, dtype=canonical_dtype(template.dtype))
+
+
 def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
@@ -139,9 +149,13 @@ class JobBuilder:
     """
 
     def __init__(self, store: Store, template: ScoreRequest, state_dir: Path,
-                 plan_for: Callable[[CheckpointRow], dict[str, Any]] | None = None) -> None:
+                 plan_for: Callable[[CheckpointRow], dict[str, Any]] | None = None, *,
+                 workers_here: bool = True) -> None:
         self.store = store
-        self.template = absolute_paths(template)
+        # `auto` resolved once (`scoring.precision`): the memory estimate, the workers' load and
+        # the request digest all name the precision scored in. Workers elsewhere (Ray) resolve
+        # `auto` on their own hardware; only a CPU device is known here then.
+        self.template = resolved_precision(absolute_paths(template), workers_here=workers_here)
         # Sequential scoring: the plan (tasks to settle) of each job, else None (full scores).
         self.plan_for = plan_for
         self.state_dir = state_dir
@@ -175,7 +189,10 @@ class JobBuilder:
     def content_key(self, checkpoint_id: int) -> dict[str, str] | None:
         """What a score of this fetched checkpoint would measure: its weights and files digests
         (recorded by the fetch), the scoring options and the corpus selection; None when the
-        Hub gave no content hash for some file (such a checkpoint is always scored)."""
+        Hub gave no content hash for some file, or the precision is left to the workers
+        (`auto` on Ray: a bf16 and a float32 score are not the same number), so it is always scored."""
+        if self.template.dtype == "auto":
+            return None
         row = self.store.get_checkpoint(checkpoint_id)
         meta = (row.meta if row is not None else None) or {}
         if not meta.get("weights_digest") or not meta.get("files_digest"):
@@ -287,7 +304,8 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     job is handed over, that job's lease and attempt go back.
     """
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
-    builder = JobBuilder(store, template, state_dir, plan_for)
+    builder = JobBuilder(store, template, state_dir, plan_for,
+                         workers_here=getattr(backend, "name", "local") == "local")
     results: list[JobResult] = []
     if claimed:
         try:

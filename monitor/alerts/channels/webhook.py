@@ -18,19 +18,18 @@ import functools
 import hashlib
 import hmac
 import ssl
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
+from datetime import datetime
 from typing import Any
 
 import httpx
 
+from monitor.backoff import MAX_RETRY_AFTER_S, parse_retry_after  # noqa: F401  (re-exported)
 from monitor.alerts.channels.base import Outgoing, SendResult, redact_url
 from monitor.errors import DeliveryError
 from monitor.policy.secrets import read_secret
 
 USER_AGENT = "lstar-monitor"
 THROTTLE_STATUSES = frozenset({429, 502, 503, 504})
-MAX_RETRY_AFTER_S = 86_400.0
 
 
 def decode_secret(secret: str) -> bytes:
@@ -51,24 +50,6 @@ def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
     """The `webhook-signature` header value: `v1,<base64 HMAC-SHA256(id.timestamp.body)>`."""
     digest = hmac.new(decode_secret(secret), f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256)
     return "v1," + base64.b64encode(digest.digest()).decode()
-
-
-def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), capped at a day."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - now).total_seconds()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def classify_response(status: int, headers: Any, *, now: datetime, url: str, text: str) -> SendResult:
