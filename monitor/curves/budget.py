@@ -33,7 +33,8 @@ from monitor.curves.artifact import (SCHEMA, Band, BootstrapInfo, BudgetInfo, Bu
                                      CurveArtifact, CurvePoint, Knots, LogisticCheck, ScoringRef, Threshold)
 from monitor.curves.axes import AXES, Axis
 from monitor.curves.labels import Label, select_labels
-from monitor.curves.stats import _first_reach, fit_logistic, label_weights, monotone_fit_from
+from monitor.bands import first_reach
+from monitor.curves.stats import fit_logistic, label_weights, monotone_fit_from
 from monitor.curves.validation import emergence_score
 from monitor.errors import CurveError, LabelError
 
@@ -193,7 +194,7 @@ def _bootstrap(tu: np.ndarray, yu: np.ndarray, wu: np.ndarray, grid_t: np.ndarra
         for j in range(n_levels):
             kt, ky = tu[keep], fitted[:, j]
             curves[j, b] = np.interp(grid_t, kt, ky)
-            crossings[j, b] = grid_t[0] if ky[0] >= level else _first_reach(kt, ky, level)
+            crossings[j, b] = grid_t[0] if ky[0] >= level else first_reach(kt, ky, level)
     return curves, crossings
 
 
