@@ -83,6 +83,7 @@ class RaceConfig:
     threshold_confidence: float = 0.9  # per-family threshold intervals (for Q and τ²)
     threshold_resamples: int = 100    # bootstrap resamples of each per-family threshold
     bootstrap_texts: tuple[str, ...] = ("calib",)   # the texts whose intervals the rule reads
+    axes: tuple[str, ...] = tuple(AXES)              # the axes raced (L* always)
     seed: int = 0
 
     def check(self) -> None:
@@ -96,6 +97,9 @@ class RaceConfig:
         unknown = [t for t in self.bootstrap_texts if t not in TEXTS]
         if unknown:
             raise CurveError(f"unknown evaluation text {unknown[0]!r}", hint=f"choose from {', '.join(TEXTS)}")
+        unknown = [a for a in self.axes if a not in AXES]
+        if unknown:
+            raise CurveError(f"unknown axis {unknown[0]!r}", hint=f"choose from {', '.join(AXES)}")
 
 
 # -- rows -----------------------------------------------------------------------------------------
@@ -177,10 +181,13 @@ class _Data:
     missing: dict[str, int]
 
 
-def _data(rows: Sequence[Mapping[str, Any]], task: str, metric: str, text: str) -> _Data:
+def _data(rows: Sequence[Mapping[str, Any]], task: str, metric: str, text: str,
+          axes: Sequence[str] = tuple(AXES)) -> _Data:
     chosen = [r for r in rows if r["text"] == text and metric in r["metrics"].get(task, {})]
     xs, missing = {}, {}
     for a in AXES:
+        if a not in axes and a != REFERENCE:
+            continue
         have = [a in r["axes"] for r in chosen]
         if chosen and all(have):
             xs[a] = np.array([r["axes"][a] for r in chosen], dtype=np.float64)
@@ -361,6 +368,8 @@ def _compare(d: _Data, lofo: Any, *, boot: Mapping[str, Mapping[str, list[float]
     sizes = sorted(set(d.size.tolist()))
     axes: dict[str, Any] = {}
     for a in AXES:
+        if a not in d.xs and a not in d.missing:
+            continue   # not raced (RaceConfig.axes)
         if a not in d.xs:
             axes[a] = {"available": False, "reason": f"missing on {d.missing.get(a, 0)} row(s)"}
             continue
@@ -497,6 +506,15 @@ def race(rows: Sequence[Mapping[str, Any]], cfg: RaceConfig | None = None) -> di
     cfg = cfg or RaceConfig()
     cfg.check()
     rows = check_rows(rows)
+    import sklearn
+
+    # Thousands of small isotonic fits: skip sklearn's per-call argument checks (the curve
+    # code passes finite float arrays), which cost more than the fits themselves.
+    with sklearn.config_context(skip_parameter_validation=True, assume_finite=True):
+        return _race(rows, cfg)
+
+
+def _race(rows: list[dict[str, Any]], cfg: RaceConfig) -> dict[str, Any]:
     if len({r["family"] for r in rows}) < 2:
         raise LabError("the race needs at least two families", hint="add families to the lab")
     metrics_out = []
@@ -507,7 +525,7 @@ def race(rows: Sequence[Mapping[str, Any]], cfg: RaceConfig | None = None) -> di
         entry: dict[str, Any] = {"task": task, "metric": metric, "baseline": baseline, "level": level,
                                  "texts": {}, "thresholds": {}}
         for t_i, text in enumerate(TEXTS):
-            d = _data(rows, task, metric, text)
+            d = _data(rows, task, metric, text, (REFERENCE, *cfg.axes))
             fams = set(d.family.tolist())
             if len(d.y) < 3 or float(np.ptp(d.y)) == 0.0 or len(fams) < 2 or REFERENCE not in d.xs:
                 entry["texts"][text] = {"skipped": f"{len(d.y)} row(s), {len(fams)} family(ies)"
@@ -535,7 +553,7 @@ def race(rows: Sequence[Mapping[str, Any]], cfg: RaceConfig | None = None) -> di
     for entry in metrics_out:
         entry["verdicts"] = {}
         for a in AXES:
-            if a == REFERENCE:
+            if a == REFERENCE or a not in cfg.axes:
                 continue
             comps = {t: (entry["texts"].get(t, {}).get("axes", {}).get(a) or {}).get("vs_reference") or {}
                      for t in TEXTS}
