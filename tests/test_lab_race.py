@@ -292,3 +292,43 @@ def test_a_bad_rows_file_leaves_an_existing_report_intact(tmp_path: Path) -> Non
     with pytest.raises(LabError, match="race row 0: axes.lstar"):
         write_lab_report(tmp_path, out, config=FAST, rows_file=path)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def _extreme(kind: str) -> Any:
+    def mutate(rows: list[dict[str, Any]]) -> None:
+        for i, r in enumerate(rows):
+            if kind == "bound":
+                r["axes"] = {a: 1e18 for a in r["axes"]}
+            elif kind == "tiny":     # spans of 1e-300 and less: too close to fit, never NaN
+                r["axes"].update(lstar=i * 1e-300, bits_per_byte=i * 5e-324)
+            elif kind == "alternating":
+                r["axes"]["lstar"] = -1e18 if i % 2 else 1e18
+            else:
+                r["bytes_seen"] = 10**18 - 1
+                r["axes"]["bytes_seen"] = float(10**18 - 1)
+    return mutate
+
+
+@pytest.mark.parametrize("kind", fast_first(["tiny", "bound", "alternating", "counts"], keep=1))
+def test_report_on_extreme_numbers_within_bounds(tmp_path: Path, kind: str) -> None:
+    """Any rows the checks accept give a report, figures included, and strict JSON."""
+    from monitor.lab.report import write_race_report
+
+    rows = _additions_only(synthetic_race_rows(families=2, seeds=1, steps=6))
+    _extreme(kind)(rows)
+    out = tmp_path / "report"
+    saved = write_race_report(rows, out, source={"path": "rows.json", "sha256": "0" * 64}, config=FAST)
+    for p in saved["plots"]:
+        assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.loads((out / "lab-report.json").read_text())
+    assert saved["primary"]["statement"] == "not distinguishable"
+
+
+def test_task_metrics_that_slug_alike_get_one_figure_each() -> None:
+    from monitor.lab.report import figure_name
+
+    first = figure_name("add words", "acc")
+    second = figure_name("add/words", "acc", {first})
+    assert first == "task_add_words_acc.png" and second != first and second.startswith("task_add_words_acc_")
+    joined = figure_name("a_b", "c")
+    assert joined == "task_a_b_c.png" and figure_name("a", "b_c", {joined}) != joined
