@@ -45,8 +45,6 @@ def rows_from_lab(lab_json: Path) -> tuple[list[dict[str, Any]], str]:
 
 def load_rows_file(path: Path) -> tuple[list[dict[str, Any]], str]:
     """Race rows from a JSON file: a list of rows, or an object with a `rows` list."""
-    import hashlib as _h
-
     path = Path(path)
     if not path.exists():
         raise LabError(f"no rows file at {path}", hint="pass the JSON file of race rows")
@@ -59,7 +57,7 @@ def load_rows_file(path: Path) -> tuple[list[dict[str, Any]], str]:
     rows = data.get("rows") if isinstance(data, dict) else data
     if not isinstance(rows, list):
         raise LabError(f"{path} holds no list of race rows", hint="a JSON list, or an object with a 'rows' list")
-    return rows, _h.sha256(raw).hexdigest()
+    return rows, hashlib.sha256(raw).hexdigest()
 
 
 # -- text -----------------------------------------------------------------------------------------
