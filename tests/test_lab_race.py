@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from lanes import fast_first
 
+from monitor.curves.axis_choice import cluster_draw
 from monitor.errors import LabError
 from monitor.lab import analysis
 from monitor.lab.analysis import RaceConfig, cochran_q, holm, race
@@ -157,7 +158,7 @@ def test_two_stage_draw_resamples_families_then_seeds_within_each_size() -> None
     rng = np.random.default_rng(5)
     varied = False
     for _ in range(30):
-        mult, copies = analysis._two_stage_draw(d, names, rng)
+        mult, copies = cluster_draw(d.family, rng, sizes=d.size, seeds=d.seed)
         assert sum(copies.values()) == 3
         for fam in names:
             for size in ("small", "large"):
@@ -183,7 +184,10 @@ def test_the_bootstrap_refits_the_whole_lofo(monkeypatch: pytest.MonkeyPatch) ->
         calls.append(len(args[0]))
         return real(*args, **kw)
 
+    from monitor.curves import axis_choice
+
     monkeypatch.setattr(analysis, "lofo_axes", spy)
+    monkeypatch.setattr(axis_choice, "lofo_axes", spy)
     cfg = RaceConfig(resamples=25, threshold_resamples=20, axes=FAST.axes)
     result = race(rows, cfg)
     metrics = len(result["metrics"])

@@ -12,10 +12,11 @@ The family is the unit of analysis, because a threshold has to transfer to a new
   less), an exact sign-flip permutation test of it over families
   (`monitor.curves.axis_choice.sign_flip_pvalue`: all 2^F patterns up to 16 families,
   seeded Monte Carlo beyond), Holm's adjustment across the secondary comparisons;
-- a two-stage cluster bootstrap that refits the whole LOFO on every resample: families are
-  drawn with replacement, then, independently for each drawn copy, seeds with replacement
-  within each of its sizes. A family drawn k times is one fold whose rows weigh by their
-  multiplicity (as `axis_choice` does), so it never trains on itself;
+- a two-stage cluster bootstrap that refits the whole LOFO on every resample
+  (`monitor.curves.axis_choice.refit_bootstrap`): families are drawn with replacement, then,
+  independently for each drawn copy, seeds with replacement within each of its sizes. A
+  family drawn k times is one fold whose rows weigh by their multiplicity, so it never trains
+  on itself;
 - per axis, the spread of the per-family thresholds against their own intervals: Cochran's Q
   (and its chi-squared p-value) and the DerSimonian–Laird between-family variance τ²;
 - a negative control: leave-one-size-out on bytes seen, which should not transfer now that
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2, norm
 
-from monitor.curves.axis_choice import EXACT_MAX_FAMILIES, finite_json, sign_flip_pvalue
+from monitor.curves.axis_choice import EXACT_MAX_FAMILIES, _interval, finite_json, refit_bootstrap, sign_flip_pvalue
 from monitor.curves.stats import Predictor, fit_monotone
 from monitor.curves.validation import lofo_axes
 from monitor.errors import CurveError, LabelError, LabError
@@ -270,59 +271,13 @@ def _cell_errors(points: Mapping[str, np.ndarray], keys: np.ndarray, weight: np.
     return out
 
 
-def _two_stage_draw(d: _Data, names: list[str], rng: np.random.Generator) -> tuple[np.ndarray, dict[str, int]]:
-    """Row multiplicities of one two-stage resample: families with replacement, then for each
-    drawn copy, seeds with replacement within each of its sizes. Returns (multiplicity per
-    row, copies per family)."""
-    mult = np.zeros(len(d.y))
-    drawn = rng.choice(len(names), size=len(names), replace=True)
-    copies: dict[str, int] = {}
-    for i in drawn:
-        fam = names[i]
-        copies[fam] = copies.get(fam, 0) + 1
-        in_fam = d.family == fam
-        for size in sorted(set(d.size[in_fam].tolist())):
-            cell = in_fam & (d.size == size)
-            seeds = np.unique(d.seed[cell])
-            for s in rng.choice(seeds, size=len(seeds), replace=True):
-                mult[cell & (d.seed == s)] += 1.0
-    return mult, copies
-
-
 def _refit_bootstrap(d: _Data, *, baseline: float, margin: float, cfg: RaceConfig,
                      seed: Sequence[int]) -> tuple[dict[str, dict[str, list[float]]], int]:
-    """Per axis and error, the family-averaged difference to L* on every two-stage resample,
-    the whole LOFO refitted on each; and the number of resamples left out (one family)."""
-    names = sorted(set(d.family.tolist()))
-    rng = np.random.default_rng([*seed, 7])
-    out: dict[str, dict[str, list[float]]] = {a: {e: [] for e in ERRORS} for a in d.xs if a != REFERENCE}
-    degenerate = 0
-    for b in range(cfg.resamples):
-        mult, copies = _two_stage_draw(d, names, rng)
-        if len(copies) < 2:
-            degenerate += 1
-            continue
-        rows = np.flatnonzero(mult > 0)
-        lofo = _lofo(d, rows, mult[rows], baseline=baseline, margin=margin, seed=cfg.seed + b)
-        fam = d.family[rows]
-        per = {a: _cell_errors(p, fam, mult[rows]) for a, p in lofo.points.items()}
-        ref = per.get(REFERENCE, {})
-        for a in out:
-            mine = per.get(a, {})
-            both = [f for f in mine if f in ref]
-            w = np.array([copies[f] for f in both], dtype=np.float64)
-            for e in ERRORS:
-                out[a][e].append(float(np.average([mine[f][e] - ref[f][e] for f in both], weights=w))
-                                 if both else math.nan)
-    return out, degenerate
-
-
-def _interval(samples: Sequence[float], level: float) -> tuple[float | None, float | None]:
-    s = np.asarray([v for v in samples if math.isfinite(v)])
-    if len(s) == 0:
-        return None, None
-    lo, hi = np.quantile(s, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
+    """The two-stage refit bootstrap of `monitor.curves.axis_choice.refit_bootstrap` (families,
+    then seeds within each size of each drawn copy) on one task metric and text."""
+    return refit_bootstrap(d.y, d.family, np.ones(len(d.y)), d.xs, AXES, baseline=baseline, margin=margin,
+                           reference=REFERENCE, resamples=cfg.resamples, seed=seed, fold_seed=cfg.seed,
+                           sizes=d.size, seeds=d.seed)
 
 
 def _thresholds(d: _Data, axis: str, *, level: float, cfg: RaceConfig) -> dict[str, Any]:
@@ -399,7 +354,8 @@ def _compare(d: _Data, lofo: Any, *, boot: Mapping[str, Mapping[str, list[float]
                     fs = [f for f in both if f"{f}\x00{s}" in cell_err[a] and f"{f}\x00{s}" in cell_err[REFERENCE]]
                     by_size[s] = (float(np.mean([cell_err[a][f"{f}\x00{s}"][e] - cell_err[REFERENCE][f"{f}\x00{s}"][e]
                                                  for f in fs])) if fs else None)
-                lo, hi = _interval(boot[a][e], cfg.interval) if boot is not None and a in boot else (None, None)
+                lo, hi = (_interval(boot[a][f"{e}_diff"], cfg.interval) if boot is not None and a in boot
+                          else (None, None))
                 vs[e] = {"difference": float(np.mean(diffs)) if diffs else None,
                          "per_family": dict(zip(both, diffs)), "p_value": p, "permutation": how,
                          "lower": lo, "upper": hi, "by_size": by_size}
