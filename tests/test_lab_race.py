@@ -336,3 +336,22 @@ def test_task_metrics_that_slug_alike_get_one_figure_each() -> None:
     assert first == "task_add_words_acc.png" and second != first and second.startswith("task_add_words_acc_")
     joined = figure_name("a_b", "c")
     assert joined == "task_a_b_c.png" and figure_name("a", "b_c", {joined}) != joined
+
+
+def test_report_of_a_lab_record_races_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`write_lab_report` on a lab.json races what `records.race_rows` gives for it, and names
+    the record and its sha256 as the source."""
+    import hashlib
+
+    from monitor.lab import records
+    from monitor.lab.report import write_lab_report
+
+    rows = _rows(families=3)
+    seen = []
+    monkeypatch.setattr(records, "race_rows", lambda lab: seen.append(lab) or rows, raising=False)
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps({"schema": records.LAB_SCHEMA, "config": {}, "families": [], "checkpoints": []}))
+    data = write_lab_report(path, tmp_path / "report", config=FAST)
+    assert len(seen) == 1 and data["source"] == {"path": str(path),
+                                                  "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert data["design"]["n_families"] == 3 and data["design"]["n_lineages"] == 3 * 2 * 2
