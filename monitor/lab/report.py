@@ -230,7 +230,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
     out += [f"- {s}" for s in data["conclusions"]] + ["", f"Rule (written before the full run): {data['rule']}", "",
                                                       "## Limits", ""]
     out += [f"- {s}" for s in data["limits"]] + [""]
-    for s in data["sections"]:
+    for s in sections(data):
         out += [f"## {s['task']} · {s['metric']}", "",
                 f"Baseline {_g(s['baseline'])}, level b + ε {_g(s['level'])}. Crossing error: the share of a "
                 "held-out family's checkpoints put on the wrong side of the level; Δ: axis − L*, averaged over "
@@ -256,7 +256,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     images = [{"title": p["title"], "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode()}
               for p in data["plots"]]
-    return env.get_template(HTML_TEMPLATE).render(data=data, images=images)
+    return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections(data))
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
@@ -285,7 +285,6 @@ def write_race_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, sourc
     data["source"] = dict(source)
     data["conclusions"] = verdict_lines(data)
     data["limits"] = limits(data)
-    data["sections"] = sections(data)
     colours = plots.family_colours(data["design"]["families"])
     markers = plots.size_markers(data["design"]["sizes"])
     data["family_colours"], data["size_markers"] = colours, markers
