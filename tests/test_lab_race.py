@@ -80,6 +80,20 @@ def test_equivalent_axes_are_not_declared_different(seed: int) -> None:
     assert all("equivalent" not in v["statement"] for m in result["metrics"] for v in m["verdicts"].values())
 
 
+def test_a_winner_on_one_text_only_is_not_a_verdict() -> None:
+    """On the heldout text bits/byte is an increasing function of L* (the same fit, the same
+    errors): the calib advantage alone does not make a verdict."""
+    rows = _rows(winner="lstar")
+    for r in rows:
+        if r["text"] == "heldout":
+            r["axes"]["bits_per_byte"] = 2.0 + 0.6 * r["axes"]["lstar"]
+    p = race(rows, FAST)["primary"]
+    assert p["checks"]["permutation_p_below_alpha"] and p["checks"]["interval_excludes_zero"]
+    assert p["signs_by_text"] == {"calib": 1, "heldout": 0}
+    assert p["failed"] == ["same_sign_on_both_texts", "same_sign_within_each_size"]
+    assert p["statement"] == "not distinguishable"
+
+
 def test_per_family_thresholds_spread_on_the_offset_axis_only(lstar_wins: dict[str, Any]) -> None:
     th = _entry(lstar_wins, metric="acc")["thresholds"]["calib"]
     assert th["bits_per_byte"]["k"] >= 4 and th["lstar"]["k"] >= 4
