@@ -86,18 +86,17 @@ def test_curve_png_draws_extreme_ranges(name: str, curve: Any, tmp_path: Path) -
 @pytest.mark.parametrize("name", fast_first(RANGES, keep=2))
 def test_lab_figures_draw_extreme_ranges(name: str) -> None:
     values = RANGES[name]
-    metrics = ("ce", "lstar", "bits_per_byte")
-    checkpoints = [{"family": f"f{i % 2}", "seed": 0, "step": i, "bytes_seen": _count(name, i),
-                    "metrics": {k: v for k in metrics}, "tasks": {"t": {"acc": v}}}
-                   for i, v in enumerate(values)]
+    rows = [{"family": f"f{i % 2}", "size": ("small", "large")[i % 3 == 0], "seed": 0, "step": i, "text": "calib",
+             "bytes_seen": _count(name, i), "axes": {"lstar": v, "bits_per_byte": v, "bytes_seen": _count(name, i)},
+             "metrics": {"t": {"acc": v}}} for i, v in enumerate(values)]
     colours = lab_plots.family_colours(["f0", "f1"])
-    assert lab_plots.progress(checkpoints, colours)[:8] == PNG
-    band = {"x": values, "fit": values, "lower": values, "upper": values}
-    analysis = {"task": "t", "metric": "acc", "level": values[-1],
-                "curves": {k: {"fitted": True, "band": band} for k in metrics}}
-    axes = {"lstar": {"label": "L*", "lower_is_progress": True}, "ce": {"label": "raw CE", "lower_is_progress": True},
-            "bits_per_byte": {"label": "bits/byte", "lower_is_progress": True}}
-    assert lab_plots.task_against_axes(analysis, checkpoints, axes, colours)[:8] == PNG
+    markers = lab_plots.size_markers(["small", "large"])
+    assert lab_plots.progress(rows, colours, markers)[:8] == PNG
+    axes = {"lstar": {"label": "L*", "lower_is_progress": True},
+            "bits_per_byte": {"label": "bits/byte", "lower_is_progress": True},
+            "bytes_seen": {"label": "bytes seen", "lower_is_progress": False}}
+    assert lab_plots.task_against_axes(rows, task="t", metric="acc", level=values[-1], axes=axes,
+                                       colours=colours, markers=markers)[:8] == PNG
 
 
 def test_a_figure_drawn_at_the_float_maximum_gets_fixed_ticks() -> None:

@@ -117,15 +117,28 @@ def register(app: typer.Typer) -> None:
 
     @lab.command("report")
     def report(lab_dir: Path = typer.Option(Path("state") / "lab", "--lab", help="The lab folder (or its lab.json)."),
-               out: Path = typer.Option(None, "--out", help="Report folder (default: LAB/report)."),
+               rows: Path = typer.Option(None, "--rows", help="Race from a JSON file of race rows instead of a lab "
+                                                              "record (docs/lab.md lists the keys)."),
+               out: Path = typer.Option(None, "--out", help="Report folder (default: LAB/report, or next to --rows)."),
+               resamples: int = int_option(200, "--resamples", low=20, high=100_000,
+                                           help="Two-stage refit-bootstrap resamples."),
+               seed: int = int_option(0, "--seed", low=0, high=MAX_SEED, help="Seed of the bootstrap and permutations."),
+               axes: str = typer.Option(None, "--axes", help="Comma-separated axes to race (default: all; L* always)."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
-        """Write the lab report (Markdown, HTML with plots, lab-report.json) from lab.json."""
+        """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json)."""
+        from monitor.lab.analysis import RaceConfig
         from monitor.lab.report import write_lab_report
 
+        from monitor.lab.analysis import AXES
+
+        chosen = tuple(AXES) if axes is None else tuple(a.strip() for a in axes.split(",") if a.strip())
+        config = RaceConfig(resamples=resamples, seed=seed, axes=chosen)
+        config.check()
         lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
-        out_dir = out or lab_json.parent / "report"
-        result = write_lab_report(lab_json, out_dir)
+        out_dir = out or ((rows.parent / "report") if rows is not None else lab_json.parent / "report")
+        result = write_lab_report(lab_json, out_dir, config=config, rows_file=rows)
         if as_json:
-            print(json.dumps(result, indent=1, default=str))
+            print(json.dumps(result, indent=1, allow_nan=False))
         else:
+            print(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
             print(f"lab report: {out_dir}")

@@ -14,7 +14,8 @@ The comparison is made at the level of families, the unit a threshold has to tra
   F ≤ 16 families, else a seeded Monte Carlo sample), two-sided;
 - a refit bootstrap over families: families are drawn with replacement and the whole LOFO
   is refitted on the draw (a family drawn k times is one fold whose points weigh k times),
-  giving percentile intervals of each axis's family-averaged error and of the difference.
+  giving percentile intervals of each axis's family-averaged error and of the difference
+  (`refit_bootstrap`; the lab's race adds a second stage, seeds within each drawn family).
 
 The rule (`rule_text`, printed with every choice): the recommended axis is L* unless
 another axis is better by both the permutation test (p < α) and the bootstrap interval of
@@ -142,37 +143,84 @@ def _interval(samples: Sequence[float], level: float) -> tuple[float | None, flo
     return float(lo), float(hi)
 
 
-def _refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarray,
-                     xs: dict[str, np.ndarray], *, baseline: float, margin: float, reference: str,
-                     cfg: ChoiceConfig, seed: int) -> tuple[dict[str, dict[str, list[float]]], int]:
-    """Draw families with replacement and refit the whole LOFO on each draw.
+def cluster_draw(families: np.ndarray, rng: np.random.Generator, *, sizes: np.ndarray | None = None,
+                 seeds: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    """Row multiplicities of one cluster-bootstrap draw, and how often each family was drawn.
 
-    Returns per axis and error the family-averaged error of every resample ("<error>") and
-    its difference to the reference ("<error>_diff"), and the number of draws left out
-    (fewer than two distinct families). A family drawn k times is one fold whose rows weigh
-    k times (the same isotonic fit as k copies), so it is never in its own training set.
+    Families are drawn with replacement. With `seeds` (and optionally `sizes`), a second stage
+    follows: for each drawn copy of a family, independently, its seeds are drawn with
+    replacement within each of its sizes, whole lineages at a time; a row's multiplicity is the
+    number of times its lineage was drawn over all copies. Without, every row of a family drawn
+    k times has multiplicity k.
     """
     names = sorted(set(families.tolist()))
-    rng = np.random.default_rng([seed, 7])
+    drawn = rng.choice(len(names), size=len(names), replace=True)
+    if seeds is None:
+        counts = {names[i]: int(c) for i, c in zip(*np.unique(drawn, return_counts=True))}
+        return np.array([counts.get(f, 0) for f in families], dtype=np.float64), counts
+    size_of = np.zeros(len(families), dtype=np.int64) if sizes is None else sizes
+    mult = np.zeros(len(families))
+    counts = {}
+    for i in drawn:
+        fam = names[i]
+        counts[fam] = counts.get(fam, 0) + 1
+        in_fam = families == fam
+        for size in sorted(set(size_of[in_fam].tolist())):
+            cell = in_fam & (size_of == size)
+            choices = np.unique(seeds[cell])
+            for s in rng.choice(choices, size=len(choices), replace=True):
+                mult[cell & (seeds == s)] += 1.0
+    return mult, counts
+
+
+def _weighted_family_errors(points: dict[str, np.ndarray], families: np.ndarray,
+                            mult: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per family, the RMSE and crossing error of its held-out rows, each weighing its multiplicity."""
+    out: dict[str, dict[str, float]] = {}
+    idx = points["index"]
+    for fam in sorted(set(families[idx].tolist())):
+        js = np.flatnonzero(families[idx] == fam)
+        w = mult[idx[js]]
+        out[fam] = {"rmse": float(np.sqrt(np.average(points["sq_error"][js], weights=w))),
+                    "crossing_error": float(np.average(points["wrong"][js], weights=w))}
+    return out
+
+
+def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarray,
+                    xs: dict[str, np.ndarray], predictors: dict[str, Predictor], *, baseline: float,
+                    margin: float, reference: str, resamples: int, seed: Sequence[int], fold_seed: int,
+                    confidence: float = 0.9, sizes: np.ndarray | None = None,
+                    seeds: np.ndarray | None = None) -> tuple[dict[str, dict[str, list[float]]], int]:
+    """Cluster bootstrap (`cluster_draw`) that refits the whole LOFO on every draw.
+
+    Returns per axis and error the family-averaged error of every resample ("<error>") and its
+    difference to the reference ("<error>_diff"), families weighted by how often they were
+    drawn; and the number of draws left out (fewer than two distinct families). A family drawn
+    k times is one fold whose rows weigh by their multiplicity (the same isotonic fit as that
+    many copies), so it is never in its own training set.
+    """
+    rng = np.random.default_rng([*seed, 7])
     out: dict[str, dict[str, list[float]]] = {a: {k: [] for e in ERRORS for k in (e, f"{e}_diff")} for a in xs}
     degenerate = 0
-    for b in range(cfg.family_resamples):
-        drawn = rng.choice(len(names), size=len(names), replace=True)
-        counts = {names[i]: int(c) for i, c in zip(*np.unique(drawn, return_counts=True))}
+    for b in range(resamples):
+        mult, counts = cluster_draw(families, rng, sizes=sizes, seeds=seeds)
         if len(counts) < 2:
             degenerate += 1
             continue
-        rows = np.flatnonzero(np.isin(families, list(counts)))
-        mult = np.array([counts[f] for f in families[rows]], dtype=np.float64)
-        stderr = (1.0 / np.sqrt(weights[rows] * mult)).tolist()
+        rows = np.flatnonzero(mult > 0)
+        stderr = (1.0 / np.sqrt(weights[rows] * mult[rows])).tolist()
         # The band is not needed for RMSE and crossing error: one resample per fold.
         lofo = lofo_axes(values[rows], families[rows].tolist(),
-                         {a: (AXES[a], x[rows]) for a, x in xs.items()}, baseline=baseline,
-                         margin=margin, stderr=stderr, confidence=cfg.confidence, resamples=1,
-                         seed=cfg.seed + b)
-        ref = _family_errors(lofo.per_family, reference)
+                         {a: (predictors[a], x[rows]) for a, x in xs.items()}, baseline=baseline,
+                         margin=margin, stderr=stderr, confidence=confidence, resamples=1,
+                         seed=fold_seed + b)
+        if seeds is None:   # every row of a family weighs alike: its plain LOFO errors
+            per = {a: _family_errors(lofo.per_family, a) for a in xs}
+        else:
+            per = {a: _weighted_family_errors(p, families[rows], mult[rows]) for a, p in lofo.points.items()}
+        ref = per.get(reference, {})
         for axis in xs:
-            mine = _family_errors(lofo.per_family, axis)
+            mine = per.get(axis, {})
             for e in ERRORS:
                 fams = [f for f in mine if f in counts]
                 w = np.array([counts[f] for f in fams], dtype=np.float64)
@@ -249,9 +297,10 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                          baseline=baseline, margin=margin, n=[labels[i].n for i in idx],
                          stderr=[labels[i].stderr for i in idx], confidence=cfg.confidence,
                          resamples=cfg.resamples, seed=cfg.seed)
-        boot, degenerate = _refit_bootstrap(values[idx], fam, weights[idx], {a: xs[a][idx] for a in group_axes},
-                                            baseline=baseline, margin=margin, reference=reference,
-                                            cfg=cfg, seed=cfg.seed + g)
+        boot, degenerate = refit_bootstrap(values[idx], fam, weights[idx], {a: xs[a][idx] for a in group_axes},
+                                           AXES, baseline=baseline, margin=margin, reference=reference,
+                                           resamples=cfg.family_resamples, seed=[cfg.seed + g],
+                                           fold_seed=cfg.seed, confidence=cfg.confidence)
         pooled = {r.predictor: r for r in lofo.rows}
         ref_fam = _family_errors(lofo.per_family, reference)
         for a in members:

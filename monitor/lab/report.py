@@ -1,11 +1,11 @@
-"""The lab report: `lab-report.json` (every number), `lab-report.md`, a self-contained
-`lab-report.html` and the PNG figures, written from a `lab.json` alone.
+"""The lab report: `lab-report.json` (every number of the race), `lab-report.md`, a
+self-contained `lab-report.html` and the PNG figures.
 
-    data = write_lab_report(Path("OUT/lab.json"), Path("OUT/report"))
+    data = write_lab_report(Path("OUT/lab.json"), Path("OUT/report"))   # rows via records.race_rows
+    data = write_race_report(rows, Path("OUT/report"), source={...})      # rows already at hand
 
-The text says which axis had the smallest held-out error and, for each axis, whether the
-interval on its difference from L* excludes zero; it claims no more than those intervals
-support, and says what they do not cover (family-to-family variation).
+The text states the verdict of the pre-registered rule (`monitor.lab.analysis.RULE`), the
+numbers it read, and the limits of the design; it never says two axes are equivalent.
 """
 
 from __future__ import annotations
@@ -15,24 +15,54 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from monitor.errors import LabError
-from monitor.lab.analysis import ERRORS, REFERENCE, AnalysisConfig, analyse
-from monitor.lab.records import load_lab_with_sha256
+from monitor.errors import LabError, PolicyError
+from monitor.files import FileKind, NotJsonError, read_bounded_json
+from monitor.lab.analysis import AXES, PRIMARY, REFERENCE, RaceConfig, race
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 HTML_TEMPLATE = "lab_report.html.j2"
-ERROR_LABELS = {"rmse": "RMSE", "crossing_error": "crossing error", "brier": "Brier"}
-CAVEAT = ("Intervals resample the held-out checkpoints within each family (paired across axes); they do "
-          "not refit the curves or resample families, so with {k} families they do not cover how a new "
-          "family might differ. A positive difference means the axis erred more than L*.")
+ROWS_MAX_BYTES = 64 << 20
+ROWS_FILE = FileKind("race rows", "race rows", "JSON")
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    return "—" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+# -- where rows come from -------------------------------------------------------------------------
+def rows_from_lab(lab_json: Path) -> tuple[list[dict[str, Any]], str]:
+    """The race rows of a lab record (`monitor.lab.records.race_rows`) and the record's sha256."""
+    from monitor.lab import records
+
+    race_rows = getattr(records, "race_rows", None)
+    lab, sha = records.load_lab_with_sha256(lab_json)
+    if race_rows is None:
+        raise LabError(f"{lab_json}: this lab record has no race rows (records.race_rows is not available "
+                       f"for schema {getattr(lab, 'schema_', '?')!r})",
+                       hint="run the version-2 lab, or pass a rows file with --rows")
+    return list(race_rows(lab)), sha
+
+
+def load_rows_file(path: Path) -> tuple[list[dict[str, Any]], str]:
+    """Race rows from a JSON file: a list of rows, or an object with a `rows` list."""
+    path = Path(path)
+    if not path.exists():
+        raise LabError(f"no rows file at {path}", hint="pass the JSON file of race rows")
+    try:
+        data, raw = read_bounded_json(path, str(path), what=ROWS_FILE, limit=ROWS_MAX_BYTES)
+    except PolicyError as exc:
+        raise LabError(exc.message, hint="pass a JSON file of race rows") from None
+    except NotJsonError as exc:
+        raise LabError(f"{path} is not valid JSON: {str(exc)[:200]}", hint="pass a JSON file of race rows") from None
+    rows = data.get("rows") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise LabError(f"{path} holds no list of race rows", hint="a JSON list, or an object with a 'rows' list")
+    return rows, hashlib.sha256(raw).hexdigest()
+
+
+# -- text -----------------------------------------------------------------------------------------
+def _g(value: Any, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def _signed(value: float | None) -> str:
@@ -44,13 +74,8 @@ def _slug(text: str) -> str:
 
 
 def figure_name(task: str, metric: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
-    """`task_<task>_<metric>.png`, unique among `taken`.
-
-    Slugging folds characters and cuts long names, so two task metrics can slug alike ("a b"
-    and "a/b"; task "a_b" metric "c" and task "a" metric "b_c"): the later one gets the first
-    hex digits of the sha256 of (task, metric), as many as make it unique (a pair met twice
-    is an error).
-    """
+    """`task_<task>_<metric>.png`, unique among `taken` (slugs that collide get the first hex
+    digits of the sha256 of (task, metric), as many as make the name unique)."""
     base = f"task_{_slug(task)}_{_slug(metric)}"
     digest = hashlib.sha256(json.dumps([task, metric]).encode("utf-8")).hexdigest()
     for width in range(0, len(digest) + 1, 8):
@@ -60,81 +85,132 @@ def figure_name(task: str, metric: str, taken: set[str] | frozenset[str] = froze
     raise LabError(f"the lab report already has a figure for task {task!r} metric {metric!r}")
 
 
-def conclusion(analysis: Mapping[str, Any], axes: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Plain sentences on one task metric: the best axis by each error, and per axis whether
-    the interval on its difference from L* excludes zero."""
-    if analysis.get("lofo") is None:
-        return [f"No leave-one-family-out comparison: {analysis.get('skipped', 'not enough data')}."]
-    label = (lambda a: axes[a]["label"] if a in axes else a)
-    out = []
-    best = analysis["lofo"]["best"]
-    out.append("Smallest held-out error: " + "; ".join(
-        f"{ERROR_LABELS[e]} — {label(best[e]) if best[e] else 'none'}" for e in ERRORS) + ".")
-    diffs = analysis.get("differences") or {}
-    for e in ERRORS:
-        better = [label(a) for a, d in diffs.items() if d[e]["verdict"] == "axis_better"]
-        worse = [label(a) for a, d in diffs.items() if d[e]["verdict"] == "reference_better"]
-        same = [label(a) for a, d in diffs.items() if d[e]["verdict"] == "no_clear_difference"]
-        parts = []
-        if worse:
-            parts.append(f"L* erred less than {', '.join(worse)} (interval excludes zero)")
-        if better:
-            parts.append(f"{', '.join(better)} erred less than L* (interval excludes zero)")
-        if same:
-            parts.append(f"no clear difference from {', '.join(same)} (interval includes zero)")
-        if parts:
-            out.append(f"{ERROR_LABELS[e]}: " + "; ".join(parts) + ".")
+def limits(data: Mapping[str, Any]) -> list[str]:
+    """What the design cannot show, from its own numbers."""
+    d = data["design"]
+    f, m = d["n_families"], data["n_secondary"]
+    smallest = d["smallest_permutation_p"]
+    alpha = data["config"]["alpha"]
+    out = [f"{f} families (tokenizers) are the unit: the permutation test and the bootstrap draw from "
+           f"{f} values, and say nothing about tokenizers unlike all of them."]
+    if smallest is not None:
+        out.append(f"With {f} families the smallest exact sign-flip p-value is 2/2^{f} = {smallest:.3g}"
+                   + (f"; no comparison can pass the rule at α = {alpha:g}." if smallest >= alpha else ".")
+                   + (f" Holm over {m} secondary comparisons needs {m}·p < {alpha:g} for the smallest, "
+                      f"which {'cannot' if m * smallest >= alpha else 'can'} happen here." if m else ""))
+    out += [f"Seeds {', '.join(map(str, d['seeds']))} per family and size ({d['n_lineages']} lineages, "
+            f"{d['checkpoints_per_lineage']['min']}–{d['checkpoints_per_lineage']['max']} checkpoints each): "
+            "checkpoints within a lineage are not independent; the per-family error pools them, and the "
+            "bootstrap resamples whole lineages, never single checkpoints.",
+            "Only lossless tokenizers race: a tokenizer whose decoding does not reproduce the text "
+            "measures less information per byte and is not counted.",
+            "'Not distinguishable' means the rule's conditions were not all met; it does not mean the "
+            "axes are equivalent."]
     return out
 
 
-def lofo_table(analysis: Mapping[str, Any], axes: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the LOFO table: each axis's errors and its difference from L*."""
-    header = ["axis"]
-    for e in ERRORS:
-        header += [ERROR_LABELS[e], f"Δ{ERROR_LABELS[e]} vs L* [{_pct(analysis)}]"]
-    header += ["held out", "folds", "extrapolated"]
+def _checks_text(v: Mapping[str, Any]) -> str:
+    names = {"permutation_p_below_alpha": "permutation p below α",
+             "interval_excludes_zero": "refit interval excludes zero",
+             "same_sign_on_both_texts": "same sign on calib and heldout",
+             "same_sign_within_each_size": "same sign within each size"}
+    return "; ".join(f"{names[k]}: {'yes' if ok else 'no'}" for k, ok in v["checks"].items())
+
+
+def verdict_lines(data: Mapping[str, Any]) -> list[str]:
+    """The primary verdict with its numbers, then every secondary that the rule decided."""
+    p = data["primary"]
+    out = [f"**{p['statement']}** (primary: {AXES[PRIMARY['axis']].label} against L* on the "
+           f"family-averaged LOFO crossing error of {PRIMARY['task']} {PRIMARY['metric']}, {PRIMARY['text']} text)."]
+    if p.get("checks"):
+        out.append(f"Difference ({AXES[PRIMARY['axis']].label} − L*) {_signed(p['difference'])}, "
+                   f"permutation p {_g(p['p_value'])}, {data['config']['interval']:.0%} refit interval "
+                   f"[{_signed(p['lower'])}, {_signed(p['upper'])}]; {_checks_text(p)}.")
+    decided = [(m, a, v) for m in data["metrics"] for a, v in m.get("verdicts", {}).items()
+               if v["role"] == "secondary" and v["decided"]]
+    out.append("Secondary comparisons (Holm-adjusted): " + ("; ".join(
+        f"{m['task']} {m['metric']}: {v['statement']} (Holm p {_g(v['p_holm'])})" for m, a, v in decided)
+        if decided else "none passes the rule") + ".")
+    c = data["negative_control"]
+    if c.get("ran"):
+        e = c["errors"]
+        out.append(f"Negative control (leave-one-size-out, {c['task']} {c['metric']}, {c['text']}): crossing "
+                   f"error on bytes seen {_g(e.get('bytes_seen', {}).get('crossing_error'))}, on L* "
+                   f"{_g(e.get(REFERENCE, {}).get('crossing_error'))}: bytes seen "
+                   + ("failed to transfer across sizes, as it should." if c["failed_to_transfer"]
+                      else "did NOT fail to transfer across sizes: it is still a clock in this lab."))
+    else:
+        out.append(f"Negative control not run: {c.get('reason')}.")
+    return out
+
+
+def axis_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[list[str]]]:
+    """Per axis on one text: pooled and family-mean errors, and against L*: the difference in
+    crossing error, permutation p, Holm p, interval, by size, and the verdict."""
+    header = ["axis", "RMSE", "crossing error", "family-mean crossing", "Δ crossing vs L*", "p", "Holm p",
+              "interval", "Δ by size", "Δ RMSE vs L*", "verdict"]
     rows = []
-    diffs = analysis.get("differences") or {}
-    for r in (analysis.get("lofo") or {}).get("rows", []):
-        row = [axes.get(r["predictor"], {}).get("label", r["predictor"])]
-        for e in ERRORS:
-            d = diffs.get(r["predictor"], {}).get(e)
-            row += [_fmt(r[e]), "(reference)" if r["predictor"] == REFERENCE else
-                    "—" if d is None else f"{_signed(d['difference'])} [{_signed(d['lower'])}, {_signed(d['upper'])}]"]
-        row += [str(r["n_heldout"]), str(r["n_folds"]), f"{r['extrapolated']:.0%}"]
-        rows.append(row)
-    return header, rows
-
-
-def _pct(analysis: Mapping[str, Any]) -> str:
-    for d in (analysis.get("differences") or {}).values():
-        return f"{d['rmse']['level']:.0%}"
-    return "95%"
-
-
-def threshold_table(analysis: Mapping[str, Any], axes: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """The threshold η̂ of the curve fitted on all checkpoints, per axis."""
-    header = ["axis", "η̂", "interval", "status", "resamples never crossing"]
-    rows = []
-    for axis, curve in (analysis.get("curves") or {}).items():
-        name = axes.get(axis, {}).get("label", axis)
-        if not curve.get("fitted"):
-            rows.append([name, "—", "—", f"not fitted: {curve.get('reason')}", "—"])
+    for a, r in entry["texts"].get(text, {}).get("axes", {}).items():
+        if not r.get("available"):
+            rows.append([AXES[a].label, "—", "—", "—", "—", "—", "—", "—", "—", "—", f"not raced: {r['reason']}"])
             continue
-        t = curve["threshold"]
-        rows.append([name, _fmt(t["estimate"]), f"[{_fmt(t['lower'])}, {_fmt(t['upper'])}]", t["status"],
-                     f"{t['never_share']:.0%}"])
+        vs = r.get("vs_reference")
+        v = entry.get("verdicts", {}).get(a) if text == PRIMARY["text"] else None
+        if vs is None:
+            rows.append([AXES[a].label, _g(r["rmse"], 4), _g(r["crossing_error"], 4),
+                         _g(r["family_mean"]["crossing_error"], 4)] + ["(reference)"] + ["—"] * 6)
+            continue
+        c = vs["crossing_error"]
+        interval = "—" if c["lower"] is None else f"[{_signed(c['lower'])}, {_signed(c['upper'])}]"
+        sizes = ", ".join(f"{s} {_signed(d)}" for s, d in c["by_size"].items())
+        rows.append([AXES[a].label, _g(r["rmse"], 4), _g(r["crossing_error"], 4),
+                     _g(r["family_mean"]["crossing_error"], 4), _signed(c["difference"]), _g(c["p_value"]),
+                     _g(c.get("p_holm")), interval, sizes, _signed(vs["rmse"]["difference"]),
+                     "—" if v is None else f"{v['statement']} ({v['role']})"])
     return header, rows
 
 
-FAMILY_HEADER = ["family", "tokenizer", "vocab used", "checkpoints", "seeds", "final bytes seen", "L*", "raw CE",
-                 "unigram CE", "bits/byte", "unigram bits/byte"]
+def family_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[list[str]]]:
+    """Per family: its LOFO crossing error (and RMSE) on each axis."""
+    axes = {a: r for a, r in entry["texts"].get(text, {}).get("axes", {}).items() if r.get("available")}
+    fams = sorted({f["family"] for r in axes.values() for f in r["per_family"]})
+    header = ["family"] + [AXES[a].label for a in axes]
+    rows = []
+    for fam in fams:
+        cells = []
+        for r in axes.values():
+            hit = [f for f in r["per_family"] if f["family"] == fam]
+            cells.append(f"{hit[0]['crossing_error']:.3f} / {hit[0]['rmse']:.3f}" if hit else "—")
+        rows.append([fam, *cells])
+    return header, rows
 
 
-def family_rows(data: Mapping[str, Any]) -> list[list[str]]:
-    return [[f["family"], f["tokenizer"], str(f["vocab_used"]), str(f["checkpoints"]), str(len(f["seeds"])),
-             str(f["final_bytes_seen"]), _fmt(f["final_lstar"]), _fmt(f["final_ce"]), _fmt(f["final_ce_uni"]),
-             _fmt(f["final_bits_per_byte"]), _fmt(f["final_unigram_bits_per_byte"])] for f in data["families"]]
+def threshold_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[list[str]]]:
+    """Per axis: how many families' own thresholds entered, Cochran's Q, its p, τ², I²."""
+    header = ["axis", "families used", "pooled threshold", "Q", "df", "p", "τ²", "I²"]
+    rows = []
+    for a, t in entry["thresholds"].get(text, {}).items():
+        used = sum(1 for f in t["per_family"] if f.get("used"))
+        rows.append([AXES[a].label, f"{used} of {len(t['per_family'])}", _g(t["pooled"], 4), _g(t["q"], 4),
+                     _g(t["df"]), _g(t["p_value"]), _g(t["tau2"], 3), _g(t["i2"], 3)])
+    return header, rows
+
+
+def sections(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per task metric: its tables on each text (for the Markdown and the HTML)."""
+    out = []
+    for entry in data["metrics"]:
+        texts = []
+        for text in ("calib", "heldout"):
+            t = entry["texts"].get(text, {})
+            if "axes" not in t:
+                texts.append({"text": text, "skipped": t.get("skipped", "no rows")})
+                continue
+            texts.append({"text": text, "n_rows": t["n_rows"], "axes": axis_table(entry, text),
+                          "families": family_table(entry, text), "thresholds": threshold_table(entry, text)})
+        out.append({"task": entry["task"], "metric": entry["metric"], "baseline": entry["baseline"],
+                    "level": entry["level"], "texts": texts})
+    return out
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -145,23 +221,28 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def to_markdown(data: Mapping[str, Any]) -> str:
     """The report as Markdown (figures as links to the PNG files next to it)."""
-    axes = data["axes"]
-    out = ["# Emergence lab report", "",
-           f"Lab record `{data['source']['path']}` (sha256 `{data['source']['sha256'][:16]}`): "
-           f"{data['n_checkpoints']} checkpoints of {len(data['families'])} families.", "",
-           data["caveat"], "", "## Families", "",
-           "At the most trained checkpoints every seed reached (means over seeds). L* is per token, "
-           "bits/byte per byte: the unigram baseline per byte differs between tokenizers.", ""]
-    out += _md_table(FAMILY_HEADER, family_rows(data)) + [""]
-    for a in data["analyses"]:
-        out += [f"## {a['task']} · {a['metric']}", "",
-                f"Baseline {_fmt(a['baseline'])}, margin ε {_fmt(a['margin'])}, level b + ε {_fmt(a['level'])}; "
-                f"{a['n_checkpoints']} checkpoints.", ""]
-        out += [f"- {s}" for s in a["conclusions"]] + [""]
-        if a.get("lofo"):
-            out += ["### Leave-one-family-out", ""] + _md_table(*lofo_table(a, axes)) + [""]
-        if a.get("curves"):
-            out += ["### Threshold on each axis (all checkpoints)", ""] + _md_table(*threshold_table(a, axes)) + [""]
+    d = data["design"]
+    out = ["# Emergence lab report (the race between progress axes)", "",
+           f"Source `{data['source']['path']}` (sha256 `{data['source']['sha256'][:16]}`): {d['n_checkpoints']} "
+           f"checkpoints of {d['n_lineages']} lineages; families {', '.join(d['families'])}; sizes "
+           f"{', '.join(d['sizes'])}; seeds {', '.join(map(str, d['seeds']))}; texts {', '.join(d['texts'])}.", "",
+           "## Verdict", ""]
+    out += [f"- {s}" for s in data["conclusions"]] + ["", f"Rule (written before the full run): {data['rule']}", "",
+                                                      "## Limits", ""]
+    out += [f"- {s}" for s in data["limits"]] + [""]
+    for s in sections(data):
+        out += [f"## {s['task']} · {s['metric']}", "",
+                f"Baseline {_g(s['baseline'])}, level b + ε {_g(s['level'])}. Crossing error: the share of a "
+                "held-out family's checkpoints put on the wrong side of the level; Δ: axis − L*, averaged over "
+                "families (negative: the axis erred less).", ""]
+        for t in s["texts"]:
+            if "skipped" in t:
+                out += [f"### {t['text']} text: not analysed ({t['skipped']})", ""]
+                continue
+            out += [f"### {t['text']} text ({t['n_rows']} checkpoints)", ""] + _md_table(*t["axes"]) + [""]
+            out += ["Per family, LOFO crossing error / RMSE:", ""] + _md_table(*t["families"]) + [""]
+            out += ["Spread of the per-family thresholds (each family's own curve) against their own intervals:",
+                    ""] + _md_table(*t["thresholds"]) + [""]
     out += ["## Figures", ""] + [f"![{p['title']}]({p['file']})" for p in data["plots"]]
     return "\n".join(out) + "\n"
 
@@ -175,11 +256,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     images = [{"title": p["title"], "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode()}
               for p in data["plots"]]
-    sections = [{"a": a, "lofo": lofo_table(a, data["axes"]) if a.get("lofo") else None,
-                 "thresholds": threshold_table(a, data["axes"]) if a.get("curves") else None}
-                for a in data["analyses"]]
-    return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections,
-                                                  family_header=FAMILY_HEADER, family_rows=family_rows(data))
+    return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections(data))
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
@@ -192,37 +269,52 @@ def _write_atomic(path: Path, payload: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_lab_report(lab_json: Path, out_dir: Path, *, config: AnalysisConfig | None = None) -> dict[str, Any]:
-    """Analyse `lab_json` and write lab-report.{json,md,html} and the figures into `out_dir`.
+def write_race_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, source: Mapping[str, str],
+                      config: RaceConfig | None = None) -> dict[str, Any]:
+    """Race `rows` and write lab-report.{json,md,html} and the figures into `out_dir`.
 
     Returns the report data (what lab-report.json holds), with `files` naming what was written.
+    Nothing is written when the rows are refused.
     """
     from monitor.lab import plots
+    from monitor.lab.analysis import check_rows
 
-    lab_json, out_dir = Path(lab_json), Path(out_dir)
-    lab, sha = load_lab_with_sha256(lab_json)
-    data = analyse(lab, config)
-    data["source"] = {"path": str(lab_json), "sha256": sha}
-    data["caveat"] = CAVEAT.format(k=len(lab.families))
-    for a in data["analyses"]:
-        a["conclusions"] = conclusion(a, data["axes"])
-    colours = plots.family_colours([f.family for f in lab.families])
-    data["family_colours"] = colours
-    figures: dict[str, bytes] = {"progress.png": plots.progress(data["checkpoints"], colours)}
-    titles = {"progress.png": "Training progress: L* and bits/byte against bytes seen, per family"}
-    for a in data["analyses"]:
-        if a.get("curves"):
-            name = figure_name(a["task"], a["metric"], set(figures))
-            figures[name] = plots.task_against_axes(a, data["checkpoints"], data["axes"], colours)
-            titles[name] = f"{a['task']} · {a['metric']} against L*, raw CE and bits/byte, by family"
+    out_dir = Path(out_dir)
+    data = race(rows, config)
+    clean = check_rows(rows)
+    data["source"] = dict(source)
+    data["conclusions"] = verdict_lines(data)
+    data["limits"] = limits(data)
+    colours = plots.family_colours(data["design"]["families"])
+    markers = plots.size_markers(data["design"]["sizes"])
+    data["family_colours"], data["size_markers"] = colours, markers
+    figures: dict[str, bytes] = {"progress.png": plots.progress(clean, colours, markers)}
+    titles = {"progress.png": "Training progress: L* and bits/byte on calib against bytes seen, per lineage"}
+    for entry in data["metrics"]:
+        if "axes" not in entry["texts"].get("calib", {}):
+            continue
+        name = figure_name(entry["task"], entry["metric"], set(figures))
+        figures[name] = plots.task_against_axes(clean, task=entry["task"], metric=entry["metric"],
+                                                level=entry["level"], axes=data["axes"], colours=colours,
+                                                markers=markers)
+        titles[name] = f"{entry['task']} · {entry['metric']} against L*, bits/byte and bytes seen (calib)"
     data["plots"] = [{"file": f, "title": titles[f]} for f in figures]
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, png in figures.items():
         _write_atomic(out_dir / name, png)
-    files = [*figures, "lab-report.json", "lab-report.md", "lab-report.html"]
-    data["files"] = files
+    data["files"] = [*figures, "lab-report.json", "lab-report.md", "lab-report.html"]
     _write_atomic(out_dir / "lab-report.json",
                   (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
     _write_atomic(out_dir / "lab-report.md", to_markdown(data).encode())
     _write_atomic(out_dir / "lab-report.html", to_html(data, figures).encode())
     return data
+
+
+def write_lab_report(lab_json: Path, out_dir: Path, *, config: RaceConfig | None = None,
+                     rows_file: Path | None = None) -> dict[str, Any]:
+    """The report of a lab record (its race rows), or of a rows file when `rows_file` is given."""
+    if rows_file is not None:
+        rows, sha = load_rows_file(Path(rows_file))
+        return write_race_report(rows, out_dir, source={"path": str(rows_file), "sha256": sha}, config=config)
+    rows, sha = rows_from_lab(Path(lab_json))
+    return write_race_report(rows, out_dir, source={"path": str(lab_json), "sha256": sha}, config=config)
