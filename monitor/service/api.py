@@ -72,7 +72,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -261,7 +261,10 @@ class ApiApp:
                 exc = RequestRefused(415, "send the body as Content-Type: application/json")
                 return Response(refusal_body(exc), status_code=415, media_type="application/json",
                                 headers={"Connection": "close"})
-            raw = await request.body()
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone, or cut off by the request deadline: nobody to answer
+                return Response(status_code=400)
 
             def work() -> Response:
                 try:
@@ -389,7 +392,10 @@ class ApiApp:
             unread = request.headers.get("content-length", "0") != "0"
             return Response(refusal_body(refused), status_code=refused.status, media_type="application/json",
                             headers={"Connection": "close"} if unread else None)
-        await request.body()  # only a signal: the poll asks the Hub itself
+        try:
+            await request.body()  # only a signal: the poll asks the Hub itself
+        except ClientDisconnect:
+            return Response(status_code=400)
         self.daemon.request_poll()
         return _json({"poll": "requested"}, 202)
 

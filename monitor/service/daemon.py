@@ -72,7 +72,6 @@ from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
-from monitor.service.api import ApiServer
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
@@ -194,7 +193,7 @@ class Daemon:
         self.unfinished: list[str] = []               # jobs still running when the shutdown gave up on them
         self.live_cursors: set[Any] = set()           # the jobs' DuckDB cursors, interrupted at the drain deadline
         self.scheduler: Any = None
-        self.api: ApiServer | None = None
+        self.api: Any = None   # the ApiServer, once started
         self.started_at = utcnow()
         self.report_fn = _report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
@@ -244,6 +243,9 @@ class Daemon:
             print_summary(tally, pending, sys.stdout)
 
     def _start(self) -> None:
+        # Loaded here, not at import: the commands that import `monitor.service` never serve.
+        from monitor.service.api import ApiServer
+
         cfg = self.config
         check_writable(cfg.state_dir)          # read-only or full: one clear error, nothing opened
         self.store = Store.open(cfg.db_path)   # migrations run (and are checkpointed) here
