@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from monitor.service.api_guard import CLOSE_KEY, LANE_KEY, RequestRefused, body_length
 
-log = logging.getLogger("lstar.api")
 
 MAX_HEAD_BYTES = 16 << 10        # a request head; h11 refuses a longer one
 LANE_SECONDS = 2.0               # the reserved lane's whole budget for one connection

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import logging
 import os
 import re
 import secrets
@@ -34,7 +33,6 @@ from urllib.parse import urlsplit
 
 from monitor.errors import StoreError
 
-log = logging.getLogger("lstar.api")
 
 TOKEN_NAME = "api.token"
 MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
