@@ -39,11 +39,14 @@ Any other failure is logged with its traceback and answered 500 with a short mes
 state-changing POSTs need `Content-Type: application/json` and write through the daemon's
 own connection, on a fresh cursor, as its jobs do.
 
-Connections are served by a fixed pool of worker threads. A request must arrive whole within
-the idle timeout, so a silent or trickling client frees its worker after that long, and a
-connection lives at most its lifetime (and 100 answers), so a busy one frees it too. When
-every worker is busy, the reserved lane still answers GET /health and /metrics; any other
-request gets 503 with Retry-After, unserved.
+Requests are served by uvicorn (h11) with Starlette routes; `RequestGuard` is the middleware
+that checks Host, Origin, framing and the token, and `monitor.service.api_conn` the
+connection-level guard: `workers` connections are served in full, each request must arrive
+whole within the idle timeout (a silent or trickling client is closed after that long), and a
+connection lives at most its lifetime (and 100 answers). A connection that arrives while every
+slot is held may still ask GET /health or /metrics (the reserved lane); anything else gets 503
+with Retry-After, unserved. Handlers run in a bounded thread pool (`workers` threads), and
+/health and /metrics in a small pool of their own, so slow reads cannot delay them either.
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -57,25 +60,33 @@ import json
 import logging
 import os
 import re
+import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from monitor.alerts import expire_silence
 from monitor.errors import DeliveryError, LstarError, PolicyError
 from monitor.reports import report_for_cli, to_json
-from monitor.served import ServedInThread
-from monitor.service.api_guard import (DEFAULT_LIFETIME, MAX_LIMIT, TOKEN_NAME, BoundedHTTPServer,
-                                       GuardedHandler, RequestRefused, bearer_matches)
-from monitor.service.client import api_get, api_post, live_daemon_url, revive_times
+from monitor.service.api_conn import ConnectionLimits, protocol_for
+from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
+                                       RequestGuard, RequestRefused, refusal_body)
+from monitor.service.daemon_view import DaemonView
 from monitor.service.listings import alerts_page, checkpoints_page, runs_page, silences_page
 from monitor.service.pages import DEFAULT_LIMIT
 from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.store import utcnow
-
-if TYPE_CHECKING:
-    from monitor.service.daemon import Daemon
 
 log = logging.getLogger("lstar.api")
 
@@ -84,10 +95,10 @@ MAX_HOOK_BODY = 1 << 20
 MAX_JSON_BODY = 1 << 16
 DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
-RESERVED_PATHS = ("/health", "/metrics")   # answered even while every worker is busy
-ALERT_PATH = re.compile(r"/alerts/(\d{1,18})")
-EXPIRE_PATH = re.compile(r"/silences/([^/]+)/expire")
-RETRY_PATH = re.compile(r"/alerts/([^/]+)/retry")
+RESERVED_WORKERS = 2                       # threads of /health and /metrics alone
+RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
+ALERT_ID = re.compile(r"\d{1,18}")
+STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
@@ -111,6 +122,10 @@ def webhook_secret(secret_file: Path | None) -> str | None:
 
 def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=2, default=str).encode()
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(_json_bytes(obj), status_code=status, media_type="application/json")
 
 
 def _error_body(exc: LstarError) -> bytes:
@@ -153,100 +168,175 @@ class _Query:
         return text
 
 
-class _Handler(GuardedHandler):
-    server: "_Server"
+def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | None:
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise RequestRefused(400, f"{key!r} must be a string")
+    return value
 
-    def _send(self, status: int, body: bytes, content_type: str = "application/json",
-              headers: dict[str, str] | None = None) -> None:
-        self.send_bytes(status, body, content_type, headers)
 
-    def _refuse(self, exc: RequestRefused) -> None:
-        self._send(exc.status, _json_bytes({"error": str(exc), "hint": exc.hint}), headers=exc.headers)
-        self.linger()
+class ApiApp:
+    """The API's routes over a `DaemonView`: an ASGI app (`asgi`) with the request guard in
+    front. Handlers run in a thread pool of `workers` threads; /health and /metrics in one of
+    their own."""
 
-    def _answer(self, serve: Callable[[], None]) -> None:
-        """Run `serve`; its refusals and errors become the answers the API documents."""
+    def __init__(self, daemon: DaemonView, *, token: str, workers: int, limits: ConnectionLimits,
+                 reads_need_token: bool, allowed_hosts: tuple[str, ...] = ()) -> None:
+        self.daemon = daemon
+        self.token = token
+        self.workers = workers
+        self.reads_need_token = reads_need_token
+        self.limiters: dict[str, anyio.CapacityLimiter] = {}   # made on the event loop, at first use
+        get = ["GET"]  # HEAD comes with GET
+        routes = [Route("/health", self._route(self._health, reserved=True), methods=get),
+                  Route("/metrics", self._route(self._metrics, reserved=True), methods=get),
+                  Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
+                  Route("/checkpoints", self._route(self._checkpoints), methods=get),
+                  Route("/db/info", self._route(self._db_info), methods=get),
+                  Route("/runs", self._route(self._runs), methods=get),
+                  Route("/report/latest", self._route(self._latest_report), methods=get),
+                  Route("/report", self._route(self._reports), methods=get),
+                  Route("/alerts", self._route(self._alerts), methods=get),
+                  Route("/alerts/{ident}", self._route(self._alert), methods=get),
+                  Route("/silences", self._route(self._silences), methods=get),
+                  Route("/silences", self._posted(self._add_silence), methods=["POST"]),
+                  Route("/silences/{ident}/expire", self._posted(self._expire), methods=["POST"]),
+                  Route("/alerts/{ident}/retry", self._posted(self._retry), methods=["POST"]),
+                  Route("/hooks/hub", self._hub_hook, methods=["POST"])]
+        app = Starlette(routes=routes, exception_handlers={HTTPException: self._no_route})
+        app.router.redirect_slashes = False
+        hint = f"send `Authorization: Bearer TOKEN` with the token in {daemon.config.state_dir / TOKEN_NAME}" \
+            if daemon.config is not None else "send `Authorization: Bearer TOKEN`"
+        self.asgi = RequestGuard(app, token=token, allowed_hosts=tuple(h.lower() for h in allowed_hosts),
+                                 reserved_paths=RESERVED_PATHS, body_limit=self._body_limit,
+                                 needs_token=self._needs_token, busy_body=limits.busy_body, token_hint=hint)
+
+    # -- what the guard asks -------------------------------------------------------------------
+    @staticmethod
+    def _body_limit(method: str, path: str) -> int:
+        if method != "POST":
+            return 0
+        return MAX_HOOK_BODY if path == "/hooks/hub" else MAX_JSON_BODY
+
+    def _needs_token(self, method: str, path: str) -> str | None:
+        if method == "POST" and STATE_PATH.fullmatch(path):
+            return "this request changes state and needs the API token"
+        if method != "POST" and self.reads_need_token and path not in RESERVED_PATHS:
+            return "this API is reachable beyond this machine; reads need the API token"
+        return None
+
+    # -- running handlers ----------------------------------------------------------------------
+    def _limiter(self, name: str) -> anyio.CapacityLimiter:
+        if name not in self.limiters:
+            self.limiters[name] = anyio.CapacityLimiter(RESERVED_WORKERS if name == "reserved" else self.workers)
+        return self.limiters[name]
+
+    async def _run(self, request: Request, work: Callable[[], Response], *, reserved: bool = False) -> Response:
+        """`work()` in the bounded pool; refusals and errors become the answers the API documents."""
         try:
-            serve()
+            return await anyio.to_thread.run_sync(work, limiter=self._limiter("reserved" if reserved else "general"))
         except RequestRefused as exc:
-            self._refuse(exc)
+            return Response(refusal_body(exc), status_code=exc.status, media_type="application/json",
+                            headers=exc.headers)
         except LstarError as exc:
-            self._send(400, _error_body(exc))
-        except (TimeoutError, ConnectionError):
-            self.close_connection = True  # the client is gone or too slow: nobody to answer
+            return Response(_error_body(exc), status_code=400, media_type="application/json")
         except Exception:
-            log.exception("API %s %s failed", self.command, urlsplit(self.path).path)
-            self._send(500, _json_bytes({"error": INTERNAL_ERROR}))
+            log.exception("API %s %s failed", request.method, request.scope['path'])
+            return _json({"error": INTERNAL_ERROR}, 500)
+
+    def _route(self, handler: Callable[[Request, _Query], Response], *, reserved: bool = False):
+        async def endpoint(request: Request) -> Response:
+            def work() -> Response:
+                return handler(request, _Query(request.scope["path"], request.scope["query_string"].decode("latin-1")))
+            return await self._run(request, work, reserved=reserved)
+        return endpoint
+
+    def _posted(self, handler: Callable[[Request, dict[str, Any]], Any]):
+        """A state-changing POST: a JSON object body, then `handler` on the daemon's own store."""
+        async def endpoint(request: Request) -> Response:
+            content_type = (request.headers.get("content-type") or "").split(";")[0].strip().lower()
+            if content_type != "application/json":
+                exc = RequestRefused(415, "send the body as Content-Type: application/json")
+                return Response(refusal_body(exc), status_code=415, media_type="application/json",
+                                headers={"Connection": "close"})
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone, or cut off by the request deadline: nobody to answer
+                return Response(status_code=400)
+
+            def work() -> Response:
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError as exc:
+                    raise RequestRefused(400, f"the body is not JSON: {exc}") from None
+                if not isinstance(body, dict):
+                    raise RequestRefused(400, "the body must be a JSON object")
+                return _json(handler(request, body))
+            return await self._run(request, work)
+        return endpoint
+
+    async def _no_route(self, request: Request, exc: Exception) -> Response:
+        exc = RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}")
+        return Response(refusal_body(exc), status_code=404, media_type="application/json")
 
     # -- reads ---------------------------------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        self._answer(self._get)
+    def _health(self, request: Request, query: _Query) -> Response:
+        ok, reasons = self.daemon.health()
+        return _json({"ok": ok, "reasons": reasons}, 200 if ok else 503)
 
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(self._get)
+    def _metrics(self, request: Request, query: _Query) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-    def _get(self) -> None:
-        self.admit(body_limit=0)
-        daemon = self.server.daemon
-        url = urlsplit(self.path)
-        if self.server.reads_need_token and url.path not in RESERVED_PATHS:
-            self._check_token("this API is reachable beyond this machine; reads need the API token")
-        alert = ALERT_PATH.fullmatch(url.path)
-        if url.path not in GET_PARAMS and alert is None:
-            raise RequestRefused(404, f"no such endpoint {url.path[:200]}")
-        query = _Query(url.path, url.query)
-        if url.path == "/health":
-            ok, reasons = daemon.health()
-            self._send(200 if ok else 503, _json_bytes({"ok": ok, "reasons": reasons}))
-        elif url.path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_LATEST
+        return Response(self.daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-            self._send(200, daemon.metrics.render(), CONTENT_TYPE_LATEST)
-        elif url.path == "/status":
-            self._send(200, _json_bytes(daemon.status()))
-        elif url.path == "/checkpoints":
-            limit = query.limit()
-            with daemon.read_store() as store:
-                page = checkpoints_page(store, status=query.one("status"), repo=query.one("repo"), limit=limit,
-                                        cursor=query.one("cursor"))
-            self._send(200, _json_bytes(page.as_dict()))
-        elif url.path == "/db/info":
-            with daemon.read_store() as store:
-                self._send(200, _json_bytes(store.info()))
-        elif url.path == "/runs":
-            limit = query.limit()
-            with daemon.read_store() as store:
-                page = runs_page(store, limit=limit, cursor=query.one("cursor"))
-            self._send(200, _json_bytes(page.as_dict()))
-        elif url.path == "/report/latest":
-            fmt = query.choice("format", tuple(s.lstrip(".") for s in REPORT_TYPES))
-            self._latest_report(daemon.config.state_dir / "reports", fmt)
-        elif url.path == "/report":
-            self._send(200, _json_bytes(self._reports(query.lists.get("policy", []))))
-        elif url.path == "/alerts":
-            limit = query.limit()
-            with daemon.read_store() as store:
-                page = alerts_page(store, policy=query.one("policy"), limit=limit, cursor=query.one("cursor"))
-            self._send(200, _json_bytes(page.as_dict()))
-        elif alert is not None:
-            with daemon.read_store() as store:
-                detail = store.alert_detail(int(alert.group(1)))
-            if detail is None:
-                error = DeliveryError(f"no alert with id {alert.group(1)}", hint="see `lstar alerts list`")
-                self._send(404, _error_body(error))
-            else:
-                self._send(200, _json_bytes(detail.as_dict()))
-        else:  # /silences
-            include_expired = query.choice("all", ("0", "1")) == "1"
-            now = parse_now(query.one("now"))
-            limit = query.limit()
-            with daemon.read_store() as store:
-                page = silences_page(store, now=now, include_expired=include_expired, limit=limit,
-                                     cursor=query.one("cursor"))
-            self._send(200, _json_bytes(page.as_dict()))
+    def _checkpoints(self, request: Request, query: _Query) -> Response:
+        limit = query.limit()
+        with self.daemon.read_store() as store:
+            page = checkpoints_page(store, status=query.one("status"), repo=query.one("repo"), limit=limit,
+                                    cursor=query.one("cursor"))
+        return _json(page.as_dict())
 
-    def _reports(self, names: list[str]) -> list[dict[str, Any]]:
+    def _db_info(self, request: Request, query: _Query) -> Response:
+        with self.daemon.read_store() as store:
+            return _json(store.info())
+
+    def _runs(self, request: Request, query: _Query) -> Response:
+        limit = query.limit()
+        with self.daemon.read_store() as store:
+            page = runs_page(store, limit=limit, cursor=query.one("cursor"))
+        return _json(page.as_dict())
+
+    def _alerts(self, request: Request, query: _Query) -> Response:
+        limit = query.limit()
+        with self.daemon.read_store() as store:
+            page = alerts_page(store, policy=query.one("policy"), limit=limit, cursor=query.one("cursor"))
+        return _json(page.as_dict())
+
+    def _alert(self, request: Request, query: _Query) -> Response:
+        ident = request.path_params["ident"]
+        if not ALERT_ID.fullmatch(ident):
+            raise RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}")
+        with self.daemon.read_store() as store:
+            detail = store.alert_detail(int(ident))
+        if detail is None:
+            error = DeliveryError(f"no alert with id {ident}", hint="see `lstar alerts list`")
+            return Response(_error_body(error), status_code=404, media_type="application/json")
+        return _json(detail.as_dict())
+
+    def _silences(self, request: Request, query: _Query) -> Response:
+        include_expired = query.choice("all", ("0", "1")) == "1"
+        now = parse_now(query.one("now"))
+        limit = query.limit()
+        with self.daemon.read_store() as store:
+            page = silences_page(store, now=now, include_expired=include_expired, limit=limit,
+                                 cursor=query.one("cursor"))
+        return _json(page.as_dict())
+
+    def _reports(self, request: Request, query: _Query) -> Response:
         """`lstar report --json` of each named loaded policy, as data (times in ISO 8601)."""
+        names = query.lists.get("policy", [])
         if not names:
             raise RequestRefused(400, "name the policies: /report?policy=NAME",
                                  hint="a loaded policy's name, or its file name in the policies folder")
@@ -254,18 +344,17 @@ class _Handler(GuardedHandler):
             raise RequestRefused(400, f"{len(names)} policies asked for; at most 100 at a time")
         policies = [self._loaded_policy(name) for name in names]
         now = utcnow()
-        with self.server.daemon.read_store() as store:
-            return [json.loads(to_json(report_for_cli(store, p, now=now))) for p in policies]
+        with self.daemon.read_store() as store:
+            return _json([json.loads(to_json(report_for_cli(store, p, now=now))) for p in policies])
 
     def _loaded_policy(self, name: str) -> Any:
         """The policy in force called `name`, or loaded from the file `name` in the policies folder."""
-        daemon = self.server.daemon
-        folder = daemon.config.policies_dir
+        folder = self.daemon.config.policies_dir
         if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
             raise RequestRefused(400, f"policy={name[:200]!r} is not a policy name",
                                  hint=f"name a policy the daemon has loaded (its name, or its file name in {folder}), "
                                       "not a path")
-        loaded = daemon.policies()
+        loaded = self.daemon.policies()
         for policy in loaded:
             if policy.name == name:
                 return policy
@@ -276,140 +365,140 @@ class _Handler(GuardedHandler):
         raise PolicyError(f"the running daemon has no policy {name!r} loaded",
                           hint=f"loaded: {names}; put its file in {folder} (read within the reload interval)")
 
-    def _latest_report(self, folder: Path, fmt: str | None) -> None:
+    def _latest_report(self, request: Request, query: _Query) -> Response:
+        fmt = query.choice("format", tuple(s.lstrip(".") for s in REPORT_TYPES))
+        folder = self.daemon.config.state_dir / "reports"
         suffixes = [f".{fmt}"] if fmt else list(REPORT_TYPES)
         files = [p for p in folder.rglob("*") if p.is_file() and p.suffix in suffixes] if folder.is_dir() else []
         if not files:
             raise RequestRefused(404, "no report yet", hint=f"reports are written under {folder}")
         newest = max(files, key=lambda p: (p.stat().st_mtime, p.suffix == ".html"))
-        self._send(200, newest.read_bytes(), REPORT_TYPES[newest.suffix])
+        return Response(newest.read_bytes(), media_type=REPORT_TYPES[newest.suffix])
 
     # -- writes --------------------------------------------------------------------------------
-    def do_POST(self) -> None:  # noqa: N802
-        path = urlsplit(self.path).path
-        if path == "/hooks/hub":
-            self._answer(self._hub_hook)
-        else:
-            self._answer(lambda: self._state_change(path))
-
-    def _hub_hook(self) -> None:
+    async def _hub_hook(self, request: Request) -> Response:
         """The Hub's webhook: the secret is checked before its body is read; a poll follows."""
-        length = self.admit(body_limit=MAX_HOOK_BODY)
-        daemon = self.server.daemon
-        secret = webhook_secret(daemon.config.webhook_secret_file)
+        secret = webhook_secret(self.daemon.config.webhook_secret_file)
+        refused = None
+        given = request.headers.get("x-webhook-secret")
         if secret is None:
-            raise RequestRefused(404, "the Hub webhook is off",
-                                 hint=f"set ${SECRET_ENV} or `lstar run --webhook-secret-file`")
-        given = self.headers.get("X-Webhook-Secret")
-        if given is None:
-            raise RequestRefused(401, "missing X-Webhook-Secret")
-        if not hmac.compare_digest(given.encode(), secret.encode()):
-            raise RequestRefused(403, "wrong X-Webhook-Secret")
-        self.read_body(length)  # only a signal: the poll asks the Hub itself
-        daemon.request_poll()
-        self._send(202, _json_bytes({"poll": "requested"}))
-
-    def _check_token(self, why: str = "this request changes state and needs the API token") -> None:
-        matched = bearer_matches(self.headers.get("Authorization"), self.server.token)
-        hint = (f"send `Authorization: Bearer TOKEN` with the token in "
-                f"{self.server.daemon.config.state_dir / TOKEN_NAME}")
-        if matched is None:
-            raise RequestRefused(401, why, hint=hint,
-                                 headers={"WWW-Authenticate": 'Bearer realm="lstar"'})
-        if not matched:
-            raise RequestRefused(403, "wrong API token",
-                                 hint=f"{hint} (the daemon writes a new one at each start)")
-
-    def _json_body(self, length: int) -> dict[str, Any]:
-        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            raise RequestRefused(415, "send the body as Content-Type: application/json")
-        raw = self.read_body(length)
+            refused = RequestRefused(404, "the Hub webhook is off",
+                                     hint=f"set ${SECRET_ENV} or `lstar run --webhook-secret-file`")
+        elif given is None:
+            refused = RequestRefused(401, "missing X-Webhook-Secret")
+        elif not hmac.compare_digest(given.encode(), secret.encode()):
+            refused = RequestRefused(403, "wrong X-Webhook-Secret")
+        if refused is not None:
+            unread = request.headers.get("content-length", "0") != "0"
+            return Response(refusal_body(refused), status_code=refused.status, media_type="application/json",
+                            headers={"Connection": "close"} if unread else None)
         try:
-            body = json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise RequestRefused(400, f"the body is not JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise RequestRefused(400, "the body must be a JSON object")
-        return body
+            await request.body()  # only a signal: the poll asks the Hub itself
+        except ClientDisconnect:
+            return Response(status_code=400)
+        self.daemon.request_poll()
+        return _json({"poll": "requested"}, 202)
 
-    def _state_change(self, path: str) -> None:
-        """The POSTs that change runtime state (silences, retries), written by the daemon."""
-        length = self.admit(body_limit=MAX_JSON_BODY)
-        expire = EXPIRE_PATH.fullmatch(path)
-        retry = RETRY_PATH.fullmatch(path)
-        if path != "/silences" and expire is None and retry is None:
-            raise RequestRefused(404, f"no such endpoint {path[:200]}")
-        self._check_token()
-        body = self._json_body(length)
-        now = parse_now(_text(body, "now", required=False))
-        with self.server.daemon.job_store() as store:
-            if expire is not None:
-                silence_id = unquote(expire.group(1))
-                expire_silence(store, silence_id, now=now)
-                answer: Any = {"expired": silence_id}
-            elif retry is not None:
-                answer = {"requeued": retry_dead_letters(store, unquote(retry.group(1)), now=now)}
-            else:
-                match = body.get("match")
-                if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
-                    raise RequestRefused(400, "'match' must be a list of strings")
-                answer = add_silence_from_args(
-                    store, match=match, until=_text(body, "until"), comment=_text(body, "comment"),
-                    start=_text(body, "start", required=False), now=now,
-                    created_by=_text(body, "created_by", required=False))
-        self._send(200, _json_bytes(answer))
+    def _now(self, body: dict[str, Any]) -> Any:
+        return parse_now(_text(body, "now", required=False))
 
+    def _expire(self, request: Request, body: dict[str, Any]) -> Any:
+        now = self._now(body)
+        silence_id = request.path_params["ident"]
+        with self.daemon.job_store() as store:
+            expire_silence(store, silence_id, now=now)
+        return {"expired": silence_id}
 
-def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | None:
-    value = body.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        raise RequestRefused(400, f"{key!r} must be a string")
-    return value
+    def _retry(self, request: Request, body: dict[str, Any]) -> Any:
+        now = self._now(body)
+        with self.daemon.job_store() as store:
+            return {"requeued": retry_dead_letters(store, request.path_params["ident"], now=now)}
 
-
-class _Server(BoundedHTTPServer):
-    def __init__(self, address: tuple[str, int], daemon: "Daemon", *, token: str, workers: int,
-                 idle_timeout: float, lifetime: float, allowed_hosts: tuple[str, ...] = ()) -> None:
-        super().__init__(address, _Handler, workers=workers, idle_timeout=idle_timeout, lifetime=lifetime,
-                         reserved_paths=RESERVED_PATHS)
-        self.daemon = daemon
-        self.token = token
-        self.allowed_hosts = tuple(h.lower() for h in allowed_hosts)
-        # Beyond loopback, reads (which show repos, alerts and receivers) need the token too.
-        self.reads_need_token = address[0] not in API_LOOPBACK_HOSTS
+    def _add_silence(self, request: Request, body: dict[str, Any]) -> Any:
+        now = self._now(body)
+        match = body.get("match")
+        with self.daemon.job_store() as store:
+            if not isinstance(match, list) or not all(isinstance(m, str) for m in match):
+                raise RequestRefused(400, "'match' must be a list of strings")
+            return add_silence_from_args(
+                store, match=match, until=_text(body, "until"), comment=_text(body, "comment"),
+                start=_text(body, "start", required=False), now=now,
+                created_by=_text(body, "created_by", required=False))
 
 
 API_LOOPBACK_HOSTS = ("127.0.0.1",)
 API_HOSTS = ("127.0.0.1", "0.0.0.0")   # loopback, or every interface (a container's published port)
 
 
-class ApiServer(ServedInThread):
-    """The API on `host`:`port` (0 picks a free port), served from a background thread.
+class ApiServer:
+    """The API on `host`:`port` (0 picks a free port), served by uvicorn from a background thread.
 
     `host` is 127.0.0.1, or 0.0.0.0 inside a container (every GET but /health and /metrics
     then needs the token, and `allowed_hosts` are accepted in `Host` beside the loopback names).
 
-    `token` guards the state-changing requests; `workers` bounds the connections served at
-    once; a request must arrive whole within `idle_timeout` seconds, and a connection closes
-    `lifetime` seconds after it was accepted.
+    `token` guards the state-changing requests; `workers` bounds the connections served in
+    full and the threads that run handlers; a request must arrive whole within `idle_timeout`
+    seconds, and a connection closes `lifetime` seconds after it was accepted.
     """
 
-    def __init__(self, daemon: "Daemon", *, port: int, token: str, workers: int = DEFAULT_WORKERS,
+    def __init__(self, daemon: DaemonView, *, port: int, token: str, workers: int = DEFAULT_WORKERS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, lifetime: float = DEFAULT_LIFETIME,
-                 host: str = "127.0.0.1", allowed_hosts: tuple[str, ...] = ()) -> None:
+                 host: str = "127.0.0.1", allowed_hosts: tuple[str, ...] = (),
+                 max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
         if host not in API_HOSTS:
             raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
-        super().__init__(_Server((host, port), daemon, token=token, workers=workers, idle_timeout=idle_timeout,
-                                 lifetime=lifetime, allowed_hosts=allowed_hosts), name="lstar-api", poll_interval=0.2)
+        self.limits = ConnectionLimits(workers=workers, idle_timeout=idle_timeout, lifetime=lifetime,
+                                       max_requests=max_requests)
+        # Beyond loopback, reads (which show repos, alerts and receivers) need the token too.
+        self.server = ApiApp(daemon, token=token, workers=workers, limits=self.limits,
+                             reads_need_token=host not in API_LOOPBACK_HOSTS, allowed_hosts=allowed_hosts)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError:
+            self.socket.close()
+            raise
+        config = uvicorn.Config(
+            self.server.asgi, http=protocol_for(self.limits), ws="none", lifespan="off", loop="asyncio",
+            interface="asgi3", log_config=None, access_log=False, server_header=False,
+            # The guard admits `workers` connections and the reserved lane; uvicorn's own cap
+            # (a plain 503) is the backstop behind them.
+            limit_concurrency=workers + self.limits.lane_capacity + 1,
+            h11_max_incomplete_event_size=16 << 10, timeout_keep_alive=max(1, int(idle_timeout)),
+            timeout_graceful_shutdown=2, backlog=128)
+        self.uvicorn = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.socket]},
+                                       name="lstar-api", daemon=True)
 
     @property
     def url(self) -> str:
         """The URL this machine's commands use: loopback, whatever the bind (0.0.0.0 includes it)."""
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def start(self) -> "ApiServer":
+        """Serve from the background thread; returns once the API accepts connections."""
+        logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start; see the log above")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close connections (answers in progress get 2 s) and join the thread."""
+        self.uvicorn.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+        self.socket.close()
+
+    def __enter__(self) -> "ApiServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
-__all__ = ["ApiServer", "API_HOSTS", "webhook_secret", "SECRET_ENV", "live_daemon_url", "api_get", "api_post",
-           "revive_times"]
+__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "webhook_secret", "SECRET_ENV"]

@@ -13,11 +13,10 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+
+import httpx
 
 from monitor import errors
 from monitor.errors import LstarError, StoreError
@@ -26,6 +25,7 @@ from monitor.service.api_guard import read_api_token
 MAX_ANSWER_BYTES = 256 << 20   # the daemon's answers are JSON rows; far below this
 _TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
 _STATE_OF_URL: dict[str, Path] = {}   # the state directory whose daemon answers at a URL (its token)
+BUSY_RETRIES = 10
 
 
 def live_daemon_url(state_dir: Path) -> str | None:
@@ -44,19 +44,16 @@ def live_daemon_url(state_dir: Path) -> str | None:
         return None
     _STATE_OF_URL[url] = state_dir
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=3):
-            return url
-    except urllib.error.HTTPError:
-        return url  # 503: alive but unhealthy, still answers reads
-    except (urllib.error.URLError, OSError):
+        httpx.get(f"{url}/health", timeout=3, trust_env=False)
+    except httpx.HTTPError:
         return None
+    return url  # 200, or 503: alive but unhealthy, still answers reads
 
 
 def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
     """GET `path` from the daemon's API and decode the JSON answer (list values repeat the
     parameter); an error answer raises as `_call` says."""
     query = {k: v for k, v in (params or {}).items() if v is not None}
-    target = f"{url}{path}" + (f"?{urlencode(query, doseq=True)}" if query else "")
     headers = {}
     state_dir = _STATE_OF_URL.get(url)
     if state_dir is not None:
@@ -64,7 +61,7 @@ def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
             headers["Authorization"] = f"Bearer {read_api_token(state_dir)}"
         except StoreError:
             pass
-    return _call(urllib.request.Request(target, headers=headers))
+    return _call(httpx.Request("GET", f"{url}{path}", params=query, headers=headers))
 
 
 def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> Any:
@@ -72,52 +69,57 @@ def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> A
     token it wrote there, and decode the JSON answer."""
     token = read_api_token(state_dir)
     data = json.dumps(body, default=str).encode()
-    return _call(urllib.request.Request(f"{url}{path}", data=data, method="POST",
-                                        headers={"Content-Type": "application/json",
-                                                 "Authorization": f"Bearer {token}"}))
+    return _call(httpx.Request("POST", f"{url}{path}", content=data,
+                               headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"}))
 
 
-BUSY_RETRIES = 10
-
-
-def urlopen_when_free(request: urllib.request.Request, *, timeout: float) -> Any:
-    """`urlopen`, waiting out the API's "busy" answers: when every worker is taken the server
-    answers 503 with `Retry-After` without serving the request, so sending it again is safe."""
-    for attempt in range(BUSY_RETRIES + 1):
-        try:
-            return urllib.request.urlopen(request, timeout=timeout)
-        except urllib.error.HTTPError as exc:
-            retry_after = exc.headers.get("Retry-After") if exc.code == 503 else None
+def send_when_free(request: httpx.Request, *, timeout: float) -> httpx.Response:
+    """Send `request` (its answer read whole), waiting out the API's "busy" answers: when every
+    connection slot is taken the server answers 503 with `Retry-After` without serving the
+    request, so sending it again is safe."""
+    with httpx.Client(timeout=timeout, trust_env=False) as client:
+        for attempt in range(BUSY_RETRIES + 1):
+            response = client.send(request, stream=True)
+            try:
+                announced = int(response.headers.get("Content-Length", "0"))
+                if announced > MAX_ANSWER_BYTES:
+                    raise StoreError(f"the running daemon's answer to {request.method} {request.url.path} is "
+                                     f"{announced} bytes, over {MAX_ANSWER_BYTES >> 20} MiB",
+                                     hint="ask for a smaller page (--limit)")
+                response.read()
+            finally:
+                response.close()
+            retry_after = response.headers.get("Retry-After") if response.status_code == 503 else None
             if retry_after is None or not retry_after.isdigit() or attempt == BUSY_RETRIES:
-                raise
-            exc.close()
+                return response
             time.sleep(min(float(retry_after), 2.0))
     raise AssertionError("unreachable")
 
 
-def _call(request: urllib.request.Request) -> Any:
+def _call(request: httpx.Request) -> Any:
     """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
     refused what the command itself would refuse), else a StoreError naming the daemon."""
-    what = f"{request.get_method()} {urlsplit(request.full_url).path}"
+    what = f"{request.method} {request.url.path}"
     try:
-        with urlopen_when_free(request, timeout=60) as response:
-            return json.loads(response.read(MAX_ANSWER_BYTES))
-    except urllib.error.HTTPError as exc:
+        response = send_when_free(request, timeout=60)
+    except httpx.HTTPError as exc:
+        raise StoreError(f"the running daemon did not answer {what}: {exc}",
+                         hint="it may have stopped; run the command again") from None
+    if response.is_error:
         try:
-            answer = json.loads(exc.read(1 << 20))
+            answer = response.json()
         except ValueError:
             answer = {}
         answer = answer if isinstance(answer, dict) else {}
         cls = getattr(errors, str(answer.get("kind")), None)
         if isinstance(cls, type) and issubclass(cls, LstarError):
-            raise cls(str(answer.get("error")), hint=answer.get("hint")) from None
+            raise cls(str(answer.get("error")), hint=answer.get("hint"))
         hint = answer.get("hint") if isinstance(answer.get("hint"), str) else None
-        raise StoreError(f"the running daemon answered {exc.code} to {what}: "
-                         f"{answer.get('error') or exc.reason}",
-                         hint=hint or "see the daemon's log; `lstar status` shows its state") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise StoreError(f"the running daemon did not answer {what}: {exc}",
-                         hint="it may have stopped; run the command again") from None
+        raise StoreError(f"the running daemon answered {response.status_code} to {what}: "
+                         f"{answer.get('error') or response.reason_phrase}",
+                         hint=hint or "see the daemon's log; `lstar status` shows its state")
+    try:
+        return response.json()
     except ValueError:
         raise StoreError(f"the running daemon's answer to {what} is not JSON",
                          hint="see the daemon's log") from None
@@ -143,4 +145,4 @@ def revive_times(obj: Any, keys: tuple[str, ...] = ()) -> Any:
     return out
 
 
-__all__ = ["live_daemon_url", "api_get", "api_post", "revive_times"]
+__all__ = ["live_daemon_url", "api_get", "api_post", "send_when_free", "revive_times"]

@@ -194,7 +194,7 @@ class Daemon:
         self.unfinished: list[str] = []               # jobs still running when the shutdown gave up on them
         self.live_cursors: set[Any] = set()           # the jobs' DuckDB cursors, interrupted at the drain deadline
         self.scheduler: Any = None
-        self.api: Any = None
+        self.api: Any = None   # the ApiServer, once started
         self.started_at = utcnow()
         self.report_fn = _report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
@@ -244,6 +244,7 @@ class Daemon:
             print_summary(tally, pending, sys.stdout)
 
     def _start(self) -> None:
+        # Loaded here, not at import: the commands that import `monitor.service` never serve.
         from monitor.service.api import ApiServer
 
         cfg = self.config

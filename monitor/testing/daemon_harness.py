@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from monitor.service import urlopen_when_free
+import httpx
+
+from monitor.service import send_when_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # A policy watching the fake Hub's `fake-org` step branches, alerting into a JSON-lines file.
@@ -99,12 +99,11 @@ class DaemonProcess:
                 body: bytes | None = None) -> tuple[int, bytes]:
         """(status, body) of one API request."""
         assert self.url is not None
-        req = urllib.request.Request(self.url + path, method=method, headers=headers or {}, data=body)
-        try:
-            with urlopen_when_free(req, timeout=30) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        # Surrounding whitespace is not part of a header's value (RFC 9110 5.5); httpx refuses it.
+        sent = {k: v.strip() for k, v in (headers or {}).items()}
+        response = send_when_free(httpx.Request(method, self.url + path, headers=sent, content=body),
+                                  timeout=30)
+        return response.status_code, response.content
 
     def api_token(self) -> str:
         """The token the daemon wrote to STATE/api.token (state-changing requests need it)."""
