@@ -27,6 +27,7 @@ RECORDED = {
     "0009_axis_se": "b1463e2f744082a6fcaa8e2a6f79e442dce8e6487cfd6a1502b68e74e1c0fa35",
     "0010_incremental_jobs": "45944f623617db19cebec7454d552d7ea2a85b9b2f6086c0081a1370f4beae48",
     "0011_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
+    "0012_observations": "5fd8b543700b484ce620dda677d5f431601294a99c7f5ccb308bd7640d621ba6",
 }
 
 
