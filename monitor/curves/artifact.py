@@ -226,6 +226,9 @@ class CurveArtifact(_Strict):
     lofo: LofoSummary | None
     points: list[CurvePoint]
     warnings: list[str]
+    # Set on a refit (`lstar curves refit`): the parent curve's id and file, and the observed
+    # checkpoints (repo@sha) whose evaluations were added. Absent from files that never had it.
+    provenance: dict[str, Any] | None = None
 
     @property
     def level(self) -> float:
@@ -245,6 +248,8 @@ class CurveArtifact(_Strict):
     def _dump(self) -> dict[str, Any]:
         """The JSON object, in the layout of its own schema version."""
         data = self.model_dump(mode="json", by_alias=True)
+        if data.get("provenance") is None:
+            data.pop("provenance", None)
         if self.schema_ == SCHEMA_V1:
             data = {("predictor" if k == "axis" else k): v for k, v in data.items()}
             for point in data["points"]:

@@ -874,13 +874,14 @@ class Daemon:
                 counts = store.checkpoint_counts()
                 outages = [o for o in store.hub_outages() if o.ended_at is None]
                 not_evaluated = store.not_evaluated_summary()
+                observations = store.observation_summary()
         except Exception as exc:
             # While the database is invalidated the rest of the status is what the operator needs.
             if is_database_invalidated(exc):
                 self._database_invalidated("status", f"{type(exc).__name__}: {exc}")
             elif self.db_error is None:
                 raise
-            counts, outages, not_evaluated = {}, [], []
+            counts, outages, not_evaluated, observations = {}, [], [], []
         with self.jobs_lock:
             jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
         for j in jobs.values():
@@ -900,7 +901,7 @@ class Daemon:
                 "policies": [{"name": p.name, "path": str(p.path)} for p in self.policies()],
                 "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
                 "jobs": jobs, "stuck": self.stuck_jobs(), "scoring_pins": list(self.pin_problems),
-                "not_evaluated": not_evaluated,
+                "not_evaluated": not_evaluated, "observations": observations,
                 "disk": {"error": self.disk_error, "history": self.disk_history},
                 "database": {"error": self.db_error, "history": self.db_history},
                 "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.as_dict().items()}

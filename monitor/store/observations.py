@@ -43,7 +43,7 @@ class ObservationRows(StoreConnection):
         rows = self.query(
             "SELECT p.id AS prediction_id, p.run_id, p.repo, p.commit_sha, p.lineage, p.curve_id, p.state, "
             "p.lo, p.hi, p.p_hat, p.threshold, p.detail, r.checkpoint_id FROM predictions p "
-            "JOIN score_runs r ON r.run_id = p.run_id "
+            "LEFT JOIN score_runs r ON r.run_id = p.run_id "
             "WHERE p.policy = ? AND p.task = ? AND p.state IN (" + marks + ") AND p.lo IS NOT NULL "
             "AND p.hi IS NOT NULL AND p.threshold IS NOT NULL AND p.curve_id IS NOT NULL "
             "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.policy = p.policy AND o.task = p.task "
@@ -203,6 +203,13 @@ class ObservationRows(StoreConnection):
             for r in rows:
                 out.setdefault((r.pop("repo"), r.pop("commit_sha")), []).append(r)
         return out
+
+    def observation_summary(self) -> list[dict[str, Any]]:
+        """Observations grouped by (policy, task, status, observed state, verdict, reason): what
+        `lstar status` shows."""
+        rows = self.query("SELECT policy, task, status, observed_state, verdict, reason, count(*) AS n "
+                          "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
+        return [{**r, "n": int(r["n"])} for r in rows]
 
     def track_record(self, policy: str | None = None) -> list[dict[str, Any]]:
         """Every checked prediction (a finished observation), oldest first: the curve, the
