@@ -80,7 +80,8 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
     policies.mkdir()
     mc_task(policies / "mc.jsonl", right=True)
     with FakeHub() as hub, WebhookReceiver() as hook:
-        add_lineage(hub, "fake-org/tiny", steps=(1000, 2000))
+        # equally (un)trained steps: each lands near the curve's level, predicted at_risk
+        add_lineage(hub, "fake-org/tiny", steps=(1000, 2000, 3000), init_std=(0.4, 0.4))
         write_policy(policies, hook.url, curve, per_day=1)
         args = _args(tmp_path, corpus_dir)
         first = DaemonProcess(policies, state, endpoint=hub.url, args=args,
@@ -105,15 +106,16 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
         report = build_report(store, policy, now=datetime.now(timezone.utc),
                               period_start=datetime(2000, 1, 1, tzinfo=timezone.utc))
     eligible = [p for p in predictions if p["state"] in ("at_risk", "emerged")]
-    assert len(eligible) == 2 and eligible[0]["state"] == "at_risk"
-    assert len(observations) == 2
+    assert len(eligible) >= 2 and eligible[0]["state"] == "at_risk"
+    assert len(observations) == len(eligible)   # only predictions in `on` get a row
     done = [o for o in observations if o["status"] == "done"]
     skipped = [o for o in observations if o["status"] == "skipped"]
-    # exactly one evaluation job, for the first eligible prediction; the second is over the budget
-    assert len(done) == 1 and len(skipped) == 1
+    # exactly one evaluation job, for the first eligible prediction; the others are over the budget
+    assert len(done) == 1 and len(skipped) == len(eligible) - 1
     obs = done[0]
     assert obs["run_id"] == eligible[0]["run_id"] and obs["predicted_state"] == "at_risk"
-    assert skipped[0]["run_id"] == eligible[1]["run_id"] and skipped[0]["reason"] == "budget"
+    assert sorted(o["run_id"] for o in skipped) == sorted(p["run_id"] for p in eligible[1:])
+    assert {o["reason"] for o in skipped} == {"budget"} and {o["eval_run_id"] for o in skipped} == {None}
     # the SIGKILL cost one attempt, recorded, and the job ran once more: one evaluation run stored
     assert obs["attempts"] == 2 and len(obs["meta"]["interrupted"]) == 1
     assert len(eval_runs) == 1 and obs["eval_run_id"] == eval_runs[0]["run_id"]
