@@ -94,6 +94,14 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
         with second:
             wait_for(lambda: any(a["labels"]["alertname"].startswith("LstarPrediction") for a in _alerts(hook)),
                      timeout=400, what=f"the observation's alert at the webhook\n{second.log()[-3000:]}")
+            wait_for(lambda: second.status()["checkpoints"].get("scored") == 3, timeout=400,
+                     what=f"every step scored\n{second.log()[-3000:]}")
+            # then two more evaluation ticks and two more observe ticks: every prediction is
+            # written and every one that calls for an evaluation has its row
+            for job in ("evaluate", "observe"):
+                runs = second.status()["jobs"][job]["runs"]
+                wait_for(lambda job=job, runs=runs: second.status()["jobs"][job]["runs"] >= runs + 2, timeout=120,
+                         what=f"two more {job} ticks")
             assert second.stop() == 0
         assert second.log().count("observation_started") == 1   # run once more, not twice
 

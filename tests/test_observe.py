@@ -266,3 +266,30 @@ def test_refit_adds_the_observed_checkpoints_and_policy_check_warns(tmp_path, cu
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"SUCCESS {path}"
     assert lines[1].startswith(f"WARNING {path}: tasks[0].curve: ") and "arith-refit.json" in lines[1]
+
+
+def test_a_later_alert_for_an_observed_checkpoint_carries_both_states(tmp_path, curve):
+    from monitor.alerts.outbox import task_prediction_row
+    from monitor.alerts.predict import TaskPrediction
+    from monitor.alerts.rules import ScoreView
+
+    _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        schedule_observations(store, [policy], now=NOW)
+        _observe(store, "a", 1.0, 20, curve_id="cid", at=NOW)
+        # the same checkpoint scored again, predicted emerged this time
+        score = ScoreView(run_id="a2", repo="org/m", commit="a" * 8, lineage="org/m", lstar=4.0, se=0.1,
+                          corpus_sha256="c" * 64, finished_at=NOW)
+        prediction = TaskPrediction(task="arith", lstar=4.0, se=0.1, p_hat=0.4, lo=0.35, hi=0.45, floor=0.25,
+                                    margin=0.05, confidence=0.9, state="emerged", curve_id="cid",
+                                    corpus_sha256="c" * 64)
+        row = task_prediction_row(store, policy, policy.tasks[0], score, prediction, now=NOW)
+        other = ScoreView(run_id="b1", repo="org/m", commit="b" * 8, lineage="org/m", lstar=4.0, se=0.1,
+                          corpus_sha256="c" * 64, finished_at=NOW)
+        plain = task_prediction_row(store, policy, policy.tasks[0], other, prediction, now=NOW)
+    labels = row["alerts"][0]["labels"]
+    assert (labels["state"], labels["predicted_state"], labels["observed_state"]) == \
+        ("emerged", "emerged", "observed_emerged")
+    assert "observed_state" not in plain["alerts"][0]["labels"]   # a checkpoint nobody observed

@@ -259,8 +259,10 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     record = track_record_section(store, policy)
     problems += [r["problem"] for r in record if r.get("problem")]
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
-    emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
+    # An observed state supersedes the prediction: observed_unresolved counts as at risk,
+    # observed_emerged as emerged, observed_clear as neither.
+    at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "at_risk"]
+    emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "emerged"]
     return {
         "schema": SCHEMA, "policy": policy.name, "report": name, "generated_at": now,
         "period": {"start": period_start, "end": now}, "corpus_sha256": corpus, "problems": problems,
@@ -367,6 +369,15 @@ def observe_checked(store: Store, policy: Policy, tasks: Sequence[dict[str, Any]
             x["observed_state"] = done[-1]["observed_state"] if done else None
             x["verdict"] = done[-1]["verdict"] if done else None
             x["state_in_force"] = x["observed_state"] or x["state"]
+
+
+_OBSERVED_AS = {"observed_emerged": "emerged", "observed_unresolved": "at_risk", "observed_clear": "clear"}
+
+
+def _in_force(x: Mapping[str, Any]) -> str:
+    """The state in force for a lineage row: the observed one where an evaluation checked it."""
+    observed = x.get("observed_state")
+    return _OBSERVED_AS.get(observed, x["state"]) if observed else x["state"]
 
 
 def track_record_section(store: Store, policy: Policy) -> list[dict[str, Any]]:
