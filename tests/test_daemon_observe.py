@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -102,7 +103,12 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
                 runs = second.status()["jobs"][job]["runs"]
                 wait_for(lambda job=job, runs=runs: second.status()["jobs"][job]["runs"] >= runs + 2, timeout=120,
                          what=f"two more {job} ticks")
+            # the API shows the observed state beside the predicted one, and counts the skipped
+            listed = {c["sha"]: c["observations"] for c in second.get_json("/checkpoints")["items"]}
+            summary = second.status()["observations"]
             assert second.stop() == 0
+        listing = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--state", str(state)],
+                                 capture_output=True, text=True, env=second.env, timeout=120, check=True).stdout
         assert second.log().count("observation_started") == 1   # run once more, not twice
 
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
@@ -144,6 +150,11 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
     assert (labels["predicted_state"], labels["observed_state"], labels["state"]) == \
         ("at_risk", "observed_emerged", "observed_emerged")
     assert labels["commit"] == obs["commit_sha"]
+    assert [(o["predicted_state"], o["observed_state"], o["verdict"]) for o in listed[obs["commit_sha"]]] == \
+        [("at_risk", "observed_emerged", "contradicted")]
+    assert {(o["status"], o["reason"], o["n"]) for o in summary} == \
+        {("done", None, 1), ("skipped", "budget", len(eligible) - 1)}
+    assert "observed arith: at_risk -> observed_emerged (contradicted)" in " ".join(listing.split())
     # the report: the track record, and the observed state beside the predicted one
     record = report["track_record"]
     assert [(r["curve_id"], r["checked"], r["covered"], r["contradictions"]) for r in record] == \

@@ -293,3 +293,13 @@ def test_a_later_alert_for_an_observed_checkpoint_carries_both_states(tmp_path, 
     assert (labels["state"], labels["predicted_state"], labels["observed_state"]) == \
         ("emerged", "emerged", "observed_emerged")
     assert "observed_state" not in plain["alerts"][0]["labels"]   # a checkpoint nobody observed
+
+
+def test_predictions_older_than_the_lookback_are_not_scheduled(tmp_path, curve):
+    _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW - timedelta(days=8))
+        _prediction(store, "b", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW - timedelta(days=6))
+        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 1, "skipped_budget": 0}
+        assert [r["run_id"] for r in store.observations()] == ["b"]

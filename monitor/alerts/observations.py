@@ -2,7 +2,8 @@
 budget, the alert an observation raises, and the curves' track records.
 
 Scheduling (`schedule_observations`): every prediction of a task with `evaluate:` whose state
-is in its `on` list gets one observation row: `pending` (a job for the evaluation queue)
+is in its `on` list, made in the last 7 days (`LOOKBACK`: enabling `evaluate:` on a task with
+a long history does not fill the day's budget with old checkpoints), gets one observation row: `pending` (a job for the evaluation queue)
 while the policy's budget for the UTC day (`evaluations.per_day`) lasts, else `skipped` with
 the reason `budget`. The rows are unique per (policy, task, score run): a prediction is
 checked at most once.
@@ -28,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ from monitor.policy.vocabulary import CONFIRMED_ALERTNAME, CONTRADICTED_ALERTNAM
 from monitor.store import Store
 
 BUDGET = "budget"
+# Predictions older than this when first seen (made before the task had `evaluate:`, or while
+# the daemon could not schedule) are not evaluated: the budget goes to current checkpoints.
+LOOKBACK = timedelta(days=7)
 SEVERITY = {"contradicted": "critical", "confirmed": "info"}
 
 
@@ -77,7 +81,8 @@ def schedule_observations(store: Store, policies: Sequence[Policy], *, now: date
         started = store.observations_started_on(policy.name, day)
         for task in tasks:
             settings = evaluation_settings(policy, task)
-            for p in store.observation_candidates(policy.name, task.name, list(task.evaluate.on)):
+            for p in store.observation_candidates(policy.name, task.name, list(task.evaluate.on),
+                                                  since=now - LOOKBACK):
                 within = started < policy.evaluations.per_day
                 row = {"policy": policy.name, "task": task.name, "run_id": p["run_id"],
                        "prediction_id": p["prediction_id"], "checkpoint_id": p["checkpoint_id"],

@@ -34,9 +34,11 @@ class ObservationRows(StoreConnection):
     """Evaluation jobs, their results, and the track record they make."""
 
     # -- scheduling ---------------------------------------------------------------------------
-    def observation_candidates(self, policy: str, task: str, states: Sequence[str]) -> list[dict[str, Any]]:
-        """Predictions of (policy, task) in one of `states`, with an interval, that have no
-        observation row yet, oldest first (with the checkpoint id of their score run)."""
+    def observation_candidates(self, policy: str, task: str, states: Sequence[str], *,
+                               since: datetime) -> list[dict[str, Any]]:
+        """Predictions of (policy, task) made since `since`, in one of `states`, with an
+        interval, that have no observation row yet, oldest first (with the checkpoint id of
+        their score run)."""
         if not states:
             return []
         marks = ", ".join("?" for _ in states)
@@ -45,9 +47,9 @@ class ObservationRows(StoreConnection):
             "p.lo, p.hi, p.p_hat, p.threshold, p.detail, r.checkpoint_id FROM predictions p "
             "LEFT JOIN score_runs r ON r.run_id = p.run_id "
             "WHERE p.policy = ? AND p.task = ? AND p.state IN (" + marks + ") AND p.lo IS NOT NULL "
-            "AND p.hi IS NOT NULL AND p.threshold IS NOT NULL AND p.curve_id IS NOT NULL "
+            "AND p.hi IS NOT NULL AND p.threshold IS NOT NULL AND p.curve_id IS NOT NULL AND p.evaluated_at >= ? "
             "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.policy = p.policy AND o.task = p.task "
-            "AND o.run_id = p.run_id) ORDER BY p.evaluated_at, p.id", [policy, task, *states])
+            "AND o.run_id = p.run_id) ORDER BY p.evaluated_at, p.id", [policy, task, *states, since])
         for r in rows:
             r["detail"] = json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"]
         return rows
