@@ -178,6 +178,32 @@ def run_evaluation_child(spec: EvalSpec, *, timeout_s: float, memory_bytes: int 
     return payload
 
 
+def evaluate_on_worker(spec_data: dict[str, Any], timeout_s: float, memory_bytes: int | None,
+                       workdir: str) -> dict[str, Any]:
+    """A Ray task's body: run one evaluation in a child process on this node (the same bounds
+    as locally) and return its result object, or the error as `{ok: false, error_class,
+    message, hint}` for the daemon to classify (`error_from_payload`)."""
+    try:
+        return run_evaluation_child(EvalSpec(**spec_data), timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                    workdir=Path(workdir))
+    except errors.LstarError as exc:
+        return {"ok": False, "error_class": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+    except Exception as exc:  # noqa: BLE001 - described to the daemon, which retries or fails the job
+        return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
+
+
+def evaluate_on_ray(backend: Any, spec: EvalSpec, *, timeout_s: float, memory_bytes: int | None,
+                    workdir: Path) -> dict[str, Any]:
+    """Run `spec` as one task on the daemon's Ray backend (`RayBackend.call`); its result
+    object, or the exception its error stands for. Paths must be on a file system every node
+    mounts at the same path, as for scoring."""
+    payload = backend.call(evaluate_on_worker, dataclasses.asdict(spec), timeout_s, memory_bytes, str(workdir),
+                           what=f"the evaluation of {spec.model_dir}")
+    if not payload.get("ok"):
+        raise error_from_payload(payload, memory_bytes)
+    return payload
+
+
 def main(argv: list[str] | None = None) -> int:
     """Child entry point: run the evaluation on stdin, write the result file."""
     args = sys.argv[1:] if argv is None else argv

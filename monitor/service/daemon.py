@@ -789,6 +789,7 @@ class Daemon:
                                    client=self.hub_client(store), cache_dir=cfg.cache_dir,
                                    timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
                                    lease_s=cfg.lease_s, device=cfg.template.device, dtype=cfg.template.dtype,
+                                   ray=self.scoring_backend() if cfg.scoring_backend == "ray" else None,
                                    stopping=self.stopping.is_set)
             miscalibrated = check_calibration(store, policies, now=utcnow())
             if ran:

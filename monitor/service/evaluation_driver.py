@@ -46,11 +46,12 @@ def _reason(exc: BaseException) -> str:
 def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, state_dir: Path,
                      client: Any = None, cache_dir: Path | None = None, timeout_s: float = 3600.0,
                      memory_bytes: int | None = None, lease_s: float = 4200.0, limit: int | None = None,
-                     device: str = "cpu", dtype: str = "float32",
+                     device: str = "cpu", dtype: str = "float32", ray: Any = None,
                      now_fn: Callable[[], datetime] = utcnow,
                      stopping: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Run pending evaluation jobs until none is left (or `limit` ran, or the daemon stops);
-    what happened to each."""
+    what happened to each. With `ray` (the daemon's `RayBackend`) each runs as a Ray task on
+    the cluster, else in a child process here."""
     by_name = {p.name: p for p in policies}
     done: list[dict[str, Any]] = []
     tried: list[int] = []
@@ -64,7 +65,7 @@ def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, st
         tried.append(int(job["id"]))
         outcome = _run_one(store, job, by_name.get(job["policy"]), owner=owner, state_dir=state_dir,
                            client=client, cache_dir=cache_dir, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                           device=device, dtype=dtype, now_fn=now_fn)
+                           device=device, dtype=dtype, ray=ray, now_fn=now_fn)
         done.append(outcome)
         if outcome.get("hub_down"):
             break
@@ -73,7 +74,7 @@ def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, st
 
 def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
              client: Any, cache_dir: Path | None, timeout_s: float, memory_bytes: int | None,
-             device: str, dtype: str, now_fn: Callable[[], datetime]) -> dict[str, Any]:
+             device: str, dtype: str, ray: Any, now_fn: Callable[[], datetime]) -> dict[str, Any]:
     ids = {"observation": job["id"], "policy": job["policy"], "task": job["task"], "repo": job["repo"],
            "commit": job["commit_sha"], "attempt": job["attempts"]}
     settings = job["settings"]
@@ -95,11 +96,16 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
                                  hint="restore it, or change the policy's evaluate.file")
             model_dir = materialize_snapshot(snapshot, workdir / "model")
             event("observation_started", **ids, kind=settings["kind"])
-            result = run_evaluation_child(
-                EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
-                         file=settings.get("file"), task=settings.get("task"), device=device, dtype=dtype),
-                timeout_s=timeout_s, memory_bytes=memory_bytes, workdir=state_dir / "tmp",
-                log_path=state_dir / "scoring.log")
+            spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
+                            file=settings.get("file"), task=settings.get("task"), device=device, dtype=dtype)
+            if ray is not None:   # `--scoring-backend ray`: on a node of the cluster, like a score
+                from monitor.curves.eval_child import evaluate_on_ray
+
+                result = evaluate_on_ray(ray, spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                         workdir=state_dir / "tmp")
+            else:
+                result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                              workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
             if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
                 raise LabelError(f"task file {settings['file']} changed since the evaluation was scheduled "
                                  f"(sha256 {str(result['task_sha256'])[:12]}, expected "
