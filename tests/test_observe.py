@@ -303,3 +303,40 @@ def test_predictions_older_than_the_lookback_are_not_scheduled(tmp_path, curve):
         _prediction(store, "b", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW - timedelta(days=6))
         assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 1, "skipped_budget": 0}
         assert [r["run_id"] for r in store.observations()] == ["b"]
+
+
+@pytest.mark.slow   # one evaluation child (torch) on a tiny model from the fake Hub
+def test_identical_weights_are_evaluated_once_and_each_prediction_judged(tmp_path, curve):
+    from monitor.hub.client import HubClient
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import tiny_model_files
+    from monitor.service.evaluation_driver import run_observations
+    from tests.test_daemon_observe import mc_task
+
+    mc_task(tmp_path / "mc.jsonl", right=True, items=6)
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with FakeHub() as hub, Store.open(tmp_path / "s.duckdb") as store:
+        files = tiny_model_files("gpt2", arch="llama", seed=3)
+        first = hub.add_repo("org/m", files)
+        # the same weights again in a commit of its own (a model card edited)
+        second = hub.add_commit("org/m", {"README.md": b"edited card\n"}, title="card")
+        for i, sha in enumerate((first, second)):
+            store.write_outbox([{"policy": "p", "task": "arith", "run_id": f"r{i}", "repo": "org/m",
+                                 "commit_sha": sha, "lineage": "org/m", "corpus_sha256": "c" * 64, "lstar": 5.0,
+                                 "se": 0.1, "p_hat": 0.3, "lo": 0.28 if i == 0 else 0.9, "hi": 0.32 if i == 0 else 1.0,
+                                 "threshold": 0.3, "state": "at_risk" if i == 0 else "emerged", "curve_id": "cid",
+                                 "detail": {"confidence": 0.9}, "evaluated_at": NOW + timedelta(minutes=i)}],
+                               now=NOW)
+        schedule_observations(store, [policy], now=NOW + timedelta(minutes=2))
+        ran = run_observations(store, [policy], owner="me", state_dir=tmp_path / "state",
+                               client=HubClient(hub.url, store=store), cache_dir=tmp_path / "cache",
+                               timeout_s=300, device="cpu", dtype="float32")
+        rows = sorted(store.observations(), key=lambda r: r["run_id"])
+        eval_runs = store.query("SELECT run_id FROM eval_runs")
+    assert [r["status"] for r in ran] == ["done", "done"]
+    assert rows[0]["digest"] == rows[1]["digest"] is not None
+    assert rows[1]["linked_from"] == rows[0]["id"] and len(eval_runs) == 1   # one evaluation, copied
+    assert rows[0]["eval_run_id"] == rows[1]["eval_run_id"] == eval_runs[0]["run_id"]
+    # the same observation judged against each prediction: outside [0.28, 0.32], inside [0.9, 1]
+    assert (rows[0]["observed"], rows[0]["verdict"], rows[0]["inside"]) == (1.0, "contradicted", False)
+    assert (rows[1]["observed"], rows[1]["verdict"], rows[1]["inside"]) == (1.0, "confirmed", True)

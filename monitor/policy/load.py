@@ -125,6 +125,9 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
     return errors
 
 
+TASK_FILE_MAX_BYTES = 64 << 20
+
+
 def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:
     """Why a task's `evaluate:` cannot run here (None when it can): a task file that is missing
     or not a multiple-choice file, or lm_eval without the `bench` extra."""
@@ -140,6 +143,9 @@ def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:
     path = policy.resolve_path(evaluate.file)
     if not path.is_file():
         return f"task file {evaluate.file!r} does not exist (paths are relative to the policy file)"
+    if path.stat().st_size > TASK_FILE_MAX_BYTES:
+        return (f"task file {evaluate.file!r} is larger than {TASK_FILE_MAX_BYTES >> 20} MiB; "
+                "a multiple-choice task file this large is a mistake (split it, or use kind lm_eval)")
     try:
         load_mc_task(path)
     except LstarError as exc:
