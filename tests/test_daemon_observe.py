@@ -108,7 +108,8 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
             summary = second.status()["observations"]
             assert second.stop() == 0
         listing = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--state", str(state)],
-                                 capture_output=True, text=True, env=second.env, timeout=120, check=True).stdout
+                                 capture_output=True, text=True, env={**second.env, "COLUMNS": "400"}, timeout=120,
+                             check=True).stdout
         assert second.log().count("observation_started") == 1   # run once more, not twice
 
     with Store.open(state / "lstar.duckdb", read_only=True) as store:
@@ -155,6 +156,7 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
     assert {(o["status"], o["reason"], o["n"]) for o in summary} == \
         {("done", None, 1), ("skipped", "budget", len(eligible) - 1)}
     assert "observed arith: at_risk -> observed_emerged (contradicted)" in " ".join(listing.split())
+    assert " ".join(listing.split()).count("evaluation arith: skipped (budget)") == len(eligible) - 1
     # the report: the track record, and the observed state beside the predicted one
     record = report["track_record"]
     assert [(r["curve_id"], r["checked"], r["covered"], r["contradictions"]) for r in record] == \
