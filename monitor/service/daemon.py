@@ -16,7 +16,7 @@ its address-space limit; either way the daemon goes on.
 
 A lock (`flock` on STATE/lstar.lock, holding the pid) keeps a second daemon off the same
 state directory. Under it, at start, the daemon frees every lease an earlier process left
-(scores, notifications), recording each interrupted attempt with the time it started, so
+(scores, notifications, evaluations), recording each interrupted attempt with the time it started, so
 the work resumes on the first run of its job rather than when the lease would expire.
 SIGTERM/SIGINT stop new work, let running jobs finish (bounded by `drain`), CHECKPOINT the
 database and exit 0. Past the drain, a running score is killed and running queries are
