@@ -24,7 +24,8 @@ PACKAGE = ROOT / "monitor"
 TEST_ONLY = PACKAGE / "testing"
 # Modules that exist to use an optional extra, imported only when that feature is asked for.
 EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
-                 PACKAGE / "calibrate" / "evaluate.py": "bench"}
+                 PACKAGE / "calibrate" / "evaluate.py": "bench",
+                 PACKAGE / "curves" / "eval_child.py": "bench"}
 
 
 def _production_modules() -> list[Path]:

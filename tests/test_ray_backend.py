@@ -284,3 +284,29 @@ def test_an_address_nothing_answers_on_is_refused_at_once():
     with pytest.raises(LstarError, match="is not host:port"):
         check_reachable("127.0.0.1:http")
     check_reachable("auto")           # left to Ray
+
+
+def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, backend):
+    """The daemon's evaluations go to the cluster with `--scoring-backend ray`
+    (`RayBackend.call`): the same child, the same numbers as the local one."""
+    from monitor.curves.eval_child import EvalSpec, evaluate_on_ray, run_evaluation_child
+    from tests.test_daemon_observe import mc_task
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name, data in tiny_model_files("gpt2", arch="llama", seed=3).items():
+        (model / name).write_bytes(data)
+    task = mc_task(tmp_path / "mc.jsonl", right=True, items=6)
+    spec = EvalSpec(model_dir=str(model), kind="multiple_choice", metric="acc", file=str(task))
+    remote = evaluate_on_ray(backend, spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
+    local = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
+    assert (remote["value"], remote["n"], remote["k"]) == (1.0, 6, 6)
+    assert remote["metrics"] == local["metrics"] and remote["task_sha256"] == local["task_sha256"]
+    # a task file that does not load comes back as the evaluator's own error, not a crash
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    from monitor.errors import LabelError
+
+    with pytest.raises(LabelError):
+        evaluate_on_ray(backend, EvalSpec(model_dir=str(model), kind="multiple_choice", metric="acc", file=str(bad)),
+                        timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")

@@ -215,6 +215,14 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     labels = task_labels(policy=policy.name, task=task.name, repo=score.repo, lineage=score.lineage,
                          commit=score.commit, state=prediction.state,
                          extra={**policy.labels, **task.labels}, axis=prediction.axis)
+    if task.evaluate is not None:
+        # An evaluation already observed this checkpoint (a rescore): its observed state, which
+        # supersedes the prediction, travels with the alert beside the predicted one.
+        observed = [o for o in store.observed_states([(score.repo, score.commit)]).get((score.repo, score.commit), [])
+                    if o["policy"] == policy.name and o["task"] == task.name and o["status"] == "done"]
+        if observed:
+            labels.update(predicted_state=prediction.state, observed_state=observed[-1]["observed_state"])
+            numbers["observed_state"] = observed[-1]["observed_state"]
     alert = plan_alert(
         policy, task=task.name, score=score, state=prediction.state, numbers=numbers, history=history,
         now=now, labels=labels,

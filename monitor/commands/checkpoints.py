@@ -45,7 +45,9 @@ def register(app: typer.Typer) -> None:
                     names=("repo", "sha"), ids=("refs",), right=("id", "attempts"))
         for r in rows:
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
-                          str(r["attempts"]), r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {}))
+                          str(r["attempts"]), "; ".join(filter(None, (
+                              r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {}),
+                              observed_note(r)))))
         console = plain_console()
         print_table(console, table)
         print_more(console, page, "checkpoints")
@@ -55,6 +57,18 @@ def not_evaluated_note(row: dict) -> str:
     """`not evaluated: policy/task: reason` for a score some policy task could not evaluate."""
     notes = row.get("not_evaluated") or []
     return f"not evaluated: {'; '.join(notes)}" if notes else ""
+
+
+def observed_note(row: dict) -> str:
+    """`observed arith: at_risk -> observed_emerged (contradicted)` for each active evaluation of
+    the checkpoint (the observed state supersedes the predicted one; both are shown)."""
+    parts = []
+    for o in row.get("observations") or []:
+        if o["status"] == "done":
+            parts.append(f"observed {o['task']}: {o['predicted_state']} -> {o['observed_state']} ({o['verdict']})")
+        else:
+            parts.append(f"evaluation {o['task']}: {o['status']}" + (f" ({o['reason']})" if o.get("reason") else ""))
+    return "; ".join(parts)
 
 
 def linked_note(meta: dict) -> str:

@@ -276,6 +276,42 @@ def register(app: typer.Typer) -> None:
         print_summary(curve, console)
         console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
+    @curves.command("refit")
+    def refit(
+        curve_path: Path = typer.Argument(..., help="The curve artifact (JSON) to refit; it is not changed."),
+        add_observed: bool = typer.Option(False, "--add-observed",
+                                          help="Add the daemon's observations of this curve (required)."),
+        out: Path = typer.Option(..., "--out", help="Where to write the new artifact (JSON)."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    ) -> None:
+        """Refit a curve with the evaluations the daemon observed: a new artifact (new id, its
+        provenance naming the parent curve and the observed checkpoints). No policy is changed;
+        point one at the new file after reviewing it."""
+        from monitor.curves import curve_summary, save_curve
+        from monitor.curves.refit import refit_with_observed
+
+        if not add_observed:
+            raise typer.BadParameter("say --add-observed: the only refit there is adds the observed "
+                                     "evaluations", param_hint="--add-observed")
+        if out.resolve() == curve_path.resolve():
+            raise typer.BadParameter(f"{out} is the curve itself; a refit never overwrites the reviewed file",
+                                     param_hint="--out")
+        with Store.open(db_file(state, db), read_only=True) as store:
+            curve = refit_with_observed(curve_path, store)
+        save_curve(curve, out)
+        _warn(curve)
+        if as_json:
+            print(json.dumps({**curve_summary(curve), "path": str(out), "provenance": curve.provenance}, indent=2))
+            return
+        console = plain_console()
+        print_summary(curve, console)
+        prov = curve.provenance or {}
+        console.print(f"wrote {out} (refit of {str(prov.get('parent_curve_id'))[:12]} with "
+                      f"{len(prov.get('observed_checkpoints') or [])} observed checkpoint(s))",
+                      soft_wrap=True, markup=False)
+
     @curves.command("show")
     def show(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),

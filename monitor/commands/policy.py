@@ -117,6 +117,24 @@ def register(app: typer.Typer) -> None:
     policy = typer.Typer(help="Policy files: validate them, try a score against them.",
                          no_args_is_help=True)
 
+    def refit_warnings(path: Path) -> list[str]:
+        """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
+        still points at the reviewed file, which is right until a person reviews the refit."""
+        from monitor.curves.refit import newer_refits
+        from monitor.policy import load_policy
+
+        try:
+            policy = load_policy(path, check_curves=False)
+        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+            return []
+        lines = []
+        for i, task in enumerate(policy.tasks):
+            for file, curve_id in newer_refits(policy.resolve_path(task.curve)):
+                lines.append(f"tasks[{i}].curve: {task.curve!r} has a newer refit {file.name} (curve "
+                             f"{curve_id[:12]}, with observed checkpoints); review it and point the task at it "
+                             "to use it")
+        return lines
+
     @policy.command("check")
     def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
               skip_secrets: bool = typer.Option(
@@ -137,6 +155,8 @@ def register(app: typer.Typer) -> None:
         for result in check_policy_files(paths, secrets=not skip_secrets):
             if result.ok:
                 print(f"SUCCESS {result.path}")
+                for line in refit_warnings(Path(result.path)):
+                    print(f"WARNING {result.path}: {line}")
                 continue
             failed += 1
             for line in result.errors:

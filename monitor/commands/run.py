@@ -177,6 +177,11 @@ def register(app: typer.Typer) -> None:
             console.print(f"DATABASE INVALIDATED: {data['database']['error']}", markup=False)
         for line in data.get("scoring_pins") or []:
             console.print(f"DEGRADED: {line}", markup=False, soft_wrap=True, highlight=False)
+        for o in data.get("observations") or []:
+            what = (f"{o['observed_state']} ({o['verdict']})" if o["status"] == "done"
+                    else o["status"] + (f" ({o['reason']})" if o.get("reason") else ""))
+            console.print(f"EVALUATIONS: policy {o['policy']}, task {o['task']}: {o['n']} {what}",
+                          markup=False, soft_wrap=True, highlight=False)
         for n in data.get("not_evaluated") or []:
             console.print(f"NOT EVALUATED: policy {n['policy']}, task {n['task']}: {n['checkpoints']} "
                           f"checkpoint(s): {n['reason']}", markup=False, soft_wrap=True, highlight=False)
@@ -194,4 +199,5 @@ def read_status(state: Path, db_path: Path | None = None) -> dict:
 
     return through_daemon(db, ask, lambda store: {"daemon": None, "db": str(db),
                                                   "checkpoints": store.checkpoint_counts(),
-                                                  "not_evaluated": store.not_evaluated_summary()})
+                                                  "not_evaluated": store.not_evaluated_summary(),
+                                                  "observations": store.observation_summary()})

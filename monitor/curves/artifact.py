@@ -280,6 +280,9 @@ class CurveArtifact(_Strict):
     budget: BudgetInfo | None = None
     # Set on the view `at_budget` returns: the budget level this one-axis curve is the slice at.
     at_budget_level: float | None = None
+    # Set on a refit (`lstar curves refit`): the parent curve's id and file, and the observed
+    # checkpoints (repo@sha) whose evaluations were added. Absent from files that never had it.
+    provenance: dict[str, Any] | None = None
 
     @property
     def level(self) -> float:
@@ -307,6 +310,8 @@ class CurveArtifact(_Strict):
         for point in data["points"]:
             if point.get("budget") is None:
                 point.pop("budget", None)
+        if data.get("provenance") is None:
+            data.pop("provenance", None)
         if self.schema_ == SCHEMA_V1:
             data = {("predictor" if k == "axis" else k): v for k, v in data.items()}
             for point in data["points"]:

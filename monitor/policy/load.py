@@ -92,6 +92,12 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
             if value is not None and not policy.resolve_path(value).is_file():
                 error(["receivers", i, receiver.kind, key],
                       f"file {value!r} does not exist (paths are relative to the policy file)")
+    for i, task in enumerate(policy.tasks):
+        if task.evaluate is not None:
+            problem = evaluate_problem(policy, task.evaluate)
+            if problem is not None:
+                error(["tasks", i, "evaluate", "file" if task.evaluate.kind == "multiple_choice" else "kind"],
+                      problem)
     if check_curves:
         for i, task in enumerate(policy.tasks):
             curve_path = policy.resolve_path(task.curve)
@@ -121,6 +127,36 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
                       f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
                       f"{task.curve!r}; refit the curve at this confidence or drop the key")
     return errors
+
+
+TASK_FILE_MAX_BYTES = 64 << 20
+
+
+def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:
+    """Why a task's `evaluate:` cannot run here (None when it can): a task file that is missing
+    or not a multiple-choice file, or lm_eval without the `bench` extra."""
+    import importlib.util
+
+    if evaluate.kind == "lm_eval":
+        if importlib.util.find_spec("lm_eval") is None:
+            return ("kind lm_eval needs lm-evaluation-harness, which is not installed "
+                    "(pip install 'lstar-monitor[bench]', or use kind multiple_choice)")
+        return None
+    from monitor.curves.evaluator import load_mc_task
+
+    path = policy.resolve_path(evaluate.file)
+    if not path.is_file():
+        return f"task file {evaluate.file!r} does not exist (paths are relative to the policy file)"
+    if path.stat().st_size > TASK_FILE_MAX_BYTES:
+        return (f"task file {evaluate.file!r} is larger than {TASK_FILE_MAX_BYTES >> 20} MiB; "
+                "a multiple-choice task file this large is a mistake (split it, or use kind lm_eval)")
+    try:
+        load_mc_task(path)
+    except LstarError as exc:
+        return f"task file {evaluate.file!r} does not load: {exc.one_line()}"
+    except Exception as exc:  # noqa: BLE001 - a hostile task file
+        return f"task file {evaluate.file!r} does not load: {_exception_text(exc)}"
+    return None
 
 
 def _exception_text(exc: BaseException) -> str:

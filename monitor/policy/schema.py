@@ -104,6 +104,61 @@ class _Strict(BaseModel):
 
 
 # -- tasks and the calibration-gaming rule -----------------------------------------------------
+EVALUATE_TRIGGERS = ("clear", "at_risk", "emerged")
+
+
+class Evaluate(_Strict):
+    """How to check a task's prediction by running the task (an active evaluation).
+
+    kind:   `multiple_choice` (the built-in evaluator of `lstar eval` on a JSON-lines file) or
+            `lm_eval` (an lm-evaluation-harness task through its Python API; needs the `bench`
+            extra, refused at load without it)
+    file:   the multiple-choice task file, relative to the policy file
+    task:   the lm-evaluation-harness task name (kind lm_eval)
+    metric: the observed metric compared with the curve (`acc` for multiple choice)
+    on:     the predicted states that call for an evaluation (default at_risk and emerged)
+    """
+
+    kind: Literal["multiple_choice", "lm_eval"] = "multiple_choice"
+    file: str | None = None
+    task: str | None = None
+    metric: str = Field("acc", pattern=r"^[A-Za-z0-9_.,-]{1,64}$")
+    on: list[Literal["clear", "at_risk", "emerged"]] = Field(
+        default_factory=lambda: ["at_risk", "emerged"], min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_key(cls, data: Any) -> Any:
+        # YAML 1.1 reads the bare key `on` as the boolean true; here it can only mean `on`.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            return {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _source(self) -> "Evaluate":
+        if self.kind == "multiple_choice":
+            if not self.file:
+                raise ValueError("kind multiple_choice needs file (a JSON-lines task file, as `lstar eval` reads)")
+            if self.task is not None:
+                raise ValueError("task is for kind lm_eval; kind multiple_choice reads file")
+            if self.metric != "acc":
+                raise ValueError(f"value {self.metric!r}: the multiple-choice evaluator observes acc")
+        else:
+            if not self.task:
+                raise ValueError("kind lm_eval needs task (an lm-evaluation-harness task name)")
+            if self.file is not None:
+                raise ValueError("file is for kind multiple_choice; kind lm_eval reads task")
+        if len(set(self.on)) != len(self.on):
+            raise ValueError(f"value {self.on!r} names a state twice")
+        return self
+
+
+class Evaluations(_Strict):
+    """The policy's budget of active evaluations: at most `per_day` started per UTC day."""
+
+    per_day: int = Field(20, ge=0, le=10_000)
+
+
 class Task(_Strict):
     """One task curve applied to each new score.
 
@@ -116,6 +171,7 @@ class Task(_Strict):
     budget:     the deployment's inference budget (samples per question, majority of k, an
                 ordered level); required for a curve fitted with a budget column, and one of
                 the levels it was fitted at (no extrapolation)
+    evaluate:   how to check its predictions by running the task (optional, `Evaluate`)
     """
 
     name: str = Field(pattern=_NAME_PATTERN)
@@ -124,6 +180,7 @@ class Task(_Strict):
     confidence: float | None = Field(None, gt=0.0, lt=1.0)
     labels: dict[str, str] = Field(default_factory=dict)
     budget: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    evaluate: Evaluate | None = None
 
 
 class Corpora(_Strict):
@@ -409,6 +466,7 @@ class Policy(_Strict):
     watch: list[WatchRule] = Field(default_factory=list)
     corpora: Corpora = Corpora()
     tasks: list[Task] = Field(default_factory=list)
+    evaluations: Evaluations = Evaluations()
     calibration_gaming: CalibrationGaming | None = None
     route: RootRoute
     receivers: list[Receiver] = Field(min_length=1)

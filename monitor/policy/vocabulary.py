@@ -17,16 +17,26 @@ STATES: tuple[str, ...] = ("clear", "at_risk", "emerged", "flagged")
 TASK_ALERTNAME = "LstarTaskEmergence"
 GAMING_ALERTNAME = "LstarCalibrationGaming"
 META_ALERTNAME = "LstarDeliveryFailed"
+# An observation (the task run on a checkpoint) checked a prediction; a curve's intervals
+# cover its observations less often than they claim.
+CONTRADICTED_ALERTNAME = "LstarPredictionContradicted"
+CONFIRMED_ALERTNAME = "LstarPredictionConfirmed"
+MISCALIBRATED_ALERTNAME = "LstarCurveMiscalibrated"
+# The states an observation gives a checkpoint's task (the `state` of its alert).
+OBSERVED_STATES: tuple[str, ...] = ("observed_emerged", "observed_clear", "observed_unresolved")
 # The states of operator alerts (their `kind`): a dead-lettered or disabled receiver, a Hub
 # outage, a disk that was full. They skip the routing tree but silences see them.
-OPERATOR_STATES: tuple[str, ...] = ("dead", "disabled", "hub-outage", "disk-full")
+OPERATOR_STATES: tuple[str, ...] = ("dead", "disabled", "hub-outage", "disk-full", "miscalibrated")
 
-# What the routing tree sees: task and calibration-gaming alerts.
-ROUTED_VALUES: Mapping[str, Sequence[str]] = {"alertname": (TASK_ALERTNAME, GAMING_ALERTNAME),
-                                              "state": STATES}
+# What the routing tree sees: task, calibration-gaming and observation alerts.
+ROUTED_VALUES: Mapping[str, Sequence[str]] = {
+    "alertname": (TASK_ALERTNAME, GAMING_ALERTNAME, CONTRADICTED_ALERTNAME, CONFIRMED_ALERTNAME),
+    "state": STATES + OBSERVED_STATES}
 # What silences see: every alert the outbox holds, operator alerts included.
-SILENCED_VALUES: Mapping[str, Sequence[str]] = {"alertname": (TASK_ALERTNAME, GAMING_ALERTNAME, META_ALERTNAME),
-                                                "state": STATES + OPERATOR_STATES}
+SILENCED_VALUES: Mapping[str, Sequence[str]] = {
+    "alertname": (TASK_ALERTNAME, GAMING_ALERTNAME, META_ALERTNAME, CONTRADICTED_ALERTNAME, CONFIRMED_ALERTNAME,
+                  MISCALIBRATED_ALERTNAME),
+    "state": STATES + OBSERVED_STATES + OPERATOR_STATES}
 
 
 def never_matches(matcher: Matcher, closed: Mapping[str, Sequence[str]]) -> str | None:
@@ -41,5 +51,6 @@ def never_matches(matcher: Matcher, closed: Mapping[str, Sequence[str]]) -> str 
     return f"matcher {matcher} can never match: {matcher.name} is one of {', '.join(values)}"
 
 
-__all__ = ["GAMING_ALERTNAME", "META_ALERTNAME", "OPERATOR_STATES", "ROUTED_VALUES", "SILENCED_VALUES",
+__all__ = ["CONFIRMED_ALERTNAME", "CONTRADICTED_ALERTNAME", "MISCALIBRATED_ALERTNAME", "OBSERVED_STATES",
+           "GAMING_ALERTNAME", "META_ALERTNAME", "OPERATOR_STATES", "ROUTED_VALUES", "SILENCED_VALUES",
            "STATES", "TASK_ALERTNAME", "never_matches"]

@@ -258,9 +258,14 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                            for p in rows if _in_period(p.evaluated_at, period_start, now)
                            and p.p_hat is not None]})
 
+    observe_checked(store, policy, tasks)
+    record = track_record_section(store, policy)
+    problems += [r["problem"] for r in record if r.get("problem")]
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
-    at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "at_risk"]
-    emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if x["state"] == "emerged"]
+    # An observed state supersedes the prediction: observed_unresolved counts as at risk,
+    # observed_emerged as emerged, observed_clear as neither.
+    at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "at_risk"]
+    emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "emerged"]
     return {
         "schema": SCHEMA, "policy": policy.name, "report": name, "generated_at": now,
         "period": {"start": period_start, "end": now}, "corpus_sha256": corpus, "problems": problems,
@@ -272,6 +277,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                              "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
+        "track_record": record,
         "plots": [],
         "_curves": curves,
     }
@@ -353,6 +359,82 @@ def ref_name(row: Mapping[str, Any]) -> str:
     return row.get("checkpoint") or checkpoint_name(row["repo"], row["commit"], row.get("refs") or [])
 
 
+def observe_checked(store: Store, policy: Policy, tasks: Sequence[dict[str, Any]]) -> None:
+    """Give each lineage's current checkpoint its observed state, where an evaluation checked
+    it: `predicted_state` keeps the prediction, `observed_state` the observation, and
+    `state_in_force` is the observed one (it supersedes the prediction for that checkpoint)."""
+    pairs = [(x["repo"], x["commit"]) for t in tasks for x in t["lineages"]]
+    found = store.observed_states(pairs) if pairs else {}
+    for t in tasks:
+        for x in t["lineages"]:
+            done = [o for o in found.get((x["repo"], x["commit"]), [])
+                    if o["policy"] == policy.name and o["task"] == t["task"] and o["status"] == "done"]
+            x["predicted_state"] = x["state"]
+            x["observed_state"] = done[-1]["observed_state"] if done else None
+            x["verdict"] = done[-1]["verdict"] if done else None
+            x["state_in_force"] = x["observed_state"] or x["state"]
+
+
+_OBSERVED_AS = {"observed_emerged": "emerged", "observed_unresolved": "at_risk", "observed_clear": "clear"}
+
+
+def _in_force(x: Mapping[str, Any]) -> str:
+    """The state in force for a lineage row: the observed one where an evaluation checked it."""
+    observed = x.get("observed_state")
+    return _OBSERVED_AS.get(observed, x["state"]) if observed else x["state"]
+
+
+def track_record_section(store: Store, policy: Policy) -> list[dict[str, Any]]:
+    """The track record of each curve of the policy (`monitor.alerts.observations.track_records`):
+    checked predictions, coverage with its interval against the nominal confidence,
+    contradictions, and a problem line for a curve whose coverage is significantly below it."""
+    from monitor.alerts.observations import track_records
+
+    out = []
+    for r in track_records(store, policy.name):
+        checks = [{k: c[k] for k in ("repo", "commit_sha", "predicted_state", "predicted_lo", "predicted_hi",
+                                      "observed", "observed_lo", "observed_hi", "observed_state", "verdict",
+                                      "inside")} for c in r["checks"]]
+        row = {**{k: v for k, v in r.items() if k != "checks"}, "checks": checks}
+        if r["miscalibrated"]:
+            row["problem"] = (f"curve {r['curve_id']} (task {r['task']}) is miscalibrated: its intervals held "
+                              f"{r['covered']} of {r['checked']} observations, significantly below the nominal "
+                              f"{r['nominal']:g} (one-sided binomial p = {r['p_value']:.3g}); refit it with "
+                              "`lstar curves refit --add-observed` and review the new artifact")
+        out.append(row)
+    return out
+
+
+def track_record_markdown(record: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The report's track-record section as Markdown lines."""
+    out = ["## Track record", "",
+           "*How to read this:* each prediction an evaluation checked: coverage is the share of observations "
+           "inside the predicted interval, with its Clopper-Pearson interval, against the curve's nominal "
+           "confidence; a one-sided binomial test at 0.05 (at least 5 checks) flags a curve that covers "
+           "significantly less.", ""]
+    if not record:
+        return out + ["No prediction has been checked by an evaluation yet.", ""]
+    for r in record:
+        share = "n/a" if r["coverage"] is None else f"{r['coverage']:.3f}"
+        interval = "" if r["coverage_lo"] is None else f" [{r['coverage_lo']:.3f}, {r['coverage_hi']:.3f}]"
+        verdict = ("**miscalibrated**" if r["miscalibrated"] else
+                   "untested (fewer than 5 checks)" if r["p_value"] is None else "consistent with nominal")
+        out += [f"### curve {r['curve_id']} ({r['task']})", "",
+                f"- predictions checked: {r['checked']}",
+                f"- coverage: {r['covered']}/{r['checked']} = {share}{interval} against nominal {r['nominal']:g}: "
+                f"{verdict}" + ("" if r["p_value"] is None else f" (p = {r['p_value']:.3g})"),
+                f"- contradictions: {r['contradictions']}", "",
+                "| checkpoint | predicted | interval | observed | observed interval | observed state | inside | verdict |",
+                "|---|---|---|---:|---|---|---|---|"]
+        for c in r["checks"]:
+            out.append(f"| {c['repo']}@{c['commit_sha'][:12]} | {c['predicted_state']} | "
+                       f"[{fmt(c['predicted_lo'])}, {fmt(c['predicted_hi'])}] | {fmt(c['observed'])} | "
+                       f"[{fmt(c['observed_lo'])}, {fmt(c['observed_hi'])}] | {c['observed_state']} | "
+                       f"{'yes' if c['inside'] else 'no'} | {c['verdict']} |")
+        out.append("")
+    return out
+
+
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it)."""
     s = data["summary"]
@@ -400,9 +482,12 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
-            out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}** | {fmt(x.get('value', x['lstar']))} | "
+            state = (f"**{x['observed_state']}** (predicted {x['state']})" if x.get("observed_state")
+                     else f"**{x['state']}**")
+            out.append(f"| {x['lineage']} | {ref_name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
+    out += track_record_markdown(data.get("track_record") or [])
     out += ["## Crossings", "", *how("crossings"), *note("crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]

@@ -16,7 +16,7 @@ its address-space limit; either way the daemon goes on.
 
 A lock (`flock` on STATE/lstar.lock, holding the pid) keeps a second daemon off the same
 state directory. Under it, at start, the daemon frees every lease an earlier process left
-(scores, notifications), recording each interrupted attempt with the time it started, so
+(scores, notifications, evaluations), recording each interrupted attempt with the time it started, so
 the work resumes on the first run of its job rather than when the lease would expire.
 SIGTERM/SIGINT stop new work, let running jobs finish (bounded by `drain`), CHECKPOINT the
 database and exit 0. Past the drain, a running score is killed and running queries are
@@ -82,7 +82,7 @@ from monitor.store import DB_NAME, Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
 INFO_NAME = "daemon.json"
-JOB_NAMES = ("poll", "score", "evaluate", "dispatch", "reload", "report", "prune", "watchdog")
+JOB_NAMES = ("poll", "score", "evaluate", "observe", "dispatch", "reload", "report", "prune", "watchdog")
 DAY_S = 86400.0
 
 
@@ -233,7 +233,7 @@ class Daemon:
         from monitor.service.once import RunTally, print_summary, wait_for_outbox
 
         with RunTally() as tally:
-            for name in ("reload", "poll", "score", "evaluate", "dispatch", "report", "prune"):
+            for name in ("reload", "poll", "score", "evaluate", "observe", "dispatch", "report", "prune"):
                 if name != "report" or self.report_fn is not None:
                     self._run_job(name)
             # `lstar demo --json` keeps stdout for its own JSON: there the notes go to the log
@@ -288,7 +288,8 @@ class Daemon:
         now = utcnow()
         try:
             freed = [*self.store.reclaim_checkpoint_leases(self.owner, now=now),
-                     *self.store.reclaim_notification_leases(self.owner, now=now)]
+                     *self.store.reclaim_notification_leases(self.owner, now=now),
+                     *self.store.reclaim_observation_leases(self.owner, now=now)]
         except Exception as exc:  # noqa: BLE001 - logged; the leases still expire
             log.error("could not reclaim the leases of earlier processes (they are taken over when "
                       "they expire): %s", exc)
@@ -319,6 +320,7 @@ class Daemon:
     def intervals(self) -> dict[str, float]:
         cfg = self.config
         out = {"poll": cfg.poll_interval, "score": cfg.score_interval, "evaluate": cfg.outbox_interval,
+               "observe": cfg.score_interval,
                "dispatch": cfg.outbox_interval, "reload": cfg.reload_interval,
                "prune": cfg.prune_interval, "watchdog": cfg.watchdog_interval}
         if self.report_fn is not None:
@@ -342,6 +344,11 @@ class Daemon:
             # A score that outlives the drain is killed; its lease goes back and it is retried.
             if self.backend is not None and self.backend.interrupt():
                 log.warning("stopped the score still running after the %.0f s drain", self.config.drain)
+            if "observe" in self._running_jobs():
+                from monitor.scoring.child import kill_active_children
+
+                if kill_active_children():   # an evaluation child: its lease and attempt go back
+                    log.warning("stopped the evaluation still running after the %.0f s drain", self.config.drain)
             # A query that outlives it is interrupted: its job fails (its transaction rolls
             # back, the next start does that work again) instead of finding the connection
             # closed under it.
@@ -765,7 +772,33 @@ class Daemon:
         self._log_new_skips(report["skip_reasons"])
         if report["deliveries"]:
             self.nudge("dispatch")
+        if report["predictions"] and any(t.evaluate is not None for p in self.policies() for t in p.tasks):
+            self.nudge("observe")
         return report
+
+    def job_observe(self) -> dict[str, Any]:
+        """Schedule the evaluations new predictions call for (within each policy's daily budget),
+        run the queued ones in bounded child processes, and follow each curve's track record
+        (`monitor.alerts.observations`, `monitor.service.evaluation_driver`)."""
+        from monitor.alerts.observations import check_calibration, schedule_observations
+        from monitor.service.evaluation_driver import run_observations
+
+        cfg = self.config
+        policies = self.policies()
+        with self.job_store() as store:
+            scheduled = schedule_observations(store, policies, now=utcnow())
+            ran = run_observations(store, policies, owner=self.owner, state_dir=cfg.state_dir,
+                                   client=self.hub_client(store), cache_dir=cfg.cache_dir,
+                                   timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
+                                   lease_s=cfg.lease_s, device=cfg.template.device, dtype=cfg.template.dtype,
+                                   ray=self.scoring_backend() if cfg.scoring_backend == "ray" else None,
+                                   stopping=self.stopping.is_set)
+            miscalibrated = check_calibration(store, policies, now=utcnow())
+            if ran:
+                store.checkpoint()
+        if miscalibrated or any(r.get("alerts") for r in ran):
+            self.nudge("dispatch")
+        return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated}
 
     def _log_new_skips(self, skips: dict[str, str]) -> None:
         """Log and count each skipped evaluation (line -> reason code) not skipped in the
@@ -844,13 +877,14 @@ class Daemon:
                 counts = store.checkpoint_counts()
                 outages = [o for o in store.hub_outages() if o.ended_at is None]
                 not_evaluated = store.not_evaluated_summary()
+                observations = store.observation_summary()
         except Exception as exc:
             # While the database is invalidated the rest of the status is what the operator needs.
             if is_database_invalidated(exc):
                 self._database_invalidated("status", f"{type(exc).__name__}: {exc}")
             elif self.db_error is None:
                 raise
-            counts, outages, not_evaluated = {}, [], []
+            counts, outages, not_evaluated, observations = {}, [], [], []
         with self.jobs_lock:
             jobs = {name: dict(vars(j)) for name, j in self.jobs.items()}
         for j in jobs.values():
@@ -870,7 +904,7 @@ class Daemon:
                 "policies": [{"name": p.name, "path": str(p.path)} for p in self.policies()],
                 "policy_errors": {str(k): v for k, v in self.policy_set.errors.items()},
                 "jobs": jobs, "stuck": self.stuck_jobs(), "scoring_pins": list(self.pin_problems),
-                "not_evaluated": not_evaluated,
+                "not_evaluated": not_evaluated, "observations": observations,
                 "disk": {"error": self.disk_error, "history": self.disk_history},
                 "database": {"error": self.db_error, "history": self.db_history},
                 "hub_outages": [{k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in o.as_dict().items()}

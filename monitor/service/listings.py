@@ -33,7 +33,8 @@ SILENCES = Key("silences", ("created_at", "id"), ("time", "str"), descending=Tru
 def checkpoints_page(store: Store, *, status: str | None = None, repo: str | None = None,
                      limit: int | None = None, cursor: str | None = None) -> Page:
     """Checkpoint rows oldest discovery first, as `lstar checkpoints --json` prints them (refs
-    and meta decoded, with the `not_evaluated` notes of each)."""
+    and meta decoded, with the `not_evaluated` notes of each and its `observations`: each
+    active evaluation's predicted and observed state)."""
     where, params = [], []
     if status is not None:
         where.append("status = ?")
@@ -45,6 +46,8 @@ def checkpoints_page(store: Store, *, status: str | None = None, repo: str | Non
         store, CHECKPOINTS, select=f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints", where=where,
         params=params, limit=limit, cursor=cursor)
     items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
+    observed = store.observed_states([(c["repo"], c["sha"]) for c in items])
+    items = [{**c, "observations": observed.get((c["repo"], c["sha"]), [])} for c in items]
     return Page(items, total, after, limit)
 
 

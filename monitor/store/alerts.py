@@ -36,13 +36,13 @@ class AlertRows(StoreConnection):
         state = self.query("SELECT state FROM predictions WHERE policy = ? AND task = ? AND lineage = ? "
                            "AND state != 'not_evaluated' ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task, lineage])
         firing = self.query("SELECT id, labels, starts_at, state, commit_sha FROM alerts WHERE policy = ? "
-                            "AND task = ? AND lineage = ? AND status = 'firing' AND kind != 'meta' "
+                            "AND task = ? AND lineage = ? AND status = 'firing' AND kind NOT IN ('meta', 'observe') "
                             "ORDER BY created_at DESC, id DESC LIMIT 1", [policy, task, lineage])
         rows = self.query(
             "SELECT d.receiver, max(CASE WHEN a.status = 'firing' THEN d.created_at END) AS last_firing_at, "
             "max(CASE WHEN a.status = 'resolved' THEN d.created_at END) AS last_resolved_at "
             "FROM deliveries d JOIN alerts a ON a.id = d.alert_id WHERE a.policy = ? AND a.task = ? "
-            "AND a.lineage = ? AND d.status != 'silenced' GROUP BY d.receiver", [policy, task, lineage])
+            "AND a.lineage = ? AND d.status != 'silenced' AND a.kind != 'observe' GROUP BY d.receiver", [policy, task, lineage])
         last = None
         if firing:
             last = FiringAlertRow.from_row({**firing[0], "labels": json.loads(firing[0]["labels"])})
@@ -200,7 +200,8 @@ class AlertRows(StoreConnection):
 
     # -- operator alerts (raised by the daemon itself) ------------------------------------------
     def raise_operator_alerts(self, alerts: Sequence[Mapping[str, Any]], *, now: datetime,
-                              hub_outage_id: int | None = None, evaluation_gap_id: int | None = None) -> int:
+                              hub_outage_id: int | None = None, evaluation_gap_id: int | None = None,
+                              miscalibration_id: int | None = None) -> int:
         """Insert operator alerts (meta-alerts with deliveries) in one transaction.
 
         With `hub_outage_id` (or `evaluation_gap_id`), that episode is marked alerted in the
@@ -208,7 +209,8 @@ class AlertRows(StoreConnection):
         meta-alert per episode however often the daemon restarts. Returns the deliveries written.
         """
         episodes = [(table, episode_id) for table, episode_id in
-                    (("hub_outages", hub_outage_id), ("evaluation_gaps", evaluation_gap_id)) if episode_id is not None]
+                    (("hub_outages", hub_outage_id), ("evaluation_gaps", evaluation_gap_id),
+                     ("curve_miscalibrations", miscalibration_id)) if episode_id is not None]
         written = 0
         with self.transaction() as conn:
             for table, episode_id in episodes:   # table: one of the two names above, never input

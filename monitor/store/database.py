@@ -9,12 +9,13 @@ from monitor.store.evaluation_queue import EvaluationQueueRows
 from monitor.store.hub import HubRows
 from monitor.store.labels import LabelRows
 from monitor.store.notifications import NotificationRows
+from monitor.store.observations import ObservationRows
 from monitor.store.reports import ReportRows
 from monitor.store.scores import ScoreRows
 
 
 class Store(ScoreRows, HubRows, CheckpointRows, AlertRows, NotificationRows, LabelRows, ReportRows,
-            EvaluationGapRows, EvaluationQueueRows):
+            EvaluationGapRows, EvaluationQueueRows, ObservationRows):
     """A DuckDB state file. Use `Store.open(...)`; close it (or use `with`).
 
     One process writes the file; readers open it read-only. The schema lives in

@@ -240,6 +240,39 @@ class RayBackend:
             yield ScoreOutcome(job, error=ScoreError("ScoringInterrupted", f"the Ray task scoring {job.name()} "
                                                      "was cancelled by the shutdown"), worker="ray")
 
+    def call(self, fn: Any, *args: Any, what: str = "the task") -> Any:
+        """Run `fn(*args)` as one Ray task (one CPU, no retries: the caller's queue retries) and
+        return its value; the daemon's shutdown (`interrupt`) cancels it, and a worker that died
+        raises. Used for the daemon's active evaluations, beside the score jobs."""
+        from monitor.scoring.child import ScoringInterrupted
+
+        ray = self._ray
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_retries": 0}
+        if ENV_VAR in os.environ:
+            options["runtime_env"] = {"env_vars": {ENV_VAR: os.environ[ENV_VAR]}}
+        ref = ray.remote(fn).options(**options).remote(*args)
+        self._running += 1
+        try:
+            while True:
+                if self._interrupted.is_set():
+                    try:
+                        ray.cancel(ref, force=True)
+                    except Exception:  # noqa: BLE001 (it may have just ended)
+                        pass
+                    raise ScoringInterrupted(f"the Ray task running {what} was cancelled by the shutdown")
+                done, _ = ray.wait([ref], num_returns=1, timeout=0.5)
+                if done:
+                    break
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                text = " ".join(str(exc).split())[:400]
+                raise RuntimeError(f"the Ray worker running {what} died without an answer: {text}") from None
+        finally:
+            self._running = max(0, self._running - 1)
+            if not self._running:
+                self._interrupted.clear()
+
     def interrupt(self) -> int:
         """Cancel the running tasks (the daemon's shutdown); how many were running."""
         running = self._running

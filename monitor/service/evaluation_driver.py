@@ -1,0 +1,154 @@
+"""Driving the evaluation queue: lease an observation job, fetch its checkpoint verified,
+run the task in a bounded child process, and write the result with the lease's completion.
+
+Like scoring (`monitor.service.scoring_driver`): the child never opens the database; the
+result, the evaluation run, and the confirmation or contradiction alert are written in the
+transaction that completes the lease, so a job completes (and alerts) exactly once. A job
+whose content (weights digest, task file sha256, evaluator settings) was evaluated before is
+not run again: its result is copied from that observation (`linked_from`) and judged
+against its own prediction. Errors are classified as the checkpoint queue does: an integrity,
+gate, model-load, spec, corpus, tokenizer or label error fails the job at once; the Hub being
+down or the daemon stopping gives the lease and the attempt back; anything else (a timeout,
+running out of memory, a crash) gives the lease back, and the job fails after
+`max_attempts` attempts in all.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from monitor.alerts.observations import content_digest, observation_alert, observation_fields
+from monitor.errors import HubError, LabelError, LstarError
+from monitor.events import event
+from monitor.hub.fetch import fetch_verified
+from monitor.hub.queue import PERMANENT_ERRORS, SKIP_ERRORS
+from monitor.policy import Policy
+from monitor.service.scoring_driver import materialize_snapshot
+from monitor.store import Store, utcnow
+
+log = logging.getLogger("lstar.observe")
+MAX_ATTEMPTS = 3
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, LstarError):
+        return exc.one_line()
+    text = " ".join(str(exc).split())[:400]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, state_dir: Path,
+                     client: Any = None, cache_dir: Path | None = None, timeout_s: float = 3600.0,
+                     memory_bytes: int | None = None, lease_s: float = 4200.0, limit: int | None = None,
+                     device: str = "cpu", dtype: str = "float32", ray: Any = None,
+                     now_fn: Callable[[], datetime] = utcnow,
+                     stopping: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
+    """Run pending evaluation jobs until none is left (or `limit` ran, or the daemon stops);
+    what happened to each. With `ray` (the daemon's `RayBackend`) each runs as a Ray task on
+    the cluster, else in a child process here."""
+    by_name = {p.name: p for p in policies}
+    done: list[dict[str, Any]] = []
+    tried: list[int] = []
+    while limit is None or len(done) < limit:
+        if stopping is not None and stopping():
+            break
+        job = store.claim_observation(owner, now=now_fn(), lease_s=lease_s, max_attempts=MAX_ATTEMPTS,
+                                      exclude=tried)
+        if job is None:
+            break
+        tried.append(int(job["id"]))
+        outcome = _run_one(store, job, by_name.get(job["policy"]), owner=owner, state_dir=state_dir,
+                           client=client, cache_dir=cache_dir, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                           device=device, dtype=dtype, ray=ray, now_fn=now_fn)
+        done.append(outcome)
+        if outcome.get("hub_down"):
+            break
+    return done
+
+
+def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
+             client: Any, cache_dir: Path | None, timeout_s: float, memory_bytes: int | None,
+             device: str, dtype: str, ray: Any, now_fn: Callable[[], datetime]) -> dict[str, Any]:
+    ids = {"observation": job["id"], "policy": job["policy"], "task": job["task"], "repo": job["repo"],
+           "commit": job["commit_sha"], "attempt": job["attempts"]}
+    settings = job["settings"]
+    workdir = state_dir / "tmp" / f"eval-{job['id']}-{uuid.uuid4().hex[:8]}"
+    try:
+        snapshot, digests = fetch_verified(job["repo"], job["commit_sha"], cache_dir=cache_dir, client=client)
+        # the evaluator's settings include where and in which precision it runs
+        digest = content_digest(digests.get("weights_digest"), {**settings, "device": device, "dtype": dtype})
+        if digest is not None:
+            store.set_observation_digest(job["id"], owner, digest, now=now_fn())
+        source = store.observation_with_digest(digest) if digest is not None else None
+        if source is not None:
+            value, n, k = float(source["observed"]), int(source["n"]), int(source["k"])
+            eval_run, extra = None, {"linked_from": int(source["id"]), "eval_run_id": source["eval_run_id"]}
+        else:
+            from monitor.curves.eval_child import EvalSpec, run_evaluation_child
+
+            if settings["kind"] == "multiple_choice" and not Path(settings["file"]).is_file():
+                raise LabelError(f"task file {settings['file']} is gone",
+                                 hint="restore it, or change the policy's evaluate.file")
+            model_dir = materialize_snapshot(snapshot, workdir / "model")
+            event("observation_started", **ids, kind=settings["kind"])
+            spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
+                            file=settings.get("file"), task=settings.get("task"), device=device, dtype=dtype)
+            if ray is not None:   # `--scoring-backend ray`: on a node of the cluster, like a score
+                from monitor.curves.eval_child import evaluate_on_ray
+
+                result = evaluate_on_ray(ray, spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                         workdir=state_dir / "tmp")
+            else:
+                result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                              workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
+            if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
+                raise LabelError(f"task file {settings['file']} changed since the evaluation was scheduled "
+                                 f"(sha256 {str(result['task_sha256'])[:12]}, expected "
+                                 f"{settings['task_sha256'][:12]})", hint="schedule it again with the new file")
+            value, n, k = float(result["value"]), int(result["n"]), int(result["k"])
+            run_id = f"eval-{uuid.uuid4().hex[:16]}"
+            eval_run = {"run_id": run_id, "model_repo": job["repo"], "model_sha": job["commit_sha"],
+                        "task": settings.get("task") or job["task"], "task_sha256": result.get("task_sha256"),
+                        "n_items": n, "tokenizer_fingerprint": result["tokenizer_fingerprint"],
+                        "dtype": result["dtype"], "device": result["device"], "metrics": result["metrics"],
+                        "model": {**(result.get("model") or {}), "observation_id": job["id"],
+                                  "weights_digest": digests.get("weights_digest")},
+                        "wall_s": result["wall_s"]}
+            extra = {"eval_run_id": run_id}
+    except SKIP_ERRORS + PERMANENT_ERRORS + (LabelError,) as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        held = store.complete_observation(job["id"], owner, status="failed", reason=_reason(exc), now=now_fn())
+        event("observation_failed", **ids, reason=_reason(exc))
+        return {**ids, "status": "failed", "reason": _reason(exc), "lease_lost": not held}
+    except HubError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        store.release_observation(job["id"], owner, f"waiting for the Hub: {_reason(exc)}", now=now_fn(), refund=True)
+        return {**ids, "status": "pending", "reason": _reason(exc), "hub_down": True}
+    except Exception as exc:  # retryable: the lease goes back, attempts decide
+        shutil.rmtree(workdir, ignore_errors=True)
+        interrupted = type(exc).__name__ == "ScoringInterrupted"
+        store.release_observation(job["id"], owner, _reason(exc), now=now_fn(), refund=interrupted)
+        log.warning("evaluation %s (attempt %d) failed: %s", job["id"], job["attempts"], _reason(exc))
+        return {**ids, "status": "pending", "reason": _reason(exc)}
+    shutil.rmtree(workdir, ignore_errors=True)
+    now = now_fn()
+    fields = {**observation_fields(job, value, n, k), **extra}
+    alert = observation_alert(policy, job, fields, now=now) if policy is not None else None
+    held = store.complete_observation(job["id"], owner, status="done", now=now, fields=fields, eval_run=eval_run,
+                                      alerts=[alert.as_row()] if alert is not None else [])
+    if held:
+        event("observed", **ids, observed=value, n=n, lo=fields["observed_lo"], hi=fields["observed_hi"],
+              predicted=job["predicted_state"], state=fields["observed_state"], verdict=fields["verdict"],
+              linked_from=extra.get("linked_from"))
+    return {**ids, "status": "done" if held else "lease_lost", "observed_state": fields["observed_state"],
+            "verdict": fields["verdict"], "alerts": 1 if held and alert is not None else 0,
+            "linked_from": extra.get("linked_from")}
+
+
+__all__ = ["MAX_ATTEMPTS", "run_observations"]

@@ -1,0 +1,257 @@
+"""Active evaluations (`observations`): the queue of evaluation jobs with its leases, the
+observed labels, the curves' track records and their miscalibration episodes.
+
+The queue works like the checkpoint queue (`monitor.hub.queue`): a job is claimed with a
+compare-and-set (attempts + 1, lease owner, expiry), completed only by the owner that still
+holds the lease, in the transaction that writes its result; a lease left by a dead daemon is
+freed at the next start (`reclaim_observation_leases`) and the job runs again, at most
+`max_attempts` times in all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime, timedelta
+from typing import Any
+
+import duckdb
+
+from monitor.store.connection import StoreConnection
+from monitor.store.rows import ReclaimedLease
+
+_JSON = ("settings", "meta")
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for key in _JSON:
+        if isinstance(row.get(key), str):
+            row[key] = json.loads(row[key])
+    return row
+
+
+class ObservationRows(StoreConnection):
+    """Evaluation jobs, their results, and the track record they make."""
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def observation_candidates(self, policy: str, task: str, states: Sequence[str], *,
+                               since: datetime) -> list[dict[str, Any]]:
+        """Predictions of (policy, task) made since `since`, in one of `states`, with an
+        interval, that have no observation row yet, oldest first (with the checkpoint id of
+        their score run)."""
+        if not states:
+            return []
+        marks = ", ".join("?" for _ in states)
+        rows = self.query(
+            "SELECT p.id AS prediction_id, p.run_id, p.repo, p.commit_sha, p.lineage, p.curve_id, p.state, "
+            "p.lo, p.hi, p.p_hat, p.threshold, p.detail, r.checkpoint_id FROM predictions p "
+            "LEFT JOIN score_runs r ON r.run_id = p.run_id "
+            "WHERE p.policy = ? AND p.task = ? AND p.state IN (" + marks + ") AND p.lo IS NOT NULL "
+            "AND p.hi IS NOT NULL AND p.threshold IS NOT NULL AND p.curve_id IS NOT NULL AND p.evaluated_at >= ? "
+            "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.policy = p.policy AND o.task = p.task "
+            "AND o.run_id = p.run_id) ORDER BY p.evaluated_at, p.id", [policy, task, *states, since])
+        for r in rows:
+            r["detail"] = json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"]
+        return rows
+
+    def observations_started_on(self, policy: str, day: date) -> int:
+        """Evaluations of `policy` that count against the budget of UTC day `day`."""
+        return int(self.query("SELECT count(*) AS n FROM observations WHERE policy = ? AND scheduled_day = ? "
+                              "AND status != 'skipped'", [policy, day])[0]["n"])
+
+    def schedule_observation(self, row: Mapping[str, Any], *, now: datetime) -> bool:
+        """Insert one observation row (pending, or skipped with its reason); False when one
+        exists for its (policy, task, run)."""
+        columns = ("policy", "task", "run_id", "prediction_id", "checkpoint_id", "repo", "commit_sha",
+                   "lineage", "curve_id", "predicted_state", "predicted_lo", "predicted_hi", "predicted_p",
+                   "level", "confidence", "settings", "status", "reason", "scheduled_day")
+        values = [json.dumps(row[c], sort_keys=True) if c == "settings" else row.get(c) for c in columns]
+        with self.transaction() as conn:
+            got = conn.execute(
+                f"INSERT INTO observations ({', '.join(columns)}, created_at, updated_at) VALUES "
+                f"({', '.join('?' for _ in columns)}, ?, ?) ON CONFLICT (policy, task, run_id) DO NOTHING "
+                "RETURNING id", [*values, now, now]).fetchone()
+        return got is not None
+
+    # -- the queue ----------------------------------------------------------------------------
+    def claim_observation(self, owner: str, *, now: datetime, lease_s: float, max_attempts: int,
+                          exclude: Sequence[int] = ()) -> dict[str, Any] | None:
+        """Lease the oldest pending observation (unleased or its lease expired); rows that used
+        `max_attempts` fail on the way with their last reason."""
+        with self.transaction() as conn:
+            while True:
+                skip = f"AND id NOT IN ({', '.join(str(int(i)) for i in exclude)}) " if exclude else ""
+                row = conn.execute(
+                    "SELECT id, attempts, reason FROM observations WHERE status = 'pending' AND "
+                    f"(lease_owner IS NULL OR lease_expires_at < ?) {skip}ORDER BY created_at, id LIMIT 1",
+                    [now]).fetchone()
+                if row is None:
+                    return None
+                obs_id, attempts, reason = row
+                if attempts >= max_attempts:
+                    conn.execute("UPDATE observations SET status = 'failed', reason = ?, lease_owner = NULL, "
+                                 "lease_expires_at = NULL, lease_started_at = NULL, updated_at = ?, "
+                                 "finished_at = ? WHERE id = ?",
+                                 [f"gave up after {attempts} attempts: {reason or 'no reason recorded'}",
+                                  now, now, obs_id])
+                    continue
+                conn.execute("UPDATE observations SET attempts = attempts + 1, lease_owner = ?, "
+                             "lease_expires_at = ?, lease_started_at = ?, updated_at = ? WHERE id = ?",
+                             [owner, now + timedelta(seconds=lease_s), now, now, obs_id])
+                break
+        return self.observation(obs_id)
+
+    def observation(self, obs_id: int) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM observations WHERE id = ?", [obs_id])
+        return _decode(rows[0]) if rows else None
+
+    def set_observation_digest(self, obs_id: int, owner: str, digest: str, *, now: datetime) -> bool:
+        """Record the job's content digest while it holds the lease (CAS on the owner)."""
+        with self.transaction() as conn:
+            n = conn.execute("UPDATE observations SET digest = ?, updated_at = ? WHERE id = ? AND lease_owner = ?",
+                             [digest, now, obs_id, owner]).fetchone()[0]
+        return n == 1
+
+    def observation_with_digest(self, digest: str) -> dict[str, Any] | None:
+        """A finished observation of the same content (weights, task file, evaluator settings)."""
+        rows = self.query("SELECT * FROM observations WHERE digest = ? AND status = 'done' AND linked_from IS NULL "
+                          "ORDER BY finished_at, id LIMIT 1", [digest])
+        return _decode(rows[0]) if rows else None
+
+    def complete_observation(self, obs_id: int, owner: str, *, status: str, now: datetime,
+                             fields: Mapping[str, Any] | None = None, reason: str | None = None,
+                             eval_run: Mapping[str, Any] | None = None,
+                             alerts: Sequence[Mapping[str, Any]] = ()) -> bool:
+        """Finish a job if `owner` still holds its lease: its result columns, the evaluation
+        run holding the observed metrics and the alerts it raises (with their deliveries), in
+        one transaction. False (nothing written) when the lease was lost."""
+        fields = dict(fields or {})
+        if "meta" in fields:
+            fields["meta"] = json.dumps(fields["meta"], sort_keys=True, default=str)
+        sets = "".join(f", {c} = ?" for c in fields)
+        with self.transaction() as conn:
+            n = conn.execute(
+                f"UPDATE observations SET status = ?, reason = ?, lease_owner = NULL, lease_expires_at = NULL, "
+                f"lease_started_at = NULL, updated_at = ?, finished_at = ?{sets} WHERE id = ? AND lease_owner = ?",
+                [status, reason, now, now, *fields.values(), obs_id, owner]).fetchone()[0]
+            if n != 1:   # the lease was lost: the UPDATE matched no row, nothing is written
+                return False
+            if eval_run is not None:
+                _insert_eval_run(conn, eval_run, now)
+            for alert in alerts:
+                self._insert_alert(conn, alert, None, now)  # type: ignore[attr-defined] - AlertRows, in Store
+        return True
+
+    def release_observation(self, obs_id: int, owner: str, reason: str, *, now: datetime,
+                            refund: bool = False) -> bool:
+        """Give a lease back after a retryable failure (`refund`: the attempt too)."""
+        with self.transaction() as conn:
+            n = conn.execute(
+                "UPDATE observations SET lease_owner = NULL, lease_expires_at = NULL, lease_started_at = NULL, "
+                f"reason = ?, updated_at = ?{', attempts = attempts - 1' if refund else ''} "
+                "WHERE id = ? AND lease_owner = ?", [reason, now, obs_id, owner]).fetchone()[0]
+        return n == 1
+
+    def reclaim_observation_leases(self, owner: str, *, now: datetime) -> list[ReclaimedLease]:
+        """Free every observation lease not held by `owner` (the daemon at start; every other
+        holder is dead). The dead attempt stays counted and is appended to `meta.interrupted`."""
+        freed: list[ReclaimedLease] = []
+        with self.transaction() as conn:
+            rows = conn.execute("SELECT id, attempts, lease_owner, coalesce(lease_started_at, updated_at), meta "
+                                "FROM observations WHERE lease_owner IS NOT NULL AND lease_owner != ? ORDER BY id",
+                                [owner]).fetchall()
+            for obs_id, attempts, previous, started_at, meta_text in rows:
+                meta = json.loads(meta_text) if meta_text else {}
+                meta["interrupted"] = [*meta.get("interrupted", []),
+                                       {"attempt": attempts, "owner": previous, "started_at": started_at.isoformat(),
+                                        "reclaimed_at": now.isoformat(), "reclaimed_by": owner}]
+                conn.execute("UPDATE observations SET lease_owner = NULL, lease_expires_at = NULL, "
+                             "lease_started_at = NULL, reason = ?, meta = ?, updated_at = ? WHERE id = ? "
+                             "AND lease_owner = ?",
+                             [f"{previous} died during attempt {attempts} (started {started_at.isoformat()}); "
+                              f"its lease was reclaimed by {owner} at start",
+                              json.dumps(meta, sort_keys=True), now, obs_id, previous])
+                freed.append(ReclaimedLease("observations", str(obs_id), previous, attempts, started_at))
+        return freed
+
+    # -- reading ------------------------------------------------------------------------------
+    def observations(self, *, policy: str | None = None, status: str | None = None,
+                     limit: int = 1000) -> list[dict[str, Any]]:
+        """Observation rows, newest first."""
+        where, params = [], []
+        if policy is not None:
+            where.append("policy = ?")
+            params.append(policy)
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self.query(f"SELECT * FROM observations {clause}ORDER BY created_at DESC, id DESC LIMIT ?",
+                          [*params, int(limit)])
+        return [_decode(r) for r in rows]
+
+    def observed_states(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """{(repo, sha): [{policy, task, predicted_state, observed_state, verdict, observed,
+        observed_lo, observed_hi}, ...]} of the finished observations of these checkpoints."""
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        pairs = sorted(set(pairs))
+        for start in range(0, len(pairs), 500):
+            chunk = pairs[start:start + 500]
+            marks = ", ".join("(?, ?)" for _ in chunk)
+            rows = self.query(
+                "SELECT repo, commit_sha, policy, task, predicted_state, observed_state, verdict, observed, "
+                "observed_lo, observed_hi, status, reason FROM observations WHERE (repo, commit_sha) IN "
+                f"(SELECT * FROM (VALUES {marks})) ORDER BY id", [v for p in chunk for v in p])
+            for r in rows:
+                out.setdefault((r.pop("repo"), r.pop("commit_sha")), []).append(r)
+        return out
+
+    def observation_summary(self) -> list[dict[str, Any]]:
+        """Observations grouped by (policy, task, status, observed state, verdict, reason): what
+        `lstar status` shows."""
+        rows = self.query("SELECT policy, task, status, observed_state, verdict, reason, count(*) AS n "
+                          "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
+        return [{**r, "n": int(r["n"])} for r in rows]
+
+    def track_record(self, policy: str | None = None) -> list[dict[str, Any]]:
+        """Every checked prediction (a finished observation), oldest first: the curve, the
+        predicted interval, the observation and its interval, inside or not, the verdict."""
+        where, params = ("AND policy = ? ", [policy]) if policy else ("", [])
+        return self.query(
+            "SELECT id, policy, task, curve_id, repo, commit_sha, lineage, predicted_state, predicted_lo, "
+            "predicted_hi, predicted_p, level, confidence, observed, n, k, observed_lo, observed_hi, "
+            "interval_method, observed_state, verdict, inside, finished_at FROM observations "
+            f"WHERE status = 'done' {where}ORDER BY finished_at, id", params)
+
+    # -- miscalibration episodes --------------------------------------------------------------
+    def open_miscalibration(self, policy: str, curve_id: str) -> dict[str, Any] | None:
+        rows = self.query("SELECT * FROM curve_miscalibrations WHERE policy = ? AND curve_id = ? AND ended_at IS NULL "
+                          "ORDER BY id DESC LIMIT 1", [policy, curve_id])
+        return rows[0] if rows else None
+
+    def start_miscalibration(self, policy: str, curve_id: str, detail: Mapping[str, Any], *, now: datetime) -> int:
+        with self.transaction() as conn:
+            return int(conn.execute("INSERT INTO curve_miscalibrations (policy, curve_id, detail, started_at) "
+                                    "VALUES (?, ?, ?, ?) RETURNING id",
+                                    [policy, curve_id, json.dumps(dict(detail), sort_keys=True, default=str),
+                                     now]).fetchone()[0])
+
+    def end_miscalibration(self, episode_id: int, *, now: datetime) -> None:
+        with self.transaction() as conn:
+            conn.execute("UPDATE curve_miscalibrations SET ended_at = ? WHERE id = ? AND ended_at IS NULL",
+                         [now, episode_id])
+
+    def miscalibrations(self, policy: str | None = None) -> list[dict[str, Any]]:
+        where, params = ("WHERE policy = ? ", [policy]) if policy else ("", [])
+        return self.query(f"SELECT * FROM curve_miscalibrations {where}ORDER BY id", params)
+
+
+def _insert_eval_run(conn: duckdb.DuckDBPyConnection, run: Mapping[str, Any], now: datetime) -> None:
+    conn.execute(
+        "INSERT INTO eval_runs (run_id, model_repo, model_sha, model_source, task, task_sha256, n_items, item_limit, "
+        "tokenizer_fingerprint, dtype, device, metrics, model, wall_s, finished_at) VALUES "
+        "(?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+        [run["run_id"], run["model_repo"], run["model_sha"], "hub", run["task"], run["task_sha256"] or "",
+         run["n_items"], run["tokenizer_fingerprint"], run["dtype"], run["device"],
+         json.dumps(run["metrics"], sort_keys=True, default=str),
+         json.dumps(run["model"], sort_keys=True, default=str), run["wall_s"], now])
