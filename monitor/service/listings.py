@@ -33,7 +33,8 @@ SILENCES = Key("silences", ("created_at", "id"), ("time", "str"), descending=Tru
 def checkpoints_page(store: Store, *, status: str | None = None, repo: str | None = None,
                      limit: int | None = None, cursor: str | None = None) -> Page:
     """Checkpoint rows oldest discovery first, as `lstar checkpoints --json` prints them (refs
-    and meta decoded, with the `not_evaluated` notes of each)."""
+    and meta decoded, with the `not_evaluated` notes of each, the `base` it derives from and
+    its `coordinates` (L*(base), L*(θ)) once both are scored: `Store.with_base_coordinates`)."""
     where, params = [], []
     if status is not None:
         where.append("status = ?")
@@ -45,7 +46,8 @@ def checkpoints_page(store: Store, *, status: str | None = None, repo: str | Non
         store, CHECKPOINTS, select=f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints", where=where,
         params=params, limit=limit, cursor=cursor)
     items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
-    return Page(items, total, after, limit)
+    # what each derives from and, once both are scored, its pair (L*(base), L*(θ))
+    return Page(store.with_base_coordinates(items), total, after, limit)
 
 
 def runs_page(store: Store, *, limit: int | None = None, cursor: str | None = None) -> Page:
