@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -237,3 +238,98 @@ def test_reference_bases_are_queued_once_and_only_when_the_policy_asks(tmp_path)
     assert "pinned base of org/ft@" in why["reason"] and "lineage.score_bases" in why["reason"]
     assert store.query("SELECT count(*) AS n FROM checkpoints WHERE repo = 'up/base'")[0]["n"] == 1
     store.close()
+
+
+def card(front_matter: str) -> bytes:
+    return f"---\nlibrary_name: transformers\n{front_matter}\n---\n\n# a derivative\n".encode()
+
+
+def fp16_resave(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The same model saved in float16: a quantized re-save of it."""
+    from safetensors.torch import load, save
+
+    weights = {name: t.half().contiguous() for name, t in load(files["model.safetensors"]).items()}
+    config = json.loads(files["config.json"])
+    return {**files, "model.safetensors": save(weights), "config.json": json.dumps({**config, "torch_dtype": "float16"}).encode()}
+
+
+@pytest.mark.slow
+def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_coordinates(tmp_path, shared_dir):
+    """On the fake Hub: a base outside the watch rules, a full fine-tune declared by its card and a
+    float16 re-save declared quantized; `lstar run --once` discovers the derivatives, links them,
+    queues the base as a reference through the same gate, scores all three and judges the
+    derivatives from L*(base); the listing and the report show both coordinates."""
+    import subprocess
+
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import tiny_model_files
+    from monitor.scoring.corpus import load_corpus
+    from monitor.testing.daemon_harness import DaemonProcess
+
+    from test_daemon_events import fit_arith_curve
+
+    base_files = tiny_model_files("gpt2", arch="llama", seed=3)
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    corpus = load_corpus(shared_dir / "corpus" / "calib-v0").select(first=2).sha256   # --docs 2
+    fit_arith_curve(corpus, folder / "arith.json")
+    (folder / "gov.yaml").write_text(
+        "name: gov\nwatch:\n  - name: org\n    author: org\nlineage: {score_bases: true}\n"
+        f"corpora: {{public: {corpus}}}\ntasks:\n  - name: arith\n    curve: arith.json\n"
+        "route: {receiver: log, group_wait: 0s, group_interval: 0s}\n"
+        f"receivers:\n  - name: log\n    file: {{path: {folder / 'alerts.jsonl'}}}\n")
+    with FakeHub() as hub:
+        base_sha = hub.add_repo("upstream/base", base_files)
+        hub.add_repo("org/ft", {**tiny_model_files("gpt2", arch="llama", seed=4),
+                                "README.md": card("base_model: upstream/base\nbase_model_relation: finetune")})
+        hub.add_repo("org/fp16", {**fp16_resave(base_files),
+                                  "README.md": card("base_model: upstream/base\nbase_model_relation: quantized")})
+        daemon = DaemonProcess(folder, tmp_path / "state", endpoint=hub.url, fast=False,
+                               args=["--once", "--cache-dir", str(tmp_path / "cache"),
+                                     "--corpus", str(shared_dir / "corpus" / "calib-v0"), "--docs", "2",
+                                     "--max-context", "128", "--n-boot", "10"])
+        done = subprocess.run(daemon.command(), capture_output=True, text=True, env=daemon.env, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    db = tmp_path / "state" / "lstar.duckdb"
+    with Store.open(db, read_only=True) as store:
+        rows = {r.repo: r for r in store.list_checkpoints()}
+        assert {r: rows[r].status for r in rows} == {"org/ft": "scored", "org/fp16": "scored",
+                                                     "upstream/base": "scored"}, done.stderr[-3000:]
+        base = rows["upstream/base"]
+        assert (base.sha, base.rule, base.refs) == (base_sha, None, [])
+        assert base.meta["gate"]["verdict"] == "passed"          # the same gate as any checkpoint
+        assert "lineage.score_bases" in base.meta["reference_base"]["reason"]
+        links = {r: store.checkpoint_base(rows[r].id) for r in ("org/ft", "org/fp16")}
+        assert {r: (b["base_repo"], b["base_sha"], b["relation"], b["base_checkpoint_id"]) for r, b in links.items()} == {
+            "org/ft": ("upstream/base", base_sha, "finetune", base.id),
+            "org/fp16": ("upstream/base", base_sha, "quantized", base.id)}
+        runs = {r["model_repo"]: r for r in store.query("SELECT model_repo, lstar, se_ce FROM score_runs")}
+        # A float16 re-save of the same weights reads nearly the base's L*; the fine-tune does not.
+        assert abs(runs["org/fp16"]["lstar"] - runs["upstream/base"]["lstar"]) < 0.01
+        assert abs(runs["org/ft"]["lstar"] - runs["upstream/base"]["lstar"]) > 0.01
+        preds = {p["repo"]: json.loads(p["detail"]) for p in
+                 store.query("SELECT repo, detail FROM predictions WHERE task = 'arith'")}
+        assert "upstream/base" not in preds                       # a reference, not watched
+        for repo in ("org/ft", "org/fp16"):
+            d = preds[repo]["derivative"]
+            assert (d["coordinate"], d["rho_measured"]) == ("base", False)
+            assert d["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
+            assert d["lstar_own"] == pytest.approx(runs[repo]["lstar"])
+        report = build_report(store, load_policy(folder / "gov.yaml"), now=datetime.now(timezone.utc),
+                              period_start=datetime.now(timezone.utc) - timedelta(days=1))
+    [group] = report["derivatives"]
+    assert (group["base"], group["base_sha"]) == ("upstream/base", base_sha)
+    assert group["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
+    listed = {d["repo"]: d for d in group["derivatives"]}
+    assert {r: (d["relation"], d["lstar"]) for r, d in listed.items()} == {
+        r: (rel, pytest.approx(runs[r]["lstar"])) for r, rel in (("org/ft", "finetune"), ("org/fp16", "quantized"))}
+    assert all(d["tasks"]["arith"]["coordinate"] == "base" for d in listed.values())
+
+    shown = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--db", str(db), "--json"],
+                           capture_output=True, text=True, env=daemon.env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    items = {i["repo"]: i for i in json.loads(shown.stdout)["items"]}
+    assert items["org/ft"]["coordinates"]["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
+    assert items["org/ft"]["coordinates"]["lstar"] == pytest.approx(runs["org/ft"]["lstar"])
+    assert items["upstream/base"]["base"] is None
