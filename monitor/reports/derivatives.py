@@ -30,9 +30,12 @@ def derivative_sections(store: Store, corpus: str | None, checkpoints: Iterable[
                         predictions: Sequence[Any], name_of: Callable[[str, str], str]) -> list[dict[str, Any]]:
     """One entry per base of the derivatives among `checkpoints` ((repo, commit) pairs the
     report mentions), each listing them with both coordinates on `corpus` and their states."""
-    states = _task_states(predictions)
+    derived = store.derivative_keys()
+    if not derived:
+        return []
+    states = _task_states(p for p in predictions if (p.repo, p.commit_sha) in derived)
     groups: dict[tuple[str, str | None], dict[str, Any]] = {}
-    for repo, sha in sorted(set(checkpoints)):
+    for repo, sha in sorted(set(checkpoints) & derived):
         base = store.hub_checkpoint_base(repo, sha)
         if base is None:
             continue

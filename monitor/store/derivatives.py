@@ -59,19 +59,24 @@ class DerivativeRows(StoreConnection):
 
     # -- the two coordinates -----------------------------------------------------------------
     def hub_checkpoint_base(self, repo: str, sha: str) -> dict[str, Any] | None:
-        """The lineage of the checkpoint (repo, sha) (`checkpoint_base`), with the status and
-        reason of the base's own row (None when the store has none); None for no declared base."""
-        rows = self.query("SELECT id FROM checkpoints WHERE repo = ? AND sha = ? ORDER BY id LIMIT 1", [repo, sha])
+        """The lineage of the checkpoint (repo, sha) (as `checkpoint_base`), with the id, status
+        and reason of the base's own row (None when the store has none); None for a checkpoint
+        that declares no base. One lookup by the checkpoint's unique key."""
+        rows = self.query(
+            "SELECT b.*, x.id AS base_checkpoint_id, x.status AS base_status, x.reason AS base_reason "
+            "FROM checkpoints c JOIN checkpoint_bases b ON b.checkpoint_id = c.id "
+            "LEFT JOIN checkpoints x ON x.repo = b.base_repo AND x.sha = b.base_sha "
+            "WHERE c.repo = ? AND c.sha = ? LIMIT 1", [repo, sha])
         if not rows:
             return None
-        base = self.checkpoint_base(int(rows[0]["id"]))   # type: ignore[attr-defined]
-        if base is None:
-            return None
-        status = self.query("SELECT status, reason FROM checkpoints WHERE id = ?", [base["base_checkpoint_id"]]) \
-            if base.get("base_checkpoint_id") is not None else []
-        base["base_status"] = status[0]["status"] if status else None
-        base["base_reason"] = status[0]["reason"] if status else None
-        return base
+        out = dict(rows[0])
+        out["bases"] = json.loads(out["bases"]) if isinstance(out["bases"], str) else out["bases"]
+        return out
+
+    def derivative_keys(self) -> set[tuple[str, str]]:
+        """(repo, sha) of every checkpoint that declares a base."""
+        return {(r["repo"], r["sha"]) for r in self.query(
+            "SELECT c.repo, c.sha FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id")}
 
     def complete_score(self, repo: str, sha: str, corpus_sha256: str | None = None,
                        spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
