@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,7 +23,7 @@ from monitor.alerts.reference_bases import add_reference_bases
 from monitor.curves import load_curve, predict
 from monitor.errors import PolicyError
 from monitor.policy import load_policy
-from monitor.reports.report import build_report, to_markdown
+from monitor.reports.report import build_report, to_html, to_markdown
 from monitor.service.listings import checkpoints_page
 from monitor.store import Store
 from monitor.testing.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
@@ -206,7 +208,17 @@ def test_a_derivative_waits_for_its_queued_base_and_the_listing_shows_both_coord
     assert ft["tasks"]["by-base"]["coordinate"] == "base" and ft["tasks"]["by-base"]["rho_measured"] is False
     text = to_markdown(report)
     assert "## Derivatives by base" in text and "| org/ft@" in text and "from L*(base); ρ unmeasured" in text
+    page = to_html(report, {})
+    assert "<h2>Derivatives by base</h2>" in page and "from L*(base); ρ unmeasured" in page
+
+    # `lstar checkpoints` shows the base and the pair L*(base) → L*.
     store.close()
+    shown = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--db",
+                            str(tmp_path / "state" / "lstar.duckdb")], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "400"}, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    [line] = [ln for ln in shown.stdout.splitlines() if "org/ft " in ln]
+    assert f"finetune of up/base@{b[:12]}" in line and "1.4000 → 1.0000" in line
 
 
 def test_evaluate_mode_is_refused_when_the_policy_loads(tmp_path) -> None:

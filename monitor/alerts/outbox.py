@@ -217,6 +217,7 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     extra_labels = {**policy.labels, **task.labels}
     if derivative is not None:
         numbers["derivative"] = derivative.numbers
+        numbers["lstar_base"] = derivative.numbers.get("lstar_base")
         caveats += derivative.caveats
         extra_labels.update(derivative.labels)
     if caveats:
