@@ -1,7 +1,8 @@
 """Derivatives judged on two coordinates (monitor.alerts.derivatives): `base` predicts from
 L*(base) and flags ρ unmeasured, `residual` adds the mean residual of labelled pairs and widens
 the interval by its uncertainty (checked against a hand computation), a derivative whose base
-is still on the queue waits, and reference bases are queued once and gated like any checkpoint.
+is still on the queue waits (reliability row 60), and reference bases are queued once and gated
+like any checkpoint (row 61).
 """
 
 from __future__ import annotations
