@@ -209,6 +209,7 @@ def test_a_derivative_waits_for_its_queued_base_and_the_listing_shows_both_coord
     assert ft["tasks"]["by-base"]["coordinate"] == "base" and ft["tasks"]["by-base"]["rho_measured"] is False
     text = to_markdown(report)
     assert "## Derivatives by base" in text and "| org/ft@" in text and "from L*(base); ρ unmeasured" in text
+    assert "** (from L*(base) 1.4000; ρ unmeasured) |" in text      # the task table says it too
     page = to_html(report, {})
     assert "<h2>Derivatives by base</h2>" in page and "from L*(base); ρ unmeasured" in page
 
@@ -245,7 +246,8 @@ def test_reference_bases_are_queued_once_and_only_when_the_policy_asks(tmp_path)
     [added] = add_reference_bases(store, [quiet, asking], now=T0)
     assert add_reference_bases(store, [asking], now=T0 + timedelta(hours=1)) == []
     row = store.get_checkpoint(added.id)
-    assert (row.repo, row.sha, row.source, row.rule, row.refs, row.status) == ("up/base", b, "hub", None, [], "discovered")
+    assert (row.repo, row.sha, row.source, row.rule, row.refs, row.status) == (
+        "up/base", b, "hub", "reference:r", [], "discovered")
     why = row.meta["reference_base"]
     assert why["policies"] == ["asking"] and [d["repo"] for d in why["derivatives"]] == ["org/ft", "org/q"]
     assert "pinned base of org/ft@" in why["reason"] and "lineage.score_bases" in why["reason"]
@@ -263,7 +265,8 @@ def fp16_resave(files: dict[str, bytes]) -> dict[str, bytes]:
 
     weights = {name: t.half().contiguous() for name, t in load(files["model.safetensors"]).items()}
     config = json.loads(files["config.json"])
-    return {**files, "model.safetensors": save(weights), "config.json": json.dumps({**config, "torch_dtype": "float16"}).encode()}
+    return {**files, "model.safetensors": save(weights),
+            "config.json": json.dumps({**config, "torch_dtype": "float16"}).encode()}
 
 
 @pytest.mark.slow
@@ -310,11 +313,12 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
         assert {r: rows[r].status for r in rows} == {"org/ft": "scored", "org/fp16": "scored",
                                                      "upstream/base": "scored"}, done.stderr[-3000:]
         base = rows["upstream/base"]
-        assert (base.sha, base.rule, base.refs) == (base_sha, None, [])
+        assert (base.sha, base.rule, base.refs) == (base_sha, "reference:org", [])
         assert base.meta["gate"]["verdict"] == "passed"          # the same gate as any checkpoint
         assert "lineage.score_bases" in base.meta["reference_base"]["reason"]
         links = {r: store.checkpoint_base(rows[r].id) for r in ("org/ft", "org/fp16")}
-        assert {r: (b["base_repo"], b["base_sha"], b["relation"], b["base_checkpoint_id"]) for r, b in links.items()} == {
+        got = {r: (b["base_repo"], b["base_sha"], b["relation"], b["base_checkpoint_id"]) for r, b in links.items()}
+        assert got == {
             "org/ft": ("upstream/base", base_sha, "finetune", base.id),
             "org/fp16": ("upstream/base", base_sha, "quantized", base.id)}
         runs = {r["model_repo"]: r for r in store.query("SELECT model_repo, lstar, se_ce FROM score_runs")}
@@ -346,3 +350,60 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     assert items["org/ft"]["coordinates"]["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
     assert items["org/ft"]["coordinates"]["lstar"] == pytest.approx(runs["org/ft"]["lstar"])
     assert items["upstream/base"]["base"] is None
+
+
+@pytest.fixture(scope="module")
+def small_and_large(tmp_path_factory):
+    from monitor.sandbox.hub_repos import tiny_model_files
+
+    build = tmp_path_factory.mktemp("build")
+    return (tiny_model_files(seed=1, hidden=16, build_dir=build),
+            tiny_model_files(seed=2, hidden=64, build_dir=build))
+
+
+def test_a_reference_base_is_gated_with_the_budgets_of_the_rule_that_found_its_derivative(
+        tmp_path, monkeypatch, small_and_large) -> None:
+    """The gate itself, on the fake Hub: a base too large for the derivative's rule is refused
+    with the gate's reason; one within it is gated."""
+    from huggingface_hub import constants
+
+    from monitor.alerts.reference_bases import reference_rules
+    from monitor.hub.client import HubClient, RetryPolicy
+    from monitor.hub.gate import gate_pending
+    from monitor.hub.poll import poll_once
+    from monitor.hub.rules import Budgets, WatchRule
+    from monitor.sandbox.fakehub import FakeHub
+    from monitor.sandbox.hub_repos import read_safetensors_header
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    small, large = small_and_large
+
+    def params(files):
+        header = read_safetensors_header(files["model.safetensors"])
+        return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    assert params(small) < params(large)
+    rule = WatchRule(name="org", author="org", budgets=Budgets(max_params=params(small) + 1))
+    policy = load_policy(write_policy(tmp_path / "policies", score_bases=True,
+                                      watch="watch:\n  - name: org\n    author: org\n"))
+    store = Store.open(tmp_path / "state.duckdb")
+    with FakeHub() as hub:
+        big_sha = hub.add_repo("up/big", large)
+        small_sha = hub.add_repo("up/small", small)
+        hub.add_repo("org/ft-big", {**small, "README.md": card("base_model: up/big")})
+        hub.add_repo("org/ft-small", {**small, "README.md": card("base_model: up/small")})
+        client = HubClient(hub.url, token=False, store=store, policy=RetryPolicy(attempts=1))
+        poll_once(store, client, [rule])
+        gating = [rule, *reference_rules([rule])]
+        first = gate_pending(store, client, gating, cache_dir=tmp_path / "hf" / "hub")
+        added = add_reference_bases(store, [policy], now=T0)
+        second = gate_pending(store, client, gating, cache_dir=tmp_path / "hf" / "hub")
+    assert sorted(o.repo for o in first) == ["org/ft-big", "org/ft-small"] and all(o.status == "gated" for o in first)
+    assert sorted((a.repo, a.sha) for a in added) == [("up/big", big_sha), ("up/small", small_sha)]
+    verdicts = {o.repo: (o.status, o.reason) for o in second}
+    assert verdicts["up/small"] == ("gated", None)
+    assert verdicts["up/big"][0] == "skipped" and "max_params" in verdicts["up/big"][1], verdicts
+    # Without the reference rules the gate would have used the default budgets and passed it.
+    assert params(large) < Budgets().max_params
+    store.close()

@@ -166,8 +166,8 @@ def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView,
     rho = measured_residual(label, at_base) if label is not None else None
     numbers = {**about, "coordinate": "base", "rho_measured": rho is not None,
                "lstar_base": float(base_run["lstar"]), "lstar_base_se": float(base_run["se_ce"]),
-               "base_run_id": base_run["run_id"], "at_base": {"p_hat": at_base.p_hat, "interval": [at_base.lo, at_base.hi],
-                                                               "state": at_base.state},
+               "base_run_id": base_run["run_id"],
+               "at_base": {"p_hat": at_base.p_hat, "interval": [at_base.lo, at_base.hi], "state": at_base.state},
                "own": None if own is None else {"value": own.value, "p_hat": own.p_hat,
                                                 "interval": [own.lo, own.hi], "state": own.state},
                "rho": rho, "residual": None}
@@ -186,5 +186,5 @@ def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView,
                        f"{base['base_sha'][:12]} ({base['relation']})")
     if rho is None:
         caveats.append("ρ unmeasured: no label of this derivative for the task")
-    return Judgement(prediction, numbers, {"coordinate": "base", "rho_measured": "true" if rho is not None else "false"},
-                     caveats)
+    measured = "true" if rho is not None else "false"
+    return Judgement(prediction, numbers, {"coordinate": "base", "rho_measured": measured}, caveats)

@@ -6,8 +6,10 @@ which needs the base scored on the same corpus and spec. A base that no watch ru
 added as a checkpoint row of its own — source hub, no watch rule, no refs, the commit the
 derivative was pinned to — so it goes through the same gate, budgets and scoring queue as any
 checkpoint; its meta's `reference_base` says which derivatives and policies asked for it. A
-commit the store already has is never added again. A reference base is scored, not watched:
-with no rule, a policy whose rules do not match its repo never alerts on it.
+commit the store already has is never added again. Its `rule` is `reference:RULE`, RULE the
+watch rule that found the derivative: the gate, given `reference_rules(rules)` beside the
+rules, applies that rule's budgets to it. A reference base is scored, not watched: no watch
+rule has that name, so a policy whose rules do not match its repo never alerts on it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,18 @@ from typing import Any
 
 from monitor.alerts.outbox import watches
 from monitor.events import event
+from monitor.hub import WatchRule
 from monitor.policy import Policy
 from monitor.store import Store
+
+
+REFERENCE_PREFIX = "reference:"
+
+
+def reference_rules(rules: Sequence[WatchRule]) -> list[WatchRule]:
+    """A copy of each rule named `reference:NAME`, with its budgets: what the gate looks a
+    reference base's rule up in (`gate_pending(store, client, [*rules, *reference_rules(rules)])`)."""
+    return [rule.model_copy(update={"name": REFERENCE_PREFIX + rule.name}) for rule in rules]
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,9 @@ def add_reference_bases(store: Store, policies: Sequence[Policy], *, now: dateti
         why = {"reason": reason, "policies": names,
                "derivatives": [{"checkpoint": d["checkpoint"], "repo": d["repo"], "sha": d["sha"],
                                 "relation": d["relation"]} for d in derivatives]}
-        new_id = store.add_reference_base(base["repo"], base["sha"], why=why, now=now)
+        rule = first["rule"]
+        new_id = store.add_reference_base(base["repo"], base["sha"], why=why, now=now,
+                                          rule=None if rule is None else REFERENCE_PREFIX + rule)
         if new_id is None:
             continue
         added.append(ReferenceBase(new_id, base["repo"], base["sha"], reason))

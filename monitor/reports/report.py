@@ -404,8 +404,8 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
-            via = (f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {'measured' if x.get('rho_measured') else 'unmeasured'})"
-                   if x.get("coordinate") == "base" else "")
+            rho = "measured" if x.get("rho_measured") else "unmeasured"
+            via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
             out.append(f"| {x['lineage']} | {ref_name(x)} | **{x['state']}**{via} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")

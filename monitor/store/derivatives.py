@@ -45,16 +45,17 @@ class DerivativeRows(StoreConnection):
                                          "rule": r["rule"], "relation": r["relation"]})
         return list(out.values())
 
-    def add_reference_base(self, repo: str, sha: str, *, why: Mapping[str, Any], now: datetime) -> int | None:
-        """Queue (repo, sha) as a Hub checkpoint of its own (status `discovered`, no watch rule,
-        no refs), with `why` in its meta under `reference_base`; the new row's id, or None when
-        the store already has that commit (never twice)."""
+    def add_reference_base(self, repo: str, sha: str, *, why: Mapping[str, Any], now: datetime,
+                           rule: str | None = None) -> int | None:
+        """Queue (repo, sha) as a Hub checkpoint of its own (status `discovered`, no refs, `rule`
+        a marker no watch rule is named), with `why` in its meta under `reference_base`; the new
+        row's id, or None when the store already has that commit (never twice)."""
         meta = json.dumps({"reference_base": dict(why)}, sort_keys=True, default=str)
         with self.transaction() as conn:
             got = conn.execute(
                 "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, updated_at, "
-                "status, reason, meta) VALUES (?, ?, 'hub', '[]', ?, NULL, ?, ?, 'discovered', NULL, ?) "
-                "ON CONFLICT DO NOTHING RETURNING id", [repo, sha, repo, now, now, meta]).fetchone()
+                "status, reason, meta) VALUES (?, ?, 'hub', '[]', ?, ?, ?, ?, 'discovered', NULL, ?) "
+                "ON CONFLICT DO NOTHING RETURNING id", [repo, sha, repo, rule, now, now, meta]).fetchone()
         return int(got[0]) if got else None
 
     # -- the two coordinates -----------------------------------------------------------------
