@@ -17,7 +17,7 @@ import contextlib
 import fnmatch
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -368,6 +368,8 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
     tick = _Tick(queue=store.evaluation_queue())
+    # The checkpoints that declare a base, read once: only they are judged on two coordinates.
+    derived = store.derivative_keys()
     written = False
     for policy in policies:
         public = policy.corpora.public
@@ -395,7 +397,8 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                         if stop is not None and stop():
                             report.stopped = True
                             break
-                        if _evaluate_run(store, policy, task, _view(row), curves, curve_id, now, report, batch):
+                        if _evaluate_run(store, policy, task, _view(row), curves, curve_id, now, report, batch,
+                                         derived):
                             # a derivative whose base is still to be scored: looked at again later
                             tick.held.add(row.run_id)
                             if full:
@@ -417,15 +420,17 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
 
 
 def _evaluate_run(store: Store, policy: Policy, task: Task, score: ScoreView, curves: Predictor,
-                  curve_id: str | None, now: datetime, report: EvaluationReport, batch: _Batch) -> bool:
+                  curve_id: str | None, now: datetime, report: EvaluationReport, batch: _Batch,
+                  derived: Collection[tuple[str, str]] = ()) -> bool:
     """Predict one run for one task and write its prediction (and alert) into `batch`; True
-    when nothing was written because the run waits (a derivative whose base is not scored yet)."""
+    when nothing was written because the run waits (a derivative whose base is not scored yet).
+    `derived`: the (repo, commit) of the checkpoints that declare a base."""
     if not watches(policy, score.repo, score.rule):
         return False
     derivative = None
     try:
         prediction = curves(policy, task, score)
-        if isinstance(curves, CurvePredictor):
+        if isinstance(curves, CurvePredictor) and (score.repo, score.commit) in derived:
             derivative = judge_derivative(store, policy, task, score, curves.curve(policy, task), prediction)
     except CurveError as exc:
         # Recorded, so that it is shown (and not tried again until the curve changes).

@@ -99,9 +99,20 @@ class DerivativeRows(StoreConnection):
         """Checkpoint dicts with `base` (what each derives from, or None) and, for one whose
         base is scored, `coordinates`: its newest complete score and the base's newest complete
         score on the same corpus and spec, (L*(base), L*(θ)) with their SEs."""
+        ids = sorted({int(c["id"]) for c in checkpoints if c.get("id") is not None})
+        bases: dict[int, dict[str, Any]] = {}
+        if ids:   # one read for the page; the score runs only for its derivatives
+            marks = ", ".join("?" for _ in ids)
+            for r in self.query(
+                    "SELECT b.*, (SELECT min(c.id) FROM checkpoints c WHERE c.repo = b.base_repo AND c.sha = "
+                    f"b.base_sha) AS base_checkpoint_id FROM checkpoint_bases b WHERE b.checkpoint_id IN ({marks})",
+                    ids):
+                r = dict(r)
+                r["bases"] = json.loads(r["bases"]) if isinstance(r["bases"], str) else r["bases"]
+                bases[int(r["checkpoint_id"])] = r
         out = []
         for c in checkpoints:
-            base = self.checkpoint_base(int(c["id"])) if c.get("id") is not None else None  # type: ignore[attr-defined]
+            base = bases.get(int(c["id"])) if c.get("id") is not None else None
             coordinates = None
             if base is not None and base.get("base_sha"):
                 own = self.complete_score(c["repo"], c["sha"])
