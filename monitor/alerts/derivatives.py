@@ -162,6 +162,8 @@ def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView,
                          {"coordinate": "own", "rho_measured": "false"},
                          [f"derivative ({base['relation']}) predicted from its own L*: {why}; ρ unmeasured"])
     at_base = _predict_at(curve, task, base_run)
+    # The observation of P_t(θ): a stored label. Results of active evaluation join here once the
+    # monitor runs evaluations itself (the hook `derivatives: evaluate` waits for).
     label = store.observed_label(score.repo, score.commit, curve.task, curve.metric)
     rho = measured_residual(label, at_base) if label is not None else None
     numbers = {**about, "coordinate": "base", "rho_measured": rho is not None,
