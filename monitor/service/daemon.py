@@ -62,7 +62,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from monitor.alerts.reference_bases import add_reference_bases, reference_rules
 from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, StoreError
 from monitor.events import configure_logging, event
@@ -668,6 +667,8 @@ class Daemon:
         return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
 
     def job_poll(self) -> dict[str, Any]:
+        from monitor.alerts.reference_bases import add_reference_bases, reference_rules
+
         rules = self.watch_rules()
         out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
         if not rules:
