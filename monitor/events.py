@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger("lstar.events")
 EVENT_KINDS = ("discovered", "gated", "refused", "scored", "score_failed", "state", "evaluation_skipped",
-               "alert_raised", "delivered", "retried", "dead_lettered", "report_written")
+               "reference_base", "alert_raised", "delivered", "retried", "dead_lettered", "report_written")
 
 Listener = Callable[[str, Mapping[str, Any]], None]
 _listeners: list[Listener] = []

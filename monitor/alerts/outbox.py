@@ -17,11 +17,12 @@ import contextlib
 import fnmatch
 import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from monitor.alerts.derivatives import HOLD, Judgement, judge_derivative
 from monitor.alerts.gaps import track_evaluation_gap
 from monitor.alerts.model import Alert, Delivery
 from monitor.alerts.payload import gaming_annotations, task_annotations
@@ -204,17 +205,26 @@ def _prediction_row(policy: Policy, task: str, score: ScoreView, *, state: str, 
 
 
 def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreView,
-                  prediction: TaskPrediction, *, now: datetime) -> dict[str, Any]:
-    """The prediction row (with its alert, if any) for one (policy, task, score)."""
+                  prediction: TaskPrediction, *, now: datetime,
+                  derivative: Judgement | None = None) -> dict[str, Any]:
+    """The prediction row (with its alert, if any) for one (policy, task, score); for a
+    derivative, `derivative` (monitor.alerts.derivatives) says which coordinate drove the
+    state, and its numbers, labels and caveats go into the row and the alert."""
     history = store.lineage_history(policy.name, task.name, score.lineage)
     numbers = {**prediction.as_dict(), "repo": score.repo, "commit": score.commit,
                "lineage": score.lineage, "run_id": score.run_id}
     caveats = list(score.extra.get("caveats") or [])
+    extra_labels = {**policy.labels, **task.labels}
+    if derivative is not None:
+        numbers["derivative"] = derivative.numbers
+        numbers["lstar_base"] = derivative.numbers.get("lstar_base")
+        caveats += derivative.caveats
+        extra_labels.update(derivative.labels)
     if caveats:
         numbers["caveats"] = caveats
     labels = task_labels(policy=policy.name, task=task.name, repo=score.repo, lineage=score.lineage,
                          commit=score.commit, state=prediction.state,
-                         extra={**policy.labels, **task.labels}, axis=prediction.axis)
+                         extra=extra_labels, axis=prediction.axis)
     if task.evaluate is not None:
         # An evaluation already observed this checkpoint (a rescore): its observed state, which
         # supersedes the prediction, travels with the alert beside the predicted one.
@@ -231,7 +241,8 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     row = _prediction_row(policy, task.name, score, state=prediction.state, now=now,
                           p_hat=prediction.p_hat, lo=prediction.lo, hi=prediction.hi,
                           threshold=prediction.threshold, curve_id=prediction.curve_id,
-                          detail={**prediction.as_dict(), **({"caveats": caveats} if caveats else {})})
+                          detail={**prediction.as_dict(), **({"caveats": caveats} if caveats else {}),
+                                  **({"derivative": derivative.numbers} if derivative is not None else {})})
     row["alerts"] = [alert.as_row()] if alert else []
     row["previous_state"] = history.state   # for the event log only; not a column
     return row
@@ -365,6 +376,8 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
     report = EvaluationReport()
     curves = predictor if predictor is not None else CurvePredictor()
     tick = _Tick(queue=store.evaluation_queue())
+    # The checkpoints that declare a base, read once: only they are judged on two coordinates.
+    derived = store.derivative_keys()
     written = False
     for policy in policies:
         public = policy.corpora.public
@@ -392,7 +405,12 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
                         if stop is not None and stop():
                             report.stopped = True
                             break
-                        _evaluate_run(store, policy, task, _view(row), curves, curve_id, now, report, batch)
+                        if _evaluate_run(store, policy, task, _view(row), curves, curve_id, now, report, batch,
+                                         derived):
+                            # a derivative whose base is still to be scored: looked at again later
+                            tick.held.add(row.run_id)
+                            if full:
+                                store.requeue_evaluation([row.run_id], public, now=now)
                 written = written or batch.written
                 if report.stopped:   # nothing recorded nor drained: the next tick goes on
                     if written:
@@ -410,12 +428,18 @@ def evaluate_pending(store: Store, policies: Sequence[Policy], *, now: datetime,
 
 
 def _evaluate_run(store: Store, policy: Policy, task: Task, score: ScoreView, curves: Predictor,
-                  curve_id: str | None, now: datetime, report: EvaluationReport, batch: _Batch) -> None:
-    """Predict one run for one task and write its prediction (and alert) into `batch`."""
+                  curve_id: str | None, now: datetime, report: EvaluationReport, batch: _Batch,
+                  derived: Collection[tuple[str, str]] = ()) -> bool:
+    """Predict one run for one task and write its prediction (and alert) into `batch`; True
+    when nothing was written because the run waits (a derivative whose base is not scored yet).
+    `derived`: the (repo, commit) of the checkpoints that declare a base."""
     if not watches(policy, score.repo, score.rule):
-        return
+        return False
+    derivative = None
     try:
         prediction = curves(policy, task, score)
+        if isinstance(curves, CurvePredictor) and (score.repo, score.commit) in derived:
+            derivative = judge_derivative(store, policy, task, score, curves.curve(policy, task), prediction)
     except CurveError as exc:
         # Recorded, so that it is shown (and not tried again until the curve changes).
         report.skip("curve_refused", f"policy {policy.name}, task {task.name}, "
@@ -423,9 +447,15 @@ def _evaluate_run(store: Store, policy: Policy, task: Task, score: ScoreView, cu
         report.add(_write(store, [_prediction_row(
             policy, task.name, score, state=NOT_EVALUATED, now=now, curve_id=curve_id,
             detail={"reason": exc.one_line()})], now, batch))
-        return
-    planned = task_prediction_row(store, policy, task, score, prediction, now=now)
+        return False
+    if derivative == HOLD:
+        return True
+    if isinstance(derivative, Judgement):
+        prediction = derivative.prediction
+    planned = task_prediction_row(store, policy, task, score, prediction, now=now,
+                                  derivative=derivative if isinstance(derivative, Judgement) else None)
     report.add(_write(store, [planned], now, batch))
+    return False
 
 
 def _finish_tick(store: Store, tick: _Tick, now: datetime, *, complete: bool) -> None:

@@ -111,6 +111,10 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
         f"[{_fmt(lo)}, {_fmt(hi)}], against the threshold b + ε = {_fmt(numbers['floor'])} + "
         f"{_fmt(numbers['margin'])} = {_fmt(numbers['threshold'])}. State: {numbers['state']}.")
     annotations = {"summary": summary, "description": description}
+    derivative = numbers.get("derivative")
+    if derivative:   # which coordinate drove the state, and whether the task residual was measured
+        annotations["coordinates"] = coordinates_text(derivative)
+        annotations["description"] += " " + annotations["coordinates"] + "."
     warnings = numbers.get("curve_warnings") or []
     unresolved = [w["message"] for w in warnings if w.get("unresolved")]
     if unresolved:
@@ -123,6 +127,30 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
         annotations["caveats"] = "; ".join(caveats)
         annotations["description"] += " Caveat: " + "; ".join(caveats) + "."
     return annotations
+
+
+def coordinates_text(derivative: Mapping[str, Any]) -> str:
+    """`a finetune of org/base@0123456789ab: state from L*(base) = 2.1000 (own L* = 1.9000);
+    ρ unmeasured`: a derivative's two coordinates, the one the state rests on, and ρ."""
+    base = f"{derivative.get('base_repo')}@{str(derivative.get('base_sha') or '?')[:12]}"
+    own = f"own L* = {_fmt(derivative.get('lstar_own'), 4)}"
+    if derivative.get("coordinate") == "base":
+        text = (f"a {derivative.get('relation')} of {base}: state from L*(base) = "
+                f"{_fmt(derivative.get('lstar_base'), 4)} ({own})")
+    else:
+        text = f"a {derivative.get('relation')} of {base}: state from its own coordinate ({own})"
+    residual = derivative.get("residual")
+    if residual:
+        text += (f", plus the mean residual {residual['mean']:+.3f} ± {residual['se']:.3f} (SE) of "
+                 f"{residual['n_pairs']} labelled pairs")
+    rho = derivative.get("rho")
+    if rho:
+        interval = rho.get("interval")
+        text += f"; ρ measured = {rho['rho']:+.3f}" + (
+            f" [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else "")
+    else:
+        text += "; ρ unmeasured"
+    return text
 
 
 def gaming_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str,

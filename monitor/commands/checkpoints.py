@@ -41,12 +41,16 @@ def register(app: typer.Typer) -> None:
             return
         rows = page.items
         table = Table(title=title(page, "checkpoint(s)"), title_justify="left")
-        add_columns(table, ("id", "repo", "sha", "refs", "status", "attempts", "reason"),
-                    names=("repo", "sha"), ids=("refs",), right=("id", "attempts"))
+        derived = any(r.get("base") for r in rows)
+        columns = ("id", "repo", "sha", "refs", "status", "attempts", *(("base", "L*(base) → L*") if derived else ()),
+                   "reason")
+        add_columns(table, columns, names=("repo", "sha"), ids=("refs",), right=("id", "attempts"))
         for r in rows:
+            lineage = (base_note(r), coordinates_note(r)) if derived else ()
             table.add_row(str(r["id"]), r["repo"], r["sha"][:12], ", ".join(r["refs"]), r["status"],
-                          str(r["attempts"]), "; ".join(filter(None, (
-                              r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {}),
+                          str(r["attempts"]), *lineage, "; ".join(filter(None, (
+                              r["reason"] or not_evaluated_note(r) or linked_note(r.get("meta") or {})
+                              or reference_note(r.get("meta") or {}),
                               observed_note(r)))))
         console = plain_console()
         print_table(console, table)
@@ -69,6 +73,28 @@ def observed_note(row: dict) -> str:
         else:
             parts.append(f"evaluation {o['task']}: {o['status']}" + (f" ({o['reason']})" if o.get("reason") else ""))
     return "; ".join(parts)
+
+
+def base_note(row: dict) -> str:
+    """`finetune of org/base@0123456789ab` for a derivative (its declared base and relation)."""
+    base = row.get("base")
+    if not base:
+        return ""
+    if not base.get("repo"):
+        return f"{base['relation']} of {', '.join(base.get('bases') or []) or '?'}"
+    return f"{base['relation']} of {base['repo']}@{(base.get('sha') or 'unpinned')[:12]}"
+
+
+def coordinates_note(row: dict) -> str:
+    """`2.1043 → 1.9870`: L*(base) and the checkpoint's own L* on one corpus and spec."""
+    pair = row.get("coordinates")
+    return f"{pair['lstar_base']:.4f} → {pair['lstar']:.4f}" if pair else ""
+
+
+def reference_note(meta: dict) -> str:
+    """Why a reference base was queued (`monitor.alerts.reference_bases`)."""
+    why = meta.get("reference_base")
+    return f"reference: {why.get('reason', '')}" if why else ""
 
 
 def linked_note(meta: dict) -> str:

@@ -77,11 +77,13 @@ def register(app: typer.Typer) -> None:
         if not once:
             raise CommandLineError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file)
+        from monitor.alerts.reference_bases import reference_rules
 
         with Store.open(db_path) as store:
             client = HubClient(endpoint, store=store)
             polled = poll_once(store, client, rules)
-            gated = gate_pending(store, client, rules, cache_dir=cache_dir) if gate else []
+            # a reference base left to gate gets the budgets of the rule that found its derivative
+            gated = gate_pending(store, client, [*rules, *reference_rules(rules)], cache_dir=cache_dir) if gate else []
             report = {"endpoint": client.endpoint, "rules": [p.as_dict() for p in polled],
                       "gate": [g.as_dict() for g in gated]}
         if as_json:

@@ -172,6 +172,12 @@ class Task(_Strict):
                 ordered level); required for a curve fitted with a budget column, and one of
                 the levels it was fitted at (no extrapolation)
     evaluate:   how to check its predictions by running the task (optional, `Evaluate`)
+    derivatives: how a checkpoint with a matched base (a fine-tune, adapter or quantization
+                of a scored base; `monitor.alerts.derivatives`) is judged: `base` (default)
+                predicts from the base's coordinate L*(base) and flags the task residual ρ as
+                unmeasured; `residual` adds the mean residual of labelled base/derivative pairs
+                of the same relation, widening the interval by its uncertainty; `evaluate`
+                (evaluate every derivative directly) is refused until active evaluation exists
     """
 
     name: str = Field(pattern=_NAME_PATTERN)
@@ -181,6 +187,28 @@ class Task(_Strict):
     labels: dict[str, str] = Field(default_factory=dict)
     budget: float | None = Field(None, ge=0.0, allow_inf_nan=False)
     evaluate: Evaluate | None = None
+    derivatives: Literal["base", "residual", "evaluate"] = "base"
+
+    @field_validator("derivatives")
+    @classmethod
+    def _derivatives_available(cls, value: str) -> str:
+        # The hook for direct evaluation of derivatives: accepted once the monitor can run a
+        # task's evaluation on a checkpoint itself (active evaluation); refused until then.
+        if value == "evaluate":
+            raise ValueError("value 'evaluate' needs active evaluation of derivatives, which this "
+                             "version does not have; use base or residual")
+        return value
+
+
+class LineagePolicy(_Strict):
+    """What a policy does with checkpoints that declare a base model (`monitor.hub.lineage`).
+
+    score_bases: a derivative's pinned base that no watch rule finds is added to the queue as
+                 a reference checkpoint (same gate, budgets and scoring), so that its L*(base)
+                 is known; it is never alerted on itself
+    """
+
+    score_bases: bool = False
 
 
 class Corpora(_Strict):
@@ -468,6 +496,7 @@ class Policy(_Strict):
     tasks: list[Task] = Field(default_factory=list)
     evaluations: Evaluations = Evaluations()
     calibration_gaming: CalibrationGaming | None = None
+    lineage: LineagePolicy = LineagePolicy()
     route: RootRoute
     receivers: list[Receiver] = Field(min_length=1)
     meta_receivers: list[str] = Field(default_factory=list)

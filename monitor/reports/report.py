@@ -33,6 +33,7 @@ from typing import Any
 from monitor.errors import CurveError
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
+from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.summary import plotted, summarised
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
@@ -227,9 +228,14 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             newest = {(p.repo, p.commit_sha): p for p in preds}
             last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
                                                         p.evaluated_at))
+            derived = (last.detail or {}).get("derivative")
             current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
                             "checkpoint": name_of(last.repo, last.commit_sha),
                             "state": last.state, "lstar": last.lstar, "se": last.se,
+                            # a derivative's state may rest on its base's coordinate (derivatives.py)
+                            "coordinate": derived.get("coordinate", "own") if derived else "own",
+                            "rho_measured": bool(derived.get("rho_measured")) if derived else None,
+                            "lstar_base": derived.get("lstar_base") if derived else None,
                             "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
                             "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
                             "threshold": last.threshold, "evaluated_at": last.evaluated_at})
@@ -262,6 +268,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     record = track_record_section(store, policy)
     problems += [r["problem"] for r in record if r.get("problem")]
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
+    mentioned = [*names, *((p.repo, p.commit_sha) for p in window)]
+    derivatives = derivative_sections(store, corpus, mentioned, [*predictions, *carried_in.values()], name_of)
     # An observed state supersedes the prediction: observed_unresolved counts as at risk,
     # observed_emerged as emerged, observed_clear as neither.
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "at_risk"]
@@ -275,7 +283,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "new_checkpoints": [{"repo": c.repo, "commit": c.sha, "refs": c.refs,
                              "checkpoint": name_of(c.repo, c.sha), "status": c.status,
                              "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
-        "families": list(families.values()), "lstar_table": table, "tasks": tasks,
+        "families": list(families.values()), "lstar_table": table, "tasks": tasks, "derivatives": derivatives,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
         "plots": [],
@@ -482,12 +490,15 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
         for x in t["lineages"]:
-            state = (f"**{x['observed_state']}** (predicted {x['state']})" if x.get("observed_state")
-                     else f"**{x['state']}**")
+            rho = "measured" if x.get("rho_measured") else "unmeasured"
+            via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
+            state = (f"**{x['observed_state']}** (predicted {x['state']}){via}" if x.get("observed_state")
+                     else f"**{x['state']}**{via}")
             out.append(f"| {x['lineage']} | {ref_name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
     out += track_record_markdown(data.get("track_record") or [])
+    out += derivatives_markdown(data.get("derivatives") or [])
     out += ["## Crossings", "", *how("crossings"), *note("crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]

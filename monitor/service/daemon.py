@@ -676,6 +676,8 @@ class Daemon:
         return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
 
     def job_poll(self) -> dict[str, Any]:
+        from monitor.alerts.reference_bases import add_reference_bases, reference_rules
+
         rules = self.watch_rules()
         out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
         if not rules:
@@ -691,7 +693,14 @@ class Daemon:
                     if p.error is None:
                         self.metrics.rule_polled(p.rule)
                 out["polls"] = [p.as_dict() for p in polls]
-                outcomes = gate_pending(store, client, rules, cache_dir=self.cache_dir())
+                # A reference base is gated with the budgets of the rule that found its derivative.
+                gating = [*rules, *reference_rules(rules)]
+                outcomes = gate_pending(store, client, gating, cache_dir=self.cache_dir())
+                # The pinned bases a policy asks to have scored join the queue, and the same gate.
+                references = add_reference_bases(store, self.policies(), now=utcnow())
+                if references:
+                    out["references"] = [r.as_dict() for r in references]
+                    outcomes += gate_pending(store, client, gating, cache_dir=self.cache_dir())
                 out["gated"] = [o.as_dict() for o in outcomes]
             if not self.poll_requested.is_set() or self.stopping.is_set():
                 break

@@ -33,8 +33,9 @@ SILENCES = Key("silences", ("created_at", "id"), ("time", "str"), descending=Tru
 def checkpoints_page(store: Store, *, status: str | None = None, repo: str | None = None,
                      limit: int | None = None, cursor: str | None = None) -> Page:
     """Checkpoint rows oldest discovery first, as `lstar checkpoints --json` prints them (refs
-    and meta decoded, with the `not_evaluated` notes of each and its `observations`: each
-    active evaluation's predicted and observed state)."""
+    and meta decoded, with the `not_evaluated` notes of each, its `observations` (each active
+    evaluation's predicted and observed state), the `base` it derives from and its `coordinates`
+    (L*(base), L*(θ)) once both are scored: `Store.with_base_coordinates`)."""
     where, params = [], []
     if status is not None:
         where.append("status = ?")
@@ -48,7 +49,8 @@ def checkpoints_page(store: Store, *, status: str | None = None, repo: str | Non
     items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
     observed = store.observed_states([(c["repo"], c["sha"]) for c in items])
     items = [{**c, "observations": observed.get((c["repo"], c["sha"]), [])} for c in items]
-    return Page(items, total, after, limit)
+    # what each derives from and, once both are scored, its pair (L*(base), L*(θ))
+    return Page(store.with_base_coordinates(items), total, after, limit)
 
 
 def runs_page(store: Store, *, limit: int | None = None, cursor: str | None = None) -> Page:

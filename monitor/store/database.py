@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from monitor.store.alerts import AlertRows
 from monitor.store.checkpoints import CheckpointRows
+from monitor.store.derivatives import DerivativeRows
 from monitor.store.evaluation_gaps import EvaluationGapRows
 from monitor.store.evaluation_queue import EvaluationQueueRows
 from monitor.store.hub import HubRows
@@ -15,7 +16,7 @@ from monitor.store.scores import ScoreRows
 
 
 class Store(ScoreRows, HubRows, CheckpointRows, AlertRows, NotificationRows, LabelRows, ReportRows,
-            EvaluationGapRows, EvaluationQueueRows, ObservationRows):
+            EvaluationGapRows, EvaluationQueueRows, ObservationRows, DerivativeRows):
     """A DuckDB state file. Use `Store.open(...)`; close it (or use `with`).
 
     One process writes the file; readers open it read-only. The schema lives in
