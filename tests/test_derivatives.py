@@ -223,14 +223,29 @@ def test_a_derivative_waits_for_its_queued_base_and_the_listing_shows_both_coord
     assert f"finetune of up/base@{b[:12]}" in line and "1.4000 → 1.0000" in line
 
 
-def test_evaluate_mode_is_refused_when_the_policy_loads(tmp_path) -> None:
-    path = write_policy(tmp_path / "policies")
+def test_evaluate_mode_evaluates_every_derivative_and_needs_an_evaluate_block(world) -> None:
+    from monitor.alerts.observations import schedule_observations
+
+    policy, store, shas, tmp = world
+    path = tmp / "policies" / "gov.yaml"
     path.write_text(path.read_text().replace("derivatives: residual", "derivatives: evaluate"))
     with pytest.raises(PolicyError) as err:
         load_policy(path)
     assert str(err.value).splitlines()[0].endswith(
-        "tasks[1].derivatives: value 'evaluate' needs active evaluation of derivatives, which this version "
-        "does not have; use base or residual")
+        "tasks[1]: derivatives: evaluate needs an `evaluate:` block (how to run the task)")
+    (tmp / "policies" / "mc.jsonl").write_text(json.dumps(
+        {"id": "q1", "context": "two plus two is", "choices": [" four", " five"], "answer": 0}) + "\n")
+    path.write_text(path.read_text().replace(
+        "derivatives: evaluate", "derivatives: evaluate\n    evaluate: {file: mc.jsonl, on: [clear]}"))
+    policy = load_policy(path)
+    evaluate_pending(store, [policy], now=T0 + timedelta(days=1))
+    states = {r["repo"]: r["state"] for r in store.query(
+        "SELECT repo, state FROM predictions WHERE task = 'by-residual'")}
+    assert "clear" not in states.values()        # `on: [clear]` alone would evaluate nothing
+    counts = schedule_observations(store, [policy], now=T0 + timedelta(days=1))
+    observed = sorted(r["repo"] for r in store.query("SELECT repo FROM observations WHERE task = 'by-residual'"))
+    # every derivative (its state notwithstanding), no base
+    assert observed == ["org/d1", "org/d2", "org/d3"] and counts["scheduled"] == 3
 
 
 def test_reference_bases_are_queued_once_and_only_when_the_policy_asks(tmp_path) -> None:

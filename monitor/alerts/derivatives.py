@@ -15,7 +15,9 @@ spec, a policy task's `derivatives:` mode decides:
   widened in quadrature: lower = P̂ − √((φ − lo)² + (z·SE)²), upper = P̂ + √((hi − φ)² +
   (z·SE)²), z the two-sided normal quantile of the curve's confidence. Fewer than two pairs:
   not evaluated, with the reason.
-- `evaluate` is refused when the policy loads (`monitor.policy.schema.Task`).
+- `evaluate`: predicted as `base`, and every derivative's task is evaluated directly (the task's
+  `evaluate:` block, `monitor.alerts.observations`), whatever its predicted state; the
+  observation measures ρ_t and its observed state supersedes the prediction.
 
 A measured residual's interval: ρ ± √(h_obs² + h_band²), h_obs = z·(the label's stderr, else
 the binomial √(p(1−p)/n)) and h_band = (hi − lo)/2 of the band at L*(base). A checkpoint
@@ -162,8 +164,7 @@ def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView,
                          {"coordinate": "own", "rho_measured": "false"},
                          [f"derivative ({base['relation']}) predicted from its own L*: {why}; ρ unmeasured"])
     at_base = _predict_at(curve, task, base_run)
-    # The observation of P_t(θ): a stored label. Results of active evaluation join here once the
-    # monitor runs evaluations itself (the hook `derivatives: evaluate` waits for).
+    # The observation of P_t(θ): a stored label (an active evaluation stores its result as one).
     label = store.observed_label(score.repo, score.commit, curve.task, curve.metric)
     rho = measured_residual(label, at_base) if label is not None else None
     numbers = {**about, "coordinate": "base", "rho_measured": rho is not None,

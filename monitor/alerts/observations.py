@@ -81,8 +81,14 @@ def schedule_observations(store: Store, policies: Sequence[Policy], *, now: date
         started = store.observations_started_on(policy.name, day)
         for task in tasks:
             settings = evaluation_settings(policy, task)
-            for p in store.observation_candidates(policy.name, task.name, list(task.evaluate.on),
-                                                  since=now - LOOKBACK):
+            candidates = store.observation_candidates(policy.name, task.name, list(task.evaluate.on),
+                                                      since=now - LOOKBACK)
+            if task.derivatives == "evaluate":  # every derivative, whatever its predicted state
+                seen = {p["prediction_id"] for p in candidates}
+                candidates += [p for p in store.observation_candidates(
+                    policy.name, task.name, ["clear", "at_risk", "emerged"], since=now - LOOKBACK,
+                    derivatives_only=True) if p["prediction_id"] not in seen]
+            for p in candidates:
                 within = started < policy.evaluations.per_day
                 row = {"policy": policy.name, "task": task.name, "run_id": p["run_id"],
                        "prediction_id": p["prediction_id"], "checkpoint_id": p["checkpoint_id"],

@@ -177,7 +177,8 @@ class Task(_Strict):
                 predicts from the base's coordinate L*(base) and flags the task residual ρ as
                 unmeasured; `residual` adds the mean residual of labelled base/derivative pairs
                 of the same relation, widening the interval by its uncertainty; `evaluate`
-                (evaluate every derivative directly) is refused until active evaluation exists
+                predicts as `base` and evaluates every derivative directly with the task's
+                `evaluate:` (whatever its predicted state), so that ρ is measured
     """
 
     name: str = Field(pattern=_NAME_PATTERN)
@@ -189,15 +190,12 @@ class Task(_Strict):
     evaluate: Evaluate | None = None
     derivatives: Literal["base", "residual", "evaluate"] = "base"
 
-    @field_validator("derivatives")
-    @classmethod
-    def _derivatives_available(cls, value: str) -> str:
-        # The hook for direct evaluation of derivatives: accepted once the monitor can run a
-        # task's evaluation on a checkpoint itself (active evaluation); refused until then.
-        if value == "evaluate":
-            raise ValueError("value 'evaluate' needs active evaluation of derivatives, which this "
-                             "version does not have; use base or residual")
-        return value
+    @model_validator(mode="after")
+    def _derivatives_evaluated(self) -> "Task":
+        # Direct evaluation of derivatives runs the task's own `evaluate:` on each of them.
+        if self.derivatives == "evaluate" and self.evaluate is None:
+            raise ValueError("derivatives: evaluate needs an `evaluate:` block (how to run the task)")
+        return self
 
 
 class LineagePolicy(_Strict):

@@ -35,20 +35,22 @@ class ObservationRows(StoreConnection):
 
     # -- scheduling ---------------------------------------------------------------------------
     def observation_candidates(self, policy: str, task: str, states: Sequence[str], *,
-                               since: datetime) -> list[dict[str, Any]]:
+                               since: datetime, derivatives_only: bool = False) -> list[dict[str, Any]]:
         """Predictions of (policy, task) made since `since`, in one of `states`, with an
         interval, that have no observation row yet, oldest first (with the checkpoint id of
-        their score run)."""
+        their score run); `derivatives_only`: only those of checkpoints that declare a base."""
         if not states:
             return []
         marks = ", ".join("?" for _ in states)
+        only = ("AND EXISTS (SELECT 1 FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id "
+                "WHERE c.repo = p.repo AND c.sha = p.commit_sha) " if derivatives_only else "")
         rows = self.query(
             "SELECT p.id AS prediction_id, p.run_id, p.repo, p.commit_sha, p.lineage, p.curve_id, p.state, "
             "p.lo, p.hi, p.p_hat, p.threshold, p.detail, r.checkpoint_id FROM predictions p "
             "LEFT JOIN score_runs r ON r.run_id = p.run_id "
             "WHERE p.policy = ? AND p.task = ? AND p.state IN (" + marks + ") AND p.lo IS NOT NULL "
             "AND p.hi IS NOT NULL AND p.threshold IS NOT NULL AND p.curve_id IS NOT NULL AND p.evaluated_at >= ? "
-            "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.policy = p.policy AND o.task = p.task "
+            + only + "AND NOT EXISTS (SELECT 1 FROM observations o WHERE o.policy = p.policy AND o.task = p.task "
             "AND o.run_id = p.run_id) ORDER BY p.evaluated_at, p.id", [policy, task, *states, since])
         for r in rows:
             r["detail"] = json.loads(r["detail"]) if isinstance(r["detail"], str) else r["detail"]
