@@ -98,7 +98,7 @@ def test_the_demo_needs_only_the_core_dependencies() -> None:
     dists = importlib.metadata.packages_distributions()
     core = _requirement_names(None)
     graph = _demo_import_graph()
-    assert {"monitor.demo.run", "monitor.sandbox.receivers", "monitor.sandbox.fakehub",
+    assert {"monitor.demo.run", "monitor.demo.receivers", "monitor.demo.fakehub",
             "monitor.service.daemon"} <= set(graph)
     missing = []
     for name, path in graph.items():
@@ -131,8 +131,8 @@ def test_the_demo_starts_in_a_venv_without_extras(tmp_path: Path) -> None:
     help_ = subprocess.run([str(venv / "bin" / "lstar"), "demo", "--help"], capture_output=True, text=True,
                            timeout=300, env=env, cwd=tmp_path)
     assert help_.returncode == 0 and "--workdir" in help_.stdout, help_.stderr[-3000:]
-    script = ("import monitor, monitor.demo.run, monitor.sandbox.receivers, monitor.sandbox.fakehub\n"
-              "from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver\n"
+    script = ("import monitor, monitor.demo.run, monitor.demo.receivers, monitor.demo.fakehub\n"
+              "from monitor.demo.receivers import SmtpReceiver, WebhookReceiver\n"
               "with SmtpReceiver() as smtp, WebhookReceiver() as hook: print(monitor.__file__, smtp.port > 0)\n")
     proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)

@@ -36,8 +36,8 @@ from monitor.scoring import ScoredRun, ScoreRequest, default_memory_limit, load_
 from monitor.scoring.backends import ScoreJob, ScoringBackend, estimate_memory, make_backend
 from monitor.scoring.backends.ray import INSTALL_HINT as RAY_INSTALL_HINT
 from monitor.scoring.loader import download_hub_checkpoint
+from monitor.scoring.scoring_driver import materialize_snapshot
 from monitor.scoring.tokenizer import load_tokenizer
-from monitor.service.scoring_driver import materialize_snapshot
 from monitor.store import Store
 
 FAILPOINT = "calibrate_after_jobs"

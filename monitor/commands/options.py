@@ -27,8 +27,8 @@ import click
 import typer
 
 from monitor.policy import format_duration, parse_duration
-from monitor.service import MAX_LIMIT
 from monitor.store import DB_NAME
+from monitor.store.pages import MAX_LIMIT
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.

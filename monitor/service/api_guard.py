@@ -46,11 +46,11 @@ from urllib.parse import urlsplit
 
 from monitor.errors import StoreError
 from monitor.service.api_lane import ReservedLane
+from monitor.store.pages import MAX_LIMIT
 
 log = logging.getLogger("lstar.api")
 
 TOKEN_NAME = "api.token"
-MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
 MAX_TOKEN_BYTES = 256
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 LINGER_SECONDS = 2.0            # after refusing a body: how long its rest is drained, at most
