@@ -48,7 +48,7 @@ def run_json(capsys: Any, *argv: str) -> tuple[int, Any, str]:
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> dict[str, Path]:
     """The example campaign as checked in, in a checkout-like folder beside ../shared, with
-    the six checkpoints it names built by the sandbox builder."""
+    the six checkpoints it names built by the lab's tiny-model builder."""
     from monitor.lab.tiny_models import build_calibration_checkpoints
 
     root = tmp_path_factory.mktemp("calib")
