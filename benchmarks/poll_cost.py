@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from huggingface_hub import HfApi
 
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import add_filler_repos
     from monitor.hub.client import LIST_EXPAND, HubClient
     from monitor.hub.poll import poll_rule
     from monitor.hub.rules import WatchRule
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import add_filler_repos
     from monitor.store import Store
 
     author = "filler-org"

@@ -29,17 +29,18 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers: support.sequential
 
 from monitor.alerts.predict import predict_task
 from monitor.alerts.sequential_plan import task_entry
 from monitor.curves.artifact import ScoringRef
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.policy import Task
-from monitor.sandbox.tiny_models import build_tiny_model
 from monitor.scoring import ScoreRequest
 from monitor.scoring.engine import compute_score, prepare
 from monitor.scoring.sequential import CurveTask, run_sequential
 from monitor.scoring.sequential_run import sequential_plan
-from monitor.testing.sequential import synthetic_curve
+from support.sequential import synthetic_curve
 
 SHARED = ROOT.parent / "shared"
 STDS = (0.02, 0.06, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)

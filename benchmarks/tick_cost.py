@@ -36,7 +36,7 @@ def _policy_text(corpus: str, folder: Path) -> str:
 
 def build_state(store, n: int, lineages: int, corpus: str) -> None:
     """N evaluated score runs with their checkpoints and two tasks' predictions, by SQL."""
-    from monitor.testing.scores import TEST_SPEC
+    from support.scores import TEST_SPEC
 
     store.conn.execute(
         "INSERT INTO checkpoints (repo, sha, source, lineage, rule, discovered_at, updated_at, status) "
@@ -75,7 +75,7 @@ def measure(n: int, *, lineages: int, new: int, idle_ticks: int, folder: Path) -
     from monitor.alerts import evaluate_pending
     from monitor.policy.load import load_policy
     from monitor.store import Store
-    from monitor.testing.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
+    from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
     (folder / f"gov{n}.yaml").write_text(_policy_text(CALIB_V0_SHA256, folder))
     policy = load_policy(folder / f"gov{n}.yaml", check_curves=False)
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the checkout whose `monitor` is measured")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(args.code.resolve()))
+    sys.path.insert(0, str(args.code.resolve() / "tests"))  # the tests' helpers: support.scores
     import monitor
 
     print(f"monitor from {Path(monitor.__file__).parent}")

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     args = parser.parse_args(argv)
 
-    from monitor.sandbox.tiny_models import build_tiny_model
+    from monitor.lab.tiny_models import build_tiny_model
     from monitor.scoring.backends import LocalBackend, ScoreJob, WarmBackend
     from monitor.scoring.engine import ScoreRequest, corpus_selection
 

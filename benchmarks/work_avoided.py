@@ -2,7 +2,7 @@
 
 A fake Hub holds U distinct tiny models, each published under M repos (mirrors: the same
 files under another name, as re-uploads and forks are). The daemon's scoring driver
-(`monitor.service.scoring_driver.score_queue_on`, local backend, one job per lease as the
+(`monitor.scoring.scoring_driver.score_queue_on`, local backend, one job per lease as the
 daemon runs it) scores the whole queue. The naive side scores every checkpoint as a job of
 its own with no cached baseline, as `lstar score` on each one would. Both sides use the same
 backend, corpus selection and options, and every checkpoint's L* is checked equal between
@@ -37,17 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
     args = parser.parse_args(argv)
 
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import tiny_model_files
     from monitor.environment import quiet_hub_progress
     from monitor.hub.client import HubClient
     from monitor.hub.fetch import snapshot_dir
     from monitor.hub.gate import gate_pending
     from monitor.hub.poll import poll_once
     from monitor.hub.rules import WatchRule
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import tiny_model_files
     from monitor.scoring.backends import LocalBackend
     from monitor.scoring.engine import ScoreRequest
-    from monitor.service.scoring_driver import JobBuilder, score_queue_on
+    from monitor.scoring.scoring_driver import JobBuilder, score_queue_on
     from monitor.store import Store
 
     class CountingBackend(LocalBackend):

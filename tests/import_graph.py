@@ -1,7 +1,7 @@
 """The package's imports as the source states them, read with `ast` (nothing is imported).
 
-Shared by the architecture checks (cycles, what production code may import, what stays lazy)
-and the packaging checks (every third-party import is declared).
+Shared by the architecture check of what stays lazy (the layers and cycles are import-linter's
+contracts in pyproject.toml) and the packaging checks (every third-party import is declared).
 """
 
 from __future__ import annotations
@@ -95,27 +95,3 @@ def module_graph(*, module_level_only: bool = True) -> dict[str, dict[str, int]]
                 edges.setdefault(imp.module, imp.line)
         graph[name] = edges
     return graph
-
-
-def find_cycle(graph: dict[str, dict[str, int]] | dict[str, set[str]]) -> list[str] | None:
-    """One cycle of `graph` as [a, b, ..., a], or None when it has none (iterative DFS)."""
-    state: dict[str, int] = {}          # 1: on the current path, 2: done
-    for start in sorted(graph):
-        if state.get(start):
-            continue
-        path = [start]
-        stack = [iter(sorted(graph[start]))]
-        state[start] = 1
-        while stack:
-            nxt = next(stack[-1], None)
-            if nxt is None:
-                state[path.pop()] = 2
-                stack.pop()
-                continue
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if not state.get(nxt) and nxt in graph:
-                state[nxt] = 1
-                path.append(nxt)
-                stack.append(iter(sorted(graph[nxt])))
-    return None

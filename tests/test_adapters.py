@@ -16,11 +16,11 @@ from monitor.hub.client import HubClient, RetryPolicy
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.scoring import ScoreRequest
 from monitor.scoring.loader import load_checkpoint
-from monitor.service.scoring_driver import score_in_process, score_queue
+from monitor.scoring.scoring_driver import score_in_process, score_queue
 from monitor.store import Store
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
@@ -195,7 +195,7 @@ def test_the_scoring_child_merges_the_adapter_and_dedupe_tells_it_from_its_base(
     """The daemon's path: each job in a child process (LocalBackend), the adapter and its base
     laid out flat beside each other; the adapter's content key includes its base's."""
     from monitor.scoring.backends import LocalBackend
-    from monitor.service.scoring_driver import score_queue_on
+    from monitor.scoring.scoring_driver import score_queue_on
 
     store = Store.open(tmp_path / "state.duckdb")
     cache = tmp_path / "hf" / "hub"

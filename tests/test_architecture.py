@@ -1,16 +1,27 @@
-"""The shape of the package, read from its imports: stages that depend on each other one way,
-no import cycles (imports inside functions count too: a lazy import is still a dependency;
-those under `if TYPE_CHECKING:` never run and do not), test helpers kept out of production,
-and torch kept out of the processes that never score (the `lstar` command's start-up and the
-daemon's parent process).
+"""The shape of the package, read from its imports.
 
-A failure prints the cycle or the import chain, so the fix starts from the line named.
+The layer order, the absence of import cycles and the ban on test code are import-linter
+contracts declared in pyproject.toml (`[tool.importlinter]`); these tests run `lint-imports` on
+the checkout, check that the contracts really refuse what they forbid, and that
+docs/architecture.md draws the same order. What a contract cannot say stays hand-written here:
+torch kept out of the processes that never score (the `lstar` command's start-up and the daemon's
+parent process), where only imports at module level count.
+
+A failure prints the import chain, so the fix starts from the line named.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
 import pytest
-from import_graph import PACKAGE, ROOT, all_modules, find_cycle, imports, module_graph
+from import_graph import ROOT, all_modules, imports, module_graph
 
 # Loaded only where a model is scored or evaluated (the scoring child, `lstar eval`, the lab).
 LAZY_ONLY = ("torch", "transformers")
@@ -18,57 +29,68 @@ LAZY_ONLY = ("torch", "transformers")
 ENTRY_POINTS = ("monitor.cli", "monitor.service.daemon")
 
 
-def _stage(module: str) -> str:
-    """The pipeline stage of a module: its subpackage of `monitor`, or the top-level module."""
-    parts = module.split(".")
-    if len(parts) == 1:
-        return module
-    return parts[1]
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` on the package under `root` with the contracts of its pyproject.toml."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                           "lint_imports_command()", "--no-cache"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
-    modules = all_modules()
-    return "\n".join(f"  {a} -> {b}  ({modules[a].relative_to(ROOT)}:{graph[a][b]})"
-                     for a, b in zip(cycle, cycle[1:]))
+def _layers() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == "layers"]
+    return contract["layers"]
 
 
-def test_no_import_cycle_between_modules() -> None:
-    graph = module_graph()
-    cycle = find_cycle(graph)
-    assert cycle is None, "module-level import cycle:\n" + _describe(cycle, graph)
+def test_the_import_contracts_hold() -> None:
+    """Every stage imports only the stages below it, no package's modules or subpackages import
+    each other in a cycle, and production code never imports test code."""
+    proc = _lint_imports(ROOT)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert re.search(r"Contracts: [1-9][0-9]* kept, 0 broken", proc.stdout), proc.stdout[-3000:]
 
 
-def test_no_import_cycle_between_modules_even_inside_functions() -> None:
-    """A function-level import kept for start-up time (torch, scipy) must not hide a cycle."""
-    graph = module_graph(module_level_only=False)
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle (function-level imports included):\n" + _describe(cycle, graph)
+@pytest.fixture()
+def package_copy(tmp_path: Path) -> Path:
+    """The package and its contracts copied to a folder of their own, to be broken on purpose."""
+    shutil.copytree(ROOT / "monitor", tmp_path / "monitor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
 
 
-def test_no_import_cycle_between_stages() -> None:
-    """scoring, hub, curves, policy, alerts, reports, service, store... import each other one way,
-    counting the imports inside functions too."""
-    graph = module_graph(module_level_only=False)
-    stages: dict[str, dict[str, str]] = {}
-    for module, edges in graph.items():
-        for target, line in edges.items():
-            a, b = _stage(module), _stage(target)
-            if a != b:
-                stages.setdefault(a, {}).setdefault(b, f"{module} -> {target} (line {line})")
-    for stage in {_stage(m) for m in graph}:
-        stages.setdefault(stage, {})
-    cycle = find_cycle({a: set(bs) for a, bs in stages.items()})
-    assert cycle is None, "stages import each other in a cycle:\n" + "\n".join(
-        f"  {a} -> {b}: {stages[a][b]}" for a, b in zip(cycle, cycle[1:]))
+def test_the_contracts_refuse_an_upward_import_a_cycle_and_an_unplaced_package(package_copy: Path) -> None:
+    with (package_copy / "monitor" / "store" / "rows.py").open("a") as f:
+        f.write("\nimport monitor.service.daemon  # upward: the store under the daemon\n")
+    with (package_copy / "monitor" / "hub" / "client.py").open("a") as f:
+        f.write("\nimport monitor.hub.gate\n")  # the gate imports the client: a cycle inside hub/
+    (package_copy / "monitor" / "sandbox").mkdir()
+    (package_copy / "monitor" / "sandbox" / "__init__.py").write_text("")
+    with (package_copy / "monitor" / "lab" / "train.py").open("a") as f:
+        f.write("\nimport pytest\n")
+    proc = _lint_imports(package_copy)
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert "monitor.sandbox" in out, out[-3000:]   # exhaustive: every subpackage has a layer
+    (package_copy / "monitor" / "sandbox" / "__init__.py").unlink()
+    (package_copy / "monitor" / "sandbox").rmdir()
+    proc = _lint_imports(package_copy)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0
+    assert "monitor.store is not allowed to import monitor.service" in out, out[-3000:]
+    assert "monitor.store.rows -> monitor.service.daemon" in out, out[-3000:]
+    assert "No cycles are allowed in monitor.hub" in out, out[-3000:]
+    assert "monitor.lab.train -> pytest" in out, out[-3000:]
 
 
-def test_production_code_never_imports_the_test_helpers() -> None:
-    testing = PACKAGE / "testing"
-    offenders = [f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}"
-                 for name, path in all_modules().items() if testing not in path.parents
-                 for imp in imports(path, all_modules())
-                 if imp.module == "monitor.testing" or imp.module.startswith("monitor.testing.")]
-    assert not offenders, "\n".join(offenders)
+def test_the_architecture_doc_draws_the_contracts_layer_order() -> None:
+    """docs/architecture.md lists the layers top to bottom exactly as the contract declares them."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"<!-- layers: pyproject.toml \[tool.importlinter\] -->\n```\n(.*?)```", doc, re.S)
+    assert block, "docs/architecture.md has no layer block"
+    drawn = [re.sub(r"\s+", " ", line.split("#")[0]).strip() for line in block.group(1).splitlines()]
+    drawn = [line.replace("monitor.", "") for line in drawn if line]
+    assert drawn == _layers()
 
 
 def _loaded_by(entry: str, graph: dict[str, dict[str, int]]) -> dict[str, str | None]:

@@ -21,13 +21,13 @@ from monitor.curves.artifact import Band, Knots
 from monitor.curves.axes import AXES, axis_value, label_point
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
+from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
 from monitor.errors import CurveError
 from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown
-from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
 from monitor.scoring.metrics import aggregate, bootstrap_se_ce
 from monitor.store import Store
-from monitor.testing.scores import CALIB_V0_SHA256, TEST_SPEC, record_fake_score
+from support.scores import CALIB_V0_SHA256, TEST_SPEC, record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

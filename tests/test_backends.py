@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from monitor.errors import ModelLoadError, SpecError, TokenizerError
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring import compute_score, prepare
 from monitor.scoring.backends import (LocalBackend, ScoreError, ScoreJob, ScoreOutcome, estimate_memory,
                                       gpus_needed, make_backend)

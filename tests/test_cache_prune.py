@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage, tiny_model_files
 from monitor.hub.cache_prune import prune_cache
 from monitor.hub.client import HubClient, RetryPolicy
 from monitor.hub.fetch import fetch_job, fetch_pinned, snapshot_dir
@@ -20,8 +22,6 @@ from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.queue import Outcome, claim_next, process_pending
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage, tiny_model_files
 from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

@@ -48,8 +48,8 @@ def run_json(capsys: Any, *argv: str) -> tuple[int, Any, str]:
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> dict[str, Path]:
     """The example campaign as checked in, in a checkout-like folder beside ../shared, with
-    the six checkpoints it names built by the sandbox builder."""
-    from monitor.sandbox.tiny_models import build_calibration_checkpoints
+    the six checkpoints it names built by the lab's tiny-model builder."""
+    from monitor.lab.tiny_models import build_calibration_checkpoints
 
     root = tmp_path_factory.mktemp("calib")
     (root / "shared").symlink_to(shared_dir)
@@ -603,8 +603,8 @@ def test_a_pinned_hub_checkpoint_joins_the_campaign(killed_and_resumed: dict[str
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A Hub checkpoint (the fake Hub, pinned to its commit) added to the finished campaign:
     it alone is fetched, scored and evaluated, and its runs record the repo and the sha."""
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import add_lineage
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import add_lineage
 
     assert killed_and_resumed["final_code"] == 0
     with FakeHub() as hub:
@@ -663,7 +663,7 @@ def test_a_checkpoint_added_to_a_campaign_on_ray_is_scored_on_the_cluster(
     """The same campaign with `backend: ray` (a local Ray instance the run starts): only the
     new checkpoint's score runs, through the Ray backend, and equals the in-process score."""
     pytest.importorskip("ray")
-    from monitor.sandbox.tiny_models import build_tiny_model
+    from monitor.lab.tiny_models import build_tiny_model
 
     assert killed_and_resumed["final_code"] == 0
     model = build_tiny_model(layout["folder"] / "models" / "neox-d", shared_dir / "tokenizers" / "gpt-neox",

@@ -22,7 +22,7 @@ from monitor.demo.run import POLICY
 from monitor.environment import quiet_hub_progress
 from monitor.hub.poll import Candidate
 from monitor.store import Store
-from monitor.testing.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
+from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
 CURVES = Path(__file__).parent / "fixtures" / "policies" / "curves"
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)

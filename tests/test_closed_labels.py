@@ -15,7 +15,7 @@ from monitor.cli import main
 from monitor.errors import PolicyError
 from monitor.policy.load import load_policy
 from monitor.store import Store
-from monitor.testing.scores import fake_sha, record_fake_score
+from support.scores import fake_sha, record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 FULL = Path(__file__).resolve().parent / "fixtures" / "policies" / "good-full.yaml"

@@ -19,11 +19,11 @@ from monitor.curves.artifact import (CurveArtifact, LogisticCheck, Threshold, cu
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
 from monitor.curves.validation import resolution_warnings
+from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
 from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown
-from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
 from monitor.store import Store
-from monitor.testing.scores import record_fake_score
+from support.scores import record_fake_score
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves" / "arith.json"
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

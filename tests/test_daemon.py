@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
 from monitor.store import Store
-from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
+from support.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 

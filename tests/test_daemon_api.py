@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
 from monitor.errors import StoreError
-from monitor.sandbox.fakehub import FakeHub
 from monitor.service.api_guard import (RequestRefused, body_length, check_host_and_origin, create_api_token,
                                        read_api_token)
-from monitor.testing.daemon_harness import REPO_ROOT
-from monitor.testing.daemon_harness import WATCHER_POLICY as POLICY
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
+from support.daemon_harness import REPO_ROOT
+from support.daemon_harness import WATCHER_POLICY as POLICY
+from support.daemon_harness import DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 

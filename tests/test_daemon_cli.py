@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
 from monitor.store import Store
-from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
-from monitor.sandbox.fakehub import FakeHub
+from support.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +128,7 @@ def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_sto
 def test_runs_are_listed_through_the_api_as_a_direct_read_lists_them(tmp_path):
     from datetime import datetime, timedelta, timezone
 
-    from monitor.testing.scores import fake_sha, record_fake_score
+    from support.scores import fake_sha, record_fake_score
 
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "watcher.yaml").write_text(POLICY)

@@ -14,13 +14,13 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
-from monitor.sandbox.receivers import Reply, WebhookReceiver
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import Reply, WebhookReceiver
 from monitor.scoring.corpus import load_corpus
 from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
-from monitor.testing.scores import CALIB_V0_SHA256, record_fake_score
+from support.daemon_harness import DaemonProcess, wait_for
+from support.scores import CALIB_V0_SHA256, record_fake_score
 
 pytestmark = pytest.mark.slow  # the daemon or the scoring stack in subprocesses
 

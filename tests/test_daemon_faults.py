@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
 from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
+from support.daemon_harness import DaemonProcess, wait_for
 from tests.test_daemon import write_policy
 
 

@@ -15,12 +15,12 @@ import pytest
 
 from monitor.policy import load_policy
 from monitor.reports.report import build_report, to_markdown
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
-from monitor.sandbox.receivers import WebhookReceiver
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import WebhookReceiver
 from monitor.scoring.corpus import load_corpus
 from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
+from support.daemon_harness import DaemonProcess, wait_for
 from tests.test_daemon_events import SECRET_ENV, fit_arith_curve
 
 pytestmark = pytest.mark.slow  # daemons score and evaluate tiny checkpoints in child processes

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.yamlio import NESTING_LIMIT
 from monitor.service.daemon import Daemon, DaemonConfig
-from monitor.testing.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
+from monitor.yamlio import NESTING_LIMIT
+from support.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
 
 DEEP = "[" * 100_000
 DEEP_ERROR = f"lists and mappings nested more than {NESTING_LIMIT} levels deep; flatten the structure"

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import Reply, WebhookReceiver
 from monitor.hub.queue import claim_next
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
-from monitor.sandbox.receivers import Reply, WebhookReceiver
 from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess, wait_for
-from monitor.testing.scores import record_fake_score
+from support.daemon_harness import DaemonProcess, wait_for
+from support.scores import record_fake_score
 from tests.test_daemon import score_args, write_policy as write_watcher_policy
 from tests.test_notify_crash import AT_RISK, SECRET, write_policy as write_hook_policy
 

@@ -15,17 +15,17 @@ import pytest
 from typer.testing import CliRunner
 
 from monitor.cli import app
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.scoring.backends import LocalBackend
 from monitor.scoring.engine import ScoreRequest
-from monitor.service.listings import list_score_runs
-from monitor.service.scoring_driver import score_queue_on
+from monitor.scoring.scoring_driver import score_queue_on
 from monitor.store import Store
+from monitor.store.listings import list_score_runs
 
 pytestmark = pytest.mark.slow
 
@@ -149,7 +149,7 @@ def test_an_override_tokenizer_is_keyed_by_its_contents_not_its_path(tmp_path, c
     scores are not linked to the old ones); the same files in another folder are the same."""
     import shutil
 
-    from monitor.service.scoring_driver import JobBuilder
+    from monitor.scoring.scoring_driver import JobBuilder
 
     folder = tmp_path / "tok"
     shutil.copytree(shared_dir / "tokenizers" / "gpt2", folder)

@@ -25,9 +25,9 @@ from monitor.curves import load_curve, predict
 from monitor.errors import PolicyError
 from monitor.policy import load_policy
 from monitor.reports.report import build_report, to_html, to_markdown
-from monitor.service.listings import checkpoints_page
+from monitor.store.listings import checkpoints_page
 from monitor.store import Store
-from monitor.testing.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
+from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
 T0 = datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
 Z90 = 1.6448536269514722   # the two-sided normal quantile of the curve's 90 % band
@@ -292,10 +292,10 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     derivatives from L*(base); the listing and the report show both coordinates."""
     import subprocess
 
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import tiny_model_files
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import tiny_model_files
     from monitor.scoring.corpus import load_corpus
-    from monitor.testing.daemon_harness import DaemonProcess
+    from support.daemon_harness import DaemonProcess
 
     from test_daemon_events import fit_arith_curve
 
@@ -369,7 +369,7 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
 
 @pytest.fixture(scope="module")
 def small_and_large(tmp_path_factory):
-    from monitor.sandbox.hub_repos import tiny_model_files
+    from monitor.demo.hub_repos import tiny_model_files
 
     build = tmp_path_factory.mktemp("build")
     return (tiny_model_files(seed=1, hidden=16, build_dir=build),
@@ -387,8 +387,8 @@ def test_a_reference_base_is_gated_with_the_budgets_of_the_rule_that_found_its_d
     from monitor.hub.gate import gate_pending
     from monitor.hub.poll import poll_once
     from monitor.hub.rules import Budgets, WatchRule
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import read_safetensors_header
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import read_safetensors_header
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_TOKEN", raising=False)

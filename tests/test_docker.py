@@ -161,9 +161,9 @@ def test_a_daemon_on_every_interface_keeps_host_and_token_checks(tmp_path: Path)
     """What the image runs: `--api-host 0.0.0.0`. /health answers on loopback; a foreign Host is
     refused; reads need the token; a name given with --api-allowed-host is accepted; the
     commands on the same machine still read through it."""
-    from monitor.sandbox.fakehub import FakeHub
+    from monitor.demo.fakehub import FakeHub
     from monitor.service.api_guard import read_api_token
-    from monitor.testing.daemon_harness import WATCHER_POLICY, DaemonProcess
+    from support.daemon_harness import WATCHER_POLICY, DaemonProcess
 
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "watcher.yaml").write_text(WATCHER_POLICY)

@@ -31,8 +31,8 @@ from huggingface_hub.utils import get_session
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from monitor.sandbox import hub_repos
-from monitor.sandbox.fakehub import FakeHub
+from monitor.demo import hub_repos
+from monitor.demo.fakehub import FakeHub
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -458,7 +458,7 @@ def test_agent_harness_probe_gets_404(hub):
 @pytest.mark.slow
 def test_runs_as_a_process_with_a_scenario_and_control_api(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "monitor.sandbox.fakehub", "--port", "0", "--scenario",
+    proc = subprocess.Popen([sys.executable, "-m", "monitor.demo.fakehub", "--port", "0", "--scenario",
                              "empty", "--filler", "12", "--workdir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env)
     try:
@@ -571,8 +571,8 @@ def test_transformers_loads_a_step_branch_and_refuses_hostile_repos(standard, tm
 
 def test_help_names_every_built_in_scenario(capsys):
     """`--help` lists the scenarios `--scenario` accepts (docs/guide.md serves `guide`)."""
-    from monitor.sandbox.fakehub import main
-    from monitor.sandbox.hub_repos import SCENARIOS
+    from monitor.demo.fakehub import main
+    from monitor.demo.hub_repos import SCENARIOS
 
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -18,7 +18,7 @@ MODULES = sorted(all_modules())
 
 
 def test_the_package_has_modules_to_import() -> None:
-    assert "monitor.cli" in MODULES and "monitor.sandbox.fakehub" in MODULES
+    assert "monitor.cli" in MODULES and "monitor.demo.fakehub" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

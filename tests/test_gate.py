@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import ESCAPING_NAMES, populate_standard
 from monitor.errors import GateRefusedError, HubError, IntegrityError
 from monitor.hub.client import HubClient, RetryPolicy
 from monitor.hub.fetch import fetch_pinned, snapshot_dir, verify_snapshot
 from monitor.hub.gate import ExpectedFile, gate_checkpoint, gate_pending, unsafe_name_reason
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import ESCAPING_NAMES, populate_standard
 from monitor.store import Store
 
 RULES = [WatchRule(name="all", author="fake-org"),
@@ -140,7 +140,7 @@ def test_rule_budgets_and_parameter_range_apply(standard, cache):
 
 
 def _variant(files: dict, case: str) -> dict:
-    from monitor.sandbox.hub_repos import header_only_safetensors, shard_safetensors
+    from monitor.demo.hub_repos import header_only_safetensors, shard_safetensors
 
     config = json.loads(files["config.json"])
     if case == "missing-shard":

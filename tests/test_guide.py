@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from standardwebhooks import Webhook
 
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import scenario_guide
-from monitor.sandbox.receivers import WebhookReceiver
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import scenario_guide
+from monitor.demo.receivers import WebhookReceiver
 from monitor.store import Store
-from monitor.testing.daemon_harness import REPO_ROOT
+from support.daemon_harness import REPO_ROOT
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 README = Path(__file__).resolve().parents[1] / "README.md"

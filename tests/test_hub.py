@@ -1,7 +1,7 @@
 """Watch rules, incremental polling, rate limits and the circuit breaker, against the fake Hub.
 
 Every Hub call goes through the official client to a real HTTP server on 127.0.0.1
-(`monitor.sandbox.fakehub`); request counts and arrival times come from the server's log.
+(`monitor.demo.fakehub`); request counts and arrival times come from the server's log.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
 from monitor.errors import HubError, PolicyError
 from monitor.hub.client import HubClient, RetryPolicy, rate_limit_wait
 from monitor.hub.poll import poll_rule
 from monitor.hub.rules import Budgets, WatchRule, load_watch_rules
-from monitor.sandbox.fakehub import FakeHub
 from monitor.store import MIGRATIONS, Store
 from monitor.store.rows import CheckpointRow
 

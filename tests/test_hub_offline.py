@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from monitor.demo.failure import diagnose
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import free_port
 from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
-from monitor.sandbox.receivers import free_port
 from monitor.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +47,8 @@ from pathlib import Path
 from huggingface_hub import constants
 from monitor.demo.failure import diagnose
 from monitor.demo.run import run_daemon_once
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
 from monitor.scoring import ScoreRequest
 from monitor.service import Daemon, DaemonConfig
 from monitor.store import Store

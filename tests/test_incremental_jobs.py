@@ -18,7 +18,7 @@ from monitor.alerts.predict import TaskPrediction
 from monitor.errors import StoreError
 from monitor.policy.load import load_policy
 from monitor.store import Store
-from monitor.testing.scores import (
+from support.scores import (
     CALIB_V0_SHA256,
     TEST_SPEC,
     fake_sha,

@@ -23,7 +23,7 @@ from monitor.policy.load import load_policy
 from monitor.reports.present import fmt
 from monitor.reports.report import build_report, to_markdown
 from monitor.store import Store
-from monitor.testing.report_state import write_report_policy
+from support.report_state import write_report_policy
 
 CORPUS = "c" * 64
 SPEC = ScoringRef(spec_version="lstar-score/1", window=64, stride=32, prefix_policy="bos")

@@ -12,8 +12,8 @@ from monitor.hub.gate import gate_pending
 from monitor.hub.lineage import MAX_BASES, declared_base
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.store import Store
 
 RULES = [WatchRule(name="all", author="org")]

@@ -17,9 +17,9 @@ import pytest
 from monitor.cli import main
 from monitor.errors import CursorError
 from monitor.service.api import ApiServer
-from monitor.service.listings import alerts_page, checkpoints_page, runs_page, silences_page
-from monitor.service.pages import DEFAULT_LIMIT
 from monitor.store import Store
+from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
+from monitor.store.pages import DEFAULT_LIMIT
 
 N = 120
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)

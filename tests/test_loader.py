@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from monitor.errors import HubError, ModelLoadError, SpecError, UnsafeCheckpointError
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring.forward import ScoringSpec
 from monitor.scoring.loader import (check_checkpoint_dir, checkpoint_hash, load_checkpoint,
                                     max_positions_from_config, parse_hub_ref, resolve_hub_revision)
@@ -225,7 +225,7 @@ def _repo_files(folder: Path) -> dict[str, bytes]:
 
 
 def test_hub_reference_is_pinned_to_the_commit_sha(tmp_path, tiny_dir, shared_dir):
-    from monitor.sandbox.fakehub import FakeHub
+    from monitor.demo.fakehub import FakeHub
 
     files = _repo_files(tiny_dir)
     files["pytorch_model.bin"] = b"not fetched: only safetensors, config and tokenizer files are"
@@ -266,8 +266,8 @@ def test_a_hub_repo_the_gate_refuses_costs_no_weight_byte(tmp_path, tiny_dir, ca
     """`lstar score org/repo@rev` runs the watcher's gate first: a remote-code repo is refused
     from its config.json, a truncated one from its header read by a range request; the fake
     Hub's log shows no download of the weights (no HEAD, no GET of the whole file)."""
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import remote_code_files
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import remote_code_files
 
     files = _repo_files(tiny_dir)
     weights = files["model.safetensors"]
@@ -373,7 +373,7 @@ def test_a_config_claiming_more_than_its_weights_is_refused_before_anything_is_b
 
 
 def test_the_truncated_shard_of_a_sharded_checkpoint_is_named(tmp_path, tiny_dir):
-    from monitor.sandbox.hub_repos import shard_safetensors
+    from monitor.demo.hub_repos import shard_safetensors
 
     sharded = tmp_path / "sharded"
     shutil.copytree(tiny_dir, sharded)

@@ -20,8 +20,8 @@ from monitor.alerts import evaluate_pending
 from monitor.policy import load_policy
 from monitor.reports.report import build_report
 from monitor.store import Store
-from monitor.testing.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
-from monitor.testing.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
+from support.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
+from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
 T0 = datetime(2025, 5, 1, 12, tzinfo=timezone.utc)
 
@@ -120,8 +120,8 @@ def gap_alerts_sent(sink: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def hub():
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import add_lineage
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import add_lineage
 
     with FakeHub() as server:
         add_lineage(server, "fake-org/tiny", steps=(1000, 2000))
@@ -130,7 +130,7 @@ def hub():
 
 def daemon_corpus(shared_dir: Path) -> tuple[list[str], str, str]:
     """The daemon's scoring flags, its corpus selection's sha256 and the tiny models' prefix policy."""
-    from monitor.sandbox.hub_repos import tokenizer_dir
+    from monitor.demo.hub_repos import tokenizer_dir
     from monitor.scoring import ScoreRequest, load_tokenizer
     from monitor.scoring.engine import corpus_selection
 

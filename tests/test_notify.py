@@ -18,11 +18,11 @@ from standardwebhooks.webhooks import Webhook
 from monitor.alerts import Dispatcher, evaluate_pending
 from monitor.alerts.silences import add_silence
 from monitor.cli import main
+from monitor.demo.receivers import Reply, WebhookReceiver
 from monitor.policy.load import load_policy
 from monitor.policy.schema import Policy
-from monitor.sandbox.receivers import Reply, WebhookReceiver
 from monitor.store import Store
-from monitor.testing.scores import fake_sha, record_fake_score
+from support.scores import fake_sha, record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

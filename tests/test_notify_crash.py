@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.sandbox.receivers import WebhookReceiver
+from monitor.demo.receivers import WebhookReceiver
 from monitor.store import Store
-from monitor.testing.scores import record_fake_score
+from support.scores import record_fake_score
 
 pytestmark = pytest.mark.slow
 

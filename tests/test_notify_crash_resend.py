@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.receivers import WebhookReceiver
 from monitor.store import Store
-from monitor.sandbox.receivers import WebhookReceiver
 from test_notify_crash import T0, dispatch, killed, score, write_policy
 
 pytestmark = pytest.mark.slow

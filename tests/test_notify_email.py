@@ -18,12 +18,12 @@ from monitor.alerts import Dispatcher, evaluate_pending
 from monitor.alerts.channels.base import Outgoing
 from monitor.alerts.channels.email import EmailSender, render
 from monitor.alerts.payload import build_body, message_id
+from monitor.demo.receivers import SmtpReceiver, free_port
 from monitor.policy.load import load_policy
 from monitor.policy.schema import Policy
-from monitor.sandbox.receivers import SmtpReceiver, free_port
 from monitor.store import Store
 from monitor.store.rows import NotificationRow
-from monitor.testing.scores import record_fake_score
+from support.scores import record_fake_score
 
 CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

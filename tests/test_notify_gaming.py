@@ -14,9 +14,9 @@ from monitor.alerts.outbox import watches
 from monitor.cli import main
 from monitor.policy.load import load_policy, parse_policy
 from monitor.store import Store
-from monitor.testing.scores import CALIB_V0_ALT_SHA256 as PRIVATE
-from monitor.testing.scores import CALIB_V0_SHA256 as PUBLIC
-from monitor.testing.scores import record_fake_score
+from support.scores import CALIB_V0_ALT_SHA256 as PRIVATE
+from support.scores import CALIB_V0_SHA256 as PUBLIC
+from support.scores import record_fake_score
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 REF_A, REF_B = "1" * 40, "2" * 40

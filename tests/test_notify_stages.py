@@ -14,7 +14,7 @@ from test_notify import AT_RISK, T0, World, world  # noqa: F401  (world is a fix
 
 from monitor.alerts import Dispatcher, dispatcher, evaluate_pending
 from monitor.alerts.silences import add_silence
-from monitor.sandbox.receivers import Reply
+from monitor.demo.receivers import Reply
 from monitor.store.rows import NotificationRow
 
 S, H = timedelta(seconds=1), timedelta(hours=1)

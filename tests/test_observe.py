@@ -308,9 +308,9 @@ def test_predictions_older_than_the_lookback_are_not_scheduled(tmp_path, curve):
 @pytest.mark.slow   # one evaluation child (torch) on a tiny model from the fake Hub
 def test_identical_weights_are_evaluated_once_and_each_prediction_judged(tmp_path, curve):
     from monitor.hub.client import HubClient
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import tiny_model_files
-    from monitor.service.evaluation_driver import run_observations
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import tiny_model_files
+    from monitor.alerts.evaluation_driver import run_observations
     from tests.test_daemon_observe import mc_task
 
     mc_task(tmp_path / "mc.jsonl", right=True, items=6)

@@ -21,7 +21,6 @@ from import_graph import all_modules, imports, module_graph, module_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "monitor"
-TEST_ONLY = PACKAGE / "testing"
 # Modules that exist to use an optional extra, imported only when that feature is asked for.
 EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
                  PACKAGE / "calibrate" / "evaluate.py": "bench",
@@ -29,7 +28,39 @@ EXTRA_MODULES = {PACKAGE / "scoring" / "backends" / "ray.py": "ray",
 
 
 def _production_modules() -> list[Path]:
-    return [p for p in PACKAGE.rglob("*.py") if TEST_ONLY not in p.parents]
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _shipped_packages() -> list[str]:
+    """The packages the wheel ships, found as setuptools finds them with pyproject's own
+    `[tool.setuptools.packages.find]` settings."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    where = find.get("where", ["."])
+    return sorted(p for w in where for p in find_packages(str(ROOT / w), include=find.get("include", ("*",)),
+                                                          exclude=find.get("exclude", ())))
+
+
+# What only the tests use: a package by one of these names, or a module importing these.
+TEST_PACKAGE_NAMES = {"testing", "tests", "test", "support", "sandbox", "conftest"}
+TEST_LIBRARIES = {"pytest", "_pytest", "support", "import_graph"}
+
+
+def test_the_wheel_ships_the_package_and_no_test_code() -> None:
+    """Users install what they run: every package under monitor/ (the demo's fake Hub and
+    receivers included, `lstar demo` runs them) and nothing the tests alone use."""
+    shipped = _shipped_packages()
+    on_disk = sorted(module_name(p.parent) for p in PACKAGE.rglob("__init__.py"))
+    assert shipped == on_disk, set(shipped) ^ set(on_disk)
+    assert {"monitor", "monitor.demo", "monitor.lab", "monitor.service"} <= set(shipped)
+    named_for_tests = [p for p in shipped if set(p.split(".")) & TEST_PACKAGE_NAMES]
+    assert not named_for_tests, f"test code in the wheel: {named_for_tests}"
+    test_imports = [f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}" for path in _production_modules()
+                    for imp in imports(path) if imp.module.split(".")[0] in TEST_LIBRARIES]
+    assert not test_imports, "shipped modules import test code:\n" + "\n".join(test_imports)
 
 
 def _requirement_names(extra: str | None) -> set[str]:
@@ -46,7 +77,7 @@ def test_every_third_party_import_is_declared() -> None:
     dists = importlib.metadata.packages_distributions()
     core = _requirement_names(None)
     missing = []
-    for path in _production_modules():  # monitor/sandbox included: `lstar demo` ships with it
+    for path in _production_modules():  # monitor/demo included: `lstar demo` runs its fake Hub
         allowed = core
         if path in EXTRA_MODULES:
             allowed = core | _requirement_names(EXTRA_MODULES[path])
@@ -99,7 +130,7 @@ def test_the_demo_needs_only_the_core_dependencies() -> None:
     dists = importlib.metadata.packages_distributions()
     core = _requirement_names(None)
     graph = _demo_import_graph()
-    assert {"monitor.demo.run", "monitor.sandbox.receivers", "monitor.sandbox.fakehub",
+    assert {"monitor.demo.run", "monitor.demo.receivers", "monitor.demo.fakehub",
             "monitor.service.daemon"} <= set(graph)
     missing = []
     for name, path in graph.items():
@@ -132,8 +163,8 @@ def test_the_demo_starts_in_a_venv_without_extras(tmp_path: Path) -> None:
     help_ = subprocess.run([str(venv / "bin" / "lstar"), "demo", "--help"], capture_output=True, text=True,
                            timeout=300, env=env, cwd=tmp_path)
     assert help_.returncode == 0 and "--workdir" in help_.stdout, help_.stderr[-3000:]
-    script = ("import monitor, monitor.demo.run, monitor.sandbox.receivers, monitor.sandbox.fakehub\n"
-              "from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver\n"
+    script = ("import monitor, monitor.demo.run, monitor.demo.receivers, monitor.demo.fakehub\n"
+              "from monitor.demo.receivers import SmtpReceiver, WebhookReceiver\n"
               "with SmtpReceiver() as smtp, WebhookReceiver() as hook: print(monitor.__file__, smtp.port > 0)\n")
     proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
@@ -181,7 +212,12 @@ def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
                  "templates/lab_report.html.j2"):
         assert (installed_wheel / "monitor" / name).is_file(), name
     assert (installed_wheel / "monitor" / "py.typed").is_file()
-    assert not (installed_wheel / "tests").exists()
+    top = {p.name for p in installed_wheel.iterdir() if not p.name.endswith(".dist-info")}
+    assert top == {"monitor"}, top
+    folders = {p.relative_to(installed_wheel).as_posix() for p in installed_wheel.rglob("*") if p.is_dir()}
+    assert not {f for f in folders if set(f.split("/")) & TEST_PACKAGE_NAMES}, folders
+    assert {"monitor/demo", "monitor/lab", "monitor/service"} <= folders
+    assert (installed_wheel / "monitor" / "demo" / "fakehub.py").is_file()
 
 
 @pytest.mark.slow

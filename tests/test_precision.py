@@ -9,13 +9,13 @@ from typing import get_args
 import pytest
 import torch
 
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring import ScoreRequest
 from monitor.scoring.backends.placement import RUNTIME_OVERHEAD, activation_bytes, estimate_memory, weight_bytes
 from monitor.scoring.forward import resolve_dtype as loader_rule
 from monitor.scoring.loader import load_checkpoint
 from monitor.scoring.precision import DTYPE_CHOICES, host_precision, resolve_dtype, resolve_precision
-from monitor.service.scoring_driver import JobBuilder, resolved_precision
+from monitor.scoring.scoring_driver import JobBuilder, resolved_precision
 from monitor.store import Store
 
 

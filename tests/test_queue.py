@@ -201,8 +201,8 @@ print(json.dumps([r.as_dict() for r in results]))
 
 @pytest.fixture(scope="module")
 def crash_hub(tmp_path_factory):
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.hub_repos import tiny_model_files
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import tiny_model_files
 
     files = tiny_model_files("llama-2", arch="llama", seed=1,
                              build_dir=tmp_path_factory.getbasetemp() / "hub-build")

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.scoring.backends import LocalBackend, ScoreJob, make_backend
 from monitor.scoring.engine import ScoreRequest
-from monitor.service.scoring_driver import score_queue_on
+from monitor.scoring.scoring_driver import score_queue_on
 from monitor.store import Store
 
 pytestmark = pytest.mark.slow
@@ -222,7 +222,7 @@ def test_the_shutdown_cancels_a_running_task_and_its_job_is_not_at_fault(tmp_pat
                                                                          monkeypatch):
     import threading
 
-    from monitor.sandbox.tiny_models import build_tiny_model
+    from monitor.lab.tiny_models import build_tiny_model
 
     model = build_tiny_model(tmp_path / "model", calib_v0.parent.parent / "tokenizers" / "gpt2", arch="llama",
                              hidden=16, layers=1, heads=2, max_positions=64)
@@ -244,8 +244,8 @@ def test_the_shutdown_cancels_a_running_task_and_its_job_is_not_at_fault(tmp_pat
 def test_the_daemon_scores_on_the_cluster_given_by_its_address(tmp_path, cluster, shared_dir):
     """`lstar run --scoring-backend ray --ray-address ...` end to end: the daemon connects to
     the module's cluster, a Ray worker scores, the daemon writes the score."""
-    from monitor.sandbox.hub_repos import add_lineage
-    from monitor.testing.daemon_harness import WATCHER_POLICY, DaemonProcess, wait_for
+    from monitor.demo.hub_repos import add_lineage
+    from support.daemon_harness import WATCHER_POLICY, DaemonProcess, wait_for
 
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "watcher.yaml").write_text(WATCHER_POLICY)

@@ -24,8 +24,8 @@ from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown, write_report
 from monitor.reports.schedule import write_due_reports
 from monitor.store import Store
-from monitor.testing.report_state import write_report_policy
-from monitor.testing.screenshot import chromium_screenshot, drawn_plots, plot_frames
+from support.report_state import write_report_policy
+from support.screenshot import chromium_screenshot, drawn_plots, plot_frames
 
 CORPUS = "c" * 64
 SPEC = ScoringRef(spec_version="lstar-score/1", window=64, stride=32, prefix_policy="bos")

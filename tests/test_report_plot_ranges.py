@@ -16,7 +16,7 @@ from monitor.curves.plot import plot_curve
 from monitor.lab import plots as lab_plots
 from monitor.plotting import PLOT_LIMIT, pyplot, shown
 from monitor.reports import plots as report_plots
-from monitor.testing.report_state import build_report_state
+from support.report_state import build_report_state
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BIG = 1.7976931348623157e308          # the largest float

@@ -1,5 +1,5 @@
 """How the governance report presents its numbers, against a real DuckDB file with three families
-(monitor/testing/report_state.py): one colour and the family's name per family in every plot,
+(tests/support/report_state.py): one colour and the family's name per family in every plot,
 lineages in training-step or commit-date order with the last as "current", the time axis,
 η̂ with its interval, one checkpoint name in every table, one number format, and the
 "how to read this" notes; and the HTML page in headless Chromium."""
@@ -19,7 +19,7 @@ from monitor.reports import plots as report_plots
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.present import checkpoint_name, fmt, parse_step
 from monitor.reports.report import build_report, report_colours, report_figures, to_html, to_markdown, write_report
-from monitor.testing.report_state import LLAMA, MARGIN, NEOX, PYTHIA, T0, BASELINE, build_report_state
+from support.report_state import LLAMA, MARGIN, NEOX, PYTHIA, T0, BASELINE, build_report_state
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ["org/llama-tiny", "org/neox-small", "org/pythia-tiny"]
@@ -275,7 +275,7 @@ def test_each_section_says_how_to_read_it(data) -> None:
 @pytest.mark.skipif(shutil.which("chromium") is None,
                     reason="headless Chromium missing: apt-get install -y chromium")
 def test_the_report_of_three_families_renders_with_non_blank_plots(data, tmp_path_factory) -> None:
-    from monitor.testing.screenshot import chromium_screenshot, drawn_plots
+    from support.screenshot import chromium_screenshot, drawn_plots
 
     paths = write_report(data, tmp_path_factory.mktemp("report") / "out")
     shot = chromium_screenshot(paths["html"], tmp_path_factory.mktemp("chromium") / "report.png",

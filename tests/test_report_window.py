@@ -14,7 +14,7 @@ import pytest
 
 from monitor.reports.report import build_report, to_json, to_markdown
 from monitor.reports.summary import TOP_ROWS
-from monitor.testing.report_state import T0, build_report_state
+from support.report_state import T0, build_report_state
 
 CORPUS = "c" * 64
 OLD = T0 - timedelta(days=30)
@@ -182,6 +182,6 @@ def test_a_report_folder_renders_a_large_window_summarised(reports, tmp_path: Pa
 
 
 def _curve_of(folder: Path):
-    from monitor.testing.report_state import _fit_curve
+    from support.report_state import _fit_curve
 
     return _fit_curve(folder)

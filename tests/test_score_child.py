@@ -17,7 +17,7 @@ import pytest
 from monitor.errors import ModelLoadError, TokenizerError, UnsupportedCheckpointError
 from monitor.hub.poll import Candidate
 from monitor.hub.queue import process_pending
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring.child import (ScoringMemoryError, default_memory_limit, error_from_payload, missing_module,
                                    physical_memory, run_score_child)
 from monitor.scoring.engine import ScoreRequest

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.store import Store
 
 pytestmark = pytest.mark.slow

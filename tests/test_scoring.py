@@ -19,7 +19,7 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from monitor.errors import SpecError
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring.forward import OutputHead, ScoringSpec, decoder_body, plan_windows, score_token_sequences
 from monitor.scoring.loader import load_checkpoint
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
 from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import tiny_model_files
 from monitor.scoring.backends import LocalBackend
 from monitor.scoring.engine import ScoreRequest
 from monitor.scoring.metrics import aggregate
-from monitor.service.scoring_driver import score_queue_on
+from monitor.scoring.scoring_driver import score_queue_on
 from monitor.store import Store
 
 

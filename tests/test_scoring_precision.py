@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from monitor.errors import ModelLoadError, SpecError
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring.forward import (OutputHead, ScoringSpec, decoder_body, resolve_device,
                                      score_token_sequences)
 from monitor.scoring.loader import load_checkpoint

@@ -184,7 +184,7 @@ def test_a_partial_score_is_never_reused_for_identical_weights(tmp_path):
     from datetime import datetime, timedelta, timezone
 
     from monitor.store import Store
-    from monitor.testing.scores import CALIB_V0_SHA256, record_fake_score
+    from support.scores import CALIB_V0_SHA256, record_fake_score
 
     t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
     key = {"weights_digest": "w" * 64, "files_digest": "f" * 64, "request_digest": "r" * 64,

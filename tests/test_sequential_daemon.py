@@ -7,13 +7,13 @@ import subprocess
 import pytest
 
 from monitor.curves.artifact import ScoringRef
-from monitor.sandbox.fakehub import FakeHub
-from monitor.sandbox.hub_repos import add_lineage
-from monitor.sandbox.receivers import WebhookReceiver
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import WebhookReceiver
 from monitor.scoring.corpus import load_corpus
 from monitor.store import Store
-from monitor.testing.daemon_harness import DaemonProcess
-from monitor.testing.sequential import synthetic_curve
+from support.daemon_harness import DaemonProcess
+from support.sequential import synthetic_curve
 from tests.test_daemon_events import SECRET_ENV, fit_arith_curve
 
 pytestmark = pytest.mark.slow  # two daemons score a lineage in subprocesses

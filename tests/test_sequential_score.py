@@ -12,13 +12,13 @@ from typer.testing import CliRunner
 from monitor.alerts.predict import predict_task
 from monitor.alerts.sequential_plan import task_entry
 from monitor.cli import app
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.policy import Task
-from monitor.sandbox.tiny_models import build_tiny_model
 from monitor.scoring import ScoreRequest, score_checkpoint
 from monitor.scoring.engine import corpus_selection
 from monitor.scoring.sequential_run import sequential_plan
 from monitor.store import Store
-from monitor.testing.sequential import synthetic_curve, write_policy
+from support.sequential import synthetic_curve, write_policy
 
 NUMBERS = ("ce", "ce_unigram", "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte", "se_ce",
            "nll_sum")

@@ -17,8 +17,8 @@ import duckdb
 import pytest
 
 from monitor.store import MIGRATIONS, Store
-from monitor.testing.daemon_harness import REPO_ROOT, WATCHER_POLICY, DaemonProcess
-from monitor.testing.fs_faults import full_disk, namespaces_work, read_only
+from support.daemon_harness import REPO_ROOT, WATCHER_POLICY, DaemonProcess
+from support.fs_faults import full_disk, namespaces_work, read_only
 
 LSTAR = (sys.executable, "-m", "monitor.cli")
 needs_namespaces = pytest.mark.skipif(not namespaces_work(),

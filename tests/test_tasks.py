@@ -161,7 +161,7 @@ def test_csv_labels_and_their_errors(tmp_path):
 # -- the multiple-choice evaluator ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, shared_dir):
-    from monitor.sandbox.tiny_models import build_tiny_model
+    from monitor.lab.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "gpt2-tiny", shared_dir / "tokenizers" / "gpt2",
                             arch="llama", seed=3, hidden=16, layers=2, heads=2, max_positions=256)

@@ -8,7 +8,7 @@ from lanes import fast_first
 import torch
 from tokenizers import Tokenizer
 
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring.forward import ScoringSpec, score_token_sequences, token_constraint_bound
 from monitor.scoring.loader import load_checkpoint
 

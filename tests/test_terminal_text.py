@@ -16,7 +16,7 @@ from monitor.cli import main
 from monitor.curves.artifact import Threshold, load_curve, save_curve, unresolved_warnings
 from monitor.policy.load import load_policy
 from monitor.store import Store
-from monitor.testing.scores import record_fake_score
+from support.scores import record_fake_score
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves" / "arith.json"
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

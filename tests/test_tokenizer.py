@@ -256,7 +256,7 @@ def test_the_default_shared_paths_are_the_folder_beside_the_checkout(shared_dir)
     """Modules that find ../shared by their own location name the same folder as the tests do
     (a file moved one package down once looked for it inside the checkout, which only a
     machine without the cached SmolLM2 copy noticed)."""
-    from monitor.sandbox.hub_repos import SHARED_TOKENIZERS
+    from monitor.demo.hub_repos import SHARED_TOKENIZERS
     from monitor.scoring.smollm2 import default_tokenizer_dir
 
     assert default_tokenizer_dir().resolve() == shared_dir / "tokenizers" / "smollm2"

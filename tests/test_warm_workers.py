@@ -20,13 +20,13 @@ import pytest
 
 from monitor.hub.poll import Candidate
 from monitor.hub.queue import process_pending
-from monitor.sandbox.tiny_models import build_tiny_model
+from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring import compute_score, prepare
 from monitor.scoring.backends import LocalBackend, ScoreJob, WarmBackend, make_backend
 from monitor.scoring.engine import ScoreRequest, corpus_selection
 from monitor.scoring.process_cache import PrepareCache, folder_digest
+from monitor.scoring.scoring_driver import outcome_to_queue
 from monitor.scoring.tokenizer import load_tokenizer
-from monitor.service.scoring_driver import outcome_to_queue
 from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)

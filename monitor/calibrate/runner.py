@@ -37,8 +37,8 @@ from monitor.scoring.backends import ScoreJob, ScoringBackend, estimate_memory, 
 from monitor.scoring.backends.ray import INSTALL_HINT as RAY_INSTALL_HINT
 from monitor.scoring.loader import download_hub_checkpoint
 from monitor.scoring.precision import host_precision
+from monitor.scoring.scoring_driver import materialize_snapshot
 from monitor.scoring.tokenizer import load_tokenizer
-from monitor.service.scoring_driver import materialize_snapshot
 from monitor.store import Store
 
 FAILPOINT = "calibrate_after_jobs"

@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from monitor.alerts.state_ops import retry_dead_letters
 from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_columns, db_file, id_column, int_argument
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
@@ -24,9 +25,9 @@ from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
 from monitor.policy import load_policies, load_policy
-from monitor.service import api_get, api_post, retry_dead_letters, revive_times
-from monitor.service.listings import alerts_page
+from monitor.service import api_get, api_post, revive_times
 from monitor.store import Store
+from monitor.store.listings import alerts_page
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
 

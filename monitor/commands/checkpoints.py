@@ -13,8 +13,8 @@ from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_
 from monitor.commands.terminal import plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
-from monitor.service.listings import checkpoints_page
-from monitor.service.pages import Page
+from monitor.store.listings import checkpoints_page
+from monitor.store.pages import Page
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
 

@@ -36,9 +36,10 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click.exceptions import UsageError as _UsageError  # type: ignore[assignment]
 
 from monitor.scoring.precision import DEVICE_PATTERN, DTYPE_CHOICES
-from monitor.service import MAX_LIMIT
 from monitor.service.settings import MAX_BATCH, MAX_RESAMPLES, parse_seconds, parse_size
+from monitor.policy import format_duration, parse_duration
 from monitor.store import DB_NAME
+from monitor.store.pages import MAX_LIMIT
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.

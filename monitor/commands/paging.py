@@ -1,5 +1,5 @@
 """The `--limit` / `--cursor` options of the listing commands, and the line that says how to
-see more (`monitor.service.pages` holds the pages themselves)."""
+see more (`monitor.store.pages` holds the pages themselves)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 
 from monitor.commands.options import MAX_ROWS, int_option
 from monitor.service import revive_times
-from monitor.service.pages import DEFAULT_LIMIT, Page, more_note
+from monitor.store.pages import DEFAULT_LIMIT, Page, more_note
 
 CURSOR_OPTION = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor.")
 

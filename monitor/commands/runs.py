@@ -15,8 +15,8 @@ from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_
 from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get
-from monitor.service.listings import runs_page
-from monitor.service.pages import Page
+from monitor.store.listings import runs_page
+from monitor.store.pages import Page
 
 
 def read_runs(db_path: Path, *, limit: int, cursor: str | None = None) -> Page:

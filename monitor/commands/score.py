@@ -18,7 +18,7 @@ from monitor.environment import quiet_hub_progress
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
-from monitor.service.scoring_driver import score_in_process, score_queue
+from monitor.scoring.scoring_driver import score_in_process, score_queue
 from monitor.store import Store
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")

@@ -14,12 +14,13 @@ from urllib.parse import quote
 import typer
 from rich.table import Table
 
+from monitor.alerts.state_ops import add_silence_from_args, parse_now
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import add_silence_from_args, api_get, api_post, parse_now, revive_times
-from monitor.service.listings import silences_page
+from monitor.service import api_get, api_post, revive_times
+from monitor.store.listings import silences_page
 
 NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
 

@@ -29,14 +29,23 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from monitor.errors import CurveError
 
-if TYPE_CHECKING:
-    from monitor.curves.labels import Label
+
+class LabelLike(Protocol):
+    """What an axis reads of a task label (`monitor.curves.labels.Label`, which sits above this
+    module): each axis's raw value by its `column` name, L*'s SE, and the other axes' SEs."""
+
+    @property
+    def lstar_se(self) -> float | None: ...
+
+    @property
+    def axis_se(self) -> Mapping[str, float]: ...
+
 
 LN2 = math.log(2.0)
 
@@ -66,7 +75,7 @@ class Axis:
         """How the task curve runs along this axis (the artifact's `direction`)."""
         return "non-increasing" if self.lower_is_progress else "non-decreasing"
 
-    def values(self, labels: Sequence[Label]) -> np.ndarray | None:
+    def values(self, labels: Sequence[LabelLike]) -> np.ndarray | None:
         """The axis value of each label, or None when any row lacks it (or it is not positive
         where a logarithm is taken)."""
         raw = [getattr(label, self.column) for label in labels]
@@ -79,7 +88,7 @@ class Axis:
             arr = np.log10(arr)
         return arr
 
-    def label_se(self, label: Label) -> float | None:
+    def label_se(self, label: LabelLike) -> float | None:
         """The standard error of a label's value on this axis, where the label has one."""
         if self.name == "lstar":
             return label.lstar_se
@@ -193,7 +202,7 @@ def require_axis_value(row: Any, name: str) -> tuple[float, float]:
     return got
 
 
-def label_point(label: Label, name: str) -> tuple[float, float | None] | None:
+def label_point(label: LabelLike, name: str) -> tuple[float, float | None] | None:
     """A label's (value, SE) on an axis (log10 applied), or None when it has none."""
     axis = get_axis(name)
     raw = _finite(getattr(label, axis.column))

@@ -1,4 +1,12 @@
-"""The offline demo (`lstar demo`): a fake Hub, two checkpoint families, a cloze curve, the daemon."""
+"""The offline demo (`lstar demo`): a fake Hub, two checkpoint families, a cloze curve, the daemon.
+
+The demo owns the real-but-small parts it runs against, and the tests use them too. Nothing
+here is a mock: the fake Hub (`fakehub`, its state `fakehub_state`, the repositories and
+scenarios it serves `hub_repos`; `python -m monitor.demo.fakehub`) is a real HTTP server
+speaking the Hub's API, and the receivers (`receivers`) are a real HTTP server and a real SMTP
+server (aiosmtpd) on 127.0.0.1. The checkpoints are real transformers models the lab builds
+(`monitor.lab.tiny_models`, `monitor.lab.demo`).
+"""
 
 from monitor.demo.failure import DemoFailed
 from monitor.demo.run import run_demo

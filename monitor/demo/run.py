@@ -63,7 +63,7 @@ def _score_request(corpus_dir: Path) -> Any:
 
 
 def _folder_files(folder: Path) -> dict[str, bytes]:
-    from monitor.sandbox.hub_repos import model_card
+    from monitor.demo.hub_repos import model_card
 
     files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     files["README.md"] = model_card()
@@ -74,7 +74,7 @@ def _publish(hub: Any, repo: str, folders: dict[int, Path]) -> dict[str, str]:
     """Publish a lineage's checkpoints as step branches, an hour apart, and `main` at the last."""
     from datetime import timedelta
 
-    from monitor.sandbox.hub_repos import BASE_TIME
+    from monitor.demo.hub_repos import BASE_TIME
 
     refs = {}
     for i, (step, folder) in enumerate(sorted(folders.items())):
@@ -198,9 +198,9 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
 
     harden_environment()
     from monitor.curves.artifact import unresolved_warnings
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
     from monitor.lab.demo import heldout_cloze_file, train_demo_lineages
-    from monitor.sandbox.fakehub import FakeHub
-    from monitor.sandbox.receivers import SmtpReceiver, WebhookReceiver
     from monitor.service import DaemonConfig
     from monitor.store import Store
 

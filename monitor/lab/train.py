@@ -27,7 +27,7 @@ import numpy as np
 from monitor.errors import LabError
 from monitor.lab.config import LabConfig
 from monitor.lab.model import VocabMap, build_compact_model, save_full_model
-from monitor.sandbox.tiny_models import copy_tokenizer
+from monitor.lab.tiny_models import copy_tokenizer
 from monitor.scoring import TokenizerHandle, load_tokenizer
 
 STATE_DIR = ".state"

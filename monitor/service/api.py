@@ -31,7 +31,7 @@ parameters are validated: unknown or malformed ones get 400 with what is expecte
 
 Every listing answers one page: `limit` rows at most (default 50, at most 1000), the total
 with the same filters, and `next_cursor` (null on the last page) to pass as `cursor` for the
-next; a cursor the listing did not hand out gets 400 (`monitor.service.pages`).
+next; a cursor the listing did not hand out gets 400 (`monitor.store.pages`).
 
 Errors the commands would raise come back as 4xx {"error", "hint", "kind"} and the client
 raises the same `monitor.errors` class, so the command prints the same one line either way.
@@ -77,16 +77,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from monitor.alerts import expire_silence
+from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.errors import DeliveryError, LstarError, PolicyError
 from monitor.reports import report_for_cli, to_json
 from monitor.service.api_conn import ConnectionLimits, protocol_for
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
                                        RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
-from monitor.service.listings import alerts_page, checkpoints_page, runs_page, silences_page
-from monitor.service.pages import DEFAULT_LIMIT
-from monitor.service.state_ops import add_silence_from_args, parse_now, retry_dead_letters
+from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
+from monitor.store.pages import DEFAULT_LIMIT
+from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.store import utcnow
+from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
+from monitor.store.pages import DEFAULT_LIMIT
 
 log = logging.getLogger("lstar.api")
 

@@ -32,10 +32,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from monitor.errors import StoreError
+from monitor.store.pages import MAX_LIMIT
 
 
 TOKEN_NAME = "api.token"
-MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
 MAX_TOKEN_BYTES = 256
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 DEFAULT_LIFETIME = 60.0         # seconds a connection may live, however busy it keeps

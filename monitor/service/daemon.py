@@ -72,12 +72,12 @@ from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
+from monitor.scoring.scoring_driver import prune_after_scoring, score_queue_on
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
 from monitor.service.lock import StateLock
 from monitor.service.scheduler import add_interval_job, build_scheduler
-from monitor.service.scoring_driver import prune_after_scoring, score_queue_on
 from monitor.store import DB_NAME, Store, storage_error, utcnow
 
 log = logging.getLogger("lstar.daemon")
@@ -788,9 +788,9 @@ class Daemon:
     def job_observe(self) -> dict[str, Any]:
         """Schedule the evaluations new predictions call for (within each policy's daily budget),
         run the queued ones in bounded child processes, and follow each curve's track record
-        (`monitor.alerts.observations`, `monitor.service.evaluation_driver`)."""
+        (`monitor.alerts.observations`, `monitor.alerts.evaluation_driver`)."""
         from monitor.alerts.observations import check_calibration, schedule_observations
-        from monitor.service.evaluation_driver import run_observations
+        from monitor.alerts.evaluation_driver import run_observations
 
         cfg = self.config
         policies = self.policies()

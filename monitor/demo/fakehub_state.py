@@ -1,6 +1,6 @@
 """The fake Hub's state: repos, commits, refs and the metadata the Hub announces for files.
 
-No HTTP here: `monitor.sandbox.fakehub.FakeHub` extends `HubState` with the server. Commit
+No HTTP here: `monitor.demo.fakehub.FakeHub` extends `HubState` with the server. Commit
 ids, git blob ids, LFS pointers and safetensors parameter counts are computed the way the
 Hub computes them, so tests can check the client's view against an independent calculation.
 """

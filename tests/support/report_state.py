@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.testing.scores import fake_sha
+from support.scores import fake_sha
 
 CORPUS = "c" * 64
 T0 = datetime(2025, 3, 1, 12, tzinfo=timezone.utc)

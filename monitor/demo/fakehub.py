@@ -16,7 +16,7 @@ stored, `announce_size` and `serve_generated`), mark LFS files as stored on Xet
 
 Run as a process for the daemon and the demo::
 
-    python -m monitor.sandbox.fakehub --port 8765 --scenario demo
+    python -m monitor.demo.fakehub --port 8765 --scenario demo
 
 It prints one JSON line `{"url": ..., "scenario": ..., "summary": ...}` and serves until
 SIGTERM/SIGINT; point the commands at it with `export HF_ENDPOINT=URL`. A small control API under `/_fakehub/` (log, faults) serves other processes.
@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from monitor.sandbox.fakehub_state import Commit, HubState, Repo, format_time, micros
-from monitor.sandbox.hub_repos import SCENARIOS, add_filler_repos, load_scenario
+from monitor.demo.fakehub_state import Commit, HubState, Repo, format_time, micros
+from monitor.demo.hub_repos import SCENARIOS, add_filler_repos, load_scenario
 
 DISABLED_MESSAGE = "Access to this resource is disabled."
 
@@ -795,7 +795,7 @@ class _Server(ThreadingHTTPServer):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a scenario until SIGTERM/SIGINT; prints one JSON line with the URL first."""
-    parser = argparse.ArgumentParser(prog="python -m monitor.sandbox.fakehub", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m monitor.demo.fakehub", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--scenario", default="empty",

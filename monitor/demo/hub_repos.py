@@ -1,8 +1,8 @@
 """Repos for the fake Hub: tiny real models, step-branch lineages, and hostile repos.
 
 Shared by the fake-Hub tests, the hub/gate tests, the daemon tests and `lstar demo`. Every
-builder returns plain `{path: bytes}` trees (or adds them to a `FakeHub`), so the same
-content can be served, written to disk or compared byte for byte.
+builder returns plain `{path: bytes}` trees (or adds them to a `FakeHub` through the `HubState`
+it extends), so the same content can be served, written to disk or compared byte for byte.
 
 The hostile repos are live: the pickle payload really touches its canary file when
 unpickled, and the remote-code modules really write theirs when imported. A test proving
@@ -22,8 +22,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-if TYPE_CHECKING:   # only named in annotations: the fake Hub's entry point imports this module
-    from monitor.sandbox.fakehub import FakeHub
+if TYPE_CHECKING:   # only named in annotations: the repos are added to the fake Hub's state
+    from monitor.demo.fakehub_state import HubState
 
 SHARED_TOKENIZERS = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizers"
 BASE_TIME = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -47,7 +47,7 @@ def tokenizer_dir(name: str, tokenizers_dir: str | Path | None = None) -> Path:
 @functools.lru_cache(maxsize=64)
 def _built_model(tok_dir: str, arch: str, seed: int, hidden: int, layers: int, heads: int,
                  max_positions: int, init_std: float, build_root: str | None) -> tuple[tuple[str, bytes], ...]:
-    from monitor.sandbox.tiny_models import build_tiny_model
+    from monitor.lab.tiny_models import build_tiny_model
 
     with tempfile.TemporaryDirectory(dir=build_root) as tmp:
         out = build_tiny_model(Path(tmp) / "model", tok_dir, arch=arch, seed=seed, hidden=hidden, layers=layers,
@@ -188,7 +188,7 @@ def remote_code_files(canary: str | Path, base_config: Mapping[str, Any]) -> dic
 
 # ----------------------------------------------------------------------------- repo builders
 
-def add_lineage(hub: FakeHub, repo_id: str, steps: Sequence[int] = (1000, 2000, 3000), *,
+def add_lineage(hub: HubState, repo_id: str, steps: Sequence[int] = (1000, 2000, 3000), *,
                 tokenizer: str = "gpt-neox", arch: str = "gpt_neox", start: datetime = BASE_TIME,
                 interval: timedelta = timedelta(hours=1), init_std: tuple[float, float] = (0.4, 0.1),
                 seed: int = 1000, build_dir: str | Path | None = None, **repo_meta: Any) -> dict[str, str]:
@@ -222,7 +222,7 @@ def _filler_files(repo_id: str) -> dict[str, bytes]:
     return {"config.json": json.dumps(config).encode(), "README.md": model_card()}
 
 
-def add_filler_repos(hub: FakeHub, n: int, *, author: str = "filler-org", prefix: str = "filler",
+def add_filler_repos(hub: HubState, n: int, *, author: str = "filler-org", prefix: str = "filler",
                      start: datetime = datetime(2020, 1, 1, tzinfo=timezone.utc),
                      step: timedelta = timedelta(minutes=1), pipeline_tag: str = "text-generation") -> list[str]:
     """Register `n` cheap config-only repos with increasing lastModified (for pagination and the poll benchmark).
@@ -255,7 +255,7 @@ def _tokenizer_only(files: Mapping[str, bytes]) -> dict[str, bytes]:
     return {p: d for p, d in files.items() if p in TOKENIZER_FILES}
 
 
-def populate_standard(hub: FakeHub, tmpdir: str | Path, canary_dir: str | Path, *, author: str = "fake-org",
+def populate_standard(hub: HubState, tmpdir: str | Path, canary_dir: str | Path, *, author: str = "fake-org",
                       start: datetime = BASE_TIME) -> dict[str, Any]:
     """Add every special repo of the hub tests to `hub` and describe them.
 
@@ -324,17 +324,17 @@ def populate_standard(hub: FakeHub, tmpdir: str | Path, canary_dir: str | Path, 
 
 # ----------------------------------------------------------------------------- scenarios
 
-def scenario_empty(hub: FakeHub, workdir: Path) -> dict[str, Any]:
+def scenario_empty(hub: HubState, workdir: Path) -> dict[str, Any]:
     """No repos at all."""
     return {}
 
 
-def scenario_standard(hub: FakeHub, workdir: Path) -> dict[str, Any]:
+def scenario_standard(hub: HubState, workdir: Path) -> dict[str, Any]:
     """Every special repo of `populate_standard`, canaries under workdir/canaries."""
     return populate_standard(hub, workdir / "build", workdir / "canaries")
 
 
-def scenario_demo(hub: FakeHub, workdir: Path) -> dict[str, Any]:
+def scenario_demo(hub: HubState, workdir: Path) -> dict[str, Any]:
     """A five-step lineage whose loss falls with the step, a tiny model, and two repos the gate refuses."""
     canaries = workdir / "canaries"
     canaries.mkdir(parents=True, exist_ok=True)
@@ -356,7 +356,7 @@ def scenario_demo(hub: FakeHub, workdir: Path) -> dict[str, Any]:
                       "demo-org/gated-model": gated_sha}}
 
 
-def scenario_guide(hub: FakeHub, workdir: Path) -> dict[str, Any]:
+def scenario_guide(hub: HubState, workdir: Path) -> dict[str, Any]:
     """What docs/guide.md walks through: two reference lineages with different tokenizers
     (`demo-org/neox-ref`, `demo-org/llama-ref`, steps 1000-3000) to score, label and fit a curve
     on, and a live lineage (`demo-org/pythia-tiny`, steps 1000-2000) for the daemon to watch."""
@@ -370,11 +370,11 @@ def scenario_guide(hub: FakeHub, workdir: Path) -> dict[str, Any]:
     return {"lineages": refs}
 
 
-SCENARIOS: dict[str, Callable[[FakeHub, Path], dict[str, Any]]] = {
+SCENARIOS: dict[str, Callable[[HubState, Path], dict[str, Any]]] = {
     "empty": scenario_empty, "standard": scenario_standard, "demo": scenario_demo, "guide": scenario_guide}
 
 
-def load_scenario(spec: str) -> Callable[[FakeHub, Path], dict[str, Any]]:
+def load_scenario(spec: str) -> Callable[[HubState, Path], dict[str, Any]]:
     """A built-in scenario by name, or `package.module:function` taking (hub, workdir)."""
     if spec in SCENARIOS:
         return SCENARIOS[spec]

@@ -1,6 +1,6 @@
 """Read-only listings shared by the commands and the daemon's API, so both print the same rows.
 
-Each listing answers one bounded page (`monitor.service.pages`): at most `limit` rows after
+Each listing answers one bounded page (`monitor.store.pages`): at most `limit` rows after
 `cursor` in the listing's order, the total with the same filters, and the next page's cursor.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from monitor.service.pages import Key, Page, page_query
 from monitor.store import Store
+from monitor.store.pages import Key, Page, page_query
 from monitor.store.rows import AlertSummaryRow, DeliverySummaryRow, SilenceRow
 
 # What `lstar runs` shows of a score run: enough to tell runs apart and defend a number

@@ -21,9 +21,9 @@ from datetime import datetime
 from typing import Any
 
 from monitor.errors import CursorError
-from monitor.service.api_guard import MAX_LIMIT
 
 DEFAULT_LIMIT = 50
+MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
 MAX_CURSOR_CHARS = 1000
 
 

@@ -1,6 +1,6 @@
-"""Changes to runtime state that `lstar` makes on the database itself or, while a daemon holds
-the file, asks the daemon's API to make (`monitor.service.api`). Both paths run these same
-functions, so the input is validated and the rows are written the same way either way.
+"""Changes to alert state (silences, dead-lettered notifications) that `lstar` makes on the
+database itself or, while a daemon holds the file, asks the daemon's API to make. Both paths run
+these same functions, so the input is validated and the rows are written the same way either way.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from monitor.alerts.silences import add_silence, parse_time, parse_until
 from monitor.errors import DeliveryError, PolicyError
 from monitor.store import Store
 
@@ -17,16 +18,12 @@ def parse_now(text: str | None) -> datetime:
     """--now ISO (replays, tests) or the current time, as aware UTC."""
     if text is None:
         return datetime.now(timezone.utc)
-    from monitor.alerts import parse_time
-
     return parse_time(text)
 
 
 def add_silence_from_args(store: Store, *, match: Sequence[str], until: str, comment: str,
                           start: str | None, now: datetime, created_by: str | None = None) -> dict[str, Any]:
     """`lstar silence add`: parse --start/--until (times or durations), validate, store; the row."""
-    from monitor.alerts import add_silence, parse_until
-
     try:
         starts = parse_until(start, now=now) if start else None
         ends = parse_until(until, now=starts or now)

@@ -1,7 +1,7 @@
 """Driving the evaluation queue: lease an observation job, fetch its checkpoint verified,
 run the task in a bounded child process, and write the result with the lease's completion.
 
-Like scoring (`monitor.service.scoring_driver`): the child never opens the database; the
+Like scoring (`monitor.scoring.scoring_driver`): the child never opens the database; the
 result, the evaluation run, and the confirmation or contradiction alert are written in the
 transaction that completes the lease, so a job completes (and alerts) exactly once. A job
 whose content (weights digest, task file sha256, evaluator settings) was evaluated before is
@@ -29,7 +29,7 @@ from monitor.events import event
 from monitor.hub.fetch import fetch_verified
 from monitor.hub.queue import PERMANENT_ERRORS, SKIP_ERRORS
 from monitor.policy import Policy
-from monitor.service.scoring_driver import materialize_snapshot
+from monitor.scoring.scoring_driver import materialize_snapshot
 from monitor.store import Store, utcnow
 
 log = logging.getLogger("lstar.observe")
