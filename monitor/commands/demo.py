@@ -1,7 +1,6 @@
-"""`lstar demo`: the whole loop offline — a lineage that learns the additions in words with a jump,
-published step by step on a fake Hub, its curve, the daemon, local webhook and SMTP receivers, a
-report — where every artefact is, the lineage's states in order, and the commands that read its
-state next."""
+"""`lstar demo`: the whole loop offline — fake Hub, two checkpoint families, cloze curve, daemon,
+local webhook and SMTP receivers, a report — where every artefact is, and the commands that
+read its state next."""
 
 from __future__ import annotations
 
@@ -32,30 +31,6 @@ def next_commands(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _threshold_line(threshold: dict[str, Any] | None) -> str:
-    if not threshold or threshold.get("estimate") is None:
-        return "not reached inside the data (UNRESOLVED)"
-    interval = "" if threshold["lower"] is None or threshold["upper"] is None else \
-        f" [{threshold['lower']:.3f}, {threshold['upper']:.3f}] ({threshold['confidence']:.0%})"
-    return (f"L* = {threshold['estimate']:.3f}{interval}, "
-            f"{'resolved' if threshold['resolved'] else 'UNRESOLVED'}")
-
-
-def _lineage_lines(lineage: dict[str, Any] | None) -> list[str]:
-    """One line per published checkpoint: its L*, the predicted interval and state."""
-    if not lineage:
-        return []
-    lines = [f"lineage:       {lineage['repo']} (seed {lineage['seed']}), one checkpoint per poll: "
-             f"{'clear -> at_risk -> emerged' if lineage['in_order'] else 'states NOT in order'}"]
-    for s in lineage["states"]:
-        if s["state"] is None:
-            lines.append(f"  step{s['step']:<6} no prediction")
-        else:
-            lines.append(f"  step{s['step']:<6} L* {s['lstar']:.3f} ± {s['lstar_se']:.3f}  predicted "
-                         f"{s['p_hat']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]  {s['state']}")
-    return lines
-
-
 def print_summary(summary: dict[str, Any]) -> None:
     """Where every artefact is, then the next commands; plain lines, never wrapped mid-path."""
     lines = [
@@ -64,9 +39,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"database:      {summary['db']}",
         f"policy:        {summary['policy']}",
         f"task curve:    {summary['curve']} (level {summary['fit']['level']:.4f})",
-        f"threshold:     {_threshold_line(summary.get('threshold'))}",
-        f"task items:    {summary.get('task_file', '-')}",
-        *_lineage_lines(summary.get("lineage")),
         "predictions:   " + (", ".join(f"{n} {state}" for state, n in sorted(summary["predictions"].items()))
                              or "none"),
         f"webhook:       {summary['webhook']['alert_messages']} alert message(s) -> {summary['webhook']['file']}",
