@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, db_file, float_option,
+from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError, db_file,
+                                      float_option,
                                       int_option)
 from monitor.commands.terminal import plain_console
 from monitor.errors import CurveError, LabelError
@@ -293,10 +294,10 @@ def register(app: typer.Typer) -> None:
         from monitor.curves.refit import refit_with_observed
 
         if not add_observed:
-            raise typer.BadParameter("say --add-observed: the only refit there is adds the observed "
+            raise OptionError("say --add-observed: the only refit there is adds the observed "
                                      "evaluations", param_hint="--add-observed")
         if out.resolve() == curve_path.resolve():
-            raise typer.BadParameter(f"{out} is the curve itself; a refit never overwrites the reviewed file",
+            raise OptionError(f"{out} is the curve itself; a refit never overwrites the reviewed file",
                                      param_hint="--out")
         with Store.open(db_file(state, db), read_only=True) as store:
             curve = refit_with_observed(curve_path, store)
