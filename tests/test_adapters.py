@@ -145,6 +145,12 @@ def test_the_merged_model_equals_an_independent_merge(tmp_path, base_files) -> N
     ("pickle_base", "base org/pickled@"),
     ("pickle_adapter", "pickle adapter weights refused"),
     ("no_base", "the adapter names no base model"),
+    # Config keys peft would act on: each would make the scored model something other than
+    # W + scale·B·A, or stall the scorer (a PiSSA SVD iteration count, a pathological regex).
+    ("pissa", "init_lora_weights 'pissa_niter_1000000000' is not supported"),
+    ("regex", "target_modules as a regular expression is not supported"),
+    ("dora", "use_dora is not supported"),
+    ("untargeted", "which its target_modules do not name"),
 ])
 def test_a_hostile_adapter_is_refused_before_any_weight_is_read(tmp_path, base_files, case, reason) -> None:
     store = Store.open(tmp_path / "state.duckdb")
@@ -169,6 +175,14 @@ def test_a_hostile_adapter_is_refused_before_any_weight_is_read(tmp_path, base_f
         torch.save({"x": torch.zeros(1)}, buffer)
         adapter = {k: v for k, v in adapter.items() if k != "adapter_model.safetensors"}
         adapter["adapter_model.bin"] = buffer.getvalue()
+    elif case == "pissa":
+        adapter = lora_files(base_files, config={"init_lora_weights": "pissa_niter_1000000000"})
+    elif case == "regex":
+        adapter = lora_files(base_files, config={"target_modules": "(.+)+!"})
+    elif case == "dora":
+        adapter = lora_files(base_files, config={"use_dora": True})
+    elif case == "untargeted":
+        adapter = lora_files(base_files, config={"target_modules": ["dense"]})
     elif case == "no_base":
         cfg = json.loads(adapter["adapter_config.json"])
         adapter = {**adapter, "adapter_config.json": json.dumps({**cfg, "base_model_name_or_path": None}).encode(),

@@ -6,14 +6,21 @@ base at its pinned commit with the update merged in (`merge_lora` in the scoring
 the `peft` library). Before anything is downloaded the gate checks, from the config and the
 safetensors headers of both repos (range requests):
 
-- the config is a bounded JSON object of a LoRA adapter (`peft_type` LORA; other adapter
-  kinds are refused with the reason), without code: an `auto_mapping` that points outside
-  transformers' own model classes is refused as remote code;
+- the config is a bounded JSON object of a plain LoRA adapter (`peft_type` LORA; other adapter
+  kinds, DoRA, initialisations that rewrite the base (PiSSA, OLoRA, ...) and regular-expression
+  `target_modules` are refused with the reason), without code: an `auto_mapping` that points
+  outside transformers' own model classes is refused as remote code;
 - the weights are safetensors (`adapter_model.bin` would be unpickled: refused);
 - the base is declared (model card or `base_model_name_or_path`; two different ones are
   refused), pinned, and passes the gate itself (safetensors only, budgets, no remote code);
-- every adapter tensor is a `lora_A`/`lora_B` weight of a module the base has, with shapes
-  [r, in] and [out, r] for the base's [out, in] weight and r the configured rank.
+- every adapter tensor is a `lora_A`/`lora_B` weight of a module the base has and the config
+  targets, with shapes [r, in] and [out, r] for the base's [out, in] weight and r the
+  configured rank.
+
+The repo's config is never handed to peft: the merge builds its own `LoraConfig` from the
+checked facts (rank, alpha, rsLoRA, the exact modules the weights update, no initialisation),
+so what is scored is W + scale·B·A for the checked tensors and nothing a config key could
+change (a PiSSA iteration count, a pathological regular expression, DoRA magnitudes).
 """
 
 from __future__ import annotations
@@ -61,12 +68,39 @@ def check_adapter_config(config: Any) -> dict[str, Any]:
                                    "whole modules, not a low-rank update)")
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         raise GateRefusedError(f"{ADAPTER_CONFIG}: per-module rank_pattern/alpha_pattern is not supported")
+    if config.get("use_dora"):
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: use_dora is not supported (a DoRA adapter is not W + B·A)")
+    init = config.get("init_lora_weights", True)
+    if init not in (True, False, "gaussian"):
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: init_lora_weights {str(init)[:40]!r} is not supported "
+                               "(it rewrites the base's weights, so the adapter is not W + B·A of this base)")
+    if config.get("lora_bias") or config.get("bias", "none") != "none":
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: bias terms are not supported")
+    if config.get("fan_in_fan_out"):
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: fan_in_fan_out (Conv1D bases) is not supported")
+    targets = config.get("target_modules")
+    if isinstance(targets, str) and targets != "all-linear":
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: target_modules as a regular expression is not supported; "
+                               "list the module names")
+    if isinstance(targets, list):
+        if len(targets) > 4096 or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in targets):
+            raise GateRefusedError(f"{ADAPTER_CONFIG}: target_modules is not a list of module names")
+    elif targets not in (None, "all-linear"):
+        raise GateRefusedError(f"{ADAPTER_CONFIG}: target_modules is not a list of module names")
     base = config.get("base_model_name_or_path")
     if base is not None and (not isinstance(base, str) or not _REPO.match(base)):
         base = None  # a local path at training time: the model card must name the base
     return {"peft_type": peft_type, "r": rank, "lora_alpha": float(alpha),
-            "use_dora": bool(config.get("use_dora")), "use_rslora": bool(config.get("use_rslora")),
+            "use_rslora": bool(config.get("use_rslora")), "target_modules": targets,
             "base_model_name_or_path": base}
+
+
+def _targeted(module: str, targets: Any) -> bool:
+    """Whether the config's `target_modules` names `module` (as peft matches a list: the whole
+    name or its last components); `all-linear` and no list name every module."""
+    if not isinstance(targets, list):
+        return True
+    return any(module == t or module.endswith("." + t) for t in targets)
 
 
 def adapter_base(card_base: str | None, config_base: str | None) -> str:
@@ -80,7 +114,8 @@ def adapter_base(card_base: str | None, config_base: str | None) -> str:
     return base
 
 
-def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, SafetensorsHeader], rank: int) -> dict[str, Any]:
+def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, SafetensorsHeader], rank: int,
+                         targets: Any = None) -> dict[str, Any]:
     """Every adapter tensor against the base's headers: A [r, in] and B [out, r] of a module
     whose weight is [out, in]. Returns the modules and the adapter's parameter count."""
     shapes: dict[str, list[int]] = {}
@@ -104,6 +139,8 @@ def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, Safetens
         target = shapes.get(f"{module}.weight")
         if target is None:
             raise GateRefusedError(f"the adapter updates {module}, which the base does not have")
+        if not _targeted(module, targets):
+            raise GateRefusedError(f"the adapter's weights update {module}, which its target_modules do not name")
         if set(pair) != {"A", "B"}:
             raise GateRefusedError(f"the adapter has only lora_{''.join(pair)} for {module}")
         if len(target) != 2:
@@ -117,13 +154,23 @@ def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, Safetens
     return {"modules": sorted(parts), "n_adapter_params": n_params}
 
 
-def merge_lora(model: Any, adapter_dir: str) -> Any:
-    """The base model with the adapter at `adapter_dir` merged in (peft, local files only).
+def merge_lora(model: Any, weights_file: str, facts: Mapping[str, Any]) -> Any:
+    """The base model with the checked LoRA weights in `weights_file` merged in, by peft.
 
-    The folder has passed the gate's checks and the loader's (safetensors only); peft reads
-    `adapter_model.safetensors` from it and never the network.
+    peft gets a `LoraConfig` built here from the checked facts (`check_adapter_config`,
+    `check_adapter_shapes`): the rank, alpha, rsLoRA, exactly the modules the weights update,
+    no initialisation; never the repo's own config. Every weight must load into the model.
     """
-    from peft import PeftModel
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
 
-    wrapped = PeftModel.from_pretrained(model, adapter_dir, is_trainable=False, local_files_only=True)
+    config = LoraConfig(r=int(facts["r"]), lora_alpha=float(facts["lora_alpha"]),
+                        use_rslora=bool(facts["use_rslora"]), target_modules=list(facts["modules"]),
+                        lora_dropout=0.0, bias="none", init_lora_weights=False)
+    wrapped = get_peft_model(model, config)
+    loaded = set_peft_model_state_dict(wrapped, load_file(weights_file))
+    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    if loaded.unexpected_keys or missing:
+        raise ValueError(f"adapter weights do not load into the model: unexpected {loaded.unexpected_keys[:3]}, "
+                         f"missing {missing[:3]}")
     return wrapped.merge_and_unload()

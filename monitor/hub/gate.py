@@ -313,7 +313,7 @@ def _gate_adapter(client: HubClient, repo: str, sha: str, info: Any, siblings: d
         check_file_size(header, tensor_layout(header), announced.size)
     except LayoutError as exc:
         raise GateRefusedError(f"malformed safetensors in {ADAPTER_WEIGHTS}: {exc}") from None
-    shapes = check_adapter_shapes(header, base_headers, adapter["r"])
+    shapes = check_adapter_shapes(header, base_headers, adapter["r"], adapter["target_modules"])
     total = base_facts["n_bytes"] + announced.size
     if total > budgets.max_bytes:
         raise GateRefusedError(f"over budget: {total:,} bytes of base and adapter weights > max_bytes "

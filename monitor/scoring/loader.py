@@ -496,10 +496,16 @@ def _merge_adapter(model: Any, adapter_dir: Path, allowed_root: Path | None) -> 
     params = SafetensorsHeader(header_len=0, tensors={name: {"shape": list(t.shape)}
                                                        for name, t in model.state_dict().items()})
     try:
-        shapes = check_adapter_shapes(facts.pop("header"), {"base": params}, facts["r"])
+        shapes = check_adapter_shapes(facts.pop("header"), {"base": params}, facts["r"], facts["target_modules"])
     except Exception as exc:  # GateRefusedError
         raise UnsafeCheckpointError(f"{adapter_dir}: {getattr(exc, 'message', exc)}") from None
-    return merge_lora(model, str(adapter_dir)), {**facts, **shapes}
+    from monitor.hub.adapter import ADAPTER_WEIGHTS
+
+    try:
+        merged = merge_lora(model, str(adapter_dir / ADAPTER_WEIGHTS), {**facts, **shapes})
+    except ValueError as exc:
+        raise ModelLoadError(f"{adapter_dir}: {exc}") from None
+    return merged, {**facts, **shapes}
 
 
 def load_checkpoint(ref: str, *, dtype: str = "auto", device: str = "auto",
