@@ -246,6 +246,18 @@ def test_evaluate_mode_evaluates_every_derivative_and_needs_an_evaluate_block(wo
     observed = sorted(r["repo"] for r in store.query("SELECT repo FROM observations WHERE task = 'by-residual'"))
     # every derivative (its state notwithstanding), no base
     assert observed == ["org/d1", "org/d2", "org/d3"] and counts["scheduled"] == 3
+    # Their observations measure the residual, not the curve's error: kept out of its track record.
+    from monitor.alerts.observations import observation_fields, track_records
+
+    now = T0 + timedelta(days=1)
+    done = 0
+    while (job := store.claim_observation("me", now=now, lease_s=60, max_attempts=3)) is not None:
+        value = min(1.0, float(job["predicted_hi"]) + 0.2)
+        store.complete_observation(job["id"], "me", status="done", now=now,
+                                   fields=observation_fields(job, value, 1000, round(value * 1000)))
+        done += 1
+    assert done == 3
+    assert all(r["checked"] == 0 for r in track_records(store))
 
 
 def test_reference_bases_are_queued_once_and_only_when_the_policy_asks(tmp_path) -> None:

@@ -340,3 +340,27 @@ def test_identical_weights_are_evaluated_once_and_each_prediction_judged(tmp_pat
     # the same observation judged against each prediction: outside [0.28, 0.32], inside [0.9, 1]
     assert (rows[0]["observed"], rows[0]["verdict"], rows[0]["inside"]) == (1.0, "contradicted", False)
     assert (rows[1]["observed"], rows[1]["verdict"], rows[1]["inside"]) == (1.0, "confirmed", True)
+
+
+def test_a_curve_right_about_the_true_mean_covers_its_observations_at_the_nominal_level() -> None:
+    """The predicted interval is for the task's true mean; an n-item observation scatters around
+    that mean, so coverage counts it inside the interval widened by its binomial noise. A curve
+    whose interval [0.27, 0.33] holds the true p = 0.30 must not look miscalibrated at n = 200."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from monitor.curves.observe import coverage, predictive_interval
+
+    job = {"predicted_lo": 0.27, "predicted_hi": 0.33, "predicted_p": 0.30, "level": 0.5, "confidence": 0.9}
+    rng = np.random.default_rng(11)
+    ks = rng.binomial(200, 0.30, size=400)
+    covered = sum(observation_fields(job, k / 200, 200, int(k))["inside"] for k in ks)
+    # Independent check of the widened interval: the half-widths 0.03 and z·sqrt(.3·.7/200) in quadrature.
+    half = float(np.hypot(0.03, norm.ppf(0.95) * np.sqrt(0.3 * 0.7 / 200)))
+    lo, hi = predictive_interval(0.30, 0.27, 0.33, 200, 0.9)
+    assert (lo, hi) == pytest.approx((0.30 - half, 0.30 + half), abs=1e-12)
+    assert covered / len(ks) >= 0.9                       # at least the nominal share
+    assert not coverage(20, int(round(20 * covered / len(ks))), 0, 0.9).miscalibrated
+    # The raw interval alone would have covered far fewer: the bug this guards against.
+    raw = sum(0.27 <= k / 200 <= 0.33 for k in ks) / len(ks)
+    assert raw < 0.75

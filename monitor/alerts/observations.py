@@ -36,6 +36,7 @@ from typing import Any
 from monitor.alerts.model import Alert, Delivery, operator_alert
 from monitor.alerts.rules import group_key, group_labels, route_alert
 from monitor.curves.observe import (INTERVAL_METHOD, clopper_pearson, coverage, inside, observed_state,
+                                    predictive_interval,
                                     verdict)
 from monitor.events import event
 from monitor.policy import Policy
@@ -129,7 +130,10 @@ def observation_fields(job: Mapping[str, Any], value: float, n: int, k: int) -> 
     return {"observed": float(value), "n": int(n), "k": int(k), "observed_lo": lo, "observed_hi": hi,
             "interval_method": INTERVAL_METHOD, "observed_state": observed_state(lo, hi, level),
             "verdict": verdict(float(job["predicted_lo"]), float(job["predicted_hi"]), lo, hi, level),
-            "inside": inside(float(value), float(job["predicted_lo"]), float(job["predicted_hi"]))}
+            # covered: inside the predicted interval widened by the observation's own sampling noise
+            "inside": inside(float(value), *predictive_interval(
+                float(job["predicted_p"]), float(job["predicted_lo"]), float(job["predicted_hi"]), int(n),
+                float(job["confidence"])))}
 
 
 def observation_alert(policy: Policy, job: Mapping[str, Any], fields: Mapping[str, Any], *,

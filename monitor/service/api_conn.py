@@ -205,6 +205,9 @@ class GuardedH11Protocol(H11Protocol):
                 head = bytes(self.inbox[:end])
                 if found is not None:
                     try:
+                        if end > MAX_HEAD_BYTES:   # a whole head in one read: h11 limits only partial ones
+                            raise RequestRefused(431, f"the request head is {end:,} bytes, over "
+                                                 f"{MAX_HEAD_BYTES:,}", hint="send fewer or shorter headers")
                         screen_head(head)
                     except RequestRefused as exc:
                         self._refuse_raw(_answer_bytes(exc.status, _reason(exc.status),

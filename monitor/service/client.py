@@ -14,6 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 import httpx
@@ -28,6 +29,19 @@ _STATE_OF_URL: dict[str, Path] = {}   # the state directory whose daemon answers
 BUSY_RETRIES = 10
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether `url` is exactly `http://127.0.0.1:PORT` (the address the daemon writes): no
+    user part (`http://127.0.0.1:1@elsewhere` goes elsewhere), no path, a numeric port."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    return (parts.scheme == "http" and parts.hostname == "127.0.0.1" and parts.username is None
+            and parts.password is None and port is not None and parts.netloc == f"127.0.0.1:{port}"
+            and parts.path in ("", "/") and not parts.query and not parts.fragment)
+
+
 def live_daemon_url(state_dir: Path) -> str | None:
     """The API URL of a daemon running on `state_dir`, or None when there is none.
 
@@ -40,7 +54,7 @@ def live_daemon_url(state_dir: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     url = str(info.get("url", ""))
-    if not url.startswith("http://127.0.0.1:"):
+    if not is_loopback_url(url):
         return None
     _STATE_OF_URL[url] = state_dir
     try:

@@ -219,11 +219,14 @@ class ObservationRows(StoreConnection):
         """Every checked prediction (a finished observation), oldest first: the curve, the
         predicted interval, the observation and its interval, inside or not, the verdict."""
         where, params = ("AND policy = ? ", [policy]) if policy else ("", [])
+        # A derivative's observation measures its post-training residual, not the curve's error.
+        not_derivative = ("AND NOT EXISTS (SELECT 1 FROM checkpoint_bases b JOIN checkpoints c ON "
+                          "c.id = b.checkpoint_id WHERE c.repo = o.repo AND c.sha = o.commit_sha) ")
         return self.query(
             "SELECT id, policy, task, curve_id, repo, commit_sha, lineage, predicted_state, predicted_lo, "
             "predicted_hi, predicted_p, level, confidence, observed, n, k, observed_lo, observed_hi, "
-            "interval_method, observed_state, verdict, inside, finished_at FROM observations "
-            f"WHERE status = 'done' {where}ORDER BY finished_at, id", params)
+            "interval_method, observed_state, verdict, inside, finished_at FROM observations o "
+            f"WHERE status = 'done' {where}{not_derivative}ORDER BY finished_at, id", params)
 
     # -- miscalibration episodes --------------------------------------------------------------
     def open_miscalibration(self, policy: str, curve_id: str) -> dict[str, Any] | None:
