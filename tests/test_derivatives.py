@@ -113,15 +113,18 @@ def test_residual_mode_widens_the_interval_by_the_pairs_uncertainty(world) -> No
     evaluate_pending(store, [policy], now=T0 + timedelta(days=1))
     curve = load_curve(tmp_path / "policies" / "cloze.json")
 
-    # By hand: ρ_i = observed − φ(L*(base_i)); ρ̄ their mean, SE = s/√n; the band at L*(b3)
-    # (widened by b3's SE) shifted by ρ̄, each half-width widened by z·SE in quadrature.
+    # By hand: ρ_i = observed − φ(L*(base_i)); ρ̄ their mean, s their standard deviation; the
+    # band at L*(b3) (widened by b3's SE) shifted by ρ̄, each half-width widened in quadrature by
+    # the predictive half-width t₁·s·√(1 + 1/2) of a new derivative's residual (t₁ at 90 %:
+    # tan(0.45·π) = 6.3138, the Cauchy quantile).
     rhos = [0.80 - predict(curve, 0.9).p_hat, 0.72 - predict(curve, 1.3).p_hat]
-    mean, se = statistics.fmean(rhos), statistics.stdev(rhos) / math.sqrt(2)
-    assert se == pytest.approx(abs(rhos[0] - rhos[1]) / 2)
+    mean, sd = statistics.fmean(rhos), abs(rhos[0] - rhos[1]) / math.sqrt(2)
+    se = sd / math.sqrt(2)
+    half_width = math.tan(0.45 * math.pi) * sd * math.sqrt(1.5)
     at_b3 = predict(curve, 1.1, 0.02)
     p_hat = at_b3.p_hat + mean
-    lo = p_hat - math.sqrt((at_b3.p_hat - at_b3.lower) ** 2 + (Z90 * se) ** 2)
-    hi = p_hat + math.sqrt((at_b3.upper - at_b3.p_hat) ** 2 + (Z90 * se) ** 2)
+    lo = p_hat - math.sqrt((at_b3.p_hat - at_b3.lower) ** 2 + half_width ** 2)
+    hi = p_hat + math.sqrt((at_b3.upper - at_b3.p_hat) ** 2 + half_width ** 2)
 
     got = predictions(store, "org/d3")
     res = got["by-residual"]
@@ -130,6 +133,7 @@ def test_residual_mode_widens_the_interval_by_the_pairs_uncertainty(world) -> No
     derivative = res["detail"]["derivative"]
     assert derivative["residual"]["n_pairs"] == 2
     assert (derivative["residual"]["mean"], derivative["residual"]["se"]) == pytest.approx((mean, se))
+    assert derivative["residual"]["half_width"] == pytest.approx(half_width, rel=1e-9)
     assert (derivative["coordinate"], derivative["lstar_base"], derivative["lstar_own"]) == ("base", 1.1, 1.05)
     # The stored L* is the checkpoint's own; the value the curve read is its base's.
     assert res["lstar"] == 1.05 and res["detail"]["value"] == 1.1
@@ -149,12 +153,15 @@ def test_residual_mode_widens_the_interval_by_the_pairs_uncertainty(world) -> No
         assert "state from L*(base) = 1.1000" in json.loads(a["annotations"])["coordinates"]
 
     # A labelled derivative's ρ is measured: observed − φ(L*(base)), its interval combining the
-    # binomial SE of the observation with the band's half-width at L*(base).
+    # binomial SE of the observation with each side of the band at L*(base) (φ ∈ [lo, hi]: the
+    # band's upper side bounds ρ from below).
     d1 = predictions(store, "org/d1")["by-base"]["detail"]["derivative"]
     at_b1 = predict(curve, 0.9, 0.02)
-    half = math.hypot(Z90 * math.sqrt(0.8 * 0.2 / 400), (at_b1.upper - at_b1.lower) / 2)
-    assert d1["rho_measured"] is True and d1["rho"]["rho"] == pytest.approx(0.80 - at_b1.p_hat)
-    assert d1["rho"]["interval"] == pytest.approx([0.80 - at_b1.p_hat - half, 0.80 - at_b1.p_hat + half])
+    h_obs = Z90 * math.sqrt(0.8 * 0.2 / 400)
+    rho = 0.80 - at_b1.p_hat
+    assert d1["rho_measured"] is True and d1["rho"]["rho"] == pytest.approx(rho)
+    assert d1["rho"]["interval"] == pytest.approx([rho - math.hypot(at_b1.upper - at_b1.p_hat, h_obs),
+                                                   rho + math.hypot(at_b1.p_hat - at_b1.lower, h_obs)])
 
     # A checkpoint without a base is predicted as before: from its own L*.
     plain = predictions(store, "up/b1")["by-base"]

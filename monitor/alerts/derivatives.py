@@ -11,16 +11,19 @@ spec, a policy task's `derivatives:` mode decides:
   a label of the derivative is stored, and flagged unmeasured otherwise.
 - `residual`: P̂ = φ_t(L*(base)) + ρ̄, ρ̄ the mean residual over labelled pairs of the same
   relation (derivatives whose base is scored on this corpus and spec, this checkpoint left
-  out), with SE s/√n (s the pairs' sample standard deviation). The interval's half-widths are
-  widened in quadrature: lower = P̂ − √((φ − lo)² + (z·SE)²), upper = P̂ + √((hi − φ)² +
-  (z·SE)²), z the two-sided normal quantile of the curve's confidence. Fewer than two pairs:
-  not evaluated, with the reason.
+  out). A new derivative's residual scatters around ρ̄, so the interval's half-widths are
+  widened in quadrature by the predictive half-width w = t_{n−1}·s·√(1 + 1/n) (s the pairs'
+  sample standard deviation, t the two-sided Student quantile of the curve's confidence):
+  lower = P̂ − √((φ − lo)² + w²), upper = P̂ + √((hi − φ)² + w²). With two pairs t₁ is 6.3 at
+  90 %: few pairs give honest, wide intervals. Fewer than two pairs: not evaluated, with the
+  reason.
 - `evaluate`: predicted as `base`, and every derivative's task is evaluated directly (the task's
   `evaluate:` block, `monitor.alerts.observations`), whatever its predicted state; the
   observation measures ρ_t and its observed state supersedes the prediction.
 
-A measured residual's interval: ρ ± √(h_obs² + h_band²), h_obs = z·(the label's stderr, else
-the binomial √(p(1−p)/n)) and h_band = (hi − lo)/2 of the band at L*(base). A checkpoint
+A measured residual's interval: [ρ − √((hi − φ)² + h_obs²), ρ + √((φ − lo)² + h_obs²)],
+h_obs = z·(the label's stderr, else the binomial √(p(1−p)/n)) and [lo, hi] the band at
+L*(base) around φ (not symmetric about φ in general). A checkpoint
 without a matched base is predicted as any other. One whose base is still on the queue waits
 (HOLD); one whose base will not be scored is predicted from its own L*, saying why.
 """
@@ -88,10 +91,11 @@ def measured_residual(label: Mapping[str, Any], at_base: TaskPrediction) -> dict
     z = _z(at_base.confidence)
     rho = float(label["value"]) - at_base.p_hat
     h_obs = observation_half_width(label, z)
-    h_band = (at_base.hi - at_base.lo) / 2.0
-    half = None if h_obs is None else math.hypot(h_obs, h_band)
+    # φ lies in [lo, hi], not symmetrically about p̂: the band's upper side bounds ρ from below
+    interval = None if h_obs is None else [rho - math.hypot(at_base.hi - at_base.p_hat, h_obs),
+                                           rho + math.hypot(at_base.p_hat - at_base.lo, h_obs)]
     return {"rho": rho, "observed": float(label["value"]), "n": label.get("n"), "stderr": label.get("stderr"),
-            "interval": None if half is None else [rho - half, rho + half], "source": label.get("source")}
+            "interval": interval, "source": label.get("source")}
 
 
 def residual_estimate(store: Store, curve: Any, task: Task, relation: str, *, corpus: str,
@@ -114,15 +118,22 @@ def residual_estimate(store: Store, curve: Any, task: Task, relation: str, *, co
                          f"(found {len(rhos)})",
                          hint=f"import labels of {relation} derivatives for {curve.task}/{curve.metric}, "
                               "or use derivatives: base")
+    from scipy.stats import t as student_t
+
+    n = len(rhos)
     mean = statistics.fmean(rhos)
-    se = statistics.stdev(rhos) / math.sqrt(len(rhos))
-    return {"mean": mean, "se": se, "n_pairs": len(rhos), "relation": relation, "pairs": pairs}
+    sd = statistics.stdev(rhos)
+    # A new derivative's residual scatters by sd around a mean known to sd/√n: the predictive
+    # half-width t_{n−1}·sd·√(1 + 1/n), not the mean's standard error alone.
+    t = float(student_t.ppf(0.5 + curve.confidence / 2.0, n - 1))
+    return {"mean": mean, "se": sd / math.sqrt(n), "sd": sd, "n_pairs": n,
+            "half_width": t * sd * math.sqrt(1.0 + 1.0 / n), "t": t, "relation": relation, "pairs": pairs}
 
 
 def with_residual(at_base: TaskPrediction, residual: Mapping[str, Any]) -> TaskPrediction:
-    """The base-coordinate prediction shifted by ρ̄, its half-widths widened by z·SE in quadrature."""
-    z = _z(at_base.confidence)
-    widen = z * float(residual["se"])
+    """The base-coordinate prediction shifted by ρ̄, its half-widths widened in quadrature by the
+    residual's predictive half-width t_{n−1}·sd·√(1 + 1/n)."""
+    widen = float(residual["half_width"])
     p_hat = at_base.p_hat + float(residual["mean"])
     lo = p_hat - math.hypot(at_base.p_hat - at_base.lo, widen)
     hi = p_hat + math.hypot(at_base.hi - at_base.p_hat, widen)
@@ -182,8 +193,8 @@ def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView,
         numbers["residual"] = residual
         prediction = with_residual(at_base, residual)
         caveats.append(f"predicted from L*(base) = {base_run['lstar']:.4f} plus the mean residual "
-                       f"{residual['mean']:+.3f} ± {residual['se']:.3f} (SE) of {residual['n_pairs']} "
-                       f"labelled {base['relation']} pairs")
+                       f"{residual['mean']:+.3f} (predictive ± {residual['half_width']:.3f}) of "
+                       f"{residual['n_pairs']} labelled {base['relation']} pairs")
     else:
         caveats.append(f"predicted from L*(base) = {base_run['lstar']:.4f} of {base['base_repo']}@"
                        f"{base['base_sha'][:12]} ({base['relation']})")
