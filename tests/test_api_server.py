@@ -160,7 +160,7 @@ def test_the_api_reads_the_daemon_only_through_its_view():
 
 def test_the_api_path_has_one_http_client_and_no_hand_built_server():
     paths = [*(ROOT / "monitor" / "service").glob("*.py"), *(ROOT / "monitor" / "commands").glob("*.py"),
-             ROOT / "monitor" / "testing" / "daemon_harness.py"]
+             ROOT / "tests" / "support" / "daemon_harness.py"]
     offenders = {p.relative_to(ROOT).as_posix(): sorted(_imported_modules(p) & {"urllib.request", "urllib.error",
                                                                                "http.server", "http.client"})
                  for p in paths}

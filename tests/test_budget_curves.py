@@ -104,6 +104,30 @@ def test_the_fit_is_monotone_in_both_arguments_and_recovers_the_truth(budget_cur
     np.testing.assert_allclose(crossings, expected, atol=0.35)
 
 
+def test_the_bands_are_ordered_in_the_budget_so_more_compute_is_never_safer(tmp_path) -> None:
+    """With no true budget effect the per-level bands scatter; each is widened so that a higher
+    budget's band never lies below a lower one's, and no state inverts along the budget."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "flat.csv"
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["checkpoint", "family", "task", "metric", "value", "n", "lstar", "samples"])
+        for i, x in enumerate(np.sort(rng.uniform(0.0, 6.0, 24))):
+            for budget in (1, 2, 3):
+                value = rng.binomial(30, float(0.9 * expit(2.0 * (x - 3.0)))) / 30
+                writer.writerow([f"c{i}", "a", "t", "acc", f"{value:.6f}", 30, f"{-x:.6f}", budget])
+    curve = fit_budget_curve(read_labels_csv(path, budget_column="samples"), task="t", baseline=0.0, margin=0.4,
+                             budget_column="samples", resamples=100, seed=0, lofo=False)
+    bands = [at_budget(curve, float(b)).band for b in (1, 2, 3)]
+    for low, high in zip(bands, bands[1:]):
+        assert np.all(np.array(high.lower) >= np.array(low.lower) - 1e-12)
+        assert np.all(np.array(high.upper) >= np.array(low.upper) - 1e-12)
+    rank = {"clear": 0, "at_risk": 1, "emerged": 2}
+    for x in np.linspace(0.2, 5.8, 60):
+        states = [rank[predict(at_budget(curve, float(b)), -x).state] for b in (1, 2, 3)]
+        assert states == sorted(states), (x, states)
+
+
 def test_the_artifact_round_trips_and_other_curves_keep_their_json(budget_curve, tmp_path: Path) -> None:
     path = save_curve(budget_curve, tmp_path / "c.json")
     again = load_curve(path)

@@ -82,7 +82,9 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
     try:
         snapshot, digests = fetch_verified(job["repo"], job["commit_sha"], cache_dir=cache_dir, client=client)
         # the evaluator's settings include where and in which precision it runs
-        digest = content_digest(digests.get("weights_digest"), {**settings, "device": device, "dtype": dtype})
+        # `auto` left unresolved (workers elsewhere, e.g. Ray GPUs): no digest, never linked
+        digest = (None if "auto" in (device, dtype) else
+                  content_digest(digests.get("weights_digest"), {**settings, "device": device, "dtype": dtype}))
         if digest is not None:
             store.set_observation_digest(job["id"], owner, digest, now=now_fn())
         source = store.observation_with_digest(digest) if digest is not None else None

@@ -33,7 +33,7 @@ from monitor.curves.artifact import (SCHEMA, Band, BootstrapInfo, BudgetInfo, Bu
                                      CurveArtifact, CurvePoint, Knots, LogisticCheck, ScoringRef, Threshold)
 from monitor.curves.axes import AXES, Axis
 from monitor.curves.labels import Label, select_labels
-from monitor.bands import first_reach
+from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.stats import fit_logistic, label_weights, monotone_fit_from
 from monitor.curves.validation import emergence_score
 from monitor.errors import CurveError, LabelError
@@ -292,12 +292,24 @@ def fit_budget_curve(labels: Sequence[Label], *, task: str, metric: str | None =
     grid_t = np.linspace(tu[0], tu[-1], grid_size)
     curves, crossings = _bootstrap(tu, yu, wu, grid_t, level, resamples, np.random.default_rng(seed))
     progress = np.argsort(sign * grid.x, kind="stable")
+    fits = [monotone_fit_from(tu, yu[:, j], wu[:, j], fitted[:, j], curves[j], crossings[j], grid_t,
+                              x=grid.x, sign=sign, predictor=pred, level=level, confidence=confidence,
+                              known_variance=known, bounds=(0.0, 1.0) if proportion else None, centred=False)
+            for j in range(len(grid.levels))]
+    # Each level's band is widened to be ordered in the budget too, as it is along the axis: a
+    # level's lower edge is the smallest of its own and every higher level's, its upper edge the
+    # largest of its own and every lower level's; then each threshold interval is read again
+    # from the widened band (the estimate stays: the fitted curves are already ordered).
+    lowers = np.minimum.accumulate(np.array([f.lower for f in fits])[::-1], axis=0)[::-1]
+    uppers = np.maximum.accumulate(np.array([f.upper for f in fits]), axis=0)
+    order = np.argsort(sign * fits[0].grid_x)   # the band in progress order
     level_curves, dispersions = [], []
     for j, budget in enumerate(grid.levels):
-        fit = monotone_fit_from(tu, yu[:, j], wu[:, j], fitted[:, j], curves[j], crossings[j], grid_t,
-                                x=grid.x, sign=sign, predictor=pred, level=level, confidence=confidence,
-                                known_variance=known, bounds=(0.0, 1.0) if proportion else None,
-                                centred=False)
+        fit = fits[j]
+        crossing = threshold_crossing(level, sign=sign, t_first=float(tu[0]), knots_t=tu, knots_y=fitted[:, j],
+                                      grid_t=(sign * fit.grid_x)[order], lower=lowers[j][order],
+                                      upper=uppers[j][order])
+        threshold = {**fit.threshold, "lower": crossing["lower"], "upper": crossing["upper"]}
         logistic = fit_logistic(grid.x, grid.y[:, j], grid.w[:, j], floor=baseline, margin=margin,
                                 predictor=pred, proportion=proportion)
         score = emergence_score(grid.y[progress, j])
@@ -306,9 +318,9 @@ def fit_budget_curve(labels: Sequence[Label], *, task: str, metric: str | None =
             budget=float(budget), n_checkpoints=len(grid.checkpoints),
             x_range=(float(grid.x.min()), float(grid.x.max())),
             knots=Knots(x=fit.knots_x.tolist(), y=fit.knots_y.tolist()),
-            band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=fit.lower.tolist(),
-                      upper=fit.upper.tolist()),
-            threshold=Threshold(**fit.threshold), logistic=LogisticCheck(**logistic),
+            band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=lowers[j].tolist(),
+                      upper=uppers[j].tolist()),
+            threshold=Threshold(**threshold), logistic=LogisticCheck(**logistic),
             emergence_score=score if math.isfinite(score) else None))
     info = BudgetInfo(column=budget_column, levels=[float(v) for v in grid.levels], curves=level_curves,
                       method=METHOD, lofo=budget_lofo(grid, pred, level=level) if lofo else None)

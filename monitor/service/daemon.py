@@ -72,7 +72,7 @@ from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
-from monitor.scoring.scoring_driver import prune_after_scoring, score_queue_on
+from monitor.scoring.scoring_driver import prune_after_scoring, resolved_precision, score_queue_on
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
@@ -796,10 +796,13 @@ class Daemon:
         policies = self.policies()
         with self.job_store() as store:
             scheduled = schedule_observations(store, policies, now=utcnow())
+            # The precision the evaluation runs in, resolved as scoring's is (never the word
+            # `auto`, which differs between hosts): it is part of the dedupe digest.
+            here = resolved_precision(cfg.template, workers_here=cfg.scoring_backend != "ray")
             ran = run_observations(store, policies, owner=self.owner, state_dir=cfg.state_dir,
                                    client=self.hub_client(store), cache_dir=cfg.cache_dir,
                                    timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
-                                   lease_s=cfg.lease_s, device=cfg.template.device, dtype=cfg.template.dtype,
+                                   lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
                                    ray=self.scoring_backend() if cfg.scoring_backend == "ray" else None,
                                    stopping=self.stopping.is_set)
             miscalibrated = check_calibration(store, policies, now=utcnow())
