@@ -89,6 +89,32 @@ def test_each_pipelined_head_passes_the_framing_screen(api):
     assert b"Content-Length '2, 2' is not a byte count" in answers[1]
 
 
+def test_a_whole_head_over_the_limit_in_one_read_is_refused(api):
+    """h11 limits only an incomplete head; one that arrives whole in a single read is held to
+    the same 16 KiB."""
+    host = f"Host: 127.0.0.1:{port_of(api)}\r\n"
+    padding = "".join(f"X-Pad-{i}: {'v' * 40}\r\n" for i in range(1000))   # about 48 KiB
+    with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as sock:
+        sock.sendall(f"GET /health HTTP/1.1\r\n{host}{padding}\r\n".encode())
+        data = read_all(sock)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:200]
+
+
+@pytest.mark.parametrize("url, ok", [
+    ("http://127.0.0.1:8080", True),
+    ("http://127.0.0.1:8080/", True),
+    ("http://127.0.0.1:1@example.org:8080", False),   # the user part: httpx would go to example.org
+    ("http://127.0.0.1:80a", False),
+    ("http://127.0.0.1:8080/api", False),
+    ("https://127.0.0.1:8080", False),
+    ("http://localhost:8080", False),
+])
+def test_the_client_sends_its_token_only_to_the_loopback_daemon(url, ok):
+    from monitor.service.client import is_loopback_url
+
+    assert is_loopback_url(url) is ok
+
+
 def test_a_half_closed_client_still_gets_its_answer(api):
     with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as sock:
         sock.sendall(f"GET /status HTTP/1.1\r\nHost: 127.0.0.1:{port_of(api)}\r\n\r\n".encode())

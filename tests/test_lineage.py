@@ -92,3 +92,23 @@ def test_the_gate_records_each_derivative_linked_to_its_pinned_base(tmp_path, mo
     meta = store.get_checkpoint(outcomes["org/ft"].id).meta["gate"]["lineage"]
     assert json.loads(json.dumps(meta))["base_sha"] == base_sha
     store.close()
+
+
+def test_the_fake_hubs_card_data_refuses_alias_bombs_and_answers_json() -> None:
+    """A few hundred bytes of YAML aliases would expand to gigabytes of JSON in the model-info
+    answer; a date scalar is not JSON. The fake Hub serves neither as the Hub would fail to."""
+    from datetime import datetime, timezone
+
+    from monitor.demo.fakehub_state import Commit
+
+    def commit(readme: bytes) -> Commit:
+        return Commit(sha="0" * 40, parent=None, title="t", date=datetime.now(timezone.utc), author="a",
+                      files={"README.md": readme})
+
+    levels = ["a: &a [" + ",".join(["x"] * 9) + "]"]
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    bomb = ("---\n" + "\n".join(levels) + "\n---\n").encode()
+    assert len(bomb) < 1000 and commit(bomb).card_data() is None
+    assert commit(card("base_model: org/x\nreleased: 2020-01-01")).card_data() == \
+        {"base_model": "org/x", "released": "2020-01-01"}

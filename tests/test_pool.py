@@ -276,6 +276,27 @@ def test_member_outside_the_package_root_refuses_the_deb(world: dict, tmp_path: 
     assert not (tmp_path / "out").exists()
 
 
+@needs_dpkg
+def test_a_huge_long_name_header_is_refused_before_it_is_read(world: dict, tmp_path: Path) -> None:
+    """tarfile reads a GNU long-name header whole before its member can be judged: a member
+    named in 64 KiB (a 3 MB .deb can name one in 768 MiB) refuses the package at the header."""
+    ok = dpkg_build(tmp_path / "root", "evil-doc", "1.0", tmp_path / "ok.deb")
+    subprocess.run(["ar", "x", str(ok), "debian-binary", "control.tar.gz"], cwd=tmp_path, check=True)
+    with tarfile.open(fileobj=(buf := io.BytesIO()), mode="w", format=tarfile.GNU_FORMAT) as tar:
+        data = (("Evil words " * 20) + "\n").encode()
+        info = tarfile.TarInfo("./usr/share/doc/x/html/_sources/" + "a" * (64 << 10) + ".rst.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    (tmp_path / "data.tar").write_bytes(buf.getvalue())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    subprocess.run(["ar", "rc", str(cache / "evil-doc_1.0_all.deb"), "debian-binary",
+                    "control.tar.gz", "data.tar"], cwd=tmp_path, check=True)
+    with pytest.raises(CorpusError, match=r"evil-doc.*long member name of 65,"):
+        build_pool(tmp_path / "out", ["evil-doc"], cache=cache, exclude=world["exclude"])
+    assert not (tmp_path / "out").exists()
+
+
 def pins_with(world: dict, tmp_path: Path, package: str, **change: str) -> Path:
     manifest = json.loads((world["pool"] / "manifest.json").read_text())
     for entry in manifest["packages"]:

@@ -167,9 +167,16 @@ class Commit:
         end = text.find("\n---", 3)
         if end < 0:
             return None
+        front = text[3:end]
         try:
-            data = yaml.safe_load(text[3:end])
-        except yaml.YAMLError:
+            # An alias can make a few hundred bytes expand to gigabytes of JSON: refused, as a
+            # card's metadata never needs one.
+            if any(isinstance(token, yaml.AliasToken) for token in yaml.scan(front)):
+                return None
+            data = yaml.safe_load(front)
+            # The Hub answers JSON: dates and other YAML scalars become their text.
+            data = json.loads(json.dumps(data, default=str))
+        except (yaml.YAMLError, ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
 

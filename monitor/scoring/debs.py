@@ -206,9 +206,46 @@ def read_deb(deb: Deb, wanted: Callable[[str], bool]) -> DebFiles:
     return out
 
 
+# A GNU long name or a PAX header is read whole into memory before its member can be judged:
+# bounded here, where tarfile reads it (a 3 MB .deb could otherwise name a member in 768 MiB).
+MAX_LONG_NAME_BYTES = 4096
+MAX_PAX_BYTES = 1 << 20
+# Everything the data archive may decompress to, wanted or not (a compression bomb).
+MAX_STREAM_BYTES = 2 * 2**30
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """Refuses long-name and PAX headers over their bounds before reading them."""
+
+    def _proc_gnulong(self, tarfile_):  # type: ignore[override]
+        if self.size > MAX_LONG_NAME_BYTES:
+            raise tarfile.HeaderError(f"a long member name of {self.size:,} bytes")
+        return super()._proc_gnulong(tarfile_)
+
+    def _proc_pax(self, tarfile_):  # type: ignore[override]
+        if self.size > MAX_PAX_BYTES:
+            raise tarfile.HeaderError(f"an extended header of {self.size:,} bytes")
+        return super()._proc_pax(tarfile_)
+
+
+class _BoundedStream:
+    """The archive's byte stream, refused once more than MAX_STREAM_BYTES have been read."""
+
+    def __init__(self, raw) -> None:
+        self.raw = raw
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size if size is not None and size >= 0 else 1 << 20)
+        self.read_bytes += len(data)
+        if self.read_bytes > MAX_STREAM_BYTES:
+            raise tarfile.ReadError(f"the data archive decompresses to more than {MAX_STREAM_BYTES // 2**30} GiB")
+        return data
+
+
 def _read_members(stream, deb: Deb, wanted: Callable[[str], bool], out: DebFiles) -> None:
     total = 0
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
+    with tarfile.open(fileobj=_BoundedStream(stream), mode="r|", tarinfo=_BoundedTarInfo) as tar:
         for n, member in enumerate(tar):
             if n >= MAX_MEMBERS:
                 raise CorpusError(f"{deb.path.name}: more than {MAX_MEMBERS} archive members")
