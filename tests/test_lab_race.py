@@ -257,3 +257,26 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     # the finished lineage was reused, not retrained or rescored
     assert (tmp_path / "split" / done[0] / "scores.json").stat().st_mtime_ns == kept
     assert (tmp_path / "split" / "lab.json").read_bytes() == (tmp_path / "whole" / "lab.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_race_checkpoints_are_ordinary_full_vocabulary_models(race_dir: Path) -> None:
+    import torch
+
+    from monitor.lab.model import UNUSED_BIAS
+    from monitor.lab.records import load_lab
+    from monitor.scoring.loader import load_checkpoint
+    from monitor.scoring.tokenizer import load_tokenizer
+
+    record = load_lab(race_dir)
+    for family in record.families:
+        ck = max((c for c in record.checkpoints if c.family == family.family), key=lambda c: c.step)
+        loaded = load_checkpoint(str(race_dir / ck.path), dtype="float32", device="cpu")
+        handle = load_tokenizer(race_dir / ck.path)
+        assert loaded.vocab_size == handle.vocab_size
+        assert handle.fingerprint == family.tokenizer_fingerprint
+        bias = loaded.model.lm_head.bias
+        assert int((bias == UNUSED_BIAS).sum()) == handle.vocab_size - ck.vocab_used
+        ids = torch.tensor([handle.tokenizer.encode("def f(x): return x", add_special_tokens=False).ids])
+        probs = torch.softmax(loaded.model(input_ids=ids).logits[0], dim=-1)
+        assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0

@@ -67,13 +67,26 @@ def load_pool(path: str | Path) -> Pool:
     return Pool(root, **corpora)
 
 
+def _lines(text: str, size: int) -> list[str]:
+    """The lines of `text`, a line longer than `size` cut after a space (or at `size`)."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        while len(line) > size:
+            cut = line.rfind(" ", 0, size) + 1 or size
+            out.append(line[:cut])
+            line = line[cut:]
+        out.append(line)
+    return out
+
+
 def chunk_texts(texts: Sequence[str], size: int) -> list[str]:
-    """The texts cut into chunks of about `size` characters at line ends (corpus order)."""
+    """The texts cut into chunks of about `size` characters at line ends (corpus order); a
+    line longer than `size` is cut after a space, so no chunk is much longer than `size`."""
     pool: list[str] = []
     for text in texts:
         buf: list[str] = []
         length = 0
-        for line in text.split("\n"):
+        for line in _lines(text, size):
             buf.append(line)
             length += len(line) + 1
             if length >= size:

@@ -83,11 +83,11 @@ def pool_cloze_items(documents: Sequence[Any], *, n_items: int, seed: int = 0) -
             found.append((doc.id, context, match.group(1)))
         for _, _, word in found:
             by_length.setdefault(len(word), []).append(word)
-        # positions spread along the document, at least 120 characters apart
+        # positions spread along the document, at least 100 characters apart
         spread, last_end = [], -10**9
         for doc_id, context, word in found:
             pos = doc.text.find(context) + len(context)
-            if pos - last_end >= 120:
+            if pos - last_end >= 100:
                 spread.append((doc_id, context, word))
                 last_end = pos
         if spread:
