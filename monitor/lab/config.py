@@ -174,7 +174,9 @@ class RaceConfig:
     heldout_bytes: int = 200_000           # held-out evaluation text per checkpoint
     n_cloze: int = 400
     cloze_seed: int = 0
-    eval_stride: int | None = None         # None: the spec's default, half the window
+    # Windows of the evaluation: 128 = the context, disjoint windows (the spec's --disjoint), half
+    # the cost of the default stride (docs/lab.md, "Sizing v2"); None: the spec's default, L/2.
+    eval_stride: int | None = 128
     tokenizers_dir: Path = SHARED / "tokenizers"
     calib_corpus: Path = SHARED / "corpus" / "calib-v0"
     n_boot: int = 200
@@ -232,6 +234,8 @@ class RaceConfig:
             raise LabError(f"problems_per_doc must be from 0 to 1000, got {self.problems_per_doc}")
         if not 1 <= self.n_cloze <= 100_000:
             raise LabError(f"n_cloze must be from 1 to 100000, got {self.n_cloze}")
+        if self.eval_stride is not None and not 1 <= self.eval_stride <= min(s.arch.context for s in self.sizes):
+            raise LabError(f"eval_stride {self.eval_stride} must be from 1 to the smallest context")
         if self.oos_unigram_bytes < 10_000 or self.heldout_bytes < 1_000:
             raise LabError("oos_unigram_bytes must be at least 10000 and heldout_bytes at least 1000")
         if not (self.calib_corpus / "manifest.json").is_file():
@@ -274,6 +278,6 @@ def race_reduced_config(pool: Path, shared: Path = SHARED, **changes: Any) -> Ra
         sizes=(SizeSpec("small", ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=64), 60_000, 2),
                SizeSpec("large", ArchConfig(hidden=48, layers=1, heads=2, intermediate=96, context=64), 80_000, 2)),
         batch_size=8, lr=3e-3, warmup_steps=5, problems_per_doc=8, oos_unigram_bytes=100_000,
-        heldout_bytes=20_000, n_cloze=300, n_boot=20,
+        heldout_bytes=20_000, n_cloze=300, n_boot=20, eval_stride=None,
         tokenizers_dir=shared / "tokenizers", calib_corpus=shared / "corpus" / "calib-v0")
     return base.with_(**changes)

@@ -158,16 +158,18 @@ def greedy_exact_match(model: Any, tokenizer: Any, problems: Sequence[Problem], 
     """Share of problems whose greedy continuation, decoded to a string, starts with the answer
     as a whole word ("nine" in " nine\\n..." counts; "ninety" does not)."""
     hits = greedy_exact_match_items(model, tokenizer, [(p.prompt, p.answer) for p in problems],
-                                    prefix_token_id=prefix_token_id, max_new_tokens=max_new_tokens)
+                                    prefix_token_id=prefix_token_id, max_new_tokens=max_new_tokens,
+                                    strip_punctuation=False)
     return sum(hits) / len(problems)
 
 
 def greedy_exact_match_items(model: Any, tokenizer: Any, items: Sequence[tuple[str, str]], *,
                              prefix_token_id: int | None, max_new_tokens: int = MAX_DECODE_TOKENS,
-                             max_length: int | None = None) -> list[bool]:
+                             max_length: int | None = None, strip_punctuation: bool = True) -> list[bool]:
     """For each (prompt, answer): does the greedy continuation, decoded to a string, start with
-    the answer as a whole word (trailing punctuation aside)? `max_length` keeps the last
-    tokens of a longer prompt (the model's context)."""
+    the answer as a whole word (trailing punctuation aside with `strip_punctuation`, so a
+    cloze word that ends a sentence counts)? `max_length` keeps the last tokens of a longer
+    prompt (the model's context)."""
     import torch
 
     hits: list[bool] = []
@@ -186,5 +188,6 @@ def greedy_exact_match_items(model: Any, tokenizer: Any, items: Sequence[tuple[s
                 if text.strip() and (text.strip() != text.lstrip() or len(text.split()) > 1):
                     break                    # a whole word is out: nothing more can change it
             words = tokenizer.decode(new, skip_special_tokens=False).split()
-            hits.append(bool(words) and words[0].rstrip(_TRAILING) == answer)
+            first = words[0] if words else ""
+            hits.append(bool(first) and (first.rstrip(_TRAILING) if strip_punctuation else first) == answer)
     return hits
