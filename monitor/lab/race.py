@@ -22,6 +22,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,12 @@ def run_race(config: RaceConfig, out: str | Path, *, workers: int = 2, progress:
     families = family_checks(config, inputs)
     jobs = race_jobs(config)
     kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
-    say = (lambda text: print(text, flush=True)) if progress else (lambda text: None)
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        if progress:
+            print(f"{text} ({time.monotonic() - started:.0f} s)", flush=True)
+
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     if workers <= 1:
         for job in jobs:
