@@ -39,8 +39,10 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def race_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
-    """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed."""
-    out = tmp_path_factory.mktemp("race") / "lab"
+    """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed. With
+    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained)."""
+    out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
+        else tmp_path_factory.mktemp("race") / "lab"
     proc = subprocess.run(
         [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
          "--pool", str(_pool()), "--shared", str(shared_dir), "--workers", "2", "--json"],
@@ -142,7 +144,7 @@ def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir:
 
     record = load_lab(race_dir)
     config = record.config
-    texts = heldout_texts(load_pool(config["pool"]), config["heldout_bytes"])
+    texts = heldout_texts(load_pool(config["pool"]["path"]), config["heldout_bytes"])
     calib = [d.text for d in load_corpus(shared_dir / "corpus" / "calib-v0").documents]
     for family in FAMILIES:
         ck = max((c for c in record.checkpoints if c.family == family and c.size == "small"), key=lambda c: c.step)
