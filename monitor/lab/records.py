@@ -35,6 +35,7 @@ __all__ = ["COUNT_BOUND", "LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "LOSS_BOUND
            "load_lab_with_sha256", "parse_lab", "write_lab"]
 
 LAB_SCHEMA = "lstar-lab/1"
+LAB_SCHEMA_V2 = "lstar-lab/2"
 LAB_FILE = "lab.json"
 # The checkpoint metrics every record carries (see CheckpointMetrics).
 METRIC_NAMES = ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain", "bits_per_byte",
@@ -171,7 +172,8 @@ def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
     """Validate a decoded lab.json: the schema, every field, families listed once, every
     checkpoint of a listed family and each (family, seed, step) once."""
     if isinstance(data, dict) and data.get("schema") != LAB_SCHEMA:
-        raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA!r}",
+        raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA_V2!r} "
+                       f"(or {LAB_SCHEMA!r})",
                        hint="regenerate it with `lstar lab run`")
     try:
         return LabRecord.model_validate(data)
@@ -212,7 +214,6 @@ def write_lab(record: LabRecord, path: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------------ version 2
-LAB_SCHEMA_V2 = "lstar-lab/2"
 EVAL_TEXTS = ("heldout", "calib")
 RACE_TASKS = ("add-words", "cloze")
 RACE_AXES = ("lstar", "lstar_oos", "bits_per_byte", "raw_ce", "l_rel", "l_gain", "bpb_minus_unigram", "bytes_seen")
