@@ -228,7 +228,8 @@ RESUME = textwrap.dedent("""
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
     if __name__ == "__main__":
-        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",))
+        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1))
+        config = config.with_(sizes=config.sizes[:1])
         run_race(config, Path(sys.argv[1]), workers=1, progress=False)
 """)
 

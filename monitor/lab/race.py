@@ -245,9 +245,10 @@ def run_race_lineage(config: RaceConfig, family: str, size: str, seed: int, out:
                             "bytes_seen": meta["bytes_seen"], "tokens_seen": meta["tokens_seen"],
                             "vocab_used": data.vocab.n_used, "path": path, "texts": texts,
                             "tasks": score_tasks(compact, handle, data.vocab, inputs, context=spec.arch.context)})
-    result = {"key": key, "lineage": name, "checkpoints": checkpoints}
-    atomic_write_text(saved, json.dumps(result, indent=1, sort_keys=True) + "\n")
-    return result
+    text = json.dumps({"key": key, "lineage": name, "checkpoints": checkpoints}, indent=1, sort_keys=True) + "\n"
+    atomic_write_text(saved, text)
+    # what was saved, not what was computed: a resumed lab reads the same (sorted) structure
+    return json.loads(text)
 
 
 def _worker(args: tuple) -> dict[str, Any]:
