@@ -1,60 +1,52 @@
-"""Run the full emergence lab and print its leave-one-family-out table.
+"""Run the full emergence lab, version 2, resumably, and print its progress.
 
-    python benchmarks/lab_full.py [--out state/lab-full] [--workers 2] [--byte-budget N] [--seeds 0,1,2]
-                                  [--families gpt2,llama-3,...]
+    python benchmarks/lab_full.py --out state/lab-v2 --pool /work/pool/lab-pool-v1 [--workers 2]
+                                  [--seeds 0,1,2] [--families gpt2,llama-2,...] [--shared ../shared]
 
-Trains the full lab (`monitor.lab.config.LabConfig`: gpt2, llama-3, bert-base-uncased,
-smollm2 and the toy unigram tokenizer, seeds 0-2, the same byte stream for every family),
-scores and labels every checkpoint (`lab.json`), then writes the lab report with
-`monitor.lab.report.write_lab_report` and prints the LOFO errors of every x-axis with the
-bootstrap intervals of their difference to L*. A killed run resumes where it stopped.
-One seed of the five families took 2,421 s (40 minutes) on 2 shared cores; the defaults (five
-families, three seeds) take hours. The time is printed at the end.
-This is a measurement, not a test: whatever the table says is the result.
+Trains and scores every lineage of `monitor.lab.config.race_full_config` (six lossless
+tokenizers × two sizes × three seeds, docs/lab.md "Sizing v2"), two at a time, one per core,
+each reading the pool's train split once in its seed's order, and writes OUT/lab.json
+(`lstar-lab/2`). Each finished lineage is saved as OUT/<lineage>/scores.json and a lineage
+interrupted mid-training resumes from its last checkpoint, so the command can be stopped
+and started again with the same arguments; the lab.json it writes in the end is the same.
+A line is printed per finished lineage with the elapsed time. The statistics are
+`lstar lab report --lab OUT`. This is a measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from monitor.lab.config import LabConfig
-    from monitor.lab.pipeline import lab_summary, run_lab
-    from monitor.lab.report import write_lab_report
+    from monitor.lab.config import race_full_config
+    from monitor.lab.race import race_jobs, run_race
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("state") / "lab-full")
+    parser.add_argument("--out", type=Path, default=Path("state") / "lab-v2")
+    parser.add_argument("--pool", type=Path, required=True, help="The lab pool (e.g. /work/pool/lab-pool-v1).")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--byte-budget", type=int, default=None)
-    parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default: the config's, 0,1,2).")
-    parser.add_argument("--families", default=None,
-                        help="Comma-separated tokenizer folders (default: the config's five families).")
+    parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default 0,1,2).")
+    parser.add_argument("--families", default=None, help="Comma-separated lossless tokenizers (default: six).")
+    parser.add_argument("--stress-families", default=None, help="Lossy tokenizers run as a labelled stress test.")
     parser.add_argument("--shared", type=Path, default=Path("../shared"))
     args = parser.parse_args(argv)
-    shared = args.shared
-    config = LabConfig(tokenizers_dir=shared / "tokenizers", text_corpus=shared / "corpus" / "calib-v0-alt",
-                       calib_corpus=shared / "corpus" / "calib-v0", cloze_task=shared / "tasks" / "cloze-v0.jsonl")
-    if args.byte_budget:
-        config = config.with_(byte_budget=args.byte_budget)
+    config = race_full_config(args.pool, args.shared)
     if args.seeds:
         config = config.with_(seeds=tuple(int(s) for s in args.seeds.split(",")))
     if args.families:
         config = config.with_(families=tuple(f.strip() for f in args.families.split(",") if f.strip()))
+    if args.stress_families:
+        config = config.with_(stress_families=tuple(f.strip() for f in args.stress_families.split(",") if f.strip()))
+    config.validate()
+    done = sum((args.out / f"{f}-{s}-s{seed}" / "scores.json").is_file() for f, s, seed in race_jobs(config))
+    print(f"lab v2: {len(race_jobs(config))} lineages, {done} already scored in {args.out}", flush=True)
     start = time.monotonic()
-    record = run_lab(config, args.out, workers=args.workers, progress=sys.stderr.isatty())
-    print(f"trained, scored and labelled {len(record.checkpoints)} checkpoints in "
-          f"{time.monotonic() - start:.0f} s -> {args.out / 'lab.json'}")
-    for row in lab_summary(record):
-        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
-    write_lab_report(args.out / "lab.json", args.out / "report")
-    # The report's Markdown holds the LOFO table of every axis with the intervals on the
-    # difference to L*, and the sentences that say what those intervals support.
-    print((args.out / "report" / "lab-report.md").read_text(encoding="utf-8"))
-    print(f"report: {args.out / 'report'}; total {time.monotonic() - start:.0f} s")
+    record = run_race(config, args.out, workers=args.workers, progress=True)
+    print(f"{len(record.checkpoints)} checkpoints in {time.monotonic() - start:.0f} s -> {args.out / 'lab.json'}")
+    print(f"report: lstar lab report --lab {args.out}")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The emergence lab: a reduced lab trained for real (CLI subprocess, two tokenizer families),
-its invariants, resuming a lineage killed mid-training, and refusals of bad lab input."""
+"""The emergence lab's shared machinery (version 1's training loop, which lab v2 and
+`lstar demo` use): resuming a lineage killed mid-training, the addition table, the seeded
+stream, and refusals of bad lab input. Lab v2 end to end is tests/test_lab_race.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from monitor.errors import LabError
@@ -24,106 +24,6 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LSTAR_LAB_KILL_AT_STEP"}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
     return env
-
-
-@pytest.fixture(scope="module")
-def lab_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
-    """`lstar lab run --size reduced`: gpt2 and the toy tokenizer, one seed, 150 kB each."""
-    out = tmp_path_factory.mktemp("lab") / "lab"
-    proc = subprocess.run(
-        [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
-         "--shared", str(shared_dir), "--workers", "2", "--json"],
-        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-@pytest.mark.slow
-def test_reduced_lab_record_is_complete(lab_dir: Path) -> None:
-    record = load_lab(lab_dir)
-    assert record.family_names() == list(FAMILIES)
-    config = record.config
-    heldout = set(config["text_corpus"]["heldout_documents"])
-    assert heldout and config["stream"]["bytes"] >= config["byte_budget"]
-    for family in FAMILIES:
-        rows = sorted((c for c in record.checkpoints if c.family == family), key=lambda c: c.step)
-        assert len(rows) == len(config["fractions"])
-        assert [c.path for c in rows] == [f"{family}-s0/step{c.step}" for c in rows]
-        assert all(a.bytes_seen < b.bytes_seen for a, b in zip(rows, rows[1:]))
-        # equal bytes seen, not equal steps: the last checkpoint has read the whole budget
-        assert abs(rows[-1].bytes_seen - config["byte_budget"]) < 0.05 * config["byte_budget"]
-        for ck in rows:
-            assert set(ck.tasks) == {"add-words", "cloze-heldout"}
-            assert ck.tasks["add-words"].n == 55 and ck.tasks["add-words"].exact_match is not None
-            assert ck.tasks["add-words"].baseline == pytest.approx(1 / 10)
-            assert ck.tasks["cloze-heldout"].baseline == pytest.approx(0.25)
-            m = ck.metrics
-            assert m.lstar == pytest.approx(m.ce - m.ce_uni)
-            assert m.bpb_minus_unigram == pytest.approx(m.bits_per_byte - m.unigram_bits_per_byte)
-        # training lowers L* in every family, checkpoint after checkpoint
-        lstars = [c.metrics.lstar for c in rows]
-        assert all(a > b for a, b in zip(lstars, lstars[1:])), (family, lstars)
-    toy_last = max((c for c in record.checkpoints if c.family == "spm-unigram-toy"), key=lambda c: c.step)
-    # The toy tokenizer's model beats its unigram baseline inside the CI budget; gpt2's
-    # 16k-id vocabulary needs the full lab's budget for that.
-    assert toy_last.metrics.lstar < 0
-    # the task files are in the evaluator's format; the cloze items all come from held-out text
-    from monitor.curves.evaluator import load_mc_task
-
-    assert load_mc_task(lab_dir / "tasks" / "add-words.jsonl").items
-    cloze = [json.loads(line) for line in (lab_dir / "tasks" / "cloze-heldout.jsonl").read_text().splitlines()]
-    assert cloze and all(item["doc_id"] in heldout for item in cloze)
-    # every score run is recorded in the lab's DuckDB file
-    con = duckdb.connect(str(lab_dir / "lab.duckdb"), read_only=True)
-    try:
-        assert con.execute("SELECT count(*) FROM score_runs").fetchone()[0] == len(record.checkpoints)
-    finally:
-        con.close()
-
-
-@pytest.mark.slow
-def test_lab_checkpoints_are_ordinary_full_vocabulary_models(lab_dir: Path) -> None:
-    import torch
-
-    from monitor.lab.model import UNUSED_BIAS
-    from monitor.scoring.loader import load_checkpoint
-    from monitor.scoring.tokenizer import load_tokenizer
-
-    record = load_lab(lab_dir)
-    for family in record.families:
-        ck = max((c for c in record.checkpoints if c.family == family.family), key=lambda c: c.step)
-        loaded = load_checkpoint(str(lab_dir / ck.path), dtype="float32", device="cpu")
-        handle = load_tokenizer(lab_dir / ck.path)
-        assert loaded.vocab_size == handle.vocab_size
-        assert handle.fingerprint == family.tokenizer_fingerprint
-        bias = loaded.model.lm_head.bias
-        assert int((bias == UNUSED_BIAS).sum()) == handle.vocab_size - family.vocab_used
-        # the unused ids carry no probability on real text
-        ids = torch.tensor([handle.tokenizer.encode("def f(x): return x", add_special_tokens=False).ids])
-        probs = torch.softmax(loaded.model(input_ids=ids).logits[0], dim=-1)
-        assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0
-
-
-@pytest.mark.slow
-def test_lab_report_has_every_axis(lab_dir: Path, tmp_path: Path) -> None:
-    """The trained reduced lab goes through the race: every task metric analysed on the calib
-    text has every axis, each other axis with a difference against L*, and a verdict."""
-    from monitor.lab import records
-    from monitor.lab.analysis import AXES as RACE_AXES
-    from monitor.lab.report import write_lab_report
-
-    if not hasattr(records, "race_rows"):
-        pytest.skip("this lab record has no race rows (records.race_rows)")
-    data = write_lab_report(lab_dir / "lab.json", tmp_path / "report")
-    saved = json.loads((tmp_path / "report" / "lab-report.json").read_text(encoding="utf-8"))
-    assert saved["metrics"] and saved == json.loads(json.dumps(data))
-    raced = [m for m in saved["metrics"] if "axes" in m["texts"].get("calib", {})]
-    assert raced
-    for m in raced:
-        axes = m["texts"]["calib"]["axes"]
-        assert set(axes) == set(RACE_AXES), m["task"]
-        assert all(r.get("vs_reference") for a, r in axes.items() if a != "lstar" and r.get("available"))
-    assert saved["primary"]["statement"]
 
 
 TINY_TRAIN = textwrap.dedent("""
@@ -258,12 +158,19 @@ def test_a_bad_lab_record_is_one_line_naming_the_file_and_key(tmp_path: Path, ch
 @pytest.mark.slow
 def test_bad_lab_flags_are_refused_before_anything_is_written(tmp_path: Path, shared_dir: Path) -> None:
     out = tmp_path / "lab"
+    pool = tmp_path / "pool"
+    for name in ("train", "heldout", "tasks"):
+        (pool / name).mkdir(parents=True)
+        (pool / name / "manifest.json").write_text("{}")
     for args, needle in ((["--families", "gpt2,../x"], "family '../x'"),
                          (["--seeds", "0,0"], "seeds"),
                          (["--seeds", "a"], "--seeds"),
-                         (["--byte-budget", "99"], "--byte-budget")):
+                         (["--stress-families", "gpt2"], "repeated"),
+                         (["--pool", str(tmp_path / "nowhere")], "--pool DIR"),
+                         ([], "--pool is required")):
+        pool_args = [] if any(a == "--pool" for a in args) or not args else ["--pool", str(pool)]
         proc = subprocess.run([sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced",
-                               "--out", str(out), "--shared", str(shared_dir), *args],
+                               "--out", str(out), "--shared", str(shared_dir), *pool_args, *args],
                               cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -18,7 +18,8 @@ import pytest
 
 from monitor.cli import main
 from monitor.errors import CorpusError
-from monitor.lab.pool import SAMPLE_POOL, load_pool, read_pool_manifest
+from monitor.scoring.pool_load import SAMPLE_POOL, read_pool_manifest
+from monitor.scoring.pool_load import load_pool_corpora as load_pool
 from monitor.scoring.corpus import load_corpus
 from monitor.scoring.debs import check_pin, inspect_deb
 from monitor.scoring.pool_build import build_pool

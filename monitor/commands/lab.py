@@ -31,38 +31,42 @@ def _int_list(value: str, flag: str, *, low: int, high: int) -> tuple[int, ...]:
     return items
 
 
-def _config(size: str, shared: Path, families: str | None, seeds: str | None, byte_budget: int | None,
-            score_every: int | None) -> Any:
-    from monitor.lab.config import LabConfig, reduced_config
+def _config(size: str, shared: Path, pool: Path | None, families: str | None, stress: str | None,
+            seeds: str | None) -> Any:
+    from monitor.lab.config import race_full_config, race_reduced_config
 
     if size not in SIZES:
         raise LabError(f"--size {size!r} is not one of {', '.join(SIZES)}")
-    paths = {"tokenizers_dir": shared / "tokenizers", "text_corpus": shared / "corpus" / "calib-v0-alt",
-             "calib_corpus": shared / "corpus" / "calib-v0", "cloze_task": shared / "tasks" / "cloze-v0.jsonl"}
-    config = reduced_config(**paths) if size == "reduced" else LabConfig(**paths)
+    if pool is None:
+        raise LabError("--pool is required: the folder of a lab pool (train/, heldout/, tasks/)",
+                       hint="e.g. --pool data/lab-pool-sample for the reduced lab")
+    config = (race_reduced_config if size == "reduced" else race_full_config)(pool, shared)
     changes: dict[str, Any] = {}
     if families is not None:
         changes["families"] = tuple(f.strip() for f in families.split(",") if f.strip())
+    if stress is not None:
+        changes["stress_families"] = tuple(f.strip() for f in stress.split(",") if f.strip())
     if seeds is not None:
         changes["seeds"] = _int_list(seeds, "--seeds", low=0, high=MAX_SEED)
-    if byte_budget is not None:
-        changes["byte_budget"] = byte_budget
-    if score_every is not None:
-        changes["score_every"] = score_every
     return config.with_(**changes).validate()
 
 
 def _print_summary(record: Any) -> None:
-    from monitor.lab.pipeline import lab_summary
+    from monitor.lab.records import race_rows
 
-    table = Table(title="lab checkpoints")
+    table = Table(title="lab checkpoints (calib-v0)")
     id_column(table, "lineage")
-    for col in ("step", "bytes", "L*", "CE", "bits/byte", "add acc", "add EM", "cloze acc"):
+    for col in ("step", "bytes", "L*", "L* oos", "bits/byte", "add acc", "add EM", "cloze acc"):
         table.add_column(col, justify="right")
-    fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
-    for r in lab_summary(record):
-        table.add_row(r["lineage"], str(r["step"]), f"{r['bytes']:,}", fmt(r["lstar"]), fmt(r["ce"]),
-                      fmt(r["bpb"]), fmt(r["add_acc"]), fmt(r["add_em"]), fmt(r["cloze_acc"]))
+    for role in ("primary", "stress"):
+        for r in race_rows(record, role=role):
+            if r["text"] != "calib":
+                continue
+            a, m = r["axes"], r["metrics"]
+            table.add_row(f"{r['family']}-{r['size']}-s{r['seed']}" + (" (stress)" if role == "stress" else ""),
+                          str(r["step"]), f"{r['bytes_seen']:,}", f"{a['lstar']:.3f}", f"{a['lstar_oos']:.3f}",
+                          f"{a['bits_per_byte']:.3f}", f"{m['add-words']['acc']:.3f}",
+                          f"{m['add-words']['exact_match']:.3f}", f"{m['cloze']['acc']:.3f}")
     plain_console().print(table)
 
 
@@ -75,40 +79,41 @@ def register(app: typer.Typer) -> None:
     out_option = typer.Option(Path("state") / "lab", "--out", help="The lab folder (resumed when it exists).")
     shared_option = typer.Option(Path("../shared"), "--shared", help="The shared data folder.")
     size_option = typer.Option("full", "--size", help="full (the measured lab) or reduced (the CI size).")
-    families_option = typer.Option(None, "--families", help="Comma-separated tokenizer folders of shared/tokenizers.")
+    pool_option = typer.Option(None, "--pool", help="The lab pool folder (train/, heldout/, tasks/).")
+    families_option = typer.Option(None, "--families",
+                                   help="Comma-separated lossless tokenizer folders of shared/tokenizers (the race).")
+    stress_option = typer.Option(None, "--stress-families",
+                                 help="Comma-separated tokenizers run as a labelled stress test (lossy ones allowed).")
     seeds_option = typer.Option(None, "--seeds", help="Comma-separated seeds, e.g. 0,1,2.")
-    budget_option = int_option(None, "--byte-budget", low=10_000, high=1 << 30,
-                               help="Training bytes per lineage.")
-    score_every_option = int_option(None, "--score-every", low=1, high=100,
-                                    help="Score every k-th calib-v0 document.")
     workers_option = int_option(2, "--workers", low=1, high=64, help="Lineages trained at once (one core each).")
 
     @lab.command("train")
     def train(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
-              families: str = families_option, seeds: str = seeds_option, byte_budget: int = budget_option,
-              workers: int = workers_option,
+              pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
+              seeds: str = seeds_option, workers: int = workers_option,
               as_json: bool = typer.Option(False, "--json", help="Print the checkpoints as JSON.")) -> None:
         """Train (or resume) every lineage and save its checkpoints; no scoring."""
-        from monitor.lab.pipeline import train_lab
+        from monitor.lab.race import train_race
 
-        config = _config(size, shared, families, seeds, byte_budget, None)
-        lineages = train_lab(config, out, workers=workers, progress=not as_json)
+        config = _config(size, shared, pool, families, stress, seeds)
+        lineages = train_race(config, out, workers=workers)
         if as_json:
             print(json.dumps(lineages, indent=1))
         else:
-            for name, steps in lineages.items():
-                print(f"{name}: {', '.join(f'step{s}' for s in steps)} under {out / name}")
+            for name, metas in lineages.items():
+                steps = ", ".join(f"step{m['step']}" for m in metas)
+                print(f"{name}: {steps} under {out / name}")
 
     @lab.command("run")
     def run(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
-            families: str = families_option, seeds: str = seeds_option, byte_budget: int = budget_option,
-            score_every: int = score_every_option, workers: int = workers_option,
+            pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
+            seeds: str = seeds_option, workers: int = workers_option,
             as_json: bool = typer.Option(False, "--json", help="Print lab.json's checkpoints as JSON.")) -> None:
-        """Train, score and label every lineage, then write OUT/lab.json."""
-        from monitor.lab.pipeline import run_lab
+        """Train, score and label every lineage (lab v2), then write OUT/lab.json."""
+        from monitor.lab.race import run_race
 
-        config = _config(size, shared, families, seeds, byte_budget, score_every)
-        record = run_lab(config, out, workers=workers, progress=not as_json)
+        config = _config(size, shared, pool, families, stress, seeds)
+        record = run_race(config, out, workers=workers, progress=not as_json)
         if as_json:
             print(json.dumps([c.model_dump(mode="json") for c in record.checkpoints], indent=1))
         else:

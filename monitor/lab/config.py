@@ -107,3 +107,177 @@ def reduced_config(**changes: Any) -> LabConfig:
                      batch_size=8, lr=3e-3, warmup_steps=10, fractions=(0.1, 0.4, 1.0),
                      problems_per_doc=8, score_every=12, n_boot=50)
     return base.with_(**changes)
+
+
+# ------------------------------------------------------------------------------ version 2
+# The primary race of lab v2: six lossless tokenizers (docs/lab.md, "Design v2").
+RACE_FAMILIES = ("gpt2", "llama-2", "llama-3", "smollm2", "qwen2", "gpt-neox")
+
+
+@dataclass(frozen=True)
+class LineageSettings:
+    """What `monitor.lab.train.train_lineage` needs of one lineage's size: architecture, budget,
+    optimisation and checkpoint shares. Version 1's `LabConfig` has the same attributes."""
+
+    arch: ArchConfig
+    byte_budget: int
+    batch_size: int
+    lr: float
+    warmup_steps: int
+    fractions: tuple[float, ...]
+    tokenizers_dir: Path
+    threads: int = 1
+    # "constant": linear warm-up, then the peak rate to the end, so the rate at a step does not
+    # depend on the share of the budget (version 1's "cosine" made bytes seen a clock).
+    lr_schedule: str = "constant"
+
+    def tokenizer_dir(self, family: str) -> Path:
+        return self.tokenizers_dir / family
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """One model size of the race: its architecture, byte budget and number of checkpoints
+    (evenly spaced in steps). Sizes have different budgets, so equal bytes seen is not equal
+    progress across sizes."""
+
+    name: str
+    arch: ArchConfig
+    byte_budget: int
+    checkpoints: int = 6
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arch": self.arch.as_dict(), "byte_budget": self.byte_budget,
+                "checkpoints": self.checkpoints}
+
+
+SIZE_NAMES = ("small", "large")
+
+
+@dataclass(frozen=True)
+class RaceConfig:
+    """One run of lab v2 (`monitor.lab.race`). Paths may be relative to the checkout."""
+
+    pool: Path
+    families: tuple[str, ...] = RACE_FAMILIES
+    stress_families: tuple[str, ...] = ()
+    sizes: tuple[SizeSpec, ...] = (
+        SizeSpec("small", ArchConfig(hidden=64, layers=2, heads=4, intermediate=256, context=128), 1_200_000),
+        SizeSpec("large", ArchConfig(hidden=128, layers=2, heads=4, intermediate=512, context=128), 1_600_000))
+    seeds: tuple[int, ...] = (0, 1, 2)
+    batch_size: int = 4
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    problems_per_doc: int = 16
+    chunk_chars: int = 600
+    oos_unigram_bytes: int = 2_000_000     # the train split's unigram slice (never read)
+    heldout_bytes: int = 200_000           # held-out evaluation text per checkpoint
+    n_cloze: int = 400
+    cloze_seed: int = 0
+    # Windows of the evaluation: 128 = the context, disjoint windows (the spec's --disjoint), half
+    # the cost of the default stride (docs/lab.md, "Sizing v2"); None: the spec's default, L/2.
+    eval_stride: int | None = 128
+    tokenizers_dir: Path = SHARED / "tokenizers"
+    calib_corpus: Path = SHARED / "corpus" / "calib-v0"
+    n_boot: int = 200
+    threads: int = 1
+
+    def tokenizer_dir(self, family: str) -> Path:
+        return self.tokenizers_dir / family
+
+    def size(self, name: str) -> SizeSpec:
+        for spec in self.sizes:
+            if spec.name == name:
+                return spec
+        raise LabError(f"no size {name!r} in this lab (sizes: {', '.join(s.name for s in self.sizes)})")
+
+    def lineage_settings(self, size: str) -> LineageSettings:
+        spec = self.size(size)
+        fractions = tuple(round((k + 1) / spec.checkpoints, 6) for k in range(spec.checkpoints))
+        return LineageSettings(arch=spec.arch, byte_budget=spec.byte_budget, batch_size=self.batch_size,
+                               lr=self.lr, warmup_steps=self.warmup_steps, fractions=fractions,
+                               tokenizers_dir=self.tokenizers_dir, threads=self.threads)
+
+    def all_families(self) -> tuple[str, ...]:
+        return (*self.families, *self.stress_families)
+
+    def validate(self) -> "RaceConfig":
+        """Check every value; returns self so calls chain."""
+        names = self.all_families()
+        if not self.families:
+            raise LabError("the race needs at least one family")
+        if len(set(names)) != len(names):
+            raise LabError(f"families are repeated: {', '.join(names)}")
+        for family in names:
+            if not family or "/" in family or family.startswith("."):
+                raise LabError(f"family {family!r} must be the name of a folder in {self.tokenizers_dir}")
+            if not (self.tokenizer_dir(family) / "tokenizer.json").is_file():
+                raise LabError(f"family {family!r}: no tokenizer.json in {self.tokenizer_dir(family)}",
+                               hint=f"choose folders of {self.tokenizers_dir} that hold a fast tokenizer")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
+            raise LabError(f"seeds must be distinct non-negative integers, got {list(self.seeds)}")
+        if not self.sizes or len({s.name for s in self.sizes}) != len(self.sizes):
+            raise LabError("sizes must be named distinctly and there must be at least one")
+        for spec in self.sizes:
+            if spec.name not in SIZE_NAMES:
+                raise LabError(f"size {spec.name!r} must be one of {', '.join(SIZE_NAMES)}")
+            spec.arch.validate()
+            if not 10_000 <= spec.byte_budget <= MAX_BYTE_BUDGET:
+                raise LabError(f"size {spec.name}: byte budget {spec.byte_budget} must be from 10000 to {MAX_BYTE_BUDGET}")
+            if not 2 <= spec.checkpoints <= 100:
+                raise LabError(f"size {spec.name}: checkpoints must be from 2 to 100, got {spec.checkpoints}")
+        if not 1 <= self.batch_size <= 1024:
+            raise LabError(f"batch size must be from 1 to 1024, got {self.batch_size}")
+        if not 0.0 < self.lr <= 1.0:
+            raise LabError(f"learning rate must be in (0, 1], got {self.lr}")
+        if not 0 <= self.problems_per_doc <= 1000:
+            raise LabError(f"problems_per_doc must be from 0 to 1000, got {self.problems_per_doc}")
+        if not 1 <= self.n_cloze <= 100_000:
+            raise LabError(f"n_cloze must be from 1 to 100000, got {self.n_cloze}")
+        if self.eval_stride is not None and not 1 <= self.eval_stride <= min(s.arch.context for s in self.sizes):
+            raise LabError(f"eval_stride {self.eval_stride} must be from 1 to the smallest context")
+        if self.oos_unigram_bytes < 10_000 or self.heldout_bytes < 1_000:
+            raise LabError("oos_unigram_bytes must be at least 10000 and heldout_bytes at least 1000")
+        if not (self.calib_corpus / "manifest.json").is_file():
+            raise LabError(f"calib_corpus {self.calib_corpus} has no manifest.json",
+                           hint="run from the checkout with the shared folder at ../shared")
+        if not (Path(self.pool) / "train" / "manifest.json").is_file():
+            raise LabError(f"pool {self.pool} has no train/manifest.json",
+                           hint="pass --pool DIR: a lab pool with train/, heldout/ and tasks/")
+        return self
+
+    def with_(self, **changes: Any) -> "RaceConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key == "sizes":
+                value = [s.as_dict() for s in self.sizes]
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[key] = value
+        out["pool"] = str(self.pool)
+        out["lr_schedule"] = "constant after a linear warm-up"
+        return out
+
+
+def race_full_config(pool: Path, shared: Path = SHARED, **changes: Any) -> RaceConfig:
+    """The full race (docs/lab.md, "Sizing v2")."""
+    return RaceConfig(pool=Path(pool), tokenizers_dir=shared / "tokenizers",
+                      calib_corpus=shared / "corpus" / "calib-v0").with_(**changes)
+
+
+def race_reduced_config(pool: Path, shared: Path = SHARED, **changes: Any) -> RaceConfig:
+    """The CI-sized race: two lossless families, both sizes, one seed, tiny models and budgets.
+    It checks the pipeline and claims nothing."""
+    base = RaceConfig(
+        pool=Path(pool), families=("gpt2", "smollm2"), seeds=(0,),
+        sizes=(SizeSpec("small", ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=64), 60_000, 2),
+               SizeSpec("large", ArchConfig(hidden=48, layers=1, heads=2, intermediate=96, context=64), 80_000, 2)),
+        batch_size=8, lr=3e-3, warmup_steps=5, problems_per_doc=8, oos_unigram_bytes=100_000,
+        heldout_bytes=20_000, n_cloze=300, n_boot=20, eval_stride=None,
+        tokenizers_dir=shared / "tokenizers", calib_corpus=shared / "corpus" / "calib-v0")
+    return base.with_(**changes)

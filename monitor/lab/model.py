@@ -139,3 +139,53 @@ def save_full_model(compact: Any, vocab: VocabMap, arch: ArchConfig, out_dir: Pa
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+
+
+def load_compact(path: Path, vocab: VocabMap, arch: ArchConfig):
+    """The compact model of a saved full-vocabulary checkpoint (rows `vocab.used` of its
+    embedding, output weight and bias). Its log-probabilities over the used ids equal the full
+    model's exactly: every other id has logit −10⁴ in the full model, whose exp is 0."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(path) / "model.safetensors"))
+    model = build_compact_model(arch, vocab.n_used, 0)
+    used = torch.from_numpy(vocab.used)
+    own = model.state_dict()
+    with torch.no_grad():
+        for name, tensor in own.items():
+            src = state.get(name)
+            if src is None and name == "lm_head.weight":       # tied: saved once
+                src = state["model.embed_tokens.weight"]
+            if src is None:
+                raise LabError(f"checkpoint {path} has no tensor {name!r}")
+            if name.endswith("embed_tokens.weight") or name in ("lm_head.weight", "lm_head.bias"):
+                src = src[used]
+            tensor.copy_(src)
+    model.eval()
+    return model
+
+
+class CompactTokenizer:
+    """A tokenizer seen through the compact ids: `encode(...).ids` are compact ids, `decode`
+    takes compact ids. With it, task scoring runs the compact model directly; its
+    log-probabilities over the used ids equal the saved full model's (see `load_compact`).
+    Every id of the task texts is in the compact vocabulary (it is built over them)."""
+
+    def __init__(self, tokenizer: Any, vocab: VocabMap) -> None:
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+        self._lookup = vocab.lookup()
+
+    def encode(self, text: str, add_special_tokens: bool = False):
+        from types import SimpleNamespace
+
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        out = self._lookup[np.asarray(ids, dtype=np.int64)] if ids else np.zeros(0, dtype=np.int64)
+        if (out < 0).any():
+            raise LabError("a task text encodes to an id outside the lab's vocabulary")
+        return SimpleNamespace(ids=[int(i) for i in out])
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        full = [int(self.vocab.used[i]) for i in ids]
+        return self.tokenizer.decode(full, skip_special_tokens=skip_special_tokens)

@@ -1,4 +1,10 @@
-"""The lab's record of a run: `OUT/lab.json`, schema `lstar-lab/1`.
+"""The lab's record of a run: `OUT/lab.json`, schema `lstar-lab/2` (version 1 still readable).
+
+Version 2 (`LabRecordV2`, written by `monitor.lab.race`) scores every checkpoint on two texts
+(the pool's held-out text and the whole of calib-v0) and two tasks, and `race_rows` flattens
+it into the rows the analysis reads. Version-1 files (`LabRecord`) still load, so old runs
+can be reported, but `race_rows` refuses them in one line (they have no held-out text, sizes or
+out-of-sample unigram).
 
 The training half of the lab (`monitor.lab.pipeline`) writes it; the analysis half
 (`monitor.lab.analysis`, `monitor.lab.report`) reads only it. Families are distinguished by
@@ -29,6 +35,7 @@ __all__ = ["COUNT_BOUND", "LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "LOSS_BOUND
            "load_lab_with_sha256", "parse_lab", "write_lab"]
 
 LAB_SCHEMA = "lstar-lab/1"
+LAB_SCHEMA_V2 = "lstar-lab/2"
 LAB_FILE = "lab.json"
 # The checkpoint metrics every record carries (see CheckpointMetrics).
 METRIC_NAMES = ("ce", "ce_uni", "lstar", "lstar_se", "l_rel", "l_gain", "bits_per_byte",
@@ -165,7 +172,8 @@ def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
     """Validate a decoded lab.json: the schema, every field, families listed once, every
     checkpoint of a listed family and each (family, seed, step) once."""
     if isinstance(data, dict) and data.get("schema") != LAB_SCHEMA:
-        raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA!r}",
+        raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA_V2!r} "
+                       f"(or {LAB_SCHEMA!r})",
                        hint="regenerate it with `lstar lab run`")
     try:
         return LabRecord.model_validate(data)
@@ -193,7 +201,7 @@ def load_lab_with_sha256(path: str | Path) -> tuple[LabRecord, str]:
     except NotJsonError as exc:
         raise LabError(f"{path} is not valid JSON: {str(exc)[:200]}",
                        hint="regenerate it with `lstar lab run`") from None
-    return parse_lab(data, where=str(path)), hashlib.sha256(raw).hexdigest()
+    return parse_any_lab(data, where=str(path)), hashlib.sha256(raw).hexdigest()
 
 
 def write_lab(record: LabRecord, path: str | Path) -> Path:
@@ -203,3 +211,177 @@ def write_lab(record: LabRecord, path: str | Path) -> Path:
         path = path / LAB_FILE
     atomic_write_text(path, record.to_json())
     return path
+
+
+# ------------------------------------------------------------------------------ version 2
+EVAL_TEXTS = ("heldout", "calib")
+RACE_TASKS = ("add-words", "cloze")
+RACE_AXES = ("lstar", "lstar_oos", "bits_per_byte", "raw_ce", "l_rel", "l_gain", "bpb_minus_unigram", "bytes_seen")
+
+
+class TextScoresV2(_Strict):
+    """One checkpoint on one evaluation text (nats/token unless said otherwise). `ce_uni` is
+    the spec's in-sample unigram of this text, `ce_uni_oos` the out-of-sample unigram fitted
+    on the pool's unigram slice (additive smoothing 0.5 over the tokenizer's ids)."""
+
+    ce: Loss
+    ce_uni: Loss
+    ce_uni_oos: Loss
+    lstar: Loss
+    lstar_oos: Loss
+    lstar_se: float = Field(ge=0.0, le=LOSS_BOUND)
+    l_rel: Loss
+    l_gain: Loss
+    bits_per_byte: Loss
+    unigram_bits_per_byte: Loss
+    bpb_minus_unigram: Loss
+    n_tokens: PositiveCount
+    n_bytes: PositiveCount
+
+
+class TaskScoresV2(_Strict):
+    """One checkpoint on one task: accuracy and probability of the answer (multiple choice),
+    string exact match of a greedy decode, and the chance level of each."""
+
+    acc: float = Field(ge=0.0, le=1.0)
+    exact_match: float = Field(ge=0.0, le=1.0)
+    p_correct: float = Field(ge=0.0, le=1.0)
+    brier: float = Field(ge=0.0, le=2.0)
+    n: PositiveCount
+    baselines: dict[str, float]
+
+    @field_validator("baselines")
+    @classmethod
+    def _baselines(cls, value: dict[str, float]) -> dict[str, float]:
+        if set(value) != {"acc", "exact_match", "p_correct"} or not all(0.0 <= v <= 1.0 for v in value.values()):
+            raise ValueError("baselines must give acc, exact_match and p_correct, each in [0, 1]")
+        return value
+
+
+class FamilyRecordV2(_Strict):
+    """One family: its tokenizer, its role (the primary race or the lossy stress test) and the
+    decode round trip on the lab's texts."""
+
+    family: str = Field(min_length=1, max_length=100)
+    role: str = Field(pattern="^(primary|stress)$")
+    tokenizer_fingerprint: str = Field(min_length=1, max_length=128)
+    lossless: bool
+    round_trip: dict[str, dict[str, int]]
+    reason: str | None = Field(default=None, max_length=2000)
+
+
+class CheckpointRecordV2(_Strict):
+    """One saved checkpoint of one (family, size, seed) lineage."""
+
+    family: str = Field(min_length=1, max_length=100)
+    size: str = Field(min_length=1, max_length=20)
+    seed: Count
+    step: Count
+    bytes_seen: Count
+    tokens_seen: Count
+    vocab_used: PositiveCount
+    path: str = Field(min_length=1, max_length=500)
+    texts: dict[str, TextScoresV2]
+    tasks: dict[str, TaskScoresV2]
+
+    _relative = field_validator("path")(CheckpointRecord._relative.__func__)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts(cls, value: dict[str, TextScoresV2]) -> dict[str, TextScoresV2]:
+        if set(value) != set(EVAL_TEXTS):
+            raise ValueError(f"texts must be exactly {', '.join(EVAL_TEXTS)}")
+        return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, value: dict[str, TaskScoresV2]) -> dict[str, TaskScoresV2]:
+        if set(value) != set(RACE_TASKS):
+            raise ValueError(f"tasks must be exactly {', '.join(RACE_TASKS)}")
+        return value
+
+
+class LabRecordV2(_Strict):
+    """The whole of a version-2 `lab.json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+    schema_: str = Field(alias="schema")
+    config: dict[str, Any]
+    families: list[FamilyRecordV2]
+    checkpoints: list[CheckpointRecordV2]
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        if value != LAB_SCHEMA_V2:
+            raise ValueError(f"schema must be {LAB_SCHEMA_V2!r}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LabRecordV2":
+        names = self.family_names()
+        if len(set(names)) != len(names):
+            raise ValueError("a family is listed more than once in families")
+        seen: set[tuple[str, str, int, int]] = set()
+        for i, c in enumerate(self.checkpoints):
+            if c.family not in names:
+                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list")
+            key = (c.family, c.size, c.seed, c.step)
+            if key in seen:
+                raise ValueError(f"checkpoints[{i}]: {c.family!r} size {c.size} seed {c.seed} step {c.step} "
+                                 "is listed more than once")
+            seen.add(key)
+        for f in self.families:
+            if f.role == "primary" and not f.lossless:
+                raise ValueError(f"family {f.family!r} is lossy and cannot be in the primary race")
+        return self
+
+    def family_names(self) -> list[str]:
+        return [f.family for f in self.families]
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
+
+
+def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, Any]]:
+    """One dict per (checkpoint, evaluation text) of the families of `role` (the primary race
+    by default; "stress" for the lossy stress test), in the file's order, as LAB_INTERFACE
+    describes: family, size, seed, step, bytes_seen, tokens_seen, text, axes, metrics,
+    baselines. A version-1 record has no held-out text, sizes or out-of-sample unigram: refused."""
+    if not isinstance(lab, LabRecordV2):
+        raise LabError(f"race_rows needs a {LAB_SCHEMA_V2} lab record, got {type(lab).__name__}",
+                       hint="rerun the lab with `lstar lab run --pool DIR`")
+    roles = {f.family: f.role for f in lab.families}
+    rows: list[dict[str, Any]] = []
+    for ck in lab.checkpoints:
+        if roles[ck.family] != role:
+            continue
+        metrics = {name: {"acc": t.acc, "exact_match": t.exact_match, "p_correct": t.p_correct}
+                   for name, t in ck.tasks.items()}
+        baselines = {name: dict(t.baselines) for name, t in ck.tasks.items()}
+        for text in EVAL_TEXTS:
+            s = ck.texts[text]
+            axes = {"lstar": s.lstar, "lstar_oos": s.lstar_oos, "bits_per_byte": s.bits_per_byte,
+                    "raw_ce": s.ce, "l_rel": s.l_rel, "l_gain": s.l_gain,
+                    "bpb_minus_unigram": s.bpb_minus_unigram, "bytes_seen": float(ck.bytes_seen)}
+            rows.append({"family": ck.family, "size": ck.size, "seed": ck.seed, "step": ck.step,
+                         "bytes_seen": ck.bytes_seen, "tokens_seen": ck.tokens_seen, "text": text,
+                         "axes": axes, "metrics": {k: dict(v) for k, v in metrics.items()},
+                         "baselines": {k: dict(v) for k, v in baselines.items()}})
+    return rows
+
+
+def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2":
+    """A version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
+    if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V2:
+        try:
+            return LabRecordV2.model_validate(data)
+        except ValidationError as exc:
+            raise LabError(f"{where} is not a valid {LAB_SCHEMA_V2} record: {_first_error(exc)}",
+                           hint="regenerate it with `lstar lab run`") from None
+    return parse_lab(data, where=where)
+
+
+__all__ += ["EVAL_TEXTS", "LAB_SCHEMA_V2", "LabRecordV2", "CheckpointRecordV2", "FamilyRecordV2", "RACE_AXES",
+            "RACE_TASKS", "TaskScoresV2", "TextScoresV2", "parse_any_lab", "race_rows"]

@@ -34,13 +34,8 @@ def rows_from_lab(lab_json: Path) -> tuple[list[dict[str, Any]], str]:
     """The race rows of a lab record (`monitor.lab.records.race_rows`) and the record's sha256."""
     from monitor.lab import records
 
-    race_rows = getattr(records, "race_rows", None)
     lab, sha = records.load_lab_with_sha256(lab_json)
-    if race_rows is None:
-        raise LabError(f"{lab_json}: this lab record has no race rows (records.race_rows is not available "
-                       f"for schema {getattr(lab, 'schema_', '?')!r})",
-                       hint="run the version-2 lab, or pass a rows file with --rows")
-    return list(race_rows(lab)), sha
+    return list(records.race_rows(lab)), sha
 
 
 def load_rows_file(path: Path) -> tuple[list[dict[str, Any]], str]:

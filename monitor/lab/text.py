@@ -31,23 +31,26 @@ from monitor.errors import LabError
 from monitor.scoring import Corpus, load_corpus
 
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# Version 2 of the lab adds up to twenty: 231 problems, 21 possible answers.
+NUMBER_WORDS_20 = NUMBER_WORDS + ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                                  "seventeen", "eighteen", "nineteen", "twenty")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One addition in words: `a plus b is a+b`, with a + b at most nine."""
+    """One addition in words: `a plus b is a+b` (a + b at most nine in version 1, twenty in 2)."""
 
     a: int
     b: int
 
     @property
     def answer(self) -> str:
-        return NUMBER_WORDS[self.a + self.b]
+        return NUMBER_WORDS_20[self.a + self.b]
 
     @property
     def prompt(self) -> str:
         """The problem up to the answer (what a model reads before answering)."""
-        return f"{NUMBER_WORDS[self.a]} plus {NUMBER_WORDS[self.b]} is"
+        return f"{NUMBER_WORDS_20[self.a]} plus {NUMBER_WORDS_20[self.b]} is"
 
     @property
     def text(self) -> str:
@@ -56,11 +59,17 @@ class Problem:
 
 
 PROBLEMS = tuple(Problem(a, b) for a in range(10) for b in range(10) if a + b <= 9)
+PROBLEMS_20 = tuple(Problem(a, b) for a in range(21) for b in range(21) if a + b <= 20)
 
 
 def all_problems() -> list[Problem]:
     """The 55 problems, in order of (a, b)."""
     return list(PROBLEMS)
+
+
+def problems_to_twenty() -> list[Problem]:
+    """The 231 problems of version 2 (sums up to twenty), in order of (a, b)."""
+    return list(PROBLEMS_20)
 
 
 def make_problem(rng: random.Random) -> Problem:

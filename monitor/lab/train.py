@@ -82,9 +82,12 @@ def schedule(config: LabConfig, n_tokens: int) -> tuple[int, list[int]]:
 
 
 def lr_at(config: LabConfig, step: int, total: int) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    """Linear warm-up, then the peak rate (`lr_schedule` "constant", lab v2) or a cosine decay
+    to a tenth of the peak (version 1)."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
+    if getattr(config, "lr_schedule", "cosine") == "constant":
+        return config.lr
     progress = (step - config.warmup_steps) / max(1, total - config.warmup_steps)
     return config.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
@@ -110,6 +113,8 @@ def training_fingerprint(config: LabConfig, data: FamilyData, seed: int) -> str:
     settings = {"arch": config.arch.as_dict(), "batch_size": config.batch_size, "lr": config.lr,
                 "warmup_steps": config.warmup_steps, "fractions": list(config.fractions), "seed": seed,
                 "vocab": hashlib.sha256(data.vocab.used.tobytes()).hexdigest()}
+    if getattr(config, "lr_schedule", "cosine") != "cosine":   # version 1's fingerprints unchanged
+        settings["lr_schedule"] = config.lr_schedule
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
     digest.update(np.ascontiguousarray(data.tokens, dtype=np.int64).tobytes())
     return digest.hexdigest()
@@ -157,7 +162,7 @@ def _write_checkpoint(out: Path, model, data: FamilyData, config: LabConfig, fam
 
 
 def train_lineage(config: LabConfig, family: str, seed: int, data: FamilyData, out_root: Path, *,
-                  progress: Any = None) -> list[dict[str, Any]]:
+                  progress: Any = None, name: str | None = None) -> list[dict[str, Any]]:
     """Train (or resume) one lineage; returns the metadata of every checkpoint, in step order.
 
     `progress`, when given, is called as progress(step, total) after every optimizer step.
@@ -166,7 +171,7 @@ def train_lineage(config: LabConfig, family: str, seed: int, data: FamilyData, o
 
     torch.set_num_threads(config.threads)
     torch.use_deterministic_algorithms(True)
-    out = out_root / lineage_name(family, seed)
+    out = out_root / (name or lineage_name(family, seed))
     state_path = out / STATE_DIR / STATE_FILE
     total, ckpt_steps = schedule(config, len(data.tokens))
     model = build_compact_model(config.arch, data.vocab.n_used, seed)

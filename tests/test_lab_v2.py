@@ -1,0 +1,285 @@
+"""Lab v2: the reduced race trained for real (CLI subprocess), one checkpoint of every family
+against an independent float64 computation over its saved safetensors checkpoint, the
+losslessness refusal, resuming a lab split over two sittings to the same lab.json, the
+pool's reading order, and the record's rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.errors import LabError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_POOL = REPO_ROOT / "data" / "lab-pool-sample"
+FAMILIES = ("gpt2", "smollm2")
+
+
+def _pool() -> Path:
+    """The committed pool sample (or LSTAR_LAB_POOL, a folder of the same layout)."""
+    path = Path(os.environ.get("LSTAR_LAB_POOL", SAMPLE_POOL))
+    if not (path / "train" / "manifest.json").is_file():
+        pytest.skip(f"no lab pool at {path} (data/lab-pool-sample, or set LSTAR_LAB_POOL)")
+    return path
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
+    env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def race_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
+    """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed. With
+    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained)."""
+    out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
+        else tmp_path_factory.mktemp("race") / "lab"
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
+         "--pool", str(_pool()), "--shared", str(shared_dir), "--workers", "2", "--json"],
+        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_reduced_race_record_and_rows(race_dir: Path) -> None:
+    from monitor.lab.records import LabRecordV2, load_lab, race_rows
+
+    record = load_lab(race_dir)
+    assert isinstance(record, LabRecordV2)
+    assert record.family_names() == list(FAMILIES)
+    assert all(f.role == "primary" and f.lossless for f in record.families)
+    config = record.config
+    assert config["tasks"]["add-words"]["items"] == 231 and config["tasks"]["cloze"]["items"] >= 300
+    assert config["calib_corpus"]["selection"] == "all"
+    rows = race_rows(record)
+    assert len(rows) == 2 * len(record.checkpoints)
+    for family in FAMILIES:
+        for size in ("small", "large"):
+            cks = sorted((c for c in record.checkpoints if c.family == family and c.size == size),
+                         key=lambda c: c.step)
+            assert len(cks) == 2 and all(a.bytes_seen < b.bytes_seen for a, b in zip(cks, cks[1:]))
+            for ck in cks:
+                add, cloze = ck.tasks["add-words"], ck.tasks["cloze"]
+                assert add.n == 231 and cloze.n >= 300
+                assert add.baselines["acc"] == pytest.approx(1 / 21) and cloze.baselines["acc"] == 0.25
+                calib = ck.texts["calib"]
+                # the whole of calib-v0 is scored (no every:k selection)
+                assert calib.n_bytes == 606_511
+                for scores in ck.texts.values():
+                    assert scores.lstar == pytest.approx(scores.ce - scores.ce_uni)
+                    assert scores.lstar_oos == pytest.approx(scores.ce - scores.ce_uni_oos)
+                    # a smoothed unigram fitted elsewhere never beats the in-sample ML unigram
+                    assert scores.ce_uni_oos > scores.ce_uni
+    # the small and the large model of a family differ in budget: bytes seen is not a shared clock
+    small = max(c.bytes_seen for c in record.checkpoints if c.size == "small")
+    large = max(c.bytes_seen for c in record.checkpoints if c.size == "large")
+    assert small < large
+    row = rows[0]
+    assert set(row) == {"family", "size", "seed", "step", "bytes_seen", "tokens_seen", "text", "axes",
+                        "metrics", "baselines"}
+    assert set(row["axes"]) == {"lstar", "lstar_oos", "bits_per_byte", "raw_ce", "l_rel", "l_gain",
+                                "bpb_minus_unigram", "bytes_seen"}
+    assert set(row["metrics"]) == {"add-words", "cloze"} == set(row["baselines"])
+    assert {r["text"] for r in rows} == {"heldout", "calib"}
+    json.dumps(rows, allow_nan=False)
+
+
+def _naive_float64(checkpoint: Path, tokenizer_dir: Path, texts: list[str], window: int) -> dict[str, float]:
+    """CE (float64, full vocabulary, the saved checkpoint as an ordinary model), the in-sample
+    unigram CE, L* and bits/byte of `texts`, each document after the prefix token; position q is
+    predicted from the spec's window: the first window reads tokens 0..L-1, each later one the
+    L tokens ending at its last scored position, advancing by L/2."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.scoring import load_tokenizer
+
+    handle = load_tokenizer(tokenizer_dir)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float64).eval()
+    stride = window // 2
+    nll, n_tok, counts = 0.0, 0, {}
+    with torch.no_grad():
+        for text in texts:
+            seq = [handle.prefix_token_id] + handle.tokenizer.encode(text, add_special_tokens=False).ids
+            for t in seq[1:]:
+                counts[t] = counts.get(t, 0) + 1
+            last = len(seq) - 1
+            q = 1
+            end = min(window, last)
+            start = 0
+            while q <= last:
+                if q > end:                       # the next window: L tokens ending stride later
+                    end = min(end + stride, last)
+                    start = end - window
+                logits = model(input_ids=torch.tensor([seq[start:end]])).logits[0]
+                while q <= end:
+                    row = logits[q - 1 - start]
+                    nll -= float(row[seq[q]] - torch.logsumexp(row, dim=0))
+                    n_tok += 1
+                    q += 1
+    c = np.array(list(counts.values()), dtype=np.float64)
+    ce_uni = float(-(c / c.sum() * np.log(c / c.sum())).sum())
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    return {"ce": nll / n_tok, "ce_uni": ce_uni, "lstar": nll / n_tok - ce_uni,
+            "bits_per_byte": nll / n_bytes / math.log(2), "n_tokens": n_tok}
+
+
+@pytest.mark.slow
+def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir: Path, shared_dir: Path) -> None:
+    from monitor.lab.pool import heldout_texts, load_pool
+    from monitor.lab.records import load_lab
+    from monitor.scoring import load_corpus, load_tokenizer
+    from monitor.scoring.metrics import scored_token_counts, unigram_ce
+
+    record = load_lab(race_dir)
+    config = record.config
+    texts = heldout_texts(load_pool(config["pool"]["path"]), config["heldout_bytes"])
+    calib = [d.text for d in load_corpus(shared_dir / "corpus" / "calib-v0").documents]
+    for family in FAMILIES:
+        ck = max((c for c in record.checkpoints if c.family == family and c.size == "small"), key=lambda c: c.step)
+        window = next(s for s in config["sizes"] if s["name"] == "small")["arch"]["context"]
+        ref = _naive_float64(race_dir / ck.path, shared_dir / "tokenizers" / family, texts, window)
+        got = ck.texts["heldout"]
+        assert got.n_tokens == ref["n_tokens"]
+        for key in ("ce", "ce_uni", "lstar", "bits_per_byte"):
+            assert getattr(got, key) == pytest.approx(ref[key], abs=2e-5), (family, key)
+        # the baseline of calib-v0 is the in-sample unigram of the whole corpus
+        handle = load_tokenizer(shared_dir / "tokenizers" / family)
+        c = np.bincount(np.concatenate([handle.tokenizer.encode(t, add_special_tokens=False).ids for t in calib]))
+        assert ck.texts["calib"].ce_uni == pytest.approx(float(-(c[c > 0] / c.sum() * np.log(c[c > 0] / c.sum())).sum()),
+                                                         abs=1e-9)
+        assert ck.texts["calib"].ce_uni == pytest.approx(unigram_ce(scored_token_counts(
+            handle.encode_documents(calib), handle.prefix_policy)), abs=1e-12)
+
+
+def _inputs(shared_dir: Path, texts: list[str]):
+    from monitor.lab.pool import TrainText
+    from monitor.lab.race import RaceInputs
+
+    return RaceInputs(train=TrainText(tuple(texts), ()), calib=texts, heldout=texts, add_items=[], cloze_items=[],
+                      unigram_slice=[], provenance={}, task_files={})
+
+
+def test_a_lossy_tokenizer_is_refused_from_the_race_with_its_reason(shared_dir: Path, tmp_path: Path) -> None:
+    from monitor.lab.config import RaceConfig
+    from monitor.lab.race import family_checks
+    from monitor.scoring import load_corpus
+
+    texts = [d.text for d in load_corpus(shared_dir / "corpus" / "calib-v0").documents[::20]]
+    base = RaceConfig(pool=tmp_path, tokenizers_dir=shared_dir / "tokenizers",
+                      calib_corpus=shared_dir / "corpus" / "calib-v0")
+    with pytest.raises(LabError) as info:
+        family_checks(base.with_(families=("gpt2", "bert-base-uncased")), _inputs(shared_dir, texts))
+    line = info.value.one_line()
+    assert "\n" not in line and "'bert-base-uncased' is lossy" in line and "100.0% fail" in line
+    assert "calib 11/11" in line and "--stress-families" in line
+    # the same tokenizer runs as a labelled stress test, with its reason; gpt2 is lossless
+    rows = family_checks(base.with_(families=("gpt2",), stress_families=("bert-base-uncased", "spm-unigram-toy")),
+                         _inputs(shared_dir, texts))
+    assert [(r["family"], r["role"], r["lossless"]) for r in rows] == [
+        ("gpt2", "primary", True), ("bert-base-uncased", "stress", False), ("spm-unigram-toy", "stress", False)]
+    assert rows[0]["reason"] is None and "lossy" in rows[2]["reason"]
+    assert rows[0]["round_trip"]["calib"] == {"documents": 11, "failing": 0}
+
+
+def test_each_lineage_reads_the_train_text_once_in_its_seeds_order(tmp_path: Path) -> None:
+    from monitor.lab.pool import TrainText, build_lineage_stream
+    from monitor.lab.text import problems_to_twenty
+
+    chunks = tuple(f"chunk {i} " + "x" * (50 + i) for i in range(200))
+    text = TrainText(chunks, ())
+    problems = problems_to_twenty()
+    total = sum(len(c) for c in chunks)
+    a = build_lineage_stream(text, total_bytes=total // 2, seed=0, problems=problems, problems_per_doc=4)
+    again = build_lineage_stream(text, total_bytes=total // 2, seed=0, problems=problems, problems_per_doc=4)
+    b = build_lineage_stream(text, total_bytes=total // 2, seed=1, problems=problems, problems_per_doc=4)
+    read = [doc.split("\n")[2] for doc in a]
+    assert a == again and a != b
+    assert len(read) == len(set(read))                       # no chunk twice
+    assert read != sorted(read, key=lambda c: int(c.split()[1]))   # not in corpus order
+    # a budget larger than the text is refused: the lab reads no byte twice
+    with pytest.raises(LabError, match="reads no byte twice"):
+        build_lineage_stream(text, total_bytes=2 * total, seed=0, problems=problems, problems_per_doc=4)
+
+
+def test_race_rows_refuse_a_version_1_record() -> None:
+    from monitor.lab.records import LAB_SCHEMA, LabRecord, race_rows
+
+    v1 = LabRecord.model_validate({"schema": LAB_SCHEMA, "config": {}, "families": [], "checkpoints": []})
+    with pytest.raises(LabError) as info:
+        race_rows(v1)
+    assert "lstar-lab/2" in info.value.one_line()
+
+
+RESUME = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from monitor.lab.config import race_reduced_config
+    from monitor.lab.race import run_race
+    if __name__ == "__main__":
+        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1))
+        config = config.with_(sizes=config.sizes[:1])
+        run_race(config, Path(sys.argv[1]), workers=1, progress=False)
+""")
+
+
+@pytest.mark.slow
+def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path, shared_dir: Path) -> None:
+    script = tmp_path / "race.py"
+    script.write_text(RESUME)
+    pool = _pool()
+
+    def run(out: Path, kill_after: int | None = None) -> subprocess.CompletedProcess:
+        env = _env()
+        if kill_after:
+            env["LSTAR_LAB_KILL_AFTER_LINEAGES"] = str(kill_after)
+        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir)], cwd=REPO_ROOT,
+                              env=env, capture_output=True, text=True, timeout=1800)
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    first = run(tmp_path / "split", kill_after=1)
+    assert first.returncode == -9, first.stderr[-2000:]
+    assert not (tmp_path / "split" / "lab.json").exists()
+    done = sorted(p.parent.name for p in (tmp_path / "split").glob("*/scores.json"))
+    assert len(done) == 1
+    kept = (tmp_path / "split" / done[0] / "scores.json").stat().st_mtime_ns
+    second = run(tmp_path / "split")
+    assert second.returncode == 0, second.stderr[-2000:]
+    # the finished lineage was reused, not retrained or rescored
+    assert (tmp_path / "split" / done[0] / "scores.json").stat().st_mtime_ns == kept
+    assert (tmp_path / "split" / "lab.json").read_bytes() == (tmp_path / "whole" / "lab.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_race_checkpoints_are_ordinary_full_vocabulary_models(race_dir: Path) -> None:
+    import torch
+
+    from monitor.lab.model import UNUSED_BIAS
+    from monitor.lab.records import load_lab
+    from monitor.scoring.loader import load_checkpoint
+    from monitor.scoring.tokenizer import load_tokenizer
+
+    record = load_lab(race_dir)
+    for family in record.families:
+        ck = max((c for c in record.checkpoints if c.family == family.family), key=lambda c: c.step)
+        loaded = load_checkpoint(str(race_dir / ck.path), dtype="float32", device="cpu")
+        handle = load_tokenizer(race_dir / ck.path)
+        assert loaded.vocab_size == handle.vocab_size
+        assert handle.fingerprint == family.tokenizer_fingerprint
+        bias = loaded.model.lm_head.bias
+        assert int((bias == UNUSED_BIAS).sum()) == handle.vocab_size - ck.vocab_used
+        ids = torch.tensor([handle.tokenizer.encode("def f(x): return x", add_special_tokens=False).ids])
+        probs = torch.softmax(loaded.model(input_ids=ids).logits[0], dim=-1)
+        assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0
