@@ -305,9 +305,10 @@ def fp16_resave(files: dict[str, bytes]) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_coordinates(tmp_path, shared_dir):
-    """On the fake Hub: a base outside the watch rules, a full fine-tune declared by its card and a
-    float16 re-save declared quantized; `lstar run --once` discovers the derivatives, links them,
-    queues the base as a reference through the same gate, scores all three and judges the
+    """On the fake Hub: a base outside the watch rules, a full fine-tune declared by its card, a
+    float16 re-save declared quantized and a LoRA adapter; `lstar run --once` discovers the
+    derivatives, links them, queues the base as a reference through the same gate, scores all
+    four (the adapter merged into its pinned base in the scoring child) and judges the
     derivatives from L*(base); the listing and the report show both coordinates."""
     import subprocess
 
@@ -316,6 +317,7 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     from monitor.scoring.corpus import load_corpus
     from support.daemon_harness import DaemonProcess
 
+    from test_adapters import lora_files
     from test_daemon_events import fit_arith_curve
 
     base_files = tiny_model_files("gpt2", arch="llama", seed=3)
@@ -334,6 +336,9 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
                                 "README.md": card("base_model: upstream/base\nbase_model_relation: finetune")})
         hub.add_repo("org/fp16", {**fp16_resave(base_files),
                                   "README.md": card("base_model: upstream/base\nbase_model_relation: quantized")})
+        lora = lora_files(base_files, module="q_proj",
+                          config={"base_model_name_or_path": "upstream/base", "target_modules": ["q_proj"]})
+        hub.add_repo("org/lora", {**lora, "README.md": card("base_model: upstream/base\nbase_model_relation: adapter")})
         daemon = DaemonProcess(folder, tmp_path / "state", endpoint=hub.url, fast=False,
                                args=["--once", "--cache-dir", str(tmp_path / "cache"),
                                      "--corpus", str(shared_dir / "corpus" / "calib-v0"), "--docs", "2",
@@ -344,25 +349,31 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     db = tmp_path / "state" / "lstar.duckdb"
     with Store.open(db, read_only=True) as store:
         rows = {r.repo: r for r in store.list_checkpoints()}
-        assert {r: rows[r].status for r in rows} == {"org/ft": "scored", "org/fp16": "scored",
+        assert {r: rows[r].status for r in rows} == {"org/ft": "scored", "org/fp16": "scored", "org/lora": "scored",
                                                      "upstream/base": "scored"}, done.stderr[-3000:]
         base = rows["upstream/base"]
         assert (base.sha, base.rule, base.refs) == (base_sha, "reference:org", [])
         assert base.meta["gate"]["verdict"] == "passed"          # the same gate as any checkpoint
         assert "lineage.score_bases" in base.meta["reference_base"]["reason"]
-        links = {r: store.checkpoint_base(rows[r].id) for r in ("org/ft", "org/fp16")}
+        links = {r: store.checkpoint_base(rows[r].id) for r in ("org/ft", "org/fp16", "org/lora")}
         got = {r: (b["base_repo"], b["base_sha"], b["relation"], b["base_checkpoint_id"]) for r, b in links.items()}
         assert got == {
             "org/ft": ("upstream/base", base_sha, "finetune", base.id),
-            "org/fp16": ("upstream/base", base_sha, "quantized", base.id)}
+            "org/fp16": ("upstream/base", base_sha, "quantized", base.id),
+            "org/lora": ("upstream/base", base_sha, "adapter", base.id)}
         runs = {r["model_repo"]: r for r in store.query("SELECT model_repo, lstar, se_ce FROM score_runs")}
         # A float16 re-save of the same weights reads nearly the base's L*; the fine-tune does not.
         assert abs(runs["org/fp16"]["lstar"] - runs["upstream/base"]["lstar"]) < 0.01
         assert abs(runs["org/ft"]["lstar"] - runs["upstream/base"]["lstar"]) > 0.01
+        # The adapter was merged into its pinned base: its own L* moves, and its score names both commits.
+        assert abs(runs["org/lora"]["lstar"] - runs["upstream/base"]["lstar"]) > 0.01
+        [lora_model] = store.query("SELECT model FROM score_runs WHERE model_repo = 'org/lora'")
+        assert json.loads(lora_model["model"])["base"] == {"repo": "upstream/base", "sha": base_sha,
+                                                           "relation": "adapter"}
         preds = {p["repo"]: json.loads(p["detail"]) for p in
                  store.query("SELECT repo, detail FROM predictions WHERE task = 'arith'")}
         assert "upstream/base" not in preds                       # a reference, not watched
-        for repo in ("org/ft", "org/fp16"):
+        for repo in ("org/ft", "org/fp16", "org/lora"):
             d = preds[repo]["derivative"]
             assert (d["coordinate"], d["rho_measured"]) == ("base", False)
             assert d["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
@@ -374,7 +385,8 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     assert group["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])
     listed = {d["repo"]: d for d in group["derivatives"]}
     assert {r: (d["relation"], d["lstar"]) for r, d in listed.items()} == {
-        r: (rel, pytest.approx(runs[r]["lstar"])) for r, rel in (("org/ft", "finetune"), ("org/fp16", "quantized"))}
+        r: (rel, pytest.approx(runs[r]["lstar"]))
+        for r, rel in (("org/ft", "finetune"), ("org/fp16", "quantized"), ("org/lora", "adapter"))}
     assert all(d["tasks"]["arith"]["coordinate"] == "base" for d in listed.values())
 
     shown = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--db", str(db), "--json"],
