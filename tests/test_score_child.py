@@ -174,8 +174,11 @@ def test_a_host_allocation_failure_names_the_limit_and_a_gpu_one_does_not():
 
 
 def test_the_child_has_an_address_space_limit_by_default(tmp_path):
-    from monitor.commands.run import _score_memory
     from monitor.service.daemon import DaemonConfig
+    from monitor.service.settings import load_run_settings
+
+    def _score_memory(value: str, device: str) -> int | None:
+        return load_run_settings({"policies": "p", "score_memory": value, "device": device}).score_memory_bytes()
 
     total = physical_memory()
     assert total is not None and total > 0
