@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from monitor.scoring.precision import DEVICE_PATTERN, DTYPE_CHOICES
 from monitor.service.settings import MAX_BATCH, MAX_RESAMPLES, parse_seconds, parse_size
-from monitor.policy import format_duration, parse_duration
 from monitor.store import DB_NAME
 from monitor.store.pages import MAX_LIMIT
 

@@ -84,9 +84,6 @@ from monitor.service.api_conn import ConnectionLimits, protocol_for
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
                                        RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
-from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
-from monitor.store.pages import DEFAULT_LIMIT
-from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.store import utcnow
 from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
 from monitor.store.pages import DEFAULT_LIMIT
