@@ -15,14 +15,11 @@ RESULT_FILE. Fail point (`LSTAR_FAILPOINT`): `hang_eval_child` sleeps forever be
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import faulthandler
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +28,7 @@ from typing import Any
 from monitor import errors
 from monitor.environment import harden_environment
 from monitor.failpoints import failpoint_values
-from monitor.scoring.child import (_ACTIVE, _ACTIVE_LOCK, _INTERRUPTED, ScoringInterrupted, ScoringTimeout,
-                                   _death_error, _OutputTail, error_from_payload, missing_module)
-from monitor.scoring.memory_limit import limit_child
+from monitor.scoring.child import error_from_payload, failure_payload, run_child_module
 
 
 @dataclass(frozen=True)
@@ -116,16 +111,8 @@ def evaluation_payload(spec: EvalSpec) -> dict[str, Any]:
                 time.sleep(3600)
         out = _mc(spec) if spec.kind == "multiple_choice" else _lm_eval(spec)
         return {"ok": True, **out}
-    except MemoryError as exc:
-        return {"ok": False, "error_class": "MemoryError",
-                "message": " ".join(str(exc).split()) or "an allocation failed", "hint": None}
-    except ImportError as exc:
-        return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None,
-                "missing_module": missing_module(exc)}
-    except errors.LstarError as exc:
-        return {"ok": False, "error_class": type(exc).__name__, "message": exc.message, "hint": exc.hint}
     except Exception as exc:  # reported to the parent, which decides whether to retry
-        return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
+        return failure_payload(exc)
 
 
 def run_evaluation_child(spec: EvalSpec, *, timeout_s: float, memory_bytes: int | None, workdir: Path,
@@ -136,46 +123,9 @@ def run_evaluation_child(spec: EvalSpec, *, timeout_s: float, memory_bytes: int 
     timeout, an interruption by the shutdown, the child's own error class, running out of
     memory, a crash.
     """
-    workdir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix="eval-", suffix=".json", dir=workdir)
-    os.close(fd)
-    result_path = Path(name)
-    result_path.unlink()
-    try:
-        child = subprocess.Popen([sys.executable, "-m", "monitor.curves.eval_child", str(result_path)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 close_fds=True, preexec_fn=lambda: limit_child(memory_bytes))
-        output = _OutputTail(child.stdout, log_path)
-        output.start()
-        with _ACTIVE_LOCK:
-            _ACTIVE.add(child)
-        try:
-            with contextlib.suppress(BrokenPipeError):
-                child.stdin.write(json.dumps(dataclasses.asdict(spec)).encode())  # type: ignore[union-attr]
-            with contextlib.suppress(OSError):
-                child.stdin.close()  # type: ignore[union-attr]
-            child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-            raise ScoringTimeout(f"evaluation child (pid {child.pid}) killed after the {timeout_s:g} s "
-                                 "time limit") from None
-        finally:
-            with _ACTIVE_LOCK:
-                _ACTIVE.discard(child)
-                interrupted = child.pid in _INTERRUPTED
-                _INTERRUPTED.discard(child.pid)
-            output.join(timeout=10)
-        if interrupted:
-            raise ScoringInterrupted(f"evaluation child (pid {child.pid}) was stopped by the shutdown")
-        if not result_path.exists():
-            raise _death_error(child.pid, child.returncode, output.text(), memory_bytes)
-        payload = json.loads(result_path.read_text())
-    finally:
-        result_path.unlink(missing_ok=True)
-    if not payload.get("ok"):
-        raise error_from_payload(payload, memory_bytes)
-    return payload
+    return run_child_module("monitor.curves.eval_child", json.dumps(dataclasses.asdict(spec)),
+                            what="evaluation child", prefix="eval-", timeout_s=timeout_s,
+                            memory_bytes=memory_bytes, workdir=workdir, log_path=log_path)
 
 
 def evaluate_on_worker(spec_data: dict[str, Any], timeout_s: float, memory_bytes: int | None,
@@ -186,10 +136,8 @@ def evaluate_on_worker(spec_data: dict[str, Any], timeout_s: float, memory_bytes
     try:
         return run_evaluation_child(EvalSpec(**spec_data), timeout_s=timeout_s, memory_bytes=memory_bytes,
                                     workdir=Path(workdir))
-    except errors.LstarError as exc:
-        return {"ok": False, "error_class": type(exc).__name__, "message": exc.message, "hint": exc.hint}
     except Exception as exc:  # noqa: BLE001 - described to the daemon, which retries or fails the job
-        return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
+        return failure_payload(exc)
 
 
 def evaluate_on_ray(backend: Any, spec: EvalSpec, *, timeout_s: float, memory_bytes: int | None,

@@ -322,14 +322,29 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
     and RuntimeError for anything else, always with the real reason: the signal and the end
     of its output.
     """
+    payload = run_child_module("monitor.scoring.child", _envelope(request, baselines), what="scoring child",
+                               prefix="score-", timeout_s=timeout_s, memory_bytes=memory_bytes,
+                               workdir=workdir, log_path=log_path)
+    return scored_from_payload(payload)
+
+
+def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, timeout_s: float,
+                     memory_bytes: int | None, workdir: Path, log_path: Path | None = None) -> dict[str, Any]:
+    """Run `python -m module RESULT_FILE` under the address-space limit with `stdin_text` on its
+    standard input, and return the `{"ok": true, ...}` object it wrote to RESULT_FILE.
+
+    The one child protocol of scoring and of active evaluation: the child is registered for
+    `kill_active_children`, killed at `timeout_s`, its output's tail kept for the reason of a
+    death; failures raise as `run_score_child` describes (`what` names the child in them).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
-    fd, result_name = tempfile.mkstemp(prefix="score-", suffix=".json", dir=workdir)
+    fd, result_name = tempfile.mkstemp(prefix=prefix, suffix=".json", dir=workdir)
     os.close(fd)
     result_path = Path(result_name)
     result_path.unlink()
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "monitor.scoring.child", str(result_path)],
+            [sys.executable, "-m", module, str(result_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
             preexec_fn=lambda: limit_child(memory_bytes))
         output = _OutputTail(child.stdout, log_path)
@@ -338,14 +353,14 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
             _ACTIVE.add(child)
         try:
             with contextlib.suppress(BrokenPipeError):  # a child that died at once says why below
-                child.stdin.write(_envelope(request, baselines).encode())  # type: ignore[union-attr]
+                child.stdin.write(stdin_text.encode())  # type: ignore[union-attr]
             with contextlib.suppress(OSError):
                 child.stdin.close()  # type: ignore[union-attr]
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-            raise ScoringTimeout(f"scoring child (pid {child.pid}) killed after the {timeout_s:g} s "
+            raise ScoringTimeout(f"{what} (pid {child.pid}) killed after the {timeout_s:g} s "
                                  "time limit") from None
         finally:
             with _ACTIVE_LOCK:
@@ -354,7 +369,7 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
                 _INTERRUPTED.discard(child.pid)
             output.join(timeout=10)
         if interrupted:
-            raise ScoringInterrupted(f"scoring child (pid {child.pid}) was stopped by the shutdown")
+            raise ScoringInterrupted(f"{what} (pid {child.pid}) was stopped by the shutdown")
         if not result_path.exists():
             raise _death_error(child.pid, child.returncode, output.text(), memory_bytes)
         payload = json.loads(result_path.read_text())
@@ -362,7 +377,7 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
         result_path.unlink(missing_ok=True)
     if not payload.get("ok"):
         raise error_from_payload(payload, memory_bytes)
-    return scored_from_payload(payload)
+    return payload
 
 
 def _envelope(request: ScoreRequest, baselines: Sequence[KnownBaseline]) -> str:
@@ -411,25 +426,31 @@ def score_payload(request: ScoreRequest, baselines: Sequence[KnownBaseline], *,
 
         scored = compute_score(prepare(request, cache=cache), None, baselines=baselines)
         payload = {"ok": True, **scored_to_payload(scored)}
-    except MemoryError as exc:
-        hog = []  # noqa: F841 (free what the fail point held before answering)
-        said = " ".join(str(exc).split())
-        payload = {"ok": False, "error_class": "MemoryError",
-                   "message": said or "an allocation failed (the model needs more memory than the child has)",
-                   "hint": None}
-    except ImportError as exc:
-        payload = {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None,
-                   "missing_module": missing_module(exc)}
-    except errors.LstarError as exc:
-        payload = {"ok": False, "error_class": type(exc).__name__, "message": exc.message,
-                   "hint": exc.hint}
     except Exception as exc:  # reported to the parent, which decides whether to retry
-        payload = {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
+        hog = []  # noqa: F841 (free what the fail point held before answering)
+        payload = failure_payload(exc)
     except BaseException as exc:  # a Rust panic (pyo3's PanicException) is no Exception
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         payload = {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
     return payload
+
+
+def failure_payload(exc: Exception) -> dict[str, Any]:
+    """A child's failure as its result file's JSON (`error_from_payload` reads it back):
+    out of memory, a module that is not installed, the project's own error with its hint, or
+    anything else by its class and message."""
+    if isinstance(exc, MemoryError):
+        said = " ".join(str(exc).split())
+        return {"ok": False, "error_class": "MemoryError",
+                "message": said or "an allocation failed (the model needs more memory than the child has)",
+                "hint": None}
+    if isinstance(exc, ImportError):
+        return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None,
+                "missing_module": missing_module(exc)}
+    if isinstance(exc, errors.LstarError):
+        return {"ok": False, "error_class": type(exc).__name__, "message": exc.message, "hint": exc.hint}
+    return {"ok": False, "error_class": type(exc).__name__, "message": str(exc), "hint": None}
 
 
 def main(argv: list[str] | None = None) -> int:
