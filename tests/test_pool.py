@@ -256,9 +256,9 @@ def test_symlink_members_are_skipped_not_followed(world: dict) -> None:
     assert not any("link.rst" in s["path"] or "rel.rst" in s["path"] for s in manifest["sources"])
 
 
-@pytest.mark.parametrize("member", ["./../../usr/share/doc/x/html/_sources/evil.rst.txt",
-                                    "/usr/share/doc/x/html/_sources/evil.rst.txt"])
-def test_member_outside_the_package_root_refuses_the_deb(world: dict, tmp_path: Path, member: str) -> None:
+def evil_deb_cache(tmp_path: Path, member: str) -> Path:
+    """A cache folder holding `evil-doc_1.0_all.deb`: a real .deb's control part with a data
+    archive of one member named `member`, assembled with ar as dpkg-deb would refuse to."""
     ok = dpkg_build(tmp_path / "root", "evil-doc", "1.0", tmp_path / "ok.deb")
     subprocess.run(["ar", "x", str(ok), "debian-binary", "control.tar.gz"], cwd=tmp_path, check=True)
     buf = io.BytesIO()
@@ -272,6 +272,13 @@ def test_member_outside_the_package_root_refuses_the_deb(world: dict, tmp_path: 
     cache.mkdir()
     subprocess.run(["ar", "rc", str(cache / "evil-doc_1.0_all.deb"), "debian-binary",
                     "control.tar.gz", "data.tar"], cwd=tmp_path, check=True)
+    return cache
+
+
+@pytest.mark.parametrize("member", ["./../../usr/share/doc/x/html/_sources/evil.rst.txt",
+                                    "/usr/share/doc/x/html/_sources/evil.rst.txt"])
+def test_member_outside_the_package_root_refuses_the_deb(world: dict, tmp_path: Path, member: str) -> None:
+    cache = evil_deb_cache(tmp_path, member)
     with pytest.raises(CorpusError, match=r"evil-doc.*outside the package root"):
         build_pool(tmp_path / "out", ["evil-doc"], cache=cache, exclude=world["exclude"])
     assert not (tmp_path / "out").exists()
@@ -281,18 +288,7 @@ def test_member_outside_the_package_root_refuses_the_deb(world: dict, tmp_path: 
 def test_a_huge_long_name_header_is_refused_before_it_is_read(world: dict, tmp_path: Path) -> None:
     """tarfile reads a GNU long-name header whole before its member can be judged: a member
     named in 64 KiB (a 3 MB .deb can name one in 768 MiB) refuses the package at the header."""
-    ok = dpkg_build(tmp_path / "root", "evil-doc", "1.0", tmp_path / "ok.deb")
-    subprocess.run(["ar", "x", str(ok), "debian-binary", "control.tar.gz"], cwd=tmp_path, check=True)
-    with tarfile.open(fileobj=(buf := io.BytesIO()), mode="w", format=tarfile.GNU_FORMAT) as tar:
-        data = (("Evil words " * 20) + "\n").encode()
-        info = tarfile.TarInfo("./usr/share/doc/x/html/_sources/" + "a" * (64 << 10) + ".rst.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    (tmp_path / "data.tar").write_bytes(buf.getvalue())
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    subprocess.run(["ar", "rc", str(cache / "evil-doc_1.0_all.deb"), "debian-binary",
-                    "control.tar.gz", "data.tar"], cwd=tmp_path, check=True)
+    cache = evil_deb_cache(tmp_path, "./usr/share/doc/x/html/_sources/" + "a" * (64 << 10) + ".rst.txt")
     with pytest.raises(CorpusError, match=r"evil-doc.*long member name of 65,"):
         build_pool(tmp_path / "out", ["evil-doc"], cache=cache, exclude=world["exclude"])
     assert not (tmp_path / "out").exists()
