@@ -44,7 +44,11 @@ def populate_state(workdir: Path, repos: tuple[str, ...] = LONG_REPOS) -> tuple[
             run_ids.append(record_fake_score(store, repo=repo, sha=fake_sha(repo), lstar=-1.0 - i / 10,
                                              se=0.01 + i / 100, finished_at=T0 + timedelta(hours=i)))
     policy = policies / "demo.yaml"
+    (policies / "tasks").mkdir()
+    (policies / "tasks" / "add.jsonl").write_text(
+        '{"id": "a", "context": "two plus two is", "choices": [" four", " five"], "answer": 0}\n')
     policy.write_text(POLICY.format(org="demo-org", corpus=CALIB_V0_SHA256, curve=str(CURVES / "cloze.json"),
+                                    task_file="tasks/add.jsonl", per_day=20,
                                     webhook="http://127.0.0.1:9/hook", smtp_port=2525,
                                     audit=str(workdir / "received" / "audit.jsonl")))
     return state, policy, run_ids
@@ -330,3 +334,34 @@ def test_paths_are_printed_whole_at_80_columns(tmp_path: Path, capsys, monkeypat
     code, out, err = run(["report", "--state", str(state), "--policy", str(policy), "--html", str(target)], capsys)
     assert code == 0, err
     assert f"wrote {target}\n" in out and target.is_file()
+
+
+def test_the_demo_summary_prints_the_lineage_and_the_evaluations(tmp_path: Path, capsys) -> None:
+    """The lineage's states line by line, then each evaluation: done with its numbers and
+    verdict, or skipped with the reason."""
+    workdir = tmp_path / "demo"
+    summary = fake_summary(workdir, workdir / "state", workdir / "policies" / "demo.yaml")
+    summary["threshold"] = {"estimate": 0.8212, "lower": 0.8029, "upper": 0.9864, "confidence": 0.9,
+                            "resolved": True}
+    step = {"lstar_se": 0.1, "p_hat": 0.2, "lo": 0.1, "hi": 0.45}
+    summary["lineage"] = {"repo": "demo-org/gpt2-lab", "seed": 1, "in_order": True, "states": [
+        {"step": 95, "state": "clear", "lstar": 1.717, **step}, {"step": 190, "state": "at_risk", "lstar": 1.2, **step},
+        {"step": 285, "state": "emerged", "lstar": 0.5, **step}]}
+    summary["evaluation"] = [
+        {"step": 190, "status": "done", "reason": None, "predicted_state": "at_risk", "predicted_lo": 0.1043,
+         "predicted_hi": 0.4477, "observed": 8 / 55, "k": 8, "n": 55, "observed_lo": 0.0745, "observed_hi": 0.2472,
+         "observed_state": "observed_clear", "verdict": "confirmed"},
+        {"step": 285, "status": "skipped", "reason": "budget"}]
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert "threshold:     L* = 0.821 [0.803, 0.986] (90%), resolved" in out
+    assert "one checkpoint per poll: clear -> at_risk -> emerged" in out
+    assert "step190    L* 1.200 ± 0.100  predicted 0.20 [0.10, 0.45]  at_risk" in out
+    assert ("step190    predicted at_risk [0.10, 0.45]; observed acc 0.15 (8/55) [0.07, 0.25] -> "
+            "observed_clear: confirmed") in out
+    assert "step285    skipped (budget)" in out
+    summary["lineage"]["in_order"] = False
+    summary["evaluation"] = []
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert "states NOT in order" in out and "evaluations:   none" in out

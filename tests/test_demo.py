@@ -1,6 +1,8 @@
-"""`lstar demo` end to end, as a subprocess: lab-trained checkpoints of two tokenizer families, fake
-Hub, cloze curve, the daemon once, local webhook and SMTP receivers, a report; then what it produced
-is checked in the files."""
+"""`lstar demo` end to end, as a subprocess: the shipped curve fitted on seed 0 of the demo's lab,
+seed 1 trained here and published on the fake Hub one checkpoint per daemon pass, the daemon's own
+evaluation of the task on checkpoints predicted at risk or emerged, local webhook and SMTP
+receivers, a report; then what it produced is checked in the files and the database, the
+observations' intervals against scipy's beta quantiles."""
 
 from __future__ import annotations
 
@@ -13,68 +15,134 @@ from pathlib import Path
 
 import pytest
 
+from monitor.demo.run import EVALUATIONS_PER_DAY
 from monitor.store import Store
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+REPO = "demo-org/gpt2-lab"
+ORDER = ("clear", "at_risk", "emerged")
 
 
-def test_demo_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
+def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     workdir = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--json", "--workdir", str(workdir),
-                           "--shared", str(shared_dir)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           "--shared", str(shared_dir)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
-    assert summary["ok"] is True
+    assert summary["ok"] is True and summary["history"] == "shipped"
+
+    # The curve fitted on seed 0 resolves its threshold: judged again from the artifact's file.
+    from monitor.curves import load_curve
+    from monitor.curves.artifact import unresolved_warnings
+
+    curve = load_curve(summary["curve"])
+    assert curve.task == "add-words" and curve.metric == "acc"
+    assert unresolved_warnings(curve) == [] and summary["threshold"]["resolved"] is True
+    thr = summary["threshold"]
+    assert thr["estimate"] == pytest.approx(curve.threshold.estimate)
+    assert thr["lower"] < thr["estimate"] < thr["upper"]
+    lo_x, hi_x = curve.x_range
+    assert lo_x < thr["lower"] and thr["upper"] < hi_x        # inside the data, not at its edge
+    assert {p.family for p in curve.points} == {"gpt2"} and curve.provenance["seed"] == 0
 
     with Store.open(summary["db"], read_only=True) as store:
-        runs = store.query("SELECT model_repo, model_sha, lstar, tokenizer_fingerprint FROM score_runs "
-                           "WHERE model_repo LIKE 'demo-org/%' ORDER BY model_repo, finished_at")
-        preds = store.query("SELECT lineage, state, lstar, lo, hi, threshold FROM predictions WHERE policy = 'demo'")
+        runs = store.query("SELECT model_repo, model_sha, lstar FROM score_runs WHERE model_repo LIKE 'demo-org/%'")
+        preds = store.query("SELECT commit_sha, state, lstar, se, lo, hi, threshold FROM predictions "
+                            "WHERE policy = 'demo' AND repo = ?", [REPO])
+        found = store.query("SELECT sha, refs, discovered_at FROM checkpoints WHERE repo = ?", [REPO])
+        observations = store.query("SELECT * FROM observations WHERE policy = 'demo' AND repo = ?", [REPO])
         reports = store.reports(policy="demo")
-    lineages = {"demo-org/gpt2-lab", "demo-org/spm-unigram-toy-lab"}
-    # three steps per lineage scored, two tokenizers, one prediction per score
-    assert {r["model_repo"] for r in runs} == lineages and len(runs) == 6
-    assert len({r["tokenizer_fingerprint"] for r in runs}) == 2
-    # trained models: each lineage's last step (main) beats its unigram baseline, as real models do
-    for repo, refs in summary["hub"]["lineages"].items():
-        (last,) = [r for r in runs if r["model_repo"] == repo and r["model_sha"] == refs["main"]]
-        assert last["lstar"] < 0, (repo, last["lstar"])
-    assert len(preds) == 6
-    # each state is what the interval says about the level b + ε
-    for p in preds:
-        expected = "emerged" if p["lo"] >= p["threshold"] else "at_risk" if p["hi"] >= p["threshold"] else "clear"
-        assert p["state"] == expected
-    firing = {p["lineage"] for p in preds if p["state"] in ("at_risk", "emerged")}
-    assert firing, "the demo must put at least one lineage at risk"
 
-    # one grouped message per (policy, lineage) with firing alerts, at the webhook and by mail
+    # The live lineage (seed 1): each checkpoint published, discovered and scored in its own
+    # daemon pass, so discovery times follow the steps.
+    steps = summary["lineage"]["states"]
+    n = len(steps)
+    assert [s["step"] for s in steps] == sorted(s["step"] for s in steps) and n >= 4
+    assert {r["model_repo"] for r in runs} == {REPO} and len(runs) == n
+    by_sha = {r["sha"]: r for r in found}
+    discovered = [by_sha[s["sha"]]["discovered_at"] for s in steps]
+    assert discovered == sorted(discovered) and len(set(discovered)) == n
+    assert all(f"step{s['step']}" in json.loads(by_sha[s["sha"]]["refs"]) for s in steps)
+
+    # Each step's state is what its interval says about the level b + ε (from the database) ...
+    pred = {p["commit_sha"]: p for p in preds}
+    assert len(pred) == n
+    for s in steps:
+        p = pred[s["sha"]]
+        expected = "emerged" if p["lo"] >= p["threshold"] else "at_risk" if p["hi"] >= p["threshold"] else "clear"
+        assert p["state"] == expected == s["state"]
+        assert p["lstar"] == pytest.approx(s["lstar"]) and p["threshold"] == pytest.approx(curve.level)
+    # ... and the lineage goes clear → at_risk → emerged, in that order, never back.
+    states = [s["state"] for s in steps]
+    ranks = [ORDER.index(state) for state in states]
+    assert ranks == sorted(ranks) and set(ranks) == {0, 1, 2}, states
+    assert summary["lineage"]["in_order"] is True
+
+    # The webhook heard the lineage become at risk, then emerged; the report went out once.
     bodies = json.loads(Path(summary["webhook"]["file"]).read_text())
-    assert sorted(b["groupLabels"]["lineage"] for b in bodies) == sorted(firing)
-    assert all(b["groupLabels"]["policy"] == "demo" and b["status"] == "firing" for b in bodies)
-    # an unresolved curve says so in every alert it fires
-    if summary["fit"]["unresolved_warnings"]:
-        for alert in (a for b in bodies for a in b["alerts"]):
-            assert "UNRESOLVED" in alert["annotations"]["description"]
-            assert summary["fit"]["unresolved_warnings"][0] in alert["annotations"]["curve_warnings"]
+    assert all(b["groupLabels"] == {"policy": "demo", "lineage": REPO} for b in bodies)
+    told = [a["labels"]["state"] for b in bodies for a in b["alerts"] if a["status"] == "firing"]
+    assert "at_risk" in told and "emerged" in told
+    assert told.index("at_risk") < told.index("emerged")
+    for alert in (a for b in bodies for a in b["alerts"]):
+        assert "UNRESOLVED" not in alert["annotations"]["description"]
     mails = [message_from_bytes(Path(f).read_bytes(), policy=email_policy.default) for f in summary["email"]["files"]]
-    alert_mails = [m for m in mails if m["X-Lstar-Report"] is None]
-    assert len(alert_mails) == len(firing)
+    assert len([m for m in mails if m["X-Lstar-Report"] is None]) == summary["email"]["alert_messages"] >= 2
     assert summary["email"]["report_messages"] == 1
 
-    # a report written to the folder, recorded, and delivered to the audit file and by mail
     (report,) = reports
     folder = Path(report.folder)
     data = json.loads((folder / "report.json").read_text())
-    assert {f["lineage"] for f in data["families"]} == lineages
+    assert {f["lineage"] for f in data["families"]} == {REPO}
     assert sorted(r["lstar"] for r in data["lstar_table"]) == sorted(r["lstar"] for r in runs)
-    assert (folder / "report.html").read_text().count("data:image/png;base64,") == 3
     assert {d["receiver"]: d["outcome"] for d in report.deliveries} == {"demo-audit": "delivered",
                                                                           "demo-email": "delivered"}
 
-    # The commands the demo ends with read its own state (the demo's --json summary is what
-    # the plain output prints them from).
+    # The daemon evaluated the task itself on the checkpoints predicted at risk or emerged, one
+    # evaluation each, the first of them an at-risk one, within the day's budget.
+    task_file = Path(summary["task_file"])
+    assert task_file.parent == Path(summary["policy"]).parent / "tasks"
+    assert len(task_file.read_text().splitlines()) == 55
+    firing = {s["sha"]: s for s in steps if s["state"] in ("at_risk", "emerged")}
+    assert {o["commit_sha"] for o in observations} == set(firing) and len(observations) == len(firing)
+    done = [o for o in observations if o["status"] == "done"]
+    skipped = [o for o in observations if o["status"] == "skipped"]
+    assert len(done) == min(len(firing), EVALUATIONS_PER_DAY) and all(o["reason"] == "budget" for o in skipped)
+    assert any(firing[o["commit_sha"]]["state"] == "at_risk" for o in done)
+    assert [(e["step"], e["status"]) for e in summary["evaluation"]] == sorted(
+        (firing[o["commit_sha"]]["step"], o["status"]) for o in observations)
+    from scipy.stats import beta
+
+    told_observed = {a["labels"]["commit"]: a for b in json.loads(Path(summary["webhook"]["file"]).read_text())
+                     for a in b["alerts"] if a["labels"]["alertname"].startswith("LstarPrediction")}
+    for o in done:
+        assert o["n"] == 55 and o["k"] == round(o["observed"] * 55)
+        alpha = 1 - curve.confidence          # Clopper-Pearson, two-sided, from the beta quantiles
+        lo = 0.0 if o["k"] == 0 else beta.ppf(alpha / 2, o["k"], o["n"] - o["k"] + 1)
+        hi = 1.0 if o["k"] == o["n"] else beta.ppf(1 - alpha / 2, o["k"] + 1, o["n"] - o["k"])
+        assert (o["observed_lo"], o["observed_hi"]) == (pytest.approx(lo), pytest.approx(hi))
+        level = curve.level
+        assert o["observed_state"] == ("observed_emerged" if lo >= level else "observed_clear" if hi < level
+                                       else "observed_unresolved")
+        p = pred[o["commit_sha"]]
+        assert (o["predicted_lo"], o["predicted_hi"], o["predicted_state"]) == (p["lo"], p["hi"], p["state"])
+        # contradicted: the observed interval wholly on the other side of the level from the
+        # predicted one (for an at-risk interval, which holds the level: disjoint from it too)
+        if p["lo"] >= level:
+            wholly_other_side = hi < level
+        elif p["hi"] < level:
+            wholly_other_side = lo >= level
+        else:
+            wholly_other_side = (hi < level and hi < p["lo"]) or (lo >= level and lo > p["hi"])
+        assert o["verdict"] == ("contradicted" if wholly_other_side else "confirmed")
+        alert = told_observed[o["commit_sha"]]
+        assert alert["labels"]["alertname"] == ("LstarPredictionContradicted" if wholly_other_side
+                                                else "LstarPredictionConfirmed")
+        assert alert["labels"]["observed_state"] == o["observed_state"]
+
+    # The commands the demo ends with read its own state.
     from monitor.cli import main
     from monitor.commands.demo import next_commands
 

@@ -148,10 +148,12 @@ def test_a_failed_poll_is_the_demos_diagnosis(tmp_path: Path) -> None:
     assert stage == "poll" and "rule demo-steps" in reason and poll.error and poll.error in reason
 
 
-def test_a_demo_stage_that_fails_ends_the_demo_with_one_line(tmp_path: Path) -> None:
-    """Shared data without tokenizers: training fails at once, and says so last."""
+def test_a_demo_stage_that_fails_ends_the_demo_with_one_line(tmp_path: Path, shared_dir: Path) -> None:
+    """Shared data with the corpus but without tokenizers: the shipped curve is checked against
+    the corpus, then training fails at once, and says so last."""
     empty = tmp_path / "shared"
-    empty.mkdir()
+    (empty / "corpus").mkdir(parents=True)
+    (empty / "corpus" / "calib-v0").symlink_to((shared_dir / "corpus" / "calib-v0").resolve())
     for as_json in (False, True):
         proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--workdir", str(tmp_path / "demo"),
                                "--shared", str(empty), *(["--json"] if as_json else [])],
@@ -164,6 +166,12 @@ def test_a_demo_stage_that_fails_ends_the_demo_with_one_line(tmp_path: Path) -> 
             summary = json.loads(proc.stdout)
             assert summary["ok"] is False and summary["failed_stage"] == "train"
             assert last == f"demo failed at train: {summary['failure']}"
+    # no corpus at all: the history stage names the missing folder
+    proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--workdir", str(tmp_path / "demo"),
+                           "--shared", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=_env())
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("demo failed at history: ") and "calib-v0" in last
 
 
 def test_a_loop_not_closed_ends_with_its_stage(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -218,6 +218,8 @@ def test_wheel_ships_templates_and_type_marker(installed_wheel: Path) -> None:
     assert not {f for f in folders if set(f.split("/")) & TEST_PACKAGE_NAMES}, folders
     assert {"monitor/demo", "monitor/lab", "monitor/service"} <= folders
     assert (installed_wheel / "monitor" / "demo" / "fakehub.py").is_file()
+    # the demo's shipped history curve is package data: `lstar demo` from a wheel needs it
+    assert (installed_wheel / "monitor" / "demo" / "data" / "add-words-curve.json").is_file()
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""`lstar demo`: the whole loop offline — fake Hub, two checkpoint families, cloze curve, daemon,
-local webhook and SMTP receivers, a report — where every artefact is, and the commands that
-read its state next."""
+"""`lstar demo`: the whole loop offline — a lineage that learns the additions in words with a jump,
+published step by step on a fake Hub, its curve, the daemon, local webhook and SMTP receivers, a
+report — where every artefact is, the lineage's states in order, and the commands that read its
+state next."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
+from monitor.commands.options import OptionError
 from monitor.commands.terminal import plain_console
 from monitor.demo import run_demo
 from monitor.demo.failure import DemoFailed
@@ -31,6 +33,46 @@ def next_commands(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _threshold_line(threshold: dict[str, Any] | None) -> str:
+    if not threshold or threshold.get("estimate") is None:
+        return "not reached inside the data (UNRESOLVED)"
+    interval = "" if threshold["lower"] is None or threshold["upper"] is None else \
+        f" [{threshold['lower']:.3f}, {threshold['upper']:.3f}] ({threshold['confidence']:.0%})"
+    return (f"L* = {threshold['estimate']:.3f}{interval}, "
+            f"{'resolved' if threshold['resolved'] else 'UNRESOLVED'}")
+
+
+def _lineage_lines(lineage: dict[str, Any] | None) -> list[str]:
+    """One line per published checkpoint: its L*, the predicted interval and state."""
+    if not lineage:
+        return []
+    lines = [f"lineage:       {lineage['repo']} (seed {lineage['seed']}), one checkpoint per poll: "
+             f"{'clear -> at_risk -> emerged' if lineage['in_order'] else 'states NOT in order'}"]
+    for s in lineage["states"]:
+        if s["state"] is None:
+            lines.append(f"  step{s['step']:<6} no prediction")
+        else:
+            lines.append(f"  step{s['step']:<6} L* {s['lstar']:.3f} ± {s['lstar_se']:.3f}  predicted "
+                         f"{s['p_hat']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]  {s['state']}")
+    return lines
+
+
+def _evaluation_lines(evaluations: list[dict[str, Any]] | None) -> list[str]:
+    """One line per active evaluation: the checkpoint, prediction, observation and verdict."""
+    if not evaluations:
+        return ["evaluations:   none"]
+    lines = ["evaluations:   the task run by the daemon on checkpoints predicted at risk or emerged"]
+    for e in evaluations:
+        if e["status"] != "done":
+            lines.append(f"  step{e['step']:<6} {e['status']}" + (f" ({e['reason']})" if e.get("reason") else ""))
+        else:
+            lines.append(f"  step{e['step']:<6} predicted {e['predicted_state']} [{e['predicted_lo']:.2f}, "
+                         f"{e['predicted_hi']:.2f}]; observed acc {e['observed']:.2f} ({e['k']}/{e['n']}) "
+                         f"[{e['observed_lo']:.2f}, {e['observed_hi']:.2f}] -> {e['observed_state']}: "
+                         f"{e['verdict']}")
+    return lines
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     """Where every artefact is, then the next commands; plain lines, never wrapped mid-path."""
     lines = [
@@ -38,7 +80,12 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"state:         {summary.get('state') or Path(summary['db']).parent}",
         f"database:      {summary['db']}",
         f"policy:        {summary['policy']}",
-        f"task curve:    {summary['curve']} (level {summary['fit']['level']:.4f})",
+        f"task curve:    {summary['curve']} ({summary.get('history', 'shipped')}, seed 0; "
+        f"level {summary['fit']['level']:.4f})",
+        f"threshold:     {_threshold_line(summary.get('threshold'))}",
+        f"task items:    {summary.get('task_file', '-')}",
+        *_lineage_lines(summary.get("lineage")),
+        *_evaluation_lines(summary.get("evaluation")),
         "predictions:   " + (", ".join(f"{n} {state}" for state, n in sorted(summary["predictions"].items()))
                              or "none"),
         f"webhook:       {summary['webhook']['alert_messages']} alert message(s) -> {summary['webhook']['file']}",
@@ -58,9 +105,15 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         workdir: Path = typer.Option(Path("state") / "demo", "--workdir",
-                                     help="Folder for everything the demo makes (emptied first)."),
+                                     help="Folder for everything the demo makes: a new or empty folder, or one an earlier demo made "
+                                          "(its own entries are emptied first; anything else there is refused)."),
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
+        fit_history: bool = typer.Option(False, "--fit-history",
+                                         help="Train, label and fit the history curve (seed 0) here instead of "
+                                              "using the shipped one (about four more minutes on 2 cores)."),
+        save_history_curve: Path = typer.Option(None, "--save-history-curve",
+                                                 help="With --fit-history: also write the fitted curve here."),
     ) -> None:
         """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed.
 
@@ -68,7 +121,11 @@ def register(app: typer.Typer) -> None:
         summary's `failed_stage` and `failure`)."""
         console = plain_console(stderr=True)
         try:
-            summary = run_demo(workdir, shared_dir=shared,
+            if save_history_curve is not None and not fit_history:
+                raise OptionError("it needs --fit-history (the curve written is the one fitted in the demo)",
+                                  param_hint="--save-history-curve")
+            summary = run_demo(workdir, shared_dir=shared, fit_history=fit_history,
+                               save_history_curve=save_history_curve,
                                log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"),
                                                               soft_wrap=True))
         except DemoFailed as exc:  # a stage raised before the loop could run: nothing else to show

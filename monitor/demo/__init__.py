@@ -1,4 +1,5 @@
-"""The offline demo (`lstar demo`): a fake Hub, two checkpoint families, a cloze curve, the daemon.
+"""The offline demo (`lstar demo`): a fake Hub, a lineage that learns the additions with a jump,
+its shipped history curve (`history`), the daemon with its own evaluations of the task.
 
 The demo owns the real-but-small parts it runs against, and the tests use them too. Nothing
 here is a mock: the fake Hub (`fakehub`, its state `fakehub_state`, the repositories and

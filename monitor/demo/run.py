@@ -1,19 +1,23 @@
-"""`lstar demo`: the whole loop, offline, in a few minutes on a laptop CPU.
+"""`lstar demo`: the whole loop, offline, in about five minutes on a 2-core CPU, watching a real emergence.
 
-1. Train two checkpoint families with the emergence lab (`monitor.lab.demo`: small causal
-   transformers with the gpt2 and the toy unigram tokenizer, on the same bytes), two seeds
-   each. Seed 0 of each family is the labelled history (scored, evaluated on the cloze items
-   of the documents the lab held out of training); seed 1 is the live lineage, published on an
-   in-process fake Hub as step branches of `demo-org/<family>-lab`.
-2. Fit the cloze curve on the history (`fit_curve`). The level b + ε is derived from the
-   fitted curve: b is the task's chance level, ε half the curve's rise above it. The curve's
-   own warnings (an unresolved threshold, ε below the resolution) travel with it into the
-   report and the alerts.
-3. Write a policy: watch demo-org's step branches, apply the curve, route at-risk/emerged
-   alerts (grouped per policy and lineage) to a local webhook receiver and a local SMTP
-   server, and a report schedule.
-4. Run the daemon once (`Daemon(..., once=True)`): discovery → gate → fetch → score →
-   predict → alert → dispatch → report, then check what each receiver got.
+1. The history: the additions curve (accuracy on the lab's 55 additions in words, `seven plus
+   two is nine`, against L*) fitted on seed 0 of the demo's lab (`monitor.demo.history`). It is
+   shipped with the package, as a watcher's curves are fitted before it runs; `--fit-history`
+   trains, labels and fits seed 0 here instead. b is the task's chance level (1/10), ε half the
+   curve's rise above it; whether the threshold is resolved by the data is reported.
+2. Train the live lineage: seed 1 of the same lab (`monitor.lab.demo`: a small causal
+   transformer with the gpt2 tokenizer on a byte stream that is mostly those additions). It
+   learns them with a jump: accuracy stays near the commonest answer's frequency, then rises.
+3. Write a policy: watch demo-org's step branches, apply the curve, evaluate the task directly
+   on each checkpoint predicted at risk or emerged (`evaluate:`, the built-in multiple-choice
+   evaluator on `tasks/add.jsonl` beside the policy), route alerts (grouped per policy and
+   lineage) to a local webhook receiver and a local SMTP server, and a report schedule.
+4. For each checkpoint of the live lineage: publish it on an in-process fake Hub as a step
+   branch of `demo-org/gpt2-lab`, then run the daemon once (`Daemon(..., once=True)`):
+   discovery → gate → fetch → score → predict → observe → alert → dispatch; the last pass also
+   writes the report. The summary lists the lineage's predicted states in order (`clear` →
+   `at_risk` → `emerged` when the demo shows what it is meant to), the evaluations with their
+   verdicts, and what each receiver got.
 
 The fake Hub is on 127.0.0.1, so the demo reaches it whatever `HF_HUB_OFFLINE` says. A demo that
 fails says at which stage and why (`DemoFailed`, or `failed_stage` and `failure` in the summary).
@@ -26,16 +30,37 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from monitor.demo.failure import DemoFailed, diagnose, stage as _stage
+from monitor.demo.history import HISTORY_SEED, METRIC, TASK
 from monitor.errors import LstarError
 
-HISTORY_SEED, LIVE_SEED = 0, 1
-METRIC = "prob_correct"
+LIVE_SEED = 1
 ORG = "demo-org"
+# The policy folder's files: the curve and the task's multiple-choice items.
+CURVE_FILE = "curves/add.json"
+TASK_FILE = "tasks/add.jsonl"
+# The documents every demo score reads: the prose and encyclopedic slices of calib-v0, every
+# 4th (20 documents). The code and math slices make L*'s standard error several times larger
+# for a model this small (docs/lab.md, "The demo's size"), wider than the distance L* travels
+# across the jump, so no checkpoint could be told apart from the threshold.
+SCORING_SLICES = ("prose", "encyclopedic")
+SCORING_EVERY = 4
+STATE_ORDER = ("clear", "at_risk", "emerged")
+# The policy's budget of active evaluations: enough for every checkpoint predicted at risk or
+# emerged in one demo, as one UTC day.
+EVALUATIONS_PER_DAY = 20
+# Written first into the demo's folder: only a folder holding it (or an empty one) is emptied,
+# and then only of the entries the demo makes.
+WORKDIR_MARKER = ".lstar-demo"
+DEMO_ENTRIES = frozenset({WORKDIR_MARKER, "state", "models", "policies", "received", "hf-cache"})
+
+
+def published_steps(steps: list[int]) -> list[int]:
+    """The live lineage's checkpoints the demo publishes, in order: all of them."""
+    return list(steps)
 
 
 def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
@@ -57,9 +82,8 @@ def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
 def _score_request(corpus_dir: Path) -> Any:
     from monitor.scoring import ScoreRequest
 
-    # every 24th document: 9 documents from all five slices (the first 8 would all be code)
-    return ScoreRequest(corpus_dir=corpus_dir, every=24, max_context=64, n_boot=200, tcb_positions=64,
-                        progress=False, device="cpu", dtype="float32")
+    return ScoreRequest(corpus_dir=corpus_dir, slices=list(SCORING_SLICES), every=SCORING_EVERY, max_context=64,
+                        n_boot=200, tcb_positions=64, progress=False, device="cpu", dtype="float32")
 
 
 def _folder_files(folder: Path) -> dict[str, bytes]:
@@ -70,72 +94,26 @@ def _folder_files(folder: Path) -> dict[str, bytes]:
     return files
 
 
-def _publish(hub: Any, repo: str, folders: dict[int, Path]) -> dict[str, str]:
-    """Publish a lineage's checkpoints as step branches, an hour apart, and `main` at the last."""
+def publish_step(hub: Any, repo: str, step: int, folder: Path, index: int) -> str:
+    """Publish one checkpoint as the step branch `step<step>` (the `index`-th of its lineage, an
+    hour after the one before) and move `main` to it; returns the commit sha."""
     from datetime import timedelta
 
     from monitor.demo.hub_repos import BASE_TIME
 
-    refs = {}
-    for i, (step, folder) in enumerate(sorted(folders.items())):
-        when = BASE_TIME + timedelta(hours=i)
-        if i == 0:
-            refs[f"step{step}"] = hub.add_repo(repo, _folder_files(folder), branch=f"step{step}", last_modified=when,
-                                               pipeline_tag="text-generation")
-        else:
-            refs[f"step{step}"] = hub.add_commit(repo, _folder_files(folder), branch=f"step{step}", replace=True,
-                                                 date=when)
-    refs["main"] = hub.add_branch(repo, "main", revision=f"step{max(folders)}")
-    return refs
-
-
-def _label_history(db: Path, request: Any, task_path: Path, folders: dict[str, list[Path]]) -> list[Any]:
-    from monitor.curves import evaluate_checkpoint, evaluation_labels, label_rows
-    from monitor.scoring import score_checkpoint
-    from monitor.store import Store
-
-    labels = []
-    for family, paths in folders.items():
-        for folder in paths:
-            run = score_checkpoint(replace(request, model=str(folder)), db_path=db)
-            evaluation = evaluate_checkpoint(str(folder), task_path, device="cpu", dtype="float32")
-            rows = [label for label in evaluation_labels(evaluation, family=family, run_id=run["run_id"])
-                    if label.metric == METRIC]
-            with Store.open(db) as store:
-                store.record_labels(label_rows(rows, source_ref=f"demo:{run['run_id']}"))
-            labels += rows
-    return labels
-
-
-def fit_demo_curve(db: Path, labels: list[Any], out: Path) -> tuple[Any, dict[str, Any]]:
-    """Fit the cloze curve on the history; b = chance, ε = half the fitted rise above chance."""
-    from monitor.curves import ScoringRef, join_scores, save_curve
-    from monitor.curves.fit import fit_curve
-    from monitor.store import Store
-
-    with Store.open(db, read_only=True) as store:
-        joined, pins = join_scores(labels, store)
-    spec = ScoringRef(spec_version=pins["spec_version"], window=pins["window"], stride=pins["stride"],
-                      prefix_policy=pins["prefix_policy"])
-    chance = float(joined[0].details["baseline"])
-    common = dict(task=joined[0].task, metric=METRIC, baseline=chance, confidence=0.9, resamples=200,
-                  lofo_resamples=50, corpus_sha256=pins["corpus_sha256"], scoring_spec=spec)
-    first = fit_curve(joined, margin=0.01, **common)
-    rise = max(first.band.fit) - chance
-    if rise <= 0.01:
-        raise LstarError(f"the fitted cloze curve rises only {rise:.4f} above chance ({chance:.3f}); "
-                         "no emergence level can be set from it",
-                         hint="train the demo's lab longer (monitor.lab.demo.demo_config)")
-    margin = round(rise / 2.0, 4)
-    curve = fit_curve(joined, margin=margin, **common)
-    save_curve(curve, out)
-    return curve, {"chance": chance, "rise": rise, "margin": margin, "level": curve.level,
-                   "corpus_sha256": pins["corpus_sha256"], "spec": spec.describe()}
+    when = BASE_TIME + timedelta(hours=index)
+    if index == 0:
+        sha = hub.add_repo(repo, _folder_files(folder), branch=f"step{step}", last_modified=when,
+                           pipeline_tag="text-generation")
+    else:
+        sha = hub.add_commit(repo, _folder_files(folder), branch=f"step{step}", replace=True, date=when)
+    hub.add_branch(repo, "main", revision=f"step{step}")
+    return sha
 
 
 POLICY = """\
-# Written by `lstar demo`: watch the fake Hub's demo-org, apply the fitted cloze curve, and tell
-# the local webhook receiver and SMTP server about at-risk or emerged lineages.
+# Written by `lstar demo`: watch the fake Hub's demo-org, apply the fitted additions curve, and
+# tell the local webhook receiver and SMTP server about at-risk or emerged lineages.
 name: demo
 description: offline demo of the whole loop
 watch:
@@ -145,14 +123,21 @@ watch:
       branches: "step\\\\d+"
 corpora:
   public: {corpus}
+evaluations:
+  per_day: {per_day}
 tasks:
-  - name: cloze
+  - name: add-words
     curve: {curve}
+    evaluate:
+      kind: multiple_choice
+      file: {task_file}
+      metric: acc
+      on: [at_risk, emerged]
 route:
   receiver: demo-webhook
   group_by: [policy, lineage]
   group_wait: 0s
-  group_interval: 1m
+  group_interval: 0s
   repeat_interval: 4h
   routes:
     - matchers: ['state=~"at_risk|emerged"']
@@ -160,6 +145,9 @@ route:
       continue: true
     - matchers: ['state=~"at_risk|emerged"']
       receiver: demo-email
+    # what the daemon's own evaluation of the task observed, against the prediction
+    - matchers: ['alertname=~"LstarPrediction(Confirmed|Contradicted)"']
+      receiver: demo-webhook
 receivers:
   - name: demo-webhook
     webhook:
@@ -184,83 +172,225 @@ reports:
     format: html
     window: 7d
 """
+# The daemon passes before the last run without the report schedule, so that the one report
+# is written by the last pass and covers the whole lineage.
+POLICY_WITHOUT_REPORTS = POLICY[:POLICY.index("reports:\n")]
 
 
-def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None,
+def _is_demo_folder(workdir: Path, names: set[str]) -> bool:
+    """Its entries are all the demo's own, and it is marked, or laid out as an older demo left it."""
+    if not names <= DEMO_ENTRIES:
+        return False
+    return WORKDIR_MARKER in names or ((workdir / "state" / "lstar.duckdb").is_file()
+                                       and (workdir / "policies" / "demo.yaml").is_file())
+
+
+def prepare_workdir(workdir: Path) -> None:
+    """Make `workdir` ready for a new demo: a new or empty folder is used as it is; a folder an
+    earlier demo made (every entry one of `DEMO_ENTRIES`, and the `WORKDIR_MARKER` or an older
+    demo's layout) has those entries removed, the folder itself kept. Any other folder, or
+    anything that is not a folder, is refused and left as it is."""
+    hint = "name a new or empty folder, or one an earlier `lstar demo` made"
+    if workdir.is_symlink() or (workdir.exists() and not workdir.is_dir()):
+        raise LstarError(f"--workdir {workdir} is not a folder; it is left as it is", hint=hint)
+    if workdir.exists():
+        names = {p.name for p in workdir.iterdir()}
+        if names and not _is_demo_folder(workdir, names):
+            others = sorted(names - DEMO_ENTRIES)
+            what = (f"holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, which the demo does not make"
+                    if others else f"has no {WORKDIR_MARKER} and is not laid out as a demo's folder")
+            raise LstarError(f"--workdir {workdir} {what}; the demo empties its folder first, so it leaves this "
+                             "one as it is", hint=hint)
+        for name in sorted(names):
+            entry = workdir / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / WORKDIR_MARKER).write_text("a folder made by `lstar demo`; the next demo in it empties it\n")
+
+
+def check_save_path(path: Path, workdir: Path) -> Path:
+    """Where `--save-history-curve` writes, checked before minutes of fitting: outside the
+    demo's folder (the next demo would empty it), not a folder, in a folder that exists."""
+    path = path.resolve()
+    if path == workdir or workdir in path.parents:
+        raise LstarError(f"--save-history-curve {path} is inside the demo's folder {workdir}, which the next "
+                         "demo empties", hint="write the curve outside --workdir")
+    if path.is_dir():
+        raise LstarError(f"--save-history-curve {path} is a folder", hint="name a file, e.g. add-words-curve.json")
+    if not path.parent.is_dir():
+        raise LstarError(f"--save-history-curve {path}: its folder {path.parent} does not exist",
+                         hint="create the folder first")
+    return path
+
+
+def states_in_order(states: list[str]) -> bool:
+    """Whether a lineage's predicted states show the whole emergence in order: each of clear,
+    at_risk and emerged at least once, and never a step back (clear after at_risk, ...)."""
+    ranks = [STATE_ORDER.index(s) for s in states if s in STATE_ORDER]
+    return len(ranks) == len(states) and set(ranks) == {0, 1, 2} and ranks == sorted(ranks)
+
+
+def _history_curve(request: Any, *, fit_history: bool, models: Path, db: Path, shared: Path,
+                   log: Callable[[str], None]) -> Any:
+    """The curve the demo applies: the shipped one (checked against the documents it scores),
+    or with `fit_history` one fitted here on seed 0 (trained beside the live seed)."""
+    from monitor.demo.history import fit_history as fit_on_seed0, shipped_curve
+    from monitor.lab.demo import demo_config, demo_task_file, train_demo_lineages
+    from monitor.scoring.scoring_driver import corpus_selection
+
+    if not fit_history:
+        with _stage("history"):
+            return shipped_curve(corpus_selection(request).sha256)
+    log(f"--fit-history: training seed {HISTORY_SEED} of the demo's lab, then scoring and evaluating "
+        "each of its checkpoints (about four more minutes on 2 cores)")
+    config = demo_config(shared, seeds=(HISTORY_SEED,))
+    with _stage("train"):
+        lineages = train_demo_lineages(models, shared=shared, seeds=config.seeds, threads=config.threads)
+    with _stage("fit"):
+        (family,) = config.families
+        return fit_on_seed0(db, request, demo_task_file(models), list(lineages[(family, HISTORY_SEED)].values()),
+                            config)
+
+
+def _evaluations(store: Any, repo: str, step_of: dict[str, int]) -> list[dict[str, Any]]:
+    """The daemon's active evaluations of the lineage, in the order of its steps."""
+    rows = store.query("SELECT commit_sha, status, reason, predicted_state, predicted_lo, predicted_hi, level, "
+                       "observed, n, k, observed_lo, observed_hi, observed_state, verdict, inside FROM observations "
+                       "WHERE policy = 'demo' AND task = ? AND repo = ?", [TASK, repo])
+    out = [{"checkpoint": f"{repo}@step{step_of[r['commit_sha']]}", "step": step_of[r["commit_sha"]], **r}
+           for r in rows if r["commit_sha"] in step_of]
+    return sorted(out, key=lambda r: r["step"])
+
+
+def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_history: bool = False,
+             save_history_curve: str | Path | None = None,
              log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
 
     `summary["ok"]` is True when the loop closed: each local receiver got at least one
     alert and a report was written; when not, `failed_stage` and `failure` say where and why.
-    Raises `DemoFailed` when a stage raised before the loop could run.
+    `fit_history` fits the history curve here (seed 0) instead of using the shipped one;
+    `save_history_curve` then also writes it there. Raises `DemoFailed` when a stage raised
+    (preparing, the history, training, or a publication or daemon pass that could not run).
     """
     from monitor.environment import harden_environment
 
     harden_environment()
-    from monitor.curves.artifact import unresolved_warnings
+    from monitor.curves import save_curve
     from monitor.demo.fakehub import FakeHub
+    from monitor.demo.history import curve_facts
     from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
-    from monitor.lab.demo import heldout_cloze_file, train_demo_lineages
+    from monitor.lab.demo import demo_task_file, train_demo_lineages
     from monitor.service import DaemonConfig
     from monitor.store import Store
 
     started = time.perf_counter()
-    shared = Path(shared_dir) if shared_dir else Path(__file__).resolve().parents[3] / "shared"
+    shared = Path(shared_dir).resolve() if shared_dir else Path(__file__).resolve().parents[3] / "shared"
     workdir = Path(workdir).resolve()
     with _stage("prepare"):
-        if workdir.exists():
-            shutil.rmtree(workdir)
+        if save_history_curve is not None:
+            save_history_curve = check_save_path(Path(save_history_curve), workdir)
+        prepare_workdir(workdir)
         request = _score_request(shared / "corpus" / "calib-v0")
-    state, models = workdir / "state", workdir / "models"
+    state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
     db = state / "lstar.duckdb"
 
-    log("training two checkpoint families with the emergence lab (gpt2 and the toy unigram "
-        "tokenizer, two seeds each; about a minute and a half on 2 cores)")
-    with _stage("train"):
-        lineages_by_seed = train_demo_lineages(models, shared=shared)
-    history = {family: list(steps.values()) for (family, seed), steps in lineages_by_seed.items()
-               if seed == HISTORY_SEED}
-    live = {family: steps for (family, seed), steps in lineages_by_seed.items() if seed == LIVE_SEED}
-
-    log("labelling the history with the cloze task and scoring it")
-    with _stage("label"):
-        labels = _label_history(db, request, heldout_cloze_file(models), history)
-    curve_path = workdir / "policies" / "curves" / "cloze.json"
-    with _stage("fit"):
-        curve, fit = fit_demo_curve(db, labels, curve_path)
-    log(f"fitted the cloze curve: level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
-    unresolved = unresolved_warnings(curve)
-    if unresolved:
+    curve = _history_curve(request, fit_history=fit_history, models=models, db=db, shared=shared, log=log)
+    curve_path = policies / CURVE_FILE
+    with _stage("history"):
+        save_curve(curve, curve_path)
+        if save_history_curve is not None:
+            save_curve(curve, save_history_curve)
+    facts = curve_facts(curve)
+    fit, threshold = facts["fit"], facts["threshold"]
+    log(f"the {TASK} curve ({'fitted here' if fit_history else 'shipped'}, on seed {HISTORY_SEED}): "
+        f"level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
+    if fit["unresolved_warnings"]:
         # the alerts and the report say so too; the demo says it first
-        log(f"the curve's threshold is UNRESOLVED ({len(unresolved)} warnings), so at-risk calls "
-            f"from it are not established: {unresolved[0].message}")
-    fit["unresolved_warnings"] = [w.message for w in unresolved]
+        log(f"the curve's threshold is UNRESOLVED ({len(fit['unresolved_warnings'])} warnings), so at-risk "
+            f"calls from it are not established: {fit['unresolved_warnings'][0]}")
+    else:
+        log(f"the curve's threshold is resolved: L* = {threshold['estimate']:.3f} "
+            f"[{threshold['lower']:.3f}, {threshold['upper']:.3f}] ({threshold['confidence']:.0%})")
+
+    log(f"training the live lineage (seed {LIVE_SEED}) on the lab's additions in words (about a minute "
+        "and a half on 2 cores)")
+    with _stage("train"):
+        (family, folders), = {family: steps for (family, seed), steps in
+                              train_demo_lineages(models, shared=shared, seeds=(LIVE_SEED,)).items()
+                              if seed == LIVE_SEED}.items()
+        task_path = policies / TASK_FILE
+        task_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(demo_task_file(models), task_path)   # what the daemon evaluates, beside the policy
 
     summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
-                               "policy": str(workdir / "policies" / "demo.yaml"), "curve": str(curve_path), "fit": fit}
+                               "policy": str(policies / "demo.yaml"), "curve": str(curve_path),
+                               "history": "fitted" if fit_history else "shipped",
+                               "task_file": str(task_path), "fit": fit, "threshold": threshold}
+    repo = f"{ORG}/{family}-lab"
+    steps: list[dict[str, Any]] = []
+    job_errors: dict[str, str] = {}
+    exit_code = 0
     with contextlib.ExitStack() as stack:
         with _stage("publish"):
             hub = stack.enter_context(FakeHub())
             hook = stack.enter_context(WebhookReceiver())
             smtp = stack.enter_context(SmtpReceiver())
-            lineages = {}
-            for family, folders in live.items():
-                lineages[f"{ORG}/{family}-lab"] = _publish(hub, f"{ORG}/{family}-lab", folders)
-            policy_path = workdir / "policies" / "demo.yaml"
-            policy_path.write_text(POLICY.format(org=ORG, corpus=fit["corpus_sha256"], curve="curves/cloze.json",
-                                                 webhook=hook.url, smtp_port=smtp.port,
-                                                 audit=str(workdir / "received" / "audit.jsonl")))
-        log(f"fake Hub at {hub.url}; running the daemon once (discover, gate, score, predict, alert, report)")
+            policy_path = policies / "demo.yaml"
+            fields = dict(org=ORG, corpus=fit["corpus_sha256"], curve=CURVE_FILE, task_file=TASK_FILE,
+                          per_day=EVALUATIONS_PER_DAY, webhook=hook.url, smtp_port=smtp.port,
+                          audit=str(workdir / "received" / "audit.jsonl"))
         config = DaemonConfig(policies_dir=policy_path.parent, state_dir=state, endpoint=hub.url, api_port=0,
                               once=True, once_summary=False, cache_dir=workdir / "hf-cache", template=request)
-        with _stage("daemon"):
-            exit_code, job_errors = run_daemon_once(config)
+        published = {step: folders[step] for step in published_steps(sorted(folders))}
+        log(f"fake Hub at {hub.url}; publishing {len(published)} checkpoints of {repo} one at a time, the "
+            "daemon polling once after each (discover, gate, score, predict, evaluate, alert; the report "
+            "after the last)")
+        refs: dict[str, str] = {}
+        step_of: dict[str, int] = {}
+        for index, (step, folder) in enumerate(published.items()):
+            last = index == len(published) - 1
+            with _stage("publish"):
+                refs[f"step{step}"] = sha = publish_step(hub, repo, step, folder, index)
+                step_of[sha] = step
+                policy_path.write_text((POLICY if last else POLICY_WITHOUT_REPORTS).format(**fields))
+            with _stage("daemon"):
+                code, errors = run_daemon_once(config)
+            exit_code = exit_code or code
+            job_errors = {**errors, **job_errors}
+            with _stage("collect"), Store.open(db, read_only=True) as store:
+                rows = store.query("SELECT lstar, se, p_hat, lo, hi, state FROM predictions "
+                                   "WHERE policy = 'demo' AND task = ? AND repo = ? AND commit_sha = ?",
+                                   [TASK, repo, sha])
+                observed = [o for o in _evaluations(store, repo, step_of) if o["step"] == step]
+            row = rows[0] if rows else None
+            steps.append({"checkpoint": f"{repo}@step{step}", "step": step, "sha": sha,
+                          "lstar": row["lstar"] if row else None, "lstar_se": row["se"] if row else None,
+                          "p_hat": row["p_hat"] if row else None, "lo": row["lo"] if row else None,
+                          "hi": row["hi"] if row else None, "state": row["state"] if row else None})
+            log(f"  step{step}: " + (f"L* {row['lstar']:.3f} ± {row['se']:.3f}, predicted {METRIC} "
+                                     f"{row['p_hat']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] -> {row['state']}"
+                                     if row else "no prediction")
+                + "".join(f"; evaluated: {METRIC} {o['observed']:.2f} [{o['observed_lo']:.2f}, "
+                          f"{o['observed_hi']:.2f}] -> {o['observed_state']} ({o['verdict']})"
+                          for o in observed if o["status"] == "done"))
+            if code != 0 or errors:
+                break            # `diagnose` names the stage below
+        if refs:
+            refs["main"] = refs[max(refs, key=lambda ref: int(ref[4:]))]
         with _stage("collect"):
             alerts = [r.json() for r in hook.requests if "alerts" in r.json()]
             mails = list(smtp.mails)
             alert_mails = [m for m in mails if m.message["X-Lstar-Report"] is None]
             report_mails = [m for m in mails if m.message["X-Lstar-Report"] is not None]
-        summary["hub"] = {"url": hub.url, "lineages": lineages}
+        summary["hub"] = {"url": hub.url, "lineages": {repo: refs}}
+    states = [s["state"] for s in steps]
+    with _stage("collect"), Store.open(db, read_only=True) as store:
+        summary["evaluation"] = _evaluations(store, repo, step_of)
+    summary["lineage"] = {"repo": repo, "seed": LIVE_SEED, "states": steps, "in_order": states_in_order(states)}
     with _stage("collect"):
         received = workdir / "received"
         received.mkdir(parents=True, exist_ok=True)
