@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         save_history_curve: Path = typer.Option(None, "--save-history-curve",
                                                  help="With --fit-history: also write the fitted curve here."),
     ) -> None:
-        """Run discovery → gate → score → predict → alert → report offline; exit 0 when the loop closed.
+        """Run discovery → gate → score → predict → evaluate → alert → report offline; exit 0 when the loop closed.
 
         A failed demo ends with one line, `demo failed at STAGE: REASON` (with --json, also the
         summary's `failed_stage` and `failure`)."""

@@ -236,7 +236,7 @@ def states_in_order(states: list[str]) -> bool:
 def _history_curve(request: Any, *, fit_history: bool, models: Path, db: Path, shared: Path,
                    log: Callable[[str], None]) -> Any:
     """The curve the demo applies: the shipped one (checked against the documents it scores),
-    or with `fit_history` one fitted here on seed 0 (trained beside the live seed)."""
+    or with `fit_history` one fitted here on seed 0 (trained first, then the live seed)."""
     from monitor.demo.history import fit_history as fit_on_seed0, shipped_curve
     from monitor.lab.demo import demo_config, demo_task_file, train_demo_lineages
     from monitor.scoring.scoring_driver import corpus_selection
