@@ -283,3 +283,31 @@ def test_race_checkpoints_are_ordinary_full_vocabulary_models(race_dir: Path) ->
         ids = torch.tensor([handle.tokenizer.encode("def f(x): return x", add_special_tokens=False).ids])
         probs = torch.softmax(loaded.model(input_ids=ids).logits[0], dim=-1)
         assert float(probs[:, bias == UNUSED_BIAS].sum()) == 0.0
+
+
+def test_a_lineage_key_follows_contents_not_locations(tmp_path: Path, shared_dir: Path) -> None:
+    """A lab resumed with its pool copied to another folder and `--shared` spelt another way
+    reuses its scored lineages (same key); another tokenizer file or another setting does not."""
+    import shutil
+
+    from monitor.lab.config import race_reduced_config
+    from monitor.lab.race import lineage_key, prepare_race
+
+    pool = _pool()
+    moved = tmp_path / "elsewhere" / "pool"
+    shutil.copytree(pool, moved)
+    (tmp_path / "link").symlink_to(shared_dir.resolve())
+    config = race_reduced_config(pool, shared_dir)
+    other = race_reduced_config(moved, tmp_path / "link" / "tokenizers" / "..")
+    assert config.as_dict() != other.as_dict()                 # the paths differ ...
+    key = lineage_key(config, "gpt2", "small", 0, prepare_race(config, tmp_path / "a"))
+    inputs = prepare_race(other, tmp_path / "b")
+    assert lineage_key(other, "gpt2", "small", 0, inputs) == key   # ... the key does not
+    assert lineage_key(other, "gpt2", "small", 1, inputs) != key
+    assert lineage_key(other.with_(lr=other.lr * 2), "gpt2", "small", 0, inputs) != key
+    # a tokenizer whose files changed is another input
+    tokenizers = tmp_path / "tokenizers"
+    shutil.copytree(shared_dir / "tokenizers" / "gpt2", tokenizers / "gpt2")
+    with open(tokenizers / "gpt2" / "tokenizer_config.json", "a") as handle:
+        handle.write("\n")
+    assert lineage_key(other.with_(tokenizers_dir=tokenizers), "gpt2", "small", 0, inputs) != key

@@ -120,10 +120,36 @@ def family_checks(config: RaceConfig, inputs: RaceInputs) -> list[dict[str, Any]
     return rows
 
 
-def _lineage_key(config: RaceConfig, family: str, size: str, seed: int, inputs: RaceInputs) -> str:
-    """Everything a lineage's results depend on (its scores.json is reused only under it)."""
-    blob = json.dumps({"config": config.as_dict(), "family": family, "size": size, "seed": seed,
-                       "provenance": inputs.provenance}, sort_keys=True, default=str)
+# The settings that say where an input is, not what it is: the key leaves them out (the inputs'
+# contents are in it), so a lab resumed with its pool in another folder, or `--shared` spelt
+# another way, reuses the lineages it has scored.
+LOCATION_SETTINGS = frozenset({"pool", "tokenizers_dir", "calib_corpus"})
+
+
+def _without_locations(value: Any) -> Any:
+    """`value` with every `path` entry of its mappings removed (recursively)."""
+    if isinstance(value, dict):
+        return {k: _without_locations(v) for k, v in value.items() if k != "path"}
+    if isinstance(value, list):
+        return [_without_locations(v) for v in value]
+    return value
+
+
+def tokenizer_sha256(folder: Path) -> str:
+    """sha256 over a tokenizer folder's files (names and contents, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        digest.update(path.name.encode("utf-8") + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def lineage_key(config: RaceConfig, family: str, size: str, seed: int, inputs: RaceInputs) -> str:
+    """Everything a lineage's results depend on, by content (its scores.json is reused only
+    under it): the settings but not where the inputs are, the inputs' hashes, the tokenizer's files."""
+    settings = {k: v for k, v in config.as_dict().items() if k not in LOCATION_SETTINGS}
+    blob = json.dumps({"config": settings, "family": family, "size": size, "seed": seed,
+                       "tokenizer_sha256": tokenizer_sha256(config.tokenizer_dir(family)),
+                       "provenance": _without_locations(inputs.provenance)}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -223,7 +249,7 @@ def run_race_lineage(config: RaceConfig, family: str, size: str, seed: int, out:
     import torch
 
     name = lineage_id(family, size, seed)
-    key = _lineage_key(config, family, size, seed, inputs)
+    key = lineage_key(config, family, size, seed, inputs)
     saved = out / name / SCORES_FILE
     if saved.is_file():
         data = json.loads(saved.read_text(encoding="utf-8"))
