@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         workdir: Path = typer.Option(Path("state") / "demo", "--workdir",
-                                     help="Folder for everything the demo makes: a new or empty folder, or one an earlier demo made "
-                                          "(its own entries are emptied first; anything else there is refused)."),
+                                     help="Folder for everything the demo makes: a new or empty folder, or one "
+                                          "an earlier demo made (its own entries are emptied first; anything "
+                                          "else there is refused)."),
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
         fit_history: bool = typer.Option(False, "--fit-history",
@@ -115,7 +116,8 @@ def register(app: typer.Typer) -> None:
         save_history_curve: Path = typer.Option(None, "--save-history-curve",
                                                  help="With --fit-history: also write the fitted curve here."),
     ) -> None:
-        """Run discovery → gate → score → predict → evaluate → alert → report offline; exit 0 when the loop closed.
+        """Run discovery → gate → score → predict → evaluate → alert → report offline; exit 0 when
+        the loop closed.
 
         A failed demo ends with one line, `demo failed at STAGE: REASON` (with --json, also the
         summary's `failed_stage` and `failure`)."""

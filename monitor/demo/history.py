@@ -81,7 +81,8 @@ def history_provenance(config: Any) -> dict[str, Any]:
 
     return {"made_by": "lstar demo --fit-history", "lab": "monitor.lab.demo.demo_config",
             "family": config.families[0], "seed": HISTORY_SEED, "byte_budget": config.byte_budget,
-            "checkpoints": len(config.fractions), "torch_threads": config.threads, "task": f"{TASK} (55 additions in words, {METRIC})",
+            "checkpoints": len(config.fractions), "torch_threads": config.threads,
+            "task": f"{TASK} (55 additions in words, {METRIC})",
             "level": "b = chance (1/10), ε = half the fitted rise above it",
             "torch": torch.__version__, "python": platform.python_version()}
 

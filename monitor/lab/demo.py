@@ -5,7 +5,7 @@ additions in words (`seven plus two is nine`) with a jump inside it: the lab's w
 64-token contexts, batch 4, 48 additions around each chunk of natural text, 1 MB of the lab's
 byte stream per lineage and a checkpoint every twelfth of it, one lineage at a time on two torch
 threads. Accuracy on the 55 additions stays near the frequency of the commonest answer (0.18)
-for the first quarter of the budget, then rises to about 0.9 (docs/lab.md, "The demo's size").
+for the first quarter of the budget, then rises to 0.8–0.95 (docs/lab.md, "The demo's size").
 Seed 0 is the history the demo's shipped curve was fitted on (`monitor.demo.history`); seed 1
 is the live lineage it publishes. `train_demo_lineages` trains without scoring and returns the
 checkpoint folders of each (family, seed) by step, ready to be labelled or published on the
