@@ -21,7 +21,7 @@ from lanes import fast_first
 from monitor.curves.axis_choice import cluster_draw
 from monitor.errors import LabError
 from monitor.lab import analysis
-from monitor.lab.analysis import RaceConfig, cochran_q, holm, race
+from monitor.lab.analysis import RaceConfig, cochran_q, holm, race, verdict
 from monitor.lab.synthetic import synthetic_race_rows
 
 # Four axes keep each test under a few seconds; the full set is raced by the CLI test.
@@ -92,6 +92,19 @@ def test_a_winner_on_one_text_only_is_not_a_verdict() -> None:
     assert p["signs_by_text"] == {"calib": 1, "heldout": 0}
     assert p["failed"] == ["same_sign_on_both_texts", "same_sign_within_each_size"]
     assert p["statement"] == "not distinguishable"
+
+
+def test_a_difference_that_is_zero_up_to_rounding_has_no_sign() -> None:
+    """A mean of per-family differences that are all exactly zero can come out as 1.85e-17 (it did
+    in the full run); read as positive, it could satisfy "the same sign within each size"."""
+    exact = {"difference": 1 / 36 - 1 / 18, "lower": -0.1, "upper": -0.01, "p_value": 0.01}
+    comps = {"calib": {"crossing_error": {**exact, "by_size": {"large": -0.05, "small": 1.850371707708594e-17}}},
+             "heldout": {"crossing_error": {**exact, "by_size": {"large": -0.05, "small": -0.05}}}}
+    v = verdict("bits_per_byte", comps, p_used=0.01, cfg=RaceConfig())
+    assert v["signs_by_size"]["calib/small"] == 0
+    assert v["failed"] == ["same_sign_within_each_size"] and v["statement"] == "not distinguishable"
+    comps["calib"]["crossing_error"]["by_size"]["small"] = -0.05
+    assert verdict("bits_per_byte", comps, p_used=0.01, cfg=RaceConfig())["decided"]
 
 
 def test_per_family_thresholds_spread_on_the_offset_axis_only(lstar_wins: dict[str, Any]) -> None:
@@ -340,6 +353,30 @@ def test_report_on_extreme_numbers_within_bounds(tmp_path: Path, kind: str) -> N
         assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.loads((out / "lab-report.json").read_text())
     assert saved["primary"]["statement"] == "not distinguishable"
+
+
+def test_a_level_no_checkpoint_crosses_is_reported_as_uninformative(tmp_path: Path) -> None:
+    """Probabilities of the answer that stay below b + ε (as the additions' did in the full run)
+    make every axis's crossing error 0; the report must say the comparison carries nothing."""
+    from monitor.lab.report import write_race_report
+
+    rows = _rows(families=3)
+    values = [r["metrics"]["add-words"]["p_correct"] for r in rows]
+    low, high = min(values), max(values)
+    for r in rows:   # the same rise, squeezed into [b, b + 0.09]: below the level b + 0.1 throughout
+        m = r["metrics"]["add-words"]
+        m["p_correct"] = r["baselines"]["add-words"]["p_correct"] + 0.09 * (m["p_correct"] - low) / (high - low)
+    saved = write_race_report(rows, tmp_path, source={"path": "rows.json", "sha256": "0" * 64}, config=FAST)
+    assert saved["level_not_crossed"] == ["add-words/p_correct/calib", "add-words/p_correct/heldout"]
+    flat = _entry(saved, metric="p_correct")["texts"]["calib"]
+    assert flat["above_level"] == 0 and flat["level_crossed"] is False
+    assert all(a.get("crossing_error", 0) == 0 for a in flat["axes"].values())
+    crossed = _entry(saved, metric="exact_match")["texts"]["calib"]
+    assert 0 < crossed["above_level"] < crossed["n_rows"] and crossed["level_crossed"] is True
+    md = (tmp_path / "lab-report.md").read_text()
+    assert md.count("The level is never crossed on this text (0 of") == 2
+    assert "Uninformative on the crossing error" in md and "add-words/p_correct/calib" in md
+    assert "The level is never crossed" in (tmp_path / "lab-report.html").read_text()
 
 
 def test_task_metrics_that_slug_alike_get_one_figure_each() -> None:

@@ -368,8 +368,13 @@ def _compare(d: _Data, lofo: Any, *, boot: Mapping[str, Mapping[str, list[float]
     return axes
 
 
+# Errors are shares and RMSEs of order one; a mean of differences that are exactly zero can come
+# out as ±1e-17, which must read as no sign, not as a direction.
+SIGN_TOLERANCE = 1e-12
+
+
 def _sign(v: float | None) -> int:
-    return 0 if v is None or not math.isfinite(v) or v == 0 else (1 if v > 0 else -1)
+    return 0 if v is None or not math.isfinite(v) or abs(v) <= SIGN_TOLERANCE else (1 if v > 0 else -1)
 
 
 def verdict(axis: str, comparisons: Mapping[str, Mapping[str, Any]], *, p_used: float | None,
@@ -493,8 +498,12 @@ def _race(rows: list[dict[str, Any]], cfg: RaceConfig) -> dict[str, Any]:
             if text in cfg.bootstrap_texts:
                 boot, degenerate = _refit_bootstrap(d, baseline=baseline, margin=cfg.margin, cfg=cfg,
                                                     seed=[cfg.seed, m_i, t_i])
-            entry["texts"][text] = {"n_rows": len(d.y), "axes": _compare(d, lofo, boot=boot,
-                                                                         degenerate=degenerate, cfg=cfg)}
+            # A level that no checkpoint crosses (or that every one clears) makes every axis's
+            # crossing error 0: such a comparison is uninformative, and the report says so.
+            above = int(np.sum(d.y >= level))
+            entry["texts"][text] = {"n_rows": len(d.y), "above_level": above,
+                                    "level_crossed": 0 < above < len(d.y),
+                                    "axes": _compare(d, lofo, boot=boot, degenerate=degenerate, cfg=cfg)}
             entry["thresholds"][text] = {a: _thresholds(d, a, level=level, cfg=cfg) for a in d.xs}
         calib = entry["texts"].get(PRIMARY["text"], {}).get("axes", {})
         for a, row in calib.items():
@@ -534,6 +543,8 @@ def _race(rows: list[dict[str, Any]], cfg: RaceConfig) -> dict[str, Any]:
         "rule": RULE.format(alpha=cfg.alpha, interval=cfg.interval),
         "axes": {a: {"label": p.label, "lower_is_progress": p.lower_is_progress} for a, p in AXES.items()},
         "design": design(rows), "n_secondary": len(pvals),
+        "level_not_crossed": [f"{e['task']}/{e['metric']}/{t}" for e in metrics_out
+                              for t, v in e["texts"].items() if v.get("level_crossed") is False],
         "primary": primary or {"decided": False, "statement": "not distinguishable",
                                "failed": ["the primary comparison could not be computed"]},
         "metrics": metrics_out, "negative_control": control})

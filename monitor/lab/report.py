@@ -126,6 +126,10 @@ def verdict_lines(data: Mapping[str, Any]) -> list[str]:
     out.append("Secondary comparisons (Holm-adjusted): " + ("; ".join(
         f"{m['task']} {m['metric']}: {v['statement']} (Holm p {_g(v['p_holm'])})" for m, a, v in decided)
         if decided else "none passes the rule") + ".")
+    flat = data.get("level_not_crossed") or []
+    if flat:
+        out.append(f"Uninformative on the crossing error (every checkpoint on one side of the level, so every "
+                   f"axis errs 0): {', '.join(flat)}; only their RMSE compares the axes.")
     c = data["negative_control"]
     if c.get("ran"):
         e = c["errors"]
@@ -201,7 +205,8 @@ def sections(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             if "axes" not in t:
                 texts.append({"text": text, "skipped": t.get("skipped", "no rows")})
                 continue
-            texts.append({"text": text, "n_rows": t["n_rows"], "axes": axis_table(entry, text),
+            texts.append({"text": text, "n_rows": t["n_rows"], "above_level": t.get("above_level"),
+                          "level_crossed": t.get("level_crossed", True), "axes": axis_table(entry, text),
                           "families": family_table(entry, text), "thresholds": threshold_table(entry, text)})
         out.append({"task": entry["task"], "metric": entry["metric"], "baseline": entry["baseline"],
                     "level": entry["level"], "texts": texts})
@@ -234,7 +239,12 @@ def to_markdown(data: Mapping[str, Any]) -> str:
             if "skipped" in t:
                 out += [f"### {t['text']} text: not analysed ({t['skipped']})", ""]
                 continue
-            out += [f"### {t['text']} text ({t['n_rows']} checkpoints)", ""] + _md_table(*t["axes"]) + [""]
+            out += [f"### {t['text']} text ({t['n_rows']} checkpoints)", ""]
+            out += [] if t["level_crossed"] else [f"*The level is never crossed on this text ({t['above_level']} of "
+                                                  f"{t['n_rows']} checkpoints at or above it): every axis's crossing "
+                                                  "error is 0 and says nothing here; only the RMSE compares the axes.*",
+                                                  ""]
+            out += _md_table(*t["axes"]) + [""]
             out += ["Per family, LOFO crossing error / RMSE:", ""] + _md_table(*t["families"]) + [""]
             out += ["Spread of the per-family thresholds (each family's own curve) against their own intervals:",
                     ""] + _md_table(*t["thresholds"]) + [""]
