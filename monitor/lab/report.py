@@ -205,8 +205,11 @@ def sections(data: Mapping[str, Any]) -> list[dict[str, Any]]:
             if "axes" not in t:
                 texts.append({"text": text, "skipped": t.get("skipped", "no rows")})
                 continue
-            texts.append({"text": text, "n_rows": t["n_rows"], "above_level": t.get("above_level"),
-                          "level_crossed": t.get("level_crossed", True), "axes": axis_table(entry, text),
+            flat = t.get("level_crossed") is False
+            note = (f"The level is never crossed on this text ({t['above_level']} of {t['n_rows']} checkpoints "
+                    "at or above it): every axis's crossing error is 0 and says nothing here; only the RMSE "
+                    "compares the axes.") if flat else None
+            texts.append({"text": text, "n_rows": t["n_rows"], "level_note": note, "axes": axis_table(entry, text),
                           "families": family_table(entry, text), "thresholds": threshold_table(entry, text)})
         out.append({"task": entry["task"], "metric": entry["metric"], "baseline": entry["baseline"],
                     "level": entry["level"], "texts": texts})
@@ -240,10 +243,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
                 out += [f"### {t['text']} text: not analysed ({t['skipped']})", ""]
                 continue
             out += [f"### {t['text']} text ({t['n_rows']} checkpoints)", ""]
-            out += [] if t["level_crossed"] else [f"*The level is never crossed on this text ({t['above_level']} of "
-                                                  f"{t['n_rows']} checkpoints at or above it): every axis's crossing "
-                                                  "error is 0 and says nothing here; only the RMSE compares the axes.*",
-                                                  ""]
+            out += [f"*{t['level_note']}*", ""] if t["level_note"] else []
             out += _md_table(*t["axes"]) + [""]
             out += ["Per family, LOFO crossing error / RMSE:", ""] + _md_table(*t["families"]) + [""]
             out += ["Spread of the per-family thresholds (each family's own curve) against their own intervals:",
