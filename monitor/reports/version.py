@@ -35,8 +35,8 @@ def describe_version(version: Mapping[str, Any]) -> str:
     """One line: `version 1a2b3c4d5e6f (FILE sha256 ..., curves arith ...)`."""
     fingerprint = str(version.get("fingerprint") or "unknown")[:12]
     parts = [f"{version.get('file') or 'built in code'} sha256 {str(version.get('sha256') or 'unknown')[:12]}"]
-    curves = version.get("curves") or {}
-    if curves:
+    curves = version.get("curves")
+    if isinstance(curves, Mapping) and curves:
         parts.append("curves " + ", ".join(f"{task} {str(cid)[:12] if cid else 'not loaded'}"
                                            for task, cid in curves.items()))
     return f"version {fingerprint} ({'; '.join(parts)})"
