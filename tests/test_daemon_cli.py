@@ -19,6 +19,7 @@ from support.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonPr
 pytestmark = pytest.mark.slow
 
 NOW = "2030-01-01T00:00:00+00:00"
+CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 
 
 def lstar(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,6 +70,58 @@ def test_alerts_and_report_are_answered_through_the_api(daemon):
                                "emerged": 0, "crossings": 0}
     assert data["period"]["end"] == data["generated_at"]
     assert "_curves" not in data
+
+
+def test_a_report_of_another_version_of_the_daemons_policy_is_refused_not_answered_for_it(tmp_path):
+    """`lstar report --policy FILE` while the daemon has another version of FILE's policy in
+    force (same name): refused in one line naming both versions, never the daemon's report shown
+    as FILE's; the same text elsewhere, or the daemon's after it reloads, is answered."""
+    import hashlib
+
+    policies, elsewhere = tmp_path / "policies", tmp_path / "elsewhere"
+    policies.mkdir()
+    elsewhere.mkdir()
+    edited = POLICY.replace("route:", f"tasks:\n  - name: arith\n    curve: {CURVES / 'arith.json'}\nroute:")
+    (policies / "watcher.yaml").write_text(POLICY)
+    (elsewhere / "watcher.yaml").write_text(edited)
+    (elsewhere / "copy.yaml").write_text(POLICY)
+    db = str(tmp_path / "state" / "lstar.duckdb")
+    with FakeHub() as hub, DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
+                                         args=["--poll-every", "1h", "--score-every", "1h"]) as daemon:
+        refused = lstar("report", "--policy", str(elsewhere / "watcher.yaml"), "--db", db, "--json")
+        assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        old_sha = hashlib.sha256(POLICY.encode()).hexdigest()[:12]
+        new_sha = hashlib.sha256(edited.encode()).hexdigest()[:12]
+        assert refused.stderr.startswith("error: the running daemon has another version of policy 'watcher' in "
+                                         f"force: version "), refused.stderr
+        assert f"({policies / 'watcher.yaml'} sha256 {old_sha}), loaded 20" in refused.stderr
+        assert "; the file read here is version " in refused.stderr
+        assert f"({elsewhere / 'watcher.yaml'} sha256 {new_sha}; curves arith " in refused.stderr
+        assert f"`lstar report --policy {policies / 'watcher.yaml'}` reports the daemon's version" in refused.stderr
+
+        # The same text in another file is the same version: the daemon answers, and says whose file it read.
+        same = lstar("report", "--policy", str(elsewhere / "copy.yaml"), "--db", db, "--json")
+        assert same.returncode == 0, same.stderr
+        version = json.loads(same.stdout)["policy_version"]
+        assert (version["file"], version["sha256"][:12], version["curves"]) == (
+            str(policies / "watcher.yaml"), old_sha, {})
+
+        # Once the daemon has read the edit, the edited file's report is its report.
+        (policies / "watcher.yaml").write_text(edited)
+        wait_for(lambda: lstar("report", "--policy", str(elsewhere / "watcher.yaml"), "--db", db).returncode == 0,
+                 timeout=30, what="the daemon to load the edited policy")
+        served = json.loads(lstar("report", "--policy", str(elsewhere / "watcher.yaml"), "--db", db,
+                                  "--json").stdout)
+        assert [t["task"] for t in served["tasks"]] == ["arith"]
+        assert served["policy_version"]["sha256"][:12] == new_sha
+        assert daemon.stop(signal.SIGTERM, timeout=60) == 0
+    direct = lstar("report", "--policy", str(elsewhere / "watcher.yaml"), "--db", db, "--json")
+    assert direct.returncode == 0, direct.stderr
+    local = json.loads(direct.stdout)
+    assert [t["task"] for t in local["tasks"]] == ["arith"]
+    assert local["policy_version"]["fingerprint"] == served["policy_version"]["fingerprint"]
+    assert local["policy_version"]["file"] == str(elsewhere / "watcher.yaml")
 
 
 def test_silences_are_written_by_the_daemon_and_match_a_direct_read_after_it_stops(daemon, tmp_path):

@@ -121,6 +121,44 @@ def test_report_numbers_match_the_store(world) -> None:
     assert "**emerged**" in md
 
 
+def test_a_report_names_the_policy_version_it_was_computed_under(world) -> None:
+    """The policy text as it was parsed (not as the file reads now) and each task's curve id,
+    in the data, the JSON, the Markdown and the HTML."""
+    import hashlib
+
+    from types import SimpleNamespace
+
+    from monitor.reports.report import to_html, to_json
+    from monitor.reports.version import policy_version
+
+    store, policy, curve, tmp = world
+    text = (tmp / "policy.yaml").read_bytes()
+    (tmp / "policy.yaml").write_bytes(text + b"# edited after the policy was loaded\n")
+    data = build_report(store, policy, now=T0 + timedelta(hours=4), period_start=T0)
+    version = data["policy_version"]
+    sha = hashlib.sha256(text).hexdigest()
+    assert (version["name"], version["file"], version["sha256"]) == ("governance", str(tmp / "policy.yaml"), sha)
+    assert version["curves"] == {"cloze": curve.curve_id}
+    expected = hashlib.sha256(('{"curves": {"cloze": "%s"}, "policy_sha256": "%s"}' % (curve.curve_id, sha)).encode())
+    assert version["fingerprint"] == expected.hexdigest()
+    assert isinstance(version["loaded_at"], datetime) and version["loaded_at"].tzinfo is not None
+    assert json.loads(to_json(data))["policy_version"]["fingerprint"] == version["fingerprint"]
+    line = f"governance version {version['fingerprint'][:12]} ({tmp / 'policy.yaml'} sha256 {sha[:12]}; " \
+           f"curves cloze {curve.curve_id[:12]})"
+    assert f"Policy {line}." in to_markdown(data)
+    assert f"<p>Policy {line}.</p>" in to_html(data, {})
+
+    # The text read again (edited) is another version; so is the same text over another curve,
+    # or over a curve file that does not load.
+    reread = build_report(store, load_policy(tmp / "policy.yaml"), now=T0 + timedelta(hours=4), period_start=T0)
+    assert reread["policy_version"]["sha256"] == hashlib.sha256((tmp / "policy.yaml").read_bytes()).hexdigest()
+    assert reread["policy_version"]["fingerprint"] != version["fingerprint"]
+    other = policy_version(policy, {"cloze": SimpleNamespace(curve_id="f" * 64)})
+    missing = policy_version(policy, {})
+    assert (other["sha256"], missing["curves"]) == (sha, {"cloze": None})
+    assert len({other["fingerprint"], missing["fingerprint"], version["fingerprint"]}) == 3
+
+
 def test_due_reports_are_written_recorded_and_delivered(world) -> None:
     store, policy, _, tmp = world
     now = T0 + timedelta(hours=5)

@@ -22,8 +22,9 @@ from monitor.errors import LstarError, PolicyError
 from monitor.policy import load_policies, policy_files_in
 from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
                              to_json, to_markdown)
-from monitor.reports.report import write_report
+from monitor.reports.report import version_line, write_report
 from monitor.reports.summary import summarised
+from monitor.reports.version import policy_version, require_same_version
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
@@ -57,14 +58,21 @@ def default_policy(db_path: Path) -> tuple[Path, str]:
 def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
     """The report data of each policy file: from the daemon running next to the database (its
     API computes it on its own connection, for the policy of that name it has in force), else
-    from a read-only open."""
+    from a read-only open.
+
+    The daemon's policy of that name may be another version than the file (edited since the
+    daemon read it, or another file of the same name): its report is refused then, naming
+    both versions (`reports.version`), never shown as the file's. It cannot be computed here
+    instead: the daemon holds the only connection DuckDB allows to the file."""
     policies = load_policies(files)  # validated here either way: the same errors
 
     def ask(url: str) -> list[dict[str, Any]]:
         reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
                                keys=("start", "end", "at"))
         for data, policy in zip(reports, policies, strict=True):
-            data["_curves"] = load_policy_curves(policy)[0]  # the plots need the curve objects, not their JSON
+            curves = load_policy_curves(policy)[0]   # the plots need the curve objects, not their JSON
+            require_same_version(policy_version(policy, curves), data.get("policy_version"))
+            data["_curves"] = curves
         return reports
 
     def read(store: Store) -> list[dict[str, Any]]:
@@ -81,6 +89,8 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
     omitted = data["omitted"]
     console.print(Text.assemble((f"Governance report: {data['policy']}", "bold"),
                                 f"  {fmt(data['period']['start'])} → {fmt(data['period']['end'])}"))
+    if data.get("policy_version"):
+        console.print(f"policy {version_line(data)}", highlight=False)
     console.print(f"new checkpoints {s['new_checkpoints']} · new scores {s['new_scores']} · lineages "
                   f"{s['lineages']} · at risk {s['at_risk']} · emerged {s['emerged']} · crossings {s['crossings']}")
     for problem in data["problems"]:

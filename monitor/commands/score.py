@@ -66,6 +66,13 @@ def render_result(result: dict[str, Any], console: Console) -> None:
                   f"{result['tokens_per_s']:,.0f} tokens/s · {result['wall_s']:.1f} s")
 
 
+def _is_hub_model(model: str) -> bool:
+    """Whether `model` is fetched from the Hub (as the loader decides: an existing folder wins)."""
+    from monitor.scoring.loader import parse_hub_ref
+
+    return not Path(model).expanduser().exists() and parse_hub_ref(model) is not None
+
+
 def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoint: str | None,
                    cache_dir: Path | None, as_json: bool) -> None:
     import os
@@ -187,10 +194,11 @@ def register(app: typer.Typer) -> None:
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
-        endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint (default "
-                                            "HF_ENDPOINT or the public Hub)."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache "
-                                              "(default HF_HUB_CACHE)."),
+        endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint a Hub MODEL (or "
+                                            "--pending's queue) is fetched from (default HF_ENDPOINT or "
+                                            "the public Hub)."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache of a Hub MODEL "
+                                              "or --pending (default HF_HUB_CACHE)."),
         until_settled: Path | None = typer.Option(
             None, "--until-settled", help="Policy folder: score in blocks of a pinned document order and "
             "stop once every task of every policy watching MODEL is settled (a partial score)."),
@@ -215,7 +223,12 @@ def register(app: typer.Typer) -> None:
             slices=[s.strip() for s in slices.split(",") if s.strip()] if slices else None,
             dtype=dtype.value, device=device.value, batch_size=batch_size,
             tokenizer_dir=tokenizer, reference_tokenizer=reference_tokenizer,
-            with_tcb=not no_tcb, progress=not (quiet or as_json) and sys.stderr.isatty())
+            with_tcb=not no_tcb, progress=not (quiet or as_json) and sys.stderr.isatty(),
+            endpoint=endpoint, hub_cache_dir=cache_dir)
+        if (endpoint is not None or cache_dir is not None) and not pending and not _is_hub_model(model):
+            raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
+                            "one (a local folder or a builtin model)",
+                            hint="drop them, or name the checkpoint as org/name@revision")
         if pending:
             if model != DEFAULT_MODEL:
                 raise SpecError("--pending scores the queue; do not also name MODEL")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,8 @@ def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPo
         lines = validation_lines(exc, root, label, Policy)
         raise PolicyError("\n".join(lines)) from None
     policy._path = path
+    policy._source_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()   # the file's bytes (UTF-8 round-trips)
+    policy._loaded_at = datetime.now(timezone.utc)
     return LoadedPolicy(policy, root)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -501,11 +501,24 @@ class Policy(_Strict):
     reports: list[Report] = Field(default_factory=list)
 
     _path: Path | None = PrivateAttr(None)
+    _source_sha256: str | None = PrivateAttr(None)
+    _loaded_at: datetime | None = PrivateAttr(None)
 
     @property
     def path(self) -> Path | None:
         """The file this policy was loaded from (None when built in code)."""
         return self._path
+
+    @property
+    def source_sha256(self) -> str | None:
+        """sha256 of the exact text this policy was parsed from (None when built in code): the
+        version in force, even after the file on disk has changed since."""
+        return self._source_sha256
+
+    @property
+    def loaded_at(self) -> datetime | None:
+        """When that text was read."""
+        return self._loaded_at
 
     def receiver(self, name: str) -> Receiver:
         """The receiver called `name` (raises PolicyError when undefined)."""

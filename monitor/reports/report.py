@@ -36,6 +36,7 @@ from monitor.reports import plots as report_plots
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.summary import plotted, summarised
+from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
                                      short)
 from monitor.store import Store
@@ -276,6 +277,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "emerged"]
     return {
         "schema": SCHEMA, "policy": policy.name, "report": name, "generated_at": now,
+        "policy_version": policy_version(policy, curves),
         "period": {"start": period_start, "end": now}, "corpus_sha256": corpus, "problems": problems,
         "summary": {"new_checkpoints": len(discovered), "new_scores": sum(r["new"] for r in table),
                     "lineages": len(families), "at_risk": len(at_risk), "emerged": len(emerged),
@@ -443,6 +445,11 @@ def track_record_markdown(record: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def version_line(data: Mapping[str, Any]) -> str:
+    """The policy version a report was computed under, in words (`version.describe_version`)."""
+    return f"{data['policy']} {describe_version(data['policy_version'])}"
+
+
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it)."""
     s = data["summary"]
@@ -458,6 +465,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     out = [f"# Governance report: {data['policy']} ({data['report']})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
            f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
+           *([f"Policy {version_line(data)}.", ""] if data.get("policy_version") else []),
            f"- new checkpoints: {s['new_checkpoints']} (new scores: {s['new_scores']})",
            f"- lineages: {s['lineages']}", f"- at risk: {s['at_risk']}, emerged: {s['emerged']}",
            f"- crossings (state changes): {s['crossings']}", ""]
@@ -537,6 +545,7 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     env.filters["fmt"] = fmt
     env.filters["short"] = short
     env.globals["ref_name"] = ref_name
+    env.globals["version_line"] = version_line
     env.globals["how_to_read"] = HOW_TO_READ
     images = [{"title": p["title"], "file": p["file"],
                "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode("ascii")}
@@ -605,4 +614,4 @@ def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, 
 
 
 __all__ = ["SCHEMA", "build_report", "report_figures", "report_colours", "render_plots", "to_json", "to_markdown",
-           "to_html", "write_report", "report_for_cli"]
+           "to_html", "write_report", "report_for_cli", "version_line"]

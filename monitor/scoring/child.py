@@ -58,7 +58,7 @@ from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compu
 from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
 from monitor.scoring.process_cache import PrepareCache
 
-_PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root", "adapter", "adapter_root")
+_PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root", "adapter", "adapter_root", "hub_cache_dir")
 # The default address-space limit: this share of the machine's memory, and at least
 # MIN_MEMORY_LIMIT (torch alone maps a few GiB of address space it never touches).
 MEMORY_SHARE = 0.75

@@ -67,6 +67,10 @@ class ScoreRequest:
     # when `resume_partial` is true and the database is given.
     resume: dict[str, Any] | None = None
     resume_partial: bool = True
+    # Where a Hub `model` (`org/name@revision`) is fetched from and cached: the CLI's
+    # --endpoint and --cache-dir (None: HF_ENDPOINT or the public Hub, and HF_HUB_CACHE).
+    endpoint: str | None = None
+    hub_cache_dir: Path | None = None
 
 
 def resolve_model_ref(ref: str) -> str:
@@ -211,7 +215,8 @@ def prepare(request: ScoreRequest, *, cache: PrepareCache | None = None) -> Prep
         handle = cache.tokenizer(tokenizer_dir, load_tokenizer) if cache else load_tokenizer(tokenizer_dir)
     checkpoint = load_checkpoint(model_ref, dtype=request.dtype, device=request.device,
                                  allowed_root=request.model_root, device_map=request.device_map,
-                                 adapter=request.adapter, adapter_root=request.adapter_root)
+                                 adapter=request.adapter, adapter_root=request.adapter_root,
+                                 endpoint=request.endpoint, cache_dir=request.hub_cache_dir)
     if tokenizer_dir is None:
         handle = (cache.tokenizer(checkpoint.model_dir, load_tokenizer) if cache
                   else load_tokenizer(checkpoint.model_dir))

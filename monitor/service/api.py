@@ -10,7 +10,8 @@
     GET  /runs?limit=N&cursor=C score runs newest first, a page as `lstar runs --json`
     GET  /report/latest?format=html|md|json|png   the newest file under STATE/reports (404: none)
     GET  /report?policy=NAME... `lstar report --json` of loaded policies, each named by its
-                                name or its file name in the policies folder (never a path)
+                                name or its file name in the policies folder (never a path);
+                                its `policy_version` says which version in force it was computed under
     GET  /alerts?policy=P&limit=N&cursor=C   a page as `lstar alerts list --json`
     GET  /alerts/ID             as `lstar alerts show ID --json` (404 when there is none)
     GET  /silences?all=1&now=T&limit=N&cursor=C   a page as `lstar silence list --json`
