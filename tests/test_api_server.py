@@ -22,6 +22,7 @@ import pytest
 
 from monitor.errors import PolicyError, ServiceError, StoreError
 from monitor.service.api import ApiServer, listen_socket
+from monitor.service.api_conn import FD_RESERVE, fit_connection_bound
 from monitor.service.client import api_get
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -395,3 +396,26 @@ def test_the_api_path_has_one_http_client_and_no_hand_built_server():
                                                                                "http.server", "http.client"})
                  for p in paths}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("soft, hard, can_raise, bound, raised_to", [
+    (20000, 20000, True, 4096, None),                  # room enough: nothing changes
+    (1024, 1 << 20, True, 4096, 4096 + FD_RESERVE),    # a container's soft limit: raised as far as needed
+    (1024, 1024, True, 1024 - FD_RESERVE, None),       # no room to raise: the bound shrinks instead
+    (1024, 1 << 20, False, 1024 - FD_RESERVE, 4096 + FD_RESERVE),   # the raise refused: likewise
+    (256, 256, True, 128, None),                       # tiny: half of it
+])
+def test_the_connection_bound_fits_the_descriptor_limit(monkeypatch, soft, hard, can_raise, bound, raised_to):
+    from monitor.service import api_conn
+
+    asked = []
+
+    def setrlimit(which, limits):
+        asked.append(limits)
+        if not can_raise:
+            raise ValueError("not allowed")
+
+    monkeypatch.setattr(api_conn.resource, "getrlimit", lambda which: (soft, hard))
+    monkeypatch.setattr(api_conn.resource, "setrlimit", setrlimit)
+    assert fit_connection_bound(4096) == bound
+    assert asked == ([] if raised_to is None else [(raised_to, hard)])

@@ -101,8 +101,8 @@ def fit_connection_bound(requested: int) -> int:
     keeping FD_RESERVE descriptors for the rest of the daemon, and is logged."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = requested + FD_RESERVE
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < raised:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
             soft = raised
