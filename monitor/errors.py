@@ -95,3 +95,7 @@ class CampaignError(LstarError):
 
 class LabError(LstarError):
     """A lab configuration, run folder or lab record (lab.json) that cannot be used."""
+
+
+class ServiceError(LstarError):
+    """The daemon cannot serve its local API (e.g. the port is already in use)."""

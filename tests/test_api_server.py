@@ -1,23 +1,28 @@
 """The local API served by uvicorn in-process over a stand-in daemon: the connection guard's
-framing screen on pipelined requests, answers to half-closed clients, the reserved lane's
-capacity, slow handlers that cannot delay /health, the httpx client's error mapping, and the
-API reading the daemon only through `DaemonView`."""
+framing screen on pipelined requests, long heads and empty lines before a request, answers to
+half-closed clients, /health and /metrics under a thousand idle or trickling connections and
+behind slow handlers on every worker, the bound on open connections, a port already in use,
+the httpx client's error mapping, and the API reading the daemon only through `DaemonView`."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import json
+import resource
+import select
 import socket
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from monitor.errors import PolicyError, StoreError
-from monitor.service.api import ApiServer
-from monitor.service.api_conn import LANE_CAPACITY
+from monitor.errors import PolicyError, ServiceError, StoreError
+from monitor.service.api import ApiServer, listen_socket
+from monitor.service.api_conn import FD_RESERVE, fit_connection_bound
 from monitor.service.client import api_get
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,30 +129,230 @@ def test_a_half_closed_client_still_gets_its_answer(api):
     assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"ok": 1}
 
 
-def test_slow_handlers_on_every_worker_do_not_delay_health_and_a_full_lane_answers_busy_at_once(api):
+def request_bytes(server: ApiServer, path: str, *, close: bool = True) -> bytes:
+    extra = "Connection: close\r\n" if close else ""
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port_of(server)}\r\n{extra}\r\n".encode()
+
+
+def timed_get(server: ApiServer, path: str) -> tuple[bytes, float]:
+    """(the answer's status line, seconds from connecting to the whole answer) on a fresh connection."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=10) as sock:
+        sock.sendall(request_bytes(server, path))
+        data = read_all(sock)
+    return data.partition(b"\r\n")[0], time.monotonic() - start
+
+
+def test_slow_handlers_on_every_worker_do_not_delay_health_and_one_more_request_is_busy_at_once(api):
     daemon = api.daemon
     daemon.hold = True
-    request = f"GET /status HTTP/1.1\r\nHost: 127.0.0.1:{port_of(api)}\r\n\r\n".encode()
     slow = [socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) for _ in range(2)]
-    lane: list[socket.socket] = []
     try:
         for sock in slow:
-            sock.sendall(request)
-        for _ in slow:  # both general threads are now inside status()
+            sock.sendall(request_bytes(api, "/status"))
+        for _ in slow:  # both handler slots are now inside status()
             assert daemon.entered.acquire(timeout=30)
-        # The lane's own pool answers /health while both handler threads are held.
-        with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as probe:
-            probe.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port_of(api)}\r\n\r\n".encode())
-            assert read_all(probe).startswith(b"HTTP/1.1 200 ")
-        lane = [socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) for _ in range(LANE_CAPACITY)]
+        # /health and /metrics have threads of their own.
+        for path in ("/health", "/metrics"):
+            status, seconds = timed_get(api, path)
+            assert status == b"HTTP/1.1 200 OK" and seconds < 1.0, (path, status, seconds)
         with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as surplus:
-            data = read_all(surplus)  # sent nothing: the answer comes unasked, then the close
-        assert data.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in data
-        assert json.loads(data.partition(b"\r\n\r\n")[2])["error"] == "the API is busy (2 connections open)"
+            surplus.sendall(request_bytes(api, "/status"))
+            data = read_all(surplus)   # answered at once, unserved: status() was not entered again
+        assert data.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in data.lower()
+        assert json.loads(data.partition(b"\r\n\r\n")[2])["error"] == "the API is busy (2 requests in progress)"
+        assert not daemon.entered.acquire(timeout=0.2)
     finally:
         daemon.release.set()
-        for sock in slow + lane:
+        for sock in slow:
             sock.close()
+    assert timed_get(api, "/status")[0] == b"HTTP/1.1 200 OK"   # the slots came back
+
+
+def test_a_head_over_the_limit_sent_in_pieces_gets_the_json_431(api):
+    """h11 would answer a plain-text 400 once more than 16 KiB of an unfinished head arrived."""
+    head = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port_of(api)}\r\n".encode()
+    head += b"".join(f"X-Pad-{i}: {'v' * 40}\r\n".encode() for i in range(500)) + b"\r\n"   # about 24 KiB
+    with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(head), 4096):
+            try:
+                sock.sendall(head[start:start + 4096])
+            except OSError:   # refused before the last piece: the answer is already there
+                break
+            time.sleep(0.02)   # one read each
+        data = read_all(sock)
+    assert data.startswith(b"HTTP/1.1 431 "), data[:200]
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"] == "the request head is over 16,384 bytes"
+
+
+def test_empty_lines_before_a_request_line_are_skipped(api):
+    """RFC 9112 section 2.2: a server SHOULD ignore at least one empty line before a request."""
+    first = request_bytes(api, "/health", close=False)
+    with socket.create_connection(("127.0.0.1", port_of(api)), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in (b"\r\n\r", b"\n", b"\n" + first[:5], first[5:]):   # split anywhere, bare LF too
+            sock.sendall(piece)
+            time.sleep(0.02)
+        sock.sendall(b"\r\n" + request_bytes(api, "/metrics"))   # and between pipelined requests
+        data = read_all(sock)
+    assert [a[:3] for a in data.split(b"HTTP/1.1 ")[1:]] == [b"200", b"200"], data[:300]
+
+
+# -- a thousand idle or trickling connections and the bound on open connections ------------------
+def descriptors_for(n: int) -> None:
+    """Raise this process's soft descriptor limit to hold `n` more (client and server end of
+    each connection, in this one process), or skip."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 2 * n + 512
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"needs {wanted} open files; `ulimit -Hn` is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+class Crowd:
+    """`idle` connections that send nothing and `slow` ones that send a request head one byte
+    every 0.5 s; each is opened again when the server closes it."""
+
+    def __init__(self, server: ApiServer, *, idle: int, slow: int) -> None:
+        self.address = ("127.0.0.1", port_of(server))
+        self.head = f"GET /status HTTP/1.1\r\nHost: 127.0.0.1:{port_of(server)}\r\nX-Slow: ".encode()
+        self.kinds = ["idle"] * idle + ["slow"] * slow
+        self.socks: list[socket.socket | None] = [None] * len(self.kinds)
+        self.reopened = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._trickle, daemon=True)
+
+    def _open(self, i: int) -> None:
+        sock = socket.create_connection(self.address, timeout=5)
+        sock.setblocking(False)
+        self.socks[i] = sock
+
+    def open_count(self) -> int:
+        return sum(s is not None for s in self.socks)
+
+    def __enter__(self) -> "Crowd":
+        for i in range(len(self.kinds)):
+            self._open(i)
+        self.thread.start()
+        return self
+
+    def _trickle(self) -> None:
+        sent = 0
+        while not self.stop.wait(0.5):
+            for i, kind in enumerate(self.kinds):
+                sock = self.socks[i]
+                try:
+                    if sock is not None and self._closed(sock):
+                        raise ConnectionResetError
+                    if sock is not None and kind == "slow":
+                        sock.send(self.head[sent:sent + 1] if sent < len(self.head) else b"z")
+                except OSError:
+                    sock.close()
+                    self.socks[i] = None
+                    with contextlib.suppress(OSError):
+                        self._open(i)
+                        self.reopened += 1
+            sent += 1
+
+    @staticmethod
+    def _closed(sock: socket.socket) -> bool:
+        """Whether the server closed `sock` (non-blocking: no answer is expected)."""
+        try:
+            return sock.recv(1 << 16) == b""
+        except BlockingIOError:
+            return False
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        for sock in self.socks:
+            if sock is not None:
+                sock.close()
+
+
+def health_under_a_crowd(idle: int, slow: int, tmp_path: Path, *, every: float) -> list[float]:
+    """Probe /health 20 times and /metrics twice, `every` seconds apart, while `idle` and
+    `slow` connections are held; the seconds each probe took."""
+    descriptors_for(idle + slow)
+    daemon = StandIn(tmp_path)
+    # Workers as the daemon's default; a request deadline longer than the test, so the crowd
+    # is never closed (a real attacker reopens; the bound test covers a full house).
+    with ApiServer(daemon, port=0, token="t" * 32, workers=8, idle_timeout=60, lifetime=120) as server:
+        with Crowd(server, idle=idle, slow=slow) as crowd:
+            time.sleep(1.2)   # every slow one has sent bytes
+            probes = []
+            for path in ["/health"] * 10 + ["/metrics"] + ["/health"] * 10 + ["/metrics"]:
+                held = len(server.limits.open)
+                probes.append((path, *timed_get(server, path), held))
+                time.sleep(every)
+            assert crowd.reopened == 0 and crowd.open_count() == idle + slow   # held all along
+    late = [(path, status, round(seconds, 2), held) for path, status, seconds, held in probes
+            if status != b"HTTP/1.1 200 OK" or seconds >= 1.0 or held < idle + slow]
+    assert late == []
+    return [seconds for _, _, seconds, _ in probes]
+
+
+def test_health_and_metrics_answer_at_once_while_hundreds_of_connections_wait(tmp_path):
+    health_under_a_crowd(idle=150, slow=150, tmp_path=tmp_path, every=0.05)
+
+
+@pytest.mark.slow
+def test_health_and_metrics_answer_within_a_second_while_a_thousand_connections_wait(tmp_path):
+    # 22 probes over about 2.5 s: each slow connection sends 5 or more bytes meanwhile.
+    health_under_a_crowd(idle=600, slow=600, tmp_path=tmp_path, every=0.1)
+
+
+def closed_by_server(sock: socket.socket, wait: float) -> bool:
+    if not select.select([sock], [], [], wait)[0]:
+        return False
+    try:
+        return sock.recv(1 << 16) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_at_the_bound_the_connection_waiting_longest_is_closed_never_one_being_served(tmp_path):
+    daemon = StandIn(tmp_path)
+    daemon.hold = True
+    with ApiServer(daemon, port=0, token="t" * 32, workers=2, idle_timeout=30, lifetime=60,
+                   max_connections=6) as server:
+        address = ("127.0.0.1", port_of(server))
+        served = socket.create_connection(address, timeout=30)   # the oldest, its request in a handler
+        served.sendall(request_bytes(server, "/status"))
+        assert daemon.entered.acquire(timeout=30)
+        waiting = [socket.create_connection(address, timeout=30) for _ in range(5)]   # the bound reached
+        newest: list[socket.socket] = []
+        try:
+            # The oldest waiting one trickles a head: bytes do not make it look fresh.
+            waiting[0].sendall(b"GET /health HTTP/1.1\r\n")
+            time.sleep(0.2)
+            for n in (1, 2):   # each newcomer is served and stays open (keep-alive)
+                newest.append(socket.create_connection(address, timeout=30))
+                newest[-1].sendall(request_bytes(server, "/health", close=False))
+                assert newest[-1].recv(1 << 16).startswith(b"HTTP/1.1 200 ")
+                assert [closed_by_server(s, 1.0 if i < n else 0.1) for i, s in enumerate(waiting)] == \
+                    [True] * n + [False] * (5 - n)
+            assert server.limits.evicted == 2
+            daemon.release.set()
+            assert read_all(served).startswith(b"HTTP/1.1 200 ")   # never closed for room
+        finally:
+            daemon.release.set()
+            for sock in [served, *waiting, *newest]:
+                sock.close()
+
+
+def test_a_port_in_use_is_one_clear_error():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(ServiceError) as refused:
+            listen_socket("127.0.0.1", port)
+    assert refused.value.one_line() == (f"port {port} on 127.0.0.1 is already in use "
+                                        f"({errno.errorcode[errno.EADDRINUSE] and 'Address already in use'}); "
+                                        "choose another with --api-port or stop the process holding it")
 
 
 def test_the_client_raises_the_error_the_daemon_names(api, tmp_path):
@@ -191,3 +396,26 @@ def test_the_api_path_has_one_http_client_and_no_hand_built_server():
                                                                                "http.server", "http.client"})
                  for p in paths}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+@pytest.mark.parametrize("soft, hard, can_raise, bound, raised_to", [
+    (20000, 20000, True, 4096, None),                  # room enough: nothing changes
+    (1024, 1 << 20, True, 4096, 4096 + FD_RESERVE),    # a container's soft limit: raised as far as needed
+    (1024, 1024, True, 1024 - FD_RESERVE, None),       # no room to raise: the bound shrinks instead
+    (1024, 1 << 20, False, 1024 - FD_RESERVE, 4096 + FD_RESERVE),   # the raise refused: likewise
+    (256, 256, True, 128, None),                       # tiny: half of it
+])
+def test_the_connection_bound_fits_the_descriptor_limit(monkeypatch, soft, hard, can_raise, bound, raised_to):
+    from monitor.service import api_conn
+
+    asked = []
+
+    def setrlimit(which, limits):
+        asked.append(limits)
+        if not can_raise:
+            raise ValueError("not allowed")
+
+    monkeypatch.setattr(api_conn.resource, "getrlimit", lambda which: (soft, hard))
+    monkeypatch.setattr(api_conn.resource, "setrlimit", setrlimit)
+    assert fit_connection_bound(4096) == bound
+    assert asked == ([] if raised_to is None else [(raised_to, hard)])

@@ -42,12 +42,13 @@ own connection, on a fresh cursor, as its jobs do.
 
 Requests are served by uvicorn (h11) with Starlette routes; `RequestGuard` is the middleware
 that checks Host, Origin, framing and the token, and `monitor.service.api_conn` the
-connection-level guard: `workers` connections are served in full, each request must arrive
-whole within the idle timeout (a silent or trickling client is closed after that long), and a
-connection lives at most its lifetime (and 100 answers). A connection that arrives while every
-slot is held may still ask GET /health or /metrics (the reserved lane); anything else gets 503
-with Retry-After, unserved. Handlers run in a bounded thread pool (`workers` threads), and
-/health and /metrics in a small pool of their own, so slow reads cannot delay them either.
+connection-level guard: a connection waits for its request on the event loop and holds no
+worker while it does; each request must arrive whole within the idle timeout (a silent or
+trickling client is closed after that long), a connection lives at most its lifetime (and
+100 answers), and at most `max_connections` are open (at the bound the one that has waited
+longest for its request is closed). `workers` requests are served at once, each on a handler
+thread; one more gets 503 with Retry-After, unserved. GET /health and /metrics hold no slot
+and run on small pools of their own, so neither waiting clients nor slow reads delay them.
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -56,6 +57,7 @@ cursor, so a job holding the database never blocks them.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
@@ -79,11 +81,12 @@ from starlette.routing import Route
 
 from monitor.alerts import expire_silence
 from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
-from monitor.errors import DeliveryError, LstarError, PolicyError
+from monitor.errors import DeliveryError, LstarError, PolicyError, ServiceError
 from monitor.reports import report_for_cli, to_json
-from monitor.service.api_conn import ConnectionLimits, protocol_for
+from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, MAX_HEAD_BYTES, ConnectionLimits, fit_connection_bound,
+                                      protocol_for)
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
-                                       RequestGuard, RequestRefused, refusal_body)
+                                       HandlerSlots, RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
 from monitor.store import utcnow
 from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
@@ -96,8 +99,9 @@ MAX_HOOK_BODY = 1 << 20
 MAX_JSON_BODY = 1 << 16
 DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
-RESERVED_WORKERS = 2                       # threads of /health and /metrics alone
+RESERVED_WORKERS = 2                       # threads of /health, and two of /metrics, alone
 RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
+LISTEN_BACKLOG = 1024                      # a burst of new connections waits here to be accepted
 ALERT_ID = re.compile(r"\d{1,18}")
 STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
@@ -180,19 +184,21 @@ def _text(body: dict[str, Any], key: str, *, required: bool = True) -> str | Non
 
 class ApiApp:
     """The API's routes over a `DaemonView`: an ASGI app (`asgi`) with the request guard in
-    front. Handlers run in a thread pool of `workers` threads; /health and /metrics in one of
-    their own."""
+    front. Handlers run in a thread pool of `workers` threads, one per handler slot; /health
+    and /metrics each in a pool of their own (/metrics reads the database; /health must not
+    wait behind it)."""
 
-    def __init__(self, daemon: DaemonView, *, token: str, workers: int, limits: ConnectionLimits,
-                 reads_need_token: bool, allowed_hosts: tuple[str, ...] = ()) -> None:
+    def __init__(self, daemon: DaemonView, *, token: str, workers: int, reads_need_token: bool,
+                 allowed_hosts: tuple[str, ...] = ()) -> None:
         self.daemon = daemon
         self.token = token
         self.workers = workers
+        self.slots = HandlerSlots(workers)
         self.reads_need_token = reads_need_token
         self.limiters: dict[str, anyio.CapacityLimiter] = {}   # made on the event loop, at first use
         get = ["GET"]  # HEAD comes with GET
-        routes = [Route("/health", self._route(self._health, reserved=True), methods=get),
-                  Route("/metrics", self._route(self._metrics, reserved=True), methods=get),
+        routes = [Route("/health", self._route(self._health, pool="/health"), methods=get),
+                  Route("/metrics", self._route(self._metrics, pool="/metrics"), methods=get),
                   Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
                   Route("/checkpoints", self._route(self._checkpoints), methods=get),
                   Route("/db/info", self._route(self._db_info), methods=get),
@@ -212,7 +218,7 @@ class ApiApp:
             if daemon.config is not None else "send `Authorization: Bearer TOKEN`"
         self.asgi = RequestGuard(app, token=token, allowed_hosts=tuple(h.lower() for h in allowed_hosts),
                                  reserved_paths=RESERVED_PATHS, body_limit=self._body_limit,
-                                 needs_token=self._needs_token, busy_body=limits.busy_body, token_hint=hint)
+                                 needs_token=self._needs_token, slots=self.slots, token_hint=hint)
 
     # -- what the guard asks -------------------------------------------------------------------
     @staticmethod
@@ -229,15 +235,15 @@ class ApiApp:
         return None
 
     # -- running handlers ----------------------------------------------------------------------
-    def _limiter(self, name: str) -> anyio.CapacityLimiter:
-        if name not in self.limiters:
-            self.limiters[name] = anyio.CapacityLimiter(RESERVED_WORKERS if name == "reserved" else self.workers)
-        return self.limiters[name]
+    def _limiter(self, pool: str) -> anyio.CapacityLimiter:
+        if pool not in self.limiters:
+            self.limiters[pool] = anyio.CapacityLimiter(self.workers if pool == "general" else RESERVED_WORKERS)
+        return self.limiters[pool]
 
-    async def _run(self, request: Request, work: Callable[[], Response], *, reserved: bool = False) -> Response:
-        """`work()` in the bounded pool; refusals and errors become the answers the API documents."""
+    async def _run(self, request: Request, work: Callable[[], Response], *, pool: str = "general") -> Response:
+        """`work()` in its bounded pool; refusals and errors become the answers the API documents."""
         try:
-            return await anyio.to_thread.run_sync(work, limiter=self._limiter("reserved" if reserved else "general"))
+            return await anyio.to_thread.run_sync(work, limiter=self._limiter(pool))
         except RequestRefused as exc:
             return Response(refusal_body(exc), status_code=exc.status, media_type="application/json",
                             headers=exc.headers)
@@ -247,11 +253,11 @@ class ApiApp:
             log.exception("API %s %s failed", request.method, request.scope['path'])
             return _json({"error": INTERNAL_ERROR}, 500)
 
-    def _route(self, handler: Callable[[Request, _Query], Response], *, reserved: bool = False):
+    def _route(self, handler: Callable[[Request, _Query], Response], *, pool: str = "general"):
         async def endpoint(request: Request) -> Response:
             def work() -> Response:
                 return handler(request, _Query(request.scope["path"], request.scope["query_string"].decode("latin-1")))
-            return await self._run(request, work, reserved=reserved)
+            return await self._run(request, work, pool=pool)
         return endpoint
 
     def _posted(self, handler: Callable[[Request, dict[str, Any]], Any]):
@@ -431,43 +437,65 @@ API_LOOPBACK_HOSTS = ("127.0.0.1",)
 API_HOSTS = ("127.0.0.1", "0.0.0.0")   # loopback, or every interface (a container's published port)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host`:`port` (0: a free port), or ServiceError naming the port.
+
+    The daemon calls this before it writes anything to its state directory, so a port that
+    is taken costs one line and changes nothing. `listen` is part of the check: two sockets
+    with SO_REUSEADDR may both bind a port while neither listens."""
+    if host not in API_HOSTS:
+        raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a port in TIME_WAIT is free
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            raise ServiceError(f"port {port} on {host} is already in use ({reason})",
+                               hint="choose another with --api-port or stop the process holding it") from None
+        raise ServiceError(f"cannot listen on {host} port {port} ({reason})",
+                           hint="choose another with --api-port (1024 or above needs no privilege)") from None
+    return sock
+
+
 class ApiServer:
     """The API on `host`:`port` (0 picks a free port), served by uvicorn from a background thread.
 
     `host` is 127.0.0.1, or 0.0.0.0 inside a container (every GET but /health and /metrics
     then needs the token, and `allowed_hosts` are accepted in `Host` beside the loopback names).
 
-    `token` guards the state-changing requests; `workers` bounds the connections served in
-    full and the threads that run handlers; a request must arrive whole within `idle_timeout`
-    seconds, and a connection closes `lifetime` seconds after it was accepted.
+    `token` guards the state-changing requests; `workers` bounds the requests served at once
+    and the threads that run handlers; a request must arrive whole within `idle_timeout`
+    seconds, a connection closes `lifetime` seconds after it was accepted, and at most
+    `max_connections` are open (fewer when the descriptor limit allows fewer). `sock` is a
+    socket `listen_socket` made already (the daemon checks its port before anything else);
+    without one, `host`:`port` is bound here.
     """
 
     def __init__(self, daemon: DaemonView, *, port: int, token: str, workers: int = DEFAULT_WORKERS,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT, lifetime: float = DEFAULT_LIFETIME,
                  host: str = "127.0.0.1", allowed_hosts: tuple[str, ...] = (),
-                 max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+                 max_requests: int = DEFAULT_MAX_REQUESTS, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 sock: socket.socket | None = None) -> None:
         if host not in API_HOSTS:
             raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
-        self.limits = ConnectionLimits(workers=workers, idle_timeout=idle_timeout, lifetime=lifetime,
-                                       max_requests=max_requests)
+        self.limits = ConnectionLimits(idle_timeout=idle_timeout, lifetime=lifetime, max_requests=max_requests,
+                                       max_connections=fit_connection_bound(max_connections))
         # Beyond loopback, reads (which show repos, alerts and receivers) need the token too.
-        self.server = ApiApp(daemon, token=token, workers=workers, limits=self.limits,
+        self.server = ApiApp(daemon, token=token, workers=workers,
                              reads_need_token=host not in API_LOOPBACK_HOSTS, allowed_hosts=allowed_hosts)
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self.socket.bind((host, port))
-        except OSError:
-            self.socket.close()
-            raise
+        self.socket = sock if sock is not None else listen_socket(host, port)
         config = uvicorn.Config(
             self.server.asgi, http=protocol_for(self.limits), ws="none", lifespan="off", loop="asyncio",
             interface="asgi3", log_config=None, access_log=False, server_header=False,
-            # The guard admits `workers` connections and the reserved lane; uvicorn's own cap
-            # (a plain 503) is the backstop behind them.
-            limit_concurrency=workers + self.limits.lane_capacity + 1,
-            h11_max_incomplete_event_size=16 << 10, timeout_keep_alive=max(1, int(idle_timeout)),
-            timeout_graceful_shutdown=2, backlog=128)
+            # No `limit_concurrency`: it counts waiting connections too and answers /health a
+            # plain 503; the connection guard bounds connections, the handler slots requests.
+            limit_concurrency=None,
+            h11_max_incomplete_event_size=MAX_HEAD_BYTES, timeout_keep_alive=max(1, int(idle_timeout)),
+            timeout_graceful_shutdown=2, backlog=LISTEN_BACKLOG)
         self.uvicorn = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.socket]},
                                        name="lstar-api", daemon=True)
@@ -502,4 +530,4 @@ class ApiServer:
         self.stop()
 
 
-__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "webhook_secret", "SECRET_ENV"]
+__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "listen_socket", "webhook_secret", "SECRET_ENV"]

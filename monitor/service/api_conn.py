@@ -3,22 +3,29 @@ guarantees uvicorn does not give (docs/architecture.md, "The local API").
 
 h11 parses every request (the framing authority); uvicorn runs the ASGI app. What this adds:
 
+- **Waiting costs nothing but a socket.** A connection holds no worker while it waits for a
+  request: it lives on the event loop, and a handler slot (`api_guard.HandlerSlots`) is taken
+  only once a whole request head has arrived and is dispatched. Thousands of idle or
+  trickling connections therefore cannot keep `/health` from its answer.
+- **A bound on open connections** (`max_connections`, sized to the process's descriptor
+  limit by `fit_connection_bound`). At the bound a new connection closes the one that has
+  waited longest for its request (`ConnectionLimits.waiting`, oldest first). The wait starts
+  when the connection opens or its last answer is written, and bytes trickling in do not
+  restart it, so a client cannot make its connections look fresh. A connection whose request
+  is being served is never closed for room; when every connection is, the newcomer gets the
+  busy answer (503, Retry-After).
 - **A whole-request deadline.** uvicorn times out idle keep-alive connections only; a client
   that opens a connection and sends nothing, or a request head a byte at a time, is never
   timed out. Here a request (head and body) must arrive within `idle_timeout` of the moment
   the server starts waiting for it, and a connection lives `lifetime` seconds and
   `max_requests` answers at most.
-- **Connection slots and the reserved lane.** `workers` connections are served in full.
-  One that arrives while every slot is held is admitted to the lane (up to `lane_capacity`):
-  it may ask one GET or HEAD of `/health` or `/metrics` within `lane_seconds`; anything else
-  gets the busy answer (503, Retry-After), unserved. A client holding every slot with slow
-  or endless requests therefore cannot keep a probe from its answer.
 - **A framing screen.** Before h11 sees a request head, its `Content-Length` must be one run
   of ASCII digits and `Transfer-Encoding` absent (`api_guard.body_length`): h11 would accept
-  `12, 12` and chunked bodies, and would answer a malformed length with a plain-text 400
-  that does not say which header was wrong. A refused request's body is never read: the
-  answer is sent, the connection half-closed and what the client still sends dropped
-  (bounded), then closed.
+  `12, 12` and chunked bodies, and would answer a malformed length, or a head over 16 KiB,
+  with a plain-text 400 that does not say what was wrong. A refused request's body is never
+  read: the answer is sent, the connection half-closed and what the client still sends
+  dropped (bounded), then closed. Empty lines before a request line are skipped (RFC 9112
+  section 2.2), as h11 would refuse them.
 
 Heads are handed to h11 one at a time, and a body exactly as long as h11 framed it, so each
 pipelined request passes the screen too.
@@ -28,44 +35,86 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
+import resource
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from monitor.service.api_guard import CLOSE_KEY, LANE_KEY, RequestRefused, body_length
+from monitor.service.api_guard import CLOSE_KEY, RequestRefused, body_length
 
+log = logging.getLogger("lstar.api")
 
 MAX_HEAD_BYTES = 16 << 10        # a request head; h11 refuses a longer one
-LANE_SECONDS = 2.0               # the reserved lane's whole budget for one connection
-LANE_CAPACITY = 64               # connections the lane holds at once; beyond, the busy answer at once
+DEFAULT_MAX_CONNECTIONS = 4096   # open connections at once; beyond, the one waiting longest is closed
+FD_RESERVE = 256                 # descriptors kept for all but API connections (database, logs, pipes, models)
+MIN_CONNECTIONS = 16
 LINGER_SECONDS = 2.0             # after refusing a body: how long its rest is drained, at most
 LINGER_BYTES = 8 << 20
 INBOX_BYTES = 1 << 16            # unread input held while an answer is written (pipelining)
 _HEAD_END = re.compile(rb"\n\r?\n")   # h11's own end-of-head rule
+_EMPTY_LINES = re.compile(rb"(?:\r?\n)+")
 
 
 @dataclass
 class ConnectionLimits:
-    """What every connection of one API server shares: the limits and the counts."""
+    """What every connection of one API server shares: the limits and the open connections."""
 
-    workers: int
     idle_timeout: float
     lifetime: float
     max_requests: int
-    lane_seconds: float = LANE_SECONDS
-    lane_capacity: int = LANE_CAPACITY
-    general: int = 0              # connections holding a slot (the event loop's thread alone counts)
-    lane: int = 0
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     open: set[Any] = field(default_factory=set)
+    # Connections waiting for a request (none of theirs being served), the longest-waiting
+    # first: the ones closed to make room at the bound. Only the event loop's thread uses it.
+    waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    evicted: int = 0
+
+    def make_room(self) -> bool:
+        """Close connections that wait for a request, longest first, until one more fits;
+        False when none can be closed (every open connection is being served)."""
+        while len(self.open) >= self.max_connections:
+            if not self.waiting:
+                return False
+            idlest, _ = self.waiting.popitem(last=False)
+            self.open.discard(idlest)   # its descriptor is freed on the loop's next turn
+            self.evicted += 1
+            idlest.evict()
+        return True
 
     def busy_body(self) -> bytes:
-        """The body of the busy answer."""
-        return json.dumps({"error": f"the API is busy ({self.workers} connections open)",
+        """The body of the answer to a connection beyond the bound."""
+        return json.dumps({"error": f"the API is busy ({len(self.open)} connections open, all being served)",
                            "hint": "try again in a moment"}).encode()
+
+
+def fit_connection_bound(requested: int) -> int:
+    """The bound on open API connections this process's descriptor limit allows.
+
+    The soft RLIMIT_NOFILE is raised toward the hard one when `requested` needs it (a
+    container's soft limit is often 1024); whatever still falls short lowers the bound,
+    keeping FD_RESERVE descriptors for the rest of the daemon, and is logged."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = requested + FD_RESERVE
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < raised:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return requested
+    bound = max(MIN_CONNECTIONS, soft - FD_RESERVE if soft > 2 * FD_RESERVE else soft // 2)
+    bound = min(bound, requested)
+    log.warning("the API holds at most %d connections, not %d: this process may open %d files "
+                "(raise `ulimit -n`)", bound, requested, soft)
+    return bound
 
 
 def _answer_bytes(status: int, reason: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
@@ -77,6 +126,9 @@ def _answer_bytes(status: int, reason: str, body: bytes, headers: dict[str, str]
 
 def screen_head(head: bytes) -> None:
     """Refuse (RequestRefused) a head whose framing the API does not accept; h11 parses the rest."""
+    if len(head) > MAX_HEAD_BYTES:   # h11 would answer a plain-text 400, or accept one read whole
+        raise RequestRefused(431, f"the request head is over {MAX_HEAD_BYTES:,} bytes",
+                             hint="send fewer or shorter headers")
     lengths: list[str] = []
     encodings: list[str] = []
     for line in head.split(b"\n")[1:]:
@@ -92,7 +144,7 @@ def screen_head(head: bytes) -> None:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the deadline, the slots and lane, and the framing screen.
+    """uvicorn's h11 protocol with the connection bound, the deadline and the framing screen.
 
     A subclass bound to one server's `ConnectionLimits` is made by `protocol_for`.
     """
@@ -102,49 +154,46 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         limits = self.limits
-        now = time.monotonic()
         self.inbox = bytearray()
+        self.scanned = 0                 # bytes of the inbox searched for a head's end already
         self.body_left: int | None = 0   # bytes of the current body h11 still expects (None: unknown)
         self.answered = 0
         self.draining = False
         self.drained = 0
         self.eof = False
         self.timer: asyncio.TimerHandle | None = None
-        self.kind = "general"
-        if limits.general < limits.workers:
-            limits.general += 1
-            self.ends = now + limits.lifetime
-        elif limits.lane < limits.lane_capacity:
-            limits.lane += 1
-            self.kind = "lane"
-            self.ends = now + limits.lane_seconds
-        else:
-            self.kind = "refused"
-            self.ends = now
+        self.life: asyncio.TimerHandle | None = None
+        self.ends = time.monotonic() + limits.lifetime
+        if not limits.make_room():
             self._refuse_raw(_answer_bytes(503, "Service Unavailable", limits.busy_body(), {"Retry-After": "1"}))
             return
         limits.open.add(self)
-        self.life = self.loop.call_at(self.loop.time() + (self.ends - now), self._life_over)
+        self.life = self.loop.call_later(limits.lifetime, self._life_over)
         self._wait_for_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        limits = self.limits
-        if self in limits.open:
-            limits.open.discard(self)
-            if self.kind == "general":
-                limits.general -= 1
-            elif self.kind == "lane":
-                limits.lane -= 1
+        self.limits.open.discard(self)
+        self.limits.waiting.pop(self, None)
+        if self.life is not None:
             self.life.cancel()
         self._cancel_timer()
         super().connection_lost(exc)
 
+    def evict(self) -> None:
+        """Closed to make room for a newer connection: it was waiting, nothing is lost."""
+        self.limits.waiting.pop(self, None)
+        self._cancel_timer()
+        self.transport.abort()
+
     # -- time --------------------------------------------------------------------------------
     def _wait_for_request(self) -> None:
-        """Start the deadline for the next request to arrive whole."""
+        """Start the deadline for the next request to arrive whole, and queue the connection
+        among those waiting (the newest last)."""
         self._cancel_timer()
         left = min(self.limits.idle_timeout, self.ends - time.monotonic())
         self.timer = self.loop.call_later(max(0.0, left), self._late)
+        self.limits.waiting[self] = None
+        self.limits.waiting.move_to_end(self)
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
@@ -152,14 +201,9 @@ class GuardedH11Protocol(H11Protocol):
             self.timer = None
 
     def _late(self) -> None:
-        """The request did not arrive in time: the lane answers busy, a slot just closes."""
+        """The request did not arrive in time: close."""
         self.timer = None
-        if self.transport.is_closing() or self.draining:
-            return
-        if self.kind == "lane":
-            self._refuse_raw(_answer_bytes(503, "Service Unavailable", self.limits.busy_body(),
-                                           {"Retry-After": "1"}))
-        else:
+        if not self.transport.is_closing() and not self.draining:
             self.transport.close()
 
     def _life_over(self) -> None:
@@ -182,12 +226,12 @@ class GuardedH11Protocol(H11Protocol):
 
     # -- input -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        if self.kind == "refused" or self.transport.is_closing() and not self.draining:
-            return
         if self.draining:
             self.drained += len(data)
             if self.drained > LINGER_BYTES:
                 self.transport.close()
+            return
+        if self.transport.is_closing():
             return
         self._unset_keepalive_if_required()
         self.inbox += data
@@ -198,27 +242,8 @@ class GuardedH11Protocol(H11Protocol):
         while self.inbox and not self.transport.is_closing():
             state = self.conn.their_state
             if state is h11.IDLE and self.conn.our_state is h11.IDLE:
-                found = _HEAD_END.search(self.inbox)
-                if found is None and len(self.inbox) <= MAX_HEAD_BYTES:
+                if not self._next_head():
                     return
-                end = found.end() if found is not None else len(self.inbox)
-                head = bytes(self.inbox[:end])
-                if found is not None:
-                    try:
-                        if end > MAX_HEAD_BYTES:   # a whole head in one read: h11 limits only partial ones
-                            raise RequestRefused(431, f"the request head is {end:,} bytes, over "
-                                                 f"{MAX_HEAD_BYTES:,}", hint="send fewer or shorter headers")
-                        screen_head(head)
-                    except RequestRefused as exc:
-                        self._refuse_raw(_answer_bytes(exc.status, _reason(exc.status),
-                                                       json.dumps({"error": str(exc), "hint": exc.hint}).encode()))
-                        return
-                del self.inbox[:end]
-                before = self.cycle
-                self.conn.receive_data(head)
-                self.handle_events()
-                if self.cycle is not before and self.cycle is not None:
-                    self._started_request()
             elif state is h11.SEND_BODY:
                 n = len(self.inbox) if self.body_left is None else min(self.body_left, len(self.inbox))
                 chunk = bytes(self.inbox[:n])
@@ -234,14 +259,45 @@ class GuardedH11Protocol(H11Protocol):
             if self.conn.their_state is h11.DONE or self.conn.their_state is h11.MUST_CLOSE:
                 self._cancel_timer()   # the request is whole: the deadline is met
 
+    def _next_head(self) -> bool:
+        """Screen the head at the start of the inbox and hand it to h11; False while it is
+        incomplete (or was refused)."""
+        if self.scanned == 0:
+            skipped = _EMPTY_LINES.match(self.inbox)
+            if skipped is not None:   # RFC 9112 section 2.2: empty lines before a request line
+                del self.inbox[:skipped.end()]
+            if self.inbox in (b"", b"\r"):
+                return False
+        # Only the new bytes are searched (with 2 of the old, for an end split across reads).
+        found = _HEAD_END.search(self.inbox, max(0, self.scanned - 2))
+        end = found.end() if found is not None else len(self.inbox)
+        if found is None and end <= MAX_HEAD_BYTES:
+            self.scanned = end
+            return False
+        self.scanned = 0
+        head = bytes(self.inbox[:end])
+        try:
+            screen_head(head)
+        except RequestRefused as exc:
+            self._refuse_raw(_answer_bytes(exc.status, _reason(exc.status),
+                                           json.dumps({"error": str(exc), "hint": exc.hint}).encode()))
+            return False
+        del self.inbox[:end]
+        before = self.cycle
+        self.conn.receive_data(head)
+        self.handle_events()
+        if self.cycle is not before and self.cycle is not None:
+            self._started_request()
+        return True
+
     def _started_request(self) -> None:
-        """A request head was parsed: count it, frame its body, mark the lane's."""
+        """A request head was parsed and dispatched: it is served now, never closed for room;
+        count it and frame its body."""
+        self.limits.waiting.pop(self, None)
         self.answered += 1
         length = dict(self.headers).get(b"content-length")
         self.body_left = int(length) if length is not None and length.isdigit() else None
-        if self.kind == "lane":
-            self.scope.setdefault("extensions", {})[LANE_KEY] = True  # type: ignore[typeddict-unknown-key]
-        if self.kind == "lane" or self.answered >= self.limits.max_requests or time.monotonic() >= self.ends:
+        if self.answered >= self.limits.max_requests or time.monotonic() >= self.ends:
             self._close_after_answer()
 
     def on_response_complete(self) -> None:
@@ -264,10 +320,13 @@ class GuardedH11Protocol(H11Protocol):
     # -- refusals ----------------------------------------------------------------------------
     def _refuse_raw(self, answer: bytes) -> None:
         """Send `answer`, half-close, drop what the client still sends (bounded), then close:
-        closing with unread input would reset the connection before the client reads it."""
+        closing with unread input would reset the connection before the client reads it.
+        The connection is the first to go when room is needed: it has its answer."""
         self._cancel_timer()
         self.draining = True
         self.drained = 0
+        if self in self.limits.waiting:
+            self.limits.waiting.move_to_end(self, last=False)
         self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -283,7 +342,7 @@ class GuardedH11Protocol(H11Protocol):
         return True
 
     def shutdown(self) -> None:
-        if self.draining or self.kind == "refused" or self.cycle is None or self.cycle.response_complete:
+        if self.draining or self.cycle is None or self.cycle.response_complete:
             self.transport.close()
         else:
             self.cycle.keep_alive = False
@@ -300,4 +359,5 @@ def protocol_for(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
     return type("ApiProtocol", (GuardedH11Protocol,), {"limits": limits})
 
 
-__all__ = ["ConnectionLimits", "GuardedH11Protocol", "protocol_for", "screen_head", "LANE_KEY", "MAX_HEAD_BYTES"]
+__all__ = ["ConnectionLimits", "GuardedH11Protocol", "protocol_for", "screen_head", "fit_connection_bound",
+           "DEFAULT_MAX_CONNECTIONS", "MAX_HEAD_BYTES"]

@@ -15,7 +15,9 @@ passes before it is served (the connection-level ones are in `monitor.service.ap
   endpoint's limit.
 
 `RequestGuard` applies them, as ASGI middleware in front of the routes, in the order the API
-documents: the reserved lane's filter, Host and Origin, the body's length, then the token.
+documents: Host and Origin, the body's length, the token, then a handler slot (`HandlerSlots`):
+every request but a GET or HEAD of `/health` and `/metrics` holds one while it is served, and
+one that finds them all held gets the busy answer (503, Retry-After), unserved.
 """
 from __future__ import annotations
 
@@ -177,9 +179,23 @@ def body_length(lengths: list[str] | None, transfer_encodings: list[str] | None,
 # -- the middleware ------------------------------------------------------------------------------
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-LANE_KEY = "lstar.lane"            # in the ASGI scope's extensions: the request came by the reserved lane
-CLOSE_KEY = "lstar.close"          # there too: the connection ends after this answer
+CLOSE_KEY = "lstar.close"          # in the ASGI scope's extensions: the connection ends after this answer
 RESERVED_METHODS = ("GET", "HEAD")
+
+
+class HandlerSlots:
+    """The API's `workers` handler slots. A request takes one once its head is whole and it
+    is dispatched, and gives it back when its answer is written; waiting connections hold
+    none. Used from the event loop's thread only, so a plain count suffices."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.taken = 0
+
+    def busy_body(self) -> bytes:
+        """The body of the busy answer."""
+        return json.dumps({"error": f"the API is busy ({self.workers} requests in progress)",
+                           "hint": "try again in a moment"}).encode()
 
 
 def refusal_body(exc: RequestRefused) -> bytes:
@@ -201,21 +217,22 @@ class RequestGuard:
 
     `body_limit(method, path)` is the largest body a request may announce (0: none);
     `needs_token(method, path)` whether it must carry the bearer `token` (checked in constant
-    time); `reserved_paths` are what a connection admitted by the reserved lane may ask for
-    (anything else gets `busy_body`, 503). A refused request's body stays unread and the
-    answer closes the connection.
+    time). A GET or HEAD of one of `reserved_paths` is served at once (its handlers have
+    threads of their own); any other request holds one of `slots` while it is served, and
+    gets the busy answer (503) when none is free. A refused request's body stays unread and
+    the answer closes the connection.
     """
 
     def __init__(self, app: ASGIApp, *, token: str, allowed_hosts: tuple[str, ...], reserved_paths: tuple[str, ...],
                  body_limit: Callable[[str, str], int], needs_token: Callable[[str, str], str | None],
-                 busy_body: Callable[[], bytes], token_hint: str) -> None:
+                 slots: HandlerSlots, token_hint: str) -> None:
         self.app = app
         self.token = token
         self.allowed_hosts = allowed_hosts
         self.reserved_paths = frozenset(reserved_paths)
         self.body_limit = body_limit
         self.needs_token = needs_token
-        self.busy_body = busy_body
+        self.slots = slots
         self.token_hint = token_hint
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
@@ -224,10 +241,6 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         method, path = scope["method"], scope["path"]
-        if scope.get("extensions", {}).get(LANE_KEY) and (method not in RESERVED_METHODS
-                                                           or path not in self.reserved_paths):
-            await send_json(send, 503, self.busy_body(), {"Retry-After": "1", "Connection": "close"})
-            return
         headers: dict[bytes, list[str]] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name, []).append(value.decode("latin-1"))
@@ -248,16 +261,34 @@ class RequestGuard:
                 extra["Connection"] = "close"   # the body stays unread: the connection ends
             await send_json(send, exc.status, refusal_body(exc), extra)
             return
+        if method in RESERVED_METHODS and path in self.reserved_paths:
+            await self.app(scope, receive, self._closing(scope, send))
+            return
+        slots = self.slots
+        if slots.taken >= slots.workers:
+            extra = {"Retry-After": "1"}
+            if lengths and lengths != ["0"]:
+                extra["Connection"] = "close"
+            await send_json(send, 503, slots.busy_body(), extra)
+            return
+        slots.taken += 1
+        try:
+            await self.app(scope, receive, self._closing(scope, send))
+        finally:
+            slots.taken -= 1
+
+    @staticmethod
+    def _closing(scope: Scope, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """`send`, adding `Connection: close` to the answer when the connection guard has
+        decided (late: the connection's last answer, its lifetime over) that it ends it."""
         async def send_closing(message: Any) -> None:
-            # The connection guard decides late (the connection's last answer, its lifetime over)
-            # that this answer ends it; the answer then says so.
             if message["type"] == "http.response.start" and scope.get("extensions", {}).get(CLOSE_KEY):
                 names = {name.lower() for name, _ in message.get("headers", [])}
                 if b"connection" not in names:
                     message = {**message, "headers": [*message.get("headers", []), (b"Connection", b"close")]}
             await send(message)
 
-        await self.app(scope, receive, send_closing)
+        return send_closing
 
     def _check_token(self, authorization: str | None, why: str) -> None:
         matched = bearer_matches(authorization, self.token)
@@ -271,4 +302,4 @@ class RequestGuard:
 
 __all__ = ["TOKEN_NAME", "MAX_LIMIT", "DEFAULT_LIFETIME", "DEFAULT_MAX_REQUESTS", "RequestRefused",
            "create_api_token", "read_api_token", "bearer_matches", "loopback_authority", "check_host_and_origin",
-           "body_length", "RequestGuard", "LANE_KEY", "CLOSE_KEY", "send_json", "refusal_body"]
+           "body_length", "RequestGuard", "HandlerSlots", "CLOSE_KEY", "send_json", "refusal_body"]

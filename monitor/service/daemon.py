@@ -98,8 +98,9 @@ class DaemonConfig:
     api_host: str = "127.0.0.1"      # 0.0.0.0 in a container: reads then need the token too
     api_allowed_hosts: tuple[str, ...] = ()   # Host names the API accepts beside the loopback names
     api_idle_timeout: float = 15.0   # a request must arrive whole within this; idle connections close
-    api_workers: int = 8              # connections the local API serves at once (more: /health, /metrics or 503)
+    api_workers: int = 8              # requests the local API serves at once (more: 503; /health, /metrics apart)
     api_connection_lifetime: float = 60.0  # an API connection closes this long after it opened
+    api_max_connections: int = 4096   # open API connections; at the bound the longest-waiting one closes
     once: bool = False
     once_wait: float = 60.0           # with `once`: how long to wait for the alerts it raised to be sent
     once_summary: bool = True         # with `once`: its waiting notes and summary on stdout (else the log)
@@ -195,6 +196,7 @@ class Daemon:
         self.live_cursors: set[Any] = set()           # the jobs' DuckDB cursors, interrupted at the drain deadline
         self.scheduler: Any = None
         self.api: Any = None   # the ApiServer, once started
+        self.api_socket: Any = None   # its listening socket, made before anything is written
         self.started_at = utcnow()
         self.report_fn = _report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
@@ -203,9 +205,17 @@ class Daemon:
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
         """Start, work until SIGTERM/SIGINT (or one pass with `once`), shut down; exit code."""
+        from monitor.service.api import listen_socket
+
         quiet_hub_progress()
         require_policy_folder(self.config.policies_dir)   # before anything is created or opened
-        self.lock.acquire()
+        # The port too: one that is taken must cost one line, not a rewritten api.token.
+        self.api_socket = listen_socket(self.config.api_host, self.config.api_port)
+        try:
+            self.lock.acquire()
+        except BaseException:
+            self.api_socket.close()
+            raise
         try:
             try:
                 self._start()
@@ -260,7 +270,8 @@ class Daemon:
         self.api = ApiServer(self, port=cfg.api_port, token=create_api_token(cfg.state_dir),
                              workers=cfg.api_workers, idle_timeout=cfg.api_idle_timeout,
                              lifetime=cfg.api_connection_lifetime, host=cfg.api_host,
-                             allowed_hosts=cfg.api_allowed_hosts).start()
+                             allowed_hosts=cfg.api_allowed_hosts, max_connections=cfg.api_max_connections,
+                             sock=self.api_socket).start()
         info = {"pid": os.getpid(), "url": self.api.url, "started_at": self.started_at.isoformat(),
                 "db": str(cfg.db_path)}
         tmp = cfg.state_dir / (INFO_NAME + ".part")
@@ -304,6 +315,8 @@ class Daemon:
             with contextlib.suppress(Exception):
                 self.api.stop()
             self.api = None
+        elif self.api_socket is not None:
+            self.api_socket.close()
         if self.store is not None:
             with contextlib.suppress(Exception):
                 self.store.close()

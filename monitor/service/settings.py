@@ -199,8 +199,11 @@ class RunSettings(BaseSettings):
     api_idle_timeout: Annotated[float, _seconds(0.1)] = _setting(
         "15s", "--api-idle-timeout", API,
         "A request to the local API must arrive whole within this; idle connections are closed after it.")
-    api_workers: int = _setting(8, "--api-workers", API, "Connections the local API serves at once (more get "
+    api_workers: int = _setting(8, "--api-workers", API, "Requests the local API serves at once (more get "
                                 "503, /health and /metrics excepted).", ge=1, le=256)
+    api_max_connections: int = _setting(
+        4096, "--api-max-connections", API, "Connections the local API holds open at once; at the bound a new one "
+        "closes the one that has waited longest for its request.", ge=16, le=65536)
     api_connection_lifetime: Annotated[float, _seconds(1.0)] = _setting(
         "1m", "--api-connection-lifetime", API,
         "A connection to the local API is closed this long after it opened, however busy.")
@@ -315,7 +318,8 @@ class RunSettings(BaseSettings):
             policies_dir=self.policies, state_dir=self.state, endpoint=self.endpoint, api_port=self.api_port,
             api_host=self.api_host, api_allowed_hosts=tuple(self.api_allowed_host),
             api_idle_timeout=self.api_idle_timeout, api_workers=self.api_workers,
-            api_connection_lifetime=self.api_connection_lifetime, once=self.once, once_wait=self.once_wait,
+            api_connection_lifetime=self.api_connection_lifetime, api_max_connections=self.api_max_connections,
+            once=self.once, once_wait=self.once_wait,
             log_format=self.log_format, cache_dir=self.hub_cache_dir, poll_interval=self.poll_every,
             score_interval=self.score_every, outbox_interval=self.outbox_every,
             reload_interval=self.reload_every, report_interval=self.report_every,
