@@ -133,7 +133,8 @@ def describe(task: str, got: dict[str, Any]) -> str:
         lines.append(f"  shift η̂({low}) − η̂({high}), {name}: {d['estimate']:.3g} log10 FLOPs, "
                      f"{s['confidence']:.0%} paired bootstrap [{d['lower']:.3g}, {d['upper']:.3g}] "
                      f"(median {d['median']:.3g}; ≤ 0 in {d['share_at_or_below_zero']:.1%}, "
-                     f"< 0.25 in {d['share_below_quarter_decade']:.1%} of {s['resamples']} resamples, seed {s['seed']})")
+                     f"< 0.25 in {d['share_below_quarter_decade']:.1%} of {s['resamples']} resamples, "
+                     f"seed {s['seed']})")
     return "\n".join(lines)
 
 
