@@ -76,6 +76,87 @@ def test_show_prints_a_summary_and_renders_a_png(fitted, tmp_path, capsys):
     assert summary["threshold"]["estimate"] == load_curve(fitted).threshold.estimate
 
 
+BBH_CURVE = Path(__file__).resolve().parents[1] / "examples" / "post-training" / "results" / "bbh-curve.json"
+
+
+def _row(out: str, key: str) -> str:
+    """The value of one row of `curves show`'s table (printed one line a row)."""
+    cells = [[c.strip() for c in line.split("│")] for line in out.splitlines() if "│" in line]
+    return next(c[2] for c in cells if len(c) > 2 and c[1] == key)
+
+
+def test_show_names_the_reported_and_the_diagnostic_threshold_interval(fitted, capsys, monkeypatch):
+    """The artifact holds two intervals of η̂; `curves show` says which is reported (the band
+    inverted) and which is a diagnostic (the bootstrap percentile), in text and in JSON, and
+    keeps the old `threshold` object unchanged."""
+    curve = load_curve(fitted)
+    thr, boot = curve.threshold, curve.threshold.bootstrap
+    monkeypatch.setenv("COLUMNS", "300")
+    code, out, err = run(capsys, "curves", "show", str(fitted))
+    assert code == 0, err
+    assert _row(out, "η̂ interval") == f"[{thr.lower:.4g}, {thr.upper:.4g}] at 90% (band inversion, reported)"
+    assert _row(out, "η̂ bootstrap percentile") == (f"[{boot.late:.4g}, {boot.early:.4g}] at 90%, median "
+                                                    f"{boot.median:.4g} (diagnostic; no state rests on it)")
+    code, out, err = run(capsys, "curves", "show", str(fitted), "--json")
+    summary = json.loads(out)
+    assert summary["threshold"] == thr.model_dump()
+    reported, diagnostic = summary["threshold_intervals"]["reported"], summary["threshold_intervals"]["diagnostic"]
+    assert reported["label"] == "threshold interval (band inversion, reported)"
+    assert diagnostic["label"] == "bootstrap percentile of the threshold (diagnostic)"
+    assert (reported["lower"], reported["upper"]) == (thr.lower, thr.upper)
+    # L*: lower is progress, so the latest crossing in progress is the smaller L*.
+    assert (diagnostic["lower"], diagnostic["upper"], diagnostic["median"]) == (boot.late, boot.early, boot.median)
+
+    code, out, err = run(capsys, "curves", "show", str(BBH_CURVE), "--json")
+    level = json.loads(out)["budget"]["per_level"][1]
+    boot = level["threshold"]["bootstrap"]
+    got = level["threshold_intervals"]["diagnostic"]
+    assert (got["lower"], got["upper"]) == (boot["early"], boot["late"])   # FLOPs: higher is progress
+    code, out, err = run(capsys, "curves", "show", str(BBH_CURVE))
+    assert _row(out, "η̂ at budget 1") == "22.35 [20.84, 22.9] at 90% (band inversion, reported) · crosses"
+    assert _row(out, "η̂ at budget 1, bootstrap").startswith("percentile [22.29, 22.86] at 90%, median 22.36 "
+                                                             "(diagnostic")
+
+
+def _states_follow_the_interval(curve, se: float) -> int:
+    """Predict on a dense grid inside the band and check each state against the threshold
+    interval (docs/measurement.md §2): clear when [x ± z·se] lies wholly before the interval in
+    progress, emerged when wholly beyond it, at_risk when they overlap. Returns points checked."""
+    from scipy.stats import norm
+
+    sign = -1.0 if curve.axis == "lstar" else 1.0
+    thr = curve.threshold
+    ends = sorted(sign * v for v in (thr.lower, thr.upper))   # [early, late] in progress
+    z = float(norm.ppf(0.5 + curve.confidence / 2.0))
+    lo, hi = min(curve.band.x) + z * se, max(curve.band.x) - z * se
+    checked = 0
+    for x in np.linspace(lo, hi, 997):
+        near, far = sign * x - z * se, sign * x + z * se   # least and most advanced ends
+        if min(abs(e - v) for e in ends for v in (near, far)) < 1e-9:
+            continue
+        expected = "emerged" if near >= ends[1] else "at_risk" if far >= ends[0] else "clear"
+        assert predict(curve, float(x), se).state == expected, (x, se)
+        checked += 1
+    return checked
+
+
+def test_the_reported_threshold_interval_is_where_the_states_turn(fitted):
+    """The band inverted is the interval the alert states agree with; the bootstrap
+    percentile is not (the BBH chain-of-thought level's numbers of docs/measurement.md §2)."""
+    from monitor.curves import at_budget
+
+    curve = load_curve(fitted)
+    cot = at_budget(load_curve(BBH_CURVE), 1)
+    for c in (curve, cot):
+        for se in (0.0, 0.02, 0.1):
+            assert _states_follow_the_interval(c, se) > 900
+    thr = cot.threshold
+    assert (round(thr.lower, 2), round(thr.upper, 2)) == (20.84, 22.90)
+    assert (round(thr.bootstrap.early, 2), round(thr.bootstrap.late, 2)) == (22.29, 22.86)
+    # 10^22 FLOPs: before the whole percentile interval, yet at risk by the band.
+    assert predict(cot, 22.0).state == "at_risk" and 22.0 < thr.bootstrap.early
+
+
 def test_validate_prints_and_writes_the_lofo_table(labels_csv, tmp_path, capsys):
     table = tmp_path / "lofo.md"
     code, out, err = run(capsys, "curves", "validate", "--labels", str(labels_csv), "--task", "cloze-v0",

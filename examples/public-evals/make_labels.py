@@ -8,6 +8,9 @@ Reads `../shared/data/public-evals/` (see its SOURCES.md) and writes two files:
   matching the task (`CORPUS`); `params` and `flops` come from ObsScaling (the monitor takes
   their log10 as `log_params` / `log_flops`; FLOPs are missing for some models). Family: the
   model series sharing one tokenizer (`SERIES`).
+- `labels/obsscaling-hkust-by-release.csv`: the same rows with the release series as the
+  family instead (`RELEASES`: Llama-1 and Llama-2 apart, Qwen, Qwen1.5 and Qwen2 apart, ...),
+  to measure what the tokenizer grouping changes.
 - `labels/pythia-lambada.csv`: zero-shot `lambada_openai` accuracy of the 15 Pythia models at
   every published training step. One tokenizer for all; family: the model. Axes: `raw_ce`
   is ln(perplexity) of the task's target words (the harness's `ppl`), `params` the size in
@@ -48,6 +51,13 @@ JOIN = {
 # Model series sharing one tokenizer (the leaderboard's 7 tokenizer families), by name prefix.
 SERIES = (("Llama-3", "llama-3"), ("Llama-", "llama"), ("Qwen", "qwen"), ("Mi", "mistral"),
           ("Deep", "deepseek"), ("Yi-", "yi"), ("Falcon", "falcon"))
+# The release series of each model, by name prefix (first match): the grouping the tokenizer
+# families are compared with. Several series share a tokenizer (Llama-1 and Llama-2; Qwen,
+# Qwen1.5 and Qwen2; Mistral and Mixtral; DeepSeek-LLM and DeepSeek-V2).
+RELEASES = (("Llama-1", "Llama-1"), ("Llama-2", "Llama-2"), ("Llama-3", "Llama-3"), ("Qwen-1.5", "Qwen1.5"),
+            ("Qwen1.5", "Qwen1.5"), ("Qwen2", "Qwen2"), ("Qwen-", "Qwen"), ("Mistral", "Mistral"),
+            ("Mixtral", "Mixtral"), ("Deepseek-llm", "DeepSeek-LLM"), ("DeepSeek-V2", "DeepSeek-V2"),
+            ("Yi-", "Yi"), ("Falcon", "Falcon"))
 # task -> (ObsScaling column, metric name, items in the test set, hkust corpus column, baseline)
 TASKS = {
     "mmlu": ("MMLU", "acc", 14042, "bpc_common_crawl", 0.25),
@@ -75,6 +85,14 @@ def series(name: str) -> str:
         if name.startswith(prefix):
             return family
     raise ValueError(f"no series for model {name!r}; add its prefix to SERIES")
+
+
+def release(name: str) -> str:
+    """The release series of a leaderboard model name."""
+    for prefix, family in RELEASES:
+        if name.startswith(prefix):
+            return family
+    raise ValueError(f"no release series for model {name!r}; add its prefix to RELEASES")
 
 
 def _number(cell: str) -> float | None:
@@ -148,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the public-evals folder")
     parser.add_argument("--out", type=Path, default=HERE / "labels", help="where to write the CSVs")
     args = parser.parse_args(argv)
-    for name, rows in (("obsscaling-hkust.csv", obsscaling_hkust(args.data)),
+    hkust = obsscaling_hkust(args.data)
+    by_release = [{**row, "family": release(str(row["checkpoint"]))} for row in hkust]
+    for name, rows in (("obsscaling-hkust.csv", hkust), ("obsscaling-hkust-by-release.csv", by_release),
                        ("pythia-lambada.csv", pythia_lambada(args.data))):
         print(f"wrote {write(rows, args.out / name)} ({len(rows)} rows)")
     return 0

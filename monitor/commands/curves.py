@@ -102,11 +102,23 @@ def _fmt(v: float | None, digits: int = 4) -> str:
     return "—" if v is None else f"{v:.{digits}g}"
 
 
+def _intervals(intervals: dict[str, dict[str, Any]], confidence: float) -> tuple[str, str]:
+    """The reported and the diagnostic interval of η̂ (`threshold_intervals`), each saying which it is."""
+    rep, diag = intervals["reported"], intervals["diagnostic"]
+    return (f"[{_fmt(rep['lower'])}, {_fmt(rep['upper'])}] at {confidence:.0%} (band inversion, reported)",
+            f"[{_fmt(diag['lower'])}, {_fmt(diag['upper'])}] at {confidence:.0%}, median {_fmt(diag['median'])} "
+            "(diagnostic; no state rests on it)")
+
+
 def print_summary(curve: CurveArtifact, console: Console) -> None:
-    """A rich summary of a curve artifact."""
+    """A rich summary of a curve artifact. η̂ has two intervals in the artifact: the band
+    inverted, which is reported (the states agree with it), and the bootstrap percentile of
+    the resamples' crossings, a diagnostic; both rows say which they are."""
+    from monitor.curves.artifact import threshold_intervals
     from monitor.curves.axes import AXES
 
     thr = curve.threshold
+    reported, diagnostic = _intervals(threshold_intervals(thr, curve.axis), thr.confidence)
     table = Table(title=f"curve {curve.curve_id[:12]}: {curve.task} · {curve.metric}", title_justify="left",
                   show_header=False)
     table.add_column("field")
@@ -120,8 +132,9 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
                         f"({', '.join(curve.families) or '—'})"),
         (f"{pred.label} range", f"{curve.x_range[0]:.4g} … {curve.x_range[1]:.4g}"),
         ("baseline b, margin ε", f"{curve.baseline:g}, {curve.margin:g} (threshold {curve.level:g})"),
-        ("η̂ (threshold)", f"{_fmt(thr.estimate)} [{_fmt(thr.lower)}, {_fmt(thr.upper)}] at "
-                          f"{thr.confidence:.0%} · {thr.status} · never in {thr.never_share:.0%} of resamples"),
+        ("η̂ (threshold)", f"{_fmt(thr.estimate)} · {thr.status} · never in {thr.never_share:.0%} of resamples"),
+        ("η̂ interval", reported),
+        ("η̂ bootstrap percentile", diagnostic),
         ("logistic check", f"threshold {_fmt(curve.logistic.threshold)}, ceiling {_fmt(curve.logistic.ceiling)}"
          if curve.logistic.converged else f"did not converge ({curve.logistic.message})"),
         ("emergence score", _fmt(curve.emergence_score, 3)),
@@ -134,14 +147,16 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
         from monitor.curves import at_budget
 
         # A budget curve has one threshold per budget level; the top-level one is only the first.
-        rows = [r for r in rows if r[0] not in ("η̂ (threshold)", "logistic check", "emergence score")]
+        rows = [r for r in rows if r[0] not in ("η̂ (threshold)", "η̂ interval", "η̂ bootstrap percentile",
+                                                "logistic check", "emergence score")]
         rows.insert(4, ("budget", f"column {curve.budget.column!r}, levels {curve.budget.describe_levels()} "
                                   "(predictions only at these levels)"))
         for offset, value in enumerate(curve.budget.levels):
             part = at_budget(curve, value).threshold
-            rows.insert(5 + offset, (f"η̂ at budget {value:g}",
-                                     f"{_fmt(part.estimate)} [{_fmt(part.lower)}, {_fmt(part.upper)}] at "
-                                     f"{part.confidence:.0%} · {part.status}"))
+            reported, diagnostic = _intervals(threshold_intervals(part, curve.axis), part.confidence)
+            rows[5 + 2 * offset:5 + 2 * offset] = [
+                (f"η̂ at budget {value:g}", f"{_fmt(part.estimate)} {reported} · {part.status}"),
+                (f"η̂ at budget {value:g}, bootstrap", f"percentile {diagnostic}")]
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

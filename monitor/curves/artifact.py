@@ -126,12 +126,19 @@ class Band(_Strict):
 
 
 class BootstrapThreshold(_Strict):
+    """Percentiles of the bootstrap resamples' own crossings of the level (a diagnostic):
+    `early` the earliest in progress, `late` the latest (None: beyond the data, "never")."""
+
     early: float | None
     median: float | None
     late: float | None
 
 
 class Threshold(_Strict):
+    """η̂ and its interval. `lower`/`upper` are the band inverted (the interval reported,
+    consistent with the states; docs/measurement.md §2); `bootstrap` is the percentile
+    interval of the resamples' crossings, kept as a diagnostic (`threshold_intervals`)."""
+
     estimate: float | None
     lower: float | None
     upper: float | None
@@ -791,6 +798,27 @@ def unresolved_warnings(curve: CurveArtifact, margin: float | None = None) -> li
 
 
 # -- presentation ------------------------------------------------------------------------------
+REPORTED_INTERVAL = "threshold interval (band inversion, reported)"
+DIAGNOSTIC_INTERVAL = "bootstrap percentile of the threshold (diagnostic)"
+
+
+def threshold_intervals(threshold: Threshold, axis: str) -> dict[str, dict[str, Any]]:
+    """The two intervals an artifact stores for η̂, each named, in the axis's units with
+    lower ≤ upper (None: that end never reaches the level inside the data).
+
+    `reported`: the band inverted (`threshold.lower`/`upper`), the interval alerts, reports and
+    `curves predict` agree with. `diagnostic`: the percentile interval of the bootstrap
+    resamples' own crossings (`threshold.bootstrap`), which no state is computed from.
+    """
+    boot = threshold.bootstrap
+    # `early` is the earliest crossing in progress: the larger value on an axis where lower is progress.
+    low, high = (boot.late, boot.early) if AXES[axis].lower_is_progress else (boot.early, boot.late)
+    return {"reported": {"label": REPORTED_INTERVAL, "method": "band_inversion",
+                         "lower": threshold.lower, "upper": threshold.upper},
+            "diagnostic": {"label": DIAGNOSTIC_INTERVAL, "method": "bootstrap_percentile",
+                           "lower": low, "upper": high, "median": boot.median}}
+
+
 def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
     """The headline numbers of a curve, as `lstar curves show --json` prints them."""
     return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric,
@@ -799,7 +827,9 @@ def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
             "n_checkpoints": curve.n_checkpoints,
             "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
             "level": curve.level, "confidence": curve.confidence,
-            "threshold": curve.threshold.model_dump(), "logistic_threshold": curve.logistic.threshold,
+            "threshold": curve.threshold.model_dump(),
+            "threshold_intervals": threshold_intervals(curve.threshold, curve.axis),
+            "logistic_threshold": curve.logistic.threshold,
             "emergence_score": curve.emergence_score, "corpus_sha256": curve.corpus_sha256,
             "scoring_spec": curve.scoring_spec.describe() if curve.scoring_spec else None,
             "x_range": list(curve.x_range),
@@ -819,6 +849,7 @@ def _budget_summary(curve: CurveArtifact) -> dict[str, Any]:
         view = at_budget(curve, value)
         levels.append({"budget": value, "n_checkpoints": view.n_checkpoints,
                        "threshold": view.threshold.model_dump(),
+                       "threshold_intervals": threshold_intervals(view.threshold, curve.axis),
                        "logistic_threshold": view.logistic.threshold,
                        "threshold_resolved": not unresolved_warnings(view),
                        "warnings": [w.message for w in curve_warnings(view)]})
