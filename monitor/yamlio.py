@@ -36,6 +36,9 @@ NESTING_LIMIT = 64
 NODE_LIMIT = 50_000
 
 
+# The node type of a composed tree, for modules that keep one (they never import yaml).
+YamlNode = yaml.Node
+
 _ALLOWED_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null",
                                                      "seq", "map", "merge")}
 
@@ -190,8 +193,17 @@ _TYPE_WORDS = {
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return clip(repr(value), 80)
+
+
+# What one error line may quote of a key path or a message: a key or a value may be a
+# megabyte of file, or a list its aliases expanded; the line stays readable.
+MAX_ERROR_PART = 240
+
+
+def clip(text: str, limit: int = MAX_ERROR_PART) -> str:
+    """`text`, cut to `limit` characters with '...' when longer."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def error_message(err: Mapping[str, Any]) -> str:
@@ -214,7 +226,7 @@ def error_message(err: Mapping[str, Any]) -> str:
                f"{ctx.get('min_length', ctx.get('max_length'))} item(s)"
     if kind == "value_error":
         msg = str(ctx.get("error") or err["msg"])
-        return msg.removeprefix("Value error, ")
+        return clip(msg.removeprefix("Value error, "))
     return f"value {_short(value)}: {err['msg']}"
 
 
@@ -291,7 +303,7 @@ def validation_lines(exc: ValidationError, root: yaml.Node, label: str, model: t
     for path, (line, value, wanted) in unions.items():
         found.setdefault(path, (line, f"value {_short(value)} is not {' or '.join(wanted)}"))
     ordered = sorted(found.items(), key=lambda item: item[1][0])
-    return [f"{label}:{line}: {path}: {message}" if path else f"{label}:{line}: {message}"
+    return [f"{label}:{line}: {clip(path)}: {clip(message)}" if path else f"{label}:{line}: {clip(message)}"
             for path, (line, message) in ordered]
 
 
@@ -307,7 +319,7 @@ def compose(text: str, label: str) -> yaml.Node | None:
     try:
         root = loader.get_single_node()
     except YamlProblem as exc:
-        raise PolicyError(f"{label}:{exc.line}: {exc.text}") from None
+        raise PolicyError(f"{label}:{exc.line}: {clip(exc.text)}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 1
@@ -322,7 +334,7 @@ def compose(text: str, label: str) -> yaml.Node | None:
     try:
         check_tree(root, "", set(), set())
     except YamlProblem as exc:
-        raise PolicyError(f"{label}:{exc.line}: {exc.text}") from None
+        raise PolicyError(f"{label}:{exc.line}: {clip(exc.text)}") from None
     return root
 
 

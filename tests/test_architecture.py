@@ -126,3 +126,18 @@ def test_the_cli_and_the_daemon_start_without_torch() -> None:
                     offenders.append(f"{modules[module].relative_to(ROOT)}:{imp.line} imports {imp.module}, "
                                      f"loaded by {' <- '.join(chain)}")
     assert not offenders, "\n".join(sorted(set(offenders)))
+
+
+def test_every_yaml_file_is_read_by_the_one_bounded_loader() -> None:
+    """Only monitor.yamlio imports yaml (alias budget, nesting and node limits, no tags): no
+    other module parses YAML itself, nor hands a file to pydantic-settings' own YAML source."""
+    offenders = []
+    for name, path in sorted(all_modules().items()):
+        if name == "monitor.yamlio":
+            continue
+        offenders += [f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}" for imp in imports(path)
+                      if imp.module.split(".")[0] in ("yaml", "ruamel")]
+        text = path.read_text(encoding="utf-8")
+        offenders += [f"{path.relative_to(ROOT)}: uses {word}" for word in ("YamlConfigSettingsSource", "yaml.")
+                      if re.search(rf"(?<![\w.]){re.escape(word)}", text)]
+    assert offenders == []

@@ -118,6 +118,46 @@ def test_rest_markup_is_stripped_to_its_text() -> None:
     ]
 
 
+# One line of a hostile .deb, a megabyte long, for each pattern that once rescanned it from every
+# character (O(n^2): a 64k-space line cost 50 s): spaces before a pronunciation, spaces inside
+# a link or a role before `<`, a run of colons before a role's backtick.
+MEGABYTE_LINES = {
+    "spaces": " " * (1 << 20) + "x",
+    "pronunciation": "\\" + " " * (1 << 20),
+    "link": "`" + " " * (1 << 20) + "<",
+    "role title": ":ref:`" + " " * (1 << 20) + "x`",
+    "colons": ":" * (1 << 20) + "`",
+    "colon words": ":a" * (1 << 19) + "`",
+}
+
+
+@pytest.mark.parametrize("name", list(MEGABYTE_LINES))
+def test_a_megabyte_line_is_read_in_linear_time(name: str) -> None:
+    import time
+
+    from monitor.scoring.pool_text import dictd_units
+
+    line = MEGABYTE_LINES[name]
+    body, index = make_dictd([("evil", line + "\n")])
+    start = time.perf_counter()
+    list(dictd_units("evil.dict.dz", body, index, "dict"))
+    rest_sections("Title\n=====\n\n" + line + "\n")
+    assert time.perf_counter() - start < 2.0   # about 0.3 s; quadratic: an hour and more
+
+
+def test_spaces_around_removed_markup_are_collapsed_as_before() -> None:
+    from monitor.scoring.pool_text import dictd_units, rest_inline
+
+    # worked by hand: the text before `<target>` loses its trailing spaces, the pronunciation
+    # its leading ones
+    assert rest_inline("see `the  home page   <https://x/>`_ and :ref:`a title \t <t>`.") == \
+        "see the  home page and a title."
+    assert rest_inline(":py:meth:`~a.b` :external+python:py:func:`len`") == "a.b len"
+    text = "Benefit \\Ben`e*fit\\   (n.)  A gain.\n [1913 Webster]\n"
+    body, index = make_dictd([("Benefit", text)])
+    assert [u.text for u in dictd_units("d.dict.dz", body, index, "dict")] == ["Benefit (n.) A gain."]
+
+
 def dpkg_build(root: Path, package: str, version: str, out: Path) -> Path:
     (root / "DEBIAN").mkdir(parents=True, exist_ok=True)
     (root / "DEBIAN" / "control").write_text(

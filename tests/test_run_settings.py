@@ -154,3 +154,103 @@ def test_one_hierarchy_for_command_line_errors():
     offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "monitor").rglob("*.py")
                  if re.search(r"\b(click|typer)\.(BadParameter|UsageError)\(", p.read_text())]
     assert offenders == []
+
+
+def _alias_bomb(levels: int, width: int, size: int) -> str:
+    """A setting's value `[&a ["x", ...], &b [*a, *a, ...], ...]`: width ** levels strings,
+    padded to `size` bytes."""
+    lines = ["poll_every:", "- &a [" + ",".join(['"x"'] * width) + "]"]
+    for prev, name in zip("abcdefghijklmnop", "bcdefghijklmnop"[:levels - 1]):
+        lines.append(f"- &{name} [" + ",".join([f"*{prev}"] * width) + "]")
+    text = "\n".join(lines) + "\n"
+    return text + "#" * (size - len(text) - 1) + "\n"
+
+
+@pytest.mark.parametrize("levels,width,size", [(9, 9, 342), (10, 10, 438)])
+def test_an_alias_bomb_config_is_refused_at_once(levels, width, size, tmp_path, capsys):
+    """342 bytes once cost 43 s, 578 MB and a 28 MB error line quoting the expanded value;
+    438 bytes ran past 300 s at 2.3 GB."""
+    import time
+    import tracemalloc
+
+    config = tmp_path / "bomb.yaml"
+    config.write_text(_alias_bomb(levels, width, size))
+    assert config.stat().st_size == size
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        code = main(["run", "--policies", str(tmp_path), "--state", str(tmp_path / "state"), "--once",
+                     "--config", str(config)])
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and len(err) < 300, err
+    assert "aliases expand to more than 10,000 nodes" in err and str(config) in err, err
+    assert seconds < 2.0 and peak < 20 << 20, (seconds, peak)
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_error_never_quotes_a_whole_value(tmp_path, monkeypatch, capsys):
+    """A value within the alias budget (729 bad host names), a 200 kB string, a 200 kB key or
+    environment value: each error is one short line."""
+    base = ["run", "--policies", str(tmp_path), "--state", str(tmp_path / "state"), "--once"]
+    config = tmp_path / "lstar.yaml"
+    long = "z" * 200_000
+    cases = [
+        "h: &h [" + ",".join(["'not a host!'"] * 9) + "]\ng: &g [" + ",".join(["*h"] * 9) + "]\n"
+        "api_allowed_host: [" + ",".join(["*g"] * 9) + "]\n",
+        f"poll_every: '{long}'\n",
+        f"{long}: 1\n",
+        f"api_allowed_host: ['{long}']\n",
+    ]
+    for text in cases:
+        config.write_text(text)
+        assert main([*base, "--config", str(config)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and len(err) < 300 + len(str(config)), err[:400]
+    monkeypatch.setenv("LSTAR_POLL_EVERY", long)
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 300, err[:400]
+
+
+def test_an_unknown_lstar_variable_is_warned_about_with_the_closest_name(tmp_path, monkeypatch, capsys):
+    """A misspelt LSTAR_* variable was silently ignored. Known: the settings' variables, the
+    package's own, and the secrets the policies' receivers name (the example policy's)."""
+    import shutil
+
+    from monitor.service.settings import environment_warnings
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    shutil.copy(ROOT / "policies" / "example.yaml", policies / "example.yaml")
+    environ = {"LSTAR_POL_EVERY": "5m", "lstar_api_prot": "1", "LSTAR_POLL_EVERY": "5m", "LSTAR_FAILPOINT": "",
+               "LSTAR_WEBHOOK_SECRET": "s", "LSTAR_SMTP_PASSWORD": "p", "LSTAR_QQQ": "1", "PATH": "/bin"}
+    assert environment_warnings(environ, policies) == [
+        "environment variable LSTAR_POL_EVERY is not a setting of lstar run and is ignored "
+        "(did you mean LSTAR_POLL_EVERY?)",
+        "environment variable LSTAR_QQQ is not a setting of lstar run and is ignored",
+        "environment variable lstar_api_prot is not a setting of lstar run and is ignored "
+        "(did you mean LSTAR_API_PORT?)"]
+    # without the policies, their secrets are unknown too
+    assert len(environment_warnings(environ, None)) == 5
+    # `lstar run` prints it once, before the error the misspelling may have caused
+    monkeypatch.setenv("LSTAR_POLICY", str(policies))
+    assert main(["run", "--state", str(tmp_path / "state"), "--once"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("warning: environment variable LSTAR_POLICY is not a setting of lstar run and is ignored "
+                      "(did you mean LSTAR_POLICIES?)")
+    assert len(err) == 2 and "'--policies'" in err[1], err
+
+
+def test_every_lstar_variable_the_package_reads_is_known():
+    """Each `LSTAR_NAME` the package's source spells is a setting's or in OWN_VARIABLES, so
+    reading a new one without listing it fails here rather than warning its users."""
+    from monitor.service.settings import OWN_VARIABLES, env_of
+
+    known = {env_of(name) for name in RunSettings.model_fields} | set(OWN_VARIABLES)
+    spelt = {m for p in (ROOT / "monitor").rglob("*.py")
+             for m in re.findall(r"[\"'](LSTAR_[A-Z0-9_]*[A-Z0-9])[\"']", p.read_text(encoding="utf-8"))}
+    assert spelt and spelt <= known, spelt - known

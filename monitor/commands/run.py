@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,8 +26,8 @@ from monitor.environment import refuse_hub_offline
 from monitor.scoring.backends import check_ray_installed
 from monitor.scoring.memory_limit import check_score_memory
 from monitor.service import api_get, run_daemon
-from monitor.service.settings import (RunSettings, SettingError, default_shown, env_of, load_run_settings,
-                                      settings_fields)
+from monitor.service.settings import (RunSettings, SettingError, default_shown, env_of, environment_warnings,
+                                      load_run_settings, settings_fields)
 
 
 def _check_field(name: str) -> Any:
@@ -113,11 +115,21 @@ def given_on_command_line(ctx: Any) -> dict[str, Any]:
 
 
 def run_settings_from(ctx: Any, config: Path | None) -> RunSettings:
-    """The validated settings of one `lstar run` (flags > environment > file > defaults)."""
+    """The validated settings of one `lstar run` (flags > environment > file > defaults), after
+    a warning for each `LSTAR_*` variable nothing reads (a misspelt one may be why they fail)."""
+    given = given_on_command_line(ctx)
     try:
-        return load_run_settings(given_on_command_line(ctx), config_file=config)
+        settings = load_run_settings(given, config_file=config)
     except SettingError as exc:
+        _warn_unread_environment(given.get("policies") or os.environ.get(env_of("policies")))
         raise OptionError(exc.problem, param_hint=exc.where) from None
+    _warn_unread_environment(settings.policies)
+    return settings
+
+
+def _warn_unread_environment(policies: Any) -> None:
+    for line in environment_warnings(os.environ, Path(policies) if policies else None):
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def register(app: typer.Typer) -> None:

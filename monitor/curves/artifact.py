@@ -778,15 +778,19 @@ def resolution_warnings(n: Sequence[int | None], *, baseline: float, margin: flo
     return messages
 
 
-_RESOLUTION_N = re.compile(r"^(?P<metric>.*?): .*\(n = (?P<n>[0-9]{1,12})\)")
+# The text is a curve file's (hostile): the metric is what precedes the first ': ', n the last
+# '(n = N)' after it, found in two linear steps (one pattern `^(.*?): .*\(n = ...` rescanned
+# the rest of the text from every ': ', quadratic in a line of them).
+_RESOLUTION_N = re.compile(r"\(n = ([0-9]{1,12})\)")
 
 
 def _resolution_again(curve: CurveArtifact, text: str, margin: float) -> list[str]:
     """A stored resolution warning judged again at `margin` (its test-set size n is in it)."""
-    found = _RESOLUTION_N.match(text)
-    if found is None:
+    metric, colon, rest = text.partition(": ")
+    n = [found.group(1) for found in _RESOLUTION_N.finditer(rest)][-1:] if colon else []
+    if not n:
         return [text]
-    again = resolution_warnings([int(found["n"])], baseline=curve.baseline, margin=margin, metric=found["metric"])
+    again = resolution_warnings([int(n[0])], baseline=curve.baseline, margin=margin, metric=metric)
     kind = "resolution 1/n" if "resolution 1/n" in text else "binomial standard error"
     return [m for m in again if kind in m]
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-import yaml
+from monitor.errors import PolicyError
+from monitor.yamlio import compose, construct
 
 # Files the Hub stores through LFS: the default .gitattributes patterns, or anything over 10 MiB.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf",
@@ -169,14 +170,13 @@ class Commit:
             return None
         front = text[3:end]
         try:
-            # An alias can make a few hundred bytes expand to gigabytes of JSON: refused, as a
-            # card's metadata never needs one.
-            if any(isinstance(token, yaml.AliasToken) for token in yaml.scan(front)):
-                return None
-            data = yaml.safe_load(front)
-            # The Hub answers JSON: dates and other YAML scalars become their text.
+            # The package's one bounded YAML loader: aliases that would expand a few hundred
+            # bytes to gigabytes of JSON, deep nesting and tags are refused (no metadata then).
+            root = compose(front, "README.md")
+            data = construct(root, "README.md") if root is not None else None
+            # The Hub answers JSON: any scalar that is not JSON becomes its text.
             data = json.loads(json.dumps(data, default=str))
-        except (yaml.YAMLError, ValueError, RecursionError):
+        except (PolicyError, ValueError):
             return None
         return data if isinstance(data, dict) else None
 

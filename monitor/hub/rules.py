@@ -33,8 +33,21 @@ def glob_literal(glob: str) -> str:
     matches the glob contains each run as a substring, so the Hub's substring `search` on
     the longest one returns every repo the glob can match.
     """
-    runs = re.split(r"\[[^\]]*\]|[*?/]", glob)
-    return max(runs, key=len, default="")
+    # Scanned by hand: the pattern `\[[^\]]*\]` rescanned the rest of the glob from every
+    # unclosed '[' (quadratic in a line of them); here each character is looked at once or twice.
+    runs, run, i = [], [], 0
+    closes = glob.rfind("]")   # a '[' after the last ']' opens no class: it is a literal
+    while i < len(glob):
+        char = glob[i]
+        end = glob.find("]", i + 1) if char == "[" and i < closes else -1
+        if end >= 0 or char in "*?/":
+            runs.append("".join(run))
+            run, i = [], (end + 1 if end >= 0 else i + 1)
+        else:
+            run.append(char)
+            i += 1
+    runs.append("".join(run))
+    return max(runs, key=len)
 
 
 # -- watch rules ---------------------------------------------------------------------------

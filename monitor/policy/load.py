@@ -11,7 +11,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from monitor.curves.artifact import at_budget, load_curve
@@ -20,7 +19,7 @@ from monitor.files import read_bounded_text
 from monitor.policy.schema import Policy
 from monitor.policy.secrets import missing_secrets
 from monitor.policy.vocabulary import ROUTED_VALUES, never_matches
-from monitor.yamlio import compose_mapping, format_key_path, node_line, validation_lines
+from monitor.yamlio import YamlNode, compose_mapping, format_key_path, node_line, validation_lines
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -29,7 +28,7 @@ class LoadedPolicy:
     """A validated policy and the node tree it came from (for cross-reference line numbers)."""
 
     policy: Policy
-    root: yaml.Node
+    root: YamlNode
 
 
 def parse_policy(text: str, label: str, *, path: Path | None = None) -> LoadedPolicy:

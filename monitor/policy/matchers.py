@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 # -- matchers and silences ---------------------------------------------------------------------
-_MATCHER_RE = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$')
+# Matched against the stripped text, the value stripped after: a lazy value followed by `\s*`
+# tried every split of a run of spaces (quadratic in a hostile silence or route).
+_MATCHER_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)(.*)', re.S)
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,12 @@ class Matcher:
 
 def parse_matcher(text: str) -> Matcher:
     """Parse `KEY=VALUE`, `KEY!=VALUE`, `KEY=~REGEX` or `KEY!~REGEX` (value optionally "quoted")."""
-    match = _MATCHER_RE.match(text)
-    if match is None:
+    match = _MATCHER_RE.fullmatch(text.strip())
+    value = match.group(3).strip() if match is not None else ""
+    if match is None or "\n" in value:
         raise ValueError(f"value {text!r} is not a matcher (write KEY=VALUE, KEY!=VALUE, "
                          "KEY=~REGEX or KEY!~REGEX)")
-    name, op, value = match.groups()
+    name, op = match.group(1), match.group(2)
     if len(value) >= 2 and value[0] == value[-1] == '"':
         try:
             value = json.loads(value)

@@ -38,6 +38,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from monitor.errors import PolicyError
 from monitor.hub import WatchRule
 from monitor.policy.matchers import Matcher, parse_matcher
+from monitor.yamlio import clip
 
 DEFAULT_GROUP_BY = ("policy", "repo", "commit")
 GROUP_BY_ALL = "..."
@@ -60,10 +61,10 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if not isinstance(value, str) or not value or (match := _DURATION_RE.match(value)) is None:
-        raise ValueError(f"value {value!r} is not a duration (write it with units: 30s, 5m, 4h, 1d)")
+        raise ValueError(f"value {clip(repr(value), 80)} is not a duration (write it with units: 30s, 5m, 4h, 1d)")
     seconds = sum(int(part) * unit for part, unit in zip(match.groups(), _DURATION_UNITS_S) if part)
     if seconds > MAX_DURATION_S:
-        raise ValueError(f"value {value!r} is longer than 100 years; write a shorter duration")
+        raise ValueError(f"value {clip(repr(value), 80)} is longer than 100 years; write a shorter duration")
     return timedelta(seconds=seconds)
 
 

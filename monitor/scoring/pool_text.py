@@ -89,7 +89,11 @@ def _gunzip_bounded(data: bytes, where: str) -> bytes:
 
 
 _SOURCE_TAG = re.compile(r"^\[[^\[\]]{1,40}\]$")
-_PRONUNCIATION = re.compile(r"\s*\\[^\\\n]{1,80}\\")  # \Ben`e*fi"ci*a*ry\ after a headword
+# \Ben`e*fi"ci*a*ry\ after a headword. Every pattern below runs over hostile text (a .deb's
+# files): each is linear in the line, never two unbounded quantifiers over overlapping
+# characters side by side (a leading `\s*` here cost O(n^2) on a line of n spaces, since
+# every space restarted the scan). Spaces around what a pattern removes are collapsed after.
+_PRONUNCIATION = re.compile(r"\\[^\\\n]{1,80}\\")
 
 
 def _dict_entry_text(raw: str) -> str:
@@ -145,8 +149,12 @@ _DIRECTIVE = re.compile(r"^(\s*)\.\.\s+([A-Za-z0-9_:+-]+)::(.*)$")
 _COMMENT = re.compile(r"^(\s*)\.\.(\s|$)")
 _ADORNMENT = re.compile(r"^\s*([=\-~^\"'`#*+:._<>|])\1{2,}\s*$")
 _TABLE_LINE = re.compile(r"^\s*[+|].*[+|]\s*$|^\s*(=+\s+)+=+\s*$")
-_ROLE = re.compile(r":[A-Za-z0-9_:+-]+:`([^`]*)`")
-_LINK = re.compile(r"`([^`<]*?)\s*<[^`>]*>`_{1,2}")
+# A role's name is a few short parts (`:ref:`, `:py:meth:`, `:external+python:py:func:`), each
+# bounded, so a line of colons is not rescanned to its end from each one.
+_ROLE = re.compile(r":(?:[A-Za-z0-9_+-]{1,40}:){1,4}`([^`]*)`")
+# The text before `<target>` is taken whole and right-stripped in code (`_link_text`): a lazy
+# text followed by `\s*` tried every split of a run of spaces.
+_LINK = re.compile(r"`([^`<]*)<[^`>]*>`_{1,2}")
 _REF = re.compile(r"`([^`]+)`_{1,2}")
 _LITERAL = re.compile(r"``([^`]+)``")
 _INTERPRETED = re.compile(r"`([^`]+)`")
@@ -157,17 +165,22 @@ _SUBST = re.compile(r"\|([A-Za-z0-9_ -]+)\|_?")
 
 def _role_text(match: re.Match[str]) -> str:
     inner = match.group(1)
-    explicit = re.match(r"^(.*?)\s*<[^<>]*>$", inner, re.S)
-    if explicit and explicit.group(1):
-        return explicit.group(1)
+    # `title <target>`: the title (found by hand: a lazy regex then `\s*` is quadratic in spaces)
+    start = inner.rfind("<")
+    if inner.endswith(">") and start >= 0 and ">" not in inner[start + 1:-1] and inner[:start].rstrip():
+        return inner[:start].rstrip()
     return inner.lstrip("~!")
+
+
+def _link_text(match: re.Match[str]) -> str:
+    return match.group(1).rstrip()
 
 
 def rest_inline(line: str) -> str:
     """Inline markup of one line reduced to its text."""
     line = _ROLE.sub(_role_text, line)
     line = _LITERAL.sub(r"\1", line)
-    line = _LINK.sub(r"\1", line)
+    line = _LINK.sub(_link_text, line)
     line = _REF.sub(r"\1", line)
     line = _INTERPRETED.sub(r"\1", line)
     line = _STRONG.sub(r"\1", line)

@@ -16,9 +16,10 @@ and its help are written once.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
@@ -26,29 +27,45 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
-from pydantic_settings import (BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource,
-                               SettingsConfigDict, TomlConfigSettingsSource, YamlConfigSettingsSource)
+from pydantic_settings import (BaseSettings, EnvSettingsSource, InitSettingsSource, NoDecode,
+                               PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource)
 
-from monitor.errors import LstarError
+from monitor.errors import LstarError, PolicyError
 from monitor.events import LOG_FORMATS
+from monitor.files import FileKind
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
-from monitor.policy import format_duration, parse_duration
+from monitor.policy import format_duration, load_policy, parse_duration, policy_files_in
+from monitor.policy.secrets import SECRET_KEYS
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.scoring.precision import DEVICE_PATTERN, DTypeChoice
 from monitor.service.daemon import DAY_S, DaemonConfig
+from monitor.yamlio import load_yaml_file
 
 ENV_PREFIX = "LSTAR_"
 MAX_BATCH = 4096              # windows per forward pass
 MAX_RESAMPLES = 100_000       # bootstrap resamples
 MAX_CONFIG_BYTES = 1 << 20    # a config file is a page of settings, not a data set
+# An error quotes at most this much of a value (a value may be a megabyte of file, or a list
+# its aliases expanded): the message stays one readable line.
+MAX_QUOTED_CHARS = 80
+CONFIG_FILE = FileKind("config file", "config files", "YAML or TOML")
 _HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 _SIZE_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def quoted(value: Any) -> str:
+    """`repr(value)`, shortened to `MAX_QUOTED_CHARS` for an error message."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 3] + "..."
 
 
 class SettingError(LstarError):
     """A setting of `lstar run` refused: `where` names it as its source spells it."""
 
     def __init__(self, where: str, problem: str) -> None:
+        # A last bound on what any message quotes (the value parsers' own messages included).
+        if len(problem) > 4 * MAX_QUOTED_CHARS:
+            problem = problem[:4 * MAX_QUOTED_CHARS - 3] + "..."
         super().__init__(f"invalid value for {where}: {problem}")
         self.where = where
         self.problem = problem
@@ -59,7 +76,7 @@ def parse_seconds(value: Any, *, low: float = 1.0) -> float:
     """A duration (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
     delta = parse_duration(value)   # ValueError names the value and the units
     if delta.total_seconds() < low:
-        raise ValueError(f"{value!r} is not allowed; give a duration of at least "
+        raise ValueError(f"{quoted(value)} is not allowed; give a duration of at least "
                          f"{format_duration(timedelta(seconds=low))}")
     return delta.total_seconds()
 
@@ -70,9 +87,9 @@ def parse_size(value: Any, *, low: int, high: int) -> int:
     try:
         number = float(text[:-1]) * _SIZE_UNITS[text[-1]] if text and text[-1] in _SIZE_UNITS else float(text)
     except ValueError:
-        raise ValueError(f"{value!r} is not a size (e.g. 8G, 512M)") from None
+        raise ValueError(f"{quoted(value)} is not a size (e.g. 8G, 512M)") from None
     if not (math.isfinite(number) and low <= number <= high):
-        raise ValueError(f"{value!r} is not allowed; give a size from {_size(low)} to {_size(high)}")
+        raise ValueError(f"{quoted(value)} is not allowed; give a size from {_size(low)} to {_size(high)}")
     return int(number)
 
 
@@ -99,7 +116,7 @@ def _size_or(words: tuple[str, ...], *, low: int, high: int) -> Any:
 def _one_of(choices: tuple[str, ...], what: str) -> Any:
     def check(value: Any) -> str:
         if value not in choices:
-            raise ValueError(f"{value!r} is not {what}; use one of: {', '.join(choices)}")
+            raise ValueError(f"{quoted(value)} is not {what}; use one of: {', '.join(choices)}")
         return value
     return BeforeValidator(check)
 
@@ -108,7 +125,7 @@ def _api_host(value: Any) -> str:
     from monitor.service.api import API_HOSTS
 
     if value not in API_HOSTS:
-        raise ValueError(f"{value!r} is not allowed; use 127.0.0.1 (this machine only) or 0.0.0.0 "
+        raise ValueError(f"{quoted(value)} is not allowed; use 127.0.0.1 (this machine only) or 0.0.0.0 "
                          "(every interface, in a container)")
     return value
 
@@ -120,7 +137,7 @@ def _allowed_hosts(value: Any) -> list[str]:
     for item in items:
         name = str(item).strip().lower()
         if not _HOST_NAME.fullmatch(name):
-            raise ValueError(f"{item!r} is not a host name; give a name such as lstar or lstar.internal "
+            raise ValueError(f"{quoted(item)} is not a host name; give a name such as lstar or lstar.internal "
                              "(no port, scheme or wildcard)")
         names.append(name)
     return names
@@ -134,7 +151,7 @@ def _cache_keep(value: Any) -> int | None:
     except (TypeError, ValueError):
         keep = -1
     if isinstance(value, bool) or not 0 <= keep <= 1_000_000:
-        raise ValueError(f"{value!r} is not allowed; give a count of checkpoints from 0 to 1,000,000, or 'all'")
+        raise ValueError(f"{quoted(value)} is not allowed; give a count of checkpoints from 0 to 1,000,000, or 'all'")
     return keep
 
 
@@ -150,7 +167,7 @@ def _score_memory(value: Any) -> str:
         except ValueError:
             share = -1.0
         if not 0 < share <= 100:
-            raise ValueError(f"{value!r} is not a share of memory between 0% and 100%")
+            raise ValueError(f"{quoted(value)} is not a share of memory between 0% and 100%")
         if physical_memory() is None:
             raise ValueError("this machine's memory size is unknown; give a size (e.g. 16G)")
         return text
@@ -160,7 +177,7 @@ def _score_memory(value: Any) -> str:
 
 def _device(value: Any) -> str:
     if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
-        raise ValueError(f"{value!r} is not allowed; give auto, cpu, cuda or cuda:N")
+        raise ValueError(f"{quoted(value)} is not allowed; give auto, cpu, cuda or cuda:N")
     return value
 
 
@@ -172,7 +189,8 @@ def _setting(default: Any, flag: str, panel: str, help: str, **kwargs: Any) -> A
 PATHS, API, SCHEDULE, HUB, SCORING, SPEC, RUN = ("Policies and state", "Local API", "Schedule", "Hub and cache",
                                                  "Scoring", "Scoring spec", "Run mode and logs")
 
-_config_file: ContextVar[Path | None] = ContextVar("lstar_config_file", default=None)
+# The config file's values while `load_run_settings` validates (read once, by `_file_values`).
+_config_values: ContextVar[dict[str, Any] | None] = ContextVar("lstar_config_values", default=None)
 
 
 class RunSettings(BaseSettings):
@@ -305,8 +323,9 @@ class RunSettings(BaseSettings):
                                    file_secret_settings: PydanticBaseSettingsSource
                                    ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (passed as init values) > environment > the config file; no .env or secrets dir."""
-        path = _config_file.get()
-        return (init_settings, env_settings) + ((_file_source(settings_cls, path),) if path is not None else ())
+        values = _config_values.get()
+        return (init_settings, env_settings) + \
+            ((InitSettingsSource(settings_cls, init_kwargs=values),) if values is not None else ())
 
     def daemon_config(self) -> DaemonConfig:
         """The `DaemonConfig` these settings describe (seconds, bytes, the scoring template)."""
@@ -345,12 +364,6 @@ class RunSettings(BaseSettings):
         return parse_size(text, low=256 << 20, high=64 << 40)
 
 
-def _file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:
-    if path.suffix.lower() == ".toml":
-        return TomlConfigSettingsSource(settings_cls, toml_file=path)
-    return YamlConfigSettingsSource(settings_cls, yaml_file=path)
-
-
 # -- where a value came from ----------------------------------------------------------------------
 def flag_of(name: str) -> str:
     """The command-line flag of field `name` (e.g. --poll-every)."""
@@ -373,13 +386,13 @@ class Sources:
     def where(self, name: str) -> str:
         """Field `name` as the source that set it spells it (the highest in precedence)."""
         if name not in RunSettings.model_fields:   # an unknown key: only a file can hold one
-            return f"{name!r} in {self.file_path} (config file)"
+            return f"{quoted(name)} in {self.file_path} (config file)"
         if name in self.flags:
             return f"'{flag_of(name)}'"
         if name in self.env:
             return f"{env_of(name)} (environment)"
         if name in self.file:
-            return f"{name!r} in {self.file_path} (config file)"
+            return f"{quoted(name)} in {self.file_path} (config file)"
         return f"'{flag_of(name)}' (default)"
 
 
@@ -405,15 +418,15 @@ def load_run_settings(flags: Mapping[str, Any], *, config_file: Path | None = No
     environment and `config_file`, validated together; SettingError naming the field and
     its source otherwise."""
     path = _read_config_file(config_file) if config_file is not None else None
-    token = _config_file.set(path)
+    sources = Sources(flags=dict(flags), env=_env_values(), file=_file_values(path), file_path=path)
+    token = _config_values.set(dict(sources.file) if path is not None else None)
     try:
-        sources = Sources(flags=dict(flags), env=_env_values(), file=_file_values(path), file_path=path)
         try:
             settings = RunSettings(**sources.flags)
         except ValidationError as exc:
             raise _first_problem(exc, sources) from None
     finally:
-        _config_file.reset(token)
+        _config_values.reset(token)
     _check_together(settings, sources)
     return settings
 
@@ -422,26 +435,39 @@ def _env_values() -> dict[str, Any]:
     try:
         return dict(EnvSettingsSource(RunSettings, env_prefix=ENV_PREFIX, case_sensitive=False)())
     except Exception as exc:  # pydantic-settings' own decoding error, before validation
-        raise SettingError("the LSTAR_* environment", " ".join(str(exc).split())) from None
+        raise SettingError("the LSTAR_* environment", " ".join(str(exc).split())[:4 * MAX_QUOTED_CHARS]) from None
 
 
 def _file_values(path: Path | None) -> dict[str, Any]:
+    """The config file's settings. YAML goes through the policy files' bounded loader
+    (`monitor.yamlio`: alias budget, nesting and node limits, no tags, no duplicate keys),
+    so a few hundred bytes of nested aliases are refused at once, not expanded to gigabytes."""
     if path is None:
         return {}
-    import yaml
-
-    kind = "TOML" if path.suffix.lower() == ".toml" else "YAML"
+    if path.suffix.lower() == ".toml":
+        try:
+            return dict(TomlConfigSettingsSource(RunSettings, toml_file=path)())
+        except Exception as exc:   # TOML syntax: the parser's message names line and column
+            raise SettingError(f"--config {path}", "is not valid TOML: " +
+                               " ".join(str(exc).split())[:4 * MAX_QUOTED_CHARS]) from None
     try:
-        if kind == "YAML":   # the document itself first: a list or a scalar is no settings file
-            document = yaml.safe_load(path.read_text(encoding="utf-8"))
-            if document is not None and not isinstance(document, dict):
-                raise SettingError(f"--config {path}", "must hold a mapping of settings (key: value)")
-        values = _file_source(RunSettings, path)()
-    except SettingError:
-        raise
-    except Exception as exc:   # YAML/TOML syntax: the parser's message names line and column
-        raise SettingError(f"--config {path}", f"is not valid {kind}: " + " ".join(str(exc).split())[:300]) from None
-    return dict(values)
+        document = load_yaml_file(path, str(path), what=CONFIG_FILE)
+    except PolicyError as exc:   # "PATH:3: aliases expand to ...", "PATH:1: YAML syntax error: ..."
+        raise SettingError(f"--config {path}", _yaml_problem(exc.message, path)) from None
+    if document is not None and not isinstance(document, dict):   # a list or a scalar
+        raise SettingError(f"--config {path}", "must hold a mapping of settings (key: value)")
+    return dict(document or {})
+
+
+def _yaml_problem(message: str, path: Path) -> str:
+    """The loader's message without the file (the error names it already), its line spelt out."""
+    detail = message.removeprefix(f"{path}:").lstrip()
+    line, _, rest = detail.partition(": ")
+    if line.isdigit():
+        detail = f"line {line}: {rest}"
+    if "YAML syntax error: " in detail or "not YAML: " in detail:
+        return "is not valid YAML: " + detail.replace("YAML syntax error: ", "").replace("not YAML: ", "")
+    return detail
 
 
 def _first_problem(exc: ValidationError, sources: Sources) -> SettingError:
@@ -453,7 +479,7 @@ def _first_problem(exc: ValidationError, sources: Sources) -> SettingError:
         return SettingError(sources.where(name), "is required")
     message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] not in ("value_error",):
-        message = f"{err.get('input')!r}: {message}" if "input" in err else message
+        message = f"{quoted(err.get('input'))}: {message}" if "input" in err else message
     return SettingError(sources.where(name), message)
 
 
@@ -465,6 +491,50 @@ def _check_together(settings: RunSettings, sources: Sources) -> None:
     for name in ("ray_address", "ray_gpu_memory"):
         if getattr(settings, name) is not None and settings.scoring_backend != "ray":
             raise SettingError(sources.where(name), f"{flag_of(name)} is only used with --scoring-backend ray")
+
+
+# The package's own LSTAR_* variables beside the settings': fail points of crash tests, the
+# API's webhook secret, the scoring model cache, the lab's crash tests.
+OWN_VARIABLES = ("LSTAR_FAILPOINT", "LSTAR_HUB_WEBHOOK_SECRET", "LSTAR_CACHE_DIR",
+                 "LSTAR_LAB_KILL_AT_STEP", "LSTAR_LAB_KILL_AFTER_LINEAGES")
+
+
+def environment_warnings(environ: Mapping[str, str], policies: Path | None) -> list[str]:
+    """One line per `LSTAR_*` variable that nothing reads (a misspelt setting is otherwise
+    silently ignored), naming the closest known name. Known: every setting's variable, the
+    package's own (`OWN_VARIABLES`) and the secrets the receivers of `policies` name
+    (`secret_env: LSTAR_WEBHOOK_SECRET`)."""
+    unknown = sorted(name for name in environ if name.upper().startswith(ENV_PREFIX)
+                     and name.upper()[len(ENV_PREFIX):].lower() not in RunSettings.model_fields
+                     and name.upper() not in OWN_VARIABLES)
+    if unknown and policies is not None:
+        named = set(_policy_secret_variables(policies))
+        unknown = [name for name in unknown if name not in named]
+    # Compared without the prefix every candidate shares (else LSTAR_QQQ "resembles" LSTAR_ONCE).
+    known = [env_of(name) for name in RunSettings.model_fields] + list(OWN_VARIABLES)
+    suffixes = {name[len(ENV_PREFIX):]: name for name in known}
+    lines = []
+    for name in unknown:
+        close = [suffixes[s] for s in difflib.get_close_matches(name.upper()[len(ENV_PREFIX):], suffixes, n=1)]
+        lines.append(f"environment variable {quoted(name)[1:-1]} is not a setting of lstar run and is ignored"
+                     + (f" (did you mean {close[0]}?)" if close else ""))
+    return lines
+
+
+def _policy_secret_variables(folder: Path) -> Iterable[str]:
+    """The environment variables the receivers of the policies in `folder` read (files that do
+    not load are skipped: the daemon reports them)."""
+    for path in policy_files_in(folder):
+        try:
+            policy = load_policy(path, check_curves=False)
+        except LstarError:
+            continue
+        for receiver in policy.receivers:
+            config = getattr(receiver, receiver.kind, None)
+            for key in SECRET_KEYS.get(receiver.kind, ()):
+                value = getattr(config, key, None)
+                if key.endswith("_env") and isinstance(value, str):
+                    yield value
 
 
 def default_shown(name: str) -> str | None:
@@ -480,5 +550,6 @@ def settings_fields() -> list[tuple[str, Any]]:
     return list(RunSettings.model_fields.items())
 
 
-__all__ = ["ENV_PREFIX", "MAX_BATCH", "MAX_RESAMPLES", "RunSettings", "SettingError", "Sources", "default_shown", "env_of", "flag_of",
-           "load_run_settings", "parse_seconds", "parse_size", "settings_fields"]
+__all__ = ["ENV_PREFIX", "MAX_BATCH", "MAX_RESAMPLES", "OWN_VARIABLES", "RunSettings", "SettingError", "Sources",
+           "default_shown", "env_of", "environment_warnings", "flag_of", "load_run_settings", "parse_seconds",
+           "parse_size", "quoted", "settings_fields"]
