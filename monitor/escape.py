@@ -44,9 +44,10 @@ _TERMINAL = str.maketrans({char: _visible(char) for char in _NEUTRAL if char not
 # backslash-escaped (any ASCII punctuation may be): `\` itself, the code span's backtick,
 # emphasis `*` `_`, links and images `[ ]` (without them `( )` and `!` are inert), raw HTML and
 # autolinks `< >`, entities `&`, table cells `|`, strikethrough `~`, and `#` (a heading's
-# closing sequence). The rest of ASCII punctuation is left as it is, so names stay readable in
-# the raw Markdown (a report's email text is its Markdown).
-_MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]<>&|~#])")
+# closing sequence). An `_` between two letters or digits (`at_risk`, `my_model`) can neither
+# open nor close emphasis and is left, as is the rest of ASCII punctuation, so names stay
+# readable in the raw Markdown (a report's email text is its Markdown).
+_MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>&|~#]|(?<![^\W_])_|_(?![^\W_]))")
 # What is active only where the value starts a block (`- {value}` is a list item whose text
 # would start a nested list, a thematic break or a heading): a bullet `-` `+`, an ordered-list
 # marker `1.` / `1)`, or leading spaces (four of them open a code block), written as `&#32;`.

@@ -456,7 +456,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
         return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
 
     def note(section: str) -> list[str]:
-        return [f"*{markdown_text(omitted[section])}.*", ""] if section in omitted else []
+        return [f"*{omitted[section]}.*", ""] if section in omitted else []   # counts, no names
 
     def name(row: Mapping[str, Any]) -> str:
         return markdown_text(ref_name(row))
