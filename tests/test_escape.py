@@ -85,7 +85,8 @@ def rendered_text(inline) -> str:  # type: ignore[no-untyped-def]
 
 def test_the_markdown_report_shows_hostile_names_as_literal_text(hostile) -> None:  # type: ignore[no-untyped-def]
     store, policy, _ = hostile
-    markdown = to_markdown(build_report(store, policy, now=T0 + timedelta(hours=1), period_start=T0 - timedelta(days=1)))
+    data = build_report(store, policy, now=T0 + timedelta(hours=1), period_start=T0 - timedelta(days=1))
+    markdown = to_markdown(data)
     tokens = MARKDOWN.parse(markdown)
     assert not RAW_CONTROLS.search(markdown)
     inline = [t for t in tokens if t.type == "inline"]
@@ -173,7 +174,7 @@ def test_the_email_text_and_html_show_hostile_names_literally(hostile) -> None: 
 
 
 # -- webhook -------------------------------------------------------------------------------------
-def test_the_webhook_keeps_exact_labels_and_sends_plain_text_annotations(hostile) -> None:  # type: ignore[no-untyped-def]
+def test_the_webhook_keeps_exact_labels_and_sends_plain_text_annotations(hostile) -> None:  # type: ignore
     _, _, folder = hostile
     bodies = [line["message"] for line in sent(folder)]
     alerts = [a for body in bodies for a in body["alerts"]]
@@ -186,7 +187,7 @@ def test_the_webhook_keeps_exact_labels_and_sends_plain_text_annotations(hostile
 
 
 # -- terminal ------------------------------------------------------------------------------------
-def test_the_terminal_prints_hostile_names_literally(hostile, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_terminal_prints_hostile_names_literally(hostile, capsys, monkeypatch) -> None:  # type: ignore
     store, _, folder = hostile
     store.close()   # the commands open the file themselves
     monkeypatch.setenv("COLUMNS", "1000")
