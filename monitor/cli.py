@@ -15,6 +15,7 @@ import typer
 from monitor.commands.options import show_flags_as_flags
 from monitor.environment import harden_environment
 from monitor.errors import LstarError, StoreError
+from monitor.escape import terminal_text
 
 try:  # typer >= 0.20 vendors click: every usage error a command raises derives from its ClickException
     from typer._click.exceptions import ClickException as _ClickException
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         # In non-standalone mode click returns the exit code of a `typer.Exit(code)`.
         return int(app(args=argv, standalone_mode=False) or 0)
     except LstarError as exc:
-        print(f"error: {exc.one_line()}", file=sys.stderr)
+        # the message may quote a Hub name or a file's contents: no escape sequence reaches the terminal
+        print(f"error: {terminal_text(exc.one_line())}", file=sys.stderr)
         return exc.exit_code
     except (typer.Exit, SystemExit) as exc:  # --help, explicit exits
         code = getattr(exc, "exit_code", getattr(exc, "code", 0))
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             if text:
                 print(text)
             return int(exc.exit_code)
-        print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+        print(f"error: {terminal_text(' '.join(exc.format_message().split()))}", file=sys.stderr)
         return int(exc.exit_code)
     except Exception as exc:
         if not _is_duckdb_error(exc):
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         error = StoreError(f"the database failed: {lines[0]}",
                            hint="if the state file is truncated or corrupt, stop lstar, move the .duckdb "
                                 "and .wal files aside (never delete the WAL) and restore a backup")
-        print(f"error: {error.one_line()}", file=sys.stderr)
+        print(f"error: {terminal_text(error.one_line())}", file=sys.stderr)
         return error.exit_code
     return 0
 

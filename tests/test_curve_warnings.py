@@ -20,6 +20,7 @@ from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
 from monitor.curves.validation import resolution_warnings
 from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
+from monitor.escape import markdown_text
 from monitor.policy.load import load_policy
 from monitor.reports.report import build_report, to_markdown
 from monitor.store import Store
@@ -170,7 +171,7 @@ def test_report_and_alerts_state_an_unresolved_threshold(clean: CurveArtifact, k
     assert problem.startswith(f"task arith: the threshold of curve {curve.curve_id[:12]} is unresolved")
     assert "org/model" in problem and all(m in problem for m in expected)
     assert task["threshold_resolved"] is False and kind in {w["code"] for w in task["curve_warnings"]}
-    assert f"> problem: {problem}" in markdown and "**unresolved**" in markdown
+    assert f"> problem: {markdown_text(problem)}" in markdown and "**unresolved**" in markdown
     # the webhook: numbers, an annotation with every warning, and the description says it
     assert numbers["threshold_resolved"] is False
     assert kind in {w["code"] for w in numbers["curve_warnings"]}

@@ -4,6 +4,13 @@ Existing Alertmanager receivers read `status`, `receiver`, `groupLabels`, `commo
 `commonAnnotations`, `externalURL`, `truncatedAlerts` and `alerts[]` (each with status,
 labels, annotations, startsAt, endsAt, generatorURL, fingerprint) and ignore the rest; the
 `lstar` object carries the numbers behind each alert in the same order as `alerts[]`.
+
+Labels and numbers are data and keep their exact values (a repo id as the Hub spells it). The
+annotations are the human-readable text receivers put in front of people (a chat message, a
+ticket), in whatever markup their own templates use, so they are sent as plain text with their
+control, line-break and bidirectional characters made visible (`monitor.escape.plain_text`):
+one line each, unable to restyle a terminal or reorder what a reader sees. They are not escaped
+for any one markup, as that would show backslashes in every other.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
+
+from monitor.escape import plain_text
 
 ALERTMANAGER_VERSION = "4"
 LSTAR_SCHEMA = "lstar-alerts/1"
@@ -52,7 +61,7 @@ def build_body(*, policy: str, receiver: str, group_key: str, group_labels: Mapp
         items.append({
             "status": a["status"],
             "labels": dict(sorted(a["labels"].items())),
-            "annotations": dict(sorted(a["annotations"].items())),
+            "annotations": {k: plain_text(v) for k, v in sorted(a["annotations"].items())},
             "startsAt": rfc3339(a["starts_at"]),
             "endsAt": rfc3339(a["ends_at"]) if a["status"] == "resolved" else ZERO_TIME,
             "generatorURL": external_url,

@@ -15,6 +15,7 @@ from rich.table import Table
 from monitor.commands.options import float_option
 from monitor.commands.terminal import plain_console
 from monitor.errors import PolicyError
+from monitor.escape import terminal_text
 from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
 
 
@@ -154,14 +155,15 @@ def register(app: typer.Typer) -> None:
         failed = 0
         for result in check_policy_files(paths, secrets=not skip_secrets):
             if result.ok:
-                print(f"SUCCESS {result.path}")
+                print(terminal_text(f"SUCCESS {result.path}"))
                 for line in refit_warnings(Path(result.path)):
-                    print(f"WARNING {result.path}: {line}")
+                    print(terminal_text(f"WARNING {result.path}: {line}"))
                 continue
             failed += 1
             for line in result.errors:
                 # Errors start with the file name (and line); others get it prefixed.
-                print(f"FAILED {line}" if line.startswith(result.path) else f"FAILED {result.path}: {line}")
+                print(terminal_text(f"FAILED {line}" if line.startswith(result.path)
+                                    else f"FAILED {result.path}: {line}"))
         if failed:
             raise PolicyError(f"{failed} of {len(paths)} policy file(s) failed the check")
 

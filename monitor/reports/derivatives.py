@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from monitor.escape import markdown_text
 from monitor.reports.present import fmt
 from monitor.store import Store
 
@@ -76,13 +77,16 @@ def derivatives_markdown(sections: Sequence[Mapping[str, Any]]) -> list[str]:
            "L*(base) and its own L*. A task state says which coordinate it was predicted from and "
            "whether the task residual ρ = P(θ) − φ(L*(base)) was measured (a stored label).", ""]
     for g in sections:
-        status = f", {g['base_status']}" if g.get("base_status") else ", not in the store"
-        out += [f"### {g['base_checkpoint']}", "",
+        status = f", {markdown_text(g['base_status'])}" if g.get("base_status") else ", not in the store"
+        out += [f"### {markdown_text(g['base_checkpoint'])}", "",
                 f"L*(base) = {fmt(g['lstar_base'])} ± {fmt(g['lstar_base_se'])}{status}.", "",
                 "| derivative | relation | L*(base) | L* | task states |", "|---|---|---:|---:|---|"]
         for d in g["derivatives"]:
-            tasks = "; ".join(f"{task}: {_state_cell(s)}" for task, s in sorted(d["tasks"].items())) or "—"
-            relation = d["relation"] + ("" if d["relation_source"] == "declared" else f" ({d['relation_source']})")
-            out.append(f"| {d['checkpoint']} | {relation} | {fmt(d['lstar_base'])} | {fmt(d['lstar'])} | {tasks} |")
+            tasks = "; ".join(f"{markdown_text(task)}: {_state_cell(s)}"
+                              for task, s in sorted(d["tasks"].items())) or "—"
+            relation = markdown_text(d["relation"]) + ("" if d["relation_source"] == "declared"
+                                                       else f" ({markdown_text(d['relation_source'])})")
+            out.append(f"| {markdown_text(d['checkpoint'])} | {relation} | {fmt(d['lstar_base'])} | "
+                       f"{fmt(d['lstar'])} | {tasks} |")
         out.append("")
     return out

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import CurveError
+from monitor.escape import markdown_code, markdown_text, template_value
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
@@ -429,7 +430,7 @@ def track_record_markdown(record: Sequence[Mapping[str, Any]]) -> list[str]:
         interval = "" if r["coverage_lo"] is None else f" [{r['coverage_lo']:.3f}, {r['coverage_hi']:.3f}]"
         verdict = ("**miscalibrated**" if r["miscalibrated"] else
                    "untested (fewer than 5 checks)" if r["p_value"] is None else "consistent with nominal")
-        out += [f"### curve {r['curve_id']} ({r['task']})", "",
+        out += [f"### curve {markdown_text(r['curve_id'])} ({markdown_text(r['task'])})", "",
                 f"- predictions checked: {r['checked']}",
                 f"- coverage: {r['covered']}/{r['checked']} = {share}{interval} against nominal {r['nominal']:g}: "
                 f"{verdict}" + ("" if r["p_value"] is None else f" (p = {r['p_value']:.3g})"),
@@ -437,7 +438,7 @@ def track_record_markdown(record: Sequence[Mapping[str, Any]]) -> list[str]:
                 "| checkpoint | predicted | interval | observed | observed interval | observed state | inside | verdict |",
                 "|---|---|---|---:|---|---|---|---|"]
         for c in r["checks"]:
-            out.append(f"| {c['repo']}@{c['commit_sha'][:12]} | {c['predicted_state']} | "
+            out.append(f"| {markdown_text(c['repo'] + '@' + c['commit_sha'][:12])} | {c['predicted_state']} | "
                        f"[{fmt(c['predicted_lo'])}, {fmt(c['predicted_hi'])}] | {fmt(c['observed'])} | "
                        f"[{fmt(c['observed_lo'])}, {fmt(c['observed_hi'])}] | {c['observed_state']} | "
                        f"{'yes' if c['inside'] else 'no'} | {c['verdict']} |")
@@ -451,7 +452,9 @@ def version_line(data: Mapping[str, Any]) -> str:
 
 
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
-    """The report as Markdown (plots as links to the PNG files next to it)."""
+    """The report as Markdown (plots as links to the PNG files next to it). Every value that
+    comes from the Hub, a policy, curve or task file or the store is written with
+    `markdown_text` (a path with `markdown_code`), so it renders as the literal text it is."""
     s = data["summary"]
     data = summarised(data)
     omitted = data["omitted"]
@@ -460,9 +463,12 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
         return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
 
     def note(section: str) -> list[str]:
-        return [f"*{omitted[section]}.*", ""] if section in omitted else []
+        return [f"*{omitted[section]}.*", ""] if section in omitted else []   # counts, no names
 
-    out = [f"# Governance report: {data['policy']} ({data['report']})", "",
+    def name(row: Mapping[str, Any]) -> str:
+        return markdown_text(ref_name(row))
+
+    out = [f"# Governance report: {markdown_text(data['policy'])} ({markdown_text(data['report'])})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
            f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
            *([f"Policy {version_line(data)}.", ""] if data.get("policy_version") else []),
@@ -470,30 +476,32 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
            f"- lineages: {s['lineages']}", f"- at risk: {s['at_risk']}, emerged: {s['emerged']}",
            f"- crossings (state changes): {s['crossings']}", ""]
     for problem in data["problems"]:
-        out.append(f"> problem: {problem}")
+        out.append(f"> problem: {markdown_text(problem)}")
     out += ["## L* by family", "", *how("lstar"), *note("lstar_table"),
             "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["lstar_table"]:
-        out.append(f"| {r['lineage']} | {ref_name(r)} | {fmt(r['step'])} | {fmt(r['released_at'])} | "
+        out.append(f"| {markdown_text(r['lineage'])} | {name(r)} | {fmt(r['step'])} | {fmt(r['released_at'])} | "
                    f"{fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
-                   f"{fmt(r['ce_unigram'])} | `{r['tokenizer'][:12]}` | {'yes' if r['new'] else ''} |")
+                   f"{fmt(r['ce_unigram'])} | {markdown_code(r['tokenizer'][:12])} | {'yes' if r['new'] else ''} |")
     out += ["", "Current checkpoint per lineage (the last in its order):", ""]
-    out += [f"- {f['lineage']}: {f['current']} (ordered by {f['order']}), L* {fmt(f['latest_lstar'])}"
+    out += [f"- {markdown_text(f['lineage'])}: {markdown_text(f['current'])} (ordered by {f['order']}), "
+            f"L* {fmt(f['latest_lstar'])}"
             for f in data["families"]]
     out += ["", "## Tasks", "", *how("tasks")]
     for t in data["tasks"]:
-        out += [f"### {t['task']} ({t['metric']})", "",
+        out += [f"### {markdown_text(t['task'])} ({markdown_text(t['metric'])})", "",
                 f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
                 f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
                 + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
-        label = t.get("axis_label", "L*")
+        label = markdown_text(t.get("axis_label", "L*"))
         if "curve_file" in t:
             imported = (f", {t['imported_points']} of them imported from a labels file (not scored here)"
                         if t["imported_points"] else "")
-            out += [f"Progress axis: {label}, from the curve `{t['curve_file']}` "
+            out += [f"Progress axis: {label}, from the curve {markdown_code(t['curve_file'])} "
                     f"({t['curve_points']} labelled points{imported}).", ""]
-        out += [f"- curve warning ({w['code']}): {w['message']}" for w in t["curve_warnings"]]
+        out += [f"- curve warning ({markdown_text(w['code'])}): {markdown_text(w['message'])}"
+                for w in t["curve_warnings"]]
         out += ([""] if t["curve_warnings"] else []) + note(f"task:{t['task']}") + [
                 f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
                 "|---|---|---|---:|---:|---|---:|"]
@@ -502,7 +510,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
             via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
             state = (f"**{x['observed_state']}** (predicted {x['state']}){via}" if x.get("observed_state")
                      else f"**{x['state']}**{via}")
-            out.append(f"| {x['lineage']} | {ref_name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
+            out.append(f"| {markdown_text(x['lineage'])} | {name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
     out += track_record_markdown(data.get("track_record") or [])
@@ -511,7 +519,8 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
         for c in data["crossings"]:
-            out.append(f"| {c['task']} | {c['lineage']} | {ref_name(c)} | {c['from'] or 'new'} | "
+            out.append(f"| {markdown_text(c['task'])} | {markdown_text(c['lineage'])} | {name(c)} | "
+                       f"{c['from'] or 'new'} | "
                        f"{c['to']} | {fmt(c['lstar'])} |")
     else:
         out.append("No state changed in this period.")
@@ -520,16 +529,16 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
             "|---|---:|---:|---:|---:|---:|"]
     for r in data["lstar_table"]:
         st = r["stability"] or {}
-        out.append(f"| {ref_name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
+        out.append(f"| {name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
                    f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
     out += ["", "## New checkpoints", "", *note("new_checkpoints")]
     for c in data["new_checkpoints"]:
-        out.append(f"- {ref_name(c)}: {c['status']}" + (f" ({c['reason']})" if c["reason"] else ""))
+        out.append(f"- {name(c)}: {c['status']}" + (f" ({markdown_text(c['reason'])})" if c["reason"] else ""))
     if not data["new_checkpoints"]:
         out.append("None.")
     out += ["", "## Plots", "", *how("plots")]
     for p in data["plots"]:
-        out.append(f"![{p['title']}]({image_prefix}{p['file']})")
+        out.append(f"![{markdown_text(p['title'])}]({image_prefix}{p['file']})")
     if not data["plots"]:  # rendered without its files (printed, not written as a folder)
         out.append("*The plots are files: `lstar report --out DIR` writes them beside this report.*")
     return "\n".join(out) + "\n"
@@ -541,7 +550,8 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
                              autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=template_value)   # control and bidi characters made visible
     env.filters["fmt"] = fmt
     env.filters["short"] = short
     env.globals["ref_name"] = ref_name

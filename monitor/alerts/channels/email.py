@@ -22,6 +22,7 @@ import jinja2
 from monitor.alerts.channels.base import Outgoing, SendResult
 from monitor.alerts.payload import message_id
 from monitor.errors import DeliveryError
+from monitor.escape import plain_text, template_value
 from monitor.policy.secrets import read_secret
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -46,7 +47,9 @@ def render(message: Outgoing, templates: Path | None = None) -> tuple[str, str, 
     folders = [str(p) for p in (templates, DEFAULT_TEMPLATES) if p is not None]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folders), undefined=jinja2.StrictUndefined,
                              autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             # every value on its line: control, line-break and bidi characters shown
+                             finalize=template_value)
     context = template_context(message)
     try:
         subject, text, html = (env.get_template(name).render(context) for name in TEMPLATE_NAMES)
@@ -62,7 +65,7 @@ def compose_email(cfg: Any, *, subject: str, text: str, html: str, now: datetime
     """A MIME message to `cfg`'s recipients (multipart/alternative: text, then HTML), with
     the receiver's subject prefix and the given Message-ID and extra headers."""
     mail = EmailMessage()
-    mail["Subject"] = f"{cfg.subject_prefix} {subject}".strip()
+    mail["Subject"] = plain_text(f"{cfg.subject_prefix} {subject}".strip())   # a line break would end the header
     mail["From"] = cfg.from_
     mail["To"] = ", ".join(cfg.to)
     mail["Date"] = format_datetime(now)
