@@ -81,6 +81,10 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
     settings = job["settings"]
     workdir = state_dir / "tmp" / f"eval-{job['id']}-{uuid.uuid4().hex[:8]}"
     try:
+        # first, as it costs no download: the child evaluates a copy of the bytes checked
+        # against the job's fingerprint, and a job whose file is not as scheduled waits
+        task_file = (str(task_file_as_scheduled(settings, workdir)) if settings["kind"] == "multiple_choice"
+                     else None)
         snapshot, digests = fetch_verified(job["repo"], job["commit_sha"], cache_dir=cache_dir, client=client)
         # the evaluator's settings include where and in which precision it runs
         # `auto` left unresolved (workers elsewhere, e.g. Ray GPUs): no digest, never linked
@@ -95,9 +99,6 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
         else:
             from monitor.curves.eval_child import EvalSpec, run_evaluation_child
 
-            # the child evaluates a copy of the bytes checked against the job's fingerprint
-            task_file = (str(task_file_as_scheduled(settings, workdir)) if settings["kind"] == "multiple_choice"
-                         else None)
             model_dir = materialize_snapshot(snapshot, workdir / "model")
             event("observation_started", **ids, kind=settings["kind"])
             spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
