@@ -32,9 +32,15 @@ class FileKind:
     name: str      # "policy file": "… is a directory, not a policy file"
     plural: str    # "policy files": "policy files are limited to … bytes"
     format: str    # "YAML": "policy files are regular YAML files"
+    too_large: str | None = None   # the fix for a file over the limit, when there is one
 
 
 POLICY_FILE = FileKind("policy file", "policy files", "YAML")
+# A task's `evaluate.file`, read by `lstar policy check`, at every policy load and by every
+# evaluation the daemon runs: one bound for all of them.
+TASK_FILE = FileKind("multiple-choice task file", "multiple-choice task files", "JSON-lines",
+                     too_large="split it, or use kind lm_eval")
+TASK_FILE_MAX_BYTES = 64 << 20
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -56,11 +62,14 @@ def read_bounded_bytes(path: Path, label: str, *, what: FileKind = POLICY_FILE,
         raise PolicyError(f"{label}: cannot read: {exc.strerror or exc}",
                           hint="check that the file exists and is readable") from None
     try:
-        mode = os.fstat(fd).st_mode
+        info = os.fstat(fd)
+        mode = info.st_mode
         if not stat.S_ISREG(mode):
             kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
             raise PolicyError(f"{label}: is {kind}, not a {what.name}",
                               hint=f"{what.plural} are regular {what.format} files; rename or remove it")
+        if info.st_size > limit:   # refused before reading a byte of it
+            raise _too_large(label, what, limit, info.st_size)
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 16, limit + 1 - size))
@@ -72,10 +81,14 @@ def read_bounded_bytes(path: Path, label: str, *, what: FileKind = POLICY_FILE,
         raise PolicyError(f"{label}: cannot read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    if size > limit:
-        total = _size_of(path, size)
-        raise PolicyError(f"{label}: file is {total:,} bytes; {what.plural} are limited to {limit:,} bytes")
+    if size > limit:   # it grew while being read
+        raise _too_large(label, what, limit, _size_of(path, size))
     return b"".join(chunks)
+
+
+def _too_large(label: str, what: FileKind, limit: int, size: int) -> PolicyError:
+    return PolicyError(f"{label}: file is {size:,} bytes; {what.plural} are limited to {limit:,} bytes",
+                       hint=what.too_large)
 
 
 def _size_of(path: Path, at_least: int) -> int:
@@ -111,7 +124,7 @@ def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -
                           hint="save the file as UTF-8") from None
 
 
-__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
+__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "TASK_FILE", "TASK_FILE_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
            "read_bounded_json", "read_bounded_text"]
 
 

@@ -29,6 +29,7 @@ RECORDED = {
     "0011_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
     "0012_checkpoint_bases": "bb9b04d643b2d5379049e922f590546913f33c53bd459675a8392b0b67acc4d5",
     "0013_observations": "5fd8b543700b484ce620dda677d5f431601294a99c7f5ccb308bd7640d621ba6",
+    "0014_superseded_observations": "2822f8f9a85f65c23c15bdad43a853af1c8747eafbb668374adb9349e13cd29d",
 }
 
 
@@ -89,3 +90,25 @@ def test_a_repeated_number_is_refused(tmp_path):
 def test_a_badly_named_file_is_refused(tmp_path, name):
     with pytest.raises(StoreError, match=f"migration file {name} is not named NNNN_name.sql"):
         load_migrations(_folder(tmp_path, name))
+
+
+def test_observations_keep_their_rows_when_supersession_arrives(tmp_path):
+    """0014 copies the observations table into one keyed by (policy, task, run, generation)."""
+    path = tmp_path / "old.duckdb"
+    before = [m for m in MIGRATIONS if m.name != "0014_superseded_observations"]
+    with Store.open(path, migrate=False) as store:
+        store.migrate(before)
+        store.conn.execute(
+            "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
+            "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, scheduled_day, "
+            "created_at, updated_at) VALUES ('p', 't', 'r', 1, 'o/m', 'abc', 'o/m', 'c', 'at_risk', 0.1, 0.2, 0.3, "
+            "0.9, '{}', 'pending', DATE '2026-03-02', now(), now())")
+    with Store.open(path) as store:
+        rows = store.query("SELECT id, run_id, status, generation, superseded_by FROM observations")
+        assert rows == [{"id": 1, "run_id": "r", "status": "pending", "generation": 0, "superseded_by": None}]
+        again = store.conn.execute(   # the sequence goes on where it was
+            "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
+            "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, scheduled_day, "
+            "created_at, updated_at, generation) VALUES ('p', 't', 'r', 1, 'o/m', 'abc', 'o/m', 'c', 'at_risk', "
+            "0.1, 0.2, 0.3, 0.9, '{}', 'pending', DATE '2026-03-02', now(), now(), 1) RETURNING id").fetchone()
+        assert again == (2,)

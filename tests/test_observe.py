@@ -162,14 +162,14 @@ def test_the_daily_budget_skips_with_the_reason_and_resets_the_next_utc_day(tmp_
         for i, run in enumerate("abcd"):
             _prediction(store, run, lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW + timedelta(minutes=i))
         _prediction(store, "e", lo=0.1, hi=0.2, state="clear", curve_id="cid", at=NOW)   # not in `on`
-        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 2, "skipped_budget": 2}
-        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 0, "skipped_budget": 0}
+        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 2, "skipped_budget": 2, "superseded": 0}
+        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 0, "skipped_budget": 0, "superseded": 0}
         rows = sorted(store.observations(), key=lambda r: r["run_id"])
         assert [(r["run_id"], r["status"], r["reason"]) for r in rows] == [
             ("a", "pending", None), ("b", "pending", None), ("c", "skipped", "budget"), ("d", "skipped", "budget")]
         _prediction(store, "f", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW + timedelta(days=1))
         assert schedule_observations(store, [policy], now=NOW + timedelta(days=1)) == \
-            {"scheduled": 1, "skipped_budget": 0}
+            {"scheduled": 1, "skipped_budget": 0, "superseded": 0}
 
 
 def test_an_observation_alert_carries_both_states(tmp_path, curve):
@@ -301,7 +301,7 @@ def test_predictions_older_than_the_lookback_are_not_scheduled(tmp_path, curve):
     with Store.open(tmp_path / "s.duckdb") as store:
         _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW - timedelta(days=8))
         _prediction(store, "b", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW - timedelta(days=6))
-        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 1, "skipped_budget": 0}
+        assert schedule_observations(store, [policy], now=NOW) == {"scheduled": 1, "skipped_budget": 0, "superseded": 0}
         assert [r["run_id"] for r in store.observations()] == ["b"]
 
 

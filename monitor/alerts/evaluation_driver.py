@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.alerts.observations import content_digest, observation_alert, observation_fields
+from monitor.alerts.task_files import TaskFileNotAsScheduled, task_file_as_scheduled
 from monitor.errors import HubError, LabelError, LstarError
 from monitor.events import event
 from monitor.hub.fetch import fetch_verified
@@ -80,6 +81,10 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
     settings = job["settings"]
     workdir = state_dir / "tmp" / f"eval-{job['id']}-{uuid.uuid4().hex[:8]}"
     try:
+        # first, as it costs no download: the child evaluates a copy of the bytes checked
+        # against the job's fingerprint, and a job whose file is not as scheduled waits
+        task_file = (str(task_file_as_scheduled(settings, workdir)) if settings["kind"] == "multiple_choice"
+                     else None)
         snapshot, digests = fetch_verified(job["repo"], job["commit_sha"], cache_dir=cache_dir, client=client)
         # the evaluator's settings include where and in which precision it runs
         # `auto` left unresolved (workers elsewhere, e.g. Ray GPUs): no digest, never linked
@@ -94,13 +99,10 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
         else:
             from monitor.curves.eval_child import EvalSpec, run_evaluation_child
 
-            if settings["kind"] == "multiple_choice" and not Path(settings["file"]).is_file():
-                raise LabelError(f"task file {settings['file']} is gone",
-                                 hint="restore it, or change the policy's evaluate.file")
             model_dir = materialize_snapshot(snapshot, workdir / "model")
             event("observation_started", **ids, kind=settings["kind"])
             spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
-                            file=settings.get("file"), task=settings.get("task"), device=device, dtype=dtype)
+                            file=task_file, task=settings.get("task"), device=device, dtype=dtype)
             if ray is not None:   # `--scoring-backend ray`: on a node of the cluster, like a score
                 from monitor.curves.eval_child import evaluate_on_ray
 
@@ -110,9 +112,10 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
                 result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
                                               workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
             if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
-                raise LabelError(f"task file {settings['file']} changed since the evaluation was scheduled "
-                                 f"(sha256 {str(result['task_sha256'])[:12]}, expected "
-                                 f"{settings['task_sha256'][:12]})", hint="schedule it again with the new file")
+                # cannot happen with the verified copy; were it to, the job waits, not fails
+                raise TaskFileNotAsScheduled(f"the evaluation of task file {settings['file']} read sha256 "
+                                             f"{str(result['task_sha256'])[:12]}, not the "
+                                             f"{settings['task_sha256'][:12]} it was scheduled with")
             value, n, k = float(result["value"]), int(result["n"]), int(result["k"])
             run_id = f"eval-{uuid.uuid4().hex[:16]}"
             eval_run = {"run_id": run_id, "model_repo": job["repo"], "model_sha": job["commit_sha"],
@@ -123,6 +126,12 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
                                   "weights_digest": digests.get("weights_digest")},
                         "wall_s": result["wall_s"]}
             extra = {"eval_run_id": run_id}
+    except TaskFileNotAsScheduled as exc:   # waits, pending, without using an attempt
+        shutil.rmtree(workdir, ignore_errors=True)
+        store.release_observation(job["id"], owner, f"waiting for its task file: {_reason(exc)}", now=now_fn(),
+                                  refund=True)
+        event("observation_waiting", **ids, reason=_reason(exc))
+        return {**ids, "status": "pending", "reason": _reason(exc), "waiting": True}
     except SKIP_ERRORS + PERMANENT_ERRORS + (LabelError,) as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         held = store.complete_observation(job["id"], owner, status="failed", reason=_reason(exc), now=now_fn())

@@ -5,8 +5,11 @@ Scheduling (`schedule_observations`): every prediction of a task with `evaluate:
 is in its `on` list, made in the last 7 days (`LOOKBACK`: enabling `evaluate:` on a task with
 a long history does not fill the day's budget with old checkpoints), gets one observation row: `pending` (a job for the evaluation queue)
 while the policy's budget for the UTC day (`evaluations.per_day`) lasts, else `skipped` with
-the reason `budget`. The rows are unique per (policy, task, score run): a prediction is
-checked at most once.
+the reason `budget`. The rows are unique per (policy, task, score run, generation): a
+prediction is checked at most once, under the task file its policy validated
+(`monitor.alerts.task_files`); an evaluation whose task file changed before it ran is
+superseded by one of the next generation under the new file, which takes its place in the
+budget.
 
 An observation (`observation_fields`) has a Clopper-Pearson interval at the curve's
 confidence (`monitor.curves.observe`), an observed state against the level b + ε in force
@@ -30,11 +33,11 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from monitor.alerts.model import Alert, Delivery, operator_alert
 from monitor.alerts.rules import group_key, group_labels, route_alert
+from monitor.alerts.task_files import TaskFileCheck, check_task_file, check_task_files
 from monitor.curves.observe import (INTERVAL_METHOD, clopper_pearson, coverage, inside, observed_state,
                                     predictive_interval,
                                     verdict)
@@ -50,30 +53,27 @@ LOOKBACK = timedelta(days=7)
 SEVERITY = {"contradicted": "critical", "confirmed": "info"}
 
 
-def _file_sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def evaluation_settings(policy: Policy, task: Any) -> dict[str, Any]:
+def evaluation_settings(policy: Policy, task: Any, check: TaskFileCheck | None = None) -> dict[str, Any]:
     """What an evaluation of `task` runs, with the task file's sha256 (part of the job's
-    content digest)."""
+    content digest): for a multiple-choice task, the file as `check` (by default a fresh
+    `check_task_file`) found it; its sha256 is None while the file cannot be used."""
     ev = task.evaluate
-    out: dict[str, Any] = {"kind": ev.kind, "metric": ev.metric}
     if ev.kind == "multiple_choice":
-        path = policy.resolve_path(ev.file).resolve()
-        out.update(file=str(path), task_sha256=_file_sha256(path))
-    else:
-        out.update(task=ev.task, task_sha256=None)
-    return out
+        return (check or check_task_file(policy, task)).settings(task)
+    return {"kind": ev.kind, "metric": ev.metric, "task": ev.task, "task_sha256": None}
 
 
-def schedule_observations(store: Store, policies: Sequence[Policy], *, now: datetime) -> dict[str, int]:
+def schedule_observations(store: Store, policies: Sequence[Policy], *, now: datetime,
+                          task_files: Mapping[tuple[str, str], TaskFileCheck] | None = None) -> dict[str, int]:
     """Give every prediction that calls for an evaluation its observation row: pending within
-    the policy's budget for today (UTC), else skipped with the reason `budget`."""
-    counts = {"scheduled": 0, "skipped_budget": 0}
+    the policy's budget for today (UTC), else skipped with the reason `budget`.
+
+    Multiple-choice tasks go by `task_files` (by default `check_task_files(policies)`, which
+    reads each file bounded): a task whose file cannot be used schedules nothing, and the
+    evaluations of a task whose file changed that have not run are superseded by ones of the
+    new file (`superseded` counts them)."""
+    counts = {"scheduled": 0, "skipped_budget": 0, "superseded": 0}
+    task_files = check_task_files(policies) if task_files is None else task_files
     day = now.date()
     for policy in policies:
         tasks = [t for t in policy.tasks if t.evaluate is not None]
@@ -81,7 +81,16 @@ def schedule_observations(store: Store, policies: Sequence[Policy], *, now: date
             continue
         started = store.observations_started_on(policy.name, day)
         for task in tasks:
-            settings = evaluation_settings(policy, task)
+            check = task_files.get((policy.name, task.name))
+            if task.evaluate.kind == "multiple_choice" and (check is None or check.sha256 is None):
+                continue   # the file cannot be used now: its evaluations wait (check.problem says why)
+            settings = evaluation_settings(policy, task, check)
+            if check is not None:
+                for old, new in store.supersede_observations(policy.name, task.name, settings, file=str(check.path),
+                                                             now=now):
+                    counts["superseded"] += 1
+                    event("observation_superseded", policy=policy.name, task=task.name, observation=old, by=new,
+                          task_sha256=str(settings["task_sha256"])[:12])
             candidates = store.observation_candidates(policy.name, task.name, list(task.evaluate.on),
                                                       since=now - LOOKBACK)
             if task.derivatives == "evaluate":  # every derivative, whatever its predicted state

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from monitor.curves.labels import Label
-from monitor.errors import LabelError
+from monitor.errors import LabelError, PolicyError
+from monitor.files import TASK_FILE, TASK_FILE_MAX_BYTES, read_bounded_bytes
 from monitor.jsonl import json_lines
 from monitor.scoring import load_checkpoint, load_tokenizer
 
@@ -56,17 +57,35 @@ class McTask:
     items: tuple[McItem, ...]
 
 
-def load_mc_task(path: str | Path, *, limit: int | None = None) -> McTask:
-    """A multiple-choice task file (JSON lines of id, context, choices, answer[, slice]).
-    The task's name is the file's stem; sha256 is of the whole file's bytes."""
-    path = Path(path)
+def read_task_file(path: str | Path) -> bytes:
+    """A task file's bytes, read bounded (`monitor.files`): a regular file of at most
+    `TASK_FILE_MAX_BYTES`, else a LabelError naming the file and the fix (a FIFO cannot block
+    the reader, a huge file is refused before it is read)."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise LabelError(f"no task file at {path}") from exc
+        return read_bounded_bytes(Path(path), str(path), what=TASK_FILE, limit=TASK_FILE_MAX_BYTES)
+    except PolicyError as exc:
+        raise LabelError(exc.message, hint=exc.hint) from None
+
+
+def load_mc_task(path: str | Path, *, limit: int | None = None) -> McTask:
+    """A multiple-choice task file (JSON lines of id, context, choices, answer[, slice]), read
+    bounded (`read_task_file`). The task's name is the file's stem; sha256 is of the whole
+    file's bytes."""
+    path = Path(path)
+    if not path.exists():
+        raise LabelError(f"no task file at {path}")
+    return parse_mc_task(read_task_file(path), path, limit=limit)
+
+
+def parse_mc_task(raw: bytes, path: Path, *, limit: int | None = None) -> McTask:
+    """The task held by `raw`, the bytes of the task file at `path` (named in errors)."""
     items = []
     ids: set[str] = set()
-    for number, obj in json_lines(raw.decode("utf-8").splitlines(), path, LabelError, not_json="not JSON"):
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LabelError(f"{path}: not UTF-8 text (byte {exc.start})", hint="save the file as UTF-8") from None
+    for number, obj in json_lines(text.splitlines(), path, LabelError, not_json="not JSON"):
         where = f"{path}:{number}"
         if not isinstance(obj, dict):
             raise LabelError(f"{where}: expected an object")

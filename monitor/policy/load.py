@@ -132,12 +132,12 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
     return errors
 
 
-TASK_FILE_MAX_BYTES = 64 << 20
-
-
 def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:
-    """Why a task's `evaluate:` cannot run here (None when it can): a task file that is missing
-    or not a multiple-choice file, or lm_eval without the `bench` extra."""
+    """Why a task's `evaluate:` cannot run here (None when it can): a task file that is missing,
+    not a regular file, over `TASK_FILE_MAX_BYTES` or not a multiple-choice file (read bounded,
+    `monitor.curves.evaluator.read_task_file`), or lm_eval without the `bench` extra. A task
+    file that loads is fingerprinted on the policy (`Policy.note_task_file`): the daemon's
+    evaluations run that content, and notice when the file changes."""
     import importlib.util
 
     if evaluate.kind == "lm_eval":
@@ -148,17 +148,15 @@ def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:
     from monitor.curves.evaluator import load_mc_task
 
     path = policy.resolve_path(evaluate.file)
-    if not path.is_file():
+    if not path.exists():
         return f"task file {evaluate.file!r} does not exist (paths are relative to the policy file)"
-    if path.stat().st_size > TASK_FILE_MAX_BYTES:
-        return (f"task file {evaluate.file!r} is larger than {TASK_FILE_MAX_BYTES >> 20} MiB; "
-                "a multiple-choice task file this large is a mistake (split it, or use kind lm_eval)")
     try:
-        load_mc_task(path)
+        task = load_mc_task(path)
     except LstarError as exc:
         return f"task file {evaluate.file!r} does not load: {exc.one_line()}"
     except Exception as exc:  # noqa: BLE001 - a hostile task file
         return f"task file {evaluate.file!r} does not load: {_exception_text(exc)}"
+    policy.note_task_file(evaluate.file, task.sha256)
     return None
 
 

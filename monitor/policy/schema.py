@@ -504,6 +504,9 @@ class Policy(_Strict):
     _path: Path | None = PrivateAttr(None)
     _source_sha256: str | None = PrivateAttr(None)
     _loaded_at: datetime | None = PrivateAttr(None)
+    # evaluate.file as written -> sha256 of the task file this policy validated (at load, or
+    # when the observe tick found it changed and valid): what its evaluations run.
+    _task_sha256: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @property
     def path(self) -> Path | None:
@@ -520,6 +523,15 @@ class Policy(_Strict):
     def loaded_at(self) -> datetime | None:
         """When that text was read."""
         return self._loaded_at
+
+    def task_file_sha256(self, file: str) -> str | None:
+        """The sha256 of the task file `file` (an `evaluate.file`) as this policy last validated
+        it; None when it has not validated that file."""
+        return self._task_sha256.get(file)
+
+    def note_task_file(self, file: str, sha256: str) -> None:
+        """Record that the task file `file` was validated with content `sha256`."""
+        self._task_sha256[file] = sha256
 
     def receiver(self, name: str) -> Receiver:
         """The receiver called `name` (raises PolicyError when undefined)."""

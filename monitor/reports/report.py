@@ -289,6 +289,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "families": list(families.values()), "lstar_table": table, "tasks": tasks, "derivatives": derivatives,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
+        "superseded_evaluations": superseded_section(store, policy, since=period_start),
         "plots": [],
         "_curves": curves,
     }
@@ -451,6 +452,32 @@ def version_line(data: Mapping[str, Any]) -> str:
     return f"{data['policy']} {describe_version(data['policy_version'])}"
 
 
+def superseded_section(store: Store, policy: Policy, *, since: datetime) -> list[dict[str, Any]]:
+    """The policy's evaluations superseded since `since` because their task file changed before
+    they ran: which (id, task, checkpoint, the file's sha256 then), why, and by which evaluation
+    (its id, the new sha256, its status)."""
+    return [{k: r[k] for k in ("id", "task", "repo", "commit_sha", "task_sha256", "reason", "superseded_at",
+                               "superseded_by", "by_task_sha256", "by_status")}
+            for r in store.superseded_observations(policy.name, since=since)]
+
+
+def superseded_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The superseded evaluations as Markdown lines (none: nothing)."""
+    if not rows:
+        return []
+    out = ["### Superseded evaluations", "",
+           "*How to read this:* an evaluation whose task file changed before it ran is not run on the old "
+           "file; an evaluation of the new file checks the same prediction in its place.", "",
+           "| evaluation | task | checkpoint | task file then | superseded by | task file now | its status |",
+           "|---:|---|---|---|---:|---|---|"]
+    for r in rows:
+        out.append(f"| {r['id']} | {markdown_text(str(r['task']))} | "
+                   f"{markdown_text(str(r['repo']) + '@' + str(r['commit_sha'])[:12])} | "
+                   f"{markdown_code(str(r['task_sha256'])[:12])} | {r['superseded_by']} | "
+                   f"{markdown_code(str(r['by_task_sha256'])[:12])} | {markdown_text(str(r['by_status']))} |")
+    return out + [""]
+
+
 def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     """The report as Markdown (plots as links to the PNG files next to it). Every value that
     comes from the Hub, a policy, curve or task file or the store is written with
@@ -471,7 +498,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
     out = [f"# Governance report: {markdown_text(data['policy'])} ({markdown_text(data['report'])})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
            f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
-           *([f"Policy {version_line(data)}.", ""] if data.get("policy_version") else []),
+           *([f"Policy {markdown_text(version_line(data))}.", ""] if data.get("policy_version") else []),
            f"- new checkpoints: {s['new_checkpoints']} (new scores: {s['new_scores']})",
            f"- lineages: {s['lineages']}", f"- at risk: {s['at_risk']}, emerged: {s['emerged']}",
            f"- crossings (state changes): {s['crossings']}", ""]
@@ -514,6 +541,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
         out.append("")
     out += track_record_markdown(data.get("track_record") or [])
+    out += superseded_markdown(data.get("superseded_evaluations") or [])
     out += derivatives_markdown(data.get("derivatives") or [])
     out += ["## Crossings", "", *how("crossings"), *note("crossings")]
     if data["crossings"]:

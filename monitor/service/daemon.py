@@ -804,11 +804,16 @@ class Daemon:
         (`monitor.alerts.observations`, `monitor.alerts.evaluation_driver`)."""
         from monitor.alerts.observations import check_calibration, schedule_observations
         from monitor.alerts.evaluation_driver import run_observations
+        from monitor.alerts.task_files import check_task_files
 
         cfg = self.config
         policies = self.policies()
+        # Each task file read bounded and compared with its policy's fingerprint (a FIFO or a
+        # huge file in its place is refused at once; a changed one is taken on or waits).
+        task_files = check_task_files(policies)
+        problems = self._log_new_task_file_problems(task_files.values())
         with self.job_store() as store:
-            scheduled = schedule_observations(store, policies, now=utcnow())
+            scheduled = schedule_observations(store, policies, now=utcnow(), task_files=task_files)
             # The precision the evaluation runs in, resolved as scoring's is (never the word
             # `auto`, which differs between hosts): it is part of the dedupe digest.
             here = resolved_precision(cfg.template, workers_here=cfg.scoring_backend != "ray")
@@ -823,7 +828,20 @@ class Daemon:
                 store.checkpoint()
         if miscalibrated or any(r.get("alerts") for r in ran):
             self.nudge("dispatch")
-        return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated}
+        return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated, "task_file_problems": problems}
+
+    def _log_new_task_file_problems(self, checks: Any) -> list[str]:
+        """Log each task-file problem when it appears (an error line naming the file and the
+        fix) and when it is mended; returns the problems of this tick."""
+        problems = [c.problem for c in checks if c.problem is not None]
+        seen = getattr(self, "_task_file_problems", [])
+        for problem in problems:
+            if problem not in seen:
+                log.error("%s", problem)
+        if seen and not problems:
+            log.info("every task file is usable again")
+        self._task_file_problems = problems
+        return problems
 
     def _log_new_skips(self, skips: dict[str, str]) -> None:
         """Log and count each skipped evaluation (line -> reason code) not skipped in the

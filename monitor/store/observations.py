@@ -6,6 +6,10 @@ compare-and-set (attempts + 1, lease owner, expiry), completed only by the owner
 holds the lease, in the transaction that writes its result; a lease left by a dead daemon is
 freed at the next start (`reclaim_observation_leases`) and the job runs again, at most
 `max_attempts` times in all.
+
+A job whose task file changed before it ran is superseded (`supersede_observations`): its row
+is kept with status `superseded`, the reason and `superseded_by`, and a row of the next
+`generation` checks the same prediction with the new file, within the same day's budget.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import ReclaimedLease
 
 _JSON = ("settings", "meta")
+# What a replacement row copies from the row it supersedes: the prediction it checks.
+_SUPERSEDE_KEEPS = ("policy", "task", "run_id", "prediction_id", "checkpoint_id", "repo", "commit_sha", "lineage",
+                    "curve_id", "predicted_state", "predicted_lo", "predicted_hi", "predicted_p", "level",
+                    "confidence", "scheduled_day")
+# How evaluations failed, before supersession, when their task file changed after scheduling.
+_CHANGED_FAILURE = "%changed since the evaluation was scheduled%"
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
@@ -58,8 +68,9 @@ class ObservationRows(StoreConnection):
 
     def observations_started_on(self, policy: str, day: date) -> int:
         """Evaluations of `policy` that count against the budget of UTC day `day`."""
+        # a superseded row's place in the budget goes to the row that replaced it
         return int(self.query("SELECT count(*) AS n FROM observations WHERE policy = ? AND scheduled_day = ? "
-                              "AND status != 'skipped'", [policy, day])[0]["n"])
+                              "AND status NOT IN ('skipped', 'superseded')", [policy, day])[0]["n"])
 
     def schedule_observation(self, row: Mapping[str, Any], *, now: datetime) -> bool:
         """Insert one observation row (pending, or skipped with its reason); False when one
@@ -71,9 +82,66 @@ class ObservationRows(StoreConnection):
         with self.transaction() as conn:
             got = conn.execute(
                 f"INSERT INTO observations ({', '.join(columns)}, created_at, updated_at) VALUES "
-                f"({', '.join('?' for _ in columns)}, ?, ?) ON CONFLICT (policy, task, run_id) DO NOTHING "
+                f"({', '.join('?' for _ in columns)}, ?, ?) ON CONFLICT (policy, task, run_id, generation) DO NOTHING "
                 "RETURNING id", [*values, now, now]).fetchone()
         return got is not None
+
+    def supersede_observations(self, policy: str, task: str, settings: Mapping[str, Any], *, file: str,
+                               now: datetime) -> list[tuple[int, int]]:
+        """Replace each evaluation of (policy, task) that has not run with a task file other than
+        `settings["task_sha256"]` by a new pending row of the next generation with `settings`;
+        returns [(superseded id, new id)].
+
+        Replaced: pending rows not leased (a leased one is running; it is looked at again once
+        its lease is given back) and rows failed, before supersession existed, because the
+        task file changed after they were scheduled. The new row keeps the prediction, the
+        scheduled day (its place in that day's budget) and gets no attempt used.
+        """
+        sha = settings.get("task_sha256")
+        out: list[tuple[int, int]] = []
+        with self.transaction() as conn:
+            rows = conn.execute(
+                "SELECT * FROM observations WHERE policy = ? AND task = ? AND superseded_by IS NULL AND "
+                "((status = 'pending' AND (lease_owner IS NULL OR lease_expires_at < ?)) OR "
+                f"(status = 'failed' AND reason LIKE '{_CHANGED_FAILURE}')) ORDER BY id",
+                [policy, task, now]).fetchall()
+            names = [d[0] for d in conn.description]
+            for values in rows:
+                row = _decode(dict(zip(names, values)))
+                before = row["settings"].get("task_sha256")
+                if row["status"] == "pending" and before == sha:
+                    continue
+                kept = {c: row[c] for c in _SUPERSEDE_KEEPS}
+                columns = [*kept, "settings", "status", "generation", "meta", "created_at", "updated_at"]
+                new_id = int(conn.execute(
+                    f"INSERT INTO observations ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)}) "
+                    "RETURNING id", [*kept.values(), json.dumps(dict(settings), sort_keys=True), "pending",
+                                     int(row["generation"]) + 1, json.dumps({"supersedes": row["id"]}), now,
+                                     now]).fetchone()[0])
+                reason = (f"task file {file} changed (sha256 {str(before)[:12]} -> {str(sha)[:12]}) before this "
+                          f"evaluation ran; evaluation {new_id} runs the new file")
+                conn.execute("UPDATE observations SET status = 'superseded', superseded_by = ?, reason = ?, "
+                             "lease_owner = NULL, lease_expires_at = NULL, lease_started_at = NULL, "
+                             "updated_at = ?, finished_at = ? WHERE id = ?", [new_id, reason, now, now, row["id"]])
+                out.append((int(row["id"]), new_id))
+        return out
+
+    def superseded_observations(self, policy: str, *, since: datetime | None = None) -> list[dict[str, Any]]:
+        """The evaluations of `policy` superseded (since `since`), oldest first: which (id, task,
+        checkpoint, the task file sha256 it was scheduled with), why (`reason`), and by which
+        (`superseded_by`, its sha256 and status)."""
+        where, params = ("AND o.finished_at >= ? ", [since]) if since is not None else ("", [])
+        rows = self.query(
+            "SELECT o.id, o.task, o.repo, o.commit_sha, o.settings, o.reason, o.finished_at AS superseded_at, "
+            "o.superseded_by, n.settings AS by_settings, n.status AS by_status FROM observations o "
+            "LEFT JOIN observations n ON n.id = o.superseded_by WHERE o.policy = ? AND o.status = 'superseded' "
+            f"{where}ORDER BY o.finished_at, o.id", [policy, *params])
+        out = []
+        for r in rows:
+            old, new = (json.loads(r.pop(k)) if isinstance(r.get(k), str) else (r.pop(k) or {})
+                        for k in ("settings", "by_settings"))
+            out.append({**r, "task_sha256": old.get("task_sha256"), "by_task_sha256": new.get("task_sha256")})
+        return out
 
     # -- the queue ----------------------------------------------------------------------------
     def claim_observation(self, owner: str, *, now: datetime, lease_s: float, max_attempts: int,

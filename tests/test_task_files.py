@@ -1,0 +1,254 @@
+"""A task's `evaluate.file` is hostile at run time too: the observe tick reads it bounded (a
+FIFO put in its place cannot block the tick, a huge file is refused before it is read), checks
+it against the fingerprint its policy took, and an evaluation whose file changed before it ran
+is superseded by one of the new file (kept, reported), never failed for good."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+import tracemalloc
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from monitor.alerts.observations import schedule_observations
+from monitor.alerts.task_files import TaskFileNotAsScheduled, check_task_files, task_file_as_scheduled
+from monitor.curves.evaluator import load_mc_task
+from monitor.errors import LabelError, PolicyError
+from monitor.files import TASK_FILE_MAX_BYTES
+from monitor.policy import load_policy
+from monitor.reports.report import build_report, to_html, to_markdown
+from monitor.store import Store
+from tests.test_observe import NOW, _mc, _observe, _policy, _prediction
+
+
+@pytest.fixture(scope="module")
+def curve(tmp_path_factory) -> Path:
+    from tests.test_daemon_events import fit_arith_curve
+
+    return fit_arith_curve("c" * 64, tmp_path_factory.mktemp("curve") / "arith.json")
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _edit(path: Path) -> None:
+    """The task file edited: one more item."""
+    with path.open("a") as handle:
+        handle.write(json.dumps({"id": "b", "context": "Q2?", "choices": [" no", " yes"], "answer": 1}) + "\n")
+
+
+def _in_thread(call, timeout: float):
+    """`call()` in a thread; (finished, result or exception) after at most `timeout` seconds."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out["value"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), out.get("value")
+
+
+def test_a_fifo_as_the_task_file_does_not_block_the_observe_tick(tmp_path, curve):
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        task.unlink()
+        os.mkfifo(task)   # swapped for a FIFO after the policy loaded
+        try:
+            finished, result = _in_thread(lambda: schedule_observations(store, [policy], now=NOW), timeout=10)
+        finally:
+            if not finished:   # the old code blocks in open(): give it a writer so the thread ends
+                os.close(os.open(task, os.O_WRONLY | os.O_NONBLOCK))
+        assert finished, "the observe tick blocked on a FIFO"
+        assert result == {"scheduled": 0, "skipped_budget": 0, "superseded": 0}
+        assert store.observations() == []   # nothing scheduled under a file that cannot be read
+    [check] = check_task_files([policy]).values()
+    assert check.sha256 is None
+    assert check.problem == (f"policy p: task arith: {task.resolve()}: is a named pipe (FIFO), not a multiple-choice "
+                             "task file; multiple-choice task files are regular JSON-lines files; rename or remove "
+                             "it; its evaluations wait until it is mended")
+
+
+def test_an_oversized_task_file_is_refused_without_reading_it(tmp_path, curve):
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    size = 3 * TASK_FILE_MAX_BYTES   # 192 MiB, sparse: nothing written to disk
+    with task.open("r+b") as handle:
+        handle.truncate(size)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        tracemalloc.start()
+        started = time.perf_counter()
+        try:
+            counts = schedule_observations(store, [policy], now=NOW)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        took = time.perf_counter() - started
+        assert counts["scheduled"] == 0 and store.observations() == []
+    assert peak < 8 << 20, f"the tick held {peak:,} bytes"   # the old tick read the whole file
+    assert took < 2.0
+    [check] = check_task_files([policy]).values()
+    assert f"file is {size:,} bytes; multiple-choice task files are limited to {TASK_FILE_MAX_BYTES:,} bytes; " \
+           "split it, or use kind lm_eval" in check.problem
+
+
+def test_policy_check_refuses_a_fifo_task_file_by_what_it_is(tmp_path, curve):
+    os.mkfifo(tmp_path / "mc.jsonl")
+    with pytest.raises(PolicyError) as info:
+        load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    assert "tasks[0].evaluate.file: task file 'mc.jsonl' does not load: " in str(info.value)
+    assert "is a named pipe (FIFO), not a multiple-choice task file" in str(info.value)
+
+
+def test_lstar_eval_reads_a_task_file_bounded(tmp_path):
+    fifo = tmp_path / "task.jsonl"
+    os.mkfifo(fifo)
+    try:
+        finished, result = _in_thread(lambda: load_mc_task(fifo), timeout=10)
+    finally:
+        if not finished:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert finished and isinstance(result, LabelError)
+    assert result.message == f"{fifo}: is a named pipe (FIFO), not a multiple-choice task file"
+
+
+def test_a_changed_task_file_supersedes_the_evaluations_that_have_not_run(tmp_path, curve, caplog):
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}", per_day=2))
+    before = _sha(task)
+    assert policy.task_file_sha256("mc.jsonl") == before   # fingerprinted with the policy
+    with Store.open(tmp_path / "s.duckdb") as store:
+        for i, run in enumerate("ab"):
+            _prediction(store, run, lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW + timedelta(minutes=i))
+        assert schedule_observations(store, [policy], now=NOW)["scheduled"] == 2
+        _edit(task)
+        after = _sha(task)
+        with caplog.at_level("INFO", logger="lstar.events"):
+            counts = schedule_observations(store, [policy], now=NOW + timedelta(minutes=5))
+        assert counts == {"scheduled": 0, "skipped_budget": 0, "superseded": 2}
+        assert policy.task_file_sha256("mc.jsonl") == after   # taken on, as a reload would
+        assert f"task_file_changed policy=p task=arith file={task.resolve()} was={before[:12]} " \
+               f"now={after[:12]}" in caplog.text
+        rows = {r["id"]: r for r in store.observations()}
+        old = sorted((r for r in rows.values() if r["status"] == "superseded"), key=lambda r: r["id"])
+        new = sorted((r for r in rows.values() if r["status"] == "pending"), key=lambda r: r["id"])
+        assert [r["run_id"] for r in old] == [r["run_id"] for r in new] == ["a", "b"]
+        for o, n in zip(old, new):
+            assert o["superseded_by"] == n["id"] and n["meta"] == {"supersedes": o["id"]}
+            assert (o["settings"]["task_sha256"], n["settings"]["task_sha256"]) == (before, after)
+            assert (n["generation"], n["attempts"], n["scheduled_day"]) == (1, 0, o["scheduled_day"])
+            assert o["reason"] == (f"task file {task.resolve()} changed (sha256 {before[:12]} -> {after[:12]}) "
+                                   f"before this evaluation ran; evaluation {n['id']} runs the new file")
+        # the replacements take the superseded rows' place in the day's budget: no more, no less
+        assert store.observations_started_on("p", NOW.date()) == 2
+        assert schedule_observations(store, [policy], now=NOW + timedelta(minutes=6)) == \
+            {"scheduled": 0, "skipped_budget": 0, "superseded": 0}
+        # the new evaluation completes, and counts in the track record once
+        _observe(store, "a", 1.0, 20, curve_id="cid", at=NOW + timedelta(minutes=7))
+        assert store.observation(new[0]["id"])["status"] == "done"
+        assert [r["id"] for r in store.track_record("p")] == [new[0]["id"]]
+        report = build_report(store, policy, now=NOW + timedelta(hours=1), period_start=NOW - timedelta(days=1))
+    superseded = report["superseded_evaluations"]
+    assert [(s["id"], s["superseded_by"], s["task_sha256"], s["by_task_sha256"], s["by_status"])
+            for s in superseded] == [(old[0]["id"], new[0]["id"], before, after, "done"),
+                                     (old[1]["id"], new[1]["id"], before, after, "pending")]
+    text = to_markdown(report)
+    assert "### Superseded evaluations" in text
+    assert f"| {old[0]['id']} | arith | org/m@{'a' * 8} | `{before[:12]}` | {new[0]['id']} | `{after[:12]}` | done |" \
+        in text
+    html = to_html(report, {})
+    assert "Superseded evaluations" in html and f"<code>{after[:12]}</code>" in html
+
+
+def test_a_changed_task_file_that_does_not_load_keeps_the_evaluations_waiting(tmp_path, curve):
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    before = _sha(task)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        schedule_observations(store, [policy], now=NOW)
+        task.write_text("not json\n")
+        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 0
+        [row] = store.observations()
+        assert (row["status"], row["settings"]["task_sha256"]) == ("pending", before)
+        assert policy.task_file_sha256("mc.jsonl") == before   # the last good file stays the policy's
+        [check] = check_task_files([policy]).values()
+        assert check.problem.startswith(f"policy p: task arith: task file {task.resolve()} changed since the policy "
+                                        "was loaded and does not load: ")
+        # the evaluation cannot run on the bad file: it is handed back, not failed
+        with pytest.raises(TaskFileNotAsScheduled, match="changed since the evaluation was scheduled"):
+            task_file_as_scheduled(row["settings"], tmp_path / "work")
+        _mc(task)   # restored: the evaluation runs on exactly the bytes it was scheduled with
+        copy = task_file_as_scheduled(row["settings"], tmp_path / "work")
+        assert copy.name == "mc.jsonl" and _sha(copy) == before and copy != task
+
+
+def test_evaluations_the_old_code_failed_for_a_changed_file_are_rescheduled(tmp_path, curve):
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        schedule_observations(store, [policy], now=NOW)
+        job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
+        store.complete_observation(job["id"], "me", status="failed", now=NOW, reason=(
+            f"task file {task} changed since the evaluation was scheduled (sha256 0123456789ab, expected "
+            f"{_sha(task)[:12]}); schedule it again with the new file"))
+        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 1
+        statuses = sorted((r["status"], r["generation"]) for r in store.observations())
+    assert statuses == [("pending", 1), ("superseded", 0)]
+
+
+@pytest.mark.slow   # an evaluation child (torch) on a tiny model from the fake Hub
+def test_an_evaluation_whose_file_changed_waits_then_its_replacement_completes(tmp_path, curve):
+    from monitor.alerts.evaluation_driver import run_observations
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.hub_repos import tiny_model_files
+    from monitor.hub.client import HubClient
+    from tests.test_daemon_observe import mc_task
+
+    task = mc_task(tmp_path / "mc.jsonl", right=True, items=4)
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with FakeHub() as hub, Store.open(tmp_path / "s.duckdb") as store:
+        sha = hub.add_repo("org/m", tiny_model_files("gpt2", arch="llama", seed=3))
+        store.write_outbox([{"policy": "p", "task": "arith", "run_id": "r0", "repo": "org/m", "commit_sha": sha,
+                             "lineage": "org/m", "corpus_sha256": "c" * 64, "lstar": 5.0, "se": 0.1, "p_hat": 0.3,
+                             "lo": 0.28, "hi": 0.32, "threshold": 0.3, "state": "at_risk", "curve_id": "cid",
+                             "detail": {"confidence": 0.9}, "evaluated_at": NOW}], now=NOW)
+
+        def tick(at):
+            counts = schedule_observations(store, [policy], now=at)
+            ran = run_observations(store, [policy], owner="me", state_dir=tmp_path / "state",
+                                   client=HubClient(hub.url, store=store), cache_dir=tmp_path / "cache",
+                                   timeout_s=300, device="cpu", dtype="float32", now_fn=lambda: at)
+            return counts, ran
+
+        counts = schedule_observations(store, [policy], now=NOW)
+        assert counts["scheduled"] == 1
+        mc_task(task, right=True, items=6)   # edited between scheduling and running
+        ran = run_observations(store, [policy], owner="me", state_dir=tmp_path / "state",
+                               client=HubClient(hub.url, store=store), cache_dir=tmp_path / "cache",
+                               timeout_s=300, device="cpu", dtype="float32", now_fn=lambda: NOW)
+        assert [(r["status"], r.get("waiting")) for r in ran] == [("pending", True)]   # waits, not failed
+        [waiting] = store.observations()
+        assert waiting["attempts"] == 0 and waiting["reason"].startswith("waiting for its task file: task file ")
+        counts, ran = tick(NOW + timedelta(minutes=1))
+        rows = sorted(store.observations(), key=lambda r: r["id"])
+    assert counts["superseded"] == 1
+    assert [r["status"] for r in ran] == ["done"]
+    assert [(r["status"], r["generation"]) for r in rows] == [("superseded", 0), ("done", 1)]
+    assert rows[0]["superseded_by"] == rows[1]["id"]
+    assert (rows[1]["observed"], rows[1]["n"]) == (1.0, 6)   # the new file's six items
