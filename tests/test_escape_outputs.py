@@ -184,8 +184,8 @@ def test_the_lab_report_renders_hostile_names_literally(tmp_path: Path) -> None:
     assert any(f"{SHOWN} size " in text for text in texts)                    # Δ by size
     images = [c for t in tokens if t.type == "inline" for c in t.children if c.type == "image"]
     assert [i.attrs["src"] for i in images] == [p["file"] for p in data["plots"]]
-    assert any("".join(c.content for c in i.children) == f"{SHOWN} task · {SHOWN} metric against L*, bits/byte and bytes seen (calib)"
-               for i in images)
+    title = f"{SHOWN} task · {SHOWN} metric against L*, bits/byte and bytes seen (calib)"
+    assert any("".join(c.content for c in i.children) == title for i in images)
 
     html = (tmp_path / "lab-report.html").read_text(encoding="utf-8")
     assert not RAW_CONTROLS.search(html)

@@ -219,8 +219,8 @@ def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: 
             raise CurveError(f"cannot tell the table format of {out}", hint="use .json or .md with --axes")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=2) + "\n" if suffix == ".json" else
-                       "\n".join(f"### {markdown_text(c['task'])} · {markdown_text(c['metric'])}\n\n{choice_markdown(c)}"
-                                 for c in choices),
+                       "\n".join(f"### {markdown_text(c['task'])} · {markdown_text(c['metric'])}\n\n"
+                                 f"{choice_markdown(c)}" for c in choices),
                        encoding="utf-8")
     if as_json:
         print(json.dumps(data, indent=2))

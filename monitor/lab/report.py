@@ -178,7 +178,7 @@ def axis_table(entry: Mapping[str, Any], text: str, name: Name = str) -> tuple[l
     rows = []
     for a, r in entry["texts"].get(text, {}).get("axes", {}).items():
         if not r.get("available"):
-            rows.append([AXES[a].label, "—", "—", "—", "—", "—", "—", "—", "—", "—", f"not raced: {name(r['reason'])}"])
+            rows.append([AXES[a].label, *["—"] * 9, f"not raced: {name(r['reason'])}"])
             continue
         vs = r.get("vs_reference")
         v = entry.get("verdicts", {}).get(a) if text == PRIMARY["text"] else None
@@ -236,8 +236,9 @@ def sections(data: Mapping[str, Any], name: Name = str) -> list[dict[str, Any]]:
             note = (f"The level is never crossed on this text ({t['above_level']} of {t['n_rows']} checkpoints "
                     "at or above it): every axis's crossing error is 0 and says nothing here; only the RMSE "
                     "compares the axes.") if flat else None
-            texts.append({"text": text, "n_rows": t["n_rows"], "level_note": note, "axes": axis_table(entry, text, name),
-                          "families": family_table(entry, text, name), "thresholds": threshold_table(entry, text)})
+            texts.append({"text": text, "n_rows": t["n_rows"], "level_note": note,
+                          "axes": axis_table(entry, text, name), "families": family_table(entry, text, name),
+                          "thresholds": threshold_table(entry, text)})
         out.append({"task": name(entry["task"]), "metric": name(entry["metric"]), "baseline": entry["baseline"],
                     "level": entry["level"], "texts": texts})
     return out
@@ -258,8 +259,8 @@ def to_markdown(data: Mapping[str, Any]) -> str:
            f"{', '.join(map(markdown_text, d['families']))}; sizes {', '.join(map(markdown_text, d['sizes']))}; "
            f"seeds {', '.join(map(str, d['seeds']))}; texts {', '.join(map(markdown_text, d['texts']))}.", "",
            "## Verdict", ""]
-    out += [f"- {s}" for s in verdict_lines(data, name=markdown_text)] + ["", f"Rule (written before the full run): {data['rule']}", "",
-                                                      "## Limits", ""]
+    out += [f"- {s}" for s in verdict_lines(data, name=markdown_text)]
+    out += ["", f"Rule (written before the full run): {data['rule']}", "", "## Limits", ""]
     out += [f"- {s}" for s in data["limits"]] + [""]
     for s in sections(data, markdown_text):
         out += [f"## {s['task']} · {s['metric']}", "",
