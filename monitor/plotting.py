@@ -30,10 +30,14 @@ _TICK_LIMIT = 1e305
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the non-interactive Agg backend (no display needed)."""
+    """matplotlib.pyplot on the non-interactive Agg backend (no display needed), with no
+    mathtext: a title or legend holds names from files and the Hub, and a `$` pair in one
+    would be parsed as TeX (`$\\bad{$` fails the whole figure); the package's own labels use
+    none."""
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

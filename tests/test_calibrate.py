@@ -17,6 +17,7 @@ import pytest
 
 from monitor.cli import main
 from monitor.curves import curve_warnings, load_curve
+from monitor.escape import markdown_text
 from monitor.scoring import ScoreRequest, load_corpus, score_checkpoint
 from monitor.store import Store
 
@@ -137,8 +138,8 @@ def test_the_report_carries_the_lofo_table_and_the_curves_warnings(killed_and_re
         resolved = not any(w.unresolved for w in curve_warnings(curve))
         assert entry["summary"]["threshold_resolved"] is resolved
         assert f"## cloze-v0 · {curve.metric}" in markdown
-        for w in curve_warnings(curve):
-            assert w.message in markdown
+        for w in curve_warnings(curve):   # each message as literal Markdown text
+            assert markdown_text(w.message) in markdown
     assert "| L* |" in markdown and "| raw CE |" in markdown
     # The axis table: every score axis raced against L* on the same folds, one recommended.
     for entry in report["curves"]:

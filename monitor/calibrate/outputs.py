@@ -12,7 +12,9 @@ carries each curve's threshold, its own warnings (`curve_warnings`: unresolved t
 the like), the LOFO table and the axis table with its recommended axis; a task whose
 curve cannot be fitted is reported with the reason. A curve an earlier run of the same
 campaign wrote and this run did not is removed, and only such a curve
-(`monitor.calibrate.manifest`).
+(`monitor.calibrate.manifest`). The campaign's, tasks', metrics' and families' names and the
+messages quoting them come from its files: the Markdown writes each as literal text
+(`monitor.escape.markdown_text`, file names as code spans), the JSON keeps them exact.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label, labels_from_rows, select_labels, with_score_axes
 from monitor.curves.validation import LofoResult, lofo_validate
 from monitor.errors import CampaignError, CurveError, LabelError
+from monitor.escape import markdown_code, markdown_text
 from monitor.store import Store
 from monitor.store.rows import LabelRow, ScoreRunRow
 
@@ -222,33 +225,35 @@ def _g(v: float | None) -> str:
 
 def report_markdown(data: dict[str, Any], outputs: CampaignOutputs) -> str:
     """The validation report in Markdown: per curve its threshold, warnings and LOFO table."""
-    lines = [f"# Calibration campaign {data['campaign']}", "",
-             f"- corpus sha256 `{data['corpus_sha256']}`", f"- scoring spec `{data['scoring_spec']}`",
+    text = markdown_text
+    lines = [f"# Calibration campaign {text(data['campaign'])}", "",
+             f"- corpus sha256 {markdown_code(data['corpus_sha256'])}",
+             f"- scoring spec {markdown_code(data['scoring_spec'])}",
              f"- {len(data['checkpoints'])} checkpoints in "
              f"{len({c['family'] for c in data['checkpoints']})} families", ""]
     for entry, c in zip(data["curves"], outputs.curves):
-        lines += [f"## {entry['task']} · {entry['metric']}", ""]
+        lines += [f"## {text(entry['task'])} · {text(entry['metric'])}", ""]
         if c.curve is None:
-            lines += [f"Not fitted: {entry['error']}", ""]
+            lines += [f"Not fitted: {text(entry['error'])}", ""]
             continue
         s, thr = entry["summary"], entry["summary"]["threshold"]
-        lines += [f"- curve `{s['curve_id'][:16]}` → `{Path(entry['path']).name}`",
-                  f"- {s['n_checkpoints']} checkpoints, families {', '.join(s['families'])}",
+        lines += [f"- curve {markdown_code(s['curve_id'][:16])} → {markdown_code(Path(entry['path']).name)}",
+                  f"- {s['n_checkpoints']} checkpoints, families {', '.join(map(text, s['families']))}",
                   f"- baseline b = {s['baseline']:g}, margin ε = {s['margin']:g}, threshold b + ε = {s['level']:g}",
                   f"- η̂ = {_g(thr['estimate'])} [{_g(thr['lower'])}, {_g(thr['upper'])}] at "
                   f"{thr['confidence']:.0%} ({thr['status']}); threshold "
                   f"{'resolved' if s['threshold_resolved'] else 'NOT resolved'}",
                   f"- emergence score {_g(s['emergence_score'])}", ""]
         if entry["warnings"]:
-            lines += ["Warnings:", ""] + [f"- {w['message']}" for w in entry["warnings"]] + [""]
+            lines += ["Warnings:", ""] + [f"- {text(w['message'])}" for w in entry["warnings"]] + [""]
         if c.lofo is not None:
             lines += [f"Leave-one-family-out ({len(c.lofo.families)} families):", "", c.lofo.to_markdown().rstrip(), ""]
-            lines += [f"- skipped {k}: {v}" for k, v in c.lofo.skipped.items()]
+            lines += [f"- skipped {text(k)}: {text(v)}" for k, v in c.lofo.skipped.items()]
             if c.lofo.skipped:
                 lines.append("")
         if c.axis_choice is not None:
             lines += ["Progress axis, by leave-one-family-out evidence:", ""]
-            lines += ([f"Not chosen: {c.axis_choice['failed']}", ""] if "failed" in c.axis_choice
+            lines += ([f"Not chosen: {text(c.axis_choice['failed'])}", ""] if "failed" in c.axis_choice
                       else [choice_markdown(c.axis_choice).rstrip(), ""])
     return "\n".join(lines).rstrip() + "\n"
 

@@ -21,7 +21,7 @@ from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_column
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.silence import NOW_OPTION, parse_now
-from monitor.commands.terminal import name_column, plain_console, print_table
+from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
 from monitor.policy import load_policies, load_policy
@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
             lambda store: retry_dead_letters(store, ident, now=now),
             read_only=False)
         for nid in done:
-            print(f"requeued {nid}")
+            echo(f"requeued {nid}")
 
     @alerts.command("test")
     def test(
@@ -174,8 +174,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(out, indent=2))
         else:
-            print(f"{result.outcome}: {receiver} ({target.kind}) {message.id}"
-                  + (f" — {result.error}" if result.error else ""))
+            echo(f"{result.outcome}: {receiver} ({target.kind}) {message.id}"
+                 + (f" — {result.error}" if result.error else ""))
         if result.outcome != "delivered":
             raise DeliveryError(f"the test notification to {receiver} was not delivered ({result.outcome})"
                                 + (f": {result.error}" if result.error else ""))
@@ -195,9 +195,12 @@ def register(app: typer.Typer) -> None:
         loaded = _policies(policies)
         with Store.open(db_path) as store:
             report = evaluate_pending(store, loaded, now=parse_now(now_text))
-        print(json.dumps(report.as_dict(), indent=2) if as_json else
-              f"{report.predictions} prediction(s), {report.alerts} alert(s), {report.deliveries} "
-              f"delivery row(s)" + "".join(f"\nskipped: {s}" for s in report.skipped))
+        if as_json:
+            print(json.dumps(report.as_dict(), indent=2))
+            return
+        echo(f"{report.predictions} prediction(s), {report.alerts} alert(s), {report.deliveries} delivery row(s)")
+        for s in report.skipped:
+            echo(f"skipped: {s}")
 
     @alerts.command("dispatch")
     def dispatch(
@@ -220,10 +223,10 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(out, indent=2, default=str))
             return
         for s in out["sent"]:
-            print(f"{s['outcome']}: {s['receiver']} {s['id']} attempt {s['attempt']}"
-                  + (f" — {s['error']}" if s.get("error") else ""))
-        print(f"{len(out['formed'])} message(s) formed, {len(out['sent'])} send(s), "
-              f"{out['silenced']} silenced, {len(out['waiting'])} waiting")
+            echo(f"{s['outcome']}: {s['receiver']} {s['id']} attempt {s['attempt']}"
+                 + (f" — {s['error']}" if s.get("error") else ""))
+        echo(f"{len(out['formed'])} message(s) formed, {len(out['sent'])} send(s), "
+             f"{out['silenced']} silenced, {len(out['waiting'])} waiting")
 
     @alerts.command("enable")
     def enable(
@@ -239,6 +242,6 @@ def register(app: typer.Typer) -> None:
             changed = store.enable_endpoint(policy, receiver, now=parse_now(now_text))
         if not changed:
             raise PolicyError(f"receiver {receiver} of policy {policy} is not disabled")
-        print(f"enabled {policy}/{receiver}")
+        echo(f"enabled {policy}/{receiver}")
 
     app.add_typer(alerts, name="alerts")

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from monitor.commands.terminal import plain_console
 from monitor.environment import quiet_hub_progress
 from monitor.errors import CampaignError
+from monitor.escape import plain_text
 
 STAGES = {"score": "scoring", "eval": "evaluating", "import": "importing results", "fit": "fitting curves"}
 
@@ -34,6 +34,30 @@ def _summary(result: Any) -> dict[str, Any]:
                                                     "json": str(outputs.report_json)},
             "removed": [] if outputs is None else [str(p) for p in outputs.cleanup.removed],
             "kept": [] if outputs is None else [{"path": str(p), "reason": why} for p, why in outputs.cleanup.kept]}
+
+
+class StageBars:
+    """`run_campaign`'s `on_progress`: a bar per stage on stderr, started at the first event (so
+    an error found before any work prints only its line). What a bar is at names a checkpoint
+    or a task of the campaign's files: it is shown on one line, as it is (`plain_text`, on the
+    literal console)."""
+
+    def __init__(self, show: bool) -> None:
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[what]}", markup=False), TimeElapsedColumn(),
+                                 console=plain_console(stderr=True), disable=not show)
+        self.bars: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: int, total: int, what: str) -> None:
+        if not self.bars:
+            self.progress.start()
+        if stage not in self.bars:
+            self.bars[stage] = self.progress.add_task(STAGES.get(stage, stage), total=total, what="")
+        self.progress.update(self.bars[stage], completed=done, total=total, what=plain_text(what))
+
+    def stop(self) -> None:
+        if self.bars:
+            self.progress.stop()
 
 
 def register(app: typer.Typer) -> None:
@@ -55,24 +79,11 @@ def register(app: typer.Typer) -> None:
         if not show:  # the Hub client's download bars too, not only ours
             quiet_hub_progress()
         campaign = load_campaign(campaign_file, output=output)
-        # Started at the first event, so an error found before any work prints only its line.
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[what]}", markup=False), TimeElapsedColumn(), console=Console(stderr=True),
-                            disable=not show)
-        bars: dict[str, Any] = {}
-
-        def on_progress(stage: str, done: int, total: int, what: str) -> None:
-            if not bars:
-                progress.start()
-            if stage not in bars:
-                bars[stage] = progress.add_task(STAGES.get(stage, stage), total=total, what="")
-            progress.update(bars[stage], completed=done, total=total, what=what)
-
+        bars = StageBars(show)
         try:
-            result = run_campaign(campaign, on_progress=on_progress)
+            result = run_campaign(campaign, on_progress=bars)
         finally:
-            if bars:
-                progress.stop()
+            bars.stop()
         if as_json:
             print(json.dumps(_summary(result), indent=2))
         out = plain_console()

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.scoring import Corpus, build_corpus, load_corpus
 
 
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     def verify(path: Path = typer.Argument(..., help="Corpus folder.")) -> None:
         """Check every document hash, the order and the manifest pin; exit non-zero on any difference."""
         corpus = load_corpus(path)
-        print(f"OK {_one_line(corpus)}")
+        echo(f"OK {_one_line(corpus)}")
 
     @corpus_app.command("build")
     def build(src_dir: Path = typer.Argument(..., help="Folder of .txt/.md/.py/.jsonl files."),
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
               ) -> None:
         """Build a new corpus version (deterministic: the same inputs give the same manifest)."""
         corpus = build_corpus(src_dir, out_dir, slice_rules)
-        print(f"built {out_dir}: {_one_line(corpus)}")
+        echo(f"built {out_dir}: {_one_line(corpus)}")
 
     @corpus_app.command("build-pool")
     def build_pool_cmd(
@@ -103,9 +103,8 @@ def register(app: typer.Typer) -> None:
                               "excluded": built.manifest["excluded"]}, indent=2))
             return
         for split, info in splits.items():
-            print(f"{split}: {info['documents']:,} documents, {info['bytes']:,} bytes, "
-                  f"sha256 {info['sha256']}")
-        print(f"built {out_dir} from "
-              + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
+            echo(f"{split}: {info['documents']:,} documents, {info['bytes']:,} bytes, sha256 {info['sha256']}")
+        echo(f"built {out_dir} from "
+             + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
 
     app.add_typer(corpus_app, name="corpus")

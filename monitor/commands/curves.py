@@ -7,7 +7,6 @@ the commands, so that `lstar --help` and unrelated commands do not pay for them.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +18,9 @@ from rich.text import Text
 from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError, db_file,
                                       float_option,
                                       int_option)
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.errors import CurveError, LabelError
+from monitor.escape import markdown_text
 from monitor.store import Store
 
 if TYPE_CHECKING:
@@ -183,10 +183,10 @@ def _warn(curve: CurveArtifact) -> None:
     if curve.budget is not None:  # each level has its own threshold and warnings
         for value in curve.budget.levels:
             for warning in curve_warnings(at_budget(curve, value)):
-                print(f"warning: budget {value:g}: {warning.message}", file=sys.stderr)
+                echo(f"warning: budget {value:g}: {warning.message}", err=True)
         return
     for warning in curve_warnings(curve):
-        print(f"warning: {warning.message}", file=sys.stderr)
+        echo(f"warning: {warning.message}", err=True)
 
 
 def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: Path | None,
@@ -219,7 +219,8 @@ def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: 
             raise CurveError(f"cannot tell the table format of {out}", hint="use .json or .md with --axes")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(data, indent=2) + "\n" if suffix == ".json" else
-                       "\n".join(f"### {c['task']} · {c['metric']}\n\n{choice_markdown(c)}" for c in choices),
+                       "\n".join(f"### {markdown_text(c['task'])} · {markdown_text(c['metric'])}\n\n"
+                                 f"{choice_markdown(c)}" for c in choices),
                        encoding="utf-8")
     if as_json:
         print(json.dumps(data, indent=2))

@@ -15,7 +15,7 @@ import typer
 from rich.text import Text
 
 from monitor.commands.options import OptionError
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.demo import run_demo
 from monitor.demo.failure import DemoFailed
 
@@ -97,8 +97,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         "next: read the demo's state with",
         *(f"  {line}" for line in next_commands(summary)),
     ]
-    # Plain print: rich would wrap long paths mid-path at the terminal's width.
-    print("\n".join(lines))
+    # Not the console: rich would wrap long paths mid-path at the terminal's width.
+    for line in lines:
+        echo(line)
 
 
 def register(app: typer.Typer) -> None:
@@ -140,5 +141,5 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(summary, indent=2, default=str))
         if not summary["ok"]:
             sys.stdout.flush()  # the summary first, the reason last
-            print(f"demo failed at {summary['failed_stage']}: {summary['failure']}", file=sys.stderr)
+            echo(f"demo failed at {summary['failed_stage']}: {summary['failure']}", err=True)
             raise typer.Exit(1)

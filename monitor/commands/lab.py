@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from monitor.commands.options import MAX_SEED, id_column, int_option
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.errors import LabError
 from monitor.lab.records import LAB_FILE
 
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         else:
             for name, metas in lineages.items():
                 steps = ", ".join(f"step{m['step']}" for m in metas)
-                print(f"{name}: {steps} under {out / name}")
+                echo(f"{name}: {steps} under {out / name}")
 
     @lab.command("run")
     def run(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps([c.model_dump(mode="json") for c in record.checkpoints], indent=1))
         else:
             _print_summary(record)
-            print(f"lab record: {out / 'lab.json'}")
+            echo(f"lab record: {out / 'lab.json'}")
 
     @lab.command("report")
     def report(lab_dir: Path = typer.Option(Path("state") / "lab", "--lab", help="The lab folder (or its lab.json)."),
@@ -145,5 +145,5 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result, indent=1, allow_nan=False))
         else:
-            print(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
-            print(f"lab report: {out_dir}")
+            echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
+            echo(f"lab report: {out_dir}")

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from monitor.commands.options import float_option
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
 from monitor.escape import terminal_text
 from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
@@ -196,7 +196,7 @@ def register(app: typer.Typer) -> None:
                           ", ".join(t["receivers"]) or "—")
         plain_console().print(table)
         for name, why in result.get("skipped", {}).items():
-            print(f"skipped {name}: {why}")
+            echo(f"skipped {name}: {why}")
 
     routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 
@@ -216,7 +216,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(result, indent=2))
         else:
             for target in result["receivers"]:
-                print(f"{target['receiver']}  ({target['route']})")
+                echo(f"{target['receiver']}  ({target['route']})")
         got = [t["receiver"] for t in result["receivers"]]
         if verify is not None:
             wanted = [name.strip() for name in verify.split(",") if name.strip()]

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
-from monitor.commands.terminal import name_column, plain_console, print_table
+from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import LstarError, PolicyError
 from monitor.policy import load_policies, policy_files_in
@@ -167,8 +167,7 @@ def register(app: typer.Typer) -> None:
         db_path = db_file(state, db)
         if not policy:
             chosen, why = default_policy(db_path)
-            Console(stderr=True).print(f"report: policy {chosen} ({why})", markup=False, highlight=False,
-                                       soft_wrap=True)
+            echo(f"report: policy {chosen} ({why})", err=True)
             policy = [chosen]
         reports = read_reports(db_path, expand_policy_paths(policy))
         console = plain_console()  # values (problems, intervals, names) printed as they are

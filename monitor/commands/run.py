@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, bounded_int, db_file, describe_range
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.environment import refuse_hub_offline
 from monitor.scoring.backends import check_ray_installed
@@ -129,7 +128,7 @@ def run_settings_from(ctx: Any, config: Path | None) -> RunSettings:
 
 def _warn_unread_environment(policies: Any) -> None:
     for line in environment_warnings(os.environ, Path(policies) if policies else None):
-        print(f"warning: {line}", file=sys.stderr)
+        echo(f"warning: {line}", err=True)
 
 
 def register(app: typer.Typer) -> None:

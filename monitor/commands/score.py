@@ -13,7 +13,7 @@ from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option)
-from monitor.commands.terminal import plain_console, print_table
+from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.environment import quiet_hub_progress
 from monitor.errors import SpecError
 from monitor.hub import HubClient
@@ -253,4 +253,4 @@ def register(app: typer.Typer) -> None:
         else:
             render_result(result, plain_console())
             if not no_db:
-                Console(stderr=True).print(f"recorded run {result['run_id']} in {db}", soft_wrap=True, markup=False)
+                echo(f"recorded run {result['run_id']} in {db}", err=True)

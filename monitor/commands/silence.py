@@ -7,7 +7,6 @@ daemon validates and writes with the same code), so the output is the same eithe
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -17,7 +16,7 @@ from rich.table import Table
 from monitor.alerts.state_ops import add_silence_from_args, parse_now
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import echo, plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get, api_post, revive_times
 from monitor.store.listings import silences_page
@@ -60,7 +59,7 @@ def register(app: typer.Typer) -> None:
         print(row["id"])  # alone on stdout, for scripts that keep the id
         count = row.get("matches_current")
         if count is not None:
-            print(f"matches {count} current alert{'' if count == 1 else 's'}", file=sys.stderr)
+            echo(f"matches {count} current alert{'' if count == 1 else 's'}", err=True)
 
     @silence.command("list")
     def list_(
@@ -109,6 +108,6 @@ def register(app: typer.Typer) -> None:
                                  state_dir=db_path.parent),
             lambda store: expire_silence(store, silence_id, now=now),
             read_only=False)
-        print(f"expired {silence_id}")
+        echo(f"expired {silence_id}")
 
     app.add_typer(silence, name="silence")

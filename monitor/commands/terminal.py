@@ -8,6 +8,9 @@ it pass on control characters: an ANSI escape, a carriage return or a bidirectio
 in a repo id, file name or error message is printed as a visible escape (`\x1b`, `\u202e`,
 `monitor.escape.terminal_text`), so a Hub name cannot recolour, overwrite or reorder the
 screen. Every string and `Text` it prints, table cells included, goes through that.
+`echo` prints a line without the console (no wrapping; JSON needs neither: `json.dumps`
+writes every control and non-ASCII character as `\\uXXXX`), its control characters shown
+the same way and its line breaks too.
 
 `name_column` adds a column of model names (repo ids, `org/name@sha`) that is never broken
 inside a name, and `print_table` prints a table so: the other columns wrap first, and
@@ -17,6 +20,7 @@ name stays on one line, so it can be copied or grepped whole).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,7 +31,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Span, Text
 
-from monitor.escape import terminal_text
+from monitor.escape import plain_text, terminal_text
 
 
 def literal_text(text: Text) -> Text:
@@ -77,6 +81,13 @@ def plain_console(**kwargs: Any) -> Console:
     return LiteralConsole(markup=False, emoji=False, **kwargs)
 
 
+def echo(line: str, *, err: bool = False) -> None:
+    """Print one line as it is, without rich's wrapping (for lines that scripts read or that
+    hold long paths): every control character in it, a line break included, is shown as an
+    escape (`plain_text`), so a name cannot recolour the screen or forge a line of its own."""
+    print(plain_text(line), file=sys.stderr if err else sys.stdout)
+
+
 def name_column(table: Table, header: str, **kwargs: Any) -> None:
     """A column of model names: `print_table` keeps each of its lines whole."""
     table.add_column(header, no_wrap=True, **kwargs)
@@ -117,4 +128,4 @@ def print_table(console: Console, table: Table) -> None:
         console.width = width
 
 
-__all__ = ["LiteralConsole", "literal_text", "name_column", "plain_console", "print_table"]
+__all__ = ["LiteralConsole", "echo", "literal_text", "name_column", "plain_console", "print_table"]

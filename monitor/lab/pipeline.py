@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabError
+from monitor.escape import plain_text
 from monitor.lab.config import LabConfig
 from monitor.lab.model import UNUSED_BIAS
 from monitor.lab.records import LAB_SCHEMA, LabRecord, parse_lab, write_lab
@@ -193,12 +194,13 @@ def _run_jobs(config: LabConfig, out: Path, inputs: LabInputs, jobs: list[tuple[
               workers: int, progress: bool, score: bool = True) -> list[dict[str, Any]]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+    # A lineage is named after its tokenizer's folder: shown as it is, never read as markup.
+    bar = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
                    TextColumn("steps"), TimeElapsedColumn(), disable=not progress, transient=False)
     ids: dict[str, Any] = {}
     with bar:
         for family, seed in jobs:
-            ids[lineage_name(family, seed)] = bar.add_task(lineage_name(family, seed), total=None)
+            ids[lineage_name(family, seed)] = bar.add_task(plain_text(lineage_name(family, seed)), total=None)
 
         def update(name: str, step: int, total: int) -> None:
             bar.update(ids[name], completed=step, total=total)

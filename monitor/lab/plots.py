@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from monitor.escape import plain_text
 from monitor.plotting import png, pyplot, shown, shown_value
 
 PANEL_AXES = ("lstar", "bits_per_byte", "bytes_seen")
@@ -42,8 +43,9 @@ def _x(row: Mapping[str, Any], axis: str) -> Any:
 def _legend(ax: Any, colours: Mapping[str, str], markers: Mapping[str, str]) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=c, marker="o", ls="", label=f) for f, c in colours.items()]
-    handles += [Line2D([], [], color="0.3", marker=m, ls="", label=s) for s, m in markers.items()]
+    # family and size names come from the rows: their control characters shown as escapes
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=plain_text(f)) for f, c in colours.items()]
+    handles += [Line2D([], [], color="0.3", marker=m, ls="", label=plain_text(s)) for s, m in markers.items()]
     ax.legend(handles=handles, fontsize=7, loc="best")
 
 
@@ -67,9 +69,9 @@ def task_against_axes(rows: Sequence[Mapping[str, Any]], *, task: str, metric: s
         if meta["lower_is_progress"]:
             ax.invert_xaxis()  # progress runs left to right
         ax.set_xlabel(meta["label"] + (" (lower = more progress)" if meta["lower_is_progress"] else ""))
-    panels[0].set_ylabel(f"{metric} (level b + ε = {level:.3g})")
+    panels[0].set_ylabel(f"{plain_text(metric)} (level b + ε = {level:.3g})")
     _legend(panels[0], colours, markers)
-    fig.suptitle(f"{task} · {metric} against L*, bits/byte and bytes seen ({text} text)")
+    fig.suptitle(f"{plain_text(task)} · {plain_text(metric)} against L*, bits/byte and bytes seen ({text} text)")
     return png(fig)
 
 

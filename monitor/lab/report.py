@@ -6,6 +6,12 @@ self-contained `lab-report.html` and the PNG figures.
 
 The text states the verdict of the pre-registered rule (`monitor.lab.analysis.RULE`), the
 numbers it read, and the limits of the design; it never says two axes are equivalent.
+
+Family, size, task and metric names come from the rows (a rows file is anyone's), and so do
+the reasons that quote them: the text functions take `name`, which the Markdown gives as
+`monitor.escape.markdown_text` (each name is literal text there, whatever it holds) and the
+HTML leaves as it is (its template's `finalize` and autoescape do the escaping). The JSON
+keeps the exact values.
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabError, PolicyError
+from monitor.escape import markdown_code, markdown_text, template_value
 from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.lab.analysis import AXES, PRIMARY, REFERENCE, RaceConfig, race
 
@@ -27,6 +34,8 @@ TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 HTML_TEMPLATE = "lab_report.html.j2"
 ROWS_MAX_BYTES = 64 << 20
 ROWS_FILE = FileKind("race rows", "race rows", "JSON")
+PROGRESS_TITLE = "Training progress: L* and bits/byte on calib against bytes seen, per lineage"
+Name = Callable[[Any], str]   # how a name from the rows is written: `str`, or `markdown_text`
 
 
 # -- where rows come from -------------------------------------------------------------------------
@@ -80,6 +89,21 @@ def figure_name(task: str, metric: str, taken: set[str] | frozenset[str] = froze
     raise LabError(f"the lab report already has a figure for task {task!r} metric {metric!r}")
 
 
+def figure_title(task: str, metric: str, name: Name = str) -> str:
+    return f"{name(task)} · {name(metric)} against L*, bits/byte and bytes seen (calib)"
+
+
+def task_figures(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(file, task, metric) of each task's figure: the metrics raced on calib, in order."""
+    taken, out = {"progress.png"}, []
+    for entry in data["metrics"]:
+        if "axes" in entry["texts"].get("calib", {}):
+            file = figure_name(entry["task"], entry["metric"], taken)
+            taken.add(file)
+            out.append((file, entry["task"], entry["metric"]))
+    return out
+
+
 def limits(data: Mapping[str, Any]) -> list[str]:
     """What the design cannot show, from its own numbers."""
     d = data["design"]
@@ -109,13 +133,15 @@ def _checks_text(v: Mapping[str, Any]) -> str:
              "interval_excludes_zero": "refit interval excludes zero",
              "same_sign_on_both_texts": "same sign on calib and heldout",
              "same_sign_within_each_size": "same sign within each size"}
-    return "; ".join(f"{names[k]}: {'yes' if ok else 'no'}" for k, ok in v["checks"].items())
+    # in the rule's order, not the dict's (a report read back from its sorted JSON reads the same)
+    return "; ".join(f"{label}: {'yes' if v['checks'][k] else 'no'}" for k, label in names.items() if k in v["checks"])
 
 
-def verdict_lines(data: Mapping[str, Any]) -> list[str]:
-    """The primary verdict with its numbers, then every secondary that the rule decided."""
+def verdict_lines(data: Mapping[str, Any], *, name: Name = str, strong: str = "**") -> list[str]:
+    """The primary verdict with its numbers, then every secondary that the rule decided; the
+    primary's statement between `strong` (Markdown's bold; none in the HTML)."""
     p = data["primary"]
-    out = [f"**{p['statement']}** (primary: {AXES[PRIMARY['axis']].label} against L* on the "
+    out = [f"{strong}{p['statement']}{strong} (primary: {AXES[PRIMARY['axis']].label} against L* on the "
            f"family-averaged LOFO crossing error of {PRIMARY['task']} {PRIMARY['metric']}, {PRIMARY['text']} text)."]
     if p.get("checks"):
         out.append(f"Difference ({AXES[PRIMARY['axis']].label} − L*) {_signed(p['difference'])}, "
@@ -124,26 +150,27 @@ def verdict_lines(data: Mapping[str, Any]) -> list[str]:
     decided = [(m, a, v) for m in data["metrics"] for a, v in m.get("verdicts", {}).items()
                if v["role"] == "secondary" and v["decided"]]
     out.append("Secondary comparisons (Holm-adjusted): " + ("; ".join(
-        f"{m['task']} {m['metric']}: {v['statement']} (Holm p {_g(v['p_holm'])})" for m, a, v in decided)
+        f"{name(m['task'])} {name(m['metric'])}: {v['statement']} (Holm p {_g(v['p_holm'])})" for m, a, v in decided)
         if decided else "none passes the rule") + ".")
     flat = data.get("level_not_crossed") or []
     if flat:
         out.append(f"Uninformative on the crossing error (every checkpoint on one side of the level, so every "
-                   f"axis errs 0): {', '.join(flat)}; only their RMSE compares the axes.")
+                   f"axis errs 0): {', '.join(map(name, flat))}; only their RMSE compares the axes.")
     c = data["negative_control"]
     if c.get("ran"):
         e = c["errors"]
-        out.append(f"Negative control (leave-one-size-out, {c['task']} {c['metric']}, {c['text']}): crossing "
+        out.append(f"Negative control (leave-one-size-out, {name(c['task'])} {name(c['metric'])}, {name(c['text'])}): "
+                   "crossing "
                    f"error on bytes seen {_g(e.get('bytes_seen', {}).get('crossing_error'))}, on L* "
                    f"{_g(e.get(REFERENCE, {}).get('crossing_error'))}: bytes seen "
                    + ("failed to transfer across sizes, as it should." if c["failed_to_transfer"]
                       else "did NOT fail to transfer across sizes: it is still a clock in this lab."))
     else:
-        out.append(f"Negative control not run: {c.get('reason')}.")
+        out.append(f"Negative control not run: {name(c.get('reason'))}.")
     return out
 
 
-def axis_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[list[str]]]:
+def axis_table(entry: Mapping[str, Any], text: str, name: Name = str) -> tuple[list[str], list[list[str]]]:
     """Per axis on one text: pooled and family-mean errors, and against L*: the difference in
     crossing error, permutation p, Holm p, interval, by size, and the verdict."""
     header = ["axis", "RMSE", "crossing error", "family-mean crossing", "Δ crossing vs L*", "p", "Holm p",
@@ -151,7 +178,7 @@ def axis_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[lis
     rows = []
     for a, r in entry["texts"].get(text, {}).get("axes", {}).items():
         if not r.get("available"):
-            rows.append([AXES[a].label, "—", "—", "—", "—", "—", "—", "—", "—", "—", f"not raced: {r['reason']}"])
+            rows.append([AXES[a].label, *["—"] * 9, f"not raced: {name(r['reason'])}"])
             continue
         vs = r.get("vs_reference")
         v = entry.get("verdicts", {}).get(a) if text == PRIMARY["text"] else None
@@ -161,7 +188,7 @@ def axis_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[lis
             continue
         c = vs["crossing_error"]
         interval = "—" if c["lower"] is None else f"[{_signed(c['lower'])}, {_signed(c['upper'])}]"
-        sizes = ", ".join(f"{s} {_signed(d)}" for s, d in c["by_size"].items())
+        sizes = ", ".join(f"{name(s)} {_signed(d)}" for s, d in c["by_size"].items())
         rows.append([AXES[a].label, _g(r["rmse"], 4), _g(r["crossing_error"], 4),
                      _g(r["family_mean"]["crossing_error"], 4), _signed(c["difference"]), _g(c["p_value"]),
                      _g(c.get("p_holm")), interval, sizes, _signed(vs["rmse"]["difference"]),
@@ -169,7 +196,7 @@ def axis_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[lis
     return header, rows
 
 
-def family_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[list[str]]]:
+def family_table(entry: Mapping[str, Any], text: str, name: Name = str) -> tuple[list[str], list[list[str]]]:
     """Per family: its LOFO crossing error (and RMSE) on each axis."""
     axes = {a: r for a, r in entry["texts"].get(text, {}).get("axes", {}).items() if r.get("available")}
     fams = sorted({f["family"] for r in axes.values() for f in r["per_family"]})
@@ -180,7 +207,7 @@ def family_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], list[l
         for r in axes.values():
             hit = [f for f in r["per_family"] if f["family"] == fam]
             cells.append(f"{hit[0]['crossing_error']:.3f} / {hit[0]['rmse']:.3f}" if hit else "—")
-        rows.append([fam, *cells])
+        rows.append([name(fam), *cells])
     return header, rows
 
 
@@ -195,7 +222,7 @@ def threshold_table(entry: Mapping[str, Any], text: str) -> tuple[list[str], lis
     return header, rows
 
 
-def sections(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def sections(data: Mapping[str, Any], name: Name = str) -> list[dict[str, Any]]:
     """Per task metric: its tables on each text (for the Markdown and the HTML)."""
     out = []
     for entry in data["metrics"]:
@@ -203,37 +230,39 @@ def sections(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         for text in ("calib", "heldout"):
             t = entry["texts"].get(text, {})
             if "axes" not in t:
-                texts.append({"text": text, "skipped": t.get("skipped", "no rows")})
+                texts.append({"text": text, "skipped": name(t.get("skipped", "no rows"))})
                 continue
             flat = t.get("level_crossed") is False
             note = (f"The level is never crossed on this text ({t['above_level']} of {t['n_rows']} checkpoints "
                     "at or above it): every axis's crossing error is 0 and says nothing here; only the RMSE "
                     "compares the axes.") if flat else None
-            texts.append({"text": text, "n_rows": t["n_rows"], "level_note": note, "axes": axis_table(entry, text),
-                          "families": family_table(entry, text), "thresholds": threshold_table(entry, text)})
-        out.append({"task": entry["task"], "metric": entry["metric"], "baseline": entry["baseline"],
+            texts.append({"text": text, "n_rows": t["n_rows"], "level_note": note,
+                          "axes": axis_table(entry, text, name), "families": family_table(entry, text, name),
+                          "thresholds": threshold_table(entry, text)})
+        out.append({"task": name(entry["task"]), "metric": name(entry["metric"]), "baseline": entry["baseline"],
                     "level": entry["level"], "texts": texts})
     return out
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    esc = (lambda s: s.replace("|", "\\|"))
-    return (["| " + " | ".join(esc(h) for h in header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows])
+    """A table whose cells are Markdown already (names escaped by `markdown_text`, `|` included)."""
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def to_markdown(data: Mapping[str, Any]) -> str:
     """The report as Markdown (figures as links to the PNG files next to it)."""
     d = data["design"]
     out = ["# Emergence lab report (the race between progress axes)", "",
-           f"Source `{data['source']['path']}` (sha256 `{data['source']['sha256'][:16]}`): {d['n_checkpoints']} "
-           f"checkpoints of {d['n_lineages']} lineages; families {', '.join(d['families'])}; sizes "
-           f"{', '.join(d['sizes'])}; seeds {', '.join(map(str, d['seeds']))}; texts {', '.join(d['texts'])}.", "",
+           f"Source {markdown_code(data['source']['path'])} (sha256 {markdown_code(data['source']['sha256'][:16])}): "
+           f"{d['n_checkpoints']} checkpoints of {d['n_lineages']} lineages; families "
+           f"{', '.join(map(markdown_text, d['families']))}; sizes {', '.join(map(markdown_text, d['sizes']))}; "
+           f"seeds {', '.join(map(str, d['seeds']))}; texts {', '.join(map(markdown_text, d['texts']))}.", "",
            "## Verdict", ""]
-    out += [f"- {s}" for s in data["conclusions"]] + ["", f"Rule (written before the full run): {data['rule']}", "",
-                                                      "## Limits", ""]
+    out += [f"- {s}" for s in verdict_lines(data, name=markdown_text)]
+    out += ["", f"Rule (written before the full run): {data['rule']}", "", "## Limits", ""]
     out += [f"- {s}" for s in data["limits"]] + [""]
-    for s in sections(data):
+    for s in sections(data, markdown_text):
         out += [f"## {s['task']} · {s['metric']}", "",
                 f"Baseline {_g(s['baseline'])}, level b + ε {_g(s['level'])}. Crossing error: the share of a "
                 "held-out family's checkpoints put on the wrong side of the level; Δ: axis − L*, averaged over "
@@ -248,7 +277,11 @@ def to_markdown(data: Mapping[str, Any]) -> str:
             out += ["Per family, LOFO crossing error / RMSE:", ""] + _md_table(*t["families"]) + [""]
             out += ["Spread of the per-family thresholds (each family's own curve) against their own intervals:",
                     ""] + _md_table(*t["thresholds"]) + [""]
-    out += ["## Figures", ""] + [f"![{p['title']}]({p['file']})" for p in data["plots"]]
+    # the figures' files are slugs (`figure_name`); their titles are written again with the names escaped
+    titles = {"progress.png": PROGRESS_TITLE} | {file: figure_title(task, metric, markdown_text)
+                                                 for file, task, metric in task_figures(data)}
+    out += ["## Figures", ""] + [f"![{titles.get(p['file']) or markdown_text(p['title'])}]({p['file']})"
+                                 for p in data["plots"]]
     return "\n".join(out) + "\n"
 
 
@@ -258,10 +291,12 @@ def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
                              autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=template_value)   # control and bidi characters made visible
     images = [{"title": p["title"], "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode()}
               for p in data["plots"]]
-    return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections(data))
+    return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections(data),
+                                                  conclusions=verdict_lines(data, strong=""))
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
@@ -294,15 +329,12 @@ def write_race_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, sourc
     markers = plots.size_markers(data["design"]["sizes"])
     data["family_colours"], data["size_markers"] = colours, markers
     figures: dict[str, bytes] = {"progress.png": plots.progress(clean, colours, markers)}
-    titles = {"progress.png": "Training progress: L* and bits/byte on calib against bytes seen, per lineage"}
-    for entry in data["metrics"]:
-        if "axes" not in entry["texts"].get("calib", {}):
-            continue
-        name = figure_name(entry["task"], entry["metric"], set(figures))
-        figures[name] = plots.task_against_axes(clean, task=entry["task"], metric=entry["metric"],
-                                                level=entry["level"], axes=data["axes"], colours=colours,
-                                                markers=markers)
-        titles[name] = f"{entry['task']} · {entry['metric']} against L*, bits/byte and bytes seen (calib)"
+    titles = {"progress.png": PROGRESS_TITLE}
+    levels = {(m["task"], m["metric"]): m["level"] for m in data["metrics"]}
+    for name, task, metric in task_figures(data):
+        figures[name] = plots.task_against_axes(clean, task=task, metric=metric, level=levels[task, metric],
+                                                axes=data["axes"], colours=colours, markers=markers)
+        titles[name] = figure_title(task, metric)
     data["plots"] = [{"file": f, "title": titles[f]} for f in figures]
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, png in figures.items():

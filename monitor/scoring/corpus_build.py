@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import CorpusError, PolicyError
+from monitor.escape import markdown_code, markdown_text, terminal_text
 from monitor.jsonl import json_lines
 from monitor.files import FileKind
 from monitor.yamlio import load_yaml_file
@@ -324,11 +325,19 @@ def manifest_json(manifest: Mapping[str, Any]) -> str:
 
 def _sources_markdown(manifest: Mapping[str, Any], rules: SliceRules, src: Path,
                       used: Sequence[str], rules_text: str) -> str:
-    lines = [f"# {rules.name} {rules.version}", "",
+    """SOURCES.md. The corpus name and version and the input files' names are anyone's: each
+    is literal text (`markdown_text`; a file name a code span, its `|` escaped for the table).
+    The rules file is quoted whole, its control characters but line breaks and tabs made
+    visible, in a fence longer than any run of backticks in it."""
+    rules_text = terminal_text(rules_text.rstrip())
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", rules_text)), default=0))
+    lines = [f"# {markdown_text(rules.name)} {markdown_text(rules.version)}", "",
              f"Built by `lstar corpus build` from {len(used)} file(s). Manifest sha256: "
-             f"`{manifest['sha256']}`", "", "## Slice rules", "", "```", rules_text.rstrip(), "```",
+             f"`{manifest['sha256']}`", "", "## Slice rules", "", fence, rules_text, fence,
              "", "## Input files", "", "| file | sha256 |", "|---|---|"]
-    lines += [f"| `{rel}` | `{hashlib.sha256((src / rel).read_bytes()).hexdigest()}` |" for rel in used]
+    for rel in used:   # GFM splits a table row at every unescaped `|`, inside code spans too
+        name = markdown_code(rel).replace("|", "\\|")
+        lines.append(f"| {name} | `{hashlib.sha256((src / rel).read_bytes()).hexdigest()}` |")
     return "\n".join(lines) + "\n"
 
 
