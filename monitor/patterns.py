@@ -13,6 +13,7 @@ loaded, a silence is added), with `PatternError` saying why, never when it is ma
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import re2
@@ -81,6 +82,7 @@ class LinearPattern:
         return (compile_linear, (self.text,))
 
 
+@lru_cache(maxsize=1024)   # a pattern is compiled once however often it is read or matched
 def compile_linear(pattern: str) -> LinearPattern:
     """Compile a user-supplied regular expression with RE2, or raise PatternError: one line
     quoting at most 80 characters of it, saying what RE2 does not support and its reason."""

@@ -334,3 +334,14 @@ def test_the_checker_finds_a_runtime_pattern(tmp_path: Path) -> None:
     sample.write_text("import re\nX = re.compile('a' + 'b')\n\ndef f(value):\n    return re.fullmatch(value, 'x')\n"
                       "\ndef g(text):\n    return re.fullmatch(r'[0-9]+', text)\n")
     assert _runtime_patterns(sample, tmp_path) == ["sample.py:5: re.fullmatch of a pattern made at run time"]
+
+
+def test_a_rule_that_has_matched_equals_a_fresh_one() -> None:
+    """What matching compiles is kept outside the rule: policies compare equal across reloads."""
+    import pickle
+
+    from monitor.hub.rules import WatchRule
+
+    rule = WatchRule(name="s", author="a", revisions={"branches": r"step\d+"})
+    assert rule.revisions.matches("branch", "step1") and not rule.revisions.matches("branch", "step1x")
+    assert rule == WatchRule(name="s", author="a", revisions={"branches": r"step\d+"}) == pickle.loads(pickle.dumps(rule))

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import PolicyError
 from monitor.files import FileKind
-from monitor.patterns import LinearPattern, PatternError, compile_linear
+from monitor.patterns import PatternError, compile_linear
 from monitor.yamlio import clip, load_yaml_file
 
 RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
@@ -63,7 +63,6 @@ class RevisionPattern(BaseModel):
 
     branches: str | None = None
     tags: str | None = None
-    _compiled: dict[str, LinearPattern] = PrivateAttr(default_factory=dict)
 
     @field_validator("branches", "tags")
     @classmethod
@@ -83,12 +82,8 @@ class RevisionPattern(BaseModel):
 
     def matches(self, kind: Literal["branch", "tag"], name: str) -> bool:
         text = self.branches if kind == "branch" else self.tags
-        if text is None:
-            return False
-        pattern = self._compiled.get(text)
-        if pattern is None:   # compiled once per pattern (the validator has checked it compiles)
-            pattern = self._compiled[text] = compile_linear(text)
-        return pattern.fullmatches(name)
+        # compile_linear keeps what it compiled (the validator has checked that it compiles)
+        return text is not None and compile_linear(text).fullmatches(name)
 
 
 class Budgets(BaseModel):
