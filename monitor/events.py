@@ -6,7 +6,7 @@ commit=abc… rule=tiny`; with `--log-format json` (`JsonFormatter`) every log r
 and the rest, is one JSON object per line, an event's fields as keys of their own.
 
 Kinds: discovered, gated, refused, scored, score_failed, state, evaluation_skipped,
-alert_raised, delivered, retried, dead_lettered, report_written. Values are ids, states,
+alert_raised, delivered, retried, dead_lettered, report_written, silence_unreadable. Values are ids, states,
 numbers and reasons: never secrets, URLs with credentials or notification bodies.
 
 Listeners (`subscribe`) see every event whatever the log level; the daemon counts them
@@ -25,7 +25,8 @@ from typing import Any
 
 log = logging.getLogger("lstar.events")
 EVENT_KINDS = ("discovered", "gated", "refused", "scored", "score_failed", "state", "evaluation_skipped",
-               "reference_base", "alert_raised", "delivered", "retried", "dead_lettered", "report_written")
+               "reference_base", "alert_raised", "delivered", "retried", "dead_lettered", "report_written",
+               "silence_unreadable")
 
 Listener = Callable[[str, Mapping[str, Any]], None]
 _listeners: list[Listener] = []

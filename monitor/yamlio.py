@@ -62,8 +62,9 @@ class StrictLoader(yaml.SafeLoader):
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, what: FileKind = POLICY_FILE) -> None:
         super().__init__(stream)
+        self.what = what   # the kind of file, as errors name it
         self._expanded = 0
         self._sizes: dict[int, int] = {}
         self._depth = 0
@@ -75,7 +76,8 @@ class StrictLoader(yaml.SafeLoader):
         if key in self._sizes:
             return self._sizes[key]
         if key in stack:
-            raise YamlProblem(node.start_mark.line + 1, "recursive alias; policy files cannot refer to themselves")
+            raise YamlProblem(node.start_mark.line + 1,
+                              f"recursive alias; {self.what.plural} cannot refer to themselves")
         stack.add(key)
         if isinstance(node, yaml.SequenceNode):
             size = 1 + sum(self._size(child, stack) for child in node.value)
@@ -122,8 +124,10 @@ def _display_tag(tag: str) -> str:
     return "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
 
 
-def check_tree(node: yaml.Node, path: str, done: set[int], stack: set[int]) -> None:
-    """Refuse unknown tags, recursive aliases and duplicate keys before anything is constructed."""
+def check_tree(node: yaml.Node, path: str, done: set[int], stack: set[int],
+               what: FileKind = POLICY_FILE) -> None:
+    """Refuse unknown tags, recursive aliases and duplicate keys before anything is constructed
+    (`what` names the kind of file in the errors)."""
     if id(node) in stack:
         raise YamlProblem(node.start_mark.line + 1,
                        f"{path + ': ' if path else ''}recursive alias; a value cannot contain itself")
@@ -132,25 +136,25 @@ def check_tree(node: yaml.Node, path: str, done: set[int], stack: set[int]) -> N
     if node.tag not in _ALLOWED_TAGS:
         where = f"{path}: " if path else ""
         raise YamlProblem(node.start_mark.line + 1,
-                       f"{where}tag '{_display_tag(node.tag)}' is not allowed; policy files hold "
+                       f"{where}tag '{_display_tag(node.tag)}' is not allowed; {what.plural} hold "
                        "only strings, numbers, booleans, null, lists and mappings")
     stack.add(id(node))
     if isinstance(node, yaml.SequenceNode):
         for i, child in enumerate(node.value):
-            check_tree(child, f"{path}[{i}]", done, stack)
+            check_tree(child, f"{path}[{i}]", done, stack, what)
     elif isinstance(node, yaml.MappingNode):
         keys: set[Any] = set()
         for key_node, value_node in node.value:
-            check_tree(key_node, path, done, stack)
+            check_tree(key_node, path, done, stack, what)
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
             child = f"{path}.{key}" if path else str(key)
             if key_node.tag == "tag:yaml.org,2002:merge":
-                check_tree(value_node, path, done, stack)
+                check_tree(value_node, path, done, stack, what)
                 continue
             if key in keys:
                 raise YamlProblem(key_node.start_mark.line + 1, f"{child}: duplicate key")
             keys.add(key)
-            check_tree(value_node, child, done, stack)
+            check_tree(value_node, child, done, stack, what)
     stack.discard(id(node))
     done.add(id(node))
 
@@ -307,12 +311,13 @@ def validation_lines(exc: ValidationError, root: yaml.Node, label: str, model: t
             for path, (line, message) in ordered]
 
 
-def compose(text: str, label: str) -> yaml.Node | None:
-    """The checked node tree of `text` (None for an empty document); raises PolicyError."""
+def compose(text: str, label: str, *, what: FileKind = POLICY_FILE) -> yaml.Node | None:
+    """The checked node tree of `text` (None for an empty document); raises PolicyError
+    naming the file (`label`) and, where it says what such files may hold, their kind (`what`)."""
     try:
         # The reader checks every character as the loader is made: a NUL or other control byte
         # is refused here, and must be a one-line error like any other.
-        loader = StrictLoader(text)
+        loader = StrictLoader(text, what)
     except yaml.YAMLError as exc:
         raise PolicyError(f"{label}: not YAML: {' '.join(str(exc).split())}",
                           hint="remove the control characters (the file must be printable UTF-8 text)") from None
@@ -332,19 +337,20 @@ def compose(text: str, label: str) -> yaml.Node | None:
     if root is None:
         return None
     try:
-        check_tree(root, "", set(), set())
+        check_tree(root, "", set(), set(), what)
     except YamlProblem as exc:
         raise PolicyError(f"{label}:{exc.line}: {clip(exc.text)}") from None
     return root
 
 
-def compose_mapping(text: str, label: str, *, empty: str, keys: str = "") -> tuple[yaml.Node, dict[str, Any]]:
+def compose_mapping(text: str, label: str, *, empty: str, keys: str = "",
+                    what: FileKind = POLICY_FILE) -> tuple[yaml.Node, dict[str, Any]]:
     """The composed tree and constructed data of a file whose top level must be a mapping.
 
     `empty` ends the message for an empty file ("a policy needs name, route and receivers");
     `keys`, when given, names the expected top-level keys in the message for a non-mapping.
     """
-    root = compose(text, label)
+    root = compose(text, label, what=what)
     if root is None:
         raise PolicyError(f"{label}:1: the file is empty; {empty}")
     data = construct(root, label)
@@ -370,9 +376,10 @@ def construct(root: yaml.Node, label: str) -> Any:
 def load_yaml_file(path: Path, label: str | None = None, *, what: FileKind = POLICY_FILE) -> Any:
     """Python data of a small YAML file read with the policy files' defences (regular file,
     bounded size, UTF-8, bounded nesting and node count, no tags, no alias bombs); None for
-    an empty document. Raises PolicyError naming the file and line; a file that is not a
-    regular one, or too large, is named as `what`."""
+    an empty document. Raises PolicyError naming the file and line, and the kind of file
+    (`what`) where it says what is allowed: a file that is not a regular one, too large, or
+    holds a tag or an alias to itself."""
     label = label or str(path)
-    root = compose(read_bounded_text(Path(path), label, what=what), label)
+    root = compose(read_bounded_text(Path(path), label, what=what), label, what=what)
     return construct(root, label) if root is not None else None
 

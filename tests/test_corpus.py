@@ -209,13 +209,13 @@ def test_canonicalize_follows_the_manifest_statement(calib: Corpus) -> None:
 
 def test_glob_semantics() -> None:
     rx = glob_to_regex("code/**/*.py")
-    assert rx.fullmatch("code/a.py") and rx.fullmatch("code/x/y/a.py")
-    assert not rx.fullmatch("code.py") and not rx.fullmatch("other/code/a.py")
-    assert not rx.fullmatch("code/a.pyc")
+    assert rx.fullmatches("code/a.py") and rx.fullmatches("code/x/y/a.py")
+    assert not rx.fullmatches("code.py") and not rx.fullmatches("other/code/a.py")
+    assert not rx.fullmatches("code/a.pyc")
     star = glob_to_regex("*.md")
-    assert star.fullmatch("README.md") and not star.fullmatch("docs/README.md")
-    assert glob_to_regex("[!_]*.txt").fullmatch("a.txt")
-    assert not glob_to_regex("[!_]*.txt").fullmatch("_a.txt")
+    assert star.fullmatches("README.md") and not star.fullmatches("docs/README.md")
+    assert glob_to_regex("[!_]*.txt").fullmatches("a.txt")
+    assert not glob_to_regex("[!_]*.txt").fullmatches("_a.txt")
 
 
 # -- building -------------------------------------------------------------------------------

@@ -87,6 +87,30 @@ def test_python_tag_is_refused_before_anything_is_constructed(tmp_path: Path) ->
     assert not canary.exists()
 
 
+def test_a_tag_is_refused_naming_the_kind_of_file_read(tmp_path: Path) -> None:
+    """The bounded loader reads config, watch-rules, slice-rules and campaign files too: its
+    refusal says what such a file may hold, not what a policy file may."""
+    from monitor.calibrate.campaign import parse_campaign
+    from monitor.errors import CampaignError
+    from monitor.hub.rules import RULES_FILE
+    from monitor.scoring.corpus_build import SLICE_RULES_FILE
+    from monitor.service.settings import CONFIG_FILE
+    from monitor.yamlio import load_yaml_file
+
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text("name: !!python/name:os.system x\n")
+    for kind in (CONFIG_FILE, RULES_FILE, SLICE_RULES_FILE):
+        with pytest.raises(PolicyError) as err:
+            load_yaml_file(tagged, what=kind)
+        assert err.value.message == (f"{tagged}:1: name: tag '!!python/name:os.system' is not allowed; "
+                                     f"{kind.plural} hold only strings, numbers, booleans, null, lists and mappings")
+    with pytest.raises(CampaignError) as err:
+        parse_campaign(tagged.read_text(), "c.yaml", base=tmp_path)
+    assert err.value.message == ("c.yaml:1: name: tag '!!python/name:os.system' is not allowed; "
+                                 "campaign files hold only strings, numbers, booleans, null, lists and mappings")
+    assert _error(tagged).endswith("; policy files hold only strings, numbers, booleans, null, lists and mappings")
+
+
 def test_alias_bomb_is_refused_quickly() -> None:
     # The file would expand to 9^9 strings; refusal must come from the composed graph.
     message = _error(FIXTURES / "bad-alias-bomb.yaml")

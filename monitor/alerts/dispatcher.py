@@ -74,10 +74,32 @@ def default_senders() -> dict[str, Sender]:
 
 
 def silence_from_row(row: SilenceRow) -> Silence:
-    """A `Silence` from a `silences` table row."""
+    """A `Silence` from a `silences` table row (ValueError when a matcher no longer parses)."""
     return Silence(id=row.id, matchers=tuple(parse_matcher(m) for m in row.matchers),
                    starts_at=row.starts_at, ends_at=row.ends_at, comment=row.comment,
                    created_by=row.created_by, expired_at=row.expired_at)
+
+
+# Ids of stored silences already reported as unreadable by this process (said once, not every pass).
+_UNREADABLE_SILENCES: set[str] = set()
+
+
+def readable_silences(rows: Sequence[SilenceRow]) -> list[Silence]:
+    """The silences of `rows` whose matchers parse today.
+
+    A silence stored by an older release may hold a pattern RE2 refuses (a backreference, a
+    lookaround): it silences nothing, and an event says so once, so the alerts it would have
+    held are sent rather than the dispatcher failing on every pass."""
+    silences = []
+    for row in rows:
+        try:
+            silences.append(silence_from_row(row))
+        except ValueError as exc:
+            if row.id not in _UNREADABLE_SILENCES:
+                _UNREADABLE_SILENCES.add(row.id)
+                event("silence_unreadable", silence=row.id, reason=str(exc),
+                      fix="expire it (lstar silence expire ID) and add it again with an RE2 pattern")
+    return silences
 
 
 @dataclass
@@ -333,7 +355,7 @@ class Dispatcher:
     def flush_groups(self, now: datetime, report: DispatchReport | None = None) -> DispatchReport:
         """Silence, dead-letter or group pending deliveries; freeze due groups into notifications."""
         report = report or DispatchReport()
-        silences = [silence_from_row(r) for r in self.store.silences(active_at=now)]
+        silences = readable_silences(self.store.silences(active_at=now))
         groups: dict[tuple[str, str, str], list[PendingDeliveryRow]] = {}
         for d in self.store.pending_deliveries():
             if d.policy not in self.policies:
@@ -362,7 +384,7 @@ class Dispatcher:
         """Run every due notification through the pipeline (silence → disabled receiver →
         throttle → rate limit → claim → send → record); a stage that drops one ends its pass."""
         report = report or DispatchReport()
-        silences = [silence_from_row(r) for r in self.store.silences(active_at=now)]
+        silences = readable_silences(self.store.silences(active_at=now))
         for cand in self.store.due_notifications(now):
             outcome = self.deliver(cand, silences, now)
             if isinstance(outcome, Stop):

@@ -348,9 +348,10 @@ def parse_campaign(text: str, label: str, *, base: Path, output: Path | None = N
     try:
         root, data = compose_mapping(text, label,
                                      empty="a campaign needs name, corpus, checkpoints, tasks, fit and output",
-                                     keys=" (name, corpus, checkpoints, tasks, fit, output)")
+                                     keys=" (name, corpus, checkpoints, tasks, fit, output)",
+                                     what=CAMPAIGN_FILE)
     except PolicyError as exc:
-        raise CampaignError(exc.one_line().replace("policy files hold", "campaign files hold")) from None
+        raise CampaignError(exc.one_line()) from None
     try:
         campaign = Campaign.model_validate(data)
     except ValidationError as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from monitor.errors import PolicyError
 from monitor.files import FileKind
-from monitor.yamlio import load_yaml_file
+from monitor.patterns import PatternError, compile_linear
+from monitor.yamlio import clip, load_yaml_file
 
 RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
 # The shortest literal part of a name glob that may stand in for `search`: shorter ones
@@ -54,7 +54,9 @@ def glob_literal(glob: str) -> str:
 class RevisionPattern(BaseModel):
     """Which refs of a repo count as checkpoints: branch and/or tag names (full-match regex).
 
-    Pythia-style training runs keep steps as branches: `{branches: "step\\d+"}`.
+    Pythia-style training runs keep steps as branches: `{branches: "step\\d+"}`. The Hub
+    names the refs, so the patterns run on RE2 (`monitor.patterns`, linear in the name):
+    one RE2 refuses (a backreference, a lookaround) is refused when the rule is read.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,9 +69,9 @@ class RevisionPattern(BaseModel):
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from exc
+                compile_linear(value)
+            except PatternError as exc:
+                raise ValueError(f"value {exc}") from None
         return value
 
     @model_validator(mode="after")
@@ -79,8 +81,9 @@ class RevisionPattern(BaseModel):
         return self
 
     def matches(self, kind: Literal["branch", "tag"], name: str) -> bool:
-        pattern = self.branches if kind == "branch" else self.tags
-        return pattern is not None and re.fullmatch(pattern, name) is not None
+        text = self.branches if kind == "branch" else self.tags
+        # compile_linear keeps what it compiled (the validator has checked that it compiles)
+        return text is not None and compile_linear(text).fullmatches(name)
 
 
 class Budgets(BaseModel):
@@ -197,6 +200,11 @@ def _error_path(loc: Sequence[Any]) -> str:
     return out
 
 
+def _union_tag(part: Any) -> bool:
+    """A part of a pydantic error location naming a union member, not a key."""
+    return isinstance(part, str) and ("[" in part or part == RevisionPattern.__name__)
+
+
 def load_watch_rules(path: str | Path) -> list[WatchRule]:
     """Read a YAML file whose top-level `watch:` is a list of `WatchRule` mappings.
 
@@ -221,9 +229,14 @@ def load_watch_rules(path: str | Path) -> list[WatchRule]:
         try:
             rules.append(WatchRule.model_validate(item))
         except ValidationError as exc:
-            err = exc.errors()[0]
-            key = _error_path(["watch", i, *err["loc"]])
-            raise PolicyError(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})") from exc
+            errors = exc.errors()
+            # `revisions` is `main` or a mapping: given a mapping, what is wrong in it says more
+            # than that it is not the literal `main` (which pydantic lists first).
+            err = errors[0]
+            if isinstance(err.get("input"), dict) and any(str(p).startswith("literal[") for p in err["loc"]):
+                err = next((e for e in errors if not any(str(p).startswith("literal[") for p in e["loc"])), err)
+            key = _error_path(["watch", i, *(p for p in err["loc"] if not _union_tag(p))])
+            raise PolicyError(f"{path}: {key}: {clip(err['msg'].removeprefix('Value error, '))} (got {clip(repr(err.get('input')), 80)})") from exc
     names = [r.name for r in rules]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from monitor.patterns import LinearPattern, PatternError, compile_linear
+
 # -- matchers and silences ---------------------------------------------------------------------
 # Matched against the stripped text, the value stripped after: a lazy value followed by `\s*`
 # tried every split of a run of spaces (quadratic in a hostile silence or route).
@@ -18,8 +20,10 @@ _MATCHER_RE = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)(.*)', re.S)
 class Matcher:
     """A label matcher as in Alertmanager: name, op (=, !=, =~, !~) and value.
 
-    Regular expressions are anchored (they must match the whole label value). A label that
-    is absent matches as the empty string.
+    Regular expressions are anchored (they must match the whole label value) and run on RE2
+    (`monitor.patterns`): label values come from the Hub, so matching must take time linear
+    in them whatever the pattern. A pattern RE2 refuses is refused here, when the policy or
+    the silence is read. A label that is absent matches as the empty string.
     """
 
     name: str
@@ -27,11 +31,15 @@ class Matcher:
     value: str
 
     def __post_init__(self) -> None:
+        # The compiled pattern is an attribute, not a field: it takes no part in equality,
+        # hashing or the pydantic schema of the policies that hold matchers.
+        pattern: LinearPattern | None = None
         if self.op in ("=~", "!~"):
             try:
-                re.compile(self.value)
-            except re.error as exc:
-                raise ValueError(f"value {self.value!r} is not a valid regular expression: {exc}") from exc
+                pattern = compile_linear(self.value)
+            except PatternError as exc:
+                raise ValueError(f"value {exc}") from None
+        object.__setattr__(self, "_pattern", pattern)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         actual = labels.get(self.name, "")
@@ -39,7 +47,7 @@ class Matcher:
             return actual == self.value
         if self.op == "!=":
             return actual != self.value
-        hit = re.fullmatch(self.value, actual) is not None
+        hit = self._pattern is not None and self._pattern.fullmatches(actual)   # set for =~ and !~
         return hit if self.op == "=~" else not hit
 
     def __str__(self) -> str:

@@ -19,7 +19,8 @@ from monitor.errors import CorpusError, PolicyError
 from monitor.escape import markdown_code, markdown_text, terminal_text
 from monitor.jsonl import json_lines
 from monitor.files import FileKind
-from monitor.yamlio import load_yaml_file
+from monitor.patterns import LinearPattern, PatternError, compile_linear, escape
+from monitor.yamlio import clip, load_yaml_file
 from monitor.scoring.corpus import (CANONICALIZATION, DOCUMENTS_FILE, MANIFEST_FILE, ORDER, SHA256_DEFINITION,
                                     SOURCES_FILE, Corpus, Document, canonicalize, decode_strict, load_corpus,
                                     manifest_sha256, normalize_text, slice_counts, text_sha256)
@@ -47,7 +48,7 @@ class SliceRule:
     slice: str
     source: str
     max_bytes: int | None
-    pattern: re.Pattern[str] = field(repr=False, compare=False)
+    pattern: LinearPattern = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,15 @@ class SliceRules:
 
     def rule_for(self, relpath: str) -> SliceRule | None:
         """The first rule whose glob matches `relpath`."""
-        return next((r for r in self.rules if r.pattern.fullmatch(relpath)), None)
+        return next((r for r in self.rules if r.pattern.fullmatches(relpath)), None)
 
 
-def glob_to_regex(glob: str) -> re.Pattern[str]:
-    """Compile a path glob: `*` and `?` stay within a folder, `**/` spans zero or more folders."""
+def glob_to_regex(glob: str) -> LinearPattern:
+    """Compile a path glob: `*` and `?` stay within a folder, `**/` spans zero or more folders.
+
+    Compiled with RE2 (`monitor.patterns`): both the glob and the file names are hostile, and
+    on a backtracking engine `*a*a*a*a*b` against 200 characters took seconds (each `*` one
+    more power of the name's length). Raises PatternError (e.g. a class `[z-a]`)."""
     out, i = [], 0
     while i < len(glob):
         if glob.startswith("**/", i):
@@ -83,12 +88,15 @@ def glob_to_regex(glob: str) -> re.Pattern[str]:
         elif glob[i] == "[" and "]" in glob[i + 2:]:
             end = glob.index("]", i + 2)
             body = glob[i + 1:end]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            body = "^" + body[1:] if body.startswith("!") else body
+            # '[' is a literal inside a class, as in Python's re: escaped, RE2 does not read
+            # `[:alpha:]` as a POSIX class.
+            out.append("[" + body.replace("\\", "\\\\").replace("[", "\\[") + "]")
             i = end + 1
         else:
-            out.append(re.escape(glob[i]))
+            out.append(escape(glob[i]))
             i += 1
-    return re.compile("".join(out))
+    return compile_linear("".join(out))
 
 
 def _positive_int(value: Any, where: str) -> int | None:
@@ -143,9 +151,14 @@ def load_slice_rules(path: str | Path) -> SliceRules:
                 raise CorpusError(f"{where}.{key} must be letters, digits and '_' (got {value!r})",
                                   hint="ids are <slice>-<source>-<nnnn>, so no '-' in these names")
         max_bytes = _positive_int(raw.get("max_bytes"), f"{where}.max_bytes")
+        try:
+            pattern = glob_to_regex(raw["glob"])
+        except PatternError as exc:
+            raise CorpusError(f"{where}.glob: {clip(repr(raw['glob']), 80)} is not a glob: {exc.reason}",
+                              hint="use *, **, ? and [...] classes such as [a-z] or [!_]") from None
         rules.append(SliceRule(glob=raw["glob"], slice=names["slice"], source=names["source"],
                                max_bytes=max_bytes if max_bytes is not None else default_max,
-                               pattern=glob_to_regex(raw["glob"])))
+                               pattern=pattern))
     return SliceRules(name=data["name"].strip(), version=data["version"].strip(),
                       rules=tuple(rules), unmatched=unmatched)
 
