@@ -252,3 +252,80 @@ def test_an_evaluation_whose_file_changed_waits_then_its_replacement_completes(t
     assert [(r["status"], r["generation"]) for r in rows] == [("superseded", 0), ("done", 1)]
     assert rows[0]["superseded_by"] == rows[1]["id"]
     assert (rows[1]["observed"], rows[1]["n"]) == (1.0, 6)   # the new file's six items
+
+
+def _second_policy(folder: Path, curve: Path) -> Path:
+    """Policy `q`, like `p` of `_policy` but in its own folder with its own task file."""
+    folder.mkdir()
+    _mc(folder / "mc.jsonl")
+    path = _policy(folder, curve, "{file: mc.jsonl}")
+    path.write_text(path.read_text().replace("name: p\n", "name: q\n", 1))
+    return path
+
+
+def _prediction_of(store: Store, policy: str, run: str) -> None:
+    store.write_outbox([{"policy": policy, "task": "arith", "run_id": run, "repo": "org/m", "commit_sha": run * 8,
+                         "lineage": "org/m", "corpus_sha256": "c" * 64, "lstar": 5.0, "se": 0.1, "p_hat": 0.3,
+                         "lo": 0.28, "hi": 0.32, "threshold": 0.3, "state": "at_risk", "curve_id": "cid",
+                         "detail": {"confidence": 0.9}, "evaluated_at": NOW}], now=NOW)
+
+
+@pytest.mark.parametrize("content,why", [
+    ('{"id": {}, "context": "Q", "choices": ["a", "b"], "answer": 1}\n',
+     ":1: 'id' must be a non-empty string or an integer"),
+    ("[" * 100_000 + "\n", ":1: not JSON (nested too deeply to decode)"),
+    ('{"id": "a", "context": "Q", "choices": ["a", "b"], "answer": ' + "1" * 5000 + "}\n",
+     ":1: not JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+    ('{"id": "a", "context": "Q", "choices": ["a", "b"], "answer": 0, "slice": ["x"]}\n',
+     "('a'): 'slice' must be a string when given"),
+    ("symlink loop", "cannot read: RuntimeError: Symlink loop from"),
+], ids=["dict id", "deep", "big int", "list slice", "symlink loop"])
+def test_a_task_file_edited_into_any_shape_holds_back_only_its_own_evaluations(tmp_path, curve, content, why):
+    task = _mc(tmp_path / "mc.jsonl")
+    bad = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    good = load_policy(_second_policy(tmp_path / "q", curve))
+    if content == "symlink loop":
+        task.unlink()
+        os.symlink("mc.jsonl", task)   # the task file replaced by a link to itself
+    else:
+        task.write_text(content)       # edited after the policy loaded
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        _prediction_of(store, "q", "b")
+        counts = schedule_observations(store, [bad, good], now=NOW)   # the old tick raised here
+        assert counts == {"scheduled": 1, "skipped_budget": 0, "superseded": 0}
+        job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
+        assert (job["policy"], job["run_id"]) == ("q", "b")   # the other policy's evaluation runs
+        assert task_file_as_scheduled(job["settings"], tmp_path / "work").read_bytes() == \
+            (tmp_path / "q" / "mc.jsonl").read_bytes()
+    checks = check_task_files([bad, good])
+    problem = checks[("p", "arith")].problem
+    assert checks[("q", "arith")].problem is None
+    assert problem.startswith("policy p: task arith: ") and why in problem
+    assert "\n" not in problem and len(problem) < 500
+    assert problem.endswith("its evaluations wait until it is mended") or \
+        problem.endswith("(fix it, or restore the file)")
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"id": {}, "context": "Q", "choices": ["a", "b"], "answer": 1}', "'id' must be a non-empty string"),
+    ('{"id": [1], "context": "Q", "choices": ["a", "b"], "answer": 1}', "'id' must be a non-empty string"),
+    ("[" * 100_000, "not JSON (nested too deeply to decode)"),
+    ('{"id": 1, "context": "Q", "choices": ["a", "b"], "answer": 1}\n'
+     '{"id": "1", "context": "Q", "choices": ["a", "b"], "answer": 1}', ":2 ('1'): duplicate id"),
+], ids=["dict id", "list id", "deep", "int and string id"])
+def test_parse_mc_task_refuses_hostile_shapes_as_label_errors(tmp_path, content, message):
+    (tmp_path / "t.jsonl").write_text(content + "\n")
+    with pytest.raises(LabelError) as info:
+        load_mc_task(tmp_path / "t.jsonl")
+    assert message in info.value.one_line()
+
+
+def test_task_file_lines_split_on_newlines_only(tmp_path):
+    """JSON allows U+2028, U+0085 and form feed raw inside strings: they do not end a line."""
+    context = "Q\u2028more\x85and\x0cmore?"
+    path = tmp_path / "t.jsonl"
+    path.write_bytes((json.dumps({"id": "a", "context": context, "choices": [" y", " n"], "answer": 0},
+                                 ensure_ascii=False) + "\r\n").encode())
+    [item] = load_mc_task(path).items
+    assert item.context == context
