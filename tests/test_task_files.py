@@ -197,19 +197,67 @@ def test_a_changed_task_file_that_does_not_load_keeps_the_evaluations_waiting(tm
         assert copy.name == "mc.jsonl" and _sha(copy) == before and copy != task
 
 
-def test_evaluations_the_old_code_failed_for_a_changed_file_are_rescheduled(tmp_path, curve):
+def _legacy_row(store: Store, run: str, settings: dict, reason: str, *, attempts: int = 1) -> None:
+    """An observation as the code before supersession (before migration 0014) left it: failed."""
+    store.conn.execute(
+        "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
+        "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, reason, attempts, "
+        "scheduled_day, created_at, updated_at, finished_at) VALUES ('p', 'arith', ?, 1, 'org/m', ?, 'org/m', "
+        "'cid', 'at_risk', 0.28, 0.32, 0.3, 0.9, ?, 'failed', ?, ?, ?, ?, ?, ?)",
+        [run, run * 8, json.dumps(settings), reason, attempts, NOW.date(), NOW, NOW, NOW])
+
+
+def test_evaluations_the_old_code_failed_for_a_changed_file_are_rescheduled_once_by_the_migration(tmp_path,
+                                                                                                   curve):
+    from monitor.store.migrations import MIGRATIONS
+
     task = _mc(tmp_path / "mc.jsonl")
     policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    file = str(task.resolve())
+    old = {"kind": "multiple_choice", "metric": "acc", "file": file, "task_sha256": "0" * 64}
+    before = [m for m in MIGRATIONS if m.name < "0014"]
+    with Store.open(tmp_path / "s.duckdb", migrate=False) as store:
+        store.migrate(before)
+        _legacy_row(store, "a", old, f"task file {file} changed since the evaluation was scheduled (sha256 "
+                                     f"0123456789ab, expected 000000000000); schedule it again with the new file")
+        # failures that merely quote the words (a Hub-controlled model_type) stay failed
+        _legacy_row(store, "b", old, "config.json: unknown architecture, model_type 'task file x changed since the "
+                                     "evaluation was scheduled (sha256 '")
+        _legacy_row(store, "c", old, f"task file /elsewhere.jsonl changed since the evaluation was scheduled "
+                                     f"(sha256 0123456789ab, expected 000000000000)")
+    with Store.open(tmp_path / "s.duckdb") as store:
+        rows = {r["run_id"]: r for r in store.observations()}
+        assert {k: (r["status"], r["attempts"], r["finished_at"]) for k, r in rows.items()} == \
+            {"a": ("pending", 0, None), "b": ("failed", 1, NOW), "c": ("failed", 1, NOW)}
+        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 1
+        statuses = sorted((r["run_id"], r["status"], r["generation"]) for r in store.observations())
+    assert statuses == [("a", "pending", 1), ("a", "superseded", 0), ("b", "failed", 0), ("c", "failed", 0)]
+
+
+def test_a_failure_quoting_the_supersession_words_is_not_rescheduled(tmp_path, curve):
+    """A failure's reason can quote the Hub (a config's model_type): whatever it says, a failed
+    evaluation stays failed; the day's budget counts it once."""
+    from monitor.errors import ModelLoadError
+
+    _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}", per_day=1))
+    reason = ModelLoadError("config.json: unknown architecture, model_type "
+                            f"{'x changed since the evaluation was scheduled (sha256 '!r}").one_line()
     with Store.open(tmp_path / "s.duckdb") as store:
         _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
         schedule_observations(store, [policy], now=NOW)
-        job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
-        store.complete_observation(job["id"], "me", status="failed", now=NOW, reason=(
-            f"task file {task} changed since the evaluation was scheduled (sha256 0123456789ab, expected "
-            f"{_sha(task)[:12]}); schedule it again with the new file"))
-        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 1
-        statuses = sorted((r["status"], r["generation"]) for r in store.observations())
-    assert statuses == [("pending", 1), ("superseded", 0)]
+        claimed = []
+        for tick in range(5):
+            job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
+            if job is None:
+                break
+            claimed.append(job["id"])
+            store.complete_observation(job["id"], "me", status="failed", now=NOW, reason=reason)
+            assert schedule_observations(store, [policy], now=NOW + timedelta(minutes=tick + 1))["superseded"] == 0
+        assert len(claimed) == 1   # the old tick rescheduled it every time, past max_attempts
+        assert store.observations_started_on("p", NOW.date()) == 1
+        assert [(r["status"], r["generation"], r["reason"]) for r in store.observations()] == \
+            [("failed", 0, reason)]
 
 
 @pytest.mark.slow   # an evaluation child (torch) on a tiny model from the fake Hub
