@@ -377,3 +377,21 @@ def test_task_file_lines_split_on_newlines_only(tmp_path):
                                  ensure_ascii=False) + "\r\n").encode())
     [item] = load_mc_task(path).items
     assert item.context == context
+
+
+def test_the_status_summary_does_not_grow_with_supersessions(tmp_path, curve):
+    from monitor.store.observations import SUPERSEDED_SUMMARY
+
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        schedule_observations(store, [policy], now=NOW)
+        for minute in range(1, 5):   # four edits, four supersessions, each with its own reason
+            with task.open("a") as handle:
+                handle.write(json.dumps({"id": f"q{minute}", "context": "Q?", "choices": [" a", " b"],
+                                         "answer": 0}) + "\n")
+            assert schedule_observations(store, [policy], now=NOW + timedelta(minutes=minute))["superseded"] == 1
+        summary = store.observation_summary()
+    assert [(r["status"], r["reason"], r["n"]) for r in summary] == [("pending", None, 1),
+                                                                     ("superseded", SUPERSEDED_SUMMARY, 4)]

@@ -25,6 +25,8 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import ReclaimedLease
 
 _JSON = ("settings", "meta")
+# The reason a superseded row shows in the summary (its own names the row that replaced it).
+SUPERSEDED_SUMMARY = "task file changed before it ran; replaced by an evaluation of the new file"
 # What a replacement row copies from the row it supersedes: the prediction it checks.
 _SUPERSEDE_KEEPS = ("policy", "task", "run_id", "prediction_id", "checkpoint_id", "repo", "commit_sha", "lineage",
                     "curve_id", "predicted_state", "predicted_lo", "predicted_hi", "predicted_p", "level",
@@ -276,9 +278,12 @@ class ObservationRows(StoreConnection):
 
     def observation_summary(self) -> list[dict[str, Any]]:
         """Observations grouped by (policy, task, status, observed state, verdict, reason): what
-        `lstar status` shows."""
-        rows = self.query("SELECT policy, task, status, observed_state, verdict, reason, count(*) AS n "
-                          "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
+        `lstar status` shows. Superseded rows are grouped without their reason (each names its
+        own replacement), so the summary does not grow with every supersession."""
+        rows = self.query(
+            "SELECT policy, task, status, observed_state, verdict, "
+            f"CASE WHEN status = 'superseded' THEN '{SUPERSEDED_SUMMARY}' ELSE reason END AS reason, count(*) AS n "
+            "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
         return [{**r, "n": int(r["n"])} for r in rows]
 
     def track_record(self, policy: str | None = None) -> list[dict[str, Any]]:
