@@ -45,10 +45,13 @@ def _plain(value: Any) -> Any:
 
 
 def _text(value: Any) -> str:
-    """One field in the human line: quoted when it holds a space, an equals sign or a quote."""
+    """One field in the human line: quoted (as a JSON string, every control and non-ASCII
+    character escaped) when it holds a space, an equals sign, a quote, a backslash or any
+    character that is not printable: an ESC, a carriage return or a bidirectional override
+    from a Hub name must not reach the terminal raw."""
     value = _plain(value)
     text = "-" if value is None else str(value)
-    if not text or any(c in text for c in ' ="\n\t'):
+    if not text or any(c in ' ="\\' or not c.isprintable() for c in text):
         return json.dumps(text)
     return text
 

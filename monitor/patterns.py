@@ -9,6 +9,11 @@ backreferences (`\\1`, `(?P=name)`), no lookaround (`(?=`, `(?!`, `(?<=`, `(?<!`
 groups or possessive quantifiers, `\\z` for `\\Z`; `\\d`, `\\w`, `\\s` and `\\b` are ASCII
 (`\\pL` is any letter). A pattern RE2 refuses is refused when it is read (a policy is
 loaded, a silence is added), with `PatternError` saying why, never when it is matched.
+
+Shell globs (watch rules' `name_glob`, corpus slice rules' `glob`) are translated here to RE2
+(`compile_glob`) in one pass over the glob, so neither translating nor matching one can take
+more than linear time (`fnmatch` rescans the rest of the glob from every unclosed `[`, and
+matches on Python's backtracking `re`).
 """
 
 from __future__ import annotations
@@ -108,4 +113,95 @@ def escape(text: str) -> str:
     return re2.escape(text)
 
 
-__all__ = ["MAX_PATTERN_MEMORY", "LinearPattern", "PatternError", "UNSUPPORTED", "compile_linear", "escape"]
+# RE2 reads these specially inside a class (`[:alpha:]` is a POSIX class there).
+_CLASS_SPECIAL = {c: "\\" + c for c in "\\-[]^"}
+_ANY = "[\\x00-\\x{10FFFF}]"       # every character, newlines too (fnmatch's `[!]`-like empty complement)
+_NOTHING = "[^\\x00-\\x{10FFFF}]"   # no character (fnmatch's `(?!)`: RE2 has no lookahead)
+
+
+@lru_cache(maxsize=1024)
+def compile_glob(glob: str, *, paths: bool = False) -> LinearPattern:
+    """Compile a shell glob to an RE2 pattern matched with `fullmatches`; raises PatternError.
+
+    `paths=False`: the rules of `fnmatch.fnmatchcase` exactly: `*` is any run of characters,
+    `?` any one, `[...]` a class (`[!...]` its complement, a leading `]` a member, a range
+    written backwards `[z-a]` matches nothing), an unclosed `[` a literal `[`.
+    `paths=True` (corpus slice rules): `*` and `?` stay within a folder, `**/` spans zero or
+    more folders and `**` anything; a class may also be negated with `^`, and a backwards
+    range is refused (PatternError) rather than left to match nothing.
+    """
+    return compile_linear(_glob_regex(glob, paths=paths))
+
+
+def _glob_regex(glob: str, *, paths: bool) -> str:
+    out: list[str] = []
+    n, i = len(glob), 0
+    last_close = glob.rfind("]")   # a '[' whose class would end after it is a literal '['
+    while i < n:
+        char = glob[i]
+        if char == "*":
+            if paths and glob.startswith("**/", i):
+                out.append("(?:.*/)?")
+                i += 3
+                continue
+            if paths and glob.startswith("**", i):
+                out.append(".*")
+                i += 2
+                continue
+            if not paths:
+                while i + 1 < n and glob[i + 1] == "*":   # `**` is `*` to fnmatch
+                    i += 1
+            out.append("[^/]*" if paths else ".*")
+        elif char == "?":
+            out.append("[^/]" if paths else ".")
+        elif char == "[":
+            j = i + 1
+            if j < n and glob[j] == "!":
+                j += 1
+            if j < n and glob[j] == "]":
+                j += 1
+            # Found at most once per class, and each class is consumed: linear in the glob.
+            end = glob.find("]", j) if j <= last_close else -1
+            if end < 0:
+                out.append("\\[")
+            else:
+                out.append(_glob_class(glob, i + 1, end, paths=paths))
+                i = end
+        else:
+            out.append(escape(char))
+        i += 1
+    body = "".join(out)
+    return body if paths else f"(?s:{body})"
+
+
+def _glob_class(glob: str, start: int, end: int, *, paths: bool) -> str:
+    """The class `glob[start:end]` (between '[' and ']'), as `fnmatch.translate` splits it:
+    the hyphens that make ranges kept, the others and RE2's specials escaped."""
+    negate = glob[start] == "!" or (paths and glob[start] == "^")
+    first = start + 1 if negate else start
+    chunks: list[str] = []
+    i, k = first, first + 1
+    while True:   # split at the hyphens that make ranges (a leading one is a member)
+        k = glob.find("-", k, end)
+        if k < 0:
+            break
+        chunks.append(glob[i:k])
+        i, k = k + 1, k + 3
+    chunk = glob[i:end]
+    if chunk:
+        chunks.append(chunk)
+    elif chunks:
+        chunks[-1] += "-"
+    if not paths:   # fnmatch drops a backwards range, so `[z-a]` matches nothing
+        for k in range(len(chunks) - 1, 0, -1):
+            if chunks[k - 1] and chunks[k] and chunks[k - 1][-1] > chunks[k][0]:
+                chunks[k - 1] = chunks[k - 1][:-1] + chunks[k][1:]
+                del chunks[k]
+    members = "-".join("".join(_CLASS_SPECIAL.get(c, c) for c in part) for part in chunks)
+    if not members:
+        return _ANY if negate else _NOTHING
+    return f"[{'^' if negate else ''}{members}]"
+
+
+__all__ = ["MAX_PATTERN_MEMORY", "LinearPattern", "PatternError", "UNSUPPORTED", "compile_glob", "compile_linear",
+           "escape"]

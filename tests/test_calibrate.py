@@ -4,6 +4,7 @@ imported results; bad campaign files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -687,3 +688,38 @@ def test_a_checkpoint_added_to_a_campaign_on_ray_is_scored_on_the_cluster(
                                            every=36, max_context=128, dtype="float32", device="cpu",
                                            with_tcb=False, progress=False), db_path=None)
     assert abs(run.lstar - scored["lstar"]) <= 1e-12
+
+
+def test_a_fifo_put_in_place_of_a_builtin_task_is_an_error_not_a_hang(tmp_path: Path, shared_dir: Path) -> None:
+    import threading
+
+    from monitor.calibrate import load_campaign
+    from monitor.calibrate.plan import task_identity
+    from monitor.errors import CampaignError
+
+    task = tmp_path / "toy.jsonl"
+    task.write_bytes((shared_dir / "tasks" / "cloze-v0.jsonl").read_bytes())
+    path = tmp_path / "campaign.yaml"
+    path.write_text(GOOD.format(corpus=shared_dir / "corpus" / "calib-v0", model=_model_folder(tmp_path),
+                                sha="a" * 40, task=task))
+    campaign = load_campaign(path)
+    assert task_identity(campaign, campaign.tasks[0])[1] == hashlib.sha256(task.read_bytes()).hexdigest()
+    task.unlink()
+    os.mkfifo(task)   # swapped after the campaign was checked
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(r=_raised(task_identity, campaign, campaign.tasks[0])),
+                              daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():   # the old code blocks in open(): give it a writer so the thread ends
+        os.close(os.open(task, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("task_identity blocked on a FIFO")
+    assert isinstance(out["r"], CampaignError)
+    assert out["r"].message == f"{task}: is a named pipe (FIFO), not a multiple-choice task file"
+
+
+def _raised(call, *args):
+    try:
+        return call(*args)
+    except Exception as exc:  # noqa: BLE001 - handed to the test
+        return exc

@@ -229,3 +229,16 @@ def test_the_html_report_neutralises_bidi_and_control_characters(hostile) -> Non
     page.feed(html)
     assert "b" not in page.tags
     assert "org/\\u202etxt.exe@\\u202etxt.exe" in "".join(page.text)
+
+
+@pytest.mark.parametrize("value", ["org/m\x1b[31mALL_CLEAR\x1b[0m", "a\rforged", "x\u202eevil", "a\u2028b",
+                                   "back\\slash", "tab\there"])
+def test_the_event_log_line_never_carries_a_control_character_raw(value, caplog):
+    from monitor.events import event
+
+    with caplog.at_level("INFO", logger="lstar.events"):
+        event("checkpoint_found", repo=value, n=3)
+    [record] = [r for r in caplog.records if r.name == "lstar.events"]
+    line = record.getMessage()
+    assert line == f"checkpoint_found repo={json.dumps(value)} n=3"
+    assert all(c.isprintable() for c in line)

@@ -1,5 +1,5 @@
 """Patterns applied to hostile text (curve files, policy matchers and silences, watch-rule
-globs) take time linear in it: a megabyte-long adversarial line is read in well under a second
+globs and their matching) take time linear in it: a megabyte-long adversarial line is read in well under a second
 or two, and the answers are those of the former (quadratic) patterns, computed here apart.
 The .deb text patterns are checked in tests/test_pool.py."""
 
@@ -66,3 +66,68 @@ def test_a_globs_literal_run_is_found_in_linear_time() -> None:
     for hostile in ("[" * MB, "[a" * (MB // 2) + "]", "x[" * (MB // 2)):
         _, seconds = timed(glob_literal, hostile)
         assert seconds < 2.0   # quadratic: an hour
+
+
+def _watch_rule(name_glob: str):
+    from monitor.hub.rules import WatchRule
+
+    return WatchRule(name="r", author="org", name_glob=name_glob)
+
+
+def test_a_name_glob_answers_as_fnmatch_on_random_globs_and_names() -> None:
+    import fnmatch
+    import warnings
+
+    rng = random.Random(72)
+    parts = ["*", "**", "?", "a", "b", "z", "/", "[", "]", "!", "-", "^", "\\", ".", "é", "[a-c]", "[!a]", "[z-a]",
+             "[]]", "[!]", "[[:a]", "&", "|", "~", "(", "\n"]
+    compared = 0
+    for _ in range(4000):
+        glob = "".join(rng.choice(parts) for _ in range(rng.randint(1, 8)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)   # re's "possible nested set" on '[['
+            try:
+                fnmatch.fnmatchcase("", glob)
+            except re.error:
+                continue   # fnmatch itself cannot compile it
+        rule = _watch_rule(glob)
+        for _ in range(6):
+            name = "".join(rng.choice("abz[]!-^\\/.é&|~(\n") for _ in range(rng.randint(0, 7)))
+            repo = name if "/" in glob else "org/" + name
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                expected = fnmatch.fnmatchcase(name, glob) if "/" not in glob else fnmatch.fnmatchcase(repo, glob)
+            assert rule.matches_name(repo) == expected, (glob, repo)
+            compared += 1
+    assert compared > 20_000
+
+
+def test_a_name_glob_is_matched_in_linear_time() -> None:
+    """The real matchers (the poller's and the outbox's) on the longest globs a rule may hold
+    against a 50,000-character repo id from a hostile mirror."""
+    from monitor.alerts.outbox import watches
+
+    long_id = "org/" + "a" * 50_000
+    for glob in ("*a" * 127 + "*b", "[" * 255 + "]", "[" * 256, "*[!a]" * 50 + "*", "?" * 60 + "*" + "?" * 60 + "b"):
+        rule = _watch_rule(glob)
+        _, seconds = timed(lambda: [rule.matches_name(long_id), rule.matches_name(long_id + "b"),
+                                    watches(SimpleNamespace(watch=[rule]), long_id, None)])
+        assert seconds < 1.0, glob
+    assert _watch_rule("*a" * 127 + "*b").matches_name(long_id + "b")
+
+
+def test_a_long_name_glob_is_refused_in_one_line_at_once(tmp_path) -> None:
+    from monitor.errors import PolicyError
+    from monitor.hub.rules import load_watch_rules
+
+    assert _watch_rule("[" * 256).matches_name("org/" + "[" * 256)
+    path = tmp_path / "rules.yaml"
+    path.write_text("watch:\n  - name: r\n    author: org\n    name_glob: '" + "[" * 40_000 + "'\n")
+    start = time.perf_counter()
+    with pytest.raises(PolicyError) as info:
+        load_watch_rules(path)   # 40 s before, in fnmatch's quadratic translation, and then accepted
+    assert time.perf_counter() - start < 1.0
+    line = info.value.one_line()
+    assert line.startswith(f"{path}: watch[0].name_glob: a name_glob is at most 256 characters, this one has "
+                           "40,000 (a Hub repo id is at most 96)")
+    assert len(line) < 400 and "\n" not in line

@@ -29,7 +29,7 @@ RECORDED = {
     "0011_partial_scores": "2245633fcdfbb491299c2d13a51ddad9376fb563599c942c943438cd55b32f9e",
     "0012_checkpoint_bases": "bb9b04d643b2d5379049e922f590546913f33c53bd459675a8392b0b67acc4d5",
     "0013_observations": "5fd8b543700b484ce620dda677d5f431601294a99c7f5ccb308bd7640d621ba6",
-    "0014_superseded_observations": "2822f8f9a85f65c23c15bdad43a853af1c8747eafbb668374adb9349e13cd29d",
+    "0014_superseded_observations": "c58253dda0187325c5a1f47655dcb20b380189747c14021bad8063be9b226db0",
 }
 
 

@@ -197,19 +197,67 @@ def test_a_changed_task_file_that_does_not_load_keeps_the_evaluations_waiting(tm
         assert copy.name == "mc.jsonl" and _sha(copy) == before and copy != task
 
 
-def test_evaluations_the_old_code_failed_for_a_changed_file_are_rescheduled(tmp_path, curve):
+def _legacy_row(store: Store, run: str, settings: dict, reason: str, *, attempts: int = 1) -> None:
+    """An observation as the code before supersession (before migration 0014) left it: failed."""
+    store.conn.execute(
+        "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
+        "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, reason, attempts, "
+        "scheduled_day, created_at, updated_at, finished_at) VALUES ('p', 'arith', ?, 1, 'org/m', ?, 'org/m', "
+        "'cid', 'at_risk', 0.28, 0.32, 0.3, 0.9, ?, 'failed', ?, ?, ?, ?, ?, ?)",
+        [run, run * 8, json.dumps(settings), reason, attempts, NOW.date(), NOW, NOW, NOW])
+
+
+def test_evaluations_the_old_code_failed_for_a_changed_file_are_rescheduled_once_by_the_migration(tmp_path,
+                                                                                                   curve):
+    from monitor.store.migrations import MIGRATIONS
+
     task = _mc(tmp_path / "mc.jsonl")
     policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    file = str(task.resolve())
+    old = {"kind": "multiple_choice", "metric": "acc", "file": file, "task_sha256": "0" * 64}
+    before = [m for m in MIGRATIONS if m.name < "0014"]
+    with Store.open(tmp_path / "s.duckdb", migrate=False) as store:
+        store.migrate(before)
+        _legacy_row(store, "a", old, f"task file {file} changed since the evaluation was scheduled (sha256 "
+                                     f"0123456789ab, expected 000000000000); schedule it again with the new file")
+        # failures that merely quote the words (a Hub-controlled model_type) stay failed
+        _legacy_row(store, "b", old, "config.json: unknown architecture, model_type 'task file x changed since the "
+                                     "evaluation was scheduled (sha256 '")
+        _legacy_row(store, "c", old, f"task file /elsewhere.jsonl changed since the evaluation was scheduled "
+                                     f"(sha256 0123456789ab, expected 000000000000)")
+    with Store.open(tmp_path / "s.duckdb") as store:
+        rows = {r["run_id"]: r for r in store.observations()}
+        assert {k: (r["status"], r["attempts"], r["finished_at"]) for k, r in rows.items()} == \
+            {"a": ("pending", 0, None), "b": ("failed", 1, NOW), "c": ("failed", 1, NOW)}
+        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 1
+        statuses = sorted((r["run_id"], r["status"], r["generation"]) for r in store.observations())
+    assert statuses == [("a", "pending", 1), ("a", "superseded", 0), ("b", "failed", 0), ("c", "failed", 0)]
+
+
+def test_a_failure_quoting_the_supersession_words_is_not_rescheduled(tmp_path, curve):
+    """A failure's reason can quote the Hub (a config's model_type): whatever it says, a failed
+    evaluation stays failed; the day's budget counts it once."""
+    from monitor.errors import ModelLoadError
+
+    _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}", per_day=1))
+    reason = ModelLoadError("config.json: unknown architecture, model_type "
+                            f"{'x changed since the evaluation was scheduled (sha256 '!r}").one_line()
     with Store.open(tmp_path / "s.duckdb") as store:
         _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
         schedule_observations(store, [policy], now=NOW)
-        job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
-        store.complete_observation(job["id"], "me", status="failed", now=NOW, reason=(
-            f"task file {task} changed since the evaluation was scheduled (sha256 0123456789ab, expected "
-            f"{_sha(task)[:12]}); schedule it again with the new file"))
-        assert schedule_observations(store, [policy], now=NOW)["superseded"] == 1
-        statuses = sorted((r["status"], r["generation"]) for r in store.observations())
-    assert statuses == [("pending", 1), ("superseded", 0)]
+        claimed = []
+        for tick in range(5):
+            job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
+            if job is None:
+                break
+            claimed.append(job["id"])
+            store.complete_observation(job["id"], "me", status="failed", now=NOW, reason=reason)
+            assert schedule_observations(store, [policy], now=NOW + timedelta(minutes=tick + 1))["superseded"] == 0
+        assert len(claimed) == 1   # the old tick rescheduled it every time, past max_attempts
+        assert store.observations_started_on("p", NOW.date()) == 1
+        assert [(r["status"], r["generation"], r["reason"]) for r in store.observations()] == \
+            [("failed", 0, reason)]
 
 
 @pytest.mark.slow   # an evaluation child (torch) on a tiny model from the fake Hub
@@ -252,3 +300,98 @@ def test_an_evaluation_whose_file_changed_waits_then_its_replacement_completes(t
     assert [(r["status"], r["generation"]) for r in rows] == [("superseded", 0), ("done", 1)]
     assert rows[0]["superseded_by"] == rows[1]["id"]
     assert (rows[1]["observed"], rows[1]["n"]) == (1.0, 6)   # the new file's six items
+
+
+def _second_policy(folder: Path, curve: Path) -> Path:
+    """Policy `q`, like `p` of `_policy` but in its own folder with its own task file."""
+    folder.mkdir()
+    _mc(folder / "mc.jsonl")
+    path = _policy(folder, curve, "{file: mc.jsonl}")
+    path.write_text(path.read_text().replace("name: p\n", "name: q\n", 1))
+    return path
+
+
+def _prediction_of(store: Store, policy: str, run: str) -> None:
+    store.write_outbox([{"policy": policy, "task": "arith", "run_id": run, "repo": "org/m", "commit_sha": run * 8,
+                         "lineage": "org/m", "corpus_sha256": "c" * 64, "lstar": 5.0, "se": 0.1, "p_hat": 0.3,
+                         "lo": 0.28, "hi": 0.32, "threshold": 0.3, "state": "at_risk", "curve_id": "cid",
+                         "detail": {"confidence": 0.9}, "evaluated_at": NOW}], now=NOW)
+
+
+@pytest.mark.parametrize("content,why", [
+    ('{"id": {}, "context": "Q", "choices": ["a", "b"], "answer": 1}\n',
+     ":1: 'id' must be a non-empty string or an integer"),
+    ("[" * 100_000 + "\n", ":1: not JSON (nested too deeply to decode)"),
+    ('{"id": "a", "context": "Q", "choices": ["a", "b"], "answer": ' + "1" * 5000 + "}\n",
+     ":1: not JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+    ('{"id": "a", "context": "Q", "choices": ["a", "b"], "answer": 0, "slice": ["x"]}\n',
+     "('a'): 'slice' must be a string when given"),
+    ("symlink loop", "cannot read: RuntimeError: Symlink loop from"),
+], ids=["dict id", "deep", "big int", "list slice", "symlink loop"])
+def test_a_task_file_edited_into_any_shape_holds_back_only_its_own_evaluations(tmp_path, curve, content, why):
+    task = _mc(tmp_path / "mc.jsonl")
+    bad = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    good = load_policy(_second_policy(tmp_path / "q", curve))
+    if content == "symlink loop":
+        task.unlink()
+        os.symlink("mc.jsonl", task)   # the task file replaced by a link to itself
+    else:
+        task.write_text(content)       # edited after the policy loaded
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        _prediction_of(store, "q", "b")
+        counts = schedule_observations(store, [bad, good], now=NOW)   # the old tick raised here
+        assert counts == {"scheduled": 1, "skipped_budget": 0, "superseded": 0}
+        job = store.claim_observation("me", now=NOW, lease_s=60, max_attempts=3)
+        assert (job["policy"], job["run_id"]) == ("q", "b")   # the other policy's evaluation runs
+        assert task_file_as_scheduled(job["settings"], tmp_path / "work").read_bytes() == \
+            (tmp_path / "q" / "mc.jsonl").read_bytes()
+    checks = check_task_files([bad, good])
+    problem = checks[("p", "arith")].problem
+    assert checks[("q", "arith")].problem is None
+    assert problem.startswith("policy p: task arith: ") and why in problem
+    assert "\n" not in problem and len(problem) < 500
+    assert problem.endswith("its evaluations wait until it is mended") or \
+        problem.endswith("(fix it, or restore the file)")
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"id": {}, "context": "Q", "choices": ["a", "b"], "answer": 1}', "'id' must be a non-empty string"),
+    ('{"id": [1], "context": "Q", "choices": ["a", "b"], "answer": 1}', "'id' must be a non-empty string"),
+    ("[" * 100_000, "not JSON (nested too deeply to decode)"),
+    ('{"id": 1, "context": "Q", "choices": ["a", "b"], "answer": 1}\n'
+     '{"id": "1", "context": "Q", "choices": ["a", "b"], "answer": 1}', ":2 ('1'): duplicate id"),
+], ids=["dict id", "list id", "deep", "int and string id"])
+def test_parse_mc_task_refuses_hostile_shapes_as_label_errors(tmp_path, content, message):
+    (tmp_path / "t.jsonl").write_text(content + "\n")
+    with pytest.raises(LabelError) as info:
+        load_mc_task(tmp_path / "t.jsonl")
+    assert message in info.value.one_line()
+
+
+def test_task_file_lines_split_on_newlines_only(tmp_path):
+    """JSON allows U+2028, U+0085 and form feed raw inside strings: they do not end a line."""
+    context = "Q\u2028more\x85and\x0cmore?"
+    path = tmp_path / "t.jsonl"
+    path.write_bytes((json.dumps({"id": "a", "context": context, "choices": [" y", " n"], "answer": 0},
+                                 ensure_ascii=False) + "\r\n").encode())
+    [item] = load_mc_task(path).items
+    assert item.context == context
+
+
+def test_the_status_summary_does_not_grow_with_supersessions(tmp_path, curve):
+    from monitor.store.observations import SUPERSEDED_SUMMARY
+
+    task = _mc(tmp_path / "mc.jsonl")
+    policy = load_policy(_policy(tmp_path, curve, "{file: mc.jsonl}"))
+    with Store.open(tmp_path / "s.duckdb") as store:
+        _prediction(store, "a", lo=0.28, hi=0.32, state="at_risk", curve_id="cid", at=NOW)
+        schedule_observations(store, [policy], now=NOW)
+        for minute in range(1, 5):   # four edits, four supersessions, each with its own reason
+            with task.open("a") as handle:
+                handle.write(json.dumps({"id": f"q{minute}", "context": "Q?", "choices": [" a", " b"],
+                                         "answer": 0}) + "\n")
+            assert schedule_observations(store, [policy], now=NOW + timedelta(minutes=minute))["superseded"] == 1
+        summary = store.observation_summary()
+    assert [(r["status"], r["reason"], r["n"]) for r in summary] == [("pending", None, 1),
+                                                                     ("superseded", SUPERSEDED_SUMMARY, 4)]

@@ -191,6 +191,70 @@ def test_a_silence_with_a_backreference_is_refused_and_nothing_is_stored(tmp_pat
         assert store.silences() == []
 
 
+LONG = 60_000
+# A matcher 60,000 characters long in each way add_silence refuses one (not a matcher, a bad
+# pattern, a value no alert can have), and an --until as long.
+LONG_MATCHERS = ["a=x\ny" + "z" * LONG, "repo=~(a)\\1" + "a" * LONG, "state=" + "x" * LONG]
+
+
+def test_a_long_silence_matcher_is_refused_in_one_short_line(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from monitor.alerts import add_silence
+    from monitor.alerts.silences import parse_until
+    from monitor.store import Store
+
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    with Store.open(tmp_path / "s.duckdb") as store:
+        for text in LONG_MATCHERS:
+            with pytest.raises(PolicyError) as err:
+                add_silence(store, ["policy=p", text], until=datetime(2031, 1, 1, tzinfo=timezone.utc),
+                            comment="x", now=now)
+            line = err.value.one_line()
+            assert line.startswith(f"--match {text[:20]!r}"[:-1]) and len(line) < 400, line[:500]
+        assert store.silences() == []
+    for text in ("9" * LONG + "d", "x" * LONG):
+        with pytest.raises(PolicyError) as err:
+            parse_until(text, now=now)
+        assert len(err.value.one_line()) < 400
+
+
+def test_a_long_silence_matcher_posted_to_the_api_is_refused_in_one_short_line(tmp_path: Path) -> None:
+    import contextlib
+    from types import SimpleNamespace
+
+    import httpx
+
+    from monitor.service.api import ApiServer
+
+    class FakeStore:   # what adding a silence reads and writes
+        rows: list = []
+
+        def add_silence(self, row):
+            self.rows.append(row)
+
+        def current_alert_labels(self):
+            return []
+
+    class Daemon:
+        config = SimpleNamespace(state_dir=tmp_path, policies_dir=tmp_path, webhook_secret_file=None)
+
+        @contextlib.contextmanager
+        def job_store(self):
+            yield FakeStore()
+
+    token = "t" * 32
+    with ApiServer(Daemon(), port=0, token=token, workers=2) as server:
+        for text in LONG_MATCHERS:
+            answer = httpx.post(server.url + "/silences", headers={"Authorization": "Bearer " + token},
+                                json={"match": [text], "until": "2h", "comment": "x",
+                                      "now": "2030-01-01T00:00:00Z"}, timeout=60)
+            assert answer.status_code == 400, answer.text[:300]
+            message = answer.json()["error"]
+            assert message.startswith("--match ") and len(message) < 400 and "\n" not in message, message[:500]
+    assert FakeStore.rows == []
+
+
 def test_a_bad_glob_class_is_a_corpus_error_naming_the_rule(tmp_path: Path) -> None:
     from monitor.scoring.corpus_build import load_slice_rules
 
@@ -326,7 +390,11 @@ def test_only_monitor_patterns_compiles_a_pattern_from_user_text() -> None:
     assert offenders == []
     for name in ("policy/matchers.py", "hub/rules.py", "scoring/corpus_build.py"):
         text = (ROOT / "monitor" / name).read_text()
-        assert "compile_linear" in text and not re.search(r"\bre\.(compile|fullmatch|match|search)\((?!r?[\"'])", text)
+        assert re.search(r"\bcompile_(linear|glob)\(", text)
+        assert not re.search(r"\bre\.(compile|fullmatch|match|search)\((?!r?[\"'])", text)
+    # fnmatch translates on Python's re: a user's glob against a name the Hub gives is RE2's
+    for name in ("hub/rules.py", "alerts/outbox.py"):
+        assert not re.search(r"^\s*(import|from)\s+fnmatch\b", (ROOT / "monitor" / name).read_text(), re.M), name
 
 
 def test_the_checker_finds_a_runtime_pattern(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ made, nothing written) and `mid_outbox_write` (inside the transaction, before CO
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import json
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -117,10 +116,8 @@ def watches(policy: Policy, repo: str, rule: str | None) -> bool:
             continue
         if w.search is not None and w.search.lower() not in repo.lower():
             continue
-        if w.name_glob is not None:
-            target = repo if "/" in w.name_glob else repo.split("/", 1)[-1]
-            if not fnmatch.fnmatchcase(target, w.name_glob):
-                continue
+        if not w.matches_name(repo):
+            continue
         return True
     return False
 

@@ -16,6 +16,7 @@ from monitor.errors import PolicyError
 from monitor.policy import Matcher, matches_all, parse_duration, parse_matcher
 from monitor.policy.vocabulary import SILENCED_VALUES, never_matches
 from monitor.store import Store
+from monitor.yamlio import clip
 
 
 def parse_time(text: str) -> datetime:
@@ -23,7 +24,7 @@ def parse_time(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise PolicyError(f"{text!r} is not an ISO 8601 time",
+        raise PolicyError(f"{clip(repr(text), 80)} is not an ISO 8601 time",
                           hint="write e.g. 2025-06-01T12:00:00Z") from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
@@ -38,9 +39,10 @@ def parse_until(text: str, *, now: datetime) -> datetime:
         return parse_time(text)
     except PolicyError:
         if "longer than" in duration_error:  # a duration, only too long: say that, not "neither"
-            raise PolicyError(f"--until {text!r}: {duration_error.removeprefix(f'value {text.strip()!r} ')}",
+            said = duration_error.removeprefix(f"value {clip(repr(text.strip()), 80)} ")
+            raise PolicyError(f"--until {clip(repr(text), 80)}: {said}",
                               hint="silence for at most 100 years, or give an ISO 8601 end time") from None
-        raise PolicyError(f"--until {text!r} is neither a time nor a duration",
+        raise PolicyError(f"--until {clip(repr(text), 80)} is neither a time nor a duration",
                           hint="write e.g. 2h, 3d, or 2025-06-01T12:00:00Z") from None
 
 
@@ -54,11 +56,11 @@ def add_silence(store: Store, matchers: Sequence[str], *, until: datetime, comme
         try:
             parsed.append(parse_matcher(text))
         except ValueError as exc:
-            raise PolicyError(f"--match {text!r}: {exc}") from None
+            raise PolicyError(f"--match {clip(repr(text), 80)}: {exc}") from None
     for text, matcher in zip(matchers, parsed):
         dead = never_matches(matcher, SILENCED_VALUES)
         if dead is not None:
-            raise PolicyError(f"--match {text!r}: {dead}")
+            raise PolicyError(f"--match {clip(repr(text), 80)}: {dead}")
     if all(m.matches({}) for m in parsed):
         # As in Alertmanager: matchers that all match an empty label set silence everything.
         raise PolicyError("these matchers would silence every alert",

@@ -61,25 +61,35 @@ class TaskFileCheck:
 
 def check_task_file(policy: Policy, task: Any) -> TaskFileCheck:
     """Read `task`'s `evaluate.file` bounded and compare it with the policy's fingerprint;
-    a changed file that is a valid task file becomes the policy's (see the module)."""
+    a changed file that is a valid task file becomes the policy's (see the module).
+
+    Never raises for what is on disk: a path that cannot be resolved (a symlink loop), a
+    file that cannot be read and content of any hostile shape are each the check's one-line
+    problem, so one bad file holds back only its own task's evaluations."""
     file = task.evaluate.file
-    path = policy.resolve_path(file).resolve()
-    known = policy.task_file_sha256(file)
     where = f"policy {policy.name}: task {task.name}: "
     waits = "; its evaluations wait until it is mended"
+    path = Path(file)
     try:
+        path = policy.resolve_path(file).resolve()
         raw = read_task_file(path)
     except LabelError as exc:
         return TaskFileCheck(policy.name, task.name, file, path, None, where + exc.one_line() + waits)
+    except Exception as exc:  # noqa: BLE001 - a hostile path (a symlink loop: RuntimeError)
+        return TaskFileCheck(policy.name, task.name, file, path, None,
+                             f"{where}task file {path}: cannot read: {_exception_text(exc)}{waits}")
+    known = policy.task_file_sha256(file)
     sha = hashlib.sha256(raw).hexdigest()
     if sha == known:
         return TaskFileCheck(policy.name, task.name, file, path, sha)
+    changed = f"{where}task file {path} changed since the policy was loaded and does not load: "
+    mend = f"{waits} (fix it, or restore the file)"
     try:
         parse_mc_task(raw, path)
     except LabelError as exc:
-        return TaskFileCheck(policy.name, task.name, file, path, None,
-                             f"{where}task file {path} changed since the policy was loaded and does not load: "
-                             f"{exc.one_line()}{waits} (fix it, or restore the file)")
+        return TaskFileCheck(policy.name, task.name, file, path, None, changed + exc.one_line() + mend)
+    except Exception as exc:  # noqa: BLE001 - parse_mc_task turns every known shape into LabelError
+        return TaskFileCheck(policy.name, task.name, file, path, None, changed + _exception_text(exc) + mend)
     policy.note_task_file(file, sha)
     if known is not None:
         event("task_file_changed", policy=policy.name, task=task.name, file=str(path), was=known[:12],
@@ -87,8 +97,15 @@ def check_task_file(policy: Policy, task: Any) -> TaskFileCheck:
     return TaskFileCheck(policy.name, task.name, file, path, sha, changed_from=known)
 
 
+def _exception_text(exc: BaseException) -> str:
+    """'RuntimeError: Symlink loop from ...', on one line, bounded."""
+    detail = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
 def check_task_files(policies: Sequence[Policy]) -> dict[tuple[str, str], TaskFileCheck]:
-    """`check_task_file` for every multiple-choice `evaluate:` task: {(policy, task): check}."""
+    """`check_task_file` for every multiple-choice `evaluate:` task: {(policy, task): check}.
+    Each check stands alone: a task whose file cannot be used does not stop the others."""
     return {(p.name, t.name): check_task_file(p, t) for p in policies for t in p.tasks
             if t.evaluate is not None and t.evaluate.kind == "multiple_choice"}
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from monitor.calibrate.campaign import Campaign, TaskSpec
-from monitor.errors import CampaignError
+from monitor.curves.evaluator import read_task_file
+from monitor.errors import CampaignError, LabelError
 from monitor.scoring.loader import checkpoint_hash
 from monitor.store import Store
 from monitor.store.rows import EvalRunRow
@@ -126,10 +127,16 @@ def scoring_settings(campaign: Campaign, corpus_sha256: str) -> dict[str, Any]:
 
 def task_identity(campaign: Campaign, task: TaskSpec) -> tuple[str, str]:
     """(name, sha256) of an evaluated task: a built-in task is named by its file's stem and
-    pinned by its bytes; an lm-eval task by its name and the installed harness's version."""
+    pinned by its bytes, read as the evaluation reads them (`read_task_file`: a regular file
+    of at most 64 MiB, so a FIFO in its place is an error naming it, not a hang); an lm-eval
+    task by its name and the installed harness's version."""
     if task.builtin is not None:
         path = campaign.path(task.builtin)
-        return path.stem, hashlib.sha256(path.read_bytes()).hexdigest()
+        try:
+            raw = read_task_file(path)
+        except LabelError as exc:
+            raise CampaignError(exc.message, hint=exc.hint) from None
+        return path.stem, hashlib.sha256(raw).hexdigest()
     assert task.lm_eval is not None
     try:
         harness = importlib.metadata.version("lm-eval")

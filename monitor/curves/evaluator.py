@@ -35,8 +35,9 @@ import numpy as np
 from monitor.curves.labels import Label
 from monitor.errors import LabelError, PolicyError
 from monitor.files import TASK_FILE, TASK_FILE_MAX_BYTES, read_bounded_bytes
-from monitor.jsonl import json_lines
+from monitor.jsonl import json_lines, split_lines
 from monitor.scoring import load_checkpoint, load_tokenizer
+from monitor.yamlio import clip
 
 
 # -- multiple-choice tasks ----------------------------------------------------------------------
@@ -78,32 +79,44 @@ def load_mc_task(path: str | Path, *, limit: int | None = None) -> McTask:
 
 
 def parse_mc_task(raw: bytes, path: Path, *, limit: int | None = None) -> McTask:
-    """The task held by `raw`, the bytes of the task file at `path` (named in errors)."""
+    """The task held by `raw`, the bytes of the task file at `path` (named in errors).
+
+    Every way the bytes can be wrong is a LabelError on one line naming the file and the line
+    (never a TypeError, RecursionError or ValueError from a hostile shape): lines are split
+    on '\\n' only, as JSON lines are, and each field's type is checked before it is used."""
     items = []
     ids: set[str] = set()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise LabelError(f"{path}: not UTF-8 text (byte {exc.start})", hint="save the file as UTF-8") from None
-    for number, obj in json_lines(text.splitlines(), path, LabelError, not_json="not JSON"):
+    for number, obj in json_lines(split_lines(text), path, LabelError, not_json="not JSON"):
         where = f"{path}:{number}"
         if not isinstance(obj, dict):
             raise LabelError(f"{where}: expected an object")
         for key in ("id", "context", "choices", "answer"):
             if key not in obj:
                 raise LabelError(f"{where}: missing {key!r}")
+        item_id = obj["id"]
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or item_id == "":
+            raise LabelError(f"{where}: 'id' must be a non-empty string or an integer")
+        item_id = str(item_id)
+        where = f"{where} ({clip(repr(item_id), 60)})"
         choices = obj["choices"]
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
-            raise LabelError(f"{where} ({obj['id']}): 'choices' must be a list of at least 2 non-empty strings")
+            raise LabelError(f"{where}: 'choices' must be a list of at least 2 non-empty strings")
         answer = obj["answer"]
         if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
-            raise LabelError(f"{where} ({obj['id']}): 'answer' must index 'choices' (0..{len(choices) - 1})")
+            raise LabelError(f"{where}: 'answer' must index 'choices' (0..{len(choices) - 1})")
         if not isinstance(obj["context"], str) or not obj["context"].strip():
-            raise LabelError(f"{where} ({obj['id']}): 'context' must be a non-empty string")
-        if obj["id"] in ids:
-            raise LabelError(f"{where}: duplicate id {obj['id']!r}")
-        ids.add(obj["id"])
-        items.append(McItem(str(obj["id"]), obj["context"], tuple(choices), answer, obj.get("slice")))
+            raise LabelError(f"{where}: 'context' must be a non-empty string")
+        slice_name = obj.get("slice")
+        if slice_name is not None and not isinstance(slice_name, str):
+            raise LabelError(f"{where}: 'slice' must be a string when given")
+        if item_id in ids:
+            raise LabelError(f"{where}: duplicate id")
+        ids.add(item_id)
+        items.append(McItem(item_id, obj["context"], tuple(choices), answer, slice_name))
         if limit is not None and len(items) >= limit:
             break
     if not items:

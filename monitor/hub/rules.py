@@ -6,7 +6,6 @@ and which revisions count (`main`, or branches/tags matching a regex).
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 from collections.abc import Sequence
@@ -17,13 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from monitor.errors import PolicyError
 from monitor.files import FileKind
-from monitor.patterns import PatternError, compile_linear
+from monitor.patterns import PatternError, compile_glob, compile_linear
 from monitor.yamlio import clip, load_yaml_file
 
 RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
 # The shortest literal part of a name glob that may stand in for `search`: shorter ones
 # (`7B`, `-7B`) match a large part of the Hub, so such a poll would list it all.
 GLOB_SEARCH_MIN_CHARS = 4
+# The longest name_glob a rule may hold: a repo id is at most 96 characters on the Hub.
+NAME_GLOB_MAX_CHARS = 256
 
 
 def glob_literal(glob: str) -> str:
@@ -118,7 +119,9 @@ class WatchRule(BaseModel):
       name         unique name of the rule (checkpoint rows and watermarks refer to it)
       author       Hub user or organisation (server-side filter)
       name_glob    shell glob on the repo id; without a '/' it matches the part after the
-                   owner (`pythia-*`), with one the whole id (`EleutherAI/pythia-*`)
+                   owner (`pythia-*`), with one the whole id (`EleutherAI/pythia-*`);
+                   `fnmatch` rules, matched with RE2 (linear in the name); at most 256
+                   characters
       search       substring of the repo id (server-side filter)
       pipeline_tag e.g. `text-generation` (server-side filter)
       min_params / max_params  parameter range; checked from the listing when the Hub
@@ -145,6 +148,19 @@ class WatchRule(BaseModel):
     budgets: Budgets = Budgets()
     scan_limit: int = Field(1000, ge=1, le=100_000)
 
+    @field_validator("name_glob")
+    @classmethod
+    def _glob_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            if len(value) > NAME_GLOB_MAX_CHARS:
+                raise ValueError(f"a name_glob is at most {NAME_GLOB_MAX_CHARS} characters, this one has "
+                                 f"{len(value):,} (a Hub repo id is at most 96)")
+            try:
+                compile_glob(value)
+            except PatternError as exc:
+                raise ValueError(f"not a glob: {exc.reason}") from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> "WatchRule":
         if not (self.author or self.search or self.name_glob or self.pipeline_tag):
@@ -170,10 +186,12 @@ class WatchRule(BaseModel):
         return {k: v for k, v in params.items() if v}
 
     def matches_name(self, repo_id: str) -> bool:
+        """Whether `repo_id` matches name_glob (`fnmatch.fnmatchcase`'s answer, in linear time)."""
         if not self.name_glob:
             return True
         target = repo_id if "/" in self.name_glob else repo_id.split("/", 1)[-1]
-        return fnmatch.fnmatchcase(target, self.name_glob)
+        # compile_glob keeps what it compiled (the validator has checked that it compiles)
+        return compile_glob(self.name_glob).fullmatches(target)
 
     def params_in_range(self, n_params: int | None) -> bool:
         """True when `n_params` is inside [min_params, max_params] or unknown."""

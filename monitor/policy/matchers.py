@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from monitor.patterns import LinearPattern, PatternError, compile_linear
+from monitor.yamlio import clip
 
 # -- matchers and silences ---------------------------------------------------------------------
 # Matched against the stripped text, the value stripped after: a lazy value followed by `\s*`
@@ -59,14 +60,14 @@ def parse_matcher(text: str) -> Matcher:
     match = _MATCHER_RE.fullmatch(text.strip())
     value = match.group(3).strip() if match is not None else ""
     if match is None or "\n" in value:
-        raise ValueError(f"value {text!r} is not a matcher (write KEY=VALUE, KEY!=VALUE, "
+        raise ValueError(f"value {clip(repr(text), 80)} is not a matcher (write KEY=VALUE, KEY!=VALUE, "
                          "KEY=~REGEX or KEY!~REGEX)")
     name, op = match.group(1), match.group(2)
     if len(value) >= 2 and value[0] == value[-1] == '"':
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"value {text!r} has a badly quoted value") from exc
+            raise ValueError(f"value {clip(repr(text), 80)} has a badly quoted value") from None
     return Matcher(name, op, value)  # type: ignore[arg-type]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from monitor.policy.matchers import Matcher
+from monitor.yamlio import clip
 
 # The states of evaluated alerts; `flagged` is the firing state of the calibration-gaming rule.
 STATES: tuple[str, ...] = ("clear", "at_risk", "emerged", "flagged")
@@ -48,7 +49,7 @@ def never_matches(matcher: Matcher, closed: Mapping[str, Sequence[str]]) -> str 
     values = closed.get(matcher.name)
     if values is None or any(matcher.matches({matcher.name: v}) for v in values):
         return None
-    return f"matcher {matcher} can never match: {matcher.name} is one of {', '.join(values)}"
+    return f"matcher {clip(str(matcher), 80)} can never match: {matcher.name} is one of {', '.join(values)}"
 
 
 __all__ = ["CONFIRMED_ALERTNAME", "CONTRADICTED_ALERTNAME", "MISCALIBRATED_ALERTNAME", "OBSERVED_STATES",

@@ -19,7 +19,7 @@ from monitor.errors import CorpusError, PolicyError
 from monitor.escape import markdown_code, markdown_text, terminal_text
 from monitor.jsonl import json_lines
 from monitor.files import FileKind
-from monitor.patterns import LinearPattern, PatternError, compile_linear, escape
+from monitor.patterns import LinearPattern, PatternError, compile_glob
 from monitor.yamlio import clip, load_yaml_file
 from monitor.scoring.corpus import (CANONICALIZATION, DOCUMENTS_FILE, MANIFEST_FILE, ORDER, SHA256_DEFINITION,
                                     SOURCES_FILE, Corpus, Document, canonicalize, decode_strict, load_corpus,
@@ -68,35 +68,11 @@ class SliceRules:
 def glob_to_regex(glob: str) -> LinearPattern:
     """Compile a path glob: `*` and `?` stay within a folder, `**/` spans zero or more folders.
 
-    Compiled with RE2 (`monitor.patterns`): both the glob and the file names are hostile, and
-    on a backtracking engine `*a*a*a*a*b` against 200 characters took seconds (each `*` one
-    more power of the name's length). Raises PatternError (e.g. a class `[z-a]`)."""
-    out, i = [], 0
-    while i < len(glob):
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif glob[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif glob[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif glob[i] == "[" and "]" in glob[i + 2:]:
-            end = glob.index("]", i + 2)
-            body = glob[i + 1:end]
-            body = "^" + body[1:] if body.startswith("!") else body
-            # '[' is a literal inside a class, as in Python's re: escaped, RE2 does not read
-            # `[:alpha:]` as a POSIX class.
-            out.append("[" + body.replace("\\", "\\\\").replace("[", "\\[") + "]")
-            i = end + 1
-        else:
-            out.append(escape(glob[i]))
-            i += 1
-    return compile_linear("".join(out))
+    Translated and compiled with RE2 by `monitor.patterns.compile_glob` (linear in the glob
+    and in the name): both the glob and the file names are hostile, and on a backtracking
+    engine `*a*a*a*a*b` against 200 characters took seconds (each `*` one more power of the
+    name's length). Raises PatternError (e.g. a class `[z-a]`)."""
+    return compile_glob(glob, paths=True)
 
 
 def _positive_int(value: Any, where: str) -> int | None:

@@ -25,12 +25,12 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import ReclaimedLease
 
 _JSON = ("settings", "meta")
+# The reason a superseded row shows in the summary (its own names the row that replaced it).
+SUPERSEDED_SUMMARY = "task file changed before it ran; replaced by an evaluation of the new file"
 # What a replacement row copies from the row it supersedes: the prediction it checks.
 _SUPERSEDE_KEEPS = ("policy", "task", "run_id", "prediction_id", "checkpoint_id", "repo", "commit_sha", "lineage",
                     "curve_id", "predicted_state", "predicted_lo", "predicted_hi", "predicted_p", "level",
                     "confidence", "scheduled_day")
-# How evaluations failed, before supersession, when their task file changed after scheduling.
-_CHANGED_FAILURE = "%changed since the evaluation was scheduled%"
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
@@ -93,23 +93,23 @@ class ObservationRows(StoreConnection):
         returns [(superseded id, new id)].
 
         Replaced: pending rows not leased (a leased one is running; it is looked at again once
-        its lease is given back) and rows failed, before supersession existed, because the
-        task file changed after they were scheduled. The new row keeps the prediction, the
-        scheduled day (its place in that day's budget) and gets no attempt used.
+        its lease is given back), and nothing else: a failed row stays failed whatever its
+        reason says (rows the code before supersession failed for a changed file were made
+        pending once, by migration 0014). The new row keeps the prediction, the scheduled day
+        (its place in that day's budget) and gets no attempt used.
         """
         sha = settings.get("task_sha256")
         out: list[tuple[int, int]] = []
         with self.transaction() as conn:
             rows = conn.execute(
                 "SELECT * FROM observations WHERE policy = ? AND task = ? AND superseded_by IS NULL AND "
-                "((status = 'pending' AND (lease_owner IS NULL OR lease_expires_at < ?)) OR "
-                f"(status = 'failed' AND reason LIKE '{_CHANGED_FAILURE}')) ORDER BY id",
+                "status = 'pending' AND (lease_owner IS NULL OR lease_expires_at < ?) ORDER BY id",
                 [policy, task, now]).fetchall()
             names = [d[0] for d in conn.description]
             for values in rows:
                 row = _decode(dict(zip(names, values)))
                 before = row["settings"].get("task_sha256")
-                if row["status"] == "pending" and before == sha:
+                if before == sha:
                     continue
                 kept = {c: row[c] for c in _SUPERSEDE_KEEPS}
                 columns = [*kept, "settings", "status", "generation", "meta", "created_at", "updated_at"]
@@ -278,9 +278,12 @@ class ObservationRows(StoreConnection):
 
     def observation_summary(self) -> list[dict[str, Any]]:
         """Observations grouped by (policy, task, status, observed state, verdict, reason): what
-        `lstar status` shows."""
-        rows = self.query("SELECT policy, task, status, observed_state, verdict, reason, count(*) AS n "
-                          "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
+        `lstar status` shows. Superseded rows are grouped without their reason (each names its
+        own replacement), so the summary does not grow with every supersession."""
+        rows = self.query(
+            "SELECT policy, task, status, observed_state, verdict, "
+            f"CASE WHEN status = 'superseded' THEN '{SUPERSEDED_SUMMARY}' ELSE reason END AS reason, count(*) AS n "
+            "FROM observations GROUP BY ALL ORDER BY policy, task, status, observed_state, verdict")
         return [{**r, "n": int(r["n"])} for r in rows]
 
     def track_record(self, policy: str | None = None) -> list[dict[str, Any]]:

@@ -53,3 +53,16 @@ INSERT INTO observations_superseding BY NAME SELECT * FROM observations;
 DROP TABLE observations;
 ALTER TABLE observations_superseding RENAME TO observations;
 CREATE INDEX observations_by_status ON observations (status);
+-- Before supersession, an evaluation whose task file changed after it was scheduled failed
+-- for good, its reason starting `task file FILE changed since the evaluation was scheduled
+-- (sha256 `. Those rows, all written before this migration (generation 0), wait again:
+-- pending, the attempt the change cost refunded, so the next observe tick supersedes each
+-- with one of the current file (or runs it, if the file is back as scheduled). Recognised
+-- here once, by that exact prefix and the row's own file: after this, only pending rows are
+-- ever superseded, so no failure text (which can quote the Hub) reschedules a job.
+UPDATE observations
+SET status = 'pending', attempts = greatest(attempts - 1, 0), lease_owner = NULL, lease_expires_at = NULL,
+    lease_started_at = NULL, finished_at = NULL, updated_at = now()
+WHERE status = 'failed' AND generation = 0 AND superseded_by IS NULL
+  AND starts_with(reason, 'task file ' || (settings ->> '$.file')
+                          || ' changed since the evaluation was scheduled (sha256 ');
