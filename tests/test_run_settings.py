@@ -254,3 +254,43 @@ def test_every_lstar_variable_the_package_reads_is_known():
     spelt = {m for p in (ROOT / "monitor").rglob("*.py")
              for m in re.findall(r"[\"'](LSTAR_[A-Z0-9_]*[A-Z0-9])[\"']", p.read_text(encoding="utf-8"))}
     assert spelt and spelt <= known, spelt - known
+
+
+def test_a_toml_config_is_read_once_bounded_and_regular_only(tmp_path):
+    """The size and kind checks of `--config` hold at the read itself: a TOML file swapped for a
+    FIFO after those checks is refused at once (pydantic-settings' reader skipped it silently, so
+    the start-up went on without the file's settings), and one grown
+    past the bound is refused without being read whole."""
+    import os
+    import threading
+
+    from monitor.service import settings as run_settings
+
+    fifo = tmp_path / "swapped.toml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            run_settings._file_values(fifo)
+        except BaseException as exc:   # the error is the outcome under test
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():   # unblock the old reader so the thread ends, then fail
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("reading a FIFO named as the TOML config blocked")
+    assert outcome and isinstance(outcome[0], run_settings.SettingError), outcome
+    assert "named pipe (FIFO)" in str(outcome[0]) and str(fifo) in str(outcome[0])
+
+    big = tmp_path / "grown.toml"
+    big.write_text("poll_every = '1h'\n" + "# padding\n" * (run_settings.MAX_CONFIG_BYTES // 10 + 1))
+    with pytest.raises(run_settings.SettingError, match="limited to 1,048,576 bytes"):
+        run_settings._file_values(big)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 200_000)
+    with pytest.raises(run_settings.SettingError, match="is not valid TOML"):
+        run_settings._file_values(deep)

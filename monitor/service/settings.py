@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -26,13 +27,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:   # pragma: no cover - the tomli backport has the same API
+    import tomli as tomllib
+
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic_settings import (BaseSettings, EnvSettingsSource, InitSettingsSource, NoDecode,
-                               PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource)
+                               PydanticBaseSettingsSource, SettingsConfigDict)
 
 from monitor.errors import LstarError, PolicyError
 from monitor.events import LOG_FORMATS
-from monitor.files import FileKind
+from monitor.files import FileKind, read_bounded_bytes
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
 from monitor.policy import format_duration, load_policy, parse_duration, policy_files_in
 from monitor.policy.secrets import SECRET_KEYS
@@ -445,9 +451,16 @@ def _file_values(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     if path.suffix.lower() == ".toml":
+        # Read once, bounded and regular-only on the open descriptor (a file swapped for a FIFO
+        # or grown after the size check cannot hang or flood this read), then parsed from memory.
         try:
-            return dict(TomlConfigSettingsSource(RunSettings, toml_file=path)())
-        except Exception as exc:   # TOML syntax: the parser's message names line and column
+            data = read_bounded_bytes(path, str(path), what=CONFIG_FILE, limit=MAX_CONFIG_BYTES)
+        except PolicyError as exc:
+            detail = exc.message.removeprefix(f"{path}:").strip()
+            raise SettingError(f"--config {path}", f"{detail}; {exc.hint}" if exc.hint else detail) from None
+        try:
+            return dict(tomllib.loads(data.decode("utf-8")))
+        except Exception as exc:   # TOML syntax (line and column), bad UTF-8, nesting too deep
             raise SettingError(f"--config {path}", "is not valid TOML: " +
                                " ".join(str(exc).split())[:4 * MAX_QUOTED_CHARS]) from None
     try:
