@@ -15,7 +15,9 @@ numbers) keeps the exact values.
   output uses (rich markup is off in the console itself, `monitor/commands/terminal.py`);
 - `markdown_text`: `plain_text`, then what CommonMark (and GFM's tables and strikethrough) give
   a meaning to is backslash-escaped, so the value renders as the literal text it is: no link,
-  image, HTML, heading, emphasis, entity, list or table cell arises from it; `markdown_code`
+  image, HTML, heading, emphasis, entity, list or table cell arises from it, nor a GFM
+  autolink of a bare URL or `www.` name (a bare e-mail address may still be linked by GFM,
+  with its true address as the text); `markdown_code`
   puts a value in a code span whose fence is longer than any run of backticks in it.
 """
 
@@ -52,6 +54,15 @@ _MARKDOWN_ACTIVE = re.compile(r"([\\`*\[\]<>&|~#]|(?<![^\W_])_|_(?![^\W_]))")
 # would start a nested list, a thematic break or a heading): a bullet `-` `+`, an ordered-list
 # marker `1.` / `1)`, or leading spaces (four of them open a code block), written as `&#32;`.
 _BLOCK_START = re.compile(r"^([-+]|\d+[.)])")
+# GFM's extended autolinks (GitHub and most chat renderers turn bare URLs into links, which
+# CommonMark does not): a scheme's `:` (`https:`, `http:`, `ftp:`, `mailto:`, `xmpp:`) and the
+# `.` of a leading `www.` are backslash-escaped, which breaks the pattern the extension scans
+# for while the text renders the same (checked with GitHub's cmark-gfm). A bare e-mail address
+# cannot be kept from GFM's autolink by any escape (the extension rescans the merged text), so
+# it may still render as a mailto: link whose text is the true address. Both patterns are
+# linear (a fixed word before the punctuation).
+_AUTOLINK_SCHEME = re.compile(r"(?i)\b(https?|ftp|mailto|xmpp):")
+_AUTOLINK_WWW = re.compile(r"(?i)\b(www)\.")
 _LEADING_SPACES = re.compile(r"^ +")
 
 
@@ -90,6 +101,8 @@ def markdown_code(value: Any) -> str:
 def markdown_text(value: Any) -> str:
     """`value` as inline Markdown that renders as exactly its `plain_text`."""
     escaped = _MARKDOWN_ACTIVE.sub(r"\\\1", plain_text(value))
+    escaped = _AUTOLINK_SCHEME.sub(r"\1\\:", escaped)
+    escaped = _AUTOLINK_WWW.sub(r"\1\\.", escaped)
     escaped = _BLOCK_START.sub(lambda m: m.group(1)[:-1] + "\\" + m.group(1)[-1], escaped)
     return _LEADING_SPACES.sub(lambda m: "&#32;" * len(m.group(0)), escaped)
 

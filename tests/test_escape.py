@@ -135,6 +135,27 @@ def test_markdown_escapes_round_trip_through_a_commonmark_parser_in_every_contex
             [plain_text(value)] if value else [])
 
 
+
+def test_gfm_renders_no_link_from_a_bare_url_or_www_name() -> None:
+    """GitHub's own renderer (cmark-gfm, with its autolink extension) links bare `https://…`
+    and `www.…` text, which CommonMark leaves alone; escaped, the same text renders unlinked and
+    reads the same. (A bare e-mail address is linked by GFM whatever is escaped: the docstring of
+    `monitor.escape` says so, and this test pins that the limit is still the only one.)"""
+    import cmarkgfm
+
+    def gfm(text: str) -> str:
+        return cmarkgfm.github_flavored_markdown_to_html(text)
+
+    for value in ["https://evil.example/re-run", "see HTTP://x.example now", "www.evil.example/path",
+                  "ftp://a.example", "(www.evil.example)", "*https://e.example*"]:
+        assert "<a " in gfm(value), value                      # the renderer would link the raw text
+        html = gfm(f"- {markdown_text(value)}: tail")
+        assert "<a " not in html, (value, html)
+        parser = Elements()
+        parser.feed(html)
+        assert "".join(parser.text).strip() == f"{value}: tail", (value, html)
+    assert "<a " in gfm(markdown_text("write to a@b.example"))   # the documented limit
+
 # -- email ---------------------------------------------------------------------------------------
 class Elements(HTMLParser):
     def __init__(self) -> None:
