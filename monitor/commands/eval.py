@@ -11,8 +11,9 @@ import typer
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
-                                      int_option)
+                                      int_option, is_hub_model)
 from monitor.commands.terminal import plain_console
+from monitor.errors import SpecError
 from monitor.store import Store
 
 
@@ -30,15 +31,23 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint a Hub MODEL is fetched "
+                                            "from (default HF_ENDPOINT or the public Hub)."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache of a Hub MODEL "
+                                              "(default HF_HUB_CACHE)."),
     ) -> None:
         """Evaluate a checkpoint on a multiple-choice task and store the metrics as labels."""
         db_path = db_file(state, db)
+        if (endpoint is not None or cache_dir is not None) and not is_hub_model(model):
+            raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
+                            "one (a local folder)", hint="drop them, or name the checkpoint as org/name@revision")
         # Imported here: the evaluator loads models (torch, transformers) and is not needed
         # for `lstar --help` or other commands.
         from monitor.curves import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
 
         evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
-                                         batch_size=batch_size)
+                                         batch_size=batch_size, endpoint=endpoint,
+                                         cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
         result = evaluation.result
         run_id = f"eval-{uuid.uuid4().hex[:16]}"
         family = family or evaluation.repo

@@ -244,6 +244,13 @@ def size_bytes(value: str | None, flag: str, *, low: int, high: int) -> int | No
         raise OptionError(str(exc), param_hint=f"'{flag}'") from None
 
 
-__all__ = ["CommandLineError", "OptionError", "bounded_int", "DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
+__all__ = ["is_hub_model", "CommandLineError", "OptionError", "bounded_int", "DType", "Device", "device_option", "show_flags_as_flags", "id_column", "db_file", "describe_range",
            "in_range", "int_option", "int_argument", "float_option", "seconds", "size_bytes", "MAX_ROWS",
            "MAX_RESAMPLES", "MAX_BATCH", "MAX_SEED", "MAX_ID"]
+
+
+def is_hub_model(model: str) -> bool:
+    """Whether `model` is fetched from the Hub (as the loader decides: an existing folder wins)."""
+    from monitor.scoring.loader import parse_hub_ref
+
+    return not Path(model).expanduser().exists() and parse_hub_ref(model) is not None

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
-                                      int_option)
+                                      int_option, is_hub_model)
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.environment import quiet_hub_progress
 from monitor.errors import SpecError
@@ -64,13 +64,6 @@ def render_result(result: dict[str, Any], console: Console) -> None:
     console.print(f"spec {spec['version']}: window {spec['window']}, stride {spec['stride']}, "
                   f"prefix {spec['prefix']}, {spec['dtype']} on {spec['device']} · "
                   f"{result['tokens_per_s']:,.0f} tokens/s · {result['wall_s']:.1f} s")
-
-
-def _is_hub_model(model: str) -> bool:
-    """Whether `model` is fetched from the Hub (as the loader decides: an existing folder wins)."""
-    from monitor.scoring.loader import parse_hub_ref
-
-    return not Path(model).expanduser().exists() and parse_hub_ref(model) is not None
 
 
 def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoint: str | None,
@@ -224,8 +217,8 @@ def register(app: typer.Typer) -> None:
             dtype=dtype.value, device=device.value, batch_size=batch_size,
             tokenizer_dir=tokenizer, reference_tokenizer=reference_tokenizer,
             with_tcb=not no_tcb, progress=not (quiet or as_json) and sys.stderr.isatty(),
-            endpoint=endpoint, hub_cache_dir=cache_dir)
-        if (endpoint is not None or cache_dir is not None) and not pending and not _is_hub_model(model):
+            endpoint=endpoint, hub_cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
+        if (endpoint is not None or cache_dir is not None) and not pending and not is_hub_model(model):
             raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
                             "one (a local folder or a builtin model)",
                             hint="drop them, or name the checkpoint as org/name@revision")

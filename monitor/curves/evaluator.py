@@ -297,13 +297,14 @@ class CheckpointEvaluation:
 
 def evaluate_checkpoint(ref: str, task_path: str | Path, *, limit: int | None = None,
                         dtype: str = "auto", device: str = "auto", batch_size: int = 8,
-                        cache_dir: str | Path | None = None) -> CheckpointEvaluation:
-    """Load a checkpoint (local folder or `org/name[@revision]`) with the engine's loader and
-    its own tokenizer, and run the multiple-choice evaluator on a task file."""
+                        cache_dir: str | Path | None = None, endpoint: str | None = None) -> CheckpointEvaluation:
+    """Load a checkpoint (local folder, or `org/name[@revision]` from `endpoint` into `cache_dir`)
+    with the engine's loader and its own tokenizer, and run the multiple-choice evaluator on a
+    task file."""
     import time
 
     task = load_mc_task(task_path, limit=limit)
-    loaded = load_checkpoint(ref, dtype=dtype, device=device, cache_dir=cache_dir)
+    loaded = load_checkpoint(ref, dtype=dtype, device=device, cache_dir=cache_dir, endpoint=endpoint)
     handle = load_tokenizer(loaded.model_dir)
     started = time.perf_counter()
     result = evaluate_multiple_choice(loaded.model, handle.tokenizer, task,
