@@ -22,7 +22,7 @@ import pytest
 
 from monitor.errors import PolicyError, ServiceError, StoreError
 from monitor.service.api import ApiServer, listen_socket
-from monitor.service.api_conn import FD_RESERVE, fit_connection_bound
+from monitor.service.api_conn import FD_RESERVE, MIN_WAIT, fit_connection_bound
 from monitor.service.client import api_get
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,7 +334,7 @@ def test_at_the_bound_the_connection_waiting_longest_is_closed_never_one_being_s
         try:
             # The oldest waiting one trickles a head: bytes do not make it look fresh.
             waiting[0].sendall(b"GET /health HTTP/1.1\r\n")
-            time.sleep(0.2)
+            time.sleep(MIN_WAIT + 0.2)   # a connection may wait this long before it is closed for room
             for n in (1, 2):   # each newcomer is served and stays open (keep-alive)
                 newest.append(socket.create_connection(address, timeout=30))
                 newest[-1].sendall(request_bytes(server, "/health", close=False))

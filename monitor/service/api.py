@@ -83,8 +83,9 @@ from monitor.alerts import expire_silence
 from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.errors import DeliveryError, LstarError, PolicyError, ServiceError
 from monitor.reports import report_for_cli, to_json
-from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, MAX_HEAD_BYTES, ConnectionLimits, fit_connection_bound,
-                                      protocol_for)
+from monitor.service.api_cache import SharedRender
+from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, LISTEN_BACKLOG, MAX_HEAD_BYTES, ConnectionLimits,
+                                      fit_connection_bound, protocol_for)
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
                                        HandlerSlots, RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
@@ -101,7 +102,6 @@ DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
 RESERVED_WORKERS = 2                       # threads of /health, and two of /metrics, alone
 RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
-LISTEN_BACKLOG = 1024                      # a burst of new connections waits here to be accepted
 ALERT_ID = re.compile(r"\d{1,18}")
 STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
@@ -196,9 +196,12 @@ class ApiApp:
         self.slots = HandlerSlots(workers)
         self.reads_need_token = reads_need_token
         self.limiters: dict[str, anyio.CapacityLimiter] = {}   # made on the event loop, at first use
+        # Every concurrent scrape shares one render (at most one a second).
+        self.metrics_render = SharedRender(lambda: anyio.to_thread.run_sync(
+            daemon.metrics.render, limiter=self._limiter("/metrics")))
         get = ["GET"]  # HEAD comes with GET
         routes = [Route("/health", self._route(self._health, pool="/health"), methods=get),
-                  Route("/metrics", self._route(self._metrics, pool="/metrics"), methods=get),
+                  Route("/metrics", self._metrics, methods=get),
                   Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
                   Route("/checkpoints", self._route(self._checkpoints), methods=get),
                   Route("/db/info", self._route(self._db_info), methods=get),
@@ -293,10 +296,20 @@ class ApiApp:
         ok, reasons = self.daemon.health()
         return _json({"ok": ok, "reasons": reasons}, 200 if ok else 503)
 
-    def _metrics(self, request: Request, query: _Query) -> Response:
+    async def _metrics(self, request: Request) -> Response:
+        """Prometheus text, rendered once for every scrape that comes while it renders and
+        served again for a second (`api_cache.SharedRender`)."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(self.daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        try:
+            _Query(request.scope["path"], request.scope["query_string"].decode("latin-1"))
+            body = await self.metrics_render.get()
+        except RequestRefused as exc:
+            return Response(refusal_body(exc), status_code=exc.status, media_type="application/json")
+        except Exception:
+            log.exception("API GET /metrics failed")
+            return _json({"error": INTERNAL_ERROR}, 500)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     def _checkpoints(self, request: Request, query: _Query) -> Response:
         limit = query.limit()
