@@ -10,6 +10,7 @@ import ast
 import contextlib
 import errno
 import json
+import os
 import resource
 import select
 import socket
@@ -358,7 +359,7 @@ def test_a_port_in_use_is_one_clear_error():
         with pytest.raises(ServiceError) as refused:
             listen_socket("127.0.0.1", port)
     assert refused.value.one_line() == (f"port {port} on 127.0.0.1 is already in use "
-                                        f"({errno.errorcode[errno.EADDRINUSE] and 'Address already in use'}); "
+                                        f"({os.strerror(errno.EADDRINUSE)}); "
                                         "choose another with --api-port or stop the process holding it")
 
 

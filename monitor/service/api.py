@@ -451,27 +451,43 @@ API_HOSTS = ("127.0.0.1", "0.0.0.0")   # loopback, or every interface (a contain
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on `host`:`port` (0: a free port), or ServiceError naming the port.
+    """A socket bound to `host`:`port` (0: a free port), or ServiceError naming the port.
 
     The daemon calls this before it writes anything to its state directory, so a port that
-    is taken costs one line and changes nothing. `listen` is part of the check: two sockets
-    with SO_REUSEADDR may both bind a port while neither listens."""
+    is taken costs one line and changes nothing. It listens only once `ApiServer.start` has
+    everything ready (`start_listening`): a client that connects while the daemon starts (its
+    migrations, its policies) is refused at once instead of waiting unanswered in the
+    backlog. The bind catches a port another process listens on; two sockets with
+    SO_REUSEADDR may both bind a port while neither listens, and then the second to listen
+    gets the same error from `start_listening`."""
     if host not in API_HOSTS:
         raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a port in TIME_WAIT is free
         sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
-        reason = exc.strerror or str(exc)
-        if exc.errno == errno.EADDRINUSE:
-            raise ServiceError(f"port {port} on {host} is already in use ({reason})",
-                               hint="choose another with --api-port or stop the process holding it") from None
-        raise ServiceError(f"cannot listen on {host} port {port} ({reason})",
-                           hint="choose another with --api-port (1024 or above needs no privilege)") from None
+        raise _listen_error(host, port, exc) from None
     return sock
+
+
+def start_listening(sock: socket.socket) -> None:
+    """Listen on a socket `listen_socket` bound; ServiceError naming the port if it is taken."""
+    host, port = sock.getsockname()[:2]
+    try:
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        raise _listen_error(host, port, exc) from None
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> ServiceError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return ServiceError(f"port {port} on {host} is already in use ({reason})",
+                            hint="choose another with --api-port or stop the process holding it")
+    return ServiceError(f"cannot listen on {host} port {port} ({reason})",
+                        hint="choose another with --api-port (1024 or above needs no privilege)")
 
 
 class ApiServer:
@@ -521,6 +537,7 @@ class ApiServer:
     def start(self) -> "ApiServer":
         """Serve from the background thread; returns once the API accepts connections."""
         logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
+        start_listening(self.socket)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.uvicorn.started:
@@ -543,4 +560,4 @@ class ApiServer:
         self.stop()
 
 
-__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "listen_socket", "webhook_secret", "SECRET_ENV"]
+__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "listen_socket", "start_listening", "webhook_secret", "SECRET_ENV"]
