@@ -1,4 +1,4 @@
-"""The local API against clients that try to take it down (docs/reliability.md rows 68, 69, 77):
+"""The local API against clients that try to take it down (docs/reliability.md rows 38, 68, 69 and 70):
 at the bound on open connections a new /health probe is served whatever the others do; a
 burst of connections never runs the daemon out of descriptors; answers a client does not read
 are dropped at the deadline; pipelined scrapes share one /metrics render; the port listens

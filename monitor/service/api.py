@@ -48,7 +48,8 @@ trickling client is closed after that long), a connection lives at most its life
 100 answers), and at most `max_connections` are open (at the bound the one that has waited
 longest for its request is closed). `workers` requests are served at once, each on a handler
 thread; one more gets 503 with Retry-After, unserved. GET /health and /metrics hold no slot
-and run on small pools of their own, so neither waiting clients nor slow reads delay them.
+and run on small pools of their own, so neither waiting clients nor slow reads delay them;
+concurrent /metrics scrapes share one render (`monitor.service.api_cache`).
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB

@@ -8,17 +8,25 @@ h11 parses every request (the framing authority); uvicorn runs the ASGI app. Wha
   only once a whole request head has arrived and is dispatched. Thousands of idle or
   trickling connections therefore cannot keep `/health` from its answer.
 - **A bound on open connections** (`max_connections`, sized to the process's descriptor
-  limit by `fit_connection_bound`). At the bound a new connection closes the one that has
-  waited longest for its request (`ConnectionLimits.waiting`, oldest first). The wait starts
-  when the connection opens or its last answer is written, and bytes trickling in do not
-  restart it, so a client cannot make its connections look fresh. A connection whose request
-  is being served is never closed for room; when every connection is, the newcomer gets the
-  busy answer (503, Retry-After).
+  limit by `fit_connection_bound`). Every connection not being served is in
+  `ConnectionLimits.waiting`, and at the bound a new connection closes its first: one
+  already answered and closing, else the one that has waited longest for its request. The
+  wait starts when the connection opens or its last answer is written, and bytes trickling
+  in do not restart it, so a client cannot make its connections look fresh. A connection
+  whose request is being served is never closed for room, nor one that has waited less than
+  `MIN_WAIT` (it gets to send its request); when none qualifies, the newcomer gets the busy
+  answer (503, Retry-After) and counts against the bound while it lingers.
 - **A whole-request deadline.** uvicorn times out idle keep-alive connections only; a client
   that opens a connection and sends nothing, or a request head a byte at a time, is never
   timed out. Here a request (head and body) must arrive within `idle_timeout` of the moment
   the server starts waiting for it, and a connection lives `lifetime` seconds and
-  `max_requests` answers at most.
+  `max_requests` answers at most. At a deadline an answer the client has not read is
+  dropped (`abort()`; `close()` would wait for the read for ever).
+- **An answer never leaves a body unread on an open connection.** An answer that starts
+  before the request's body is read says `Connection: close` (`RequestGuard`), and the
+  connection lingers as after a refusal: without this, a client announcing a body it never
+  sends would hold a connection that is neither served nor waiting, beyond the bound's
+  reach, until the deadline.
 - **A framing screen.** Before h11 sees a request head, its `Content-Length` must be one run
   of ASCII digits and `Transfer-Encoding` absent (`api_guard.body_length`): h11 would accept
   `12, 12` and chunked bodies, and would answer a malformed length, or a head over 16 KiB,
