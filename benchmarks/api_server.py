@@ -6,11 +6,21 @@ current one (Starlette on uvicorn/h11) and, when git can still show it, the hand
 http.server one of commit OLD_COMMIT, loaded from `git show` into a temporary package.
 
     python benchmarks/api_server.py [--checkpoints 20000] [--probes 200] [--hogs 24] [--json]
+    python benchmarks/api_server.py --hostile [--crowd 1000] [--json]
 
 Hostile clients (`--hogs`, for 8 slots): a third send nothing, a third send a request head a
 byte every 0.2 s, a third send a whole /status every 0.05 s on one connection; each reconnects
 when closed. Timings are wall-clock on whatever machine runs it; compare the two columns of
 one run, not runs on different machines.
+
+`--hostile` compares the API of this checkout with those of HOSTILE_COMMITS (the design
+before the connection guard's bound, and its first version), each served by its own process (so its CPU seconds are
+its own), through the shapes that once took it down: `--crowd` connections held open, half
+silent and half sending a head a byte every 0.5 s; a bound's worth of `POST`s to an unknown
+path announcing a body never sent; 200 connections pipelining 20 `/metrics` each without
+reading (a render takes 5 ms, as the daemon's two aggregate queries). Each phase probes
+`/health` and `/metrics` on fresh connections and reports the answers, their latency, and
+the server's CPU seconds and the phase's wall seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 OLD_COMMIT = "b00c1bb"
 OLD_FILES = ("api_guard", "api_lane", "api")
+# The design before the connection guard's bound, and the first design with it.
+HOSTILE_COMMITS = ("dca40b4", "d70465b")
+HOSTILE_FILES = ("api_conn", "api_guard", "api")
 WORKERS = 8
 
 
@@ -90,21 +103,29 @@ class StandIn:
         pass
 
 
-def old_api_module(tmp: Path) -> Any | None:
-    """The API module of OLD_COMMIT as package `old_lstar_api`, or None when git cannot show it."""
+def write_old_package(tmp: Path, commit: str, files: tuple[str, ...]) -> bool:
+    """The API modules `files` of `commit` as package `old_lstar_api` under `tmp`; False when
+    git cannot show them."""
     package = tmp / "old_lstar_api"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for name in OLD_FILES:
-        shown = subprocess.run(["git", "show", f"{OLD_COMMIT}:monitor/service/{name}.py"], cwd=ROOT,
+    for name in files:
+        shown = subprocess.run(["git", "show", f"{commit}:monitor/service/{name}.py"], cwd=ROOT,
                                capture_output=True, text=True)
         if shown.returncode != 0:
-            return None
+            return False
         text = shown.stdout
-        for other in OLD_FILES:
+        for other in files:
             text = text.replace(f"monitor.service.{other} ", f"old_lstar_api.{other} ")
             text = text.replace(f"monitor.service.{other}\n", f"old_lstar_api.{other}\n")
         (package / f"{name}.py").write_text(text)
+    return True
+
+
+def old_api_module(tmp: Path) -> Any | None:
+    """The API module of OLD_COMMIT as package `old_lstar_api`, or None when git cannot show it."""
+    if not write_old_package(tmp, OLD_COMMIT, OLD_FILES):
+        return None
     sys.path.insert(0, str(tmp))
     try:
         return importlib.import_module("old_lstar_api.api")
@@ -193,8 +214,22 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, default=20000)
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--hogs", type=int, default=24)
+    parser.add_argument("--hostile", action="store_true", help="the hostile comparison (see above)")
+    parser.add_argument("--crowd", type=int, default=1000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.hostile:
+        from api_hostile import run_hostile
+
+        results = run_hostile(args.crowd)
+        if args.json:
+            print(json.dumps(results, indent=2))
+            return
+        for name, phases in results.items():
+            print(name)
+            for phase, r in (phases.items() if isinstance(phases, dict) else [("", phases)]):
+                print(f"  {phase:44s} {r}")
+        return
 
     from monitor.service.api import ApiServer
 

@@ -615,3 +615,33 @@ def test_a_port_in_use_is_one_line_and_changes_nothing(tmp_path):
     assert result.stderr.splitlines() == [f"error: port {taken} on 127.0.0.1 is already in use (Address already "
                                           "in use); choose another with --api-port or stop the process holding it"]
     assert state_files(state) == before   # the token byte for byte, no database, no daemon.json
+
+
+def test_a_second_daemon_on_the_same_state_and_port_is_told_the_first_runs(tmp_path):
+    """The port is taken by this state's own daemon: "choose another --api-port" would only
+    lead to the lock's refusal. Nothing is written (the lock is only looked at)."""
+    import fcntl
+
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "watcher.yaml").write_text(POLICY)
+    state = tmp_path / "state"
+    state.mkdir()
+    create_api_token(state)
+    lock = os.open(state / "lstar.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(lock, b"4242\n")
+    fcntl.flock(lock, fcntl.LOCK_EX)   # as the first daemon holds it
+    before = state_files(state)
+    try:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            taken = holder.getsockname()[1]
+            result = lstar("run", "--policies", str(tmp_path / "policies"), "--state", str(state),
+                           "--api-port", str(taken), "--once")
+    finally:
+        os.close(lock)
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [f"error: another daemon (pid 4242) holds {state / 'lstar.lock'} (and port "
+                                          f"{taken} is taken); it is running already; stop it first, or give this "
+                                          "one another --state directory and --api-port"]
+    assert state_files(state) == before

@@ -48,7 +48,8 @@ trickling client is closed after that long), a connection lives at most its life
 100 answers), and at most `max_connections` are open (at the bound the one that has waited
 longest for its request is closed). `workers` requests are served at once, each on a handler
 thread; one more gets 503 with Retry-After, unserved. GET /health and /metrics hold no slot
-and run on small pools of their own, so neither waiting clients nor slow reads delay them.
+and run on small pools of their own, so neither waiting clients nor slow reads delay them;
+concurrent /metrics scrapes share one render (`monitor.service.api_cache`).
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -83,8 +84,9 @@ from monitor.alerts import expire_silence
 from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.errors import DeliveryError, LstarError, PolicyError, ServiceError
 from monitor.reports import report_for_cli, to_json
-from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, MAX_HEAD_BYTES, ConnectionLimits, fit_connection_bound,
-                                      protocol_for)
+from monitor.service.api_cache import SharedRender
+from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, LISTEN_BACKLOG, MAX_HEAD_BYTES, ConnectionLimits,
+                                      fit_connection_bound, protocol_for)
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
                                        HandlerSlots, RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
@@ -101,7 +103,6 @@ DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
 RESERVED_WORKERS = 2                       # threads of /health, and two of /metrics, alone
 RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
-LISTEN_BACKLOG = 1024                      # a burst of new connections waits here to be accepted
 ALERT_ID = re.compile(r"\d{1,18}")
 STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
@@ -196,9 +197,12 @@ class ApiApp:
         self.slots = HandlerSlots(workers)
         self.reads_need_token = reads_need_token
         self.limiters: dict[str, anyio.CapacityLimiter] = {}   # made on the event loop, at first use
+        # Every concurrent scrape shares one render (at most one a second).
+        self.metrics_render = SharedRender(lambda: anyio.to_thread.run_sync(
+            daemon.metrics.render, limiter=self._limiter("/metrics")))
         get = ["GET"]  # HEAD comes with GET
         routes = [Route("/health", self._route(self._health, pool="/health"), methods=get),
-                  Route("/metrics", self._route(self._metrics, pool="/metrics"), methods=get),
+                  Route("/metrics", self._metrics, methods=get),
                   Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
                   Route("/checkpoints", self._route(self._checkpoints), methods=get),
                   Route("/db/info", self._route(self._db_info), methods=get),
@@ -293,10 +297,20 @@ class ApiApp:
         ok, reasons = self.daemon.health()
         return _json({"ok": ok, "reasons": reasons}, 200 if ok else 503)
 
-    def _metrics(self, request: Request, query: _Query) -> Response:
+    async def _metrics(self, request: Request) -> Response:
+        """Prometheus text, rendered once for every scrape that comes while it renders and
+        served again for a second (`api_cache.SharedRender`)."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return Response(self.daemon.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        try:
+            _Query(request.scope["path"], request.scope["query_string"].decode("latin-1"))
+            body = await self.metrics_render.get()
+        except RequestRefused as exc:
+            return Response(refusal_body(exc), status_code=exc.status, media_type="application/json")
+        except Exception:
+            log.exception("API GET /metrics failed")
+            return _json({"error": INTERNAL_ERROR}, 500)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     def _checkpoints(self, request: Request, query: _Query) -> Response:
         limit = query.limit()
@@ -438,27 +452,43 @@ API_HOSTS = ("127.0.0.1", "0.0.0.0")   # loopback, or every interface (a contain
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on `host`:`port` (0: a free port), or ServiceError naming the port.
+    """A socket bound to `host`:`port` (0: a free port), or ServiceError naming the port.
 
     The daemon calls this before it writes anything to its state directory, so a port that
-    is taken costs one line and changes nothing. `listen` is part of the check: two sockets
-    with SO_REUSEADDR may both bind a port while neither listens."""
+    is taken costs one line and changes nothing. It listens only once `ApiServer.start` has
+    everything ready (`start_listening`): a client that connects while the daemon starts (its
+    migrations, its policies) is refused at once instead of waiting unanswered in the
+    backlog. The bind catches a port another process listens on; two sockets with
+    SO_REUSEADDR may both bind a port while neither listens, and then the second to listen
+    gets the same error from `start_listening`."""
     if host not in API_HOSTS:
         raise ValueError(f"API host {host!r}: use one of {', '.join(API_HOSTS)}")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a port in TIME_WAIT is free
         sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
-        reason = exc.strerror or str(exc)
-        if exc.errno == errno.EADDRINUSE:
-            raise ServiceError(f"port {port} on {host} is already in use ({reason})",
-                               hint="choose another with --api-port or stop the process holding it") from None
-        raise ServiceError(f"cannot listen on {host} port {port} ({reason})",
-                           hint="choose another with --api-port (1024 or above needs no privilege)") from None
+        raise _listen_error(host, port, exc) from None
     return sock
+
+
+def start_listening(sock: socket.socket) -> None:
+    """Listen on a socket `listen_socket` bound; ServiceError naming the port if it is taken."""
+    host, port = sock.getsockname()[:2]
+    try:
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        raise _listen_error(host, port, exc) from None
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> ServiceError:
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.EADDRINUSE:
+        return ServiceError(f"port {port} on {host} is already in use ({reason})",
+                            hint="choose another with --api-port or stop the process holding it")
+    return ServiceError(f"cannot listen on {host} port {port} ({reason})",
+                        hint="choose another with --api-port (1024 or above needs no privilege)")
 
 
 class ApiServer:
@@ -508,6 +538,7 @@ class ApiServer:
     def start(self) -> "ApiServer":
         """Serve from the background thread; returns once the API accepts connections."""
         logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
+        start_listening(self.socket)
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.uvicorn.started:
@@ -530,4 +561,4 @@ class ApiServer:
         self.stop()
 
 
-__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "listen_socket", "webhook_secret", "SECRET_ENV"]
+__all__ = ["ApiServer", "ApiApp", "API_HOSTS", "listen_socket", "start_listening", "webhook_secret", "SECRET_ENV"]

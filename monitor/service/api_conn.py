@@ -8,17 +8,25 @@ h11 parses every request (the framing authority); uvicorn runs the ASGI app. Wha
   only once a whole request head has arrived and is dispatched. Thousands of idle or
   trickling connections therefore cannot keep `/health` from its answer.
 - **A bound on open connections** (`max_connections`, sized to the process's descriptor
-  limit by `fit_connection_bound`). At the bound a new connection closes the one that has
-  waited longest for its request (`ConnectionLimits.waiting`, oldest first). The wait starts
-  when the connection opens or its last answer is written, and bytes trickling in do not
-  restart it, so a client cannot make its connections look fresh. A connection whose request
-  is being served is never closed for room; when every connection is, the newcomer gets the
-  busy answer (503, Retry-After).
+  limit by `fit_connection_bound`). Every connection not being served is in
+  `ConnectionLimits.waiting`, and at the bound a new connection closes its first: one
+  already answered and closing, else the one that has waited longest for its request. The
+  wait starts when the connection opens or its last answer is written, and bytes trickling
+  in do not restart it, so a client cannot make its connections look fresh. A connection
+  whose request is being served is never closed for room, nor one that has waited less than
+  `MIN_WAIT` (it gets to send its request); when none qualifies, the newcomer gets the busy
+  answer (503, Retry-After) and counts against the bound while it lingers.
 - **A whole-request deadline.** uvicorn times out idle keep-alive connections only; a client
   that opens a connection and sends nothing, or a request head a byte at a time, is never
   timed out. Here a request (head and body) must arrive within `idle_timeout` of the moment
   the server starts waiting for it, and a connection lives `lifetime` seconds and
-  `max_requests` answers at most.
+  `max_requests` answers at most. At a deadline an answer the client has not read is
+  dropped (`abort()`; `close()` would wait for the read for ever).
+- **An answer never leaves a body unread on an open connection.** An answer that starts
+  before the request's body is read says `Connection: close` (`RequestGuard`), and the
+  connection lingers as after a refusal: without this, a client announcing a body it never
+  sends would hold a connection that is neither served nor waiting, beyond the bound's
+  reach, until the deadline.
 - **A framing screen.** Before h11 sees a request head, its `Content-Length` must be one run
   of ASCII digits and `Transfer-Encoding` absent (`api_guard.body_length`): h11 would accept
   `12, 12` and chunked bodies, and would answer a malformed length, or a head over 16 KiB,
@@ -52,7 +60,13 @@ log = logging.getLogger("lstar.api")
 
 MAX_HEAD_BYTES = 16 << 10        # a request head; h11 refuses a longer one
 DEFAULT_MAX_CONNECTIONS = 4096   # open connections at once; beyond, the one waiting longest is closed
-FD_RESERVE = 256                 # descriptors kept for all but API connections (database, logs, pipes, models)
+# A burst of new connections waits in the kernel's listen queue. asyncio accepts up to this many
+# per turn of the loop (uvicorn's `backlog` sets both) before any of them can close another for
+# room, so the descriptors beyond the bound are two such batches (one accepted, the connections
+# it evicted not yet closed) plus what the rest of the daemon needs.
+LISTEN_BACKLOG = 128
+FD_RESERVE = 2 * LISTEN_BACKLOG + 256   # descriptors kept beyond the bound (database, logs, pipes, models)
+MIN_WAIT = 1.0                   # seconds a connection may wait for its request before it can be closed for room
 MIN_CONNECTIONS = 16
 LINGER_SECONDS = 2.0             # after refusing a body: how long its rest is drained, at most
 LINGER_BYTES = 8 << 20
@@ -70,26 +84,40 @@ class ConnectionLimits:
     max_requests: int
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     open: set[Any] = field(default_factory=set)
-    # Connections waiting for a request (none of theirs being served), the longest-waiting
-    # first: the ones closed to make room at the bound. Only the event loop's thread uses it.
-    waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    # Connections not being served, each with the moment it started waiting, the ones closed
+    # first at the bound first: those already answered and closing (refused, or their body
+    # unread), then those waiting for a request, longest first. Only the event loop's thread
+    # uses it.
+    waiting: OrderedDict[Any, float] = field(default_factory=OrderedDict)
+    min_wait: float = MIN_WAIT
     evicted: int = 0
 
     def make_room(self) -> bool:
-        """Close connections that wait for a request, longest first, until one more fits;
-        False when none can be closed (every open connection is being served)."""
+        """Close connections not being served, first those closing, then those waiting
+        longest, until one more fits; False when none can be closed: every open connection
+        is being served, or has waited less than `min_wait` (a client that connected a
+        moment ago gets to send its request)."""
         while len(self.open) >= self.max_connections:
             if not self.waiting:
                 return False
-            idlest, _ = self.waiting.popitem(last=False)
+            idlest, since = next(iter(self.waiting.items()))
+            if not idlest.draining and time.monotonic() - since < self.min_wait:
+                return False
+            del self.waiting[idlest]
             self.open.discard(idlest)   # its descriptor is freed on the loop's next turn
             self.evicted += 1
             idlest.evict()
         return True
 
+    def closing_first(self, conn: Any) -> None:
+        """`conn` has its answer and is closing: the first to go when room is needed."""
+        self.waiting[conn] = time.monotonic()
+        self.waiting.move_to_end(conn, last=False)
+
     def busy_body(self) -> bytes:
         """The body of the answer to a connection beyond the bound."""
-        return json.dumps({"error": f"the API is busy ({len(self.open)} connections open, all being served)",
+        return json.dumps({"error": f"the API is busy ({len(self.open)} connections open, each being served "
+                                    f"or opened less than {self.min_wait:g} s ago)",
                            "hint": "try again in a moment"}).encode()
 
 
@@ -143,6 +171,28 @@ def screen_head(head: bytes) -> None:
     body_length(lengths or None, encodings or None, limit=1 << 62)
 
 
+class _CycleTransport:
+    """The transport uvicorn's request cycle writes an answer to. Its `close()` (after an
+    answer that ends the connection) closes the guard's way: lingering when the client's
+    input is unread, so the client reads the answer instead of a reset."""
+
+    def __init__(self, protocol: "GuardedH11Protocol") -> None:
+        self.protocol = protocol
+        self.raw = protocol.transport
+
+    def write(self, data: bytes) -> None:
+        self.raw.write(data)
+
+    def is_closing(self) -> bool:
+        return self.raw.is_closing() or self.protocol.draining
+
+    def close(self) -> None:
+        self.protocol.end_after_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the connection bound, the deadline and the framing screen.
 
@@ -165,7 +215,11 @@ class GuardedH11Protocol(H11Protocol):
         self.life: asyncio.TimerHandle | None = None
         self.ends = time.monotonic() + limits.lifetime
         if not limits.make_room():
-            self._refuse_raw(_answer_bytes(503, "Service Unavailable", limits.busy_body(), {"Retry-After": "1"}))
+            busy = _answer_bytes(503, "Service Unavailable", limits.busy_body(), {"Retry-After": "1"})
+            # Counted too: a refused connection holds its descriptor while its answer lingers,
+            # and is the first closed when room is needed.
+            limits.open.add(self)
+            self._refuse_raw(busy)
             return
         limits.open.add(self)
         self.life = self.loop.call_later(limits.lifetime, self._life_over)
@@ -180,10 +234,20 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def evict(self) -> None:
-        """Closed to make room for a newer connection: it was waiting, nothing is lost."""
+        """Closed to make room for a newer connection: it was waiting, or closing with its
+        answer sent; nothing is lost."""
         self.limits.waiting.pop(self, None)
         self._cancel_timer()
         self.transport.abort()
+
+    def _close_now(self) -> None:
+        """Close at a deadline. An answer the client has not read (still in our write
+        buffer) is dropped: `close()` would wait for it to be read, holding its memory and
+        descriptor for as long as the client likes."""
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
 
     # -- time --------------------------------------------------------------------------------
     def _wait_for_request(self) -> None:
@@ -192,7 +256,7 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel_timer()
         left = min(self.limits.idle_timeout, self.ends - time.monotonic())
         self.timer = self.loop.call_later(max(0.0, left), self._late)
-        self.limits.waiting[self] = None
+        self.limits.waiting[self] = time.monotonic()
         self.limits.waiting.move_to_end(self)
 
     def _cancel_timer(self) -> None:
@@ -201,21 +265,21 @@ class GuardedH11Protocol(H11Protocol):
             self.timer = None
 
     def _late(self) -> None:
-        """The request did not arrive in time: close."""
+        """The request did not arrive in time (or the last answer was not read): close."""
         self.timer = None
         if not self.transport.is_closing() and not self.draining:
-            self.transport.close()
+            self._close_now()
 
     def _life_over(self) -> None:
         """The connection's lifetime is over: close it, after the answer in progress if any."""
         if self.transport.is_closing() or self.draining:
             return
         if self.cycle is None or self.cycle.response_complete:
-            self.transport.close()
+            self._close_now()
             return
         self._close_after_answer()
         # An answer the client never reads must not hold the connection either.
-        self.loop.call_later(self.limits.idle_timeout, self.transport.close)
+        self.loop.call_later(self.limits.idle_timeout, self._close_now)
 
     def _close_after_answer(self) -> None:
         if self.cycle is None:
@@ -229,7 +293,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.draining:
             self.drained += len(data)
             if self.drained > LINGER_BYTES:
-                self.transport.close()
+                self._close_now()
             return
         if self.transport.is_closing():
             return
@@ -239,7 +303,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _pump(self) -> None:
         """Hand h11 the next head (once screened) or the current body's bytes, never more."""
-        while self.inbox and not self.transport.is_closing():
+        while self.inbox and not self.transport.is_closing() and not self.draining:
             state = self.conn.their_state
             if state is h11.IDLE and self.conn.our_state is h11.IDLE:
                 if not self._next_head():
@@ -294,6 +358,7 @@ class GuardedH11Protocol(H11Protocol):
         """A request head was parsed and dispatched: it is served now, never closed for room;
         count it and frame its body."""
         self.limits.waiting.pop(self, None)
+        self.cycle.transport = _CycleTransport(self)   # its task has not run yet
         self.answered += 1
         length = dict(self.headers).get(b"content-length")
         self.body_left = int(length) if length is not None and length.isdigit() else None
@@ -302,48 +367,75 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.draining:
             return
         self._unset_keepalive_if_required()   # the request deadline below replaces uvicorn's
         if self.eof:
-            self.transport.close()
+            self._close_within(self.limits.idle_timeout)
             return
         if self.conn.their_state is h11.IDLE:
             if time.monotonic() >= self.ends:
-                self.transport.close()
+                self._close_now()
                 return
             self._wait_for_request()
             self._pump()
-        # else: the client is still sending a body the answer did not need; h11 drops it as
-        # it arrives, within the deadline still running.
+            return
+        # Answered while the client still owes (part of) a body the answer did not need:
+        # the connection ends here. Neither served nor waiting, it would otherwise sit out
+        # the deadline beyond the reach of the bound.
+        self._linger()
+
+    def end_after_answer(self) -> None:
+        """The answer just written ends the connection (uvicorn's cycle closes it)."""
+        if self.draining or self.transport.is_closing():
+            return
+        if self.conn.their_state is h11.SEND_BODY or self.inbox:
+            self._linger()   # input is unread: closing now would reset the answer away
+        else:
+            self._close_within(self.limits.idle_timeout)
+
+    def _close_within(self, seconds: float) -> None:
+        """Close once the answer is written, or drop it after `seconds` unread."""
+        self.transport.close()
+        if self.transport.get_write_buffer_size():
+            self.loop.call_later(seconds, self.transport.abort)
 
     # -- refusals ----------------------------------------------------------------------------
     def _refuse_raw(self, answer: bytes) -> None:
-        """Send `answer`, half-close, drop what the client still sends (bounded), then close:
-        closing with unread input would reset the connection before the client reads it.
-        The connection is the first to go when room is needed: it has its answer."""
+        """Send `answer` (the connection ends with it), then linger."""
+        self.transport.write(answer)
+        self._linger()
+
+    def _linger(self) -> None:
+        """After an answer that ends the connection: half-close, drop what the client still
+        sends (bounded), then close; closing with unread input would reset the connection
+        before the client reads the answer. The connection is the first to go when room is
+        needed, and its answer is dropped if still unread when the linger ends."""
         self._cancel_timer()
         self.draining = True
         self.drained = 0
-        if self in self.limits.waiting:
-            self.limits.waiting.move_to_end(self, last=False)
-        self.transport.write(answer)
+        self.inbox.clear()
+        if self in self.limits.open:
+            self.limits.closing_first(self)
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.flow.resume_reading()
-        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+        self.loop.call_later(LINGER_SECONDS, self._close_now)
 
     def eof_received(self) -> bool | None:
         """A client that half-closes after its request still gets the answer (then we close)."""
         self.eof = True
-        if self.draining or self.cycle is None or self.cycle.response_complete:
-            return None   # nothing in progress: asyncio closes the transport
+        if self.draining:
+            return None   # asyncio closes the transport; the linger's end drops an unread answer
+        if self.cycle is None or self.cycle.response_complete:
+            self._close_within(self.limits.idle_timeout)
+            return True
         self._close_after_answer()
         return True
 
     def shutdown(self) -> None:
         if self.draining or self.cycle is None or self.cycle.response_complete:
-            self.transport.close()
+            self._close_within(LINGER_SECONDS)
         else:
             self.cycle.keep_alive = False
 
@@ -360,4 +452,4 @@ def protocol_for(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
 
 
 __all__ = ["ConnectionLimits", "GuardedH11Protocol", "protocol_for", "screen_head", "fit_connection_bound",
-           "DEFAULT_MAX_CONNECTIONS", "MAX_HEAD_BYTES"]
+           "DEFAULT_MAX_CONNECTIONS", "MAX_HEAD_BYTES", "LISTEN_BACKLOG", "FD_RESERVE", "MIN_WAIT"]

@@ -261,8 +261,9 @@ class RequestGuard:
                 extra["Connection"] = "close"   # the body stays unread: the connection ends
             await send_json(send, exc.status, refusal_body(exc), extra)
             return
+        receive, send = self._closing(scope, receive, send, unread=bool(lengths) and lengths != ["0"])
         if method in RESERVED_METHODS and path in self.reserved_paths:
-            await self.app(scope, receive, self._closing(scope, send))
+            await self.app(scope, receive, send)
             return
         slots = self.slots
         if slots.taken >= slots.workers:
@@ -273,22 +274,34 @@ class RequestGuard:
             return
         slots.taken += 1
         try:
-            await self.app(scope, receive, self._closing(scope, send))
+            await self.app(scope, receive, send)
         finally:
             slots.taken -= 1
 
     @staticmethod
-    def _closing(scope: Scope, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        """`send`, adding `Connection: close` to the answer when the connection guard has
-        decided (late: the connection's last answer, its lifetime over) that it ends it."""
+    def _closing(scope: Scope, receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]], *,
+                 unread: bool) -> tuple[Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]]:
+        """`receive` and `send`, adding `Connection: close` to an answer that starts while
+        the request's body is still unread (`unread`: it announced one), or when the
+        connection guard has decided (late: the connection's last answer, its lifetime
+        over) that it ends the connection."""
+        body = {"unread": unread}
+
+        async def receive_tracking() -> Any:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body["unread"] = False
+            return message
+
         async def send_closing(message: Any) -> None:
-            if message["type"] == "http.response.start" and scope.get("extensions", {}).get(CLOSE_KEY):
+            if message["type"] == "http.response.start" and (
+                    body["unread"] or scope.get("extensions", {}).get(CLOSE_KEY)):
                 names = {name.lower() for name, _ in message.get("headers", [])}
                 if b"connection" not in names:
                     message = {**message, "headers": [*message.get("headers", []), (b"Connection", b"close")]}
             await send(message)
 
-        return send_closing
+        return receive_tracking, send_closing
 
     def _check_token(self, authorization: str | None, why: str) -> None:
         matched = bearer_matches(authorization, self.token)

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.environment import quiet_hub_progress
-from monitor.errors import LstarError, PolicyError, StoreError
+from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging, event
 from monitor.failpoints import failpoint_values
 from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
@@ -210,7 +210,18 @@ class Daemon:
         quiet_hub_progress()
         require_policy_folder(self.config.policies_dir)   # before anything is created or opened
         # The port too: one that is taken must cost one line, not a rewritten api.token.
-        self.api_socket = listen_socket(self.config.api_host, self.config.api_port)
+        try:
+            self.api_socket = listen_socket(self.config.api_host, self.config.api_port)
+        except ServiceError:
+            # Most likely this state's own daemon holds it: say so, not "choose another port"
+            # (this one would then stop at the lock).
+            holder = self.lock.holder()
+            if holder is None:
+                raise
+            raise StoreError(f"another daemon (pid {holder}) holds {self.lock.path} (and port "
+                             f"{self.config.api_port} is taken)",
+                             hint="it is running already; stop it first, or give this one another "
+                                  "--state directory and --api-port") from None
         try:
             self.lock.acquire()
         except BaseException:

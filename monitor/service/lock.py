@@ -43,6 +43,26 @@ class StateLock:
             raise storage_error(self.path.parent, exc, doing="taking the daemon lock") from exc
         self.fd = fd
 
+    def holder(self) -> str | None:
+        """The pid of a live daemon holding the lock, "unknown" if its file does not say,
+        None when nobody holds it. Takes nothing and writes nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.read(fd, 64).decode(errors="replace").strip()
+                return text if text.isdigit() else "unknown"
+            except OSError:
+                return None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def release(self) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
