@@ -5,6 +5,7 @@ shipped history curve (its pins checked against the corpus the demo scores)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -176,3 +177,36 @@ def test_a_demo_folder_is_emptied_of_its_own_entries_only(tmp_path: Path) -> Non
     empty.mkdir()
     prepare_workdir(empty)                         # empty: used
     assert [p.name for p in empty.iterdir()] == [WORKDIR_MARKER]
+
+
+@pytest.mark.parametrize("target", ["demo-folder", "mine", "nowhere"])
+def test_a_symlinked_workdir_is_refused_and_neither_it_nor_its_target_touched(tmp_path: Path, target: str) -> None:
+    """The demo empties its folder: named through a symbolic link (to an earlier demo's folder,
+    to a folder of someone's files, or to nothing), it refuses at `prepare` in one line naming
+    the link, and the link and its target are left as they were. (No shared folder is given:
+    a demo that got past `prepare` stops at its next stage instead of training.)"""
+    from monitor.demo.failure import DemoFailed
+    from monitor.demo.run import prepare_workdir, run_demo
+
+    folder = tmp_path / target
+    if target == "demo-folder":
+        prepare_workdir(folder)
+        (folder / "state").mkdir()
+        (folder / "state" / "lstar.duckdb").write_text("an earlier demo's state")
+    elif target == "mine":
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("years of work")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    link = tmp_path / "link"
+    link.symlink_to(folder, target_is_directory=True)
+    with pytest.raises(DemoFailed) as err:
+        run_demo(link, shared_dir=tmp_path / "no-shared-folder")
+    assert err.value.stage == "prepare"
+    assert f"--workdir {link} is a symbolic link (to {folder})" in err.value.reason
+    assert "\n" not in str(err.value)
+    assert link.is_symlink() and os.readlink(link) == str(folder)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p != link) == before
+    # the link's target named as itself is the demo's own folder: prepared as before
+    if target == "demo-folder":
+        prepare_workdir(folder)
+        assert [p.name for p in folder.iterdir()] == [WORKDIR_MARKER]

@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
         workdir: Path = typer.Option(Path("state") / "demo", "--workdir",
                                      help="Folder for everything the demo makes: a new or empty folder, or one "
                                           "an earlier demo made (its own entries are emptied first; anything "
-                                          "else there is refused)."),
+                                          "else there, or a symbolic link, is refused)."),
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
         fit_history: bool = typer.Option(False, "--fit-history",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -188,10 +189,17 @@ def _is_demo_folder(workdir: Path, names: set[str]) -> bool:
 def prepare_workdir(workdir: Path) -> None:
     """Make `workdir` ready for a new demo: a new or empty folder is used as it is; a folder an
     earlier demo made (every entry one of `DEMO_ENTRIES`, and the `WORKDIR_MARKER` or an older
-    demo's layout) has those entries removed, the folder itself kept. Any other folder, or
-    anything that is not a folder, is refused and left as it is."""
+    demo's layout) has those entries removed, the folder itself kept. Any other folder, a
+    symbolic link (to a folder or not), or anything that is not a folder, is refused and left
+    as it is. `workdir` is the path as named, not resolved, so that a link can be seen."""
     hint = "name a new or empty folder, or one an earlier `lstar demo` made"
-    if workdir.is_symlink() or (workdir.exists() and not workdir.is_dir()):
+    if workdir.is_symlink():
+        # `workdir` as given, not resolved: emptying through a link would empty whatever it
+        # points at, and the checks below would judge the target, not what was named
+        raise LstarError(f"--workdir {workdir} is a symbolic link (to {os.readlink(workdir)}); the demo empties its "
+                         "folder, so it runs only in a folder named as itself; the link and its target are left "
+                         "as they are", hint="name the folder itself, or a new one")
+    if workdir.exists() and not workdir.is_dir():
         raise LstarError(f"--workdir {workdir} is not a folder; it is left as it is", hint=hint)
     if workdir.exists():
         names = {p.name for p in workdir.iterdir()}
@@ -289,11 +297,12 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
 
     started = time.perf_counter()
     shared = Path(shared_dir).resolve() if shared_dir else Path(__file__).resolve().parents[3] / "shared"
-    workdir = Path(workdir).resolve()
+    named = Path(workdir).absolute()      # as given: `prepare_workdir` refuses a symbolic link
+    workdir = named.resolve()
     with _stage("prepare"):
         if save_history_curve is not None:
             save_history_curve = check_save_path(Path(save_history_curve), workdir)
-        prepare_workdir(workdir)
+        prepare_workdir(named)
         request = _score_request(shared / "corpus" / "calib-v0")
     state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
     db = state / "lstar.duckdb"
