@@ -210,3 +210,31 @@ def test_a_symlinked_workdir_is_refused_and_neither_it_nor_its_target_touched(tm
     if target == "demo-folder":
         prepare_workdir(folder)
         assert [p.name for p in folder.iterdir()] == [WORKDIR_MARKER]
+
+
+@pytest.mark.parametrize(("lstar", "se"), [(0.545, 0.149), (0.621, 0.134), (0.40, 0.05), (1.70, 0.10), (0.79, 0.0)])
+def test_the_emerged_margin_is_the_distance_to_the_band_meeting_the_level(lstar: float, se: float) -> None:
+    """The margin the demo reports: where the shipped curve's lower band edge meets the level
+    (recomputed here by linear interpolation on the band's grid), less L* + z·SE, z the normal
+    quantile of the curve's confidence; the state is emerged exactly when it is ≥ 0, and a score
+    moved by the margin sits on the edge."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from monitor.curves import load_curve, predict
+    from monitor.demo.history import emerged_margin
+
+    curve = load_curve(SHIPPED_CURVE)
+    x, lower = np.asarray(curve.band.x), np.asarray(curve.band.lower)
+    i = int(np.flatnonzero(lower < curve.level)[0])                   # the band falls as L* rises
+    edge = x[i - 1] + (curve.level - lower[i - 1]) * (x[i] - x[i - 1]) / (lower[i] - lower[i - 1])
+    z = norm.ppf(0.95)                                                  # confidence 0.9, two-sided
+    assert curve.confidence == pytest.approx(0.9)
+    margin = emerged_margin(curve, lstar, se)
+    assert margin["edge"] == pytest.approx(edge, abs=1e-9)
+    assert margin["lstar"] == pytest.approx(edge - (lstar + z * se), abs=1e-9)
+    assert margin["se_units"] == (None if se == 0 else pytest.approx((edge - (lstar + z * se)) / se, abs=1e-8))
+    assert (predict(curve, lstar, se).state == "emerged") is (margin["lstar"] >= 0)
+    # the shipped demo's last checkpoint (L* 0.545 ± 0.149): emerged by 0.013 in L*, 0.09 SE
+    if (lstar, se) == (0.545, 0.149):
+        assert margin["lstar"] == pytest.approx(0.0128, abs=1e-4) and margin["se_units"] == pytest.approx(0.086, abs=1e-3)

@@ -289,7 +289,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     harden_environment()
     from monitor.curves import save_curve
     from monitor.demo.fakehub import FakeHub
-    from monitor.demo.history import curve_facts
+    from monitor.demo.history import curve_facts, emerged_margin
     from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
     from monitor.lab.demo import demo_task_file, train_demo_lineages
     from monitor.service import DaemonConfig
@@ -376,10 +376,13 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                                    [TASK, repo, sha])
                 observed = [o for o in _evaluations(store, repo, step_of) if o["step"] == step]
             row = rows[0] if rows else None
+            # how far from the edge of `emerged` (the demo's outcome must not rest on a hair)
+            margin = emerged_margin(curve, row["lstar"], row["se"]) if row else {"lstar": None, "se_units": None}
             steps.append({"checkpoint": f"{repo}@step{step}", "step": step, "sha": sha,
                           "lstar": row["lstar"] if row else None, "lstar_se": row["se"] if row else None,
                           "p_hat": row["p_hat"] if row else None, "lo": row["lo"] if row else None,
-                          "hi": row["hi"] if row else None, "state": row["state"] if row else None})
+                          "hi": row["hi"] if row else None, "state": row["state"] if row else None,
+                          "emerged_margin": margin["lstar"], "emerged_margin_se": margin["se_units"]})
             log(f"  step{step}: " + (f"L* {row['lstar']:.3f} ± {row['se']:.3f}, predicted {METRIC} "
                                      f"{row['p_hat']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] -> {row['state']}"
                                      if row else "no prediction")
