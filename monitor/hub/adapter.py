@@ -114,7 +114,8 @@ def adapter_base(declared: DeclaredBase | None, config_base: str | None) -> Decl
     refused. A card naming several bases (a merge's card copied onto an adapter, or an owner's
     guess) gives no single one: the adapter applies to its config's base, which must be one of
     them (else refused), and the card's list is recorded as a lineage problem beside any the
-    card already had, so the report and the derivative's alerts say the card was overruled.
+    card already had, so the report's derivatives section and the checkpoint listings show
+    that the card was overruled.
     """
     card_bases = declared.bases if declared is not None else ()
     problems = list(declared.problems) if declared is not None else []
