@@ -95,7 +95,7 @@ def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir:
         margin = edge - (p["lstar"] + z * p["se"])
         assert s["emerged_margin"] == pytest.approx(margin, abs=1e-6)
         assert s["emerged_margin_se"] == pytest.approx(margin / p["se"], abs=1e-5)
-        assert (s["state"] == "emerged") is (margin >= 0)
+        assert (s["state"] == "emerged") is bool(margin >= 0)
 
     # The webhook heard the lineage become at risk, then emerged; the report went out once.
     bodies = json.loads(Path(summary["webhook"]["file"]).read_text())
