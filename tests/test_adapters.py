@@ -207,17 +207,20 @@ def test_a_hostile_adapter_is_refused_before_any_weight_is_read(tmp_path, base_f
 def test_a_card_naming_two_bases_is_overruled_by_the_config_and_that_is_recorded(tmp_path, base_files) -> None:
     """An adapter has one base: a card naming two (its config's among them) is gated against
     the config's, and the lineage records that the card was overruled, naming both; a card
-    whose bases leave out the config's is refused like a card naming another base."""
+    whose bases leave out the config's (or a config naming none) is refused like a card naming
+    another base."""
     store = Store.open(tmp_path / "state.duckdb")
     adapter = lora_files(base_files)
     two = {**adapter, "README.md": b"---\nbase_model:\n- org/other\n- org/base\nlibrary_name: peft\n---\n"}
     cfg = json.loads(adapter["adapter_config.json"])
     neither = {**two, "adapter_config.json": json.dumps({**cfg, "base_model_name_or_path": "org/third"}).encode()}
+    unnamed = {**two, "adapter_config.json": json.dumps({**cfg, "base_model_name_or_path": None}).encode()}
     with FakeHub() as hub:
         base_sha = hub.add_repo("org/base", base_files)
         hub.add_repo("org/third", base_files)
         hub.add_repo("org/lora", two)
         hub.add_repo("org/lora-neither", neither)
+        hub.add_repo("org/lora-unnamed", unnamed)
         outcomes = gate_all(hub, store, tmp_path / "hf" / "hub")
     got = outcomes["org/lora"]
     assert got.status == "gated", got.reason
@@ -229,6 +232,9 @@ def test_a_card_naming_two_bases_is_overruled_by_the_config_and_that_is_recorded
     refused = outcomes["org/lora-neither"]
     assert refused.status == "skipped"
     assert "the model card names bases org/other, org/base but adapter_config.json names org/third" in refused.reason
+    refused = outcomes["org/lora-unnamed"]
+    assert refused.status == "skipped"
+    assert "names 2 bases (org/other, org/base) and adapter_config.json names none" in refused.reason
     store.close()
 
 
