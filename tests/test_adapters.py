@@ -204,6 +204,40 @@ def test_a_hostile_adapter_is_refused_before_any_weight_is_read(tmp_path, base_f
     store.close()
 
 
+def test_a_card_naming_two_bases_is_overruled_by_the_config_and_that_is_recorded(tmp_path, base_files) -> None:
+    """An adapter has one base: a card naming two (its config's among them) is gated against
+    the config's, and the lineage records that the card was overruled, naming both; a card
+    whose bases leave out the config's (or a config naming none) is refused like a card naming
+    another base."""
+    store = Store.open(tmp_path / "state.duckdb")
+    adapter = lora_files(base_files)
+    two = {**adapter, "README.md": b"---\nbase_model:\n- org/other\n- org/base\nlibrary_name: peft\n---\n"}
+    cfg = json.loads(adapter["adapter_config.json"])
+    neither = {**two, "adapter_config.json": json.dumps({**cfg, "base_model_name_or_path": "org/third"}).encode()}
+    unnamed = {**two, "adapter_config.json": json.dumps({**cfg, "base_model_name_or_path": None}).encode()}
+    with FakeHub() as hub:
+        base_sha = hub.add_repo("org/base", base_files)
+        hub.add_repo("org/third", base_files)
+        hub.add_repo("org/lora", two)
+        hub.add_repo("org/lora-neither", neither)
+        hub.add_repo("org/lora-unnamed", unnamed)
+        outcomes = gate_all(hub, store, tmp_path / "hf" / "hub")
+    got = outcomes["org/lora"]
+    assert got.status == "gated", got.reason
+    lineage = store.checkpoint_base(got.id)
+    assert (lineage["base_repo"], lineage["base_sha"], lineage["relation"]) == ("org/base", base_sha, "adapter")
+    assert lineage["bases"] == ["org/base"]
+    assert lineage["problem"] == ("the model card names 2 bases (org/other, org/base); an adapter applies to one, "
+                                  "so its adapter_config.json base org/base is used")
+    refused = outcomes["org/lora-neither"]
+    assert refused.status == "skipped"
+    assert "the model card names bases org/other, org/base but adapter_config.json names org/third" in refused.reason
+    refused = outcomes["org/lora-unnamed"]
+    assert refused.status == "skipped"
+    assert "names 2 bases (org/other, org/base) and adapter_config.json names none" in refused.reason
+    store.close()
+
+
 @pytest.mark.slow
 def test_the_scoring_child_merges_the_adapter_and_dedupe_tells_it_from_its_base(tmp_path, base_files) -> None:
     """The daemon's path: each job in a child process (LocalBackend), the adapter and its base

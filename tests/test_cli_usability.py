@@ -345,8 +345,9 @@ def test_the_demo_summary_prints_the_lineage_and_the_evaluations(tmp_path: Path,
                             "resolved": True}
     step = {"lstar_se": 0.1, "p_hat": 0.2, "lo": 0.1, "hi": 0.45}
     summary["lineage"] = {"repo": "demo-org/gpt2-lab", "seed": 1, "in_order": True, "states": [
-        {"step": 95, "state": "clear", "lstar": 1.717, **step}, {"step": 190, "state": "at_risk", "lstar": 1.2, **step},
-        {"step": 285, "state": "emerged", "lstar": 0.5, **step}]}
+        {"step": 95, "state": "clear", "lstar": 1.717, **step},
+        {"step": 190, "state": "at_risk", "lstar": 1.2, **step, "emerged_margin": -0.05, "emerged_margin_se": -0.5},
+        {"step": 285, "state": "emerged", "lstar": 0.5, **step, "emerged_margin": 0.1234, "emerged_margin_se": 1.234}]}
     summary["evaluation"] = [
         {"step": 190, "status": "done", "reason": None, "predicted_state": "at_risk", "predicted_lo": 0.1043,
          "predicted_hi": 0.4477, "observed": 8 / 55, "k": 8, "n": 55, "observed_lo": 0.0745, "observed_hi": 0.2472,
@@ -356,7 +357,9 @@ def test_the_demo_summary_prints_the_lineage_and_the_evaluations(tmp_path: Path,
     out = capsys.readouterr().out
     assert "threshold:     L* = 0.821 [0.803, 0.986] (90%), resolved" in out
     assert "one checkpoint per poll: clear -> at_risk -> emerged" in out
-    assert "step190    L* 1.200 ± 0.100  predicted 0.20 [0.10, 0.45]  at_risk" in out
+    # how far each checkpoint is from the edge of emerged, in its own standard errors
+    assert "step285    L* 0.500 ± 0.100  predicted 0.20 [0.10, 0.45]  emerged  (emerged by 1.23 SE)\n" in out
+    assert "step190    L* 1.200 ± 0.100  predicted 0.20 [0.10, 0.45]  at_risk  (0.50 SE short of emerged)\n" in out
     assert ("step190    predicted at_risk [0.10, 0.45]; observed acc 0.15 (8/55) [0.07, 0.25] -> "
             "observed_clear: confirmed") in out
     assert "step285    skipped (budget)" in out

@@ -79,6 +79,23 @@ def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir:
     ranks = [ORDER.index(state) for state in states]
     assert ranks == sorted(ranks) and set(ranks) == {0, 1, 2}, states
     assert summary["lineage"]["in_order"] is True
+    # Each step's margin to the edge of emerged, as the summary reports it: recomputed from the
+    # curve's band (where its lower edge meets the level, by linear interpolation on its grid)
+    # and the step's L* + z·SE; emerged exactly where it is ≥ 0.
+    import numpy as np
+    from scipy.stats import norm
+
+    band_x, band_lower = np.asarray(curve.band.x), np.asarray(curve.band.lower)
+    i = int(np.flatnonzero(band_lower < curve.level)[0])
+    slope = (band_lower[i] - band_lower[i - 1]) / (band_x[i] - band_x[i - 1])
+    edge = band_x[i - 1] + (curve.level - band_lower[i - 1]) / slope
+    z = norm.ppf(0.5 + curve.confidence / 2)
+    for s in steps:
+        p = pred[s["sha"]]
+        margin = edge - (p["lstar"] + z * p["se"])
+        assert s["emerged_margin"] == pytest.approx(margin, abs=1e-6)
+        assert s["emerged_margin_se"] == pytest.approx(margin / p["se"], abs=1e-5)
+        assert (s["state"] == "emerged") is bool(margin >= 0)
 
     # The webhook heard the lineage become at risk, then emerged; the report went out once.
     bodies = json.loads(Path(summary["webhook"]["file"]).read_text())

@@ -5,6 +5,7 @@ shipped history curve (its pins checked against the corpus the demo scores)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -176,3 +177,65 @@ def test_a_demo_folder_is_emptied_of_its_own_entries_only(tmp_path: Path) -> Non
     empty.mkdir()
     prepare_workdir(empty)                         # empty: used
     assert [p.name for p in empty.iterdir()] == [WORKDIR_MARKER]
+
+
+@pytest.mark.parametrize("target", ["demo-folder", "mine", "nowhere"])
+def test_a_symlinked_workdir_is_refused_and_neither_it_nor_its_target_touched(tmp_path: Path, target: str) -> None:
+    """The demo empties its folder: named through a symbolic link (to an earlier demo's folder,
+    to a folder of someone's files, or to nothing), it refuses at `prepare` in one line naming
+    the link, and the link and its target are left as they were. (No shared folder is given:
+    a demo that got past `prepare` stops at its next stage instead of training.)"""
+    from monitor.demo.failure import DemoFailed
+    from monitor.demo.run import prepare_workdir, run_demo
+
+    folder = tmp_path / target
+    if target == "demo-folder":
+        prepare_workdir(folder)
+        (folder / "state").mkdir()
+        (folder / "state" / "lstar.duckdb").write_text("an earlier demo's state")
+    elif target == "mine":
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("years of work")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    link = tmp_path / "link"
+    link.symlink_to(folder, target_is_directory=True)
+    with pytest.raises(DemoFailed) as err:
+        run_demo(link, shared_dir=tmp_path / "no-shared-folder")
+    assert err.value.stage == "prepare"
+    assert f"--workdir {link} is a symbolic link (to {folder})" in err.value.reason
+    assert "\n" not in str(err.value)
+    assert link.is_symlink() and os.readlink(link) == str(folder)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p != link) == before
+    # the link's target named as itself is the demo's own folder: prepared as before
+    if target == "demo-folder":
+        prepare_workdir(folder)
+        assert [p.name for p in folder.iterdir()] == [WORKDIR_MARKER]
+
+
+@pytest.mark.parametrize(("lstar", "se"), [(0.545, 0.149), (0.621, 0.134), (0.40, 0.05), (1.70, 0.10), (0.79, 0.0)])
+def test_the_emerged_margin_is_the_distance_to_the_band_meeting_the_level(lstar: float, se: float) -> None:
+    """The margin the demo reports: where the shipped curve's lower band edge meets the level
+    (recomputed here by linear interpolation on the band's grid), less L* + z·SE, z the normal
+    quantile of the curve's confidence; the state is emerged exactly when it is ≥ 0, and a score
+    moved by the margin sits on the edge."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from monitor.curves import load_curve, predict
+    from monitor.demo.history import emerged_margin
+
+    curve = load_curve(SHIPPED_CURVE)
+    x, lower = np.asarray(curve.band.x), np.asarray(curve.band.lower)
+    i = int(np.flatnonzero(lower < curve.level)[0])                   # the band falls as L* rises
+    edge = x[i - 1] + (curve.level - lower[i - 1]) * (x[i] - x[i - 1]) / (lower[i] - lower[i - 1])
+    z = norm.ppf(0.95)                                                  # confidence 0.9, two-sided
+    assert curve.confidence == pytest.approx(0.9)
+    margin = emerged_margin(curve, lstar, se)
+    assert margin["edge"] == pytest.approx(edge, abs=1e-9)
+    assert margin["lstar"] == pytest.approx(edge - (lstar + z * se), abs=1e-9)
+    assert margin["se_units"] == (None if se == 0 else pytest.approx((edge - (lstar + z * se)) / se, abs=1e-8))
+    assert (predict(curve, lstar, se).state == "emerged") is (margin["lstar"] >= 0)
+    # the shipped demo's last checkpoint (L* 0.545 ± 0.149): emerged by 0.013 in L*, 0.09 SE
+    if (lstar, se) == (0.545, 0.149):
+        assert margin["lstar"] == pytest.approx(0.0128, abs=1e-4)
+        assert margin["se_units"] == pytest.approx(0.086, abs=1e-3)

@@ -52,8 +52,11 @@ def _lineage_lines(lineage: dict[str, Any] | None) -> list[str]:
         if s["state"] is None:
             lines.append(f"  step{s['step']:<6} no prediction")
         else:
+            margin = "" if s.get("emerged_margin_se") is None else \
+                (f"  (emerged by {s['emerged_margin_se']:.2f} SE)" if s["emerged_margin"] >= 0 else
+                 f"  ({-s['emerged_margin_se']:.2f} SE short of emerged)")
             lines.append(f"  step{s['step']:<6} L* {s['lstar']:.3f} ± {s['lstar_se']:.3f}  predicted "
-                         f"{s['p_hat']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]  {s['state']}")
+                         f"{s['p_hat']:.2f} [{s['lo']:.2f}, {s['hi']:.2f}]  {s['state']}{margin}")
     return lines
 
 
@@ -108,7 +111,7 @@ def register(app: typer.Typer) -> None:
         workdir: Path = typer.Option(Path("state") / "demo", "--workdir",
                                      help="Folder for everything the demo makes: a new or empty folder, or one "
                                           "an earlier demo made (its own entries are emptied first; anything "
-                                          "else there is refused)."),
+                                          "else there, or a symbolic link, is refused)."),
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
         fit_history: bool = typer.Option(False, "--fit-history",

@@ -121,3 +121,32 @@ def curve_facts(curve: Any) -> dict[str, Any]:
             "threshold": {"resolved": not unresolved, "axis": curve.axis, "estimate": thr.estimate,
                           "lower": thr.lower, "upper": thr.upper, "confidence": thr.confidence,
                           "level": curve.level, "status": thr.status}}
+
+
+def emerged_margin(curve: Any, lstar: float, se: float) -> dict[str, float | None]:
+    """How far a score is from the edge of `emerged` on the curve, in L* and in its own SEs.
+
+    A score is predicted emerged when the band's lower edge at L* + z·SE is at or above the
+    level (`monitor.curves.predict`; the band falls as L* rises). The edge is the L* at which
+    that lower edge meets the level, found by bisection on `predict` itself, so the margin is
+    the rule the daemon applies; the margin is edge − (L* + z·SE): positive for an emerged
+    score (it would stay emerged were its L* that much larger), negative for one short of it.
+    `se_units` divides by the score's SE (None for an SE of 0)."""
+    from scipy.stats import norm
+
+    from monitor.curves import predict
+
+    level = curve.level
+    lo, hi = curve.x_range
+    lo, hi = lo - (hi - lo), hi + (hi - lo)      # beyond the data the band is flat
+    if predict(curve, lo).lower < level:
+        return {"edge": None, "lstar": None, "se_units": None}      # the band never reaches the level
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        if predict(curve, mid).lower >= level:
+            lo = mid
+        else:
+            hi = mid
+    z = float(norm.ppf(0.5 + curve.confidence / 2.0))
+    margin = lo - (lstar + z * se)
+    return {"edge": lo, "lstar": margin, "se_units": margin / se if se > 0 else None}

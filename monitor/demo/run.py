@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -188,10 +189,17 @@ def _is_demo_folder(workdir: Path, names: set[str]) -> bool:
 def prepare_workdir(workdir: Path) -> None:
     """Make `workdir` ready for a new demo: a new or empty folder is used as it is; a folder an
     earlier demo made (every entry one of `DEMO_ENTRIES`, and the `WORKDIR_MARKER` or an older
-    demo's layout) has those entries removed, the folder itself kept. Any other folder, or
-    anything that is not a folder, is refused and left as it is."""
+    demo's layout) has those entries removed, the folder itself kept. Any other folder, a
+    symbolic link (to a folder or not), or anything that is not a folder, is refused and left
+    as it is. `workdir` is the path as named, not resolved, so that a link can be seen."""
     hint = "name a new or empty folder, or one an earlier `lstar demo` made"
-    if workdir.is_symlink() or (workdir.exists() and not workdir.is_dir()):
+    if workdir.is_symlink():
+        # `workdir` as given, not resolved: emptying through a link would empty whatever it
+        # points at, and the checks below would judge the target, not what was named
+        raise LstarError(f"--workdir {workdir} is a symbolic link (to {os.readlink(workdir)}); the demo empties its "
+                         "folder, so it runs only in a folder named as itself; the link and its target are left "
+                         "as they are", hint="name the folder itself, or a new one")
+    if workdir.exists() and not workdir.is_dir():
         raise LstarError(f"--workdir {workdir} is not a folder; it is left as it is", hint=hint)
     if workdir.exists():
         names = {p.name for p in workdir.iterdir()}
@@ -281,7 +289,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     harden_environment()
     from monitor.curves import save_curve
     from monitor.demo.fakehub import FakeHub
-    from monitor.demo.history import curve_facts
+    from monitor.demo.history import curve_facts, emerged_margin
     from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
     from monitor.lab.demo import demo_task_file, train_demo_lineages
     from monitor.service import DaemonConfig
@@ -289,11 +297,12 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
 
     started = time.perf_counter()
     shared = Path(shared_dir).resolve() if shared_dir else Path(__file__).resolve().parents[3] / "shared"
-    workdir = Path(workdir).resolve()
+    named = Path(workdir).absolute()      # as given: `prepare_workdir` refuses a symbolic link
+    workdir = named.resolve()
     with _stage("prepare"):
         if save_history_curve is not None:
             save_history_curve = check_save_path(Path(save_history_curve), workdir)
-        prepare_workdir(workdir)
+        prepare_workdir(named)
         request = _score_request(shared / "corpus" / "calib-v0")
     state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
     db = state / "lstar.duckdb"
@@ -367,10 +376,13 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                                    [TASK, repo, sha])
                 observed = [o for o in _evaluations(store, repo, step_of) if o["step"] == step]
             row = rows[0] if rows else None
+            # how far from the edge of `emerged` (the demo's outcome must not rest on a hair)
+            margin = emerged_margin(curve, row["lstar"], row["se"]) if row else {"lstar": None, "se_units": None}
             steps.append({"checkpoint": f"{repo}@step{step}", "step": step, "sha": sha,
                           "lstar": row["lstar"] if row else None, "lstar_se": row["se"] if row else None,
                           "p_hat": row["p_hat"] if row else None, "lo": row["lo"] if row else None,
-                          "hi": row["hi"] if row else None, "state": row["state"] if row else None})
+                          "hi": row["hi"] if row else None, "state": row["state"] if row else None,
+                          "emerged_margin": margin["lstar"], "emerged_margin_se": margin["se_units"]})
             log(f"  step{step}: " + (f"L* {row['lstar']:.3f} ± {row['se']:.3f}, predicted {METRIC} "
                                      f"{row['p_hat']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] -> {row['state']}"
                                      if row else "no prediction")

@@ -12,7 +12,9 @@ safetensors headers of both repos (range requests):
   outside transformers' own model classes is refused as remote code;
 - the weights are safetensors (`adapter_model.bin` would be unpickled: refused);
 - the base is declared (model card or `base_model_name_or_path`; two different ones are
-  refused), pinned, and passes the gate itself (safetensors only, budgets, no remote code);
+  refused; a card naming several bases is overruled by the config's, one of them, and that
+  recorded as a lineage problem), pinned, and passes the gate itself (safetensors only,
+  budgets, no remote code);
 - every adapter tensor is a `lora_A`/`lora_B` weight of a module the base has and the config
   targets, with shapes [r, in] and [out, r] for the base's [out, in] weight and r the
   configured rank.
@@ -30,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monitor.errors import GateRefusedError
+from monitor.hub.lineage import DeclaredBase
 from monitor.hub.safetensors_layout import SafetensorsHeader
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -103,15 +106,41 @@ def _targeted(module: str, targets: Any) -> bool:
     return any(module == t or module.endswith("." + t) for t in targets)
 
 
-def adapter_base(card_base: str | None, config_base: str | None) -> str:
-    """The base repo an adapter applies to: the model card's, else its config's."""
+def adapter_base(declared: DeclaredBase | None, config_base: str | None) -> DeclaredBase:
+    """The one base an adapter applies to, as its lineage records it.
+
+    An adapter updates one model's weights, so it has one base: the model card's, else its
+    config's (`base_model_name_or_path`). A card naming another base than the config is
+    refused. A card naming several bases (a merge's card copied onto an adapter, or an owner's
+    guess) gives no single one: the adapter applies to its config's base, which must be one of
+    them (else refused), and the card's list is recorded as a lineage problem beside any the
+    card already had, so the report's derivatives section and the checkpoint listings show
+    that the card was overruled.
+    """
+    card_bases = declared.bases if declared is not None else ()
+    problems = list(declared.problems) if declared is not None else []
+    if len(card_bases) > 1:
+        named = ", ".join(card_bases)
+        if config_base is None:
+            raise GateRefusedError(f"the model card names {len(card_bases)} bases ({named}) and {ADAPTER_CONFIG} "
+                                   "names none; an adapter applies to one base")
+        if config_base not in card_bases:
+            raise GateRefusedError(f"the model card names bases {named} but {ADAPTER_CONFIG} names {config_base}")
+        problems.append(f"the model card names {len(card_bases)} bases ({named}); an adapter applies to one, "
+                        f"so its {ADAPTER_CONFIG} base {config_base} is used")
+        card_base = None
+    else:
+        card_base = card_bases[0] if card_bases else None
     if card_base and config_base and card_base != config_base:
         raise GateRefusedError(f"the model card names base {card_base} but {ADAPTER_CONFIG} names {config_base}")
     base = card_base or config_base
     if not base:
         raise GateRefusedError("the adapter names no base model (model card base_model or "
                                f"{ADAPTER_CONFIG} base_model_name_or_path)")
-    return base
+    if declared is not None and declared.bases == (base,):
+        return declared           # the card's own declaration (its relation, a pinned commit) stands
+    source = "declared" if declared is not None and declared.relation == "adapter" else "inferred"
+    return DeclaredBase((base,), "adapter", source, None, tuple(problems))
 
 
 def check_adapter_shapes(adapter: SafetensorsHeader, base: Mapping[str, SafetensorsHeader], rank: int,

@@ -291,10 +291,9 @@ def _gate_adapter(client: HubClient, repo: str, sha: str, info: Any, siblings: d
     adapter = check_adapter_config(_read_small_json(client, repo, sha, cache_dir, ADAPTER_CONFIG,
                                                     config_sibling.size, ADAPTER_CONFIG_MAX_BYTES))
     declared = declared_base(getattr(info, "card_data", None), siblings, None)
-    base_repo = adapter_base(declared.base_repo if declared is not None else None,
-                             adapter["base_model_name_or_path"])
-    if declared is None or declared.base_repo != base_repo:
-        declared = DeclaredBase((base_repo,), "adapter", "inferred")
+    declared = adapter_base(declared, adapter["base_model_name_or_path"])
+    base_repo = declared.base_repo
+    assert base_repo is not None
     lineage = pin_base(client, declared)
     assert lineage is not None
     if lineage.base_sha is None:
