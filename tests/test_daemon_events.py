@@ -222,9 +222,12 @@ def test_metrics_expose_outbox_dead_letters_skips_rule_polls_and_policy_reloads(
             # hook once, are refused for good, and stay dead letters: the outbox is then empty.
             def settled() -> str | None:
                 text = daemon.request("/metrics")[1].decode()
+                # /metrics may serve a render up to a second old (api_cache.MAX_AGE): wait for one
+                # rendered after both dead letters were recorded, not only after the hook heard them.
                 empty = (metric(text, 'lstar_outbox_depth{stage="notification"}') == 0
                          and metric(text, 'lstar_outbox_depth{stage="delivery"}') == 0)
-                return text if empty and len(hook.requests) >= 2 else None
+                settled = empty and (metric(text, "lstar_dead_letters_open") or 0) >= 2
+                return text if settled and len(hook.requests) >= 2 else None
 
             text = wait_for(settled, timeout=60, what="the refused notifications to settle")
             assert metric(text, "lstar_dead_letters_open") == len(hook.requests) == 2
