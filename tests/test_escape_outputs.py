@@ -238,3 +238,19 @@ def test_a_corpus_sources_file_shows_hostile_names_and_file_names_literally(tmp_
     assert fence.content == rules.read_text(encoding="utf-8")   # the file whole, its ``` no end of the fence
     assert table_widths(tokens) == [{2}]
     assert plain_text(odd) in texts and "plain.txt" in texts
+
+
+def test_policy_check_cannot_be_made_to_print_a_forged_verdict_line(tmp_path: Path, capsys) -> None:
+    """Scripts read `lstar policy check`'s SUCCESS/FAILED lines: a file name holding a line break
+    and a verdict of its own stays on its one line, the break shown as `\\n`."""
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    forged = folder / "a\nSUCCESS evil.yaml"
+    forged.write_text("name: [unclosed\n")
+    code = main(["policy", "check", str(folder), "--skip-secrets"])
+    out = capsys.readouterr().out
+    assert code == 2
+    lines = out.splitlines()
+    assert not any(line.startswith("SUCCESS") for line in lines), out
+    assert lines and all(line.startswith("FAILED ") for line in lines), out
+    assert "a\\nSUCCESS evil.yaml" in out

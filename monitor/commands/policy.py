@@ -15,7 +15,6 @@ from rich.table import Table
 from monitor.commands.options import float_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
-from monitor.escape import terminal_text
 from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
 
 
@@ -155,15 +154,15 @@ def register(app: typer.Typer) -> None:
         failed = 0
         for result in check_policy_files(paths, secrets=not skip_secrets):
             if result.ok:
-                print(terminal_text(f"SUCCESS {result.path}"))
+                # echo: one line each, a line break in a file name shown as \n (scripts read these)
+                echo(f"SUCCESS {result.path}")
                 for line in refit_warnings(Path(result.path)):
-                    print(terminal_text(f"WARNING {result.path}: {line}"))
+                    echo(f"WARNING {result.path}: {line}")
                 continue
             failed += 1
             for line in result.errors:
                 # Errors start with the file name (and line); others get it prefixed.
-                print(terminal_text(f"FAILED {line}" if line.startswith(result.path)
-                                    else f"FAILED {result.path}: {line}"))
+                echo(f"FAILED {line}" if line.startswith(result.path) else f"FAILED {result.path}: {line}")
         if failed:
             raise PolicyError(f"{failed} of {len(paths)} policy file(s) failed the check")
 

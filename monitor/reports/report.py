@@ -473,8 +473,8 @@ def superseded_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in rows:
         out.append(f"| {r['id']} | {markdown_text(str(r['task']))} | "
                    f"{markdown_text(str(r['repo']) + '@' + str(r['commit_sha'])[:12])} | "
-                   f"{markdown_code(str(r['task_sha256'])[:12])} | {r['superseded_by']} | "
-                   f"{markdown_code(str(r['by_task_sha256'])[:12])} | {markdown_text(str(r['by_status']))} |")
+                   f"{markdown_code((r['task_sha256'] or '')[:12])} | {r['superseded_by']} | "
+                   f"{markdown_code((r['by_task_sha256'] or '')[:12])} | {markdown_text(r['by_status'] or '')} |")
     return out + [""]
 
 

@@ -538,13 +538,17 @@ class ApiServer:
     def start(self) -> "ApiServer":
         """Serve from the background thread; returns once the API accepts connections."""
         logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
-        start_listening(self.socket)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.uvicorn.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the API server did not start; see the log above")
-            time.sleep(0.01)
+        try:
+            start_listening(self.socket)
+            self.thread.start()
+            deadline = time.monotonic() + 30
+            while not self.uvicorn.started:
+                if not self.thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the API server did not start; see the log above")
+                time.sleep(0.01)
+        except BaseException:   # the caller never gets this server: its socket and thread end here
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

@@ -11,8 +11,11 @@ render in flight and about one a second, and a scrape waits at most for one rend
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("lstar.api")
 
 MAX_AGE = 1.0   # seconds a render is served again; a scrape interval is 15 s or more
 
@@ -34,6 +37,9 @@ class SharedRender:
             return self.value
         if self.in_flight is None:
             self.in_flight = asyncio.ensure_future(self._render())
+            # Read the outcome even when every waiter has gone, so a failed render is not
+            # reported as "Future exception was never retrieved" with its cause lost.
+            self.in_flight.add_done_callback(_retrieve)
         # Shielded: a waiter that goes away does not cancel the render the others wait for.
         return await asyncio.shield(self.in_flight)
 
@@ -46,6 +52,11 @@ class SharedRender:
             return value
         finally:
             self.in_flight = None
+
+
+def _retrieve(future: asyncio.Future[bytes]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("the /metrics render failed: %s", future.exception())
 
 
 __all__ = ["SharedRender", "MAX_AGE"]

@@ -169,6 +169,7 @@ class Daemon:
         from monitor.service.metrics import DaemonMetrics
 
         self.config = config
+        self._task_file_problems: list[str] = []   # the task-file problems last logged (each once)
         self.lock = StateLock(config.state_dir)
         # Unique to this start, even where a restart gets the same host name and pid (pid 1 in
         # a container): the leases of an earlier start are then never taken for its own.
@@ -845,7 +846,7 @@ class Daemon:
         """Log each task-file problem when it appears (an error line naming the file and the
         fix) and when it is mended; returns the problems of this tick."""
         problems = [c.problem for c in checks if c.problem is not None]
-        seen = getattr(self, "_task_file_problems", [])
+        seen = self._task_file_problems
         for problem in problems:
             if problem not in seen:
                 log.error("%s", problem)

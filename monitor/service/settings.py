@@ -65,6 +65,12 @@ def quoted(value: Any) -> str:
     return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 3] + "..."
 
 
+def _clipped_name(name: str) -> str:
+    """A variable's name as written, shortened like `quoted` but without the quotes."""
+    text = repr(name)[1:-1]
+    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 3] + "..."
+
+
 class SettingError(LstarError):
     """A setting of `lstar run` refused: `where` names it as its source spells it."""
 
@@ -529,7 +535,7 @@ def environment_warnings(environ: Mapping[str, str], policies: Path | None) -> l
     lines = []
     for name in unknown:
         close = [suffixes[s] for s in difflib.get_close_matches(name.upper()[len(ENV_PREFIX):], suffixes, n=1)]
-        lines.append(f"environment variable {quoted(name)[1:-1]} is not a setting of lstar run and is ignored"
+        lines.append(f"environment variable {_clipped_name(name)} is not a setting of lstar run and is ignored"
                      + (f" (did you mean {close[0]}?)" if close else ""))
     return lines
 
