@@ -21,12 +21,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from api_server import HOSTILE_COMMITS, HOSTILE_FILES, QuietDaemon, write_old_package  # noqa: E402  (benchmarks/ is this script's own folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 BOUND = 1200          # --api-max-connections of the new API in the hostile run (the old has none)
 PIPELINERS = 200
 
 
-class StandIn:
+class StandIn(QuietDaemon):
     """What the API reads of a daemon; a /metrics render takes 5 ms (two aggregate queries)."""
 
     def __init__(self, tmp: Path) -> None:
@@ -37,15 +39,6 @@ class StandIn:
     def _render() -> bytes:
         time.sleep(0.005)
         return b"# TYPE up gauge\nup 1\n"
-
-    def health(self) -> tuple[bool, list[str]]:
-        return True, []
-
-    def status(self) -> dict[str, Any]:
-        return {"ok": True}
-
-    def policies(self) -> list[Any]:
-        return []
 
 
 def serve(which: str, tmp: str) -> None:
@@ -173,7 +166,6 @@ def measure(which: str, tmp: str, crowd: int) -> dict[str, str]:
 
 
 def run_hostile(crowd: int) -> dict[str, Any]:
-    from api_server import HOSTILE_COMMITS, HOSTILE_FILES, write_old_package
 
     _more_descriptors(2 * (max(crowd, BOUND) + 512))
     results: dict[str, Any] = {}

@@ -66,7 +66,20 @@ def build_state(path: Path, n: int) -> Path:
     return path
 
 
-class StandIn:
+class QuietDaemon:
+    """What every stand-in daemon answers the same way: healthy, a trivial status, no policies."""
+
+    def health(self) -> tuple[bool, list[str]]:
+        return True, []
+
+    def status(self) -> dict[str, Any]:
+        return {"ok": True}
+
+    def policies(self) -> list[Any]:
+        return []
+
+
+class StandIn(QuietDaemon):
     """What the API reads of a daemon: health, metrics, status, and stores on fresh cursors of
     one open connection, as the daemon hands them out."""
 
@@ -77,15 +90,6 @@ class StandIn:
         self.store = Store.open(db)
         self.config = SimpleNamespace(state_dir=db.parent, policies_dir=db.parent, webhook_secret_file=None)
         self.metrics = SimpleNamespace(render=lambda: b"# TYPE up gauge\nup 1\n")
-
-    def health(self) -> tuple[bool, list[str]]:
-        return True, []
-
-    def status(self) -> dict[str, Any]:
-        return {"ok": True}
-
-    def policies(self) -> list[Any]:
-        return []
 
     @contextlib.contextmanager
     def read_store(self):

@@ -597,20 +597,33 @@ def state_files(state: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(state.rglob("*")) if p.is_file()}
 
 
-def test_a_port_in_use_is_one_line_and_changes_nothing(tmp_path):
+def _an_earlier_state(tmp_path: Path) -> Path:
+    """A policies folder and a state folder holding an earlier start's token (which a client
+    may still be using); returns the state folder."""
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "watcher.yaml").write_text(POLICY)
     state = tmp_path / "state"
     state.mkdir()
-    create_api_token(state)   # an earlier start's token, which a client may still be using
-    (state / "lstar.lock").write_text("12345\n")
-    before = state_files(state)
+    create_api_token(state)
+    return state
+
+
+def _run_on_a_taken_port(tmp_path: Path, state: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """`lstar run --once` on a port another socket is listening on; (its result, the port)."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
         result = lstar("run", "--policies", str(tmp_path / "policies"), "--state", str(state),
                        "--api-port", str(taken), "--once")
+    return result, taken
+
+
+def test_a_port_in_use_is_one_line_and_changes_nothing(tmp_path):
+    state = _an_earlier_state(tmp_path)
+    (state / "lstar.lock").write_text("12345\n")
+    before = state_files(state)
+    result, taken = _run_on_a_taken_port(tmp_path, state)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines() == [f"error: port {taken} on 127.0.0.1 is already in use (Address already "
                                           "in use); choose another with --api-port or stop the process holding it"]
@@ -622,22 +635,13 @@ def test_a_second_daemon_on_the_same_state_and_port_is_told_the_first_runs(tmp_p
     lead to the lock's refusal. Nothing is written (the lock is only looked at)."""
     import fcntl
 
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "watcher.yaml").write_text(POLICY)
-    state = tmp_path / "state"
-    state.mkdir()
-    create_api_token(state)
+    state = _an_earlier_state(tmp_path)
     lock = os.open(state / "lstar.lock", os.O_RDWR | os.O_CREAT, 0o644)
     os.write(lock, b"4242\n")
     fcntl.flock(lock, fcntl.LOCK_EX)   # as the first daemon holds it
     before = state_files(state)
     try:
-        with socket.socket() as holder:
-            holder.bind(("127.0.0.1", 0))
-            holder.listen()
-            taken = holder.getsockname()[1]
-            result = lstar("run", "--policies", str(tmp_path / "policies"), "--state", str(state),
-                           "--api-port", str(taken), "--once")
+        result, taken = _run_on_a_taken_port(tmp_path, state)
     finally:
         os.close(lock)
     assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
