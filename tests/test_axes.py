@@ -111,7 +111,13 @@ def _base_curve(tmp_path: Path):  # type: ignore[no-untyped-def]
                      corpus_sha256=CALIB_V0_SHA256, scoring_spec=spec)
 
 
-@pytest.mark.parametrize("name", list(AXES))
+def test_a_task_loss_curve_is_not_applied_to_a_score_run() -> None:
+    # The task loss comes with a history's rows; a score run has no such column to misread.
+    got = axis_value({"run_id": "r1", "ce": 2.0, "se_ce": 0.01, "lstar": 1.0}, "task_loss")
+    assert isinstance(got, str) and "score run r1 has no task loss" in got
+
+
+@pytest.mark.parametrize("name", [n for n, a in AXES.items() if a.source != "task"])
 def test_prediction_on_each_axis_against_a_hand_worked_example(tmp_path: Path, name: str) -> None:
     axis = AXES[name]
     base = _base_curve(tmp_path)

@@ -57,7 +57,8 @@ class Axis:
     `column` is the Label attribute holding the (raw) value; with `log10` the axis is its
     base-10 logarithm. `score_column`/`se_column` are the `score_runs` columns of the value
     and its standard error (None: not a score axis). `source` is "score" (measured by every
-    score run) or "external" (declared: parameter count, FLOPs).
+    score run), "external" (declared: parameter count, FLOPs) or "task" (one value per
+    checkpoint and task, read from a labels or history file: the task loss).
     """
 
     name: str
@@ -116,6 +117,10 @@ AXES: dict[str, Axis] = {
                        source="external"),
     "log_flops": Axis("log_flops", "log10 FLOPs", "flops", False, log10=True, unit="log10 FLOPs",
                       source="external"),
+    # The loss of the task's own correct answers (bits per byte of the answer text), one value
+    # per checkpoint and task, as training logs report it (OLMo's `downstream_bpb`). No score run
+    # measures it: it comes from a labels or history file.
+    "task_loss": Axis("task_loss", "task loss", "task_loss", True, unit="bits/byte", source="task"),
 }
 AXIS_NAMES: tuple[str, ...] = tuple(AXES)
 SCORE_AXES: tuple[str, ...] = tuple(n for n, a in AXES.items() if a.source == "score")
@@ -177,6 +182,9 @@ def axis_value(row: Any, name: str) -> tuple[float, float] | str:
                          "a campaign declares, or a labels file)")
             return f"{where} has no {what}, so a {axis.label} curve cannot be applied to it"
         return math.log10(raw), 0.0
+    if axis.source == "task":
+        return (f"{where} has no {axis.label}: no score measures a task's own loss, so a {axis.label} curve "
+                f"applies only to a history's per-task values (lstar backtest)")
     assert axis.score_column is not None and axis.se_column is not None
     value = _finite(_get(row, axis.score_column))
     if value is None and name == "lstar_per_byte":  # derivable exactly from stored columns

@@ -56,6 +56,14 @@ class Label:
     # The inference budget the value was measured at (samples per question, majority-of-k, an
     # ordered level such as chain of thought off/on), from a labels file's budget column.
     budget: float | None = None
+    # Where the checkpoint sits in a training run (a history file, `monitor.backtest`): the
+    # run it belongs to, its training step, and the tokens seen so far; `flops` is its compute.
+    lineage: str | None = None
+    step: float | None = None
+    tokens: float | None = None
+    # The task loss (`monitor.curves.axes`, "task_loss"): bits per byte of this task's correct
+    # answers at this checkpoint.
+    task_loss: float | None = None
 
     def with_(self, **changes: Any) -> "Label":
         """A copy with some fields changed."""
@@ -175,10 +183,12 @@ def _read_one_results_file(file: Path, family: str | None) -> list[Label]:
 # A column per axis, named as the axis (monitor.curves.axes.AXES), with `<axis>_se` for its
 # standard error; `params`/`flops` are raw counts (log_params/log_flops their log10).
 CSV_REQUIRED = ("checkpoint", "family", "value")
-_SCORE_AXIS_COLUMNS = ("lstar", "bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "raw_ce")
+_SCORE_AXIS_COLUMNS = ("lstar", "bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "raw_ce", "task_loss")
 CSV_AXIS_COLUMNS = (*_SCORE_AXIS_COLUMNS, "log_params", "log_flops", "params", "flops")
+# lineage, step and tokens place a checkpoint in its training run (a history: `lstar backtest`).
+HISTORY_COLUMNS = ("lineage", "step", "tokens")
 CSV_OPTIONAL = ("n", "stderr", "task", "metric", "repo", "sha", *CSV_AXIS_COLUMNS,
-                *(f"{a}_se" for a in _SCORE_AXIS_COLUMNS))
+                *(f"{a}_se" for a in _SCORE_AXIS_COLUMNS), *HISTORY_COLUMNS)
 
 
 def read_labels_csv(path: str | Path, *, budget_column: str | None = None) -> list[Label]:
@@ -264,7 +274,8 @@ def read_labels_csv(path: str | Path, *, budget_column: str | None = None) -> li
             repo=row.get("repo") or None, sha=row.get("sha") or None,
             lstar=values["lstar"], lstar_se=ses["lstar"], raw_ce=values["raw_ce"], params=params, flops=flops,
             bits_per_byte=values["bits_per_byte"], lstar_per_byte=values["lstar_per_byte"],
-            l_rel=values["l_rel"], l_gain=values["l_gain"],
+            l_rel=values["l_rel"], l_gain=values["l_gain"], task_loss=values["task_loss"],
+            lineage=row.get("lineage") or None, step=number("step"), tokens=number("tokens"),
             axis_se={a: se for a, se in ses.items() if se is not None and a != "lstar"},
             imported=tuple(a for a, v in given.items() if v is not None),
             budget=number(budget_column, required=True) if budget_column is not None else None,
