@@ -28,6 +28,8 @@ import math
 import sys
 from pathlib import Path
 
+from monitor.curves.importers import OBSSCALING_TASKS
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parents[1].parent / "shared" / "data" / "public-evals"
 
@@ -58,13 +60,15 @@ RELEASES = (("Llama-1", "Llama-1"), ("Llama-2", "Llama-2"), ("Llama-3", "Llama-3
             ("Qwen1.5", "Qwen1.5"), ("Qwen2", "Qwen2"), ("Qwen-", "Qwen"), ("Mistral", "Mistral"),
             ("Mixtral", "Mixtral"), ("Deepseek-llm", "DeepSeek-LLM"), ("DeepSeek-V2", "DeepSeek-V2"),
             ("Yi-", "Yi"), ("Falcon", "Falcon"))
-# task -> (ObsScaling column, metric name, items in the test set, hkust corpus column, baseline)
-TASKS = {
-    "mmlu": ("MMLU", "acc", 14042, "bpc_common_crawl", 0.25),
-    "arc_challenge": ("ARC-C", "acc_norm", 1172, "bpc_common_crawl", 0.25),
-    "gsm8k": ("GSM8K", "exact_match", 1319, "bpc_arxiv_math", 0.0),
-    "humaneval": ("HumanEval", "pass@1", 164, "bpc_python", 0.0),
+# task -> (hkust corpus column, baseline); the ObsScaling column, metric name and items in the
+# test set are the package's (`monitor.curves.importers.OBSSCALING_TASKS`, `lstar labels import`).
+_CORPUS_BASELINE = {
+    "mmlu": ("bpc_common_crawl", 0.25), "arc_challenge": ("bpc_common_crawl", 0.25),
+    "gsm8k": ("bpc_arxiv_math", 0.0), "humaneval": ("bpc_python", 0.0),
 }
+# task -> (ObsScaling column, metric name, items in the test set, hkust corpus column, baseline)
+TASKS = {task: (OBSSCALING_TASKS[task].column, OBSSCALING_TASKS[task].metric, OBSSCALING_TASKS[task].n, *spec)
+         for task, spec in _CORPUS_BASELINE.items()}
 CORPUS = {task: spec[3] for task, spec in TASKS.items()}
 BASELINES = {task: spec[4] for task, spec in TASKS.items()}
 PYTHIA_TOKENS_PER_STEP = 1024 * 2048   # batch of 1024 sequences of 2048 tokens
