@@ -11,7 +11,6 @@ from pathlib import Path
 import typer
 
 from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, OptionError, float_option, int_option
-from monitor.commands.terminal import echo
 
 HELP = """Backtest the monitor on training histories: when would it have warned, and how often would it have been wrong?
 
@@ -84,6 +83,7 @@ def register(app: typer.Typer) -> None:
         if html is not None:
             write_html(data, html)
         if as_json:
-            echo(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True))
+            # ensure_ascii: every control or non-ASCII character of a name is a \uXXXX escape
+            print(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True))
         else:
             print_terminal(data)
