@@ -1,5 +1,5 @@
-"""A backtest's result as text: one row per task × target lineage, for the terminal (a rich table)
-and Markdown (every string from the input escaped with `monitor.escape.markdown_text`).
+"""A backtest's result as text: one row per task × target lineage, for the terminal (the
+command's rich table, `monitor.commands.backtest`) and Markdown (every string from the input escaped with `monitor.escape.markdown_text`).
 
 Both read `BacktestResult.as_dict()`, the same numbers `--json` prints, so the outputs agree.
 """
@@ -82,28 +82,6 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
             + (f" to {alerts['file']}" if alerts["file"] else " (no --alerts-out: not kept)")]
 
 
-def print_terminal(data: Mapping[str, Any]) -> None:
-    """The summary and the table, through the project's literal console."""
-    from rich.table import Table
-
-    from monitor.commands.terminal import name_column, plain_console, print_table
-
-    console = plain_console()
-    for line in summary_lines(data):
-        console.print(line)
-    table = Table(title="backtest: task × target lineage")
-    for i, column in enumerate(COLUMNS):
-        if i == 1:
-            name_column(table, column)
-        else:
-            table.add_column(column)
-    for row in table_rows(data):
-        table.add_row(*row)
-    print_table(console, table)
-    for line in data.get("not_evaluated") or []:
-        console.print(f"not evaluated: {line}")
-
-
 def markdown(data: Mapping[str, Any]) -> str:
     """The result as a Markdown document."""
     out = ["# Backtest", ""]
@@ -116,4 +94,4 @@ def markdown(data: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["COLUMNS", "markdown", "outcome", "print_terminal", "summary_lines", "table_rows"]
+__all__ = ["COLUMNS", "markdown", "outcome", "summary_lines", "table_rows"]

@@ -28,6 +28,29 @@ lstar backtest runs.csv --reference 'small-*' --target 'big-run' --task hellaswa
 """
 
 
+def print_terminal(data: dict) -> None:  # type: ignore[type-arg]
+    """The summary and the table, through the project's literal console."""
+    from rich.table import Table
+
+    from monitor.backtest.render import COLUMNS, summary_lines, table_rows
+    from monitor.commands.terminal import name_column, plain_console, print_table
+
+    console = plain_console()
+    for line in summary_lines(data):
+        console.print(line)
+    table = Table(title="backtest: task × target lineage")
+    for i, column in enumerate(COLUMNS):
+        if i == 1:
+            name_column(table, column)
+        else:
+            table.add_column(column)
+    for row in table_rows(data):
+        table.add_row(*row)
+    print_table(console, table)
+    for line in data.get("not_evaluated") or []:
+        console.print(f"not evaluated: {line}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("backtest", help=HELP)
     def backtest(
@@ -60,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from monitor.backtest import load_history, run_backtest, spec_from_options, spec_from_policy
         from monitor.backtest.html import write_html
         from monitor.backtest.paper import parse_task_map, read_paper_errors
-        from monitor.backtest.render import markdown as to_markdown, print_terminal
+        from monitor.backtest.render import markdown as to_markdown
 
         if family not in ("isotonic", "sigmoid", "auto"):
             raise OptionError(f"--family {family!r}: choose isotonic, sigmoid or auto")
