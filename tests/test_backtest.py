@@ -23,7 +23,7 @@ from monitor.backtest.spec import BacktestTask, replay_policy
 from monitor.cli import main
 from monitor.curves.artifact import predict
 from monitor.curves.labels import Label
-from monitor.errors import LabelError
+from monitor.errors import CurveError, LabelError
 from monitor.store import Store
 from support.scores import record_fake_score
 
@@ -242,3 +242,38 @@ def test_cli_refuses_mixed_sources(history_file, tmp_path, capsys):
     code = main(["backtest", str(history_file), "--reference", "ref-*", "--target", "tgt", "--task", "arith"])
     assert code != 0
     assert "--baseline" in capsys.readouterr().err
+
+
+def test_policy_tasks_are_backtested_with_their_curve_and_margin(history_file, tmp_path):
+    from monitor.backtest import spec_from_policy
+    from monitor.curves.artifact import save_curve
+
+    history = load_history(history_file, reference="ref-*", target="tgt", axis="lstar")
+    loose = BacktestTask("arith", "arith", "acc", baseline=0.25, margin=0.1, confidence=0.9)
+    save_curve(fit_task_curve(history.reference_labels(), loose, axis="lstar", resamples=200), tmp_path / "arith.json")
+    (tmp_path / "policy.yaml").write_text(
+        "name: team\ntasks:\n  - {name: arith-watch, curve: arith.json, margin: 0.25}\n"
+        "route: {receiver: ops, group_wait: 10m}\n"
+        "receivers:\n  - {name: ops, webhook: {url: 'https://example.invalid/hook'}}\n")
+    spec = spec_from_policy(tmp_path / "policy.yaml")
+    # the curve gives task, metric, baseline and axis; the policy task's margin is in force
+    assert spec.axis == "lstar" and spec.tasks == (BacktestTask("arith-watch", "arith", "acc", 0.25, 0.25, 0.9),)
+    result = run_backtest(history, spec, alerts_out=tmp_path / "alerts.jsonl", resamples=200).as_dict()
+    assert result["curves"]["arith-watch"]["level"] == pytest.approx(0.5)
+    assert [r["task"] for r in result["results"]] == ["arith-watch"]
+    assert result["results"][0]["crossing"]["step"] == 500
+    # the webhook became a file sink: what was delivered is in the file, nothing was sent
+    assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == result["alerts"]["notifications"]
+    assert all(a["alert_key"].startswith("team|arith-watch|tgt|") for a in result["alerts"]["list"])
+
+
+def test_an_unavailable_family_is_refused_cleanly(history_file):
+    import inspect
+
+    from monitor.curves.fit import fit_curve
+
+    if "family" in inspect.signature(fit_curve).parameters:
+        pytest.skip("the sigmoid family is installed")
+    history = load_history(history_file, reference="ref-*", target="tgt", axis="lstar")
+    with pytest.raises(CurveError, match="not available"):
+        fit_task_curve(history.reference_labels(), TASK, axis="lstar", family="sigmoid", resamples=200)

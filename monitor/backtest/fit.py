@@ -11,6 +11,7 @@ the history was scored on `calib-v0`.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +21,7 @@ from monitor.backtest.spec import BacktestSpec, BacktestTask
 from monitor.curves.artifact import CurveArtifact, ScoringRef, save_curve
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label
+from monitor.errors import CurveError
 
 BACKTEST_CORPUS_SHA256 = hashlib.sha256(b"lstar-backtest: a history's own published values").hexdigest()
 BACKTEST_SPEC = ScoringRef(spec_version="lstar-backtest/1", window=1, stride=1, prefix_policy="none")
@@ -38,6 +40,9 @@ def fit_task_curve(labels: Sequence[Label], task: BacktestTask, *, axis: str, fa
     """One task's curve on the reference rows `labels` (leave-one-family-out is left to
     `lstar curves validate`: a backtest is itself the out-of-sample check)."""
     kwargs = {} if family == "isotonic" else {"family": family}   # the sigmoid family where installed
+    if kwargs and "family" not in inspect.signature(fit_curve).parameters:
+        raise CurveError(f"curve family {family!r} is not available in this version (isotonic only)",
+                         hint="use --family isotonic")
     return fit_curve([fit_label(label) for label in labels], task=task.task, metric=task.metric,
                      baseline=task.baseline, margin=task.margin, confidence=task.confidence,
                      resamples=resamples, seed=seed, corpus_sha256=BACKTEST_CORPUS_SHA256,
