@@ -78,6 +78,20 @@ def test_miss_without_any_warning():
     assert compare.missed(r).step == 500 and compare.late_warning(r) is None and compare.first_warning(r) is None
 
 
+def test_a_crossing_at_the_first_checkpoint_is_neither_a_miss_nor_a_late_warning():
+    # Observed emerged from the first checkpoint on (a history that starts past the level): no
+    # warning could have come earlier, so it is counted apart, not as a miss.
+    values = (0.74, 0.80, 0.85, 0.88, 0.90, 0.91)
+    r = rows(["at_risk"] * 6, values)
+    assert compare.crossing(r).step == 100 and compare.crossed_at_start(r).step == 100
+    assert compare.missed(r) is None and compare.late_warning(r) is None and compare.lead(r) is None
+    silent = rows(["clear"] * 6, values)
+    assert compare.missed(silent) is None and compare.crossed_at_start(silent).step == 100
+    # A crossing at the second checkpoint without an earlier warning is a miss again.
+    later = rows(["clear"] * 6, (0.25,) + values[1:])
+    assert compare.crossed_at_start(later) is None and compare.missed(later).step == 200
+
+
 def test_false_alarm_on_a_lineage_that_never_crosses():
     r = rows(["clear", "clear", "clear", "at_risk", "at_risk", "clear"], FLAT_VALUES)
     assert compare.crossing(r) is None

@@ -10,8 +10,11 @@ target lineage's rows (`Row`, in training order):
 - `first_warning`: the first checkpoint predicted at_risk or emerged (a firing state);
 - `lead`: steps, tokens and FLOPs from the first warning to the crossing, when the warning
   comes strictly before it;
-- `missed`: a crossing with no warning strictly before it (every late warning is also a miss);
-- `late_warning`: the first warning when it falls at or after the crossing;
+- `crossed_at_start`: the crossing, when it is the lineage's first checkpoint: no warning could
+  have come before it, so it is neither a miss nor a late warning (a history that starts late
+  in training cannot test the lead time of a level it had already passed);
+- `missed`: a later crossing with no warning strictly before it (every late warning is also a miss);
+- `late_warning`: the first warning when it falls at or after a later crossing;
 - `false_alarm`: the first warning on a lineage that never crosses;
 - `false_emerged`: every checkpoint predicted emerged while its observation is clear;
 - `covered`: the observed value inside the predicted interval widened by its own noise
@@ -126,18 +129,26 @@ def lead(rows: Sequence[Row]) -> dict[str, float | None] | None:
             "flops": gap(warn.flops, cross.flops)}
 
 
-def missed(rows: Sequence[Row]) -> Row | None:
-    """The crossing, when no warning came strictly before it."""
+def crossed_at_start(rows: Sequence[Row]) -> Row | None:
+    """The crossing, when it is the lineage's first checkpoint (no earlier warning was possible)."""
     cross = crossing(rows)
-    if cross is None:
+    return cross if cross is not None and cross is rows[0] else None
+
+
+def missed(rows: Sequence[Row]) -> Row | None:
+    """The crossing, when it is not the first checkpoint and no warning came strictly before it."""
+    cross = crossing(rows)
+    if cross is None or crossed_at_start(rows) is not None:
         return None
     return None if any(r.state in FIRING and r.step < cross.step for r in rows) else cross
 
 
 def late_warning(rows: Sequence[Row]) -> Row | None:
-    """The first warning, when it falls at or after the crossing."""
+    """The first warning, when it falls at or after a crossing that was not the first checkpoint."""
     cross, warn = crossing(rows), first_warning(rows)
-    return warn if cross is not None and warn is not None and warn.step >= cross.step else None
+    if cross is None or warn is None or crossed_at_start(rows) is not None:
+        return None
+    return warn if warn.step >= cross.step else None
 
 
 def false_alarm(rows: Sequence[Row]) -> Row | None:
@@ -185,6 +196,6 @@ def final_relative_error(rows: Sequence[Row]) -> float | None:
     return (last.predicted.p_hat - last.observed) / last.observed
 
 
-__all__ = ["FIRING", "Row", "contradicted", "coverage_of", "covered", "crossing", "false_alarm", "false_emerged",
+__all__ = ["FIRING", "Row", "contradicted", "crossed_at_start", "coverage_of", "covered", "crossing", "false_alarm", "false_emerged",
            "final_relative_error", "first_warning", "late_warning", "lead", "make_row", "missed",
            "observed_interval", "widened_interval"]

@@ -37,6 +37,8 @@ def step_of(where: Mapping[str, Any] | None) -> str:
 def outcome(item: Mapping[str, Any]) -> str:
     """One word for a task × lineage: warned ahead, late, missed, false alarm or quiet."""
     if item["crossing"] is not None:
+        if item.get("crossed_at_start") is not None:
+            return "crossed at start"
         if item["lead"] is not None:
             return "warned ahead"
         return "late warning" if item["late_warning"] is not None else "missed"
@@ -72,7 +74,8 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
     return [f"history {data['history']}: axis {data['axis']}, family {data['family']}, tasks from {data['policy']}",
             f"references: {', '.join(data['references'])}",
             f"targets: {', '.join(data['targets'])}",
-            f"crossings {s['crossings']}, warned ahead {s['warned_ahead']}, misses {s['misses']} "
+            f"crossings {s['crossings']} ({s['crossed_at_start']} already at the first checkpoint), "
+            f"warned ahead {s['warned_ahead']}, misses {s['misses']} "
             f"(late warnings {s['late_warnings']}), false alarms {s['false_alarms']}, "
             f"false emerged {s['false_emerged']}",
             f"coverage (all tasks pooled): {coverage_text(s['coverage'])}",
@@ -89,6 +92,8 @@ def markdown(data: Mapping[str, Any]) -> str:
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in table_rows(data)]
     out += ["", "Outcome: *warned ahead* (first at_risk/emerged before the first checkpoint observed emerged), "
+                "*crossed at start* (observed emerged at the lineage's first checkpoint: no warning could come "
+                "earlier, so neither a miss nor a lead), "
                 "*late warning* (first warning at or after it; also a miss), *missed* (never warned), "
                 "*false alarm* (a warning on a lineage never observed emerged), *quiet*. Steps are training steps."]
     return "\n".join(out) + "\n"
