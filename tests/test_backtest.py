@@ -291,3 +291,29 @@ def test_an_unavailable_family_is_refused_cleanly(history_file):
     history = load_history(history_file, reference="ref-*", target="tgt", axis="lstar")
     with pytest.raises(CurveError, match="not available"):
         fit_task_curve(history.reference_labels(), TASK, axis="lstar", family="sigmoid", resamples=200)
+
+
+def test_no_refit_replays_the_policys_own_curve(history_file, tmp_path, capsys):
+    """`--policy --no-refit`: nothing fitted, no references; the policy's curve artifact is the
+    one every prediction comes from (checked against `predict` on that curve)."""
+    from monitor.curves.artifact import save_curve
+
+    history = load_history(history_file, reference="ref-*", target="tgt", axis="lstar")
+    # fitted on one reference only, so it differs from what a refit on both would give
+    curve = fit_task_curve([r for r in history.reference_labels() if r.lineage == "ref-a"], TASK, axis="lstar",
+                           resamples=200)
+    save_curve(curve, tmp_path / "arith.json")
+    (tmp_path / "policy.yaml").write_text("name: team\ntasks:\n  - {name: arith, curve: arith.json}\n"
+                                          "route: {receiver: ops}\n"
+                                          "receivers:\n  - {name: ops, file: {path: a.jsonl}}\n")
+    args = ["backtest", str(history_file), "--target", "tgt", "--policy", str(tmp_path / "policy.yaml")]
+    assert main([*args, "--no-refit", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["curves"]["arith"]["curve_id"] == curve.curve_id and data["references"] == []
+    assert [p["predicted_state"] for p in data["results"][0]["points"]] == \
+        [predict(curve, x, 0.0).state for x in TARGETS["tgt"][0]]
+    assert [p["p_hat"] for p in data["results"][0]["points"]] == \
+        [predict(curve, x, 0.0).p_hat for x in TARGETS["tgt"][0]]
+    assert main(args) != 0 and "--reference" in capsys.readouterr().err          # a refit needs references
+    assert main([*args, "--no-refit", "--reference", "ref-*"]) != 0
+    assert "no --reference" in capsys.readouterr().err

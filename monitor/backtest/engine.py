@@ -1,4 +1,5 @@
-"""`run_backtest`: fit on the references, replay the targets, compare, in one call.
+"""`run_backtest`: fit on the references (or take the curves given), replay the targets, compare,
+in one call.
 
 The replay's store is a temporary DuckDB file (deleted afterwards); the alerts go to the file
 sink `alerts_out` (default: a file in that temporary folder, also deleted, so pass one to keep
@@ -13,21 +14,32 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from monitor.backtest.compare import make_row
-from monitor.backtest.fit import BACKTEST_CORPUS_SHA256, fit_reference_curves, save_curves
+from monitor.backtest.fit import BACKTEST_CORPUS_SHA256, BACKTEST_SPEC, fit_reference_curves, given_curves, save_curves
 from monitor.backtest.history import History
 from monitor.backtest.replay import Replay, replay_history
 from monitor.backtest.result import BacktestResult, LineageResult, group_rows
 from monitor.backtest.scores import checkpoint_sha
 from monitor.backtest.spec import BacktestSpec, replay_policy
+from monitor.curves.artifact import CurveArtifact
 from monitor.store import Store
 
 
 def run_backtest(history: History, spec: BacktestSpec, *, alerts_out: str | Path | None = None,
                  paper_errors: Mapping[str, float] | None = None, resamples: int = 1000,
-                 seed: int = 0) -> BacktestResult:
+                 seed: int = 0, curves: Mapping[str, CurveArtifact] | None = None) -> BacktestResult:
     """Fit the spec's curves on the reference lineages, replay every target lineage through the
-    daemon's evaluation and dispatch code, and compare each prediction with its observation."""
-    curves = fit_reference_curves(history.reference_labels(), spec, resamples=resamples, seed=seed)
+    daemon's evaluation and dispatch code, and compare each prediction with its observation.
+
+    `curves` ({task name: curve}) replays with those curves instead of refitting (the history
+    then needs no references): what a daemon applying them would have said. Each must match its
+    task (`fit.given_curves`), and the replayed score runs are pinned to their corpus and
+    scoring spec."""
+    if curves is None:
+        curves = fit_reference_curves(history.reference_labels(), spec, resamples=resamples, seed=seed)
+        pin = (BACKTEST_CORPUS_SHA256, BACKTEST_SPEC)
+    else:
+        curves = dict(curves)
+        pin = given_curves(curves, spec)
     # A task given without a metric is fitted on the one metric its rows have: compare on it too.
     spec = dataclasses.replace(spec, tasks=tuple(dataclasses.replace(t, metric=curves[t.name].metric)
                                                  for t in spec.tasks))
@@ -37,10 +49,10 @@ def run_backtest(history: History, spec: BacktestSpec, *, alerts_out: str | Path
         if alerts_out is not None:
             sink.parent.mkdir(parents=True, exist_ok=True)
             sink.write_text("", encoding="utf-8")   # this backtest's alerts only
-        policy = replay_policy(spec, save_curves(curves, folder / "curves"), sink, corpus_sha256=BACKTEST_CORPUS_SHA256)
+        policy = replay_policy(spec, save_curves(curves, folder / "curves"), sink, corpus_sha256=pin[0])
         store = Store.open(folder / "replay.duckdb")
         try:
-            replay = replay_history(store, history, spec, policy)
+            replay = replay_history(store, history, spec, policy, corpus_sha256=pin[0], scoring_spec=pin[1])
         finally:
             store.close()
     return compare_replay(history, spec, replay, curves={n: _curve_info(c) for n, c in curves.items()},

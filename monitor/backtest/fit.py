@@ -1,5 +1,6 @@
 """Fit a backtest's curves on its reference lineages, with the code `lstar curves fit` uses
-(`monitor.curves.fit.fit_curve`), pinned to the backtest's synthetic corpus and scoring spec.
+(`monitor.curves.fit.fit_curve`), pinned to the backtest's synthetic corpus and scoring spec;
+or check curves given for a replay (`given_curves`).
 
 The history's score runs are not measured by this installation: the replay writes each target
 checkpoint as a score run on a synthetic corpus (`BACKTEST_CORPUS_SHA256`) and spec
@@ -56,6 +57,35 @@ def fit_reference_curves(labels: Sequence[Label], spec: BacktestSpec, *, resampl
                                       seed=seed) for task in spec.tasks}
 
 
+def given_curves(curves: Mapping[str, CurveArtifact], spec: BacktestSpec) -> tuple[str, ScoringRef]:
+    """Check curves given for a replay (`run_backtest(..., curves=...)`) against the spec: one
+    per task, on the spec's axis, of the task's history task and baseline, all pinned to one
+    corpus and scoring spec. Returns that pair (the backtest's own where the curves pin none),
+    which the replay's score runs are then pinned to: giving the curves says that the
+    history's values were measured the way those curves were fitted."""
+    names = {t.name for t in spec.tasks}
+    if set(curves) != names:
+        missing, extra = sorted(names - set(curves)), sorted(set(curves) - names)
+        raise CurveError(f"the given curves do not match the backtest's tasks (missing: {', '.join(missing) or '-'}; "
+                         f"not a task: {', '.join(extra) or '-'})", hint="give exactly one curve per task name")
+    for task in spec.tasks:
+        curve = curves[task.name]
+        name = f"task {task.name!r}: the given curve {curve.curve_id[:12]}"
+        if curve.axis != spec.axis:
+            raise CurveError(f"{name} is on {curve.axis!r}, the backtest on {spec.axis!r}",
+                             hint=f"replay on --axis {curve.axis}")
+        if curve.task != task.task or curve.baseline != task.baseline:
+            raise CurveError(f"{name} is of task {curve.task!r} at baseline {curve.baseline:g}, the backtest's of "
+                             f"{task.task!r} at {task.baseline:g}", hint="give the curve of that task")
+    corpora = {c.corpus_sha256 for c in curves.values()}
+    specs = {c.scoring_spec.describe() if c.scoring_spec else None for c in curves.values()}
+    if len(corpora) > 1 or len(specs) > 1:
+        raise CurveError("the given curves are pinned to different corpora or scoring specs; a replayed "
+                         "checkpoint is one score run on one of each", hint="backtest them separately")
+    first = next(iter(curves.values()))
+    return first.corpus_sha256 or BACKTEST_CORPUS_SHA256, first.scoring_spec or BACKTEST_SPEC
+
+
 def save_curves(curves: Mapping[str, CurveArtifact], folder: Path) -> dict[str, Path]:
     """Write each curve as `curve-<i>.json` under `folder` (task names are not file names);
     {task name: path}."""
@@ -64,4 +94,4 @@ def save_curves(curves: Mapping[str, CurveArtifact], folder: Path) -> dict[str, 
 
 
 __all__ = ["BACKTEST_CORPUS_SHA256", "BACKTEST_SPEC", "fit_label", "fit_reference_curves", "fit_task_curve",
-           "save_curves"]
+           "given_curves", "save_curves"]

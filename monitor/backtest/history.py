@@ -102,12 +102,14 @@ def check_target_axis(targets: Sequence[Lineage], axis: str, path: str) -> None:
                                       "choose an axis the history has (--axis)")
 
 
-def split_history(labels: Sequence[Label], *, reference: str, target: str, axis: str,
+def split_history(labels: Sequence[Label], *, reference: str | None, target: str, axis: str,
                   path: str = "history") -> History:
-    """Group `labels` by lineage (each ordered by step), split them by the two globs, validate."""
+    """Group `labels` by lineage (each ordered by step), split them by the two globs, validate.
+    `reference` None: no references (a replay with given curves fits nothing)."""
     check_history_rows(labels, path)
     check_duplicates(labels, path)
-    ref_glob, target_glob = _glob(reference, "--reference"), _glob(target, "--target")
+    ref_glob = _glob(reference, "--reference") if reference is not None else None
+    target_glob = _glob(target, "--target")
     by_lineage: dict[str, list[Label]] = {}
     for label in labels:
         by_lineage.setdefault(str(label.lineage), []).append(label)
@@ -115,7 +117,8 @@ def split_history(labels: Sequence[Label], *, reference: str, target: str, axis:
     for name in sorted(by_lineage):
         rows = tuple(sorted(by_lineage[name], key=lambda label: (float(label.step or 0.0), label.task or "",
                                                                label.metric or "")))
-        is_ref, is_target = ref_glob.fullmatches(name), target_glob.fullmatches(name)
+        is_ref = ref_glob is not None and ref_glob.fullmatches(name)
+        is_target = target_glob.fullmatches(name)
         if is_ref and is_target:
             raise LabelError(f"{path}: lineage {name!r} matches both --reference {reference!r} and "
                              f"--target {target!r}",
@@ -125,7 +128,7 @@ def split_history(labels: Sequence[Label], *, reference: str, target: str, axis:
         elif is_target:
             targets.append(Lineage(name, rows))
     names = ", ".join(sorted(by_lineage)[:8])
-    if not references:
+    if not references and reference is not None:
         raise LabelError(f"{path}: no lineage matches --reference {reference!r} (lineages: {names})")
     if not targets:
         raise LabelError(f"{path}: no lineage matches --target {target!r} (lineages: {names})")
@@ -133,7 +136,7 @@ def split_history(labels: Sequence[Label], *, reference: str, target: str, axis:
     return History(path=path, references=tuple(references), targets=tuple(targets))
 
 
-def load_history(path: str | Path, *, reference: str, target: str, axis: str) -> History:
+def load_history(path: str | Path, *, reference: str | None, target: str, axis: str) -> History:
     """Read a history CSV (bounded in size) and split it (`split_history`)."""
     path = Path(path)
     try:

@@ -35,6 +35,7 @@ from monitor.alerts.dispatcher import Dispatcher
 from monitor.alerts.outbox import CurvePredictor, evaluate_pending
 from monitor.alerts.predict import TaskPrediction, predict_task
 from monitor.alerts.rules import ScoreView
+from monitor.backtest.fit import BACKTEST_CORPUS_SHA256, BACKTEST_SPEC
 from monitor.backtest.history import History, step_text
 from monitor.backtest.scores import checkpoint_sha, record_history_score
 from monitor.backtest.spec import BacktestSpec
@@ -172,9 +173,11 @@ def target_checkpoints(history: History, axis: str) -> list[tuple[str, float, La
     return out
 
 
-def replay_history(store: Store, history: History, spec: BacktestSpec, policy: Policy) -> Replay:
+def replay_history(store: Store, history: History, spec: BacktestSpec, policy: Policy, *,
+                   corpus_sha256: str = BACKTEST_CORPUS_SHA256, scoring_spec: ScoringRef = BACKTEST_SPEC) -> Replay:
     """Replay every target lineage of `history` under `policy` (whose task curves are the
-    reference fits): write each checkpoint's score run, then run the daemon's pass at its time
+    reference fits, or curves given): write each checkpoint's score run, pinned to the corpus
+    and scoring spec those curves are pinned to, then run the daemon's pass at its time
     (`EPOCH + i·TICK`), and one pass a tick after the last to flush what is grouped."""
     axis = spec.axis
     predictor = HistoryPredictor(_task_values(history, axis) if get_axis(axis).source == "task" else {})
@@ -182,7 +185,8 @@ def replay_history(store: Store, history: History, spec: BacktestSpec, policy: P
     at = EPOCH
     for i, (_, _, row, value, se) in enumerate(target_checkpoints(history, axis)):
         at = EPOCH + i * TICK
-        record_history_score(store, row, axis=axis, value=value, se=se, finished_at=at)
+        record_history_score(store, row, axis=axis, value=value, se=se, finished_at=at,
+                             corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
         run_pass_at(store, [policy], at, dispatcher=dispatcher, predictor=predictor)
     run_pass_at(store, [policy], at + TICK, dispatcher=dispatcher, predictor=predictor)
     replay = read_replay(store, policy)

@@ -2,7 +2,8 @@
 
 The values come from the history (imported, not measured here), so each run is pinned to the
 backtest's synthetic corpus and spec (`monitor.backtest.fit`), which its curves are pinned to
-as well. The run's repo is the lineage's name (so the daemon's lineage, which falls back to the
+as well; a replay with given curves (`run_backtest(..., curves=...)`) pins the runs to those
+curves' corpus and spec instead. The run's repo is the lineage's name (so the daemon's lineage, which falls back to the
 repo, is the training run) and its commit a sha derived from (lineage, step). The columns of
 the run's axis carry the history's value and standard error; a history without a unigram
 baseline has none to give, so `ce_unigram` is 0 and the L* column holds the axis value where
@@ -20,12 +21,20 @@ from typing import Any
 
 from monitor.backtest.history import step_text
 from monitor.backtest.fit import BACKTEST_CORPUS_SHA256, BACKTEST_SPEC
+from monitor.curves.artifact import ScoringRef
 from monitor.curves.axes import get_axis
 from monitor.curves.labels import Label
 from monitor.store import Store
 
-SPEC = {"spec_version": BACKTEST_SPEC.spec_version, "window_len": BACKTEST_SPEC.window,
-        "stride": BACKTEST_SPEC.stride, "prefix_policy": BACKTEST_SPEC.prefix_policy}
+
+
+def spec_columns(spec: ScoringRef) -> dict[str, Any]:
+    """A scoring spec as the `score_runs` columns that name it."""
+    return {"spec_version": spec.spec_version, "window_len": spec.window, "stride": spec.stride,
+            "prefix_policy": spec.prefix_policy}
+
+
+SPEC = spec_columns(BACKTEST_SPEC)
 
 
 def checkpoint_sha(lineage: str, step: float) -> str:
@@ -37,8 +46,13 @@ def _num(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_at: datetime) -> dict[str, Any]:
-    """The `score_runs` row of one history checkpoint on `axis` (value and SE as given)."""
+def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_at: datetime,
+                  corpus_sha256: str = BACKTEST_CORPUS_SHA256,
+                  scoring_spec: ScoringRef = BACKTEST_SPEC) -> dict[str, Any]:
+    """The `score_runs` row of one history checkpoint on `axis` (value and SE as given), pinned
+    to `corpus_sha256` and `scoring_spec` (the backtest's synthetic pair unless the replay runs
+    with given curves, whose pair the history's values are then taken to be measured on)."""
+    spec = spec_columns(scoring_spec)
     ax = get_axis(axis)
     lineage, step = str(label.lineage), float(label.step or 0.0)
     repo, sha = lineage, checkpoint_sha(lineage, step)
@@ -66,13 +80,13 @@ def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_
         model["flops"] = float(label.flops)
     run: dict[str, Any] = {
         "run_id": run_id, "checkpoint_id": None, "model_repo": repo, "model_sha": sha,
-        "model_source": "history", "tokenizer_fingerprint": "0" * 64, "corpus_sha256": BACKTEST_CORPUS_SHA256,
-        "spec_version": SPEC["spec_version"], "window_len": SPEC["window_len"], "stride": SPEC["stride"],
-        "prefix_policy": SPEC["prefix_policy"], "dtype": "imported", "device": "none",
+        "model_source": "history", "tokenizer_fingerprint": "0" * 64, "corpus_sha256": corpus_sha256,
+        "spec_version": spec["spec_version"], "window_len": spec["window_len"], "stride": spec["stride"],
+        "prefix_policy": spec["prefix_policy"], "dtype": "imported", "device": "none",
         "n_tokens": 1, "n_bytes": 1, "nll_sum": ce, "ce": ce, "ce_unigram": uni, "lstar": lstar,
         "l_rel": _num(label.l_rel) or l_rel, "l_gain": _num(label.l_gain) or (1.0 - l_rel), "bits_per_byte": _num(label.bits_per_byte) or 0.0,
         "tokens_per_byte": 1.0, "se_ce": se_ce, "weighted_ppl": None, "reference_fingerprint": None,
-        "slices": {}, "tcb": None, "spec": SPEC, "model": model, "library_versions": {}, "wall_s": 0.0,
+        "slices": {}, "tcb": None, "spec": spec, "model": model, "library_versions": {}, "wall_s": 0.0,
         "tokens_per_s": 0.0, "finished_at": finished_at,
         "lstar_per_byte": None, "se_bits_per_byte": None, "se_lstar_per_byte": None, "se_l_rel": None,
         "se_l_gain": None,
@@ -85,15 +99,17 @@ def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_
 
 
 def record_history_score(store: Store, label: Label, *, axis: str, value: float, se: float,
-                         finished_at: datetime) -> str:
+                         finished_at: datetime, corpus_sha256: str = BACKTEST_CORPUS_SHA256,
+                         scoring_spec: ScoringRef = BACKTEST_SPEC) -> str:
     """Write one history checkpoint as a score run through `Store.record_score_run`; its run id."""
-    run = score_run_row(label, axis=axis, value=value, se=se, finished_at=finished_at)
-    corpus = {"sha256": BACKTEST_CORPUS_SHA256, "name": "backtest-history", "version": "1",
-              "parent_sha256": BACKTEST_CORPUS_SHA256, "selection": "all", "n_documents": 1, "n_bytes": 1}
+    run = score_run_row(label, axis=axis, value=value, se=se, finished_at=finished_at,
+                        corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
+    corpus = {"sha256": corpus_sha256, "name": "backtest-history", "version": "1",
+              "parent_sha256": corpus_sha256, "selection": "all", "n_documents": 1, "n_bytes": 1}
     tokenizer = {"fingerprint": "0" * 64, "source": "history", "vocab_size": 1, "prefix_policy": "none",
                  "prefix_token_id": None}
     documents = [("history", "all", 1, run["nll_sum"], 1)]
     return store.record_score_run(run, documents, corpus, tokenizer)
 
 
-__all__ = ["SPEC", "checkpoint_sha", "record_history_score", "score_run_row"]
+__all__ = ["SPEC", "checkpoint_sha", "record_history_score", "score_run_row", "spec_columns"]

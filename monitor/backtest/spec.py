@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from monitor.alerts.predict import load_task_curve, margin_in_force
+from monitor.curves.artifact import CurveArtifact
 from monitor.curves.axes import get_axis
 from monitor.errors import CurveError, PolicyError
 from monitor.policy import Policy
@@ -105,6 +106,15 @@ def spec_from_policy(path: str | Path, *, axis: str | None = None, family: str =
     return BacktestSpec(tasks=tuple(tasks), axis=axis, family=family, policy=policy, source=str(path))
 
 
+def policy_curves(spec: BacktestSpec) -> dict[str, CurveArtifact]:
+    """{task name: the curve artifact its policy file names} (at the task's budget), to replay
+    with as they are (`run_backtest(..., curves=...)`, `lstar backtest --no-refit`)."""
+    if spec.policy is None:
+        raise PolicyError("replaying with the policy's own curves needs a policy", hint="give --policy FILE")
+    return {task.name: load_task_curve(spec.policy.resolve_path(task.curve), task.budget)
+            for task in spec.policy.tasks}
+
+
 def replay_policy(spec: BacktestSpec, curves: Mapping[str, Path], alerts_out: Path, *,
                   corpus_sha256: str) -> Policy:
     """The policy the replay runs under: the spec's tasks pointed at the refitted `curves`
@@ -131,5 +141,5 @@ def task_names(tasks: Sequence[BacktestTask]) -> list[str]:
     return [t.name for t in tasks]
 
 
-__all__ = ["BACKTEST_POLICY", "FAMILIES", "BacktestSpec", "BacktestTask", "replay_policy", "spec_from_options",
-           "spec_from_policy"]
+__all__ = ["BACKTEST_POLICY", "FAMILIES", "BacktestSpec", "BacktestTask", "policy_curves", "replay_policy",
+           "spec_from_options", "spec_from_policy"]

@@ -18,6 +18,8 @@ HISTORY.csv has one row per checkpoint × task × metric: lineage (the training 
 
 The tasks come from --policy FILE (each task's curve artifact gives the history's task and metric, the baseline and the axis; the task's margin and confidence as the daemon resolves them; the policy's routes and timers are kept, every receiver a file sink) or from --task, --baseline and --margin (one task, default route).
 
+With --policy and --no-refit nothing is fitted: the policy's own curve artifacts are replayed as they are (what a daemon running that policy would have said on the history), and the history's values are taken to be measured on the corpus and scoring spec those curves are pinned to; no --reference is needed.
+
 Reported per task × target lineage: lead time (steps, tokens, FLOPs) from the first at_risk to the first checkpoint observed emerged, misses, late warnings, false alarms, false emerged claims, interval coverage with its Clopper–Pearson interval, and the relative error at the final checkpoint (beside --paper-errors where given).
 
 Example, on your own training log:
@@ -55,7 +57,8 @@ def register(app: typer.Typer) -> None:
     @app.command("backtest", help=HELP)
     def backtest(
         history: Path = typer.Argument(..., help="The history CSV (see above)."),
-        reference: str = typer.Option(..., "--reference", help="Glob of the reference lineages (fitted on)."),
+        reference: str = typer.Option(None, "--reference", help="Glob of the reference lineages (fitted on; "
+                                      "not with --no-refit)."),
         target: str = typer.Option(..., "--target", help="Glob of the target lineages (replayed)."),
         policy: Path = typer.Option(None, "--policy", help="Policy YAML whose tasks are backtested."),
         task: str = typer.Option(None, "--task", help="Task name in the history (without --policy)."),
@@ -79,9 +82,12 @@ def register(app: typer.Typer) -> None:
         markdown: Path = typer.Option(None, "--markdown", help="Write the result as Markdown to this file."),
         html: Path = typer.Option(None, "--html", help="Write an HTML page with plots into this folder."),
         alerts_out: Path = typer.Option(None, "--alerts-out", help="Keep the replay's alerts (JSON lines) here."),
+        no_refit: bool = typer.Option(False, "--no-refit", help="With --policy: replay with the policy's own curve "
+                                      "artifacts as they are, fitting nothing (no --reference)."),
     ) -> None:
         from monitor.backtest import load_history, run_backtest, spec_from_options, spec_from_policy
         from monitor.backtest.html import write_html
+        from monitor.backtest.spec import policy_curves
         from monitor.backtest.paper import parse_task_map, read_paper_errors
         from monitor.backtest.render import markdown as to_markdown
 
@@ -96,9 +102,16 @@ def register(app: typer.Typer) -> None:
                 raise OptionError("give --policy FILE, or --task, --baseline and --margin")
             spec = spec_from_options(task=task, metric=metric, baseline=baseline, margin=margin,
                                      confidence=confidence, axis=axis or "lstar", family=family)
+        if no_refit and (policy is None or reference is not None):
+            raise OptionError("--no-refit replays a --policy's own curves: give --policy, and no --reference")
+        if not no_refit and reference is None:
+            raise OptionError("give --reference GLOB (the lineages the curves are fitted on), or --policy FILE "
+                              "--no-refit to replay with the policy's own curves")
+        curves = policy_curves(spec) if no_refit else None
         errors = read_paper_errors(paper_errors, parse_task_map(paper_task)) if paper_errors is not None else None
         hist = load_history(history, reference=reference, target=target, axis=spec.axis)
-        result = run_backtest(hist, spec, alerts_out=alerts_out, paper_errors=errors, resamples=bootstrap, seed=seed)
+        result = run_backtest(hist, spec, alerts_out=alerts_out, paper_errors=errors, resamples=bootstrap, seed=seed,
+                              curves=curves)
         data = result.as_dict()
         if markdown is not None:
             markdown.parent.mkdir(parents=True, exist_ok=True)
