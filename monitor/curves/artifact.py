@@ -312,6 +312,10 @@ class CurveArtifact(_Strict):
     # c of the widening beyond the reference range (metric units per axis unit; docs/measurement.md
     # §3a): the band's half-width grows by c·distance. Absent: the curve's own mean slope is used.
     extrapolation_widening: float | None = Field(default=None, ge=0.0)
+    # a of the same rule: added to the half-width everywhere, inside the data too (how far a new
+    # model sits off the references' curve at equal axis value, from forward validation).
+    # Absent: 0.
+    lineage_spread: float | None = Field(default=None, ge=0.0)
     # The forward-validation record that chose the family (monitor.curves.forward.choose_family).
     family_choice: dict[str, Any] | None = None
 
@@ -352,7 +356,7 @@ class CurveArtifact(_Strict):
         # The family fields appear only where they differ from an isotonic curve's defaults.
         if data.get("fit_family") == "isotonic":
             data.pop("fit_family", None)
-        for key in ("sigmoid", "extrapolation_widening", "family_choice"):
+        for key in ("sigmoid", "extrapolation_widening", "lineage_spread", "family_choice"):
             if data.get(key) is None:
                 data.pop(key, None)
         if self.schema_ == SCHEMA_V1:
@@ -572,13 +576,17 @@ def _widen_for_extrapolation(curve: CurveArtifact, x: float, reach: float, lower
     sign = _progress_sign(curve)
     ahead = max(extrapolation_distance(x + sign * reach, curve.x_range, sign), 0.0)
     behind = max(-extrapolation_distance(x - sign * reach, curve.x_range, sign), 0.0)
+    proportion = all(0.0 <= p.value <= 1.0 for p in curve.points)
+    if curve.lineage_spread:
+        lower, upper = lower - curve.lineage_spread, upper + curve.lineage_spread
+        if proportion:
+            lower, upper = max(lower, 0.0), min(upper, 1.0)
     if ahead == 0.0 and behind == 0.0:
         return lower, upper
     first, last = sorted(curve.x_range, key=lambda v: sign * v)
     band_x = np.asarray(curve.band.x)
     floor_ahead = float(np.interp(last, band_x, curve.band.lower))
     ceiling_behind = float(np.interp(first, band_x, curve.band.upper))
-    proportion = all(0.0 <= p.value <= 1.0 for p in curve.points)
     return widen_beyond(lower, upper, ahead=ahead, behind=behind, c=extrapolation_widening(curve),
                         two_sided=curve.fit_family != "isotonic", floor_ahead=floor_ahead,
                         ceiling_behind=ceiling_behind, bounds=(0.0, 1.0) if proportion else None)

@@ -79,7 +79,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
               corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
               predictor: str | None = None, lofo: bool = True, lofo_resamples: int = 200,
               grid_size: int = 101, now: datetime | None = None, axis: str | None = None,
-              family: str = "isotonic", widening: float | None = None,
+              family: str = "isotonic", widening: float | None = None, spread: float | None = None,
               forward_resamples: int = 200) -> CurveArtifact:
     """Fit a task curve from labelled checkpoints on `axis` (default L*; `predictor` is the
     older name of the same argument) and return its artifact.
@@ -88,7 +88,8 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     four-parameter sigmoid of `monitor.curves.parametric`, whose band reaches beyond the data)
     or auto (forward validation, `monitor.curves.forward.choose_family`, picks one on these
     labels, stores its record as `family_choice` and the widening it measured). `widening`
-    sets the extrapolation widening c explicitly (stored as `extrapolation_widening`).
+    sets the extrapolation widening c explicitly (stored as `extrapolation_widening`), `spread`
+    the spread a added to the interval everywhere (`lineage_spread`; docs/measurement.md §3a).
 
     Rows are selected by task and metric (rows without a task/metric match any). Errors name
     what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
@@ -106,8 +107,9 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     if family not in ("isotonic", "sigmoid", "auto"):
         raise CurveError(f"unknown fit family {family!r}", hint="choose isotonic, sigmoid or auto")
     fit_family = family
-    if widening is not None and not (math.isfinite(widening) and widening >= 0.0):
-        raise CurveError(f"the extrapolation widening must be a finite number ≥ 0, got {widening}")
+    for name, v in (("extrapolation widening", widening), ("lineage spread", spread)):
+        if v is not None and not (math.isfinite(v) and v >= 0.0):
+            raise CurveError(f"the {name} must be a finite number ≥ 0, got {v}")
     if predictor not in AXES:
         raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
     chosen, metric = select_labels(labels, task=task, metric=metric)
@@ -138,6 +140,8 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
         fit_family = family_choice["chosen"]
         if widening is None:
             widening = family_choice["families"][fit_family]["widening"]
+        if spread is None:
+            spread = family_choice["families"][fit_family]["spread"]
     sigmoid = None
     if fit_family == "sigmoid":
         from monitor.curves.parametric import EXTRAPOLATION_SPAN, fit_sigmoid_band
@@ -208,6 +212,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
                            value=label.value, weight=float(wi), imported=predictor in label.imported)
                 for label, xi, wi in zip(chosen, x, weights)],
         warnings=warnings, fit_family=fit_family, sigmoid=sigmoid, extrapolation_widening=widening,
+        lineage_spread=spread,
         family_choice=family_choice)
     draft = CurveArtifact.model_validate(body)
     return draft.model_copy(update={"curve_id": draft.content_id()})

@@ -18,11 +18,14 @@ what lies ahead:
 - per family: the mean absolute error and mean absolute relative error over every (split,
   held-out point), the share covered by the band widened by the point's own binomial noise
   (`monitor.curves.observe.predictive_interval`), and both by extrapolation distance;
-- the widening c (per axis unit beyond the training range): for each held-out point ahead of
-  its training range, the smallest c whose widened band, with the point's binomial noise, would
-  have covered it; c is the `confidence` quantile of those (0 for points already covered), so
-  the widened band covers the forward points at about the nominal rate. It is fitted on these
-  labels only; the coverage it gives here is in-sample and is reported as such.
+- the widening, a + c·distance added to the band's half-width: the spread a is the `confidence`
+  quantile, over held-out points inside their training range, of the smallest addition that
+  would have covered each (with its binomial noise; 0 for points already covered) — how far a
+  new model sits off the references' curve at an equal axis value; c (per axis unit beyond the
+  training range) is the `confidence` quantile, over points ahead of it, of the smallest c that
+  would have covered each given a. So the widened band covers the forward points at about the
+  nominal rate. Both are fitted on these labels only; the coverage they give here is in-sample
+  and is reported as such.
 
 `choose_family` picks the family with the lowest forward mean absolute relative error; a
 sigmoid must beat isotonic by more than `TIE_TOLERANCE` (relative) to be chosen, so a tie goes
@@ -157,16 +160,23 @@ def forward_validate(labels: Sequence[Label], *, task: str, metric: str | None, 
 def _summarise(rows: list[tuple[float, float, float, float, float, float]], confidence: float) -> dict[str, Any]:
     if not rows:
         return {"n": 0, "mae": None, "mare": None, "coverage": None, "coverage_widened": None,
-                "widening": None, "by_distance": []}
+                "spread": None, "widening": None, "by_distance": []}
     arr = np.array(rows, dtype=np.float64)
     d, err, y, half, noise, covered = arr.T
     rel = np.abs(err) / np.maximum(np.abs(y), 1e-12)
     ahead = d > 0
-    needed = np.array([_needed_widening(e, h, s, di) for e, h, s, di in zip(err[ahead], half[ahead],
-                                                                              noise[ahead], d[ahead])])
+    # The spread a: what the band misses for held-out points inside the training range (a new
+    # model off the references' curve at equal axis value), at the nominal rate.
+    inside = ~ahead
+    spread_need = np.array([_needed_widening(e, h, s, 1.0) for e, h, s in zip(err[inside], half[inside],
+                                                                               noise[inside])])
+    spread = float(np.quantile(spread_need, confidence)) if len(spread_need) else None
+    a = spread or 0.0
+    needed = np.array([_needed_widening(e, h + a, s, di) for e, h, s, di in zip(err[ahead], half[ahead],
+                                                                                  noise[ahead], d[ahead])])
     widening = float(np.quantile(needed, confidence)) if len(needed) else None
     c = widening or 0.0
-    widened = np.hypot(half + c * np.maximum(d, 0.0), noise) >= np.abs(err)
+    widened = np.hypot(half + a + c * np.maximum(d, 0.0), noise) >= np.abs(err)
     bins = [{"from": None, "to": 0.0, "mask": d <= 0}]
     if ahead.any():
         edges = np.quantile(d[ahead], np.linspace(0.0, 1.0, DISTANCE_BINS + 1))
@@ -184,7 +194,8 @@ def _summarise(rows: list[tuple[float, float, float, float, float, float]], conf
                             "bias": float(np.mean(err[m])), "coverage": float(np.mean(covered[m]))})
     return {"n": int(len(arr)), "n_ahead": int(ahead.sum()), "mae": float(np.mean(np.abs(err))),
             "mare": float(np.mean(rel)), "coverage": float(np.mean(covered)),
-            "coverage_widened": float(np.mean(widened)), "widening": widening, "by_distance": by_distance}
+            "coverage_widened": float(np.mean(widened)), "spread": spread, "widening": widening,
+            "by_distance": by_distance}
 
 
 def choose_family(labels: Sequence[Label], *, task: str, metric: str | None, baseline: float, margin: float,
