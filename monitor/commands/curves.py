@@ -121,7 +121,10 @@ def _family_text(curve: CurveArtifact) -> str:
     if curve.family_choice is not None:
         text += f"; chosen by forward validation ({curve.family_choice.get('ordering')})"
     source = "forward validation" if curve.extrapolation_widening is not None else "the curve's mean slope"
-    return text + f"; beyond the data the band widens by {extrapolation_widening(curve):.4g} per unit ({source})"
+    text += f"; beyond the data the interval widens by {extrapolation_widening(curve):.4g} per unit ({source})"
+    if curve.lineage_spread:
+        text += f"; every interval widened by {curve.lineage_spread:.4g} (spread of new models, forward validation)"
+    return text
 
 
 def forward_table(record: dict[str, Any]) -> Table:
@@ -134,15 +137,17 @@ def forward_table(record: dict[str, Any]) -> Table:
     title = (f"forward validation by {record.get('ordering')} ({len(record.get('splits', []))} splits)"
              + (f": {chosen} chosen ({record.get('rule')})" if chosen else ""))
     table = Table(title=title, title_justify="left")
-    for name in ("family", "distance", "held out", "MAE", "mean |rel. err.|", "bias", "coverage", "widened", "c"):
+    # a: the spread added everywhere, c: the widening per axis unit ahead (measurement.md §3a)
+    for name in ("family", "distance", "n", "MAE", "|rel|", "bias", "cover", "widened", "a", "c"):
         table.add_column(name, justify="left" if name in ("family", "distance") else "right")
     for family, row in record.get("families", {}).items():
-        table.add_row(family, "all", str(row.get("n", 0)), _fmt(row.get("mae")), pct(row.get("mare")), "",
-                      pct(row.get("coverage")), pct(row.get("coverage_widened")), _fmt(row.get("widening")))
+        table.add_row(family, "all", str(row.get("n", 0)), _fmt(row.get("mae"), 3), pct(row.get("mare")), "",
+                      pct(row.get("coverage")), pct(row.get("coverage_widened")), _fmt(row.get("spread"), 3),
+                      _fmt(row.get("widening"), 3))
         for b in row.get("by_distance", []):
-            where = "inside" if b["from"] is None else f"{b['from']:.3g} … {b['to']:.3g}"
-            table.add_row("", where, str(b["n"]), _fmt(b["mae"]), pct(b["mare"]), f"{b['bias']:+.3f}",
-                          pct(b["coverage"]), "", "")
+            where = "inside" if b["from"] is None else f"{b['from']:.3g}–{b['to']:.3g}"
+            table.add_row("", where, str(b["n"]), _fmt(b["mae"], 3), pct(b["mare"]), f"{b['bias']:+.3f}",
+                          pct(b["coverage"]), "", "", "")
     return table
 
 
