@@ -222,3 +222,16 @@ def test_the_alert_says_how_far_a_prediction_extrapolates():
     hostile = task_annotations({**numbers, "extrapolation": "<b>"}, repo="org/m", commit="0" * 40, state="at_risk")
     assert "extrapolation" not in hostile and "<b>" not in hostile["description"]
     assert math.isfinite(numbers["extrapolation"])
+
+
+def test_the_daemon_prediction_carries_the_distance_into_the_alert_numbers():
+    from monitor.alerts.predict import predict_task
+    from monitor.policy.schema import Task
+
+    curve = simple_isotonic()
+    task = Task(name="t", curve="c.json")
+    beyond = predict_task(curve, task, value=1.75, se=0.0)
+    assert beyond.extrapolated and beyond.as_dict()["extrapolation"] == pytest.approx(0.25)
+    assert predict_task(curve, task, value=3.0, se=0.0).as_dict()["extrapolation"] == 0.0
+    words = task_annotations(beyond.as_dict(), repo="org/m", commit="1" * 40, state=beyond.state)["description"]
+    assert "extrapolated by 0.25 nats/token beyond the most advanced reference" in words
