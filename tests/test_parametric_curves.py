@@ -59,14 +59,14 @@ def test_sigmoid_recovers_known_parameters_and_agrees_with_curve_fit(axis):
 
 
 def test_the_band_covers_the_true_curve_at_about_its_nominal_rate():
-    """40 data sets of 30 checkpoints × 300 items: the 90 % band at five points inside the data."""
+    """30 data sets of 30 checkpoints × 300 items: the 90 % band at five points inside the data."""
     hits, total = 0, 0
     probe = np.array([2.6, 2.9, 3.2, 3.5, 3.8])
     truth = sigmoid(probe, **TRUTH, sign=-1.0)
-    for seed in range(40):
+    for seed in range(30):
         x, y, _ = synthetic("raw_ce", m=30, n=300, seed=seed)
         w, _ = label_weights(y, [300] * len(y))
-        fit = fit_sigmoid_band(x, y, w, predictor=AXES["raw_ce"], level=0.5, resamples=200, seed=seed)
+        fit = fit_sigmoid_band(x, y, w, predictor=AXES["raw_ce"], level=0.5, resamples=100, seed=seed)
         lo, hi = fit.band(probe)
         hits += int(np.sum((lo <= truth) & (truth <= hi)))
         total += len(probe)
