@@ -12,7 +12,7 @@ from scipy.special import expit
 
 from monitor.curves.artifact import load_curve, save_curve
 from monitor.curves.fit import fit_curve
-from monitor.curves.forward import TIE_TOLERANCE, _needed_widening, choose_family, forward_validate, splits
+from monitor.curves.forward import TIE_TOLERANCE, _needed_widening, choose_family, splits
 from monitor.curves.labels import Label
 from monitor.errors import LabelError
 
@@ -70,7 +70,8 @@ def test_needed_widening_is_hand_worked():
 
 def test_a_sigmoid_truth_is_forecast_best_by_the_sigmoid():
     labels = lineages(sigmoid_truth)
-    record = choose_family(labels, task="t", metric="acc", baseline=0.25, margin=0.1, axis="raw_ce",
+    record = choose_family(labels, fit=fit_curve, task="t", metric="acc", baseline=0.25, margin=0.1,
+                           axis="raw_ce",
                            resamples=60)
     iso, sig = record["families"]["isotonic"], record["families"]["sigmoid"]
     assert record["chosen"] == "sigmoid"
@@ -87,7 +88,8 @@ def test_a_sigmoid_truth_is_forecast_best_by_the_sigmoid():
 
 def test_a_flat_then_step_truth_leaves_isotonic_no_worse_inside_the_data():
     labels = lineages(step_truth)
-    record = choose_family(labels, task="t", metric="acc", baseline=0.25, margin=0.1, axis="raw_ce",
+    record = choose_family(labels, fit=fit_curve, task="t", metric="acc", baseline=0.25, margin=0.1,
+                           axis="raw_ce",
                            resamples=60)
     inside = {f: next(b for b in record["families"][f]["by_distance"] if b["from"] is None)
               for f in ("isotonic", "sigmoid")}
@@ -119,7 +121,8 @@ def test_forward_validation_of_2000_points_is_fast():
                                 n=1000, task="t", metric="acc", raw_ce=float(x), params=size, lineage=f"l{li}",
                                 step=float(step)))
     start = time.perf_counter()
-    record = choose_family(labels, task="t", metric="acc", baseline=0.25, margin=0.1, axis="raw_ce",
+    record = choose_family(labels, fit=fit_curve, task="t", metric="acc", baseline=0.25, margin=0.1,
+                           axis="raw_ce",
                            resamples=200)
     elapsed = time.perf_counter() - start
     assert record["chosen"] == "sigmoid"

@@ -455,10 +455,12 @@ def register(app: typer.Typer) -> None:
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         if forward:
             from monitor.curves.axes import get_axis
+            from monitor.curves.fit import fit_curve
             from monitor.curves.forward import choose_family
 
             get_axis(axis)
-            record = choose_family(chosen, task=task, metric=_metric, baseline=baseline, margin=margin,
+            record = choose_family(chosen, fit=fit_curve, task=task, metric=_metric, baseline=baseline,
+                                   margin=margin,
                                    confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
                                    seed=seed)
             if out is not None:

@@ -31,7 +31,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from monitor.bands import extrapolation_distance, extrapolation_words, predicted_interval, threshold_crossing, widen_beyond
+from monitor.bands import (extrapolation_distance, extrapolation_words, predicted_interval, threshold_crossing,
+                           widen_beyond)
 from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json

@@ -134,7 +134,8 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     if family == "auto":
         from monitor.curves.forward import choose_family
 
-        family_choice = choose_family(chosen, task=task, metric=metric, baseline=baseline, margin=margin,
+        family_choice = choose_family(chosen, fit=fit_curve, task=task, metric=metric, baseline=baseline,
+                                      margin=margin,
                                       confidence=confidence, axis=predictor, seed=seed,
                                       resamples=forward_resamples)
         fit_family = family_choice["chosen"]

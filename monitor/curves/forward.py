@@ -35,7 +35,7 @@ to isotonic, whose failure beyond the data is the visible one (flat, marked, wid
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -101,14 +101,17 @@ def _needed_widening(err: float, half: float, noise: float, distance: float) -> 
     return max(need, 0.0) / distance if need > 0 else 0.0
 
 
-def forward_validate(labels: Sequence[Label], *, task: str, metric: str | None, baseline: float, margin: float,
-                     confidence: float = 0.9, axis: str = "lstar", ordering: str = "auto",
-                     families: Sequence[str] = FAMILIES, resamples: int = 200, seed: int = 0) -> dict[str, Any]:
+def forward_validate(labels: Sequence[Label], *, fit: Callable[..., Any], task: str, metric: str | None,
+                     baseline: float, margin: float, confidence: float = 0.9, axis: str = "lstar",
+                     ordering: str = "auto", families: Sequence[str] = FAMILIES, resamples: int = 200,
+                     seed: int = 0) -> dict[str, Any]:
     """The forward-validation record (JSON-able, no NaN): per family its errors, coverage,
-    errors by extrapolation distance and the widening c it calibrates; skipped splits with why."""
+    errors by extrapolation distance and the widening it calibrates; skipped splits with why.
+
+    `fit` is `monitor.curves.fit.fit_curve` (passed in: fit_curve's `family="auto"` calls this
+    module, so this module does not import it back)."""
     from scipy.stats import norm
 
-    from monitor.curves.fit import fit_curve
     from monitor.curves.observe import predictive_interval
 
     if axis not in AXES:
@@ -129,9 +132,9 @@ def forward_validate(labels: Sequence[Label], *, task: str, metric: str | None, 
         split_rows.append({"split": name, "n_train": len(train), "n_heldout": len(test)})
         for family in families:
             try:
-                curve = fit_curve(train, task=task, metric=metric, baseline=baseline, margin=margin,
-                                  confidence=confidence, resamples=resamples, seed=seed, lofo=False,
-                                  axis=axis, family=family, widening=0.0)
+                curve = fit(train, task=task, metric=metric, baseline=baseline, margin=margin,
+                            confidence=confidence, resamples=resamples, seed=seed, lofo=False,
+                            axis=axis, family=family, widening=0.0)
             except (CurveError, LabelError) as exc:
                 skipped[f"{name} / {family}"] = exc.message if hasattr(exc, "message") else str(exc)
                 continue
@@ -198,12 +201,12 @@ def _summarise(rows: list[tuple[float, float, float, float, float, float]], conf
             "by_distance": by_distance}
 
 
-def choose_family(labels: Sequence[Label], *, task: str, metric: str | None, baseline: float, margin: float,
-                  confidence: float = 0.9, axis: str = "lstar", ordering: str = "auto",
-                  resamples: int = 200, seed: int = 0) -> dict[str, Any]:
+def choose_family(labels: Sequence[Label], *, fit: Callable[..., Any], task: str, metric: str | None,
+                  baseline: float, margin: float, confidence: float = 0.9, axis: str = "lstar",
+                  ordering: str = "auto", resamples: int = 200, seed: int = 0) -> dict[str, Any]:
     """Forward validation of both families and the one chosen by `RULE`: the record a curve
     stores as `family_choice` (`chosen`, `rule`, and `forward_validate`'s fields)."""
-    record = forward_validate(labels, task=task, metric=metric, baseline=baseline, margin=margin,
+    record = forward_validate(labels, fit=fit, task=task, metric=metric, baseline=baseline, margin=margin,
                               confidence=confidence, axis=axis, ordering=ordering, families=FAMILIES,
                               resamples=resamples, seed=seed)
     iso, sig = record["families"]["isotonic"]["mare"], record["families"]["sigmoid"]["mare"]
