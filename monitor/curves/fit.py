@@ -4,10 +4,10 @@ any progress axis (monitor.curves.axes).
 `fit_curve` checks the rows (enough distinct checkpoints, finite values, no duplicates, a
 metric where higher is better), fits the curve of the chosen family with its band and threshold
 (the centred isotonic curve, `monitor.curves.stats`; the sigmoid, `monitor.curves.parametric`;
-or the one forward validation picks, `monitor.curves.forward`), adds the logistic check, the emergence score, resolution warnings (the
-warnings that need the labels; `monitor.curves.artifact.curve_warnings` derives the others from
-the artifact) and,
-with two or more families, the leave-one-family-out table (`monitor.curves.validation`), and
+or the one forward validation picks, `monitor.curves.forward`), adds the logistic check, the
+emergence score, resolution warnings (the warnings that need the labels;
+`monitor.curves.artifact.curve_warnings` derives the others from the artifact) and, with two
+or more families, the leave-one-family-out table (`monitor.curves.validation`), and
 returns the validated artifact (`monitor.curves.artifact`) named by its content hash.
 """
 
