@@ -76,3 +76,49 @@ def threshold_crossing(level: float, *, sign: float, t_first: float, knots_t: np
     # For L* (sign −1) the early crossing is the larger L*, so it is the upper end of the interval.
     low, high = (in_x(late), in_x(early)) if sign < 0 else (in_x(early), in_x(late))
     return {"estimate": in_x(t_est), "lower": low, "upper": high, "status": status}
+
+
+def extrapolation_distance(x: float, x_range: tuple[float, float], sign: float) -> float:
+    """How far x lies beyond a curve's reference range, in the axis's units, signed by
+    progress: positive beyond the most advanced reference (toward progress), negative before
+    the least advanced one, 0 inside. `sign` −1 where lower is progress."""
+    t = sign * x
+    first, last = sorted((sign * x_range[0], sign * x_range[1]))
+    if t > last:
+        return float(t - last)
+    if t < first:
+        return float(t - first)
+    return 0.0
+
+
+def widen_beyond(lower: float, upper: float, *, ahead: float, behind: float, c: float, two_sided: bool,
+                 floor_ahead: float, ceiling_behind: float,
+                 bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """An interval widened for extrapolation: the half-width grows by c per axis unit beyond
+    the reference range (`ahead`: distance beyond the most advanced reference, `behind`: before
+    the least advanced, both ≥ 0).
+
+    Beyond the data a monotone curve still bounds one side: past the most advanced reference the
+    truth is at least the band's lower edge there (`floor_ahead`), before the least advanced at
+    most its upper edge (`ceiling_behind`). A flat curve (isotonic, `two_sided` False) widens
+    only the open side (upper ahead, lower behind); a parametric curve, whose shape can be wrong
+    either way, widens both, never past those monotone bounds. `bounds` clips to the metric's range.
+    """
+    upper += c * ahead
+    lower -= c * behind
+    if two_sided:
+        lower = min(lower, max(lower - c * ahead, floor_ahead)) if ahead > 0 else lower
+        upper = max(upper, min(upper + c * behind, ceiling_behind)) if behind > 0 else upper
+    if bounds is not None:
+        lower, upper = min(max(lower, bounds[0]), bounds[1]), min(max(upper, bounds[0]), bounds[1])
+    return lower, upper
+
+
+def extrapolation_words(distance: float, unit: str = "") -> str:
+    """`extrapolated by 0.147 nats/token beyond the most advanced reference` for a signed
+    distance (`extrapolation_distance`); empty inside the range or for a non-number."""
+    if not isinstance(distance, (int, float)) or isinstance(distance, bool) or not math.isfinite(distance) \
+            or distance == 0:
+        return ""
+    where = "beyond the most advanced reference" if distance > 0 else "before the least advanced reference"
+    return f"extrapolated by {abs(distance):.4g}{(' ' + unit) if unit else ''} {where}"

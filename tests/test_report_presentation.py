@@ -300,3 +300,18 @@ def test_tasks_whose_names_slug_alike_get_one_curve_figure_each() -> None:
     assert names["a b"] == "curve_a_b.png" and names["cloze"] == "curve_cloze.png"
     assert all(n.startswith("curve_a_b_") and n.endswith(".png") for n in (names["a/b"], names["a_b"]))
     assert curve_figure_names(["a b", "a/b", "a_b", "cloze"], taken=fixed) == names
+
+
+def test_a_prediction_beyond_the_references_says_how_far_in_both_renderings(data) -> None:
+    rows = [x for t in data["tasks"] for x in t["lineages"]]
+    assert rows and all(x["extrapolation"] in ("",) or x["extrapolation"].startswith("extrapolated by")
+                        for x in rows)
+    text = "extrapolated by 0.25 nats/token beyond the most advanced reference"
+    hostile = "extrapolated by <b>*x*</b>"
+    first = data["tasks"][0]["lineages"][0]
+    first["extrapolation"] = text
+    md, page = to_markdown(data), to_html(data, {})
+    assert f"({text})" in md and f"({text})" in page
+    first["extrapolation"] = hostile
+    md, page = to_markdown(data), to_html(data, {})
+    assert "<b>" not in md and "<b>*x*</b>" not in page and "&lt;b&gt;" in page

@@ -142,7 +142,7 @@ def with_residual(at_base: TaskPrediction, residual: Mapping[str, Any]) -> TaskP
                            curve_id=at_base.curve_id, corpus_sha256=at_base.corpus_sha256,
                            extrapolated=at_base.extrapolated, curve_warnings=at_base.curve_warnings,
                            axis=at_base.axis, score_lstar=at_base.score_lstar,
-                           score_lstar_se=at_base.score_lstar_se)
+                           score_lstar_se=at_base.score_lstar_se, extrapolation=at_base.extrapolation)
 
 
 def judge_derivative(store: Store, policy: Policy, task: Task, score: ScoreView, curve: Any,

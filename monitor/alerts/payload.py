@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from monitor.bands import extrapolation_words
+from monitor.curves.axes import AXES
 from monitor.escape import plain_text
 
 ALERTMANAGER_VERSION = "4"
@@ -124,6 +126,11 @@ def task_annotations(numbers: Mapping[str, Any], *, repo: str, commit: str, stat
     if derivative:   # which coordinate drove the state, and whether the task residual was measured
         annotations["coordinates"] = coordinates_text(derivative)
         annotations["description"] += " " + annotations["coordinates"] + "."
+    beyond = extrapolation_words(numbers.get("extrapolation"),  # type: ignore[arg-type]
+                                 AXES[numbers["axis"]].unit if numbers.get("axis") in AXES else "")
+    if beyond:   # the curve answers beyond its references: say how far, and that the band widened
+        annotations["extrapolation"] = beyond
+        annotations["description"] += f" The score is {beyond}; the interval is widened for it."
     warnings = numbers.get("curve_warnings") or []
     unresolved = [w["message"] for w in warnings if w.get("unresolved")]
     if unresolved:

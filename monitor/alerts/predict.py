@@ -46,6 +46,9 @@ class TaskPrediction:
     # The score's L* and its SE (the headline number of every score), where known.
     score_lstar: float | None = None
     score_lstar_se: float | None = None
+    # Signed distance beyond the curve's reference range on its axis (> 0 beyond the most
+    # advanced reference, < 0 before the least advanced; `monitor.bands.extrapolation_distance`).
+    extrapolation: float = 0.0
 
     @property
     def value(self) -> float:
@@ -78,6 +81,7 @@ class TaskPrediction:
                 "floor": self.floor, "margin": self.margin, "threshold": self.threshold,
                 "state": self.state, "curve_id": self.curve_id,
                 "corpus_sha256": self.corpus_sha256, "extrapolated": self.extrapolated,
+                "extrapolation": self.extrapolation,
                 "threshold_resolved": self.threshold_resolved,
                 "curve_warnings": [dict(w) for w in self.curve_warnings]}
 
@@ -86,14 +90,15 @@ def make_prediction(task: str, *, lstar: float, se: float, p_hat: float, lo: flo
                     floor: float, margin: float, confidence: float, curve_id: str,
                     corpus_sha256: str | None, extrapolated: bool = False,
                     curve_warnings: Iterable[Mapping[str, Any]] = (), axis: str = "lstar",
-                    score_lstar: float | None = None, score_lstar_se: float | None = None) -> TaskPrediction:
+                    score_lstar: float | None = None, score_lstar_se: float | None = None,
+                    extrapolation: float = 0.0) -> TaskPrediction:
     """A prediction with its state classified against b_t + ε (`lstar`: the value on `axis`)."""
     return TaskPrediction(task=task, lstar=lstar, se=se, p_hat=p_hat, lo=lo, hi=hi, floor=floor,
                           margin=margin, confidence=confidence,
                           state=classify_state(lo, hi, floor + margin), curve_id=curve_id,
                           corpus_sha256=corpus_sha256, extrapolated=extrapolated,
                           curve_warnings=tuple(dict(w) for w in curve_warnings), axis=axis,
-                          score_lstar=score_lstar, score_lstar_se=score_lstar_se)
+                          score_lstar=score_lstar, score_lstar_se=score_lstar_se, extrapolation=extrapolation)
 
 
 # -- task curves (artifacts of monitor.curves.artifact) ------------------------------------------
@@ -140,6 +145,6 @@ def predict_task(curve: CurveArtifact, task: Task, *, lstar: float | None = None
     return make_prediction(task.name, lstar=x, se=se, p_hat=out.p_hat, lo=out.lower, hi=out.upper,
                            floor=curve.baseline, margin=margin, confidence=curve.confidence,
                            curve_id=curve.curve_id, corpus_sha256=curve.corpus_sha256,
-                           extrapolated=out.extrapolated,
+                           extrapolated=out.extrapolated, extrapolation=out.extrapolation,
                            curve_warnings=[w.as_dict() for w in curve_warnings(curve, margin)], axis=curve.axis,
                            score_lstar=score_lstar, score_lstar_se=score_lstar_se)

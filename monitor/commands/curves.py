@@ -110,6 +110,47 @@ def _intervals(intervals: dict[str, dict[str, Any]], confidence: float) -> tuple
             "(diagnostic; no state rests on it)")
 
 
+def _family_text(curve: CurveArtifact) -> str:
+    """`sigmoid (floor …, ceiling …, k …, x0 …); widening c = … per unit beyond the data`."""
+    from monitor.curves.artifact import extrapolation_widening
+
+    text = curve.fit_family
+    if curve.sigmoid is not None:
+        sig = curve.sigmoid
+        text += f" (floor {sig.floor:.4g}, ceiling {sig.ceiling:.4g}, k {sig.k:.4g}, x0 {sig.x0:.4g})"
+    if curve.family_choice is not None:
+        text += f"; chosen by forward validation ({curve.family_choice.get('ordering')})"
+    source = "forward validation" if curve.extrapolation_widening is not None else "the curve's mean slope"
+    text += f"; beyond the data the interval widens by {extrapolation_widening(curve):.4g} per unit ({source})"
+    if curve.lineage_spread:
+        text += f"; every interval widened by {curve.lineage_spread:.4g} (spread of new models, forward validation)"
+    return text
+
+
+def forward_table(record: dict[str, Any]) -> Table:
+    """The forward-validation table of `choose_family` / `forward_validate`: per family its
+    errors, coverage and widening, then its errors by extrapolation distance."""
+    def pct(v: Any) -> str:
+        return "—" if v is None else f"{v:.1%}"
+
+    chosen = record.get("chosen")
+    title = (f"forward validation by {record.get('ordering')} ({len(record.get('splits', []))} splits)"
+             + (f": {chosen} chosen ({record.get('rule')})" if chosen else ""))
+    table = Table(title=title, title_justify="left")
+    # a: the spread added everywhere, c: the widening per axis unit ahead (measurement.md §3a)
+    for name in ("family", "distance", "n", "MAE", "|rel|", "bias", "cover", "widened", "a", "c"):
+        table.add_column(name, justify="left" if name in ("family", "distance") else "right")
+    for family, row in record.get("families", {}).items():
+        table.add_row(family, "all", str(row.get("n", 0)), _fmt(row.get("mae"), 3), pct(row.get("mare")), "",
+                      pct(row.get("coverage")), pct(row.get("coverage_widened")), _fmt(row.get("spread"), 3),
+                      _fmt(row.get("widening"), 3))
+        for b in row.get("by_distance", []):
+            where = "inside" if b["from"] is None else f"{b['from']:.3g}–{b['to']:.3g}"
+            table.add_row("", where, str(b["n"]), _fmt(b["mae"], 3), pct(b["mare"]), f"{b['bias']:+.3f}",
+                          pct(b["coverage"]), "", "", "")
+    return table
+
+
 def print_summary(curve: CurveArtifact, console: Console) -> None:
     """A rich summary of a curve artifact. η̂ has two intervals in the artifact: the band
     inverted, which is reported (the states agree with it), and the bootstrap percentile of
@@ -128,6 +169,7 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
     rows = [
         ("axis", f"{pred.label} ({pred.name}, {pred.unit}; {'lower' if pred.lower_is_progress else 'higher'} "
                  f"is progress)" + (f"; {n_imported} imported point(s)" if n_imported else "")),
+        ("fit family", _family_text(curve)),
         ("checkpoints", f"{curve.n_checkpoints} in {len(curve.families)} families "
                         f"({', '.join(curve.families) or '—'})"),
         (f"{pred.label} range", f"{curve.x_range[0]:.4g} … {curve.x_range[1]:.4g}"),
@@ -167,6 +209,8 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
         for b in curve.budget.lofo:
             lofo.add_row(b.model, f"{b.rmse:.4f}", f"{b.crossing_error:.3f}", str(b.n_heldout), str(b.n_folds))
         console.print(lofo)
+    if curve.family_choice is not None:
+        console.print(forward_table(curve.family_choice))
     if curve.lofo is not None:
         lofo = Table(title=f"leave-one-family-out ({len(curve.lofo.families)} families)", title_justify="left")
         for name in ("predictor", "RMSE", "crossing error", "Brier", "held out"):
@@ -254,6 +298,12 @@ def register(app: typer.Typer) -> None:
         axis: str = typer.Option("lstar", "--axis", "--predictor",
                                  help="Progress axis: lstar, bits_per_byte, lstar_per_byte, l_rel, l_gain, "
                                       "raw_ce, log_params or log_flops."),
+        fit_family: str = typer.Option("isotonic", "--fit-family",
+                                       help="Curve family: isotonic (flat beyond the data), sigmoid (a "
+                                            "four-parameter sigmoid in the axis, whose band reaches beyond the "
+                                            "data) or auto (forward validation chooses, from smaller models or "
+                                            "earlier training to larger or later; needs params, or lineage "
+                                            "and step, on every row)."),
         budget_column: str = typer.Option(None, "--budget-column",
                                           help="Labels CSV column holding each row's inference budget "
                                                "(samples, majority-of-k, an ordered level): fit a curve "
@@ -276,6 +326,9 @@ def register(app: typer.Typer) -> None:
         if budget_column is not None:
             from monitor.curves.budget import fit_budget_curve
 
+            if fit_family != "isotonic":
+                raise CurveError("a budget curve is isotonic; --fit-family applies to one-axis curves")
+
             curve = fit_budget_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
                                      budget_column=budget_column, confidence=confidence, resamples=bootstrap,
                                      seed=seed, corpus_sha256=corpus, scoring_spec=scoring,
@@ -283,7 +336,7 @@ def register(app: typer.Typer) -> None:
         else:
             curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
                               confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
-                              scoring_spec=scoring, lofo=not no_lofo, axis=axis)
+                              scoring_spec=scoring, lofo=not no_lofo, axis=axis, family=fit_family)
         save_curve(curve, out)
         _warn(curve)
         if as_json:
@@ -370,13 +423,22 @@ def register(app: typer.Typer) -> None:
                                  "and recommend one."),
         family_resamples: int = int_option(200, "--family-resamples", low=20, high=MAX_RESAMPLES,
                                            help="With --axes: refit-bootstrap resamples over families."),
+        forward: bool = typer.Option(False, "--forward",
+                                     help="Forward validation of the fit families instead: predict every larger "
+                                          "model (or later stretch of training) from the smaller (earlier) ones, "
+                                          "per family (isotonic, sigmoid), and the family it chooses."),
+        ordering: str = typer.Option("auto", "--ordering",
+                                     help="With --forward: params (model size), training (lineage and step, "
+                                          "tokens or flops) or auto (params when three sizes are given)."),
+        axis: str = typer.Option("lstar", "--axis", help="With --forward: the progress axis."),
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs
-        (with --axes: every axis, and the recommended one)."""
+        (with --axes: every axis, and the recommended one; with --forward: forward validation of
+        the fit families, and the one `curves fit --fit-family auto` would choose)."""
         from monitor.curves import select_labels
         from monitor.curves.validation import lofo_validate
 
@@ -391,6 +453,28 @@ def register(app: typer.Typer) -> None:
             raise CurveError("give --task (every task of a CSV is validated only with --axes)")
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
+        if forward:
+            from monitor.curves.axes import get_axis
+            from monitor.curves.fit import fit_curve
+            from monitor.curves.forward import choose_family
+
+            get_axis(axis)
+            record = choose_family(chosen, fit=fit_curve, task=task, metric=_metric, baseline=baseline,
+                                   margin=margin,
+                                   confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
+                                   seed=seed)
+            if out is not None:
+                out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            if as_json:
+                print(json.dumps(record, indent=2))
+                return
+            console = plain_console()
+            console.print(forward_table(record))
+            for key, reason in record["skipped"].items():
+                console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
+            if out is not None:
+                console.print(f"wrote {out}", soft_wrap=True, markup=False)
+            return
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
                                resamples=bootstrap, seed=seed)
         if out is not None:
@@ -425,6 +509,7 @@ def register(app: typer.Typer) -> None:
         """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
         (clear / at_risk / emerged)."""
         from monitor.curves import ScoringRef, at_budget, load_curve, predict, predict_score_run
+        from monitor.curves.artifact import extrapolation_text
 
         db_path = db_file(state, db)
         curve = at_budget(load_curve(curve_path), budget)
@@ -451,6 +536,6 @@ def register(app: typer.Typer) -> None:
             f"[{result.lower:.4f}, {result.upper:.4f}] at {result.confidence:.0%} → ", (result.state, "bold"),
             f" (threshold {result.level:g}"
             + (f", budget {result.budget:g})" if result.budget is not None else ")")
-            + (" · extrapolated beyond the fitted range" if result.extrapolated else "")))
+            + (f" · {extrapolation_text(result.extrapolation, curve.axis)}" if result.extrapolation else "")))
 
     app.add_typer(curves, name="curves")

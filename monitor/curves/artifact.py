@@ -31,7 +31,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from monitor.bands import predicted_interval, threshold_crossing
+from monitor.bands import (extrapolation_distance, extrapolation_words, predicted_interval, threshold_crossing,
+                           widen_beyond)
 from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
@@ -168,6 +169,21 @@ class LogisticCheck(_Strict):
     max_abs_difference: float | None = None
 
 
+class SigmoidInfo(_Strict):
+    """The fitted sigmoid of a `fit_family: sigmoid` curve (monitor.curves.parametric), in the
+    axis's units: y = floor + (ceiling − floor)/(1 + exp(−k·s·(x − x0))), s = −1 where lower is
+    progress. `extend` is how far the band's grid reaches beyond the most advanced checkpoint,
+    in units of the data's span; `failed_resamples` the bootstrap refits dropped."""
+
+    floor: float
+    ceiling: float
+    k: float = Field(gt=0.0)
+    x0: float
+    dispersion: float
+    extend: float = Field(ge=0.0)
+    failed_resamples: int = Field(ge=0)
+
+
 class LofoRow(_Strict):
     """Held-out performance of the curve on one predictor, pooled over folds."""
 
@@ -290,6 +306,25 @@ class CurveArtifact(_Strict):
     # Set on a refit (`lstar curves refit`): the parent curve's id and file, and the observed
     # checkpoints (repo@sha) whose evaluations were added. Absent from files that never had it.
     provenance: dict[str, Any] | None = None
+    # The fit family (monitor.curves.parametric): isotonic, the default, is absent from the JSON,
+    # so every artifact written before families existed keeps its JSON and its id.
+    fit_family: Literal["isotonic", "sigmoid"] = "isotonic"
+    sigmoid: SigmoidInfo | None = None
+    # c of the widening beyond the reference range (metric units per axis unit; docs/measurement.md
+    # §3a): the band's half-width grows by c·distance. Absent: the curve's own mean slope is used.
+    extrapolation_widening: float | None = Field(default=None, ge=0.0)
+    # a of the same rule: added to the half-width everywhere, inside the data too (how far a new
+    # model sits off the references' curve at equal axis value, from forward validation).
+    # Absent: 0.
+    lineage_spread: float | None = Field(default=None, ge=0.0)
+    # The forward-validation record that chose the family (monitor.curves.forward.choose_family).
+    family_choice: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_family(self) -> "CurveArtifact":
+        if (self.fit_family == "sigmoid") != (self.sigmoid is not None):
+            raise ValueError("a sigmoid curve carries its `sigmoid` parameters, and only a sigmoid curve does")
+        return self
 
     @property
     def level(self) -> float:
@@ -319,6 +354,12 @@ class CurveArtifact(_Strict):
                 point.pop("budget", None)
         if data.get("provenance") is None:
             data.pop("provenance", None)
+        # The family fields appear only where they differ from an isotonic curve's defaults.
+        if data.get("fit_family") == "isotonic":
+            data.pop("fit_family", None)
+        for key in ("sigmoid", "extrapolation_widening", "lineage_spread", "family_choice"):
+            if data.get(key) is None:
+                data.pop(key, None)
         if self.schema_ == SCHEMA_V1:
             data = {("predictor" if k == "axis" else k): v for k, v in data.items()}
             for point in data["points"]:
@@ -428,6 +469,9 @@ class CurvePrediction:
     metric: str
     axis: str = "lstar"
     budget: float | None = None
+    # Signed distance beyond the reference range in the axis's units (`extrapolation_distance`):
+    # > 0 beyond the most advanced reference, < 0 before the least advanced, 0 inside.
+    extrapolation: float = 0.0
 
     @property
     def lstar(self) -> float:
@@ -439,7 +483,8 @@ class CurvePrediction:
                "axis_label": AXIS_LABELS.get(self.axis, self.axis), "value": self.value, "se": self.se,
                "p_hat": self.p_hat, "lower": self.lower, "upper": self.upper, "state": self.state,
                "level": self.level, "confidence": self.confidence,
-               "extrapolated": self.extrapolated, "curve_id": self.curve_id}
+               "extrapolated": self.extrapolated, "extrapolation": self.extrapolation,
+               "curve_id": self.curve_id}
         if self.axis == "lstar":
             out["lstar"] = self.value
         if self.budget is not None:
@@ -498,6 +543,7 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     z = float(norm.ppf(0.5 + curve.confidence / 2.0))
     p_hat, lower, upper = predicted_interval(lstar, se, z, curve.band.x, curve.band.lower, curve.band.upper,
                                              curve.knots.x, curve.knots.y)
+    lower, upper = _widen_for_extrapolation(curve, lstar, z * se, lower, upper)
     level = curve.level
     state: Literal["clear", "at_risk", "emerged"] = (
         "emerged" if lower >= level else "at_risk" if upper >= level else "clear")
@@ -506,7 +552,50 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
                            level=level, confidence=curve.confidence,
                            extrapolated=not (lo_r <= lstar <= hi_r), curve_id=curve.curve_id,
                            task=curve.task, metric=curve.metric, axis=curve.axis,
-                           budget=curve.at_budget_level)
+                           budget=curve.at_budget_level,
+                           extrapolation=extrapolation_distance(lstar, curve.x_range, _progress_sign(curve)))
+
+
+def extrapolation_widening(curve: CurveArtifact) -> float:
+    """c of the widening beyond the reference range, per axis unit: the stored value (fitted on
+    the references by forward validation, `monitor.curves.forward`), else the curve's mean slope
+    over its data, |g(end) − g(start)| / span (the curve may go on changing at least as fast
+    beyond the data as it did across it on average)."""
+    if curve.extrapolation_widening is not None:
+        return curve.extrapolation_widening
+    lo_r, hi_r = curve.x_range
+    if not hi_r > lo_r:
+        return 0.0
+    ends = np.interp([lo_r, hi_r], curve.knots.x, curve.knots.y)
+    return float(abs(ends[1] - ends[0]) / (hi_r - lo_r))
+
+
+def _widen_for_extrapolation(curve: CurveArtifact, x: float, reach: float, lower: float,
+                             upper: float) -> tuple[float, float]:
+    """The interval widened by c·distance beyond the reference range (`monitor.bands.widen_beyond`);
+    `reach` = z·se, so the most advanced end of the score's own range counts."""
+    sign = _progress_sign(curve)
+    ahead = max(extrapolation_distance(x + sign * reach, curve.x_range, sign), 0.0)
+    behind = max(-extrapolation_distance(x - sign * reach, curve.x_range, sign), 0.0)
+    proportion = all(0.0 <= p.value <= 1.0 for p in curve.points)
+    if curve.lineage_spread:
+        lower, upper = lower - curve.lineage_spread, upper + curve.lineage_spread
+        if proportion:
+            lower, upper = max(lower, 0.0), min(upper, 1.0)
+    if ahead == 0.0 and behind == 0.0:
+        return lower, upper
+    first, last = sorted(curve.x_range, key=lambda v: sign * v)
+    band_x = np.asarray(curve.band.x)
+    floor_ahead = float(np.interp(last, band_x, curve.band.lower))
+    ceiling_behind = float(np.interp(first, band_x, curve.band.upper))
+    return widen_beyond(lower, upper, ahead=ahead, behind=behind, c=extrapolation_widening(curve),
+                        two_sided=curve.fit_family != "isotonic", floor_ahead=floor_ahead,
+                        ceiling_behind=ceiling_behind, bounds=(0.0, 1.0) if proportion else None)
+
+
+def extrapolation_text(distance: float, axis: str) -> str:
+    """`extrapolated by 0.147 nats/token beyond the most advanced reference` (empty inside)."""
+    return extrapolation_words(distance, AXES[axis].unit if axis in AXES else "")
 
 
 def at_budget(curve: CurveArtifact, budget: float | None) -> CurveArtifact:
@@ -828,6 +917,9 @@ def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
     return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric,
             "axis": curve.axis, "axis_label": curve.axis_label, "predictor": curve.predictor,
             "schema": curve.schema_, "n_imported": sum(p.imported for p in curve.points),
+            "fit_family": curve.fit_family, "sigmoid": curve.sigmoid.model_dump() if curve.sigmoid else None,
+            "extrapolation_widening": extrapolation_widening(curve), "lineage_spread": curve.lineage_spread or 0.0,
+            "family_choice": curve.family_choice,
             "n_checkpoints": curve.n_checkpoints,
             "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
             "level": curve.level, "confidence": curve.confidence,

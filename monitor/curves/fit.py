@@ -2,11 +2,12 @@
 any progress axis (monitor.curves.axes).
 
 `fit_curve` checks the rows (enough distinct checkpoints, finite values, no duplicates, a
-metric where higher is better), fits the centred isotonic curve with its band and threshold
-(`monitor.curves.stats`), adds the logistic check, the emergence score, resolution warnings (the
-warnings that need the labels; `monitor.curves.artifact.curve_warnings` derives the others from
-the artifact) and,
-with two or more families, the leave-one-family-out table (`monitor.curves.validation`), and
+metric where higher is better), fits the curve of the chosen family with its band and threshold
+(the centred isotonic curve, `monitor.curves.stats`; the sigmoid, `monitor.curves.parametric`;
+or the one forward validation picks, `monitor.curves.forward`), adds the logistic check, the
+emergence score, resolution warnings (the warnings that need the labels;
+`monitor.curves.artifact.curve_warnings` derives the others from the artifact) and, with two
+or more families, the leave-one-family-out table (`monitor.curves.validation`), and
 returns the validated artifact (`monitor.curves.artifact`) named by its content hash.
 """
 
@@ -21,7 +22,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from monitor.curves.artifact import (SCHEMA, Band, BootstrapInfo, CurveArtifact, CurvePoint, Knots,
-                                     LofoSummary, LogisticCheck, ScoringRef, Threshold)
+                                     LofoSummary, LogisticCheck, ScoringRef, SigmoidInfo, Threshold)
 from monitor.curves.labels import Label, select_labels
 from monitor.curves.axes import AXES, Axis
 from monitor.curves.stats import fit_logistic, fit_monotone, label_weights, logistic_value
@@ -78,9 +79,18 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
               margin: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
               corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
               predictor: str | None = None, lofo: bool = True, lofo_resamples: int = 200,
-              grid_size: int = 101, now: datetime | None = None, axis: str | None = None) -> CurveArtifact:
+              grid_size: int = 101, now: datetime | None = None, axis: str | None = None,
+              family: str = "isotonic", widening: float | None = None, spread: float | None = None,
+              forward_resamples: int = 200) -> CurveArtifact:
     """Fit a task curve from labelled checkpoints on `axis` (default L*; `predictor` is the
     older name of the same argument) and return its artifact.
+
+    `family`: isotonic (the centred isotonic curve, flat beyond its data), sigmoid (the
+    four-parameter sigmoid of `monitor.curves.parametric`, whose band reaches beyond the data)
+    or auto (forward validation, `monitor.curves.forward.choose_family`, picks one on these
+    labels, stores its record as `family_choice` and the widening it measured). `widening`
+    sets the extrapolation widening c explicitly (stored as `extrapolation_widening`), `spread`
+    the spread a added to the interval everywhere (`lineage_spread`; docs/measurement.md §3a).
 
     Rows are selected by task and metric (rows without a task/metric match any). Errors name
     what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
@@ -95,6 +105,12 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     if axis is not None and predictor is not None and axis != predictor:
         raise CurveError(f"axis {axis!r} and predictor {predictor!r} differ; give one")
     predictor = axis or predictor or "lstar"
+    if family not in ("isotonic", "sigmoid", "auto"):
+        raise CurveError(f"unknown fit family {family!r}", hint="choose isotonic, sigmoid or auto")
+    fit_family = family
+    for name, v in (("extrapolation widening", widening), ("lineage spread", spread)):
+        if v is not None and not (math.isfinite(v) and v >= 0.0):
+            raise CurveError(f"the {name} must be a finite number ≥ 0, got {v}")
     if predictor not in AXES:
         raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
     chosen, metric = select_labels(labels, task=task, metric=metric)
@@ -115,9 +131,37 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     weights, known = label_weights(values, [label.n for label in chosen], [label.stderr for label in chosen])
     proportion = bool(np.all((values >= 0) & (values <= 1)))
     level = baseline + margin
-    fit = fit_monotone(x, values, weights, predictor=pred, level=level, confidence=confidence,
-                       resamples=resamples, seed=seed, grid_size=grid_size, known_variance=known,
-                       bounds=(0.0, 1.0) if proportion else None)
+    family_choice = None
+    if family == "auto":
+        from monitor.curves.forward import choose_family
+
+        family_choice = choose_family(chosen, fit=fit_curve, task=task, metric=metric, baseline=baseline,
+                                      margin=margin,
+                                      confidence=confidence, axis=predictor, seed=seed,
+                                      resamples=forward_resamples)
+        fit_family = family_choice["chosen"]
+        if widening is None:
+            widening = family_choice["families"][fit_family]["widening"]
+        if spread is None:
+            spread = family_choice["families"][fit_family]["spread"]
+    sigmoid = None
+    if fit_family == "sigmoid":
+        from monitor.curves.parametric import EXTRAPOLATION_SPAN, fit_sigmoid_band
+
+        fit = fit_sigmoid_band(x, values, weights, predictor=pred, level=level, confidence=confidence,
+                               resamples=resamples, seed=seed, grid_size=grid_size, proportion=proportion)
+        sigmoid = SigmoidInfo(**fit.params.as_dict(), dispersion=fit.dispersion, extend=EXTRAPOLATION_SPAN,
+                              failed_resamples=fit.failed_resamples)
+        bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
+                                  method="checkpoint bootstrap percentile of sigmoid refits",
+                                  dispersion=fit.dispersion, n_blocks=0)
+    else:
+        fit = fit_monotone(x, values, weights, predictor=pred, level=level, confidence=confidence,
+                           resamples=resamples, seed=seed, grid_size=grid_size, known_variance=known,
+                           bounds=(0.0, 1.0) if proportion else None)
+        bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
+                                  method="checkpoint bootstrap percentile, widened to the block interval",
+                                  dispersion=fit.dispersion, n_blocks=fit.n_blocks)
 
     logistic = fit_logistic(x, values, weights, floor=baseline, margin=margin, predictor=pred,
                             proportion=proportion)
@@ -162,16 +206,16 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
         band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=fit.lower.tolist(),
                   upper=fit.upper.tolist()),
         threshold=Threshold(**fit.threshold),
-        bootstrap=BootstrapInfo(resamples=resamples, seed=seed,
-                                method="checkpoint bootstrap percentile, widened to the block interval",
-                                dispersion=fit.dispersion, n_blocks=fit.n_blocks),
+        bootstrap=bootstrap,
         logistic=LogisticCheck(**logistic),
         emergence_score=score if math.isfinite(score) else None,
         emergence_by_family=by_family, lofo=lofo_summary,
         points=[CurvePoint(checkpoint=label.checkpoint, family=label.family, x=float(xi),
                            value=label.value, weight=float(wi), imported=predictor in label.imported)
                 for label, xi, wi in zip(chosen, x, weights)],
-        warnings=warnings)
+        warnings=warnings, fit_family=fit_family, sigmoid=sigmoid, extrapolation_widening=widening,
+        lineage_spread=spread,
+        family_choice=family_choice)
     draft = CurveArtifact.model_validate(body)
     return draft.model_copy(update={"curve_id": draft.content_id()})
 

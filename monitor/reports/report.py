@@ -30,6 +30,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from monitor.bands import extrapolation_words
+from monitor.curves.axes import AXES
 from monitor.errors import CurveError
 from monitor.escape import markdown_code, markdown_text, template_value
 from monitor.policy import Policy
@@ -240,7 +242,10 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                             "lstar_base": derived.get("lstar_base") if derived else None,
                             "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
                             "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
-                            "threshold": last.threshold, "evaluated_at": last.evaluated_at})
+                            "threshold": last.threshold, "evaluated_at": last.evaluated_at,
+                            # beyond the curve's references: how far (the stored prediction's own)
+                            "extrapolation": extrapolation_words((last.detail or {}).get("extrapolation"),
+                                                                 AXES[curve.axis].unit)})
         margin = margin_in_force(curve, task)
         eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
         warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
@@ -537,8 +542,9 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
             via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
             state = (f"**{x['observed_state']}** (predicted {x['state']}){via}" if x.get("observed_state")
                      else f"**{x['state']}**{via}")
+            beyond = f" ({markdown_text(x['extrapolation'])})" if x.get("extrapolation") else ""
             out.append(f"| {markdown_text(x['lineage'])} | {name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
-                       f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}] | {fmt(x['threshold'])} |")
+                       f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}]{beyond} | {fmt(x['threshold'])} |")
         out.append("")
     out += track_record_markdown(data.get("track_record") or [])
     out += superseded_markdown(data.get("superseded_evaluations") or [])

@@ -1,0 +1,276 @@
+"""A parametric task curve: the four-parameter sigmoid in the progress axis, with a bootstrap band
+that reaches beyond the data (docs/measurement.md §2b).
+
+    y = floor + (ceiling − floor) / (1 + exp(−k·s·(x − x0)))
+
+with s = −1 on an axis where lower is progress (L*, losses) and +1 otherwise, so the curve is
+non-decreasing toward progress; k > 0 and floor ≤ ceiling (fitted as ceiling = floor + h·(top −
+floor), h in [0, 1]); for proportions floor and ceiling lie in [0, 1]. Weighted least squares
+(scipy's `least_squares`, analytic Jacobian) with the label weights of
+`monitor.curves.stats.label_weights`, from several starting points (the midpoint inside and
+beyond the data, three steepnesses); the best converged start wins, and a fit that no start
+brings to convergence is a CurveError naming the solver's message.
+
+Why a parametric family: an isotonic curve is flat beyond its data, so a release better than
+every reference is predicted at the best reference's level, confidently and too low. A sigmoid
+keeps rising where the references were still rising.
+
+The band: the fit is repeated on bootstrap resamples of the checkpoints (the resampling unit
+of the isotonic band, `monitor.curves.stats._bootstrap`: each distinct axis value with its
+pooled rows is one unit), each refit warm-started at the full fit, and the pointwise
+percentiles of the refitted curves on a grid are the band. The grid runs from the least
+advanced checkpoint to `EXTRAPOLATION_SPAN` times the data's span beyond the most advanced one,
+so a prediction beyond the references reads the band there (and is still marked extrapolated,
+and widened, by `monitor.curves.artifact.predict`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.special import expit
+
+from monitor.bands import first_reach, threshold_crossing
+from monitor.curves.axes import Axis
+from monitor.curves.stats import _merge_ties
+from monitor.errors import CurveError, LabelError
+
+# How far beyond the most advanced checkpoint the band's grid reaches, in units of the data's
+# span on the axis (1.0: as far again as the data spans).
+EXTRAPOLATION_SPAN = 1.0
+# Bounds of the steepness in units of 1/span of the data: from nearly linear to a step.
+_K_MIN, _K_MAX = 1e-3, 1e3
+# A bootstrap refit that fails to converge is dropped; more failures than this share is an error.
+_MAX_FAILED_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class SigmoidParams:
+    """The fitted sigmoid in the axis's own units: floor, ceiling, steepness k (> 0, per axis
+    unit) and midpoint x0; `sign` −1 where lower is progress."""
+
+    floor: float
+    ceiling: float
+    k: float
+    x0: float
+    sign: float
+
+    def __call__(self, x: Any) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return self.floor + (self.ceiling - self.floor) * expit(self.k * self.sign * (x - self.x0))
+
+    def as_dict(self) -> dict[str, float]:
+        return {"floor": self.floor, "ceiling": self.ceiling, "k": self.k, "x0": self.x0}
+
+
+def _value_bounds(y: np.ndarray, proportion: bool) -> tuple[float, float]:
+    if proportion:
+        return 0.0, 1.0
+    spread = float(np.ptp(y)) or 1.0
+    return float(np.min(y)) - spread, float(np.max(y)) + spread
+
+
+class _Problem:
+    """The least-squares problem in normalised coordinates u = (t − centre)/span, so the solver
+    sees parameters of order one whatever the axis's units. θ = (floor, h, k_u, u0)."""
+
+    def __init__(self, t: np.ndarray, y: np.ndarray, w: np.ndarray, bottom: float, top: float):
+        self.centre = float(np.mean(t))
+        self.span = float(np.ptp(t)) or 1.0
+        self.u = (t - self.centre) / self.span
+        self.y, self.bottom, self.top = y, bottom, top
+        self.set_weights(w)
+        self.lower = np.array([bottom, 0.0, _K_MIN, float(self.u.min()) - 10.0])
+        self.upper = np.array([top, 1.0, _K_MAX, float(self.u.max()) + 10.0])
+
+    def set_weights(self, w: np.ndarray) -> None:
+        self.sw = np.sqrt(w)
+
+    def curve(self, theta: np.ndarray, u: np.ndarray) -> np.ndarray:
+        floor, h, k, u0 = theta
+        return floor + h * (self.top - floor) * expit(k * (u - u0))
+
+    def residuals(self, theta: np.ndarray) -> np.ndarray:
+        return self.sw * (self.curve(theta, self.u) - self.y)
+
+    def jacobian(self, theta: np.ndarray) -> np.ndarray:
+        floor, h, k, u0 = theta
+        e = expit(k * (self.u - u0))
+        de = e * (1.0 - e)
+        room = self.top - floor
+        jac = np.empty((len(self.u), 4))
+        jac[:, 0] = 1.0 - h * e
+        jac[:, 1] = room * e
+        jac[:, 2] = h * room * de * (self.u - u0)
+        jac[:, 3] = -h * room * de * k
+        return jac * self.sw[:, None]
+
+    def starts(self) -> list[np.ndarray]:
+        lo, hi = float(np.min(self.y)), float(np.max(self.y))
+        floor0 = min(max(lo, self.bottom), self.top)
+        room = self.top - floor0
+        h0 = min(max((hi - floor0) / room, 0.05), 1.0) if room > 0 else 0.5
+        out = []
+        # Midpoints inside the data and beyond its advanced end (a curve still rising at the
+        # best reference), each at three steepnesses.
+        for u0 in (float(np.quantile(self.u, 0.5)), float(self.u.max()), float(self.u.max()) + 0.5,
+                   float(np.quantile(self.u, 0.2))):
+            for k in (2.0, 6.0, 20.0):
+                out.append(np.clip(np.array([floor0, h0, k, u0]), self.lower, self.upper))
+        return out
+
+    def solve(self, start: np.ndarray) -> Any:
+        return least_squares(self.residuals, start, jac=self.jacobian, bounds=(self.lower, self.upper),
+                             method="trf", x_scale="jac", max_nfev=400)
+
+    def params(self, theta: np.ndarray, sign: float) -> SigmoidParams:
+        floor, h, k_u, u0 = (float(v) for v in theta)
+        ceiling = floor + h * (self.top - floor)
+        t0 = self.centre + u0 * self.span
+        return SigmoidParams(floor=floor, ceiling=ceiling, k=k_u / self.span, x0=sign * t0, sign=sign)
+
+
+def fit_sigmoid(x: Sequence[float], y: Sequence[float], weights: Sequence[float], *, predictor: Axis,
+                proportion: bool) -> SigmoidParams:
+    """Weighted least-squares sigmoid of y on x, monotone toward progress (see the module
+    docstring); CurveError when no starting point converges."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    sign = -1.0 if predictor.lower_is_progress else 1.0
+    problem, _ = _problem(sign * x, y, w, proportion, predictor)
+    theta = _best_start(problem, problem.starts())
+    return problem.params(theta, sign)
+
+
+def _problem(t: np.ndarray, y: np.ndarray, w: np.ndarray, proportion: bool,
+             predictor: Axis) -> tuple[_Problem, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    tu, yu, wu = _merge_ties(t, y, w)
+    if len(tu) < 4:
+        raise LabelError(f"a sigmoid has 4 parameters; it needs at least 4 distinct {predictor.label} "
+                         f"values (got {len(tu)})", hint="fit the isotonic family, or add checkpoints")
+    if not (np.all(np.isfinite(tu)) and np.all(np.isfinite(yu)) and np.all(np.isfinite(wu))):
+        raise LabelError(f"the {predictor.label} values, performance values or weights are not all finite")
+    bottom, top = _value_bounds(yu, proportion)
+    return _Problem(tu, yu, wu, bottom, top), (tu, yu, wu)
+
+
+def _best_start(problem: _Problem, starts: list[np.ndarray]) -> np.ndarray:
+    best, best_cost, messages = None, math.inf, []
+    for start in starts:
+        try:
+            result = problem.solve(start)
+        except (ValueError, FloatingPointError) as exc:
+            messages.append(str(exc).splitlines()[0])
+            continue
+        if result.status > 0 and result.cost < best_cost:
+            best, best_cost = result.x, float(result.cost)
+        elif result.status <= 0:
+            messages.append(str(result.message))
+    if best is None:
+        reason = messages[0] if messages else "no starting point"
+        raise CurveError(f"the sigmoid fit did not converge from any of {len(starts)} starting points ({reason})",
+                         hint="fit the isotonic family (--fit-family isotonic), or check the labels")
+    return best
+
+
+@dataclass(frozen=True)
+class SigmoidFit:
+    """The sigmoid with its band and threshold, laid out like `monitor.curves.stats.MonotoneFit`
+    (arrays ascending in x): knots are the fitted curve sampled on the grid."""
+
+    params: SigmoidParams
+    predictor: Axis
+    level: float
+    confidence: float
+    knots_x: np.ndarray
+    knots_y: np.ndarray
+    grid_x: np.ndarray
+    grid_fit: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    threshold: dict[str, Any]
+    dispersion: float
+    failed_resamples: int
+
+    def predict(self, x: Any) -> np.ndarray:
+        return np.interp(np.asarray(x, dtype=np.float64), self.knots_x, self.knots_y)
+
+    def band(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
+        x = np.asarray(x, dtype=np.float64)
+        return np.interp(x, self.grid_x, self.lower), np.interp(x, self.grid_x, self.upper)
+
+
+def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[float], *, predictor: Axis,
+                     level: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
+                     grid_size: int = 101, proportion: bool = True,
+                     extend: float = EXTRAPOLATION_SPAN) -> SigmoidFit:
+    """The sigmoid, its bootstrap percentile band on a grid reaching `extend` × the data span
+    beyond the most advanced checkpoint, and the threshold for `level` from the shared rule
+    (`monitor.bands.threshold_crossing`)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    sign = -1.0 if predictor.lower_is_progress else 1.0
+    problem, (t, yu, wu) = _problem(sign * x, y, w, proportion, predictor)
+    theta = _best_start(problem, problem.starts())
+    params = problem.params(theta, sign)
+
+    span = float(t[-1] - t[0])
+    grid_t = np.linspace(t[0], t[-1] + extend * span, grid_size)
+    grid_u = (grid_t - problem.centre) / problem.span
+    est = problem.curve(theta, grid_u)
+
+    rng = np.random.default_rng(seed)
+    m = len(t)
+    counts = rng.multinomial(m, np.full(m, 1.0 / m), size=resamples)
+    curves = np.empty((resamples, grid_size))
+    failed = np.zeros(resamples, dtype=bool)
+    for b in range(resamples):
+        problem.set_weights(counts[b] * wu)
+        try:
+            result = problem.solve(theta)
+        except (ValueError, FloatingPointError):
+            failed[b] = True
+            continue
+        if result.status <= 0:
+            failed[b] = True
+            continue
+        curves[b] = problem.curve(result.x, grid_u)
+    problem.set_weights(wu)
+    if failed.mean() > _MAX_FAILED_SHARE:
+        raise CurveError(f"{int(failed.sum())} of {resamples} bootstrap refits of the sigmoid did not converge",
+                         hint="the data do not pin a sigmoid down; fit the isotonic family")
+    curves = curves[~failed]
+    alpha = 1.0 - confidence
+    lo, hi = np.quantile(curves, [alpha / 2.0, 1.0 - alpha / 2.0], axis=0)
+    lo, hi = np.minimum(lo, est), np.maximum(hi, est)
+    if proportion:
+        lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
+    lo = np.minimum.accumulate(lo[::-1])[::-1]
+    hi = np.maximum.accumulate(hi)
+
+    crossing = threshold_crossing(level, sign=sign, t_first=float(t[0]), knots_t=grid_t, knots_y=est,
+                                  grid_t=grid_t, lower=lo, upper=hi)
+    crossings = np.array([grid_t[0] if c[0] >= level else first_reach(grid_t, c, level) for c in curves])
+    ranked = np.where(np.isnan(crossings), np.inf, crossings)
+    q = np.quantile(ranked, [alpha / 2.0, 0.5, 1.0 - alpha / 2.0], method="inverted_cdf")
+    boot = {name: (None if not math.isfinite(v) else float(sign * v))
+            for name, v in zip(("early", "median", "late"), q)}
+    threshold = {"estimate": crossing["estimate"], "lower": crossing["lower"], "upper": crossing["upper"],
+                 "never_share": float(np.mean(np.isnan(crossings))), "confidence": confidence,
+                 "status": crossing["status"], "level": level, "bootstrap": boot}
+    resid = yu - problem.curve(theta, problem.u)
+    dof = m - 4
+    dispersion = float(np.sum(wu * resid ** 2) / dof) if dof > 0 else 0.0
+    order = np.argsort(sign * grid_t)
+    gx = (sign * grid_t)[order]
+    return SigmoidFit(params=params, predictor=predictor, level=level, confidence=confidence,
+                      knots_x=gx, knots_y=est[order], grid_x=gx, grid_fit=est[order], lower=lo[order],
+                      upper=hi[order], threshold=threshold, dispersion=dispersion,
+                      failed_resamples=int(failed.sum()))
