@@ -96,6 +96,9 @@ def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir:
         assert s["emerged_margin"] == pytest.approx(margin, abs=1e-6)
         assert s["emerged_margin_se"] == pytest.approx(margin / p["se"], abs=1e-5)
         assert (s["state"] == "emerged") is bool(margin >= 0)
+    # The lineage's `emerged` does not rest on a hair: its last checkpoint clears the edge by at
+    # least one standard error of its L*.
+    assert steps[-1]["state"] == "emerged" and steps[-1]["emerged_margin_se"] >= 1.0, steps[-1]
 
     # The webhook heard the lineage become at risk, then emerged; the report went out once.
     bodies = json.loads(Path(summary["webhook"]["file"]).read_text())

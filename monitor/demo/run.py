@@ -43,12 +43,13 @@ ORG = "demo-org"
 # The policy folder's files: the curve and the task's multiple-choice items.
 CURVE_FILE = "curves/add.json"
 TASK_FILE = "tasks/add.jsonl"
-# The documents every demo score reads: the prose and encyclopedic slices of calib-v0, every
-# 4th (20 documents). The code and math slices make L*'s standard error several times larger
-# for a model this small (docs/lab.md, "The demo's size"), wider than the distance L* travels
-# across the jump, so no checkpoint could be told apart from the threshold.
+# The documents every demo score reads: all 78 of the prose and encyclopedic slices of
+# calib-v0. The code and math slices make L*'s standard error several times larger for a model
+# this small (docs/lab.md, "The demo's size"), wider than the distance L* travels across the
+# jump. Every 4th document (20) halves a score's time but leaves the last checkpoint's
+# `emerged` resting on 0.09 standard errors; all 78 give it more than one.
 SCORING_SLICES = ("prose", "encyclopedic")
-SCORING_EVERY = 4
+SCORING_EVERY = None
 STATE_ORDER = ("clear", "at_risk", "emerged")
 # The policy's budget of active evaluations: enough for every checkpoint predicted at risk or
 # emerged in one demo, as one UTC day.
