@@ -258,6 +258,25 @@ def test_cli_refuses_mixed_sources(history_file, tmp_path, capsys):
     assert "--baseline" in capsys.readouterr().err
 
 
+def test_several_tasks_from_the_command_line_each_with_its_baseline(history_file, tmp_path, capsys):
+    spec = spec_from_options(task=["mmlu=0.25", "piqa=0.5", "arith"], baseline=0.1, margin=0.1, axis="raw_ce")
+    assert [(t.name, t.baseline, t.level) for t in spec.tasks] == \
+        [("mmlu", 0.25, pytest.approx(0.35)), ("piqa", 0.5, pytest.approx(0.6)), ("arith", 0.1, pytest.approx(0.2))]
+    policy = replay_policy(spec, {t.name: tmp_path / f"{t.name}.json" for t in spec.tasks}, tmp_path / "a.jsonl",
+                           corpus_sha256=BACKTEST_CORPUS_SHA256)
+    assert [t.name for t in policy.tasks] == ["mmlu", "piqa", "arith"]
+    for bad, says in ((["arith"], "has no baseline"), (["arith=x"], "is not a number"), (["=0.2"], "no task name"),
+                      (["arith=1.5"], "out of range")):
+        with pytest.raises(CurveError, match=says):
+            spec_from_options(task=bad, baseline=None, margin=0.1)
+    code = main(["backtest", str(history_file), "--reference", "ref-*", "--target", "tgt", "--task", "arith",
+                 "--margin", "0.25"])
+    assert code != 0 and "has no baseline" in capsys.readouterr().err
+    code = main(["backtest", str(history_file), "--reference", "ref-*", "--target", "tgt", "--task", "arith=0.25",
+                 "--margin", "0.25", "--axis", "lstar", "--bootstrap", "200", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["results"][0]["level"] == pytest.approx(0.5)
+
+
 def test_policy_tasks_are_backtested_with_their_curve_and_margin(history_file, tmp_path):
     from monitor.backtest import spec_from_policy
     from monitor.curves.artifact import save_curve
@@ -281,16 +300,25 @@ def test_policy_tasks_are_backtested_with_their_curve_and_margin(history_file, t
     assert all(a["alert_key"].startswith("team|arith-watch|tgt|") for a in result["alerts"]["list"])
 
 
-def test_an_unavailable_family_is_refused_cleanly(history_file):
-    import inspect
-
-    from monitor.curves.fit import fit_curve
-
-    if "family" in inspect.signature(fit_curve).parameters:
-        pytest.skip("the sigmoid family is installed")
-    history = load_history(history_file, reference="ref-*", target="tgt", axis="lstar")
-    with pytest.raises(CurveError, match="not available"):
-        fit_task_curve(history.reference_labels(), TASK, axis="lstar", family="sigmoid", resamples=200)
+def test_a_prediction_beyond_the_references_is_marked_with_its_distance(tmp_path, capsys):
+    # A target that ends at L* 1.0, 0.4 beyond the most advanced reference (1.4): its last
+    # prediction is extrapolated by 0.4 (SE 0), in the JSON, the Markdown and the HTML.
+    path = write_history(tmp_path / "h.csv")
+    rows_ = list(csv.DictReader(path.open()))
+    for i, x in enumerate([2.0, 1.6, 1.2, 1.0]):
+        rows_.append({**rows_[0], "checkpoint": f"s{i}", "family": "t", "value": 0.9, "lstar": x, "lineage": "far",
+                      "step": (i + 1) * 100, "tokens": (i + 1) * 1e6})
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows_[0]))
+        writer.writeheader()
+        writer.writerows(rows_)
+    md, html_dir = tmp_path / "out.md", tmp_path / "html"
+    assert main(["backtest", str(path), "--reference", "ref-*", "--target", "far", "--task", "arith=0.25",
+                 "--margin", "0.25", "--axis", "lstar", "--bootstrap", "200", "--json", "--markdown", str(md),
+                 "--html", str(html_dir)]) == 0
+    final = json.loads(capsys.readouterr().out)["results"][0]["final"]
+    assert final["extrapolated"] is True and final["extrapolation"] == pytest.approx(0.4)
+    assert "extrapolated by 0.4" in md.read_text() and "extrapolated by 0.4" in (html_dir / "index.html").read_text()
 
 
 def test_no_refit_replays_the_policys_own_curve(history_file, tmp_path, capsys):

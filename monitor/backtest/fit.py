@@ -12,7 +12,6 @@ the history was scored on `calib-v0`.
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,14 +39,10 @@ def fit_task_curve(labels: Sequence[Label], task: BacktestTask, *, axis: str, fa
                    resamples: int = 1000, seed: int = 0) -> CurveArtifact:
     """One task's curve on the reference rows `labels` (leave-one-family-out is left to
     `lstar curves validate`: a backtest is itself the out-of-sample check)."""
-    kwargs = {} if family == "isotonic" else {"family": family}   # the sigmoid family where installed
-    if kwargs and "family" not in inspect.signature(fit_curve).parameters:
-        raise CurveError(f"curve family {family!r} is not available in this version (isotonic only)",
-                         hint="use --family isotonic")
     return fit_curve([fit_label(label) for label in labels], task=task.task, metric=task.metric,
                      baseline=task.baseline, margin=task.margin, confidence=task.confidence,
                      resamples=resamples, seed=seed, corpus_sha256=BACKTEST_CORPUS_SHA256,
-                     scoring_spec=BACKTEST_SPEC, axis=axis, lofo=False, now=FIT_TIME, **kwargs)
+                     scoring_spec=BACKTEST_SPEC, axis=axis, lofo=False, now=FIT_TIME, family=family)
 
 
 def fit_reference_curves(labels: Sequence[Label], spec: BacktestSpec, *, resamples: int = 1000,

@@ -34,6 +34,15 @@ def step_of(where: Mapping[str, Any] | None) -> str:
     return "—" if where is None else num(where.get("step"))
 
 
+def extrapolated_text(final: Mapping[str, Any]) -> str:
+    """` (extrapolated by 0.148)` where the final prediction lies beyond the references (the
+    distance in the axis's units, `monitor.curves.artifact.predict`)."""
+    if not final.get("extrapolated"):
+        return ""
+    distance = final.get("extrapolation")
+    return " (extrapolated)" if distance is None else f" (extrapolated by {abs(distance):.3g})"
+
+
 def outcome(item: Mapping[str, Any]) -> str:
     """One word for a task × lineage: warned ahead, late, missed, false alarm or quiet."""
     if item["crossing"] is not None:
@@ -62,7 +71,7 @@ def table_rows(data: Mapping[str, Any]) -> list[list[str]]:
                      step_of(item["crossing"]), num(lead.get("steps")), num(lead.get("tokens")), outcome(item),
                      ", ".join(num(w["step"]) for w in item["false_emerged"]) or "none",
                      coverage_text(item["coverage"]), num(final.get("p_hat")), num(final.get("observed")),
-                     pct(final.get("relative_error")) + (" (extrapolated)" if final.get("extrapolated") else ""),
+                     pct(final.get("relative_error")) + extrapolated_text(final),
                      pct(final.get("paper_relative_error"))])
     return rows
 

@@ -72,7 +72,9 @@ class LineageResult:
                                                     "p_hat": last.predicted.p_hat if last.predicted else None,
                                                     "relative_error": self.relative_error,
                                                     "paper_relative_error": self.paper_error,
-                                                    "extrapolated": bool(last.predicted and last.predicted.extrapolated)},
+                                                    "extrapolated": bool(last.predicted and last.predicted.extrapolated),
+                                                    "extrapolation": last.predicted.extrapolation
+                                                    if last.predicted else None},
                 "points": [_point(r) for r in self.rows]}
 
 

@@ -21,6 +21,8 @@ history's own published results) and sends nothing.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,14 +75,35 @@ class BacktestSpec:
             raise CurveError(f"a task is named twice: {', '.join(sorted(names))}")
 
 
-def spec_from_options(*, task: str, baseline: float, margin: float, metric: str | None = None,
-                      confidence: float = 0.9, axis: str = "lstar", family: str = "isotonic") -> BacktestSpec:
-    """A one-task backtest from command-line values."""
-    if not 0.0 <= baseline < 1.0 or not 0.0 < margin <= 1.0 or not 0.0 < confidence < 1.0:
-        raise CurveError(f"task {task!r}: baseline {baseline}, margin {margin}, confidence {confidence} "
-                         "out of range", hint="baseline in [0, 1), margin in (0, 1], confidence in (0, 1)")
-    return BacktestSpec(tasks=(BacktestTask(task, task, metric, baseline, margin, confidence),),
-                        axis=axis, family=family)
+def spec_from_options(*, task: str | Sequence[str], baseline: float | None, margin: float,
+                      metric: str | None = None, confidence: float = 0.9, axis: str = "lstar",
+                      family: str = "isotonic") -> BacktestSpec:
+    """A backtest from command-line values: one or more tasks, each `TASK` (at `baseline`) or
+    `TASK=BASELINE`, all at the same margin, confidence and metric choice."""
+    items = [task] if isinstance(task, str) else list(task)
+    if not items:
+        raise CurveError("no task to backtest", hint="give --task TASK (repeatable; TASK=BASELINE for its own baseline)")
+    tasks = []
+    for item in items:
+        name, sep, own = item.partition("=")
+        name = name.strip()
+        if not name:
+            raise CurveError(f"--task {item!r} has no task name", hint="write TASK or TASK=BASELINE, e.g. mmlu=0.25")
+        if sep:
+            try:
+                b = float(own)
+            except ValueError:
+                raise CurveError(f"--task {item!r}: the baseline {own!r} is not a number",
+                                 hint="write TASK=BASELINE, e.g. mmlu=0.25") from None
+        elif baseline is None:
+            raise CurveError(f"--task {name!r} has no baseline", hint="give --baseline B, or write the task as TASK=B")
+        else:
+            b = baseline
+        if not (math.isfinite(b) and 0.0 <= b < 1.0) or not 0.0 < margin <= 1.0 or not 0.0 < confidence < 1.0:
+            raise CurveError(f"task {name!r}: baseline {b}, margin {margin}, confidence {confidence} "
+                             "out of range", hint="baseline in [0, 1), margin in (0, 1], confidence in (0, 1)")
+        tasks.append(BacktestTask(name, name, metric, b, margin, confidence))
+    return BacktestSpec(tasks=tuple(tasks), axis=axis, family=family)
 
 
 def spec_from_policy(path: str | Path, *, axis: str | None = None, family: str = "isotonic") -> BacktestSpec:
@@ -122,9 +145,9 @@ def replay_policy(spec: BacktestSpec, curves: Mapping[str, Path], alerts_out: Pa
     receiver a file sink appending to `alerts_out`."""
     sink = FileConfig(path=str(alerts_out.resolve()))
     if spec.policy is None:
-        task = spec.tasks[0]
         return Policy(name=BACKTEST_POLICY, corpora=Corpora(public=corpus_sha256),
-                      tasks=[Task(name=task.name, curve=str(curves[task.name]), margin=task.margin)],
+                      tasks=[Task(name=task.name, curve=str(curves[task.name]), margin=task.margin)
+                             for task in spec.tasks],
                       route=RootRoute(receiver="backtest-file"),
                       receivers=[Receiver(name="backtest-file", file=sink)])
     policy = spec.policy

@@ -16,7 +16,7 @@ HELP = """Backtest the monitor on training histories: when would it have warned,
 
 HISTORY.csv has one row per checkpoint × task × metric: lineage (the training run), step, optionally tokens and flops, task, metric, value, n (items) or stderr, family (any label), a checkpoint name, and one axis column per progress axis it gives (raw_ce, lstar, bits_per_byte, task_loss, ...; `<axis>_se` for its standard error). Lineages matching --reference are the references the task curves are fitted on (with `lstar curves fit`'s code); each lineage matching --target is replayed checkpoint by checkpoint through the daemon's own evaluation and alerting (one checkpoint an hour on a synthetic clock, alerts appended to --alerts-out, nothing sent), and every prediction is compared with that checkpoint's own published result.
 
-The tasks come from --policy FILE (each task's curve artifact gives the history's task and metric, the baseline and the axis; the task's margin and confidence as the daemon resolves them; the policy's routes and timers are kept, every receiver a file sink) or from --task, --baseline and --margin (one task, default route).
+The tasks come from --policy FILE (each task's curve artifact gives the history's task and metric, the baseline and the axis; the task's margin and confidence as the daemon resolves them; the policy's routes and timers are kept, every receiver a file sink) or from --task (repeatable: TASK with --baseline, or TASK=BASELINE) and --margin (one margin for all, the default route).
 
 With --policy and --no-refit nothing is fitted: the policy's own curve artifacts are replayed as they are (what a daemon running that policy would have said on the history), and the history's values are taken to be measured on the corpus and scoring spec those curves are pinned to; no --reference is needed.
 
@@ -61,12 +61,14 @@ def register(app: typer.Typer) -> None:
                                       "not with --no-refit)."),
         target: str = typer.Option(..., "--target", help="Glob of the target lineages (replayed)."),
         policy: Path = typer.Option(None, "--policy", help="Policy YAML whose tasks are backtested."),
-        task: str = typer.Option(None, "--task", help="Task name in the history (without --policy)."),
-        metric: str = typer.Option(None, "--metric", help="Metric of --task (default: its only metric)."),
+        task: list[str] = typer.Option(None, "--task", help="Task name in the history (without --policy); "
+                                       "repeatable; TASK=BASELINE gives that task its own baseline."),
+        metric: str = typer.Option(None, "--metric", help="Metric of the --task(s) (default: each one's only "
+                                   "metric)."),
         baseline: float = float_option(None, "--baseline", low=0.0, high=1.0, high_open=True,
-                                       help="The task's random baseline b_t (with --task)."),
+                                       help="The random baseline b_t of each --task given without one."),
         margin: float = float_option(None, "--margin", low=0.0, high=1.0, low_open=True,
-                                     help="Margin ε above the baseline (with --task)."),
+                                     help="Margin ε above the baseline (with --task; every task)."),
         confidence: float = float_option(0.9, "--confidence", low=0.0, high=1.0, low_open=True, high_open=True,
                                          help="Confidence of the bands (with --task)."),
         axis: str = typer.Option(None, "--axis", help="Progress axis: lstar, raw_ce, bits_per_byte, task_loss, "
@@ -94,12 +96,12 @@ def register(app: typer.Typer) -> None:
         if family not in ("isotonic", "sigmoid", "auto"):
             raise OptionError(f"--family {family!r}: choose isotonic, sigmoid or auto")
         if policy is not None:
-            if task is not None or baseline is not None or margin is not None:
+            if task or baseline is not None or margin is not None:
                 raise OptionError("give --policy or --task/--baseline/--margin, not both")
             spec = spec_from_policy(policy, axis=axis, family=family)
         else:
-            if task is None or baseline is None or margin is None:
-                raise OptionError("give --policy FILE, or --task, --baseline and --margin")
+            if not task or margin is None:
+                raise OptionError("give --policy FILE, or --task (TASK=BASELINE, or with --baseline) and --margin")
             spec = spec_from_options(task=task, metric=metric, baseline=baseline, margin=margin,
                                      confidence=confidence, axis=axis or "lstar", family=family)
         if no_refit and (policy is None or reference is not None):
