@@ -350,3 +350,13 @@ receivers:
     assert task["interval"] == [expected.lower, expected.upper] and task["state"] == expected.state
     assert main(["curves", "predict", str(curve), "--value", "1.0", "--se", "0.02"]) == 0
     assert "at bits/byte 1.0000 ± 0.0200: P̂ = 0.4500" in capsys.readouterr().out
+
+
+def test_every_axis_can_be_named_in_a_curve_artifact() -> None:
+    # The artifact's schema lists the axes by name; an axis missing there could be fitted on but
+    # its curve could not be written or loaded.
+    from typing import get_args
+
+    from monitor.curves.artifact import AxisName
+
+    assert set(get_args(AxisName)) == set(AXES)

@@ -258,6 +258,14 @@ def test_cli_refuses_mixed_sources(history_file, tmp_path, capsys):
     assert "--baseline" in capsys.readouterr().err
 
 
+def test_several_globs_separated_by_commas(tmp_path):
+    history = load_history(write_history(tmp_path / "h.csv"), reference="ref-a, ref-b", target="tgt,nothing-*",
+                           axis="lstar")
+    assert [l.name for l in history.references] == ["ref-a", "ref-b"] and [l.name for l in history.targets] == ["tgt"]
+    with pytest.raises(LabelError, match="empty glob"):
+        load_history(tmp_path / "h.csv", reference="ref-a,,ref-b", target="tgt", axis="lstar")
+
+
 def test_several_tasks_from_the_command_line_each_with_its_baseline(history_file, tmp_path, capsys):
     spec = spec_from_options(task=["mmlu=0.25", "piqa=0.5", "arith"], baseline=0.1, margin=0.1, axis="raw_ce")
     assert [(t.name, t.baseline, t.level) for t in spec.tasks] == \

@@ -11,6 +11,8 @@ be judged by its own data.
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,12 +58,30 @@ class History:
         return [label for lineage in self.references for label in lineage.labels]
 
 
-def _glob(pattern: str, flag: str):  # type: ignore[no-untyped-def]
-    try:
-        return compile_glob(pattern)
-    except PatternError as exc:
-        raise LabelError(f"{flag} {pattern!r} is not a usable glob: {exc.reason}",
-                         hint="write a shell glob such as 'ladder-*' (RE2 rules, monitor/patterns.py)") from exc
+class _AnyGlob:
+    """Several globs (a comma-separated list): a name matches when any of them matches."""
+
+    def __init__(self, globs: Sequence[Any]) -> None:
+        self.globs = tuple(globs)
+
+    def fullmatches(self, name: str) -> bool:
+        return any(glob.fullmatches(name) for glob in self.globs)
+
+
+def _glob(pattern: str, flag: str) -> _AnyGlob:
+    """`pattern`: one shell glob, or several separated by commas (`pythia-70m*,pythia-160m*`)."""
+    parts = [part.strip() for part in pattern.split(",")]
+    if not all(parts):
+        raise LabelError(f"{flag} {pattern!r} has an empty glob",
+                         hint="separate globs by single commas, e.g. 'small-*,medium-*'")
+    globs = []
+    for part in parts:
+        try:
+            globs.append(compile_glob(part))
+        except PatternError as exc:
+            raise LabelError(f"{flag} {part!r} is not a usable glob: {exc.reason}",
+                             hint="write a shell glob such as 'ladder-*' (RE2 rules, monitor/patterns.py)") from exc
+    return _AnyGlob(globs)
 
 
 def check_duplicates(labels: Sequence[Label], path: str) -> None:

@@ -57,9 +57,9 @@ def register(app: typer.Typer) -> None:
     @app.command("backtest", help=HELP)
     def backtest(
         history: Path = typer.Argument(..., help="The history CSV (see above)."),
-        reference: str = typer.Option(None, "--reference", help="Glob of the reference lineages (fitted on; "
+        reference: str = typer.Option(None, "--reference", help="Glob of the reference lineages, or several separated by commas (fitted on; "
                                       "not with --no-refit)."),
-        target: str = typer.Option(..., "--target", help="Glob of the target lineages (replayed)."),
+        target: str = typer.Option(..., "--target", help="Glob of the target lineages, or several separated by commas (replayed)."),
         policy: Path = typer.Option(None, "--policy", help="Policy YAML whose tasks are backtested."),
         task: list[str] = typer.Option(None, "--task", help="Task name in the history (without --policy); "
                                        "repeatable; TASK=BASELINE gives that task its own baseline."),

@@ -43,7 +43,7 @@ SCHEMA = "lstar-curve/2"
 # Read as L* curves: the same artifact with `predictor` for `axis` and no imported flags.
 SCHEMA_V1 = "lstar-curve/1"
 AxisName = Literal["lstar", "bits_per_byte", "lstar_per_byte", "l_rel", "l_gain", "raw_ce", "log_params",
-                   "log_flops"]
+                   "log_flops", "task_loss"]
 # Artifacts are tens of KiB (a band on a grid, the LOFO summary); far larger is not one.
 CURVE_MAX_BYTES = 16 << 20
 CURVE_FILE = FileKind("curve artifact", "curve artifacts", "JSON")
