@@ -248,6 +248,9 @@ def test_cli_outputs_agree_and_are_escaped(history_file, tmp_path, capsys):
     for item in data["results"]:
         final = item["final"]
         assert f"{final['relative_error'] * 100:+.1f} %".replace("+", "\\+").replace("-", "\\-") in text
+    # the curve table: the family each task's curve was fitted with, in the JSON and both pages
+    assert data["curves"]["arith"]["family"] == "isotonic"
+    assert "| arith | isotonic |" in text and "<td>arith</td><td>isotonic</td>" in page
     summary = data["summary"]
     assert f"false alarms {summary['false_alarms']}" in page and f"false alarms {summary['false_alarms']}" in text
 

@@ -63,7 +63,20 @@ def _curve_info(curve) -> dict:  # type: ignore[no-untyped-def]
     return {"curve_id": curve.curve_id, "task": curve.task, "metric": curve.metric, "axis": curve.axis,
             "baseline": curve.baseline, "margin": curve.margin, "level": curve.level,
             "confidence": curve.confidence, "n_checkpoints": curve.n_checkpoints,
-            "x_range": list(curve.x_range), "family": getattr(curve, "family", "isotonic")}
+            "x_range": list(curve.x_range), "family": curve.fit_family,
+            "extrapolation_widening": curve.extrapolation_widening, "lineage_spread": curve.lineage_spread,
+            "family_choice": _family_choice(curve.family_choice)}
+
+
+def _family_choice(record: dict | None) -> dict | None:  # type: ignore[type-arg]
+    """The forward-validation verdict that chose the family: the rule, the choice and each
+    family's forward mean absolute relative error and coverage (the full record is in the curve)."""
+    if not record:
+        return None
+    families = record.get("families") or {}
+    return {"chosen": record.get("chosen"), "rule": record.get("rule"),
+            "forward": {name: {k: v.get(k) for k in ("n", "mare", "coverage") if k in v}
+                        for name, v in families.items() if isinstance(v, dict)}}
 
 
 def compare_replay(history: History, spec: BacktestSpec, replay: Replay, *, curves: dict,

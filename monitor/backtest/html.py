@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from monitor.backtest.render import COLUMNS, summary_lines, table_rows
+from monitor.backtest.render import COLUMNS, CURVE_COLUMNS, curve_rows, summary_lines, table_rows
 from monitor.escape import plain_text
 from monitor.plotting import png, pyplot, shown
 
@@ -71,6 +71,9 @@ def write_html(data: Mapping[str, Any], folder: str | Path) -> Path:
     parts += [f"<li>{_e(line)}</li>" for line in summary_lines(data)]
     parts += ["</ul>", "<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in COLUMNS) + "</tr></thead><tbody>"]
     parts += ["<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in table_rows(data)]
+    parts += ["</tbody></table>", "<h2>The curves, fitted on the references only</h2>",
+              "<table><thead><tr>" + "".join(f"<th>{_e(c)}</th>" for c in CURVE_COLUMNS) + "</tr></thead><tbody>"]
+    parts += ["<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in curve_rows(data)]
     parts += ["</tbody></table>"]
     for i, item in enumerate(data["results"]):
         name = f"plot-{i}.png"

@@ -94,12 +94,38 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
             + (f" to {alerts['file']}" if alerts["file"] else " (no --alerts-out: not kept)")]
 
 
+CURVE_COLUMNS = ("task", "family", "forward |rel. error| isotonic", "forward |rel. error| sigmoid", "level",
+                 "reference range", "widening c", "spread a")
+
+
+def curve_rows(data: Mapping[str, Any]) -> list[list[str]]:
+    """One row per task's curve: the family forward validation chose on the references, each
+    family's forward mean |relative error|, the level, the axis range the references span, and
+    the widening beyond it (docs/measurement.md §3a)."""
+    rows = []
+    for task, curve in sorted(data.get("curves", {}).items()):
+        forward = (curve.get("family_choice") or {}).get("forward") or {}
+
+        def mare(family: str) -> str:
+            value = (forward.get(family) or {}).get("mare")
+            return "—" if value is None else f"{value * 100:.1f} %"
+
+        low, high = curve.get("x_range") or (None, None)
+        rows.append([task, str(curve.get("family")), mare("isotonic"), mare("sigmoid"), num(curve.get("level")),
+                     "—" if low is None else f"{low:.4g} … {high:.4g}", num(curve.get("extrapolation_widening")),
+                     num(curve.get("lineage_spread"))])
+    return rows
+
+
 def markdown(data: Mapping[str, Any]) -> str:
     """The result as a Markdown document."""
     out = ["# Backtest", ""]
     out += [f"- {markdown_text(line)}" for line in summary_lines(data)]
     out += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in table_rows(data)]
+    out += ["", "The curves, fitted on the references only:", "", "| " + " | ".join(CURVE_COLUMNS) + " |",
+            "|" + "---|" * len(CURVE_COLUMNS)]
+    out += ["| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in curve_rows(data)]
     out += ["", "Outcome: *warned ahead* (first at_risk/emerged before the first checkpoint observed emerged), "
                 "*crossed at start* (observed emerged at the lineage's first checkpoint: no warning could come "
                 "earlier, so neither a miss nor a lead), "
@@ -108,4 +134,4 @@ def markdown(data: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["COLUMNS", "markdown", "outcome", "summary_lines", "table_rows"]
+__all__ = ["COLUMNS", "CURVE_COLUMNS", "curve_rows", "markdown", "outcome", "summary_lines", "table_rows"]
