@@ -87,7 +87,9 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
             f"warned ahead {s['warned_ahead']}, misses {s['misses']} "
             f"(late warnings {s['late_warnings']}), false alarms {s['false_alarms']}, "
             f"false emerged {s['false_emerged']}",
-            f"coverage (all tasks pooled): {coverage_text(s['coverage'])}",
+            f"coverage (all tasks pooled): {coverage_text(s['coverage'])}; inside the references' range "
+            f"{coverage_text(s['coverage_inside_references'])}, beyond it "
+            f"{coverage_text(s['coverage_beyond_references'])}",
             f"mean |relative error| at the final checkpoints: "
             f"{'—' if s['mean_abs_relative_error'] is None else format(s['mean_abs_relative_error'] * 100, '.1f') + ' %'}",
             f"alerts: {alerts['count']} raised, {alerts['notifications']} notifications written"

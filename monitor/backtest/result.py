@@ -114,7 +114,17 @@ class BacktestResult:
                 "false_emerged": sum(len(compare.false_emerged(r.rows)) for r in self.results),
                 "mean_abs_relative_error": sum(errors) / len(errors) if errors else None,
                 "median_lead_steps": sorted(leads)[len(leads) // 2] if leads else None,
-                "coverage": self.pooled_coverage().as_dict()}
+                "coverage": self.pooled_coverage().as_dict(),
+                # where the extrapolation widening is what holds the band open, and where it is not
+                "coverage_inside_references": self._coverage_where(extrapolated=False).as_dict(),
+                "coverage_beyond_references": self._coverage_where(extrapolated=True).as_dict()}
+
+    def _coverage_where(self, *, extrapolated: bool) -> Coverage:
+        """Pooled coverage of the rows predicted inside (or beyond) the references' axis range."""
+        rows = [r for res in self.results for r in res.rows
+                if r.predicted is not None and bool(r.predicted.extrapolated) is extrapolated]
+        nominal = rows[0].confidence if rows else 0.9
+        return compare.coverage_of(rows, nominal)
 
     def as_dict(self) -> dict[str, Any]:
         return finite({
