@@ -203,6 +203,24 @@ def test_a_sigmoid_prediction_beyond_the_data_widens_both_sides_within_the_monot
     assert results[1] > results[0]
 
 
+def test_a_sigmoid_answers_from_its_parameters_beyond_its_grid():
+    # Past the stored grid (one data span beyond the references) P̂ is the fitted sigmoid itself,
+    # computed here by hand from the stored parameters, and keeps rising toward the ceiling.
+    x, y, _ = synthetic("lstar", m=40)
+    curve = fit_curve(labels_from(x, y, axis="lstar"), task="t", baseline=0.25, margin=0.2, resamples=100,
+                      lofo=False, family="sigmoid", widening=0.05)
+    sig = curve.sigmoid
+    grid_end = min(curve.band.x)          # lower is progress on L*
+    got = []
+    for at in (grid_end - 0.5, grid_end - 2.0):
+        by_hand = sig.floor + (sig.ceiling - sig.floor) / (1.0 + math.exp(sig.k * (at - sig.x0)))
+        pred = predict(curve, at)
+        assert pred.p_hat == pytest.approx(by_hand, abs=1e-12)
+        assert pred.lower <= pred.p_hat <= pred.upper and pred.extrapolated
+        got.append(pred.p_hat)
+    assert got[1] >= got[0] > float(np.interp(grid_end, curve.knots.x, curve.knots.y)) - 1e-12
+
+
 def test_a_stored_spread_widens_every_prediction():
     curve = simple_isotonic()
     wider = curve.model_copy(update={"lineage_spread": 0.03})

@@ -98,6 +98,10 @@ def compare_replay(history: History, spec: BacktestSpec, replay: Replay, *, curv
     alerts = [{"alert_key": a.alert_key, "task": a.task, "lineage": a.lineage, "commit": a.commit, "state": a.state,
                "kind": a.kind, "status": a.status, "at": a.at.isoformat()} for a in replay.alerts]
     skipped = [f"{p.task} {p.lineage} {p.commit[:12]}: {p.reason}" for p in replay.points if p.state == "not_evaluated"]
+    # A task a target lineage has no rows of is predicted but cannot be compared: say so.
+    seen = {(t, lin) for t, lin, _ in group_rows(rows)}
+    skipped += [f"{task.name} {lineage.name}: no published {task.task} ({task.metric}) result to compare with"
+                for lineage in history.targets for task in spec.tasks if (task.name, lineage.name) not in seen]
     return BacktestResult(history=history.path, axis=spec.axis, family=spec.family, source=spec.source,
                           references=[lin.name for lin in history.references],
                           targets=[lin.name for lin in history.targets], curves=curves, results=results,

@@ -24,7 +24,7 @@ from monitor.patterns import PatternError, compile_glob
 
 # A history of every OLMo ladder run at every checkpoint × 40 task metrics is ~200k rows
 # (~40 MB); beyond this the file is a mistake (or an attack), refused before it is read.
-MAX_HISTORY_BYTES = 256 * 1024 * 1024
+MAX_HISTORY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,15 @@ def step_of(where: Mapping[str, Any] | None) -> str:
     return "—" if where is None else num(where.get("step"))
 
 
-def extrapolated_text(final: Mapping[str, Any]) -> str:
-    """` (extrapolated by 0.148)` where the final prediction lies beyond the references (the
-    distance in the axis's units, `monitor.curves.artifact.predict`)."""
+def extrapolated_text(final: Mapping[str, Any], unit: str = "") -> str:
+    """` (extrapolated by 0.148 nats/token beyond the most advanced reference)` where the final
+    prediction lies outside the references' range (`monitor.bands.extrapolation_words`)."""
+    from monitor.bands import extrapolation_words
+
     if not final.get("extrapolated"):
         return ""
-    distance = final.get("extrapolation")
-    return " (extrapolated)" if distance is None else f" (extrapolated by {abs(distance):.3g})"
+    words = extrapolation_words(final.get("extrapolation"), unit)  # type: ignore[arg-type]
+    return f" ({words or 'extrapolated'})"
 
 
 def outcome(item: Mapping[str, Any]) -> str:
@@ -63,6 +65,9 @@ def coverage_text(cov: Mapping[str, Any]) -> str:
 
 def table_rows(data: Mapping[str, Any]) -> list[list[str]]:
     """The cells of the per task × lineage table, as plain strings (not yet escaped)."""
+    from monitor.curves.axes import AXES
+
+    unit = AXES[data["axis"]].unit if data.get("axis") in AXES else ""
     rows = []
     for item in data["results"]:
         lead = item["lead"] or {}
@@ -71,7 +76,7 @@ def table_rows(data: Mapping[str, Any]) -> list[list[str]]:
                      step_of(item["crossing"]), num(lead.get("steps")), num(lead.get("tokens")), outcome(item),
                      ", ".join(num(w["step"]) for w in item["false_emerged"]) or "none",
                      coverage_text(item["coverage"]), num(final.get("p_hat")), num(final.get("observed")),
-                     pct(final.get("relative_error")) + extrapolated_text(final),
+                     pct(final.get("relative_error")) + extrapolated_text(final, unit),
                      pct(final.get("paper_relative_error"))])
     return rows
 

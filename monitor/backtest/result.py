@@ -3,6 +3,8 @@ and pooled coverage; `as_dict()` is JSON-safe (finite numbers only, None elsewhe
 
 from __future__ import annotations
 
+import statistics
+
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -113,7 +115,7 @@ class BacktestResult:
                 "false_alarms": sum(compare.false_alarm(r.rows) is not None for r in self.results),
                 "false_emerged": sum(len(compare.false_emerged(r.rows)) for r in self.results),
                 "mean_abs_relative_error": sum(errors) / len(errors) if errors else None,
-                "median_lead_steps": sorted(leads)[len(leads) // 2] if leads else None,
+                "median_lead_steps": statistics.median(leads) if leads else None,
                 "coverage": self.pooled_coverage().as_dict(),
                 # where the extrapolation widening is what holds the band open, and where it is not
                 "coverage_inside_references": self._coverage_where(extrapolated=False).as_dict(),

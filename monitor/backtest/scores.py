@@ -84,7 +84,8 @@ def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_
         "spec_version": spec["spec_version"], "window_len": spec["window_len"], "stride": spec["stride"],
         "prefix_policy": spec["prefix_policy"], "dtype": "imported", "device": "none",
         "n_tokens": 1, "n_bytes": 1, "nll_sum": ce, "ce": ce, "ce_unigram": uni, "lstar": lstar,
-        "l_rel": _num(label.l_rel) or l_rel, "l_gain": _num(label.l_gain) or (1.0 - l_rel), "bits_per_byte": _num(label.bits_per_byte) or 0.0,
+        "l_rel": _given(label.l_rel, l_rel), "l_gain": _given(label.l_gain, 1.0 - l_rel),
+        "bits_per_byte": _given(label.bits_per_byte, 0.0),
         "tokens_per_byte": 1.0, "se_ce": se_ce, "weighted_ppl": None, "reference_fingerprint": None,
         "slices": {}, "tcb": None, "spec": spec, "model": model, "library_versions": {}, "wall_s": 0.0,
         "tokens_per_s": 0.0, "finished_at": finished_at,
@@ -113,3 +114,9 @@ def record_history_score(store: Store, label: Label, *, axis: str, value: float,
 
 
 __all__ = ["SPEC", "checkpoint_sha", "record_history_score", "score_run_row", "spec_columns"]
+
+
+def _given(value: object, stand_in: float) -> float:
+    """The history's value where it gives one (0.0 included), else the stand-in."""
+    got = _num(value)
+    return stand_in if got is None else got

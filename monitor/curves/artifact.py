@@ -543,6 +543,7 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     z = float(norm.ppf(0.5 + curve.confidence / 2.0))
     p_hat, lower, upper = predicted_interval(lstar, se, z, curve.band.x, curve.band.lower, curve.band.upper,
                                              curve.knots.x, curve.knots.y)
+    p_hat, upper = _sigmoid_beyond_grid(curve, lstar, z * se, p_hat, upper)
     lower, upper = _widen_for_extrapolation(curve, lstar, z * se, lower, upper)
     level = curve.level
     state: Literal["clear", "at_risk", "emerged"] = (
@@ -554,6 +555,35 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
                            task=curve.task, metric=curve.metric, axis=curve.axis,
                            budget=curve.at_budget_level,
                            extrapolation=extrapolation_distance(lstar, curve.x_range, _progress_sign(curve)))
+
+
+def sigmoid_value(curve: CurveArtifact, x: float) -> float:
+    """The fitted sigmoid of a sigmoid curve at x, from its parameters (any x)."""
+    sig = curve.sigmoid
+    assert sig is not None
+    arg = -sig.k * _progress_sign(curve) * (x - sig.x0)
+    return float(sig.floor + (sig.ceiling - sig.floor) / (1.0 + math.exp(min(arg, 700.0))))
+
+
+def _sigmoid_beyond_grid(curve: CurveArtifact, x: float, reach: float, p_hat: float,
+                         upper: float) -> tuple[float, float]:
+    """A sigmoid curve's band is stored on a grid reaching `sigmoid.extend` data spans beyond the
+    references; further out the knots would hold their last value. There P̂ comes from the
+    fitted parameters, and the upper edge rises by what the curve still rises between the grid's
+    end and the score's most advanced end (x + z·se toward progress); the lower edge keeps the
+    band's value at the grid's end, a bound a monotone curve cannot fall below. The extrapolation
+    widening (`_widen_for_extrapolation`) then applies as everywhere beyond the references."""
+    if curve.sigmoid is None:
+        return p_hat, upper
+    sign = _progress_sign(curve)
+    grid_end = max(curve.band.x, key=lambda v: sign * v)
+    far = x + sign * reach
+    if sign * far <= sign * grid_end:
+        return p_hat, upper
+    if sign * x > sign * grid_end:
+        p_hat = sigmoid_value(curve, x)
+    rise = max(sigmoid_value(curve, far) - sigmoid_value(curve, grid_end), 0.0)
+    return p_hat, max(upper + rise, p_hat)
 
 
 def extrapolation_widening(curve: CurveArtifact) -> float:

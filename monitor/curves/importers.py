@@ -59,7 +59,7 @@ columns; the tasks of `OBSSCALING_TASKS` (the same columns, metric names and ite
 from __future__ import annotations
 
 import csv
-import fnmatch
+import io
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -124,7 +124,9 @@ def read_table(path: str | Path, *, required: Sequence[str] = (), max_bytes: int
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise LabelError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    reader = csv.DictReader(text.splitlines())
+    # StringIO, not splitlines(): a quoted cell may hold a line break, and splitlines() also breaks
+    # at form feeds, U+2028 and other characters that are plain text inside a cell.
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = [c.strip() for c in (reader.fieldnames or [])]
     missing = [c for c in required if c not in columns]
     if missing:
@@ -147,7 +149,19 @@ def _imported(**axes: float | None) -> tuple[str, ...]:
 
 
 def _selected(name: str, patterns: Sequence[str] | None) -> bool:
-    return patterns is None or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+    """Whether `name` matches one of the shell globs (RE2, linear in the name: monitor.patterns)."""
+    if patterns is None:
+        return True
+    from monitor.patterns import PatternError, compile_glob
+
+    for pattern in patterns:
+        try:
+            if compile_glob(pattern).fullmatches(name):
+                return True
+        except PatternError as exc:
+            raise LabelError(f"lineage glob {pattern!r} is not usable: {exc.reason}",
+                             hint="write a shell glob such as '1B-*'") from None
+    return False
 
 
 # -- olmo-ladder ------------------------------------------------------------------------------
@@ -448,6 +462,7 @@ def import_obsscaling(csv_path: str | Path, *, lineages: Sequence[str] | None = 
             labels.append(Label(
                 checkpoint=model, value=table.number(line, row, spec.column), family=row["Model Family"].strip() or None,
                 task=task, metric=spec.metric, n=spec.n, params=params, flops=flops, lineage=model, tokens=tokens,
+                step=0.0,   # one checkpoint per model: a one-step history (`lstar backtest` needs a step)
                 repo=model, imported=_imported(params=params, flops=flops),
                 source="obsscaling", source_ref=f"{table.path}:{line}"))
     if not labels:
