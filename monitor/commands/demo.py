@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
         fit_history: bool = typer.Option(False, "--fit-history",
                                          help="Train, label and fit the history curve (seed 0) here instead of "
-                                              "using the shipped one (about four more minutes on 2 cores)."),
+                                              "using the shipped one (about as long again as the demo itself)."),
         save_history_curve: Path = typer.Option(None, "--save-history-curve",
                                                  help="With --fit-history: also write the fitted curve here."),
     ) -> None:

@@ -4,8 +4,8 @@ A watcher applies curves fitted beforehand on labelled checkpoints; so does the 
 curve (`SHIPPED_CURVE`, package data) was fitted by `fit_history` on seed 0 of
 `monitor.lab.demo.demo_config`: each of its twelve checkpoints scored on the demo's documents
 and evaluated on the 55 additions, then `fit_demo_curve` (b = chance, ε = half the fitted rise).
-`lstar demo --fit-history` runs the same steps inside the demo instead (about four more minutes
-on 2 cores) and uses the curve it fits; `lstar demo --fit-history --save-history-curve PATH`
+`lstar demo --fit-history` runs the same steps inside the demo instead (about as long again as
+the demo itself) and uses the curve it fits; `lstar demo --fit-history --save-history-curve PATH`
 writes a file that replaces the shipped one.
 
 `shipped_curve` refuses the shipped file when the calibration corpus the demo scores on is not
@@ -102,8 +102,8 @@ def shipped_curve(corpus_sha256: str) -> Any:
         raise LstarError(f"the demo's shipped curve {SHIPPED_CURVE.name} was fitted on calibration documents with "
                          f"sha256 {str(curve.corpus_sha256)[:16]}…, but the documents the demo scores have "
                          f"sha256 {corpus_sha256[:16]}… (is ../shared/corpus/calib-v0 another version?)",
-                         hint="run `lstar demo --fit-history`: it fits the curve on this corpus (about four "
-                              "more minutes)")
+                         hint="run `lstar demo --fit-history`: it fits the curve on this corpus (about as "
+                              "long again as the demo itself)")
     return curve
 
 

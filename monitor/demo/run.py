@@ -1,4 +1,4 @@
-"""`lstar demo`: the whole loop, offline, in about five minutes on a 2-core CPU, watching a real emergence.
+"""`lstar demo`: the whole loop, offline, on a 2-core CPU, watching a real emergence (its measured cost: docs/lab.md).
 
 1. The history: the additions curve (accuracy on the lab's 55 additions in words, `seven plus
    two is nine`, against L*) fitted on seed 0 of the demo's lab (`monitor.demo.history`). It is
@@ -254,7 +254,7 @@ def _history_curve(request: Any, *, fit_history: bool, models: Path, db: Path, s
         with _stage("history"):
             return shipped_curve(corpus_selection(request).sha256)
     log(f"--fit-history: training seed {HISTORY_SEED} of the demo's lab, then scoring and evaluating "
-        "each of its checkpoints (about four more minutes on 2 cores)")
+        "each of its checkpoints (about as long again as the demo itself)")
     config = demo_config(shared, seeds=(HISTORY_SEED,))
     with _stage("train"):
         lineages = train_demo_lineages(models, shared=shared, seeds=config.seeds, threads=config.threads)
