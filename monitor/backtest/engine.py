@@ -75,7 +75,7 @@ def _family_choice(record: dict | None) -> dict | None:  # type: ignore[type-arg
         return None
     families = record.get("families") or {}
     return {"chosen": record.get("chosen"), "rule": record.get("rule"),
-            "forward": {name: {k: v.get(k) for k in ("n", "mare", "coverage") if k in v}
+            "forward": {name: {k: v.get(k) for k in ("n", "mae", "mare", "coverage") if k in v}
                         for name, v in families.items() if isinstance(v, dict)}}
 
 

@@ -101,24 +101,24 @@ def summary_lines(data: Mapping[str, Any]) -> list[str]:
             + (f" to {alerts['file']}" if alerts["file"] else " (no --alerts-out: not kept)")]
 
 
-CURVE_COLUMNS = ("task", "family", "forward |rel. error| isotonic", "forward |rel. error| sigmoid", "level",
+CURVE_COLUMNS = ("task", "family", "forward |error| isotonic", "forward |error| sigmoid", "level",
                  "reference range", "widening c", "spread a")
 
 
 def curve_rows(data: Mapping[str, Any]) -> list[list[str]]:
     """One row per task's curve: the family forward validation chose on the references, each
-    family's forward mean |relative error|, the level, the axis range the references span, and
+    family's forward mean absolute error (in the metric's units), the level, the axis range the references span, and
     the widening beyond it (docs/measurement.md §3a)."""
     rows = []
     for task, curve in sorted(data.get("curves", {}).items()):
         forward = (curve.get("family_choice") or {}).get("forward") or {}
 
-        def mare(family: str) -> str:
-            value = (forward.get(family) or {}).get("mare")
-            return "—" if value is None else f"{value * 100:.1f} %"
+        def mae(family: str) -> str:
+            value = (forward.get(family) or {}).get("mae")
+            return "—" if value is None else f"{value:.4f}"
 
         low, high = curve.get("x_range") or (None, None)
-        rows.append([task, str(curve.get("family")), mare("isotonic"), mare("sigmoid"), num(curve.get("level")),
+        rows.append([task, str(curve.get("family")), mae("isotonic"), mae("sigmoid"), num(curve.get("level")),
                      "—" if low is None else f"{low:.4g} … {high:.4g}", num(curve.get("extrapolation_widening")),
                      num(curve.get("lineage_spread"))])
     return rows

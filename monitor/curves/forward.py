@@ -50,7 +50,10 @@ MAX_SPLITS = 6
 TRAINING_SPLITS = (0.5, 0.6, 0.7, 0.8, 0.9)
 TIE_TOLERANCE = 0.02
 DISTANCE_BINS = 4
-RULE = (f"lowest forward mean absolute relative error; sigmoid only if below isotonic's by more than "
+# By the absolute error, in the metric's own units: a relative error explodes where the observed
+# value is near zero (an open-vocabulary task early in training), and would let a few such points
+# decide the family.
+RULE = (f"lowest forward mean absolute error; sigmoid only if below isotonic's by more than "
         f"{TIE_TOLERANCE:.0%} of it (ties → isotonic)")
 
 
@@ -209,7 +212,7 @@ def choose_family(labels: Sequence[Label], *, fit: Callable[..., Any], task: str
     record = forward_validate(labels, fit=fit, task=task, metric=metric, baseline=baseline, margin=margin,
                               confidence=confidence, axis=axis, ordering=ordering, families=FAMILIES,
                               resamples=resamples, seed=seed)
-    iso, sig = record["families"]["isotonic"]["mare"], record["families"]["sigmoid"]["mare"]
+    iso, sig = record["families"]["isotonic"]["mae"], record["families"]["sigmoid"]["mae"]
     if iso is None and sig is None:
         raise CurveError(f"task {task!r}: forward validation fitted no family on any split",
                          hint="; ".join(f"{k}: {v}" for k, v in list(record["skipped"].items())[:3]) or None)
