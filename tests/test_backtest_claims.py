@@ -124,3 +124,17 @@ def test_the_readme_states_the_results_numbers() -> None:
             f"{s['misses']} ({s['late_warnings']})", str(s["false_alarms"]), str(s["false_emerged"]),
             f"{cov['covered']}/{cov['checked']} = {cov['coverage']:.2f} [{cov['coverage_lo']:.2f}, "
             f"{cov['coverage_hi']:.2f}]", f"{s['mean_abs_relative_error'] * 100:.1f} %"], name
+
+
+def test_the_readme_states_each_olmo_tasks_final_forecast() -> None:
+    text = (BACKTESTS / "README.md").read_text(encoding="utf-8")
+    c4 = _load(BACKTESTS / "results" / "olmo-c4-low" / "result.json")
+    loss = {r["task"]: r for r in _load(BACKTESTS / "results" / "olmo-task-loss-low" / "result.json")["results"]}
+    frontier = {r["task"]: r for r in _load(BACKTESTS / "results" / "olmo-c4-frontier" / "result.json")["results"]}
+    for item in c4["results"]:
+        task, final = item["task"], item["final"]
+        row = (f"| {task} | {final['observed']:.3f} | {final['p_hat']:.3f} | {final['relative_error'] * 100:+.1f} % | "
+               f"{loss[task]['final']['relative_error'] * 100:+.1f} % | {final['paper_relative_error'] * 100:+.1f} % | "
+               f"{item['coverage']['coverage']:.2f} | {loss[task]['coverage']['coverage']:.2f} | "
+               f"{frontier[task]['first_warning']['step']:,.0f} → {frontier[task]['crossing']['step']:,.0f} |")
+        assert row in text, row

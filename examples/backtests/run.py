@@ -136,12 +136,17 @@ def run_obsscaling() -> list[dict]:
                 Lineage(t.name, tuple(l for l in t.labels if l.task == task)) for t in history.targets
                 if any(l.task == task for l in t.labels)))
             result = run_backtest(history_task, spec, resamples=RESAMPLES).as_dict()
+            result["curves"] = {f"{k} (without {family})": v for k, v in result["curves"].items()}
             if pooled is None:
                 pooled = result
             else:
                 pooled["results"] += result["results"]
                 pooled["targets"] += result["targets"]
-                pooled["curves"].update({f"{k} (without {family})": v for k, v in result["curves"].items()})
+                pooled["curves"].update(result["curves"])
+                pooled["not_evaluated"] += result["not_evaluated"]
+                pooled["alerts"]["count"] += result["alerts"]["count"]
+                pooled["alerts"]["notifications"] += result["alerts"]["notifications"]
+                pooled["alerts"]["list"] += result["alerts"]["list"]
     assert pooled is not None
     pooled["targets"] = sorted(set(pooled["targets"]))
     pooled["references"] = ["every other family"]
