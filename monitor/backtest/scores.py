@@ -46,6 +46,12 @@ def _num(value: float | None) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def _given(value: object, stand_in: float) -> float:
+    """The history's value where it gives one (0.0 included), else the stand-in."""
+    got = _num(value)
+    return stand_in if got is None else got
+
+
 def score_run_row(label: Label, *, axis: str, value: float, se: float, finished_at: datetime,
                   corpus_sha256: str = BACKTEST_CORPUS_SHA256,
                   scoring_spec: ScoringRef = BACKTEST_SPEC) -> dict[str, Any]:
@@ -114,9 +120,3 @@ def record_history_score(store: Store, label: Label, *, axis: str, value: float,
 
 
 __all__ = ["SPEC", "checkpoint_sha", "record_history_score", "score_run_row", "spec_columns"]
-
-
-def _given(value: object, stand_in: float) -> float:
-    """The history's value where it gives one (0.0 included), else the stand-in."""
-    got = _num(value)
-    return stand_in if got is None else got
