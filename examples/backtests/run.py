@@ -119,7 +119,7 @@ def run_obsscaling() -> list[dict]:
     other family the references; the per-family results are pooled into one table."""
     labels = [l.with_(lineage=f"{l.family}/{l.checkpoint}", step=0.0) for l in read_labels_csv(OBS_LABELS)]
     families = sorted({l.family for l in labels if l.family})
-    start, pooled = time.perf_counter(), None
+    start, parts = time.perf_counter(), []
     for family in families:
         refs = [l for l in labels if l.family != family]
         targets = [l for l in labels if l.family == family]
@@ -135,51 +135,17 @@ def run_obsscaling() -> list[dict]:
             history_task = replace(history, targets=tuple(
                 Lineage(t.name, tuple(l for l in t.labels if l.task == task)) for t in history.targets
                 if any(l.task == task for l in t.labels)))
-            result = run_backtest(history_task, spec, resamples=RESAMPLES).as_dict()
-            result["curves"] = {f"{k} (without {family})": v for k, v in result["curves"].items()}
-            if pooled is None:
-                pooled = result
-            else:
-                pooled["results"] += result["results"]
-                pooled["targets"] += result["targets"]
-                pooled["curves"].update(result["curves"])
-                pooled["not_evaluated"] += result["not_evaluated"]
-                pooled["alerts"]["count"] += result["alerts"]["count"]
-                pooled["alerts"]["notifications"] += result["alerts"]["notifications"]
-                pooled["alerts"]["list"] += result["alerts"]["list"]
-    assert pooled is not None
-    pooled["targets"] = sorted(set(pooled["targets"]))
-    pooled["references"] = ["every other family"]
-    pooled["history"] = f"{OBS_LABELS.name}, leave one family out ({len(families)} families)"
-    pooled["summary"] = summarise(pooled)
-    return [write("obsscaling-lofo-bpc", pooled, time.perf_counter() - start)]
-
-
-def summarise(data: dict) -> dict:
-    """The summary of pooled per-family results, by the same counts `BacktestResult.summary` makes."""
-    from monitor.curves.observe import coverage
-
-    results = data["results"]
-    checked = sum(r["coverage"]["checked"] for r in results)
-    covered = sum(r["coverage"]["covered"] for r in results)
-    contradictions = sum(r["coverage"]["contradictions"] for r in results)
-    errors = [abs(r["final"]["relative_error"]) for r in results if r["final"] and r["final"]["relative_error"] is not None]
-    count = lambda key: sum(r[key] is not None for r in results)  # noqa: E731
-    return {"task_lineages": len(results), "crossings": count("crossing"), "crossed_at_start": count("crossed_at_start"),
-            "warned_ahead": count("lead"), "misses": count("missed"), "late_warnings": count("late_warning"),
-            "false_alarms": count("false_alarm"), "false_emerged": sum(len(r["false_emerged"]) for r in results),
-            "mean_abs_relative_error": sum(errors) / len(errors) if errors else None, "median_lead_steps": None,
-            "coverage": coverage(checked, covered, contradictions, CONFIDENCE).as_dict(),
-            "coverage_inside_references": _coverage_of_points(results, extrapolated=False),
-            "coverage_beyond_references": _coverage_of_points(results, extrapolated=True)}
-
-
-def _coverage_of_points(results: list[dict], *, extrapolated: bool) -> dict:
-    from monitor.curves.observe import coverage
-
-    points = [p for r in results for p in r["points"] if p.get("covered") is not None
-              and bool(p.get("extrapolated")) is extrapolated]
-    return coverage(len(points), sum(bool(p["covered"]) for p in points), 0, CONFIDENCE).as_dict()
+            result = run_backtest(history_task, spec, resamples=RESAMPLES)
+            parts.append(replace(result, curves={f"{k} (without {family})": v for k, v in result.curves.items()}))
+    # One BacktestResult over every family's rows: its own summary() pools them.
+    pooled = replace(parts[0], history=f"{OBS_LABELS.name}, leave one family out ({len(families)} families)",
+                     references=["every other family"],
+                     targets=sorted({t for r in parts for t in r.targets}),
+                     curves={k: v for r in parts for k, v in r.curves.items()},
+                     results=[x for r in parts for x in r.results], alerts=[a for r in parts for a in r.alerts],
+                     notifications=sum(r.notifications for r in parts),
+                     not_evaluated=[n for r in parts for n in r.not_evaluated])
+    return [write("obsscaling-lofo-bpc", pooled.as_dict(), time.perf_counter() - start)]
 
 
 def main(argv: list[str] | None = None) -> int:
