@@ -243,8 +243,51 @@ def netlog_requests(path: Path) -> list[tuple[str, str]]:
             for e in log.get("events", []) if e.get("type") == start and "url" in (e.get("params") or {})]
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None,
-                    reason="headless Chromium missing: apt-get install -y chromium")
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
+            # the browser's own clock query to Google, not the page's: off, so what is left is the page's
+            "--disable-features=NetworkTimeServiceQuerying",
+            # and none of the browser's own requests reach beyond this machine either
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None,
+                                    reason="headless Chromium missing: apt-get install -y chromium")
+
+
+@needs_chromium
+def test_the_network_log_catches_a_page_reaching_beyond_loopback(tmp_path) -> None:
+    """The check below can fail: a page with no CSP that loads an image and a stylesheet from
+    other hosts shows both among its own requests."""
+    import http.server
+
+    body = b'<html><body><img src="http://example.org/x.png"><link rel=stylesheet href="https://cdn.example.net/a.css">'
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        netlog = tmp_path / "netlog.json"
+        subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}", f"--log-net-log={netlog}",
+                        "--net-log-capture-mode=Everything", "--dump-dom", f"http://127.0.0.1:{server.server_port}/"],
+                       check=True, capture_output=True, timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    from_page = {urlsplit(u).hostname for u, key in netlog_requests(netlog) if key.split(" ")[0] == "http://127.0.0.1"}
+    assert {"example.org", "cdn.example.net"} <= from_page, from_page
+
+
+@needs_chromium
 def test_the_page_in_chromium_shows_the_database_states_and_stays_on_loopback(world, tmp_path) -> None:
     from PIL import Image
     import numpy as np
@@ -255,12 +298,7 @@ def test_the_page_in_chromium_shows_the_database_states_and_stays_on_loopback(wo
                           comment="retraining this week", start=None, now=world.now, created_by="oncall")
     daemon = StatusDaemon(world.store, [world.policy], world.folder)
     expected = expected_from_database(world.store, world.current)
-    common = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-              "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-default-apps",
-              # the browser's own clock query to Google, not the page's: off, so what is left is the page's
-              "--disable-features=NetworkTimeServiceQuerying",
-              # and none of the browser's own requests reach beyond this machine either
-              "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+    common = CHROMIUM
     with ApiServer(daemon, port=0, token="t" * 32, workers=2, idle_timeout=5, lifetime=30) as server:
         url = f"{server.url}/"
         netlog = tmp_path / "netlog.json"
