@@ -30,7 +30,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -269,10 +269,23 @@ def gather(daemon: Any, *, now: datetime, max_rows: int = MAX_ROWS,
 
 
 # -- rendering ---------------------------------------------------------------------------------
+def _when(value: Any) -> str:
+    """A time as the report prints it: a datetime, or the ISO text the daemon's job states hold
+    (left as it is when it is not a time)."""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+        return fmt(moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc))
+    return fmt(value)
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=True,
                              undefined=jinja2.StrictUndefined, finalize=template_value)
     env.filters["fmt"] = fmt
+    env.filters["when"] = _when
     env.filters["signed"] = lambda v: "—" if v is None else f"{v:+.4f}"
     return env
 
