@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup
 
 from monitor.escape import template_value
 from monitor.reports.present import checkpoint_name, fmt, lineage_order, place
@@ -295,7 +294,7 @@ _ENV = _environment()
 
 def render(data: Mapping[str, Any]) -> bytes:
     """The page's HTML for `gather`'s data."""
-    html = _ENV.get_template(TEMPLATE).render(**data, css=Markup(CSS))
+    html = _ENV.get_template(TEMPLATE).render(**data, css=CSS)   # the page's own text, marked safe there
     return html.encode()
 
 
