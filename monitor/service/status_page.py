@@ -214,8 +214,8 @@ def lineage_rows(candidates: Sequence[Candidate], *, limit: int = MAX_ROWS) -> t
         groups.setdefault((c.policy, c.task, c.lineage), []).append(c)
     rows = []
     for key, members in groups.items():
-        ordered = training_order(members)
-        current = ordered[-1]
+        ordered = training_order(members)   # the sparkline's order
+        current = current_checkpoint(members)   # the one lookup of "current" (its last)
         distance = distance_to_level(current)
         rows.append({"key": key, "policy": key[0], "task": key[1], "lineage": key[2],
                      "checkpoint": checkpoint_name(current.repo, current.commit, current.refs),
