@@ -1,5 +1,6 @@
 """The daemon's local HTTP API (127.0.0.1 unless `lstar run --api-host 0.0.0.0`). The client side is `monitor.service.client`.
 
+    GET  /                      the live status page: HTML, refreshing itself (`monitor.service.status_page`)
     GET  /health                200 {"ok": true} | 503 {"ok": false, "reasons": [...]} (unhealthy, or
                                 degraded: a task the scoring settings can never evaluate)
     GET  /metrics               Prometheus text format
@@ -49,7 +50,9 @@ trickling client is closed after that long), a connection lives at most its life
 longest for its request is closed). `workers` requests are served at once, each on a handler
 thread; one more gets 503 with Retry-After, unserved. GET /health and /metrics hold no slot
 and run on small pools of their own, so neither waiting clients nor slow reads delay them;
-concurrent /metrics scrapes share one render (`monitor.service.api_cache`).
+concurrent /metrics scrapes share one render (`monitor.service.api_cache`). The status page
+`/` holds no slot either: it renders on a pool of its own, one render shared by every request
+for two seconds, and needs the token beyond loopback like every other read.
 
 The webhook secret comes from $LSTAR_HUB_WEBHOOK_SECRET or the file given to `lstar run
 --webhook-secret-file`; without one the endpoint answers 404. Reads use their own DuckDB
@@ -90,6 +93,9 @@ from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, LISTEN_BACKLOG, M
 from monitor.service.api_guard import (DEFAULT_LIFETIME, DEFAULT_MAX_REQUESTS, MAX_LIMIT, TOKEN_NAME,
                                        HandlerSlots, RequestGuard, RequestRefused, refusal_body)
 from monitor.service.daemon_view import DaemonView
+from monitor.service.status_page import HEADERS as STATUS_PAGE_HEADERS
+from monitor.service.status_page import MAX_AGE as STATUS_PAGE_MAX_AGE
+from monitor.service.status_page import render_status_page
 from monitor.store import utcnow
 from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
 from monitor.store.pages import DEFAULT_LIMIT
@@ -103,12 +109,13 @@ DEFAULT_IDLE_TIMEOUT = 15.0
 DEFAULT_WORKERS = 8
 RESERVED_WORKERS = 2                       # threads of /health, and two of /metrics, alone
 RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
+STATUS_PAGE = "/"                          # also answered beside the slots, on a pool of its own
 ALERT_ID = re.compile(r"\d{1,18}")
 STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
-GET_PARAMS = {"/health": (), "/metrics": (), "/status": (), "/db/info": (),
+GET_PARAMS = {STATUS_PAGE: (), "/health": (), "/metrics": (), "/status": (), "/db/info": (),
               "/checkpoints": ("status", "repo", "limit", "cursor"), "/runs": ("limit", "cursor"),
               "/report/latest": ("format",), "/report": ("policy",), "/alerts": ("policy", "limit", "cursor"),
               "/silences": ("all", "now", "limit", "cursor")}
@@ -200,8 +207,11 @@ class ApiApp:
         # Every concurrent scrape shares one render (at most one a second).
         self.metrics_render = SharedRender(lambda: anyio.to_thread.run_sync(
             daemon.metrics.render, limiter=self._limiter("/metrics")))
+        self.status_page_render = SharedRender(lambda: anyio.to_thread.run_sync(
+            render_status_page, daemon, limiter=self._limiter(STATUS_PAGE)), max_age=STATUS_PAGE_MAX_AGE)
         get = ["GET"]  # HEAD comes with GET
-        routes = [Route("/health", self._route(self._health, pool="/health"), methods=get),
+        routes = [Route(STATUS_PAGE, self._status_page, methods=get),
+                  Route("/health", self._route(self._health, pool="/health"), methods=get),
                   Route("/metrics", self._metrics, methods=get),
                   Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
                   Route("/checkpoints", self._route(self._checkpoints), methods=get),
@@ -221,7 +231,7 @@ class ApiApp:
         hint = f"send `Authorization: Bearer TOKEN` with the token in {daemon.config.state_dir / TOKEN_NAME}" \
             if daemon.config is not None else "send `Authorization: Bearer TOKEN`"
         self.asgi = RequestGuard(app, token=token, allowed_hosts=tuple(h.lower() for h in allowed_hosts),
-                                 reserved_paths=RESERVED_PATHS, body_limit=self._body_limit,
+                                 reserved_paths=(*RESERVED_PATHS, STATUS_PAGE), body_limit=self._body_limit,
                                  needs_token=self._needs_token, slots=self.slots, token_hint=hint)
 
     # -- what the guard asks -------------------------------------------------------------------
@@ -311,6 +321,19 @@ class ApiApp:
             log.exception("API GET /metrics failed")
             return _json({"error": INTERNAL_ERROR}, 500)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def _status_page(self, request: Request) -> Response:
+        """The live status page (`monitor.service.status_page`), rendered once for every
+        request that comes while it renders and served again for two seconds."""
+        try:
+            _Query(request.scope["path"], request.scope["query_string"].decode("latin-1"))
+            body = await self.status_page_render.get()
+        except RequestRefused as exc:
+            return Response(refusal_body(exc), status_code=exc.status, media_type="application/json")
+        except Exception:
+            log.exception("API GET / failed")
+            return _json({"error": INTERNAL_ERROR}, 500)
+        return Response(body, media_type="text/html; charset=utf-8", headers=STATUS_PAGE_HEADERS)
 
     def _checkpoints(self, request: Request, query: _Query) -> Response:
         limit = query.limit()
