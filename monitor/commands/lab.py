@@ -74,7 +74,12 @@ def _is_v3(path: Path) -> bool:
     """Whether a lab.json or rows file is lab v3's (schema `lstar-lab/3` or `lstar-lab-rows/3`)."""
     from monitor.lab.report_v3 import is_v3, read_json
 
-    return path.exists() and is_v3(read_json(path)[0])
+    if not path.exists():
+        return False
+    try:
+        return is_v3(read_json(path)[0])
+    except LabError:   # not readable as JSON: v2's reader says why, in its own words
+        return False
 
 
 def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> None:
