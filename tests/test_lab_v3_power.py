@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import nct, norm, t as student
+from scipy.stats import nct, t as student
 
 from monitor.curves.axis_choice import sign_flip_pvalue
 from monitor.errors import LabError

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from monitor.curves.axis_choice import finite_json
-from monitor.errors import CurveError, LabelError, LabError
+from monitor.errors import CurveError, LabelError
 from monitor.lab import analysis as race
 from monitor.lab import power
 from monitor.lab.pilot import level_margin, pilot_gate
