@@ -70,6 +70,33 @@ def _print_summary(record: Any) -> None:
     plain_console().print(table)
 
 
+def _is_v3(path: Path) -> bool:
+    """Whether a lab.json or rows file is lab v3's (schema `lstar-lab/3` or `lstar-lab-rows/3`)."""
+    from monitor.lab.report_v3 import is_v3, read_json
+
+    if not path.exists():
+        return False
+    try:
+        return is_v3(read_json(path)[0])
+    except LabError:   # not readable as JSON: v2's reader says why, in its own words
+        return False
+
+
+def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> None:
+    """Lab v3's verdict: the pre-registration's pin checked, then the pilot gate, the power, the
+    primary comparison and the negative control (docs/lab-v3-preregistration.md)."""
+    from monitor.lab.report_v3 import write_v3_report_from
+
+    result = write_v3_report_from(path, out_dir, resamples=resamples)
+    if as_json:
+        print(json.dumps({k: result[k] for k in ("pilot_gate", "power", "primary", "negative_control",
+                                                 "secondary", "design", "preregistration_sha256", "source")},
+                         indent=1, allow_nan=False))
+    else:
+        echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab-v3-preregistration.md)")
+        echo(f"lab report: {out_dir}")
+
+
 def register(app: typer.Typer) -> None:
     lab = typer.Typer(help="The emergence lab: train checkpoint families with different tokenizers, "
                            "score and label them, report how L* transfers thresholds.",
@@ -130,17 +157,25 @@ def register(app: typer.Typer) -> None:
                seed: int = int_option(0, "--seed", low=0, high=MAX_SEED, help="Seed of the bootstrap and permutations."),
                axes: str = typer.Option(None, "--axes", help="Comma-separated axes to race (default: all; L* always)."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
-        """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json)."""
+        """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json).
+
+        A lab v3 record (schema lstar-lab/3) or v3 rows file (lstar-lab-rows/3) gets v3's report
+        instead: its pre-registration pin is checked, then the pilot gate, the power of the design
+        as run, the primary verdict by the pre-registered rule and the negative control
+        (docs/lab-v3-preregistration.md); --json prints them."""
         from monitor.lab.analysis import RaceConfig
         from monitor.lab.report import write_lab_report
 
         from monitor.lab.analysis import AXES
 
+        lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
+        out_dir = out or ((rows.parent / "report") if rows is not None else lab_json.parent / "report")
+        if _is_v3(rows if rows is not None else lab_json):
+            _report_v3(rows if rows is not None else lab_json, out_dir, resamples=resamples, as_json=as_json)
+            return
         chosen = tuple(AXES) if axes is None else tuple(a.strip() for a in axes.split(",") if a.strip())
         config = RaceConfig(resamples=resamples, seed=seed, axes=chosen)
         config.check()
-        lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
-        out_dir = out or ((rows.parent / "report") if rows is not None else lab_json.parent / "report")
         result = write_lab_report(lab_json, out_dir, config=config, rows_file=rows)
         if as_json:
             print(json.dumps(result, indent=1, allow_nan=False))

@@ -1,0 +1,141 @@
+"""Lab v3's report: `lab-report.json` (every number of `analysis_v3.analyse_v3`) and
+`lab-report.md` (the verdict, the pilot gate, the power, the negative control, the secondaries).
+
+    data = write_v3_report(rows, out_dir, pilot_rows=..., pin=..., source={...})
+
+Rows come from a v3 record (`records_v3.race_rows_v3`, with its `preregistration_sha256`)
+or from a rows file `{"schema": "lstar-lab-rows/3", "preregistration_sha256": ..., "rows":
+[...], "pilot_rows": [...]}`. Either way the pin is checked first: a record made under another
+pre-registration is refused in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monitor.errors import LabError, PolicyError
+from monitor.escape import markdown_code, markdown_text
+from monitor.files import FileKind, NotJsonError, read_bounded_json
+from monitor.lab import analysis as race
+from monitor.lab.analysis_v3 import analyse_v3
+from monitor.lab.preregistration import check_pin, load_preregistration
+
+RECORD_SCHEMA = "lstar-lab/3"
+ROWS_SCHEMA = "lstar-lab-rows/3"
+MAX_BYTES = 256 << 20
+LAB_FILE = FileKind("lab record", "lab records", "JSON")
+
+
+def read_json(path: Path) -> tuple[Any, str]:
+    """A lab.json or rows file, bounded, with its sha256."""
+    path = Path(path)
+    if not path.exists():
+        raise LabError(f"no file at {path}", hint="pass the lab folder, its lab.json, or a rows file")
+    try:
+        data, raw = read_bounded_json(path, str(path), what=LAB_FILE, limit=MAX_BYTES)
+    except PolicyError as exc:
+        raise LabError(exc.message) from None
+    except NotJsonError as exc:
+        raise LabError(f"{path} is not valid JSON: {str(exc)[:200]}") from None
+    return data, hashlib.sha256(raw).hexdigest()
+
+
+def is_v3(data: Any) -> bool:
+    return isinstance(data, Mapping) and data.get("schema") in (RECORD_SCHEMA, ROWS_SCHEMA)
+
+
+def rows_of(data: Mapping[str, Any], path: Path) -> tuple[list, list | None, Any]:
+    """(rows, pilot rows, pin) of a v3 record or rows file."""
+    if data.get("schema") == ROWS_SCHEMA:
+        rows, pilot = data.get("rows"), data.get("pilot_rows")
+        if not isinstance(rows, list) or not (pilot is None or isinstance(pilot, list)):
+            raise LabError(f"{path}: 'rows' (and 'pilot_rows', when present) must be lists of v3 rows")
+        return rows, pilot, data.get("preregistration_sha256")
+    try:
+        from monitor.lab import records_v3
+    except ImportError:
+        raise LabError(f"{path} is a v3 lab record, but this installation has no monitor.lab.records_v3",
+                       hint="update the project, or pass the record's rows with --rows") from None
+    lab = records_v3.parse_lab_v3(data) if hasattr(records_v3, "parse_lab_v3") else data
+    pilot_of = getattr(records_v3, "pilot_rows_v3", None)
+    return (list(records_v3.race_rows_v3(lab)), list(pilot_of(lab)) if pilot_of else None,
+            data.get("preregistration_sha256"))
+
+
+def _g(v: Any, digits: int = 3) -> str:
+    return "—" if v is None else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+def to_markdown(data: Mapping[str, Any]) -> str:
+    g, p, c, des = data["pilot_gate"], data["primary"], data["negative_control"], data["design"]
+    pw = data["power"]
+    out = ["# Emergence lab v3 report", "",
+           f"Source {markdown_code(data['source']['path'])} (sha256 {markdown_code(data['source']['sha256'][:16])}), "
+           f"pre-registration sha256 {markdown_code(data['preregistration_sha256'][:16])}: {des['n_families']} "
+           f"families, seeds {', '.join(map(str, des['seeds']))}, {des['n_checkpoints']} checkpoints.", "",
+           "## Verdict", "",
+           f"- **{p['statement']}** (primary: {race.AXES[p['axis']].label} against L* on the family-averaged LOFO "
+           f"crossing error of {p['task']} {p['metric']}, {p['text']} text).",
+           f"- Difference {_g(p['difference'], 4)}, sign-flip p {_g(p['p_value'])}, interval "
+           f"[{_g(p['lower'], 4)}, {_g(p['upper'], 4)}]; conditions failed: "
+           f"{', '.join(p['failed']) if p['failed'] else 'none'}.",
+           f"- Pilot gate: {'passed' if g['passed'] else 'stopped'} ({markdown_text(g.get('reason'))}).",
+           "- Negative control: " + (markdown_text(c.get("reading")) if c.get("ran")
+                                     else f"not run ({markdown_text(c.get('reason'))})") + ".",
+           f"- Power of the design as run ({pw['families']} families × {pw['seeds']} seeds, α {pw['alpha']:g}): "
+           + (", ".join(f"{v:.2f} at standardised effect {e}" for e, v in (pw["by_effect"] or {}).items()) or "—")
+           + f" ({pw['source']}).",
+           "- Deviations from the pre-registration: " + ("; ".join(des["deviations"]) or "none seen") + ".", "",
+           f"Rule (pre-registered): {data['rule']}", "", "## Pilot gate", ""]
+    if g.get("ran"):
+        out += [f"Level {_g(g['level'], 4)}; {g['share_above_level']:.1%} of {g['n_rows']} pilot checkpoints at or "
+                "above it.", "", "| axis | crossing error | always above | shuffled (mean) | passes |",
+                "|---|---:|---:|---:|---|"]
+        for a, v in g["axes"].items():
+            out.append(f"| {race.AXES[a].label} | {_g(v.get('crossing_error'))} | {_g(v.get('always_above_error'))} | "
+                       f"{_g(v.get('shuffled_mean_error'))} | {'yes' if v['passed'] else 'no'} |")
+    else:
+        out.append(f"Not run: {markdown_text(g.get('reason'))}.")
+    out += ["", "## Secondary comparisons", ""]
+    if data["secondary"]:
+        out += ["| task · metric | text | axis − L* | p | Holm p | passes |", "|---|---|---:|---:|---:|---|"]
+        for s in data["secondary"]:
+            out.append(f"| {markdown_text(s['task'])} · {markdown_text(s['metric'])} | {s['text']} | "
+                       f"{_g(s['difference'], 4)} | {_g(s['p_value'])} | {_g(s['p_holm'])} | "
+                       f"{'yes' if s['passes'] else 'no'} |")
+    else:
+        out.append("Not run (the pilot gate did not pass).")
+    return "\n".join(out) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_v3_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, pilot_rows: Sequence[Mapping[str, Any]] | None,
+                    pin: Any, source: Mapping[str, str], resamples: int | None = None,
+                    prereg_path: Path | None = None) -> dict[str, Any]:
+    """Check the pin, analyse, write lab-report.json and lab-report.md; return the numbers."""
+    sha = check_pin(pin, where=source["path"], path=prereg_path)
+    data = analyse_v3(rows, load_preregistration(prereg_path), pilot_rows=pilot_rows, resamples=resamples)
+    data.update(source=dict(source), preregistration_sha256=sha)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write(out_dir / "lab-report.json", json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    _write(out_dir / "lab-report.md", to_markdown(data))
+    return data
+
+
+def write_v3_report_from(path: Path, out_dir: Path, *, resamples: int | None = None) -> dict[str, Any]:
+    """The report of a v3 lab.json or rows file."""
+    data, sha = read_json(path)
+    rows, pilot, pin = rows_of(data, Path(path))
+    return write_v3_report(rows, out_dir, pilot_rows=pilot, pin=pin, source={"path": str(path), "sha256": sha},
+                           resamples=resamples)
