@@ -430,7 +430,8 @@ def _axis_table(labels: list[Label], values: np.ndarray, families: np.ndarray, w
         recommended = reference
         reason = f"no axis is better than {reference} by the rule"
     for r in table:
-        r["fit_family"] = fit_family
+        if r.get("available"):
+            r["fit_family"] = fit_family
     return table, (recommended, reason)
 
 
