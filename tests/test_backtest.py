@@ -63,8 +63,33 @@ def test_observed_states_by_hand():
 def test_lead_time_from_first_warning_to_crossing():
     r = rows(["clear", "clear", "at_risk", "at_risk", "emerged", "emerged"], CROSSING_VALUES)
     assert compare.first_warning(r).step == 300 and compare.crossing(r).step == 500
-    assert compare.lead(r) == {"steps": 200.0, "tokens": 2e6, "flops": None}
+    assert compare.lead(r) == {"steps": 200.0, "tokens": 2e6, "flops": None, "in_force": True,
+                               "first_warning_steps": 200.0}
     assert compare.missed(r) is None and compare.late_warning(r) is None and compare.false_alarm(r) is None
+
+
+def test_lead_counts_from_the_last_uninterrupted_warning_run():
+    # warned at 100, back to clear at 200, warned again from 300 (400 not predicted: no break);
+    # the crossing is at 500 (0.74 ≥ 0.5): the lead is 500 − 300, the first warning 500 − 100 ahead
+    r = rows(["at_risk", "clear", "at_risk", None, "emerged", "emerged"], CROSSING_VALUES)
+    assert compare.lead(r) == {"steps": 200.0, "tokens": 2e6, "flops": None, "in_force": True,
+                               "first_warning_steps": 400.0}
+    # a warning that lapsed before the crossing still counts from its start, and says it lapsed
+    r = rows(["clear", "at_risk", "at_risk", "clear", "emerged", "emerged"], CROSSING_VALUES)
+    assert compare.lead(r) == {"steps": 300.0, "tokens": 3e6, "flops": None, "in_force": False,
+                               "first_warning_steps": 300.0}
+
+
+def test_pooled_coverage_uses_each_rows_own_nominal_level():
+    import dataclasses
+
+    r = rows(["clear"] * 6, CROSSING_VALUES)
+    mixed = [dataclasses.replace(x, confidence=0.9 if i < 3 else 0.5) for i, x in enumerate(r)]
+    assert compare.pooled_nominal(mixed) == pytest.approx((3 * 0.9 + 3 * 0.5) / 6)
+    assert compare.coverage_of(mixed).nominal == pytest.approx(0.7)
+    # the order of the rows no longer decides the level
+    assert compare.coverage_of(mixed[::-1]).nominal == pytest.approx(0.7)
+    assert compare.coverage_of(r).nominal == pytest.approx(TASK.confidence)
 
 
 def test_late_warning_is_also_a_miss():

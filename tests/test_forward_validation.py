@@ -127,3 +127,27 @@ def test_forward_validation_of_2000_points_is_fast():
     elapsed = time.perf_counter() - start
     assert record["chosen"] == "sigmoid"
     assert elapsed < 20.0, elapsed
+
+
+def test_the_widening_is_one_sided_for_isotonic_and_coverage_uses_the_band_used():
+    """Hand-worked: p̂ = 0.5, band ±0.02, no noise. Inside: one point on the curve (a = 0).
+    Ahead by 1 unit: above by 0.09 (needs c = 0.07), above by 0.05 (needs 0.03), below by 0.10
+    (needs 0.08 on the lower side, which only a sigmoid widens; its band's edge at the last
+    reference, 0.45, bounds it)."""
+    from monitor.curves.forward import _summarise
+
+    def row(d, err, floor=0.45):
+        return (d, err, 0.5 + err, 0.02, 0.02, 0.0, 0.0, floor, 1.0, 1.0)
+
+    rows = [row(0.0, 0.0), row(1.0, 0.09), row(1.0, 0.05), row(1.0, -0.10)]
+    iso = _summarise(rows, 0.9, two_sided=False)
+    # c over the two points above only: quantile_0.9 of (0.07, 0.03) = 0.03 + 0.9·0.04
+    assert iso["spread"] == 0.0 and iso["widening"] == pytest.approx(0.066)
+    assert iso["beyond_widening"] == 1 and "open side" in iso["widening_sides"]
+    # covered: on the curve; 0.55 ≤ 0.5 + 0.02 + 0.066; not 0.59 (> 0.586); not 0.40 (< 0.48)
+    assert iso["coverage_widened"] == pytest.approx(2 / 4)
+    sig = _summarise(rows, 0.9, two_sided=True)
+    # quantile_0.9 of (0.03, 0.07, 0.08) = 0.07 + 0.8·0.01
+    assert sig["widening"] == pytest.approx(0.078) and sig["beyond_widening"] == 0
+    # 0.59 ≤ 0.598 now covered; 0.40 still not: the lower edge stops at the floor 0.45
+    assert sig["coverage_widened"] == pytest.approx(3 / 4)

@@ -8,8 +8,9 @@ target lineage's rows (`Row`, in training order):
 
 - `crossing`: the first checkpoint observed emerged;
 - `first_warning`: the first checkpoint predicted at_risk or emerged (a firing state);
-- `lead`: steps, tokens and FLOPs from the first warning to the crossing, when the warning
-  comes strictly before it;
+- `lead`: steps, tokens and FLOPs to the crossing from the start of the last uninterrupted run
+  of warnings before it (a warning that lapsed to clear earlier does not count), with the steps
+  from the first warning of all reported beside it;
 - `crossed_at_start`: the crossing, when it is the lineage's first checkpoint: no warning could
   have come before it, so it is neither a miss nor a late warning (a history that starts late
   in training cannot test the lead time of a level it had already passed);
@@ -19,7 +20,8 @@ target lineage's rows (`Row`, in training order):
 - `false_emerged`: every checkpoint predicted emerged while its observation is clear;
 - `covered`: the observed value inside the predicted interval widened by its own noise
   (`observe.predictive_interval` with n; with a stderr alone the same quadrature with z·stderr);
-  `coverage_of` pools rows into the share with its Clopper–Pearson interval;
+  `coverage_of` pools rows into the share with its Clopper–Pearson interval, tested against the
+  mean of the rows' own nominal levels (`pooled_nominal`; rows may carry different levels);
 - `final_relative_error`: (p̂ − observed)/observed at the lineage's last checkpoint.
 """
 
@@ -115,18 +117,47 @@ def first_warning(rows: Sequence[Row]) -> Row | None:
     return next((r for r in rows if r.state in FIRING), None)
 
 
-def lead(rows: Sequence[Row]) -> dict[str, float | None] | None:
-    """Steps, tokens and FLOPs from the first warning to the crossing (None unless the warning
-    comes strictly before the crossing); tokens/FLOPs None where either checkpoint lacks them."""
-    cross, warn = crossing(rows), first_warning(rows)
-    if cross is None or warn is None or not warn.step < cross.step:
+def last_warning_run(rows: Sequence[Row], before: Row) -> tuple[Row, bool] | None:
+    """The first checkpoint of the last uninterrupted run of warnings strictly before `before`
+    (consecutive predicted checkpoints in a firing state; a checkpoint without a prediction
+    neither breaks nor extends a run, one predicted clear breaks it), and whether that run was
+    still in force at the last prediction before `before`. None: no warning before it."""
+    start: Row | None = None
+    in_force = False
+    for r in rows:
+        if r is before or not r.step < before.step:
+            break
+        if r.state in FIRING:
+            if not in_force:
+                start = r
+            in_force = True
+        elif r.state is not None:
+            in_force = False
+    return (start, in_force) if start is not None else None
+
+
+def lead(rows: Sequence[Row]) -> dict[str, Any] | None:
+    """Steps, tokens and FLOPs to the crossing from the start of the last uninterrupted run of
+    warnings before it (`last_warning_run`: a warning that returned to clear and fired again
+    counts from its return), whether that run was still in force when the crossing came, and,
+    as `first_warning_steps`, the steps from the first warning of all. None unless a warning
+    comes strictly before the crossing; tokens/FLOPs None where either checkpoint lacks them."""
+    cross = crossing(rows)
+    if cross is None:
         return None
+    found = last_warning_run(rows, cross)
+    if found is None:
+        return None
+    run, in_force = found
+    warn = first_warning(rows)
+    assert warn is not None
 
     def gap(a: float | None, b: float | None) -> float | None:
         return b - a if a is not None and b is not None else None
 
-    return {"steps": cross.step - warn.step, "tokens": gap(warn.tokens, cross.tokens),
-            "flops": gap(warn.flops, cross.flops)}
+    return {"steps": cross.step - run.step, "tokens": gap(run.tokens, cross.tokens),
+            "flops": gap(run.flops, cross.flops), "in_force": in_force,
+            "first_warning_steps": cross.step - warn.step}
 
 
 def crossed_at_start(rows: Sequence[Row]) -> Row | None:
@@ -178,11 +209,22 @@ def contradicted(row: Row) -> bool:
     return verdict(p.lo, p.hi, row.observed_lo, row.observed_hi, row.level) == "contradicted"
 
 
-def coverage_of(rows: Sequence[Row], nominal: float) -> Coverage:
+def pooled_nominal(rows: Sequence[Row], default: float = 0.9) -> float:
+    """The nominal coverage of rows pooled together: the mean of the checked rows' own levels.
+    Under calibration a row at level q is covered with probability q, so the expected share is
+    that mean; the binomial test at the mean is conservative for mixed levels (the variance of
+    a sum of Bernoulli(q_i) is at most that of Binomial(n, mean q))."""
+    levels = [r.confidence for r in rows if covered(r) is not None]
+    return sum(levels) / len(levels) if levels else default
+
+
+def coverage_of(rows: Sequence[Row], nominal: float | None = None) -> Coverage:
     """The share of predicted rows covered, its Clopper–Pearson interval and the one-sided
-    test against `nominal`."""
+    test against `nominal` (default: `pooled_nominal`, the rows' own levels)."""
     checks = [covered(r) for r in rows]
     checked = [c for c in checks if c is not None]
+    if nominal is None:
+        nominal = pooled_nominal(rows)
     return coverage(len(checked), sum(checked), sum(contradicted(r) for r in rows), nominal)
 
 
@@ -197,5 +239,5 @@ def final_relative_error(rows: Sequence[Row]) -> float | None:
 
 
 __all__ = ["FIRING", "Row", "contradicted", "crossed_at_start", "coverage_of", "covered", "crossing", "false_alarm", "false_emerged",
-           "final_relative_error", "first_warning", "late_warning", "lead", "make_row", "missed",
+           "final_relative_error", "first_warning", "last_warning_run", "pooled_nominal", "late_warning", "lead", "make_row", "missed",
            "observed_interval", "widened_interval"]

@@ -99,8 +99,7 @@ class BacktestResult:
 
     def pooled_coverage(self, task: str | None = None) -> Coverage:
         rows = [r for res in self.results if task is None or res.task == task for r in res.rows]
-        nominal = rows[0].confidence if rows else 0.9
-        return compare.coverage_of(rows, nominal)
+        return compare.coverage_of(rows)   # nominal: the mean of the rows' own levels
 
     def summary(self) -> dict[str, Any]:
         """Counts over every task × lineage."""
@@ -125,8 +124,7 @@ class BacktestResult:
         """Pooled coverage of the rows predicted inside (or beyond) the references' axis range."""
         rows = [r for res in self.results for r in res.rows
                 if r.predicted is not None and bool(r.predicted.extrapolated) is extrapolated]
-        nominal = rows[0].confidence if rows else 0.9
-        return compare.coverage_of(rows, nominal)
+        return compare.coverage_of(rows)   # nominal: the mean of the rows' own levels
 
     def as_dict(self) -> dict[str, Any]:
         return finite({

@@ -211,6 +211,8 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
         console.print(lofo)
     if curve.family_choice is not None:
         console.print(forward_table(curve.family_choice))
+    if curve.choice is not None:
+        console.print(choice_text(curve.choice), markup=False, highlight=False, emoji=False, soft_wrap=True)
     if curve.lofo is not None:
         lofo = Table(title=f"leave-one-family-out ({len(curve.lofo.families)} families)", title_justify="left")
         for name in ("predictor", "RMSE", "crossing error", "Brier", "held out"):
@@ -236,12 +238,14 @@ def _warn(curve: CurveArtifact) -> None:
 def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: Path | None,
                    metric: str | None, confidence: float, bootstrap: int, seed: int, corpus_sha: str | None,
                    family: str | None, axes: str, family_resamples: int, out: Path | None, db_path: Path,
-                   as_json: bool) -> None:
+                   as_json: bool, fit_families: str | None = None) -> None:
     """`curves validate --axes`: the axis choice of one task, or of every task of a CSV."""
     from monitor.curves import select_labels
-    from monitor.curves.axis_choice import ChoiceConfig, choice_markdown, choose_axis, parse_axes
+    from monitor.curves.axis_choice import (ChoiceConfig, choice_markdown, choose_axis, parse_axes,
+                                            parse_fit_families)
 
     names = parse_axes(axes)
+    fams = parse_fit_families(fit_families)
     cfg = ChoiceConfig(confidence=confidence, resamples=bootstrap, seed=seed, family_resamples=family_resamples)
     if task is None:
         if labels is None or labels.suffix.lower() != ".csv":
@@ -255,8 +259,8 @@ def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: 
     for name in tasks:
         chosen, used = select_labels(rows, task=name, metric=metric)
         choices.append(choose_axis(chosen, baseline=baseline, margin=margin, axes=names, config=cfg,
-                                   task=name, metric=used))
-    data = {"schema": "lstar-axis-choice/1", "tasks": choices}
+                                   task=name, metric=used, fit_families=fams))
+    data = {"schema": "lstar-axis-choice/2", "tasks": choices}
     if out is not None:
         suffix = out.suffix.lower()
         if suffix not in (".json", ".md", ".markdown"):
@@ -275,6 +279,34 @@ def _validate_axes(*, task: str | None, baseline: float, margin: float, labels: 
         console.print(choice_markdown(c), markup=False, highlight=False, emoji=False, soft_wrap=True)
     if out is not None:
         console.print(f"wrote {out}", soft_wrap=True, markup=False)
+
+
+def _fit_chosen(rows: list[Any], *, task: str, metric: str | None, baseline: float, margin: float,
+                fit_family: str, confidence: float, resamples: int, seed: int, **fit_args: Any) -> CurveArtifact:
+    """`curves fit --axis auto`: choose the (axis, family) pair (`choose_axis`; both families
+    with --fit-family auto, else the one named) and fit it, the choice recorded in the artifact
+    with the widening its forward validation measured, where it had one."""
+    from monitor.curves import select_labels
+    from monitor.curves.axis_choice import FIT_FAMILIES, ChoiceConfig, choose_axis
+    from monitor.curves.fit import fit_curve
+
+    chosen, used = select_labels(rows, task=task, metric=metric)
+    record = choose_axis(chosen, baseline=baseline, margin=margin, task=task, metric=used,
+                         config=ChoiceConfig(confidence=confidence, seed=seed),
+                         fit_families=FIT_FAMILIES if fit_family == "auto" else (fit_family,))
+    pair = record["choice"]
+    forward = (pair.get("forward") or {}).get("families", {}).get(pair["family"]) or {}
+    return fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin, confidence=confidence,
+                     resamples=resamples, seed=seed, axis=pair["axis"], family=pair["family"],
+                     widening=forward.get("widening"), spread=forward.get("spread"), choice=pair, **fit_args)
+
+
+def choice_text(pair: dict[str, Any]) -> str:
+    """The recorded (axis, family) choice of a curve, in words, with its candidates."""
+    from monitor.curves.axis_choice import candidates_markdown
+
+    return (f"axis and fit family chosen: {pair.get('family')} on {pair.get('axis')}, by "
+            f"{pair.get('decided_by')}: {pair.get('reason')}\n\n{candidates_markdown(pair)}\nRule: {pair.get('rule')}.")
 
 
 def register(app: typer.Typer) -> None:
@@ -297,7 +329,9 @@ def register(app: typer.Typer) -> None:
         no_lofo: bool = typer.Option(False, "--no-lofo", help="Skip leave-one-family-out validation."),
         axis: str = typer.Option("lstar", "--axis", "--predictor",
                                  help="Progress axis: lstar, bits_per_byte, lstar_per_byte, l_rel, l_gain, "
-                                      "raw_ce, log_params or log_flops."),
+                                      "raw_ce, log_params or log_flops; or auto: the axis choice of `curves "
+                                      "validate --axes` picks the axis (and, with --fit-family auto, the "
+                                      "family) and the curve records the choice with its candidates."),
         fit_family: str = typer.Option("isotonic", "--fit-family",
                                        help="Curve family: isotonic (flat beyond the data), sigmoid (a "
                                             "four-parameter sigmoid in the axis, whose band reaches beyond the "
@@ -318,7 +352,8 @@ def register(app: typer.Typer) -> None:
         from monitor.curves.axes import get_axis
         from monitor.curves.fit import fit_curve
 
-        get_axis(axis)  # an unknown axis is refused before any labels are read
+        if axis != "auto":
+            get_axis(axis)  # an unknown axis is refused before any labels are read
         db_path = db_file(state, db)
         rows, pins = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family,
                                      budget_column=budget_column)
@@ -333,6 +368,10 @@ def register(app: typer.Typer) -> None:
                                      budget_column=budget_column, confidence=confidence, resamples=bootstrap,
                                      seed=seed, corpus_sha256=corpus, scoring_spec=scoring,
                                      lofo=not no_lofo, axis=axis)
+        elif axis == "auto":
+            curve = _fit_chosen(rows, task=task, metric=metric, baseline=baseline, margin=margin,
+                                confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
+                                scoring_spec=scoring, lofo=not no_lofo, fit_family=fit_family)
         else:
             curve = fit_curve(rows, task=task, metric=metric, baseline=baseline, margin=margin,
                               confidence=confidence, resamples=bootstrap, seed=seed, corpus_sha256=corpus,
@@ -423,6 +462,10 @@ def register(app: typer.Typer) -> None:
                                  "and recommend one."),
         family_resamples: int = int_option(200, "--family-resamples", low=20, high=MAX_RESAMPLES,
                                            help="With --axes: refit-bootstrap resamples over families."),
+        fit_families: str = typer.Option("all", "--fit-families",
+                                         help="With --axes: the fit families compared on every axis "
+                                              "(comma-separated, or 'all': isotonic, sigmoid); the (axis, "
+                                              "family) pair is chosen by the rule printed with the table."),
         forward: bool = typer.Option(False, "--forward",
                                      help="Forward validation of the fit families instead: predict every larger "
                                           "model (or later stretch of training) from the smaller (earlier) ones, "
@@ -447,7 +490,7 @@ def register(app: typer.Typer) -> None:
             _validate_axes(task=task, baseline=baseline, margin=margin, labels=labels, metric=metric,
                            confidence=confidence, bootstrap=bootstrap, seed=seed, corpus_sha=corpus_sha,
                            family=family, axes=axes, family_resamples=family_resamples, out=out,
-                           db_path=db_path, as_json=as_json)
+                           db_path=db_path, as_json=as_json, fit_families=fit_families)
             return
         if task is None:
             raise CurveError("give --task (every task of a CSV is validated only with --axes)")

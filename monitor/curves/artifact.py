@@ -319,6 +319,10 @@ class CurveArtifact(_Strict):
     lineage_spread: float | None = Field(default=None, ge=0.0)
     # The forward-validation record that chose the family (monitor.curves.forward.choose_family).
     family_choice: dict[str, Any] | None = None
+    # The (axis, fit family) choice this curve was fitted by (`monitor.curves.axis_choice`:
+    # {axis, family, rule, decided_by, reason, candidates}). Absent from curves fitted on a
+    # named axis, and from every file written before the choice was recorded.
+    choice: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_family(self) -> "CurveArtifact":
@@ -357,7 +361,7 @@ class CurveArtifact(_Strict):
         # The family fields appear only where they differ from an isotonic curve's defaults.
         if data.get("fit_family") == "isotonic":
             data.pop("fit_family", None)
-        for key in ("sigmoid", "extrapolation_widening", "lineage_spread", "family_choice"):
+        for key in ("sigmoid", "extrapolation_widening", "lineage_spread", "family_choice", "choice"):
             if data.get(key) is None:
                 data.pop(key, None)
         if self.schema_ == SCHEMA_V1:
@@ -949,7 +953,7 @@ def curve_summary(curve: CurveArtifact) -> dict[str, Any]:
             "schema": curve.schema_, "n_imported": sum(p.imported for p in curve.points),
             "fit_family": curve.fit_family, "sigmoid": curve.sigmoid.model_dump() if curve.sigmoid else None,
             "extrapolation_widening": extrapolation_widening(curve), "lineage_spread": curve.lineage_spread or 0.0,
-            "family_choice": curve.family_choice,
+            "family_choice": curve.family_choice, "choice": curve.choice,
             "n_checkpoints": curve.n_checkpoints,
             "families": curve.families, "baseline": curve.baseline, "margin": curve.margin,
             "level": curve.level, "confidence": curve.confidence,

@@ -48,6 +48,7 @@ AXES: dict[str, Predictor] = {name: AXIS_REGISTRY[name] for name in (
     "lstar", "lstar_per_byte", "bits_per_byte", "l_rel", "l_gain", "raw_ce", "log_params", "log_flops")}
 AXIS_ORDER = tuple(AXES)
 ERRORS = ("rmse", "crossing_error")
+FIT_FAMILIES = ("isotonic", "sigmoid")
 EXACT_MAX_FAMILIES = 16
 
 
@@ -81,6 +82,33 @@ def rule_text(reference: str, cfg: ChoiceConfig) -> str:
             f"{cfg.error} is lower than {reference}'s with sign-flip permutation p < {cfg.alpha:g} over "
             f"families AND the {cfg.interval:.0%} refit-bootstrap interval of the difference wholly "
             f"below 0; among several, the largest improvement; ties stay {reference}")
+
+
+def pair_rule_text(reference: str, cfg: ChoiceConfig, families: Sequence[str]) -> str:
+    """How the (axis, fit family) pair is chosen, as printed and recorded with every choice."""
+    if len(families) == 1:
+        return f"fit family {families[0]} only; axis: {rule_text(reference, cfg)}"
+    from monitor.curves.forward import TIE_TOLERANCE
+
+    return (f"axis, within each fit family ({', '.join(families)}; the reference {reference} fitted with "
+            f"the same family): {rule_text(reference, cfg)}. Family, between those winners: where the "
+            f"labels order the models (by size, or lineage and step), the lowest forward mean absolute "
+            f"error, a non-isotonic family only if below isotonic's by more than {TIE_TOLERANCE:.0%} of "
+            f"it; otherwise a non-isotonic family only if its family-averaged LOFO {cfg.error} is lower "
+            f"with sign-flip p < {cfg.alpha:g} and the {cfg.interval:.0%} family-bootstrap interval of the "
+            f"difference wholly below 0; ties → isotonic")
+
+
+def parse_fit_families(text: str | None) -> list[str]:
+    """Fit family names from `all` or a comma-separated list, checked against the closed set."""
+    if text is None or text.strip().lower() in ("", "all"):
+        return list(FIT_FAMILIES)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in FIT_FAMILIES]
+    if unknown or not names:
+        raise CurveError(f"unknown fit family {', '.join(map(repr, unknown)) or '(none)'} in --fit-families",
+                         hint=f"choose from all, {', '.join(FIT_FAMILIES)}")
+    return list(dict.fromkeys(names))
 
 
 def parse_axes(text: str | None) -> list[str]:
@@ -190,7 +218,8 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
                     xs: dict[str, np.ndarray], predictors: dict[str, Predictor], *, baseline: float,
                     margin: float, reference: str, resamples: int, seed: Sequence[int], fold_seed: int,
                     confidence: float = 0.9, sizes: np.ndarray | None = None,
-                    seeds: np.ndarray | None = None) -> tuple[dict[str, dict[str, list[float]]], int]:
+                    seeds: np.ndarray | None = None,
+                    fit_family: str = "isotonic") -> tuple[dict[str, dict[str, list[float]]], int]:
     """Cluster bootstrap (`cluster_draw`) that refits the whole LOFO on every draw.
 
     Returns per axis and error the family-averaged error of every resample ("<error>") and its
@@ -213,7 +242,7 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
         lofo = lofo_axes(values[rows], families[rows].tolist(),
                          {a: (predictors[a], x[rows]) for a, x in xs.items()}, baseline=baseline,
                          margin=margin, stderr=stderr, confidence=confidence, resamples=1,
-                         seed=fold_seed + b)
+                         seed=fold_seed + b, fit_family=fit_family)
         if seeds is None:   # every row of a family weighs alike: its plain LOFO errors
             per = {a: _family_errors(lofo.per_family, a) for a in xs}
         else:
@@ -236,15 +265,24 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
 # -- the choice ----------------------------------------------------------------------------------
 def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                 axes: Sequence[str] | None = None, config: ChoiceConfig | None = None,
-                task: str | None = None, metric: str | None = None) -> dict[str, Any]:
-    """Validate every available axis leave-one-family-out; recommend one by `rule_text`.
+                task: str | None = None, metric: str | None = None,
+                fit_families: Sequence[str] = ("isotonic",)) -> dict[str, Any]:
+    """Validate every available axis leave-one-family-out, with each fit family in
+    `fit_families`; recommend an (axis, family) pair by `pair_rule_text`.
 
     Returns a JSON-ready dict (no NaN): the task, the reference axis (and why, if not L*), the
-    rule text, the recommended axis and, per axis, its pooled LOFO errors, family-level
-    intervals, per-family errors and its comparison with the reference.
+    axis rule text, the recommended axis and family, per axis (of the first family, `axes`; of
+    every family, `axes_by_family`) its pooled LOFO errors, family-level intervals, per-family
+    errors and its comparison with the reference; and `choice`, the record a curve artifact
+    stores: {axis, family, rule, decided_by, reason, candidates: one row per (axis, family)}.
     """
     cfg = config or ChoiceConfig()
     cfg.check()
+    families_compared = list(dict.fromkeys(fit_families))
+    unknown = [f for f in families_compared if f not in FIT_FAMILIES]
+    if not families_compared or unknown:
+        raise CurveError(f"unknown fit family {', '.join(map(repr, unknown)) or '(none given)'} for the axis choice",
+                         hint=f"choose from {', '.join(FIT_FAMILIES)}")
     labels = list(labels)
     if not labels:
         raise LabelError("no labels to choose an axis on")
@@ -272,6 +310,27 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
                             "families": sorted(set(families.tolist())), "reference": reference,
                             "reference_note": reference_note, "error": cfg.error, "rule": rule,
                             "config": asdict(cfg)}
+    tables: dict[str, list[dict[str, Any]]] = {}
+    picks: dict[str, tuple[str, str]] = {}
+    for fit_family in families_compared:
+        tables[fit_family], picks[fit_family] = _axis_table(
+            labels, values, families, weights, xs, have, available, names, reference,
+            baseline=baseline, margin=margin, cfg=cfg, fit_family=fit_family)
+    first = families_compared[0]
+    choice = _choose_pair(labels, tables, picks, reference=reference, baseline=baseline, margin=margin,
+                          cfg=cfg, task=task, metric=metric)
+    return finite_json({**base, "recommended": choice["axis"], "recommended_reason": choice["reason"],
+                        "recommended_family": choice["family"], "fit_families": list(families_compared),
+                        "axes": tables[first], "axes_by_family": tables, "choice": choice})
+
+
+def _axis_table(labels: list[Label], values: np.ndarray, families: np.ndarray, weights: np.ndarray,
+                xs: dict[str, np.ndarray], have: dict[str, np.ndarray], available: list[str], names: list[str],
+                reference: str, *, baseline: float, margin: float, cfg: ChoiceConfig,
+                fit_family: str) -> tuple[list[dict[str, Any]], tuple[str, str]]:
+    """The axis table of one fit family (every axis fitted with that family, the reference too)
+    and the axis `rule_text` recommends within it, with the reason."""
+
     # Axes sharing one set of usable points (those with both the axis and the reference) are
     # validated together, paired on the same folds and family draws.
     groups: dict[bytes, list[str]] = {}
@@ -296,11 +355,12 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
         lofo = lofo_axes(values[idx], fam.tolist(), {a: (AXES[a], xs[a][idx]) for a in group_axes},
                          baseline=baseline, margin=margin, n=[labels[i].n for i in idx],
                          stderr=[labels[i].stderr for i in idx], confidence=cfg.confidence,
-                         resamples=cfg.resamples, seed=cfg.seed)
+                         resamples=cfg.resamples, seed=cfg.seed, fit_family=fit_family)
         boot, degenerate = refit_bootstrap(values[idx], fam, weights[idx], {a: xs[a][idx] for a in group_axes},
                                            AXES, baseline=baseline, margin=margin, reference=reference,
                                            resamples=cfg.family_resamples, seed=[cfg.seed + g],
-                                           fold_seed=cfg.seed, confidence=cfg.confidence)
+                                           fold_seed=cfg.seed, confidence=cfg.confidence,
+                                           fit_family=fit_family)
         pooled = {r.predictor: r for r in lofo.rows}
         ref_fam = _family_errors(lofo.per_family, reference)
         for a in members:
@@ -369,7 +429,151 @@ def choose_axis(labels: Sequence[Label], *, baseline: float, margin: float,
     else:
         recommended = reference
         reason = f"no axis is better than {reference} by the rule"
-    return finite_json({**base, "recommended": recommended, "recommended_reason": reason, "axes": table})
+    for r in table:
+        if r.get("available"):
+            r["fit_family"] = fit_family
+    return table, (recommended, reason)
+
+
+
+def _candidates(tables: dict[str, list[dict[str, Any]]], picks: dict[str, tuple[str, str]],
+                error: str) -> list[dict[str, Any]]:
+    """One row per validated (axis, fit family): its LOFO errors and its comparison with the
+    reference fitted with the same family."""
+    out = []
+    for fam, table in tables.items():
+        for r in table:
+            if not r.get("available"):
+                continue
+            v = r.get("vs_reference")
+            out.append({"axis": r["axis"], "family": fam, "n_points": r["n_points"], "rmse": r["rmse"],
+                        "crossing_error": r["crossing_error"], "family_error": r[f"family_{error}"]["mean"],
+                        "difference": v[error]["difference"] if v else None,
+                        "p_value": v[error]["p_value"] if v else None,
+                        "better_by_rule": v["better_by_rule"] if v else None,
+                        "axis_pick": picks[fam][0] == r["axis"],
+                        "forward_mae": None, "forward_coverage": None, "forward_note": None})
+    return out
+
+
+def _forward_errors(labels: list[Label], candidates: list[dict[str, Any]], *, baseline: float, margin: float,
+                    cfg: ChoiceConfig, task: str | None, metric: str | None) -> tuple[str | None, dict[tuple[str, str], dict[str, Any]]]:
+    """Forward validation (`monitor.curves.forward`) of every candidate pair, where the labels
+    order the models; (ordering or None, {(axis, family): its record of that family})."""
+    from monitor.curves.fit import fit_curve
+    from monitor.curves.forward import forward_validate, splits
+
+    try:
+        ordering, _ = splits(labels)
+    except (LabelError, CurveError):
+        return None, {}
+    task = task if task is not None else labels[0].task
+    metric = metric if metric is not None else labels[0].metric
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in candidates:
+        try:
+            record = forward_validate(labels, fit=fit_curve, task=str(task), metric=metric, baseline=baseline,
+                                      margin=margin, confidence=cfg.confidence, axis=c["axis"],
+                                      ordering=ordering, families=(c["family"],),
+                                      resamples=max(cfg.resamples, 50), seed=cfg.seed)
+        except (LabelError, CurveError) as exc:
+            c["forward_note"] = exc.message
+            continue
+        row = record["families"][c["family"]]
+        c["forward_mae"], c["forward_coverage"] = row["mae"], row["coverage"]
+        if row["mae"] is None:
+            c["forward_note"] = "no split could be fitted"
+        records[(c["axis"], c["family"])] = {**record, "chosen": c["family"]}
+    return ordering, records
+
+
+def _family_bootstrap(diffs: Sequence[float], cfg: ChoiceConfig) -> tuple[float | None, float | None]:
+    """Percentile interval of the mean per-family difference, families drawn with replacement."""
+    d = np.asarray(diffs, dtype=np.float64)
+    if len(d) == 0:
+        return None, None
+    rng = np.random.default_rng([cfg.seed, 11])
+    means = d[rng.integers(0, len(d), size=(cfg.family_resamples, len(d)))].mean(axis=1)
+    return _interval(means.tolist(), cfg.interval)
+
+
+def _choose_pair(labels: list[Label], tables: dict[str, list[dict[str, Any]]], picks: dict[str, tuple[str, str]],
+                 *, reference: str, baseline: float, margin: float, cfg: ChoiceConfig, task: str | None,
+                 metric: str | None) -> dict[str, Any]:
+    """The (axis, family) pair by `pair_rule_text`: each family's axis by the axis rule, then the
+    family between those winners by forward validation where possible, else by LOFO."""
+    from monitor.curves.forward import TIE_TOLERANCE
+
+    fams = list(tables)
+    candidates = _candidates(tables, picks, cfg.error)
+    rule = pair_rule_text(reference, cfg, fams)
+    if len(fams) == 1:
+        axis, reason = picks[fams[0]]
+        return {"axis": axis, "family": fams[0], "rule": rule, "decided_by": "leave-one-family-out",
+                "reason": reason, "ordering": None, "candidates": candidates, "forward": None}
+    ordering, records = _forward_errors(labels, candidates, baseline=baseline, margin=margin, cfg=cfg,
+                                        task=task, metric=metric)
+    winners = {f: next((c for c in candidates if c["family"] == f and c["axis"] == picks[f][0]), None)
+               for f in fams}
+    default = "isotonic" if "isotonic" in fams else fams[0]
+    base = winners[default]
+    chosen, decided_by, why = default, None, ""
+    forward_ok = {f: w for f, w in winners.items() if w is not None and w["forward_mae"] is not None}
+    if ordering is not None and forward_ok:
+        decided_by = f"forward validation by {ordering}"
+        if default not in forward_ok:
+            chosen = min(forward_ok, key=lambda f: forward_ok[f]["forward_mae"])
+            why = f"{default} could not be forward-validated; {chosen} has the lowest forward mean absolute error"
+        else:
+            ref_mae = forward_ok[default]["forward_mae"]
+            others = [f for f in forward_ok if f != default]
+            best = min(others, key=lambda f: forward_ok[f]["forward_mae"]) if others else None
+            if best is not None and forward_ok[best]["forward_mae"] < ref_mae * (1.0 - TIE_TOLERANCE):
+                chosen = best
+                why = (f"predicting the larger (later) models from the smaller (earlier) ones, {best} on "
+                       f"{picks[best][0]} misses by {forward_ok[best]['forward_mae']:.4g} on average against "
+                       f"{default} on {picks[default][0]}'s {ref_mae:.4g}, better by more than "
+                       f"{TIE_TOLERANCE:.0%}")
+            elif best is not None:
+                why = (f"predicting the larger (later) models from the smaller (earlier) ones, {best} on "
+                       f"{picks[best][0]} misses by {forward_ok[best]['forward_mae']:.4g} on average against "
+                       f"{default} on {picks[default][0]}'s {ref_mae:.4g}, not better by more than "
+                       f"{TIE_TOLERANCE:.0%}, so {default} stays")
+            else:
+                why = f"only {default} could be forward-validated"
+    else:
+        decided_by = "leave-one-family-out"
+        lead = "the labels give no model order for forward validation" if ordering is None else \
+            "forward validation fitted no winner"
+        why = f"{lead}; {default} stays unless another family is better by the LOFO rule"
+        mine = {p["family"]: p for r in tables[default] if r.get("axis") == picks[default][0]
+                for p in r.get("per_family", [])} if base is not None else {}
+        best_gain = 0.0
+        for f in fams:
+            w = winners[f]
+            if f == default or w is None or not mine:
+                continue
+            theirs = {p["family"]: p for r in tables[f] if r.get("axis") == w["axis"] for p in r.get("per_family", [])}
+            both = sorted(set(mine) & set(theirs))
+            d = [theirs[k][cfg.error] - mine[k][cfg.error] for k in both]
+            if not d:
+                continue
+            p, _ = sign_flip_pvalue(d, permutations=cfg.permutations, seed=cfg.seed)
+            lo, hi = _interval([], cfg.interval) if len(d) < 2 else _family_bootstrap(d, cfg)
+            mean = float(np.mean(d))
+            w["vs_default"] = {"difference": mean, "lower": lo, "upper": hi, "p_value": p, "n_families": len(d)}
+            if mean < 0 and math.isfinite(p) and p < cfg.alpha and hi is not None and hi < 0 and -mean > best_gain:
+                best_gain, chosen = -mean, f
+                why = (f"across {len(d)} held-out families {f} on {w['axis']} has a family-averaged "
+                       f"{cfg.error} lower than {default} on {picks[default][0]}'s by {-mean:.4g} "
+                       f"(p = {p:.3g}, interval [{lo:.4g}, {hi:.4g}])")
+            elif chosen == default:
+                why += (f"; {f} on {w['axis']} differs by {mean:+.4g} (p = {p:.3g}), not better by the rule")
+    axis = picks[chosen][0]
+    forward = records.get((axis, chosen))
+    reason = f"{chosen} on {axis}: {why}. Axis within {chosen}: {picks[chosen][1]}"
+    return {"axis": axis, "family": chosen, "rule": rule, "decided_by": decided_by, "reason": reason,
+            "ordering": ordering, "candidates": candidates, "forward": forward}
 
 
 def finite_json(value: Any) -> Any:
@@ -418,6 +622,29 @@ def choice_markdown(choice: dict[str, Any]) -> str:
     lines += [""] + notes + ([""] if notes else [])
     if choice.get("reference_note"):
         lines += [f"Reference: {choice['reference_note']}.", ""]
-    lines += [f"Recommended axis: **{choice['recommended']}** ({choice['recommended_reason']}).", "",
-              f"Rule: {choice['rule']}."]
+    pair = choice.get("choice")
+    if pair is not None and len(choice.get("fit_families", [])) > 1:
+        lines += [candidates_markdown(pair), ""]
+        lines += [f"Chosen: **{pair['axis']} with the {pair['family']} fit** ({pair['reason']}).", "",
+                  f"Rule: {pair['rule']}."]
+    else:
+        lines += [f"Recommended axis: **{choice['recommended']}** ({choice['recommended_reason']}).", "",
+                  f"Rule: {choice['rule']}."]
+    return "\n".join(lines) + "\n"
+
+
+def candidates_markdown(pair: dict[str, Any]) -> str:
+    """The (axis, fit family) candidates of a choice in Markdown: LOFO and forward errors; the
+    rows each family's axis rule picked are marked, the chosen pair in bold."""
+    lines = ["| axis | family | points | LOFO RMSE | crossing error | family error | Δ vs reference | p | "
+             "forward MAE | forward cover | |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for c in pair.get("candidates", []):
+        chosen = c["axis"] == pair["axis"] and c["family"] == pair["family"]
+        mark = "chosen" if chosen else ("axis pick" if c.get("axis_pick") else "")
+        cover = "—" if c.get("forward_coverage") is None else f"{c['forward_coverage']:.0%}"
+        name = f"**{c['axis']}**" if chosen else c["axis"]
+        lines.append(f"| {name} | {c['family']} | {c['n_points']} | {_g(c['rmse'], 4)} | "
+                     f"{_g(c['crossing_error'])} | {_g(c['family_error'])} | {_g(c.get('difference'))} | "
+                     f"{_g(c.get('p_value'))} | {_g(c.get('forward_mae'))} | {cover} | {mark} |")
     return "\n".join(lines) + "\n"

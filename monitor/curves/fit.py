@@ -81,7 +81,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
               predictor: str | None = None, lofo: bool = True, lofo_resamples: int = 200,
               grid_size: int = 101, now: datetime | None = None, axis: str | None = None,
               family: str = "isotonic", widening: float | None = None, spread: float | None = None,
-              forward_resamples: int = 200) -> CurveArtifact:
+              forward_resamples: int = 200, choice: dict | None = None) -> CurveArtifact:
     """Fit a task curve from labelled checkpoints on `axis` (default L*; `predictor` is the
     older name of the same argument) and return its artifact.
 
@@ -91,6 +91,8 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     labels, stores its record as `family_choice` and the widening it measured). `widening`
     sets the extrapolation widening c explicitly (stored as `extrapolation_widening`), `spread`
     the spread a added to the interval everywhere (`lineage_spread`; docs/measurement.md §3a).
+    `choice`: the (axis, family) choice this fit follows (`monitor.curves.axis_choice.choose_axis`'s
+    `choice`), stored as it is; its axis and family must be the ones fitted.
 
     Rows are selected by task and metric (rows without a task/metric match any). Errors name
     what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
@@ -113,6 +115,9 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
             raise CurveError(f"the {name} must be a finite number ≥ 0, got {v}")
     if predictor not in AXES:
         raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
+    if choice is not None and (choice.get("axis") != predictor or choice.get("family") != family):
+        raise CurveError(f"the recorded choice is {choice.get('family')} on {choice.get('axis')}, "
+                         f"but the fit is {family} on {predictor}", hint="fit the chosen pair")
     chosen, metric = select_labels(labels, task=task, metric=metric)
     if metric in LOWER_IS_BETTER:
         raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline",
@@ -215,7 +220,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
                 for label, xi, wi in zip(chosen, x, weights)],
         warnings=warnings, fit_family=fit_family, sigmoid=sigmoid, extrapolation_widening=widening,
         lineage_spread=spread,
-        family_choice=family_choice)
+        family_choice=family_choice, choice=choice)
     draft = CurveArtifact.model_validate(body)
     return draft.model_copy(update={"curve_id": draft.content_id()})
 

@@ -23,9 +23,13 @@ what lies ahead:
   would have covered each (with its binomial noise; 0 for points already covered) — how far a
   new model sits off the references' curve at an equal axis value; c (per axis unit beyond the
   training range) is the `confidence` quantile, over points ahead of it, of the smallest c that
-  would have covered each given a. So the widened band covers the forward points at about the
-  nominal rate. Both are fitted on these labels only; the coverage they give here is in-sample
-  and is reported as such.
+  would have covered each given a. c widens what the curve's family widens (`WIDENING_SIDES`):
+  a sigmoid both sides, a flat isotonic curve only the open side (upward ahead of its data), so
+  a forward point below a flat isotonic curve is beyond any c: it is left out of c's quantile and
+  counted (`beyond_widening`). `coverage_widened` is computed with the band a curve with these
+  a and c actually predicts (`widened_interval`: the artifact's widening, monotone bounds and
+  clipping included). Both are fitted on these labels only; the coverage they give here is
+  in-sample and is reported as such.
 
 `choose_family` picks the family with the lowest forward mean absolute relative error; a
 sigmoid must beat isotonic by more than `TIE_TOLERANCE` (relative) to be chosen, so a tie goes
@@ -124,7 +128,7 @@ def forward_validate(labels: Sequence[Label], *, fit: Callable[..., Any], task: 
     pred = AXES[axis]
     sign = -1.0 if pred.lower_is_progress else 1.0
     z = float(norm.ppf(0.5 + confidence / 2.0))
-    rows: dict[str, list[tuple[float, float, float, float, float, float]]] = {f: [] for f in families}
+    rows: dict[str, list[tuple[float, ...]]] = {f: [] for f in families}
     skipped: dict[str, str] = {}
     split_rows = []
     for name, mask in parts:
@@ -146,43 +150,84 @@ def forward_validate(labels: Sequence[Label], *, fit: Callable[..., Any], task: 
             p_hat = np.interp(x, curve.knots.x, curve.knots.y)
             lo = np.minimum(np.interp(x, curve.band.x, curve.band.lower), p_hat)
             hi = np.maximum(np.interp(x, curve.band.x, curve.band.upper), p_hat)
+            # The monotone bounds beyond the training range (`monitor.bands.widen_beyond`).
+            first, last = sorted(curve.x_range, key=lambda v: sign * v)
+            floor_ahead = float(np.interp(last, curve.band.x, curve.band.lower))
+            ceiling_behind = float(np.interp(first, curve.band.x, curve.band.upper))
+            proportion = all(0.0 <= label.value <= 1.0 for label in train)
             for label, xi, p, a, b in zip(test, x, p_hat, lo, hi):
                 d = extrapolation_distance(float(xi), curve.x_range, sign)
                 n = label.n or 0
                 noise = z * math.sqrt(min(max(p, 0.0), 1.0) * (1.0 - min(max(p, 0.0), 1.0)) / n) if n > 0 else 0.0
                 err = label.value - float(p)
-                half = float(b - p) if err > 0 else float(p - a)
                 plo, phi = predictive_interval(float(p), float(a), float(b), n, confidence)
                 covered = 1.0 if plo <= label.value <= phi else 0.0
-                rows[family].append((d, err, label.value, half, noise, covered))
+                rows[family].append((d, err, label.value, float(p - a), float(b - p), noise, covered,
+                                     floor_ahead, ceiling_behind, 1.0 if proportion else 0.0))
 
     out_families: dict[str, Any] = {}
     for family in families:
-        out_families[family] = _summarise(rows[family], confidence)
+        out_families[family] = _summarise(rows[family], confidence, two_sided=family != "isotonic")
     return {"ordering": used, "axis": axis, "confidence": confidence, "resamples": resamples,
             "splits": split_rows, "families": out_families, "skipped": skipped}
 
 
-def _summarise(rows: list[tuple[float, float, float, float, float, float]], confidence: float) -> dict[str, Any]:
+WIDENING_SIDES = {True: "both sides beyond the data (the shape can be wrong either way), never past the "
+                        "band's edge at the last reference",
+                  False: "the open side only: upward ahead of the data, downward before it (the curve is flat "
+                         "there and the band's edge at the last reference bounds the other side)"}
+
+
+def widened_interval(p: float, half_lo: float, half_hi: float, noise: float, *, spread: float, c: float,
+                     distance: float, two_sided: bool, floor_ahead: float, ceiling_behind: float,
+                     proportion: bool) -> tuple[float, float]:
+    """The interval a curve with spread a and widening c predicts at a point `distance` beyond its
+    training range, the way `monitor.curves.artifact` widens it (a on both sides everywhere,
+    c·distance by `monitor.bands.widen_beyond`, one side for a flat isotonic curve), then widened
+    by the point's own noise in quadrature (`observe.predictive_interval`)."""
+    from monitor.bands import widen_beyond
+
+    lower, upper = p - half_lo - spread, p + half_hi + spread
+    if proportion:
+        lower, upper = max(lower, 0.0), min(upper, 1.0)
+    if distance != 0.0:
+        lower, upper = widen_beyond(lower, upper, ahead=max(distance, 0.0), behind=max(-distance, 0.0), c=c,
+                                    two_sided=two_sided, floor_ahead=floor_ahead, ceiling_behind=ceiling_behind,
+                                    bounds=(0.0, 1.0) if proportion else None)
+    return p - math.hypot(max(p - lower, 0.0), noise), p + math.hypot(max(upper - p, 0.0), noise)
+
+
+def _summarise(rows: list[tuple[float, ...]], confidence: float, *, two_sided: bool) -> dict[str, Any]:
     if not rows:
         return {"n": 0, "mae": None, "mare": None, "coverage": None, "coverage_widened": None,
-                "spread": None, "widening": None, "by_distance": []}
+                "spread": None, "widening": None, "widening_sides": WIDENING_SIDES[two_sided],
+                "beyond_widening": 0, "by_distance": []}
     arr = np.array(rows, dtype=np.float64)
-    d, err, y, half, noise, covered = arr.T
+    d, err, y, half_lo, half_hi, noise, covered, floor_ahead, ceiling_behind, proportion = arr.T
+    half = np.where(err > 0, half_hi, half_lo)   # the band's side toward the observation
     rel = np.abs(err) / np.maximum(np.abs(y), 1e-12)
     ahead = d > 0
-    # The spread a: what the band misses for held-out points inside the training range (a new
-    # model off the references' curve at equal axis value), at the nominal rate.
+    # The spread a (both sides, every family): what the band misses for held-out points inside
+    # the training range (a new model off the references' curve at equal axis value), at the
+    # nominal rate.
     inside = ~ahead
     spread_need = np.array([_needed_widening(e, h, s, 1.0) for e, h, s in zip(err[inside], half[inside],
                                                                                noise[inside])])
     spread = float(np.quantile(spread_need, confidence)) if len(spread_need) else None
     a = spread or 0.0
-    needed = np.array([_needed_widening(e, h + a, s, di) for e, h, s, di in zip(err[ahead], half[ahead],
-                                                                                  noise[ahead], d[ahead])])
+    # c widens only the side the curve actually widens: for a flat isotonic curve ahead of its
+    # data, the upper side. A point below it there is beyond any c and is left out of c's
+    # quantile (it is counted, and uncovered unless a covers it).
+    helped = ahead & ((err > 0) | two_sided)
+    needed = np.array([_needed_widening(e, h + a, s, di) for e, h, s, di in zip(err[helped], half[helped],
+                                                                                  noise[helped], d[helped])])
     widening = float(np.quantile(needed, confidence)) if len(needed) else None
     c = widening or 0.0
-    widened = np.hypot(half + a + c * np.maximum(d, 0.0), noise) >= np.abs(err)
+    widened = np.array([lo <= yi <= hi for yi, (lo, hi) in zip(y, (
+        widened_interval(float(yi - e), hl, hh, s, spread=a, c=c, distance=float(di), two_sided=two_sided,
+                         floor_ahead=fa, ceiling_behind=cb, proportion=bool(pr))
+        for yi, e, hl, hh, s, di, fa, cb, pr in zip(y, err, half_lo, half_hi, noise, d, floor_ahead,
+                                                    ceiling_behind, proportion)))])
     bins = [{"from": None, "to": 0.0, "mask": d <= 0}]
     if ahead.any():
         edges = np.quantile(d[ahead], np.linspace(0.0, 1.0, DISTANCE_BINS + 1))
@@ -201,6 +246,7 @@ def _summarise(rows: list[tuple[float, float, float, float, float, float]], conf
     return {"n": int(len(arr)), "n_ahead": int(ahead.sum()), "mae": float(np.mean(np.abs(err))),
             "mare": float(np.mean(rel)), "coverage": float(np.mean(covered)),
             "coverage_widened": float(np.mean(widened)), "spread": spread, "widening": widening,
+            "widening_sides": WIDENING_SIDES[two_sided], "beyond_widening": int(np.sum(ahead & ~helped)),
             "by_distance": by_distance}
 
 

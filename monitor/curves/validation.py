@@ -153,14 +153,30 @@ def lofo_validate(labels: Sequence[Label], *, baseline: float, margin: float,
                      resamples=resamples, seed=seed)
 
 
+def _fit_fold(fit_family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, *, predictor: Predictor,
+              level: float, confidence: float, resamples: int, seed: int, known_variance: bool,
+              proportion: bool) -> Any:
+    """One fold's curve of the given family (both expose predict, band and dispersion)."""
+    if fit_family == "sigmoid":
+        from monitor.curves.parametric import fit_sigmoid_band
+
+        return fit_sigmoid_band(x, y, w, predictor=predictor, level=level, confidence=confidence,
+                                resamples=resamples, seed=seed, proportion=proportion)
+    return fit_monotone(x, y, w, predictor=predictor, level=level, confidence=confidence, resamples=resamples,
+                        seed=seed, known_variance=known_variance, bounds=(0.0, 1.0) if proportion else None)
+
+
 def lofo_axes(values: Sequence[float], families: Sequence[str],
               axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float, margin: float,
               n: Sequence[int | None] | None = None, stderr: Sequence[float | None] | None = None,
-              confidence: float = 0.9, resamples: int = 200, seed: int = 0) -> LofoResult:
+              confidence: float = 0.9, resamples: int = 200, seed: int = 0,
+              fit_family: str = "isotonic") -> LofoResult:
     """Leave-one-family-out validation on any set of x-axes (name -> (predictor, x per row);
     x None: the axis is missing on some rows and skipped).
 
-    Every axis is raced with the same fit, weights, folds and seeds. `LofoResult.points` keeps
+    Every axis is raced with the same fit, weights, folds and seeds. `fit_family`: the curve
+    fitted in each fold, isotonic (`fit_monotone`) or the sigmoid (`fit_sigmoid_band`; its band
+    bootstrap uses the same `resamples`). `LofoResult.points` keeps
     each held-out row's prediction per axis (row index, g(x), P(value ≥ b_t + ε), observed),
     so differences between axes can be bootstrapped over the same checkpoints.
     """
@@ -168,6 +184,8 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
     names = sorted(set(fam.tolist()))
     if len(names) < 2:
         raise LabelError(f"leave-one-family-out needs at least 2 families (got {len(names)})")
+    if fit_family not in ("isotonic", "sigmoid"):
+        raise CurveError(f"unknown fit family {fit_family!r}", hint="choose isotonic or sigmoid")
     level = baseline + margin
     values = np.asarray(values, dtype=np.float64)
     weights, known = label_weights(values, n, stderr)
@@ -187,10 +205,9 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
             test = fam == family
             train = ~test
             try:
-                fit = fit_monotone(x[train], values[train], weights[train], predictor=predictor,
-                                   level=level, confidence=confidence, resamples=resamples,
-                                   seed=seed + k, known_variance=known,
-                                   bounds=(0.0, 1.0) if proportion else None)
+                fit = _fit_fold(fit_family, x[train], values[train], weights[train], predictor=predictor,
+                                level=level, confidence=confidence, resamples=resamples, seed=seed + k,
+                                known_variance=known, proportion=proportion)
             except (LabelError, CurveError) as exc:
                 skipped[f"{name}:{family}"] = exc.message
                 continue
