@@ -1,0 +1,83 @@
+"""`lstar watchlist`: which watched lineages are at risk right now (`monitor.reports.watchlist`).
+
+While `lstar run` holds the database it asks the daemon's `/watchlist`, with the same output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column
+from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
+from monitor.commands.terminal import name_column, plain_console, print_table
+from monitor.commands.through_daemon import through_daemon
+from monitor.reports.present import fmt
+from monitor.reports.watchlist import STATUSES, check_status, describe_distance, watchlist_page
+from monitor.service import api_get
+
+STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red", "flagged": "magenta"}
+
+
+def _status(value: str | None) -> str | None:
+    try:
+        return check_status(value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("watchlist")
+    def watchlist(
+        status: str = typer.Option(None, "--status", callback=_status,
+                                   help=f"Only lineages in this state now ({', '.join(STATUSES)})."),
+        task: str = typer.Option(None, "--task", help="Only this task (by name)."),
+        policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
+        repo: str = typer.Option(None, "--repo", help="Only lineages whose current checkpoint's repo matches "
+                                 "this glob (org/*, *-instruct)."),
+        limit: int = limit_option("lineages"),
+        cursor: str = CURSOR_OPTION,
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """The current state of every watched lineage × task, closest to its level first.
+
+        Each lineage is shown at its current checkpoint (the last in training order: by the
+        step its branch or tag names, else the Hub commit date, else when it was first seen or
+        scored) with that checkpoint's newest prediction: P̂ and its interval, the level
+        b + ε, the distance P̂ − level, the state in force (an evaluation's observed state
+        supersedes the prediction) and the lineage's newest alert. Opens the file read-only.
+        """
+        params = {"status": status, "task": task, "policy": policy, "repo": repo, "limit": limit,
+                  "cursor": cursor}
+        page = through_daemon(db_file(state, db), lambda url: page_of(api_get(url, "/watchlist", params)),
+                              lambda store: watchlist_page(store, status=status, task=task, policy=policy,
+                                                           repo=repo, limit=limit, cursor=cursor))
+        if as_json:
+            print(json.dumps(page.as_dict(), indent=2, default=str))
+            return
+        # Six columns, two lines a row: fits 80 columns with names whole (they wrap, never cut).
+        table = Table(title=title(page, "lineage(s) × task, closest to the level first"), title_justify="left",
+                      show_edge=False, pad_edge=False)
+        id_column(table, "policy / task")
+        name_column(table, "lineage / checkpoint")
+        table.add_column("state", min_width=7)
+        table.add_column("P̂ / interval", no_wrap=True)
+        table.add_column("level / distance", no_wrap=True)
+        id_column(table, "last alert")
+        for r in page.items:
+            a = r["last_alert"]
+            alert = f"{a['id']} {a['kind']}\n{a['state']} {a['status']}" if a else "—"
+            observed = f"\n(predicted {r['predicted_state']})" if r["observed_state"] else ""
+            table.add_row(f"{r['policy']}\n{r['task']}", f"{r['lineage']}\n{r['checkpoint']}",
+                          Text(r["state"] + observed, style=STATE_COLOURS.get(r["state"], "")),
+                          f"{fmt(r['p_hat'])}\n[{fmt(r['lo'])}, {fmt(r['hi'])}]",
+                          f"{fmt(r['level'])}\n{describe_distance(r['distance'])}", alert)
+        console = plain_console()
+        print_table(console, table)
+        print_more(console, page, "lineages")
