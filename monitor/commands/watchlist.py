@@ -61,20 +61,28 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(page.as_dict(), indent=2, default=str))
             return
-        # Six columns, two lines a row: fits 80 columns with names whole (they wrap, never cut).
-        table = Table(title=title(page, "lineage(s) × task, closest to the level first"), title_justify="left",
+        # Two lines a row, names whole (they wrap, never cut). When every row is of one policy
+        # and task, the title names them and the table fits 80 columns without their column.
+        pairs = {(r["policy"], r["task"]) for r in page.items}
+        single = next(iter(pairs)) if len(pairs) == 1 else None
+        what = "lineage(s)" + (f" of {single[0]} / {single[1]}" if single else " × task")
+        table = Table(title=title(page, what, ", closest to the level first"), title_justify="left",
                       show_edge=False, pad_edge=False)
-        id_column(table, "policy / task")
+        if single is None:
+            id_column(table, "policy / task")
         name_column(table, "lineage / checkpoint")
         table.add_column("state", min_width=7)
-        table.add_column("P̂ / interval", no_wrap=True)
-        table.add_column("level / distance", no_wrap=True)
-        id_column(table, "last alert")
+        table.add_column("P̂\ninterval", no_wrap=True)
+        table.add_column("level\ndistance", no_wrap=True)
+        id_column(table, "last\nalert", min_width=8)
         for r in page.items:
             a = r["last_alert"]
-            alert = f"{a['id']} {a['kind']}\n{a['state']} {a['status']}" if a else "—"
+            alert = f"#{a['id']} {a['state']}\n{a['status']}" if a else "—"
             observed = f"\n(predicted {r['predicted_state']})" if r["observed_state"] else ""
-            table.add_row(f"{r['policy']}\n{r['task']}", f"{r['lineage']}\n{r['checkpoint']}",
+            # the checkpoint's name starts with its repo: when that is the lineage, the ref alone
+            where = r["checkpoint"].removeprefix(r["lineage"]) if r["repo"] == r["lineage"] else r["checkpoint"]
+            cells = [] if single else [f"{r['policy']}\n{r['task']}"]
+            table.add_row(*cells, f"{r['lineage']}\n{where}",
                           Text(r["state"] + observed, style=STATE_COLOURS.get(r["state"], "")),
                           f"{fmt(r['p_hat'])}\n[{fmt(r['lo'])}, {fmt(r['hi'])}]",
                           f"{fmt(r['level'])}\n{describe_distance(r['distance'])}", alert)
