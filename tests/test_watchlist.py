@@ -129,6 +129,10 @@ def test_the_command_prints_the_list_and_its_json(state, capsys):
     assert main(["watchlist", "--db", str(state.db), "--status", "at-risk"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'at-risk' is not a state; give one of clear, at_risk, emerged, flagged" in err
+    assert main(["watchlist", "--db", str(state.db), "--repo", "x" * 201]) == 2
+    assert "Invalid value for '--repo': the glob is 201 characters long; give at most 200" in capsys.readouterr().err
+    assert main(["watchlist", "--db", str(state.db), "--repo", "org/[", "--status", "clear"]) == 0
+    assert capsys.readouterr().out == "no watched lineage has a prediction with status clear, repo org/[\n"
 
 
 class _StubDaemon:

@@ -14,10 +14,10 @@ from rich.text import Text
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
-from monitor.commands.terminal import name_column, plain_console, print_table
+from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.reports.present import fmt
-from monitor.reports.watchlist import STATUSES, check_status, describe_distance, watchlist_page
+from monitor.reports.watchlist import MAX_GLOB_CHARS, STATUSES, check_status, describe_distance, watchlist_page
 from monitor.service import api_get
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red", "flagged": "magenta"}
@@ -30,6 +30,12 @@ def _status(value: str | None) -> str | None:
         raise OptionError(str(exc)) from None
 
 
+def _glob(value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_GLOB_CHARS:
+        raise OptionError(f"the glob is {len(value):,} characters long; give at most {MAX_GLOB_CHARS}")
+    return value
+
+
 def register(app: typer.Typer) -> None:
     @app.command("watchlist")
     def watchlist(
@@ -37,7 +43,7 @@ def register(app: typer.Typer) -> None:
                                    help=f"Only lineages in this state now ({', '.join(STATUSES)})."),
         task: str = typer.Option(None, "--task", help="Only this task (by name)."),
         policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
-        repo: str = typer.Option(None, "--repo", help="Only lineages whose current checkpoint's repo matches "
+        repo: str = typer.Option(None, "--repo", callback=_glob, help="Only lineages whose current checkpoint's repo matches "
                                  "this glob (org/*, *-instruct)."),
         limit: int = limit_option("lineages"),
         cursor: str = CURSOR_OPTION,
@@ -60,6 +66,12 @@ def register(app: typer.Typer) -> None:
                                                            repo=repo, limit=limit, cursor=cursor))
         if as_json:
             print(json.dumps(page.as_dict(), indent=2, default=str))
+            return
+        if not page.items:
+            filters = ", ".join(f"{k} {v}" for k, v in (("status", status), ("task", task), ("policy", policy),
+                                                          ("repo", repo)) if v is not None)
+            echo("no watched lineage has a prediction" + (f" with {filters}" if filters else "")
+                 + (" after this cursor" if cursor else ""))
             return
         # Two lines a row, names whole (they wrap, never cut). When every row is of one policy
         # and task, the title names them and the table fits 80 columns without their column.

@@ -70,7 +70,7 @@ def _candidates(store: Any, *, policy: str | None, task: str | None, repo: str |
     """Each checkpoint's newest evaluable prediction, per (policy, task): the rows the current
     checkpoints are chosen from. A repo glob keeps the lineages that hold a matching repo (the
     current checkpoint's repo is matched afterwards)."""
-    where, params = [f"p.state != '{NOT_EVALUATED}'"], []
+    where, params = ["p.state != ?"], [NOT_EVALUATED]
     if policy is not None:
         where.append("p.policy = ?")
         params.append(policy)
