@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 _CLICK_ERRORS: tuple[type[BaseException], ...] = (_ClickException,)
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
-COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "runs", "policy", "alerts", "silence",
+COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "watchlist", "runs", "policy", "alerts", "silence",
                    "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab")
 
 app = typer.Typer(

@@ -6,6 +6,7 @@ them out) or in `./policies`: the only one, or the first in name order."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -25,6 +26,7 @@ from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, re
 from monitor.reports.report import version_line, write_report
 from monitor.reports.summary import summarised
 from monitor.reports.version import policy_version, require_same_version
+from monitor.reports.window import WindowError, parse_moment, report_window, window_report
 from monitor.service import api_get, revive_times
 from monitor.store import Store, utcnow
 
@@ -55,7 +57,8 @@ def default_policy(db_path: Path) -> tuple[Path, str]:
                       hint="give --policy FILE (or a folder of policies)")
 
 
-def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
+def read_reports(db_path: Path, files: list[Path],
+                 window: tuple[datetime, datetime] | None = None) -> list[dict[str, Any]]:
     """The report data of each policy file: from the daemon running next to the database (its
     API computes it on its own connection, for the policy of that name it has in force), else
     from a read-only open.
@@ -63,11 +66,17 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
     The daemon's policy of that name may be another version than the file (edited since the
     daemon read it, or another file of the same name): its report is refused then, naming
     both versions (`reports.version`), never shown as the file's. It cannot be computed here
-    instead: the daemon holds the only connection DuckDB allows to the file."""
+    instead: the daemon holds the only connection DuckDB allows to the file.
+
+    `window` (since, until] replaces the default period (since the policy's last report); the
+    daemon is sent its two ends as times, so it reports on the same window."""
     policies = load_policies(files)  # validated here either way: the same errors
 
     def ask(url: str) -> list[dict[str, Any]]:
-        reports = revive_times(api_get(url, "/report", {"policy": [p.name for p in policies]}),
+        asked = {"policy": [p.name for p in policies]}
+        if window is not None:
+            asked |= {"since": window[0].isoformat(), "until": window[1].isoformat()}
+        reports = revive_times(api_get(url, "/report", asked),
                                keys=("start", "end", "at"))
         for data, policy in zip(reports, policies, strict=True):
             curves = load_policy_curves(policy)[0]   # the plots need the curve objects, not their JSON
@@ -77,9 +86,28 @@ def read_reports(db_path: Path, files: list[Path]) -> list[dict[str, Any]]:
 
     def read(store: Store) -> list[dict[str, Any]]:
         now = utcnow()
+        if window is not None:
+            return [window_report(store, p, start=window[0], end=window[1], now=now) for p in policies]
         return [report_for_cli(store, p, now=now) for p in policies]
 
     return through_daemon(db_path, ask, read)
+
+
+def parse_window(since: str | None, until: str | None, *, last_week: bool,
+                 this_week: bool) -> tuple[datetime, datetime] | None:
+    """The window the options name (`reports.window.report_window`), or None for the default
+    period; a bad value is refused in one line naming its flag and the accepted forms."""
+    now = utcnow()
+    for flag, value in (("--since", since), ("--until", until)):
+        if value is not None:
+            try:
+                parse_moment(value, now=now)
+            except WindowError as exc:
+                raise OptionError(str(exc), param_hint=f"'{flag}'") from None
+    try:
+        return report_window(since=since, until=until, now=now, last_week=last_week, this_week=this_week)
+    except WindowError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
@@ -162,14 +190,22 @@ def register(app: typer.Typer) -> None:
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
         out: Path = typer.Option(None, "--out", help="Write the report folder here (report.md beside its "
                                  "plots, report.html, report.json): a new or empty folder."),
+        since: str = typer.Option(None, "--since", help="Report on the window from this time: a duration back "
+                                  "from now (7d, 12h, 1d12h), a date (2026-11-01, UTC) or a date and time."),
+        until: str = typer.Option(None, "--until", help="End the window at this time (same forms; default now)."),
+        last_week: bool = typer.Option(False, "--last-week", help="The previous ISO week: Monday 00:00 UTC to "
+                                       "Monday 00:00 UTC."),
+        this_week: bool = typer.Option(False, "--this-week", help="This ISO week so far: Monday 00:00 UTC to now."),
     ) -> None:
-        """The governance summary of each policy since its last report (or its report window)."""
+        """The governance summary of each policy since its last report (or its report window), or of
+        any window (--since/--until, --last-week, --this-week) with the state carried into it."""
+        window = parse_window(since, until, last_week=last_week, this_week=this_week)
         db_path = db_file(state, db)
         if not policy:
             chosen, why = default_policy(db_path)
             echo(f"report: policy {chosen} ({why})", err=True)
             policy = [chosen]
-        reports = read_reports(db_path, expand_policy_paths(policy))
+        reports = read_reports(db_path, expand_policy_paths(policy), window)
         console = plain_console()  # values (problems, intervals, names) printed as they are
         for data in reports:
             if html is not None:

@@ -10,10 +10,15 @@
     GET  /db/info               as `lstar db info --json`
     GET  /runs?limit=N&cursor=C score runs newest first, a page as `lstar runs --json`
     GET  /report/latest?format=html|md|json|png   the newest file under STATE/reports (404: none)
-    GET  /report?policy=NAME... `lstar report --json` of loaded policies, each named by its
-                                name or its file name in the policies folder (never a path);
-                                its `policy_version` says which version in force it was computed under
-    GET  /alerts?policy=P&limit=N&cursor=C   a page as `lstar alerts list --json`
+    GET  /report?policy=NAME...&since=T&until=T   `lstar report --json` of loaded policies, each
+                                named by its name or its file name in the policies folder (never a
+                                path); its `policy_version` says which version in force it was
+                                computed under; `since`/`until` (as `lstar report --since/--until`)
+                                report on that window instead of the period since the last report
+    GET  /watchlist?status=S&task=T&policy=P&repo=GLOB&limit=N&cursor=C   a page as
+                                `lstar watchlist --json`: each watched lineage × task at its
+                                current checkpoint, closest to its level first
+    GET  /alerts?policy=P&state=S&limit=N&cursor=C   a page as `lstar alerts list --json`
     GET  /alerts/ID             as `lstar alerts show ID --json` (404 when there is none)
     GET  /silences?all=1&now=T&limit=N&cursor=C   a page as `lstar silence list --json`
     POST /silences              `lstar silence add`: {"match": [...], "until", "comment",
@@ -86,7 +91,10 @@ from starlette.routing import Route
 from monitor.alerts import expire_silence
 from monitor.alerts.state_ops import add_silence_from_args, parse_now, retry_dead_letters
 from monitor.errors import DeliveryError, LstarError, PolicyError, ServiceError
+from monitor.policy.vocabulary import OBSERVED_STATES, OPERATOR_STATES, STATES
 from monitor.reports import report_for_cli, to_json
+from monitor.reports.watchlist import MAX_GLOB_CHARS, STATUSES, watchlist_page
+from monitor.reports.window import WindowError, report_window, window_report
 from monitor.service.api_cache import SharedRender
 from monitor.service.api_conn import (DEFAULT_MAX_CONNECTIONS, LISTEN_BACKLOG, MAX_HEAD_BYTES, ConnectionLimits,
                                       fit_connection_bound, protocol_for)
@@ -111,13 +119,16 @@ RESERVED_WORKERS = 2                       # threads of /health, and two of /met
 RESERVED_PATHS = ("/health", "/metrics")   # answered even while every slot and worker is busy
 STATUS_PAGE = "/"                          # also answered beside the slots, on a pool of its own
 ALERT_ID = re.compile(r"\d{1,18}")
+ALERT_STATES = STATES + OBSERVED_STATES + OPERATOR_STATES    # what an alert's `state` can be
 STATE_PATH = re.compile(r"/silences|/silences/[^/]+/expire|/alerts/[^/]+/retry")
 REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; charset=utf-8",
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
 GET_PARAMS = {STATUS_PAGE: (), "/health": (), "/metrics": (), "/status": (), "/db/info": (),
               "/checkpoints": ("status", "repo", "limit", "cursor"), "/runs": ("limit", "cursor"),
-              "/report/latest": ("format",), "/report": ("policy",), "/alerts": ("policy", "limit", "cursor"),
+              "/report/latest": ("format",), "/report": ("policy", "since", "until"),
+              "/watchlist": ("status", "task", "policy", "repo", "limit", "cursor"),
+              "/alerts": ("policy", "state", "limit", "cursor"),
               "/silences": ("all", "now", "limit", "cursor")}
 INTERNAL_ERROR = "internal error; the daemon's log has the details"
 
@@ -219,6 +230,7 @@ class ApiApp:
                   Route("/runs", self._route(self._runs), methods=get),
                   Route("/report/latest", self._route(self._latest_report), methods=get),
                   Route("/report", self._route(self._reports), methods=get),
+                  Route("/watchlist", self._route(self._watchlist), methods=get),
                   Route("/alerts", self._route(self._alerts), methods=get),
                   Route("/alerts/{ident}", self._route(self._alert), methods=get),
                   Route("/silences", self._route(self._silences), methods=get),
@@ -355,7 +367,18 @@ class ApiApp:
     def _alerts(self, request: Request, query: _Query) -> Response:
         limit = query.limit()
         with self.daemon.read_store() as store:
-            page = alerts_page(store, policy=query.one("policy"), limit=limit, cursor=query.one("cursor"))
+            page = alerts_page(store, policy=query.one("policy"), state=query.choice("state", ALERT_STATES),
+                               limit=limit, cursor=query.one("cursor"))
+        return _json(page.as_dict())
+
+    def _watchlist(self, request: Request, query: _Query) -> Response:
+        limit = query.limit()
+        repo = query.one("repo")
+        if repo is not None and len(repo) > MAX_GLOB_CHARS:
+            raise RequestRefused(400, f"repo must be a glob of at most {MAX_GLOB_CHARS} characters")
+        with self.daemon.read_store() as store:
+            page = watchlist_page(store, status=query.choice("status", STATUSES), task=query.one("task"),
+                                  policy=query.one("policy"), repo=repo, limit=limit, cursor=query.one("cursor"))
         return _json(page.as_dict())
 
     def _alert(self, request: Request, query: _Query) -> Response:
@@ -388,7 +411,14 @@ class ApiApp:
             raise RequestRefused(400, f"{len(names)} policies asked for; at most 100 at a time")
         policies = [self._loaded_policy(name) for name in names]
         now = utcnow()
+        try:
+            window = report_window(since=query.one("since"), until=query.one("until"), now=now)
+        except WindowError as exc:
+            raise RequestRefused(400, str(exc).replace("--since", "since").replace("--until", "until")) from None
         with self.daemon.read_store() as store:
+            if window is not None:
+                return _json([json.loads(to_json(window_report(store, p, start=window[0], end=window[1], now=now)))
+                              for p in policies])
             return _json([json.loads(to_json(report_for_cli(store, p, now=now))) for p in policies])
 
     def _loaded_policy(self, name: str) -> Any:

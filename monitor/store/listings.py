@@ -68,10 +68,14 @@ def list_score_runs(store: Store, *, limit: int | None = 50) -> list[dict[str, A
     return runs_page(store, limit=limit).items
 
 
-def alerts_page(store: Store, *, policy: str | None = None, limit: int | None = None,
+def alerts_page(store: Store, *, policy: str | None = None, state: str | None = None, limit: int | None = None,
                 cursor: str | None = None) -> Page:
-    """Newest alerts first, each with a `deliveries` summary [{receiver, status, reason}]."""
+    """Newest alerts first (of one policy, in one state), each with a `deliveries` summary
+    [{receiver, status, reason}]."""
     where, params = (["a.policy = ?"], [policy]) if policy else ([], [])
+    if state is not None:
+        where.append("a.state = ?")
+        params.append(state)
     rows, total, after, limit = page_query(
         store, ALERTS, select=("SELECT a.id, a.created_at, a.kind, a.policy, a.task, a.repo, a.commit_sha, "
                                "a.state, a.status FROM alerts a"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +30,7 @@ MAX_CURSOR_CHARS = 1000
 
 @dataclass(frozen=True)
 class Key:
-    """A listing's sort key: its columns (SQL) and the type of each (`time`, `int` or `str`),
+    """A listing's sort key: its columns (SQL) and the type of each (`time`, `int`, `float` or `str`),
     all ascending or all descending."""
 
     listing: str
@@ -85,6 +86,9 @@ class Key:
                 values.append(moment)
             elif kind == "int" and isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63:
                 values.append(value)
+            elif kind == "float" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                values.append(float(value))
             elif kind == "str" and isinstance(value, str) and len(value) <= 500:
                 values.append(value)
             else:
