@@ -111,3 +111,75 @@ def test_a_rule_without_derivatives_of_keeps_its_watermark_key() -> None:
     blob = json.dumps({"endpoint": "http://h", **selection}, sort_keys=True)
     assert rule.key("http://h/") == f"w:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
     assert WatchRule(name="w", derivatives_of="a/b").key("http://h") != WatchRule(name="w", derivatives_of="a/c").key("http://h")
+
+
+def _write(folder: Path, files: dict[str, bytes]) -> Path:
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def _score(folder: Path, corpus: Path, state: Path) -> None:
+    from monitor.cli import main
+
+    assert main(["score", str(folder), "--corpus", str(corpus), "--docs", "2", "--max-context", "32",
+                 "--device", "cpu", "--dtype", "float32", "--no-tcb", "--quiet", "--state", str(state)]) == 0
+
+
+def test_scoring_a_local_folder_records_the_base_its_model_card_names(tmp_path, calib_v0, capsys, monkeypatch) -> None:
+    from monitor.cli import main
+    from monitor.demo.hub_repos import derivative_card, tiny_model_files
+
+    state = tmp_path / "state"
+    state.mkdir()
+    base = tiny_model_files(build_dir=tmp_path / "build")
+    with FakeHub() as hub:   # what a poll of the base saw: its `main` commit, offline from then on
+        main_sha = hub.add_repo(BASE, base)
+        with Store.open(state / "lstar.duckdb") as store:
+            poll_once(store, HubClient(hub.url, token=False, store=store, policy=RetryPolicy(attempts=1)),
+                      [WatchRule(name="base", author="demo-org")])
+    pinned = "ab" * 20
+    ft = _write(tmp_path / "ft-model", {**base, "README.md": derivative_card(BASE, "finetune")})
+    named = _write(tmp_path / "pinned-ft", {**base, "model.safetensors": tiny_model_files(
+        seed=9, build_dir=tmp_path / "build")["model.safetensors"], "README.md": derivative_card(f"org/other@{pinned}", None)})
+    plain = _write(tmp_path / "plain", base)
+    for folder in (ft, named, plain):
+        _score(folder, calib_v0, state)
+    capsys.readouterr()
+    assert main(["checkpoints", "--state", str(state), "--json"]) == 0
+    rows = {r["repo"]: r for r in json.loads(capsys.readouterr().out)["items"]}
+    assert set(rows) == {BASE, str(ft.resolve()), str(named.resolve())}   # the plain folder: no row, as before
+    got = rows[str(ft.resolve())]
+    assert (got["status"], got["base"]["repo"], got["base"]["sha"], got["base"]["relation"],
+            got["base"]["relation_source"]) == ("scored", BASE, main_sha, "finetune", "declared")
+    assert got["base"]["checkpoint_id"] == rows[BASE]["id"]
+    other = rows[str(named.resolve())]["base"]
+    assert (other["repo"], other["sha"], other["relation"], other["relation_source"]) == \
+        ("org/other", pinned, "finetune", "inferred")
+    with Store.open(state / "lstar.duckdb", read_only=True) as store:
+        runs = store.query("SELECT model_repo, checkpoint_id FROM score_runs ORDER BY finished_at")
+        assert [(r["model_repo"], r["checkpoint_id"]) for r in runs] == [
+            (str(ft.resolve()), got["id"]), (str(named.resolve()), rows[str(named.resolve())]["id"]),
+            (str(plain.resolve()), None)]
+    # The table shows it too, in its base column.
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["checkpoints", "--state", str(state)]) == 0
+    assert f"finetune of {BASE}@{main_sha[:12]}" in capsys.readouterr().out
+
+
+def test_a_hostile_or_unpinnable_card_is_recorded_with_its_problem_not_a_crash(tmp_path, calib_v0, capsys) -> None:
+    from monitor.demo.hub_repos import derivative_card, tiny_model_files
+
+    state = tmp_path / "state"
+    base = tiny_model_files(build_dir=tmp_path / "build")
+    bomb = b"---\na: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n" \
+           b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c]\n" \
+           b"e: [*d, *d, *d, *d, *d, *d, *d, *d]\nbase_model: org/x\n---\n"
+    _score(_write(tmp_path / "bomb", {**base, "README.md": bomb}), calib_v0, state)
+    _score(_write(tmp_path / "unpinned", {**base, "README.md": derivative_card("org/nowhere", "adapter")}), calib_v0, state)
+    with Store.open(state / "lstar.duckdb", read_only=True) as store:
+        rows = {Path(r.repo).name: store.checkpoint_base(r.id) for r in store.list_checkpoints()}
+    assert set(rows) == {"unpinned"}   # the bomb's card gives no metadata, so no base
+    assert rows["unpinned"]["base_sha"] is None and "not pinned" in rows["unpinned"]["problem"]
+    assert rows["unpinned"]["relation"] == "adapter"
