@@ -183,3 +183,44 @@ def test_a_hostile_or_unpinnable_card_is_recorded_with_its_problem_not_a_crash(t
     assert set(rows) == {"unpinned"}   # the bomb's card gives no metadata, so no base
     assert rows["unpinned"]["base_sha"] is None and "not pinned" in rows["unpinned"]["problem"]
     assert rows["unpinned"]["relation"] == "adapter"
+
+
+def test_policy_check_warns_when_residual_derivatives_have_fewer_than_two_labelled_pairs(tmp_path, capsys) -> None:
+    from test_derivatives import add_checkpoint, label, write_policy
+
+    from monitor.cli import main
+    from support.scores import fake_sha
+
+    path = write_policy(tmp_path / "policies")
+    state = tmp_path / "state"
+
+    def warnings() -> list[str]:
+        capsys.readouterr()
+        assert main(["policy", "check", str(path), "--state", str(state)]) == 0   # valid: a warning, not a refusal
+        out = capsys.readouterr().out
+        assert out.startswith(f"SUCCESS {path}")
+        return [line for line in out.splitlines() if line.startswith("WARNING")]
+
+    # No state folder yet: zero pairs, said with the reason; only the residual task is named.
+    [line] = warnings()
+    assert "tasks[1] by-residual: derivatives: residual needs at least 2 labelled base/derivative pairs" in line
+    assert f"found: no database at {state / 'lstar.duckdb'}" in line and "derivatives: base" in line
+    state.mkdir()
+    with Store.open(state / "lstar.duckdb") as store:
+        base = fake_sha("b1")
+        add_checkpoint(store, "up/b1", base, rule=None)
+        one, two, adapter = fake_sha("d1"), fake_sha("d2"), fake_sha("d3")
+        add_checkpoint(store, "org/d1", one, base=("up/b1", base))
+        add_checkpoint(store, "org/d3", adapter, base=("up/b1", base), relation="adapter")
+        add_checkpoint(store, "org/d2", two, base=("up/b1", base))
+        label(store, "org/d1", one, 0.7)
+        label(store, "org/d1", one, 0.71)   # relabelled: still one pair
+        label(store, "org/d3", adapter, 0.6)
+        # The same counts as the pairs the residual mode reads (monitor.alerts.derivatives).
+        assert store.labelled_pair_counts("cloze", "acc") == {
+            relation: len(store.labelled_derivatives(relation, "cloze", "acc")) for relation in ("finetune", "adapter")}
+    [line] = warnings()
+    assert "(found: 1 adapter, 1 finetune)" in line
+    with Store.open(state / "lstar.duckdb") as store:
+        label(store, "org/d2", two, 0.65)
+    assert warnings() == []     # two labelled fine-tunes: residual can judge fine-tunes
