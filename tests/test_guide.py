@@ -50,7 +50,7 @@ def expectations_at(text: str) -> list[tuple[str, list[str], int]]:
             for m in EXPECT.finditer(text)]
 
 
-def tested_lines_before(text: str, where: int) -> list[str]:
+def commands_above(text: str, where: int) -> list[str]:
     """The commands of the tested blocks that end before `where` (with the hub URL as written)."""
     return [line for m in BLOCK.finditer(text) if m.end() <= where and not m.group("path")
             for line in command_lines(m.group("body"))]
@@ -164,7 +164,7 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     printed = outputs(proc.stdout, proc.stderr)
     text = GUIDE.read_text()
     for command, lines, where in expectations_at(text):
-        before = sum(1 for line in tested_lines_before(text, where)
+        before = sum(1 for line in commands_above(text, where)
                      if line == command or line.startswith(command + " "))
         shown = [out for ran, out in printed if ran == command or ran.startswith(command + " ")][:before]
         assert shown, f"the guide shows the output of {command!r}, which its tested blocks never run"
