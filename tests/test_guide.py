@@ -44,6 +44,18 @@ def expectations(text: str) -> list[tuple[str, list[str]]]:
             for m in EXPECT.finditer(text)]
 
 
+def expectations_at(text: str) -> list[tuple[str, list[str], int]]:
+    """`expectations`, each with where its block starts in the guide."""
+    return [(m.group("command"), [line for line in m.group("body").splitlines() if line.strip()], m.start())
+            for m in EXPECT.finditer(text)]
+
+
+def commands_above(text: str, where: int) -> list[str]:
+    """The commands of the tested blocks that end before `where` (with the hub URL as written)."""
+    return [line for m in BLOCK.finditer(text) if m.end() <= where and not m.group("path")
+            for line in command_lines(m.group("body"))]
+
+
 def outputs(stdout: str, stderr: str) -> list[tuple[str, str]]:
     """(command line, what it printed on stdout and stderr) of every command the driver ran."""
     def split(text: str) -> list[tuple[str, str]]:
@@ -146,10 +158,15 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         sent = json.loads(at_risk[0].body)
         assert [a["labels"]["state"] for a in sent["alerts"]] == ["at_risk"]
         assert sent["commonLabels"]["repo"] == "demo-org/pythia-tiny"
-    # Each output the guide shows is what its command printed.
+    # Each output the guide shows is what its command printed: the last run of it the guide's
+    # tested blocks hold above the output shown (a command the guide runs twice, as `lstar run`
+    # in steps 5 and 8, is checked against the run each block describes).
     printed = outputs(proc.stdout, proc.stderr)
-    for command, lines in expectations(GUIDE.read_text()):
-        shown = [text for ran, text in printed if ran == command or ran.startswith(command + " ")]
+    text = GUIDE.read_text()
+    for command, lines, where in expectations_at(text):
+        before = sum(1 for line in commands_above(text, where)
+                     if line == command or line.startswith(command + " "))
+        shown = [out for ran, out in printed if ran == command or ran.startswith(command + " ")][:before]
         assert shown, f"the guide shows the output of {command!r}, which its tested blocks never run"
         for line in lines:
             assert squeeze(line) in squeeze(shown[-1]), f"{command}: {line!r} not in\n{shown[-1][-3000:]}"
@@ -167,7 +184,8 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         repos = {r["model_repo"] for r in store.query("SELECT DISTINCT model_repo FROM score_runs")}
         statuses = {r.status for r in store.list_checkpoints(repo="demo-org/pythia-tiny")}
         labels = store.query("SELECT count(*) AS n FROM labels")[0]["n"]
-    assert repos == {"demo-org/neox-ref", "demo-org/llama-ref", "demo-org/pythia-tiny"}
+    assert repos == {"demo-org/neox-ref", "demo-org/llama-ref", "demo-org/pythia-tiny",
+                     "tune-org/pythia-tiny-chat", "tune-org/pythia-tiny-lora"}   # step 8: the derivatives
     assert statuses == {"scored"} and labels >= 6
     curve = json.loads((work / "policies" / "curves" / "cloze.json").read_text())
     assert curve["task"] == "cloze-v0" and sorted(curve["families"]) == ["llama", "neox"]

@@ -12,7 +12,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from monitor.commands.options import float_option
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, float_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
 from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
@@ -135,19 +135,34 @@ def register(app: typer.Typer) -> None:
                              "to use it")
         return lines
 
+    def residual_warnings(path: Path, database: Path) -> list[str]:
+        """One line per task judging derivatives by residual without enough labelled pairs."""
+        from monitor.policy.derivative_pairs import residual_pair_warnings
+
+        try:
+            policy = load_policy(path, check_curves=False)
+        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+            return []
+        return residual_pair_warnings(policy, database)
+
     @policy.command("check")
     def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
               skip_secrets: bool = typer.Option(
                   False, "--skip-secrets",
-                  help="Do not resolve the receivers' secrets (checking on a machine without them).")) -> None:
+                  help="Do not resolve the receivers' secrets (checking on a machine without them)."),
+              state: Path = STATE_OPTION, db: Path | None = DB_OPTION) -> None:
         """Validate policy files strictly; prints SUCCESS or FAILED per file.
 
         Each error names the file, line, key path and value. The files are also checked
         against each other as the daemon loads them (unique policy names; a watch rule two
         files define must be the same), and every secret a receiver names must resolve here
         (the variable set, the file readable and not empty; values are never printed).
+        A task with `derivatives: residual` is warned about when the state folder's database
+        holds fewer than two labelled base/derivative pairs of one relation for its curve's
+        task (its derivatives are not evaluated until it does).
         Exits 0 only when every file passes (2 otherwise).
         """
+        database = db_file(state, db)
         paths = expand_policy_paths(files)
         if not paths:
             raise PolicyError("no policy files found in " + ", ".join(str(f) for f in files))
@@ -156,7 +171,7 @@ def register(app: typer.Typer) -> None:
             if result.ok:
                 # echo: one line each, a line break in a file name shown as \n (scripts read these)
                 echo(f"SUCCESS {result.path}")
-                for line in refit_warnings(Path(result.path)):
+                for line in [*refit_warnings(Path(result.path)), *residual_warnings(Path(result.path), database)]:
                     echo(f"WARNING {result.path}: {line}")
                 continue
             failed += 1

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
-from monitor.errors import PolicyError
-from monitor.yamlio import compose, construct
+from monitor.hub.model_card import card_front_matter
 
 # Files the Hub stores through LFS: the default .gitattributes patterns, or anything over 10 MiB.
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf",
@@ -28,10 +27,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 # ----------------------------------------------------------------------------- time
-
-# The Hub reads a model card's metadata from the start of README.md.
-CARD_MAX_BYTES = 64 << 10
-
 
 def utc(dt: datetime) -> datetime:
     """`dt` as an aware UTC datetime truncated to milliseconds (the Hub's resolution)."""
@@ -162,23 +157,10 @@ class Commit:
         """The YAML front matter of README.md, as the Hub reports it under `cardData` (None
         without a README or front matter, or when it is not a mapping)."""
         raw = self.files.get("README.md")
-        if raw is None or not raw.startswith(b"---"):
-            return None
-        text = raw[:CARD_MAX_BYTES].decode("utf-8", errors="replace")
-        end = text.find("\n---", 3)
-        if end < 0:
-            return None
-        front = text[3:end]
-        try:
-            # The package's one bounded YAML loader: aliases that would expand a few hundred
-            # bytes to gigabytes of JSON, deep nesting and tags are refused (no metadata then).
-            root = compose(front, "README.md")
-            data = construct(root, "README.md") if root is not None else None
-            # The Hub answers JSON: any scalar that is not JSON becomes its text.
-            data = json.loads(json.dumps(data, default=str))
-        except (PolicyError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        # The package's one bounded YAML loader (through monitor.hub.model_card): aliases that
+        # would expand a few hundred bytes to gigabytes of JSON, deep nesting and tags are
+        # refused (no metadata then).
+        return None if raw is None else card_front_matter(raw)[0]
 
     def config(self) -> dict | None:
         """The subset of config.json the Hub reports under `config`."""
@@ -217,7 +199,25 @@ def auto_tags(files: Mapping[str, bytes]) -> list[str]:
             tags.append(model_type)
     except (KeyError, ValueError, AttributeError):
         pass
-    return tags
+    return tags + base_model_tags(files)
+
+
+def base_model_tags(files: Mapping[str, bytes]) -> list[str]:
+    """The tags the Hub derives from a card's `base_model` (what `?filter=base_model:...` finds):
+    `base_model:ORG/NAME` and `base_model:RELATION:ORG/NAME` for each declared base, the relation
+    declared or inferred from the files as `monitor.hub.lineage` infers it."""
+    from monitor.hub.lineage import declared_base
+
+    raw = files.get("README.md")
+    card = card_front_matter(raw)[0] if raw is not None else None
+    try:
+        config = json.loads(files["config.json"]) if "config.json" in files else None
+    except ValueError:
+        config = None
+    declared = declared_base(card, set(files), config if isinstance(config, dict) else None)
+    if declared is None:
+        return []
+    return [tag for base in declared.bases for tag in (f"base_model:{base}", f"base_model:{declared.relation}:{base}")]
 
 
 @dataclass(eq=False, slots=True)

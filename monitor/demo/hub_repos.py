@@ -215,6 +215,70 @@ def add_lineage(hub: HubState, repo_id: str, steps: Sequence[int] = (1000, 2000,
     return refs
 
 
+def derivative_card(base_repo: str, relation: str | None, library_name: str = "transformers") -> bytes:
+    """A README.md naming `base_repo` as `base_model` (and the relation, when given), as a
+    fine-tune's or adapter's card on the Hub does."""
+    declared = f"base_model_relation: {relation}\n" if relation else ""
+    return (f"---\nbase_model: {base_repo}\n{declared}library_name: {library_name}\n"
+            f"pipeline_tag: text-generation\n---\n\n# A tiny derivative of {base_repo}\n").encode()
+
+
+def finetune_files(base: Mapping[str, bytes], base_repo: str, *, seed: int = 1, scale: float = 0.5) -> dict[str, bytes]:
+    """A full fine-tune of a tiny base: every weight moved by seeded noise of `scale` times the
+    tensor's own standard deviation (at least 0.02) (safetensors, the base's config and tokenizer), its card
+    naming the base (relation `finetune`, declared)."""
+    import torch
+    from safetensors.torch import load as load_safetensors
+    from safetensors.torch import save as save_safetensors
+
+    gen = torch.Generator().manual_seed(seed)
+    tuned = {}
+    for name, w in sorted(load_safetensors(base["model.safetensors"]).items()):
+        # A constant tensor (a layer norm's ones, a zero bias) moves too, by a small absolute step.
+        spread = max(float(w.float().std()) if w.numel() > 1 else 0.0, 0.02)
+        tuned[name] = (w.float() + torch.randn(w.shape, generator=gen) * spread * scale).to(w.dtype).contiguous()
+    return {**base, "model.safetensors": save_safetensors(tuned, metadata={"format": "pt"}),
+            "README.md": derivative_card(base_repo, "finetune")}
+
+
+def lora_adapter_files(base: Mapping[str, bytes], base_repo: str, *, rank: int = 4, alpha: int = 8,
+                       module: str = "query_key_value", seed: int = 1) -> dict[str, bytes]:
+    """A LoRA adapter of a tiny base as peft writes one (adapter_config.json and
+    adapter_model.safetensors only, no weights of its own, no pickle), with non-zero updates;
+    its card names the base and leaves the relation for the files to imply (`adapter`)."""
+    import torch
+    from safetensors.torch import load as load_safetensors
+    from safetensors.torch import save as save_safetensors
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, w in sorted(load_safetensors(base["model.safetensors"]).items()):
+        if name.endswith(f"{module}.weight"):
+            stem = "base_model.model." + name[: -len(".weight")]
+            out_f, in_f = w.shape
+            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, in_f, generator=gen) * 0.5
+            tensors[f"{stem}.lora_B.weight"] = torch.randn(out_f, rank, generator=gen) * 0.5
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": [module], "bias": "none",
+              "fan_in_fan_out": False, "lora_dropout": 0.0, "base_model_name_or_path": base_repo,
+              "task_type": "CAUSAL_LM", "inference_mode": True}
+    return {"adapter_config.json": json.dumps(config, indent=2).encode(),
+            "adapter_model.safetensors": save_safetensors(tensors, metadata={"format": "pt"}),
+            "README.md": derivative_card(base_repo, None, library_name="peft")}
+
+
+def add_derivatives(hub: HubState, base_repo: str, *, author: str = "tune-org", revision: str = "main",
+                    start: datetime = BASE_TIME) -> dict[str, str]:
+    """A full fine-tune (`AUTHOR/NAME-chat`) and a LoRA adapter (`AUTHOR/NAME-lora`) of `base_repo`
+    at `revision`, an hour apart from `start`; returns {repo: sha}."""
+    base = hub.files(base_repo, revision)
+    name = base_repo.split("/", 1)[1]
+    finetune, adapter = f"{author}/{name}-chat", f"{author}/{name}-lora"
+    return {finetune: hub.add_repo(finetune, finetune_files(base, base_repo), last_modified=start,
+                                   title="Fine-tune", pipeline_tag="text-generation"),
+            adapter: hub.add_repo(adapter, lora_adapter_files(base, base_repo), last_modified=start + timedelta(hours=1),
+                                  title="LoRA adapter", pipeline_tag="text-generation", library_name="peft")}
+
+
 def _filler_files(repo_id: str) -> dict[str, bytes]:
     config = {"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "vocab_size": 1000,
               "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -359,7 +423,9 @@ def scenario_demo(hub: HubState, workdir: Path) -> dict[str, Any]:
 def scenario_guide(hub: HubState, workdir: Path) -> dict[str, Any]:
     """What docs/guide.md walks through: two reference lineages with different tokenizers
     (`demo-org/neox-ref`, `demo-org/llama-ref`, steps 1000-3000) to score, label and fit a curve
-    on, and a live lineage (`demo-org/pythia-tiny`, steps 1000-2000) for the daemon to watch."""
+    on, a live lineage (`demo-org/pythia-tiny`, steps 1000-2000) for the daemon to watch, and two
+    derivatives of its `main` (`tune-org/pythia-tiny-chat`, a full fine-tune, and
+    `tune-org/pythia-tiny-lora`, a LoRA adapter) that name it as their `base_model`."""
     build = workdir / "build"
     refs = {"demo-org/neox-ref": add_lineage(hub, "demo-org/neox-ref", build_dir=build, seed=3000),
             "demo-org/llama-ref": add_lineage(hub, "demo-org/llama-ref", tokenizer="llama-2", arch="llama",
@@ -367,7 +433,8 @@ def scenario_guide(hub: HubState, workdir: Path) -> dict[str, Any]:
                                               start=BASE_TIME + timedelta(hours=6)),
             "demo-org/pythia-tiny": add_lineage(hub, "demo-org/pythia-tiny", steps=(1000, 2000), build_dir=build,
                                                 seed=5000, start=BASE_TIME + timedelta(days=1))}
-    return {"lineages": refs}
+    derivatives = add_derivatives(hub, "demo-org/pythia-tiny", start=BASE_TIME + timedelta(days=2))
+    return {"lineages": refs, "derivatives": derivatives}
 
 
 SCENARIOS: dict[str, Callable[[HubState, Path], dict[str, Any]]] = {

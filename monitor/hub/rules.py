@@ -1,7 +1,8 @@
 """Watch rules: which Hub repos to follow, which revisions count, and the download budgets.
 
-A watch rule selects repos (author, name glob, search text, pipeline tag, parameter range)
-and which revisions count (`main`, or branches/tags matching a regex).
+A watch rule selects repos (author, name glob, search text, pipeline tag, parameter range,
+the derivatives a base's model cards name) and which revisions count (`main`, or branches/tags
+matching a regex).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ RULES_FILE = FileKind("watch-rules file", "watch-rules files", "YAML")
 GLOB_SEARCH_MIN_CHARS = 4
 # The longest name_glob a rule may hold: a repo id is at most 96 characters on the Hub.
 NAME_GLOB_MAX_CHARS = 256
+# A base a rule follows the derivatives of: a Hub repo id (the Hub's limit is 96 characters).
+BASE_REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$"
+# Fields added after watermarks were first keyed: left out of the key while unset, so that
+# adding them never restarts an existing rule from scratch.
+_LATER_FIELDS = ("derivatives_of", "relation")
 
 
 def glob_literal(glob: str) -> str:
@@ -123,13 +129,18 @@ class WatchRule(BaseModel):
                    `fnmatch` rules, matched with RE2 (linear in the name); at most 256
                    characters
       search       substring of the repo id (server-side filter)
+      derivatives_of  a base repo id (`org/base`): the repos whose model card names it as
+                   `base_model` (fine-tunes, adapters, quantizations, merges), found with the
+                   Hub's `base_model:org/base` search filter (server-side)
+      relation     with derivatives_of: only derivatives of this relation (finetune, adapter,
+                   quantized, merge; the Hub's `base_model:RELATION:org/base` filter)
       pipeline_tag e.g. `text-generation` (server-side filter)
       min_params / max_params  parameter range; checked from the listing when the Hub
                    reports safetensors totals, else from the safetensors header at the gate
       revisions    `main`, or `{branches: REGEX, tags: REGEX}` (full match on ref names)
       budgets      safety limits of the gate (see `Budgets`)
       scan_limit   the most repos one poll looks at (bounds a rule's first poll)
-    At least one of author, search, name_glob or pipeline_tag is required. Without author
+    At least one of author, search, name_glob, pipeline_tag or derivatives_of is required. Without author
     or search, the longest literal part of name_glob (at least GLOB_SEARCH_MIN_CHARS
     characters, else the rule is refused) is sent as `search`, so a glob never lists the
     whole Hub and filters it locally.
@@ -142,6 +153,8 @@ class WatchRule(BaseModel):
     name_glob: str | None = None
     search: str | None = None
     pipeline_tag: str | None = None
+    derivatives_of: str | None = Field(None, pattern=BASE_REPO_PATTERN)
+    relation: Literal["finetune", "adapter", "quantized", "merge"] | None = None
     min_params: int | None = Field(None, ge=0)
     max_params: int | None = Field(None, gt=0)
     revisions: Literal["main"] | RevisionPattern = "main"
@@ -163,9 +176,14 @@ class WatchRule(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "WatchRule":
-        if not (self.author or self.search or self.name_glob or self.pipeline_tag):
-            raise ValueError("give at least one of author, search, name_glob, pipeline_tag")
-        if self.name_glob and not (self.author or self.search) \
+        if not (self.author or self.search or self.name_glob or self.pipeline_tag or self.derivatives_of):
+            raise ValueError("give at least one of author, search, name_glob, pipeline_tag, derivatives_of")
+        if self.search and self.search.startswith("base_model:"):
+            raise ValueError(f"search {self.search!r} is a substring of repo ids, not the Hub's base_model filter; "
+                             "write `derivatives_of: ORG/BASE` (with `relation: adapter` etc. to narrow it)")
+        if self.relation is not None and self.derivatives_of is None:
+            raise ValueError("relation narrows derivatives_of; give derivatives_of: ORG/BASE with it")
+        if self.name_glob and not (self.author or self.search or self.derivatives_of) \
                 and len(glob_literal(self.name_glob)) < GLOB_SEARCH_MIN_CHARS:
             raise ValueError(
                 f"watch rule {self.name!r}: name_glob {self.name_glob!r} has no literal part of at least "
@@ -178,12 +196,21 @@ class WatchRule(BaseModel):
 
     def list_params(self) -> dict[str, Any]:
         """Server-side filters for `HfApi.list_models` (`search` derived from name_glob when
-        neither author nor search is given)."""
+        neither author, search nor derivatives_of is given; `filter` the Hub's
+        `base_model:[RELATION:]ORG/NAME` tag for derivatives_of)."""
         search = self.search
-        if not (self.author or search) and self.name_glob:
+        if not (self.author or search or self.derivatives_of) and self.name_glob:
             search = glob_literal(self.name_glob)
-        params = {"author": self.author, "search": search, "pipeline_tag": self.pipeline_tag}
+        params = {"author": self.author, "search": search, "pipeline_tag": self.pipeline_tag,
+                  "filter": self.base_model_filter()}
         return {k: v for k, v in params.items() if v}
+
+    def base_model_filter(self) -> str | None:
+        """The Hub's search filter for derivatives_of: `base_model:org/base`, or with relation
+        `base_model:adapter:org/base` (None without derivatives_of)."""
+        if self.derivatives_of is None:
+            return None
+        return f"base_model:{self.relation + ':' if self.relation else ''}{self.derivatives_of}"
 
     def matches_name(self, repo_id: str) -> bool:
         """Whether `repo_id` matches name_glob (`fnmatch.fnmatchcase`'s answer, in linear time)."""
@@ -207,6 +234,9 @@ class WatchRule(BaseModel):
         Changing what a rule selects (or the Hub it asks) starts it from scratch.
         """
         selection = self.model_dump(mode="json", exclude={"name", "budgets", "scan_limit"})
+        for later in _LATER_FIELDS:
+            if selection.get(later) is None:
+                selection.pop(later, None)
         blob = json.dumps({"endpoint": endpoint.rstrip("/"), **selection}, sort_keys=True)
         return f"{self.name}:{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 

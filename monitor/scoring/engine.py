@@ -18,6 +18,7 @@ from monitor import SCORING_SPEC_VERSION, __version__
 from monitor.errors import TokenizerError
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
+from monitor.scoring.local_lineage import record_local_derivative
 from monitor.scoring.process_cache import PrepareCache
 from monitor.scoring.smollm2 import ensure_smollm2
 from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
@@ -149,6 +150,8 @@ class ScoredRun:
         worker is cached with it, so no later job computes it again."""
         store.insert_score_run(conn, self.run_row, self.documents, self.corpus_row,
                                self.tokenizer_row)
+        # A local folder whose model card names its base model: recorded as a derivative.
+        record_local_derivative(conn, self.run_row, now=utcnow())
         if self.baseline is not None and self.baseline_source == "computed":
             store.insert_baseline(conn, self.run_row["tokenizer_fingerprint"],
                                   self.run_row["corpus_sha256"], self.baseline)

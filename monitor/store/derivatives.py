@@ -148,6 +148,17 @@ class DerivativeRows(StoreConnection):
         return [dict(r) for r in rows]
 
 
+    def labelled_pair_counts(self, task: str, metric: str) -> dict[str, int]:
+        """{relation: derivatives with a pinned base and a label for (task, metric)}, the pairs
+        `labelled_derivatives` returns, counted (a relation with none is absent)."""
+        rows = self.query(
+            "SELECT b.relation, count(DISTINCT (c.repo, c.sha)) AS n FROM checkpoint_bases b "
+            "JOIN checkpoints c ON c.id = b.checkpoint_id "
+            "JOIN labels l ON l.repo = c.repo AND l.sha = c.sha AND l.task = ? AND l.metric = ? "
+            "WHERE b.base_repo IS NOT NULL AND b.base_sha IS NOT NULL GROUP BY b.relation", [task, metric])
+        return {r["relation"]: int(r["n"]) for r in rows}
+
+
 def pair_of_coordinates(base_run: Mapping[str, Any], own_run: Mapping[str, Any]) -> dict[str, Any]:
     """(L*(base), L*(θ)) of two complete score runs on one corpus and spec, as shown."""
     return {"corpus_sha256": own_run["corpus_sha256"],
