@@ -124,6 +124,8 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                        fmt(x.get("value", x["lstar"])), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
         print_table(console, tt)
         _note(console, omitted, f"task:{t['task']}")
+    for change in data.get("policy_changes") or []:
+        console.print(f"policy change {fmt(change['changed_at'])}: {change['summary']}", highlight=False)
     if data["crossings"]:
         ct = Table(title="crossings")
         for col in ("task", "lineage", "checkpoint"):

@@ -99,6 +99,32 @@ def _axis_value(p: Any) -> tuple[float, float]:
     return float(p.lstar), float(p.se)
 
 
+def _judged_level(p: Any) -> float | None:
+    """The level b + ε a stored prediction was judged at (its detail's floor and margin)."""
+    detail = p.detail or {}
+    if isinstance(detail.get("floor"), (int, float)) and isinstance(detail.get("margin"), (int, float)):
+        return float(detail["floor"]) + float(detail["margin"])
+    return None
+
+
+def stale_level_problems(task: str, level: float, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A problem for each lineage whose state was judged at another level than the one in force
+    (a policy change the daemon has not re-evaluated yet): the row and the header would disagree."""
+    return [f"task {task}: the state of {x['lineage']} ({x['checkpoint']}) was judged at level {fmt(x['level'])}, "
+            f"not at the level {fmt(level)} in force; the running daemon re-evaluates it when it reloads the policy"
+            for x in rows if x.get("level") is not None and abs(x["level"] - level) > 1e-9]
+
+
+def policy_changes_markdown(changes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The policy changes of the window as Markdown lines (none: nothing)."""
+    if not changes:
+        return []
+    return ["## Policy changes", "",
+            "*How to read this:* a reload that changed a task's curve, margin (its level), confidence, budget "
+            "or derivatives rule re-evaluated each lineage's current checkpoint; what no longer held was resolved.",
+            "", *(f"- {fmt(c['changed_at'])}: {markdown_text(c['summary'])}" for c in changes), ""]
+
+
 def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
@@ -255,7 +281,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
                                                         p.evaluated_at))
             derived = (last.detail or {}).get("derivative")
+            judged = _judged_level(last)
             current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
+                            "level": judged,
                             "checkpoint": name_of(last.repo, last.commit_sha),
                             "state": last.state, "lstar": last.lstar, "se": last.se,
                             # a derivative's state may rest on its base's coordinate (derivatives.py)
@@ -270,6 +298,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                                                                  AXES[curve.axis].unit)})
         margin = margin_in_force(curve, task)
         eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
+        problems += stale_level_problems(task.name, eta.level, current)
         warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
         unresolved = [w["message"] for w in warnings if w["unresolved"]]
         if unresolved:
@@ -319,6 +348,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
         "superseded_evaluations": superseded_section(store, policy, since=period_start),
+        # what each reload that changed a task's judgement did (monitor.alerts.policy_change)
+        "policy_changes": store.policy_changes(policy.name, start=period_start, end=now),
         "plots": [],
         "_curves": curves,
     }
@@ -581,6 +612,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
             out.append(f"| {markdown_text(x['lineage'])} | {name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}]{beyond} | {fmt(x['threshold'])} |")
         out.append("")
+    out += policy_changes_markdown(data.get("policy_changes") or [])
     out += track_record_markdown(data.get("track_record") or [])
     out += superseded_markdown(data.get("superseded_evaluations") or [])
     out += derivatives_markdown(data.get("derivatives") or [])

@@ -1,0 +1,105 @@
+"""A policy change re-evaluates what it affects (issue 38, item 2).
+
+The real daemon on the fake Hub with the real webhook receiver: a checkpoint is at risk under
+the curve's own margin (level 0.25 + 0.05 = 0.30: P̂ 0.3233, interval [0.2854, 0.3611]); the
+policy file then says `margin: 0.25` (level 0.50, above the interval's top 0.3611), so the state
+no longer holds. The reload must re-evaluate, send the resolve through the outbox, log what it
+did, and the report (header and rows) and `lstar policy test` must agree on the level and state.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from monitor.commands.policy import policy_decisions
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.receivers import WebhookReceiver
+from monitor.store import Store
+from support.daemon_harness import DaemonProcess, wait_for
+from support.scores import record_fake_score
+
+CURVE = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves" / "arith.json"
+SECRET_ENV = {"LSTAR_TEST_WEBHOOK_SECRET": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}
+LSTAR, SE = -2.0, 0.01
+
+
+def policy_text(url: str, margin: float | None = None) -> str:
+    return f"""\
+name: watcher
+watch:
+  - name: tiny
+    author: fake-org
+    revisions: {{branches: "step\\\\d+"}}
+tasks:
+  - name: arith
+    curve: {CURVE}
+{f"    margin: {margin}" if margin is not None else ""}
+route: {{receiver: hook, group_wait: 0s, group_interval: 0s, repeat_interval: 4h}}
+receivers:
+  - name: hook
+    webhook: {{url: "{url}", secret_env: LSTAR_TEST_WEBHOOK_SECRET, timeout: 5s}}
+"""
+
+
+def test_the_summary_names_each_changed_setting_and_the_counts() -> None:
+    from monitor.alerts.policy_change import TaskChange, changed_tasks
+
+    before = {"level": 0.30, "margin": 0.05, "curve_id": "a" * 64, "confidence": 0.9, "budget": None,
+              "derivatives": "base"}
+    after = {**before, "level": 0.50, "margin": 0.25}
+    [change] = changed_tasks({("watch", "arith"): before, ("watch", "gone"): before},
+                             {("watch", "arith"): after, ("watch", "new"): after, ("watch", "same"): before})
+    assert (change.policy, change.task) == ("watch", "arith")
+    change.reevaluated, change.resolved = 2, 1
+    assert change.summary == ("policy watch: task arith level 0.3000 → 0.5000 (margin 0.0500 → 0.2500); "
+                              "re-evaluated 2 checkpoints; 1 alert resolved")
+    other = TaskChange("watch", "arith", before, {**before, "curve_id": "b" * 64}, reevaluated=1, fired=1)
+    assert other.summary == ("policy watch: task arith curve id aaaaaaaaaaaa → bbbbbbbbbbbb; "
+                             "re-evaluated 1 checkpoint; 0 alerts resolved; 1 alert raised")
+
+
+@pytest.mark.slow   # the daemon in a subprocess
+def test_a_margin_change_resolves_the_alert_and_says_so(tmp_path) -> None:
+    with FakeHub() as hub, WebhookReceiver() as hook:
+        policies = tmp_path / "policies"
+        policies.mkdir()
+        (policies / "watcher.yaml").write_text(policy_text(hook.url))
+        with Store.open(tmp_path / "state" / "lstar.duckdb") as store:
+            record_fake_score(store, repo="fake-org/model", sha="a" * 40, lstar=LSTAR, se=SE,
+                              finished_at=datetime.now(timezone.utc) - timedelta(minutes=1))
+        with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, env=SECRET_ENV,
+                           args=["--poll-every", "1h", "--score-every", "1h", "--max-context", "128"]) as daemon:
+            wait_for(lambda: len(hook.requests) >= 1, timeout=60, what="the at-risk alert")
+            fired = hook.requests[0].json()
+            assert fired["status"] == "firing"
+            assert [a["labels"]["state"] for a in fired["alerts"]] == ["at_risk"]
+
+            (policies / "watcher.yaml").write_text(policy_text(hook.url, margin=0.25))
+            wait_for(lambda: len(hook.requests) >= 2, timeout=60, what="the resolve after the margin change")
+            resolved = hook.requests[1].json()
+            assert resolved["status"] == "resolved"
+            assert [(a["status"], a["labels"]["task"]) for a in resolved["alerts"]] == [("resolved", "arith")]
+
+            line = ("policy watcher: task arith level 0.3000 → 0.5000 (margin 0.0500 → 0.2500); "
+                    "re-evaluated 1 checkpoint; 1 alert resolved")
+            wait_for(lambda: line in daemon.log(), timeout=30, what="the change's log line")
+            assert not re.search(r"Traceback", daemon.log())
+
+            # The report (the API's /report, what `lstar report` shows while the daemon runs):
+            # the header's level is the rows' threshold, the state is the new one, the change is told.
+            [report] = daemon.get_json("/report?policy=watcher")
+            [task] = report["tasks"]
+            assert task["level"] == pytest.approx(0.50)
+            [row] = task["lineages"]
+            assert (row["state"], row["threshold"]) == ("clear", pytest.approx(task["level"]))
+            assert [c["summary"] for c in report["policy_changes"]] == [line]
+            assert not [p for p in report["problems"] if "judged at level" in p]
+    # `lstar policy test` with the same L* says what the report says
+    decided = policy_decisions(policies / "watcher.yaml", lstar=LSTAR, se=SE, repo="fake-org/model",
+                               commit="a" * 40)
+    [test_task] = decided["tasks"]
+    assert (test_task["state"], test_task["threshold"]) == (row["state"], pytest.approx(row["threshold"]))
