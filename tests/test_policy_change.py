@@ -46,7 +46,7 @@ receivers:
 
 
 def test_the_summary_names_each_changed_setting_and_the_counts() -> None:
-    from monitor.alerts.policy_change import TaskChange, changed_tasks
+    from monitor.service.policy_change import TaskChange, changed_tasks
 
     before = {"level": 0.30, "margin": 0.05, "curve_id": "a" * 64, "confidence": 0.9, "budget": None,
               "derivatives": "base"}

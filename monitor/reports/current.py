@@ -1,6 +1,6 @@
 """The current checkpoint of a lineage: one definition, used by every report, endpoint and command.
 
-The rule (docs/reports.md, "The current checkpoint"):
+The rule (docs/guide.md, section 6, "The current checkpoint"):
 
     A lineage's current checkpoint is the latest of its scored checkpoints in TRAINING order,
     never in scoring order:

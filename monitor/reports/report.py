@@ -348,7 +348,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
         "superseded_evaluations": superseded_section(store, policy, since=period_start),
-        # what each reload that changed a task's judgement did (monitor.alerts.policy_change)
+        # what each reload that changed a task's judgement did (monitor.service.policy_change)
         "policy_changes": store.policy_changes(policy.name, start=period_start, end=now),
         "plots": [],
         "_curves": curves,

@@ -178,7 +178,7 @@ class Daemon:
         self.policy_set = PolicySet([])
         self.policy_digest: str | None = None
         # each (policy, task)'s judgement settings as last loaded, and the changes a reload found
-        # that job_reload has still to re-evaluate (monitor.alerts.policy_change)
+        # that job_reload has still to re-evaluate (monitor.service.policy_change)
         self.task_settings: dict[tuple[str, str], dict[str, Any]] | None = None
         self.policy_changes: list[Any] = []
         self.policy_problems: list[str] = []   # no policy in force, missing secrets: unhealthy
@@ -648,7 +648,7 @@ class Daemon:
     def _note_policy_changes(self) -> None:
         """Compare each task's judgement settings (curve, margin and level, ...) with the last
         load's; the changed tasks wait in `policy_changes` for `job_reload` to re-evaluate."""
-        from monitor.alerts.policy_change import changed_tasks, settings_in_force
+        from monitor.service.policy_change import changed_tasks, settings_in_force
 
         settings = settings_in_force(self.policies())
         if self.task_settings is not None:
@@ -658,7 +658,7 @@ class Daemon:
     def _reevaluate_policy_changes(self) -> list[str]:
         """Re-evaluate what each noted policy change affects (resolving what no longer holds,
         through the outbox), record it and log one line each; returns the lines."""
-        from monitor.alerts.policy_change import reevaluate_change
+        from monitor.service.policy_change import reevaluate_change
 
         lines = []
         policies = {p.name: p for p in self.policies()}

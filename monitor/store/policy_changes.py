@@ -71,7 +71,7 @@ class PolicyChangeRows(StoreConnection):
         return counts
 
     def record_policy_change(self, change: Mapping[str, Any]) -> None:
-        """Record what one task's change did (`monitor.alerts.policy_change.TaskChange.as_row`)."""
+        """Record what one task's change did (`monitor.service.policy_change.TaskChange.as_row`)."""
         with self.transaction() as conn:
             conn.execute(
                 "INSERT INTO policy_changes (policy, task, before, after, reevaluated, resolved, fired, summary, "

@@ -31,7 +31,8 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alerts.derivatives import HOLD, Judgement, judge_derivative
-from monitor.alerts.outbox import CurvePredictor, _view, task_prediction_row
+from monitor.alerts.outbox import CurvePredictor, task_prediction_row
+from monitor.alerts.outbox import _view as score_view
 from monitor.alerts.predict import margin_in_force
 from monitor.errors import CurveError
 from monitor.policy import Policy, Task
@@ -141,7 +142,7 @@ def reevaluate_change(store: Store, policy: Policy, change: TaskChange, *, now: 
     current = _current_runs(store, policy, task)
     derived = store.derivative_keys()
     for run in store.run_candidates([row["run_id"] for row in current]):
-        score = _view(run)
+        score = score_view(run)
         try:
             prediction = curves(policy, task, score)
             derivative = None
