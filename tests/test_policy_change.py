@@ -98,6 +98,21 @@ def test_a_margin_change_resolves_the_alert_and_says_so(tmp_path) -> None:
             assert (row["state"], row["threshold"]) == ("clear", pytest.approx(task["level"]))
             assert [c["summary"] for c in report["policy_changes"]] == [line]
             assert not [p for p in report["problems"] if "judged at level" in p]
+            daemon.stop()
+        assert daemon.log().count("policy watcher:") == 1   # told once, not on every reload tick
+
+        # Changed while no daemon runs: the next start compares with what the stored predictions
+        # were judged by, and re-evaluates (the state stays clear: nothing to resolve or raise).
+        (policies / "watcher.yaml").write_text(policy_text(hook.url, margin=0.3))
+        with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, env=SECRET_ENV,
+                           args=["--poll-every", "1h", "--score-every", "1h", "--max-context", "128"]) as again:
+            restarted = ("policy watcher: task arith level 0.5000 → 0.5500 (margin 0.2500 → 0.3000); "
+                         "re-evaluated 1 checkpoint; 0 alerts resolved")
+            wait_for(lambda: restarted in again.log(), timeout=60, what="the change made while stopped")
+            [report] = again.get_json("/report?policy=watcher")
+            [row] = report["tasks"][0]["lineages"]
+            assert (row["state"], row["threshold"]) == ("clear", pytest.approx(0.55))
+            assert len(hook.requests) == 2   # nothing more was sent
     # `lstar policy test` with the same L* says what the report says
     decided = policy_decisions(policies / "watcher.yaml", lstar=LSTAR, se=SE, repo="fake-org/model",
                                commit="a" * 40)

@@ -648,11 +648,15 @@ class Daemon:
     def _note_policy_changes(self) -> None:
         """Compare each task's judgement settings (curve, margin and level, ...) with the last
         load's; the changed tasks wait in `policy_changes` for `job_reload` to re-evaluate."""
-        from monitor.service.policy_change import changed_tasks, settings_in_force
+        from monitor.service.policy_change import changed_tasks, settings_in_force, settings_judged
 
         settings = settings_in_force(self.policies())
-        if self.task_settings is not None:
-            self.policy_changes += changed_tasks(self.task_settings, settings)
+        before = self.task_settings
+        if before is None and self.store is not None:   # at start: what the stored predictions were judged by
+            with self.job_store() as store:
+                before = settings_judged(store, settings)
+        if before is not None:
+            self.policy_changes += changed_tasks(before, settings)
         self.task_settings = settings
 
     def _reevaluate_policy_changes(self) -> list[str]:

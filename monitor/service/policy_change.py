@@ -19,8 +19,9 @@ the reload), `reevaluate_change`:
 
        policy watch: task arith level 0.3000 → 0.5000 (margin 0.0500 → 0.2500); re-evaluated 2 checkpoints; 1 alert resolved
 
-A task that is new, or one whose curve cannot be loaded before or after, is left to the normal
-evaluation tick (a new task's scope is new, so its runs are all evaluated once).
+At start the daemon compares with what the stored predictions were judged by
+(`settings_judged`), so a change made while it was stopped is applied too. A task that is new,
+or one whose curve cannot be loaded before or after, is left to the normal evaluation tick (a new task's scope is new, so its runs are all evaluated once).
 """
 
 from __future__ import annotations
@@ -110,6 +111,21 @@ def settings_in_force(policies: Sequence[Policy]) -> dict[tuple[str, str], dict[
     return out
 
 
+def settings_judged(store: Store, settings: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The settings each (policy, task) of `settings` was last judged by, read from its newest
+    stored prediction (level, margin, curve id, confidence; the rest as in `settings`): what a
+    daemon compares with at start, when the policy may have changed while it was stopped."""
+    out = {}
+    for (policy, task), now in settings.items():
+        detail = store.newest_judgement(policy, task)
+        if not detail or not all(isinstance(detail.get(k), (int, float)) for k in ("floor", "margin", "confidence")):
+            continue
+        out[(policy, task)] = {**now, "level": float(detail["floor"]) + float(detail["margin"]),
+                               "margin": float(detail["margin"]), "curve_id": detail.get("curve_id"),
+                               "confidence": float(detail["confidence"])}
+    return out
+
+
 def changed_tasks(before: dict[tuple[str, str], dict[str, Any]],
                   after: dict[tuple[str, str], dict[str, Any]]) -> list[TaskChange]:
     """The tasks known before and after a reload (`settings_in_force` of each) whose settings
@@ -170,4 +186,5 @@ def reevaluate_change(store: Store, policy: Policy, change: TaskChange, *, now: 
     return change
 
 
-__all__ = ["SETTINGS", "TaskChange", "changed_tasks", "reevaluate_change", "settings_in_force", "task_settings"]
+__all__ = ["SETTINGS", "TaskChange", "changed_tasks", "reevaluate_change", "settings_in_force", "settings_judged",
+           "task_settings"]

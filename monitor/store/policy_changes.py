@@ -39,6 +39,14 @@ class PolicyChangeRows(StoreConnection):
             row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
         return rows
 
+    def newest_judgement(self, policy: str, task: str) -> dict[str, Any] | None:
+        """The detail (floor, margin, curve_id, confidence, ...) of the newest judged prediction
+        of (policy, task), or None: the settings it was last judged by."""
+        rows = self.query_json("SELECT detail FROM predictions WHERE policy = ? AND task = ? AND state != "
+                               "'not_evaluated' ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task],
+                               ("detail",))
+        return rows[0]["detail"] if rows and isinstance(rows[0]["detail"], dict) else None
+
     def run_candidates(self, run_ids: Sequence[str]) -> list[EvaluationCandidateRow]:
         """The runs `run_ids` as evaluation reads them, whether predicted already or not."""
         if not run_ids:
