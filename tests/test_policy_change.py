@@ -118,3 +118,44 @@ def test_a_margin_change_resolves_the_alert_and_says_so(tmp_path) -> None:
                                commit="a" * 40)
     [test_task] = decided["tasks"]
     assert (test_task["state"], test_task["threshold"]) == (row["state"], pytest.approx(row["threshold"]))
+
+
+def test_the_report_tells_the_change_and_never_prints_rows_at_another_level(tmp_path) -> None:
+    """Library level, on the report state (three lineages judged at level 0.2955): before the
+    re-evaluation the report names each row judged at the old level; after it, every row's
+    threshold is the header's level, the states are `lstar policy test`'s, and the Markdown and
+    HTML list the change."""
+    from monitor.policy.load import load_policy
+    from monitor.reports.report import build_report, to_html, to_markdown
+    from monitor.service.policy_change import changed_tasks, reevaluate_change, settings_in_force
+    from support.report_state import T0, build_report_state
+
+    made = build_report_state(tmp_path)
+    try:
+        before = settings_in_force([made.policy])
+        path = made.folder / "policy.yaml"
+        path.write_text(path.read_text().replace("    curve: curves/cloze.json\n",
+                                                 "    curve: curves/cloze.json\n    margin: 0.3\n"))
+        policy = load_policy(path)
+        start, later = T0 - timedelta(hours=1), made.now + timedelta(hours=1)
+        stale = build_report(made.store, policy, now=later, period_start=start)
+        assert stale["tasks"][0]["level"] == pytest.approx(0.55)
+        assert len([p for p in stale["problems"] if "judged at level 0.2955, not at the level 0.5500" in p]) == 3
+
+        [change] = changed_tasks(before, settings_in_force([policy]))
+        done = reevaluate_change(made.store, policy, change, now=later)
+        assert done.reevaluated == 3
+        data = build_report(made.store, policy, now=later + timedelta(minutes=1), period_start=start)
+    finally:
+        made.store.close()
+    [task] = data["tasks"]
+    assert not [p for p in data["problems"] if "judged at level" in p]
+    for row in task["lineages"]:
+        assert row["threshold"] == pytest.approx(task["level"]) == pytest.approx(0.55)
+        decided = policy_decisions(path, lstar=row["lstar"], se=row["se"], repo=row["repo"], commit=row["commit"])
+        assert decided["tasks"][0]["state"] == row["state"]
+    assert [c["summary"] for c in data["policy_changes"]] == [done.summary]
+    assert done.summary.startswith("policy governance: task cloze level 0.2955 → 0.5500 (margin 0.0455 → 0.3000); "
+                                   "re-evaluated 3 checkpoints;")
+    assert f"- {(later).strftime('%Y-%m-%d %H:%M')} UTC: {done.summary}" in to_markdown(data)
+    assert done.summary in to_html(data, {})
