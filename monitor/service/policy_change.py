@@ -17,11 +17,17 @@ the reload), `reevaluate_change`:
    records the change with one line saying what it did (`TaskChange.summary`), which the
    daemon logs and reports list, e.g.
 
-       policy watch: task arith level 0.3000 → 0.5000 (margin 0.0500 → 0.2500); re-evaluated 2 checkpoints; 1 alert resolved
+       policy watch: task arith level 0.3000 → 0.5000 (margin 0.0500 → 0.2500);
+           re-evaluated 2 checkpoints; 1 alert resolved    (one line in the log)
 
 At start the daemon compares with what the stored predictions were judged by
 (`settings_judged`), so a change made while it was stopped is applied too. A task that is new,
-or one whose curve cannot be loaded before or after, is left to the normal evaluation tick (a new task's scope is new, so its runs are all evaluated once).
+or one whose curve cannot be loaded before or after, is left to the normal evaluation tick (a
+new task's scope is new, so its runs are all evaluated once).
+
+Only the current checkpoint of each lineage is judged again: it alone decides the lineage's
+state, and the alerts follow that state. A re-fire on a checkpoint that already fired in that
+state is not sent again (the alert key is per checkpoint and state, `rules.alert_key`).
 """
 
 from __future__ import annotations
@@ -111,7 +117,8 @@ def settings_in_force(policies: Sequence[Policy]) -> dict[tuple[str, str], dict[
     return out
 
 
-def settings_judged(store: Store, settings: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+def settings_judged(store: Store,
+                    settings: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """The settings each (policy, task) of `settings` was last judged by, read from its newest
     stored prediction (level, margin, curve id, confidence; the rest as in `settings`): what a
     daemon compares with at start, when the policy may have changed while it was stopped."""
@@ -154,7 +161,9 @@ def reevaluate_change(store: Store, policy: Policy, change: TaskChange, *, now: 
     in force, write each prediction over the old one with the alerts it calls for, and record
     the change; returns `change` with its counts."""
     curves = curves if curves is not None else CurvePredictor()
-    task = next(t for t in policy.tasks if t.name == change.task)
+    task = next((t for t in policy.tasks if t.name == change.task), None)
+    if task is None:   # removed by a later reload before this one was applied: nothing to judge
+        return change
     current = _current_runs(store, policy, task)
     derived = store.derivative_keys()
     for run in store.run_candidates([row["run_id"] for row in current]):
