@@ -1,8 +1,8 @@
 """A report is about its window (docs/reliability.md row 48): old history (scores,
 predictions, discoveries and `not_evaluated` records before the window) changes nothing in it
-but the lineage states carried in — one row per lineage (its newest run before the window)
-and, per task, its state then — and the Markdown shows the top rows of long tables with
-counts, the JSON every row."""
+but the lineage states carried in — one row per lineage (its current checkpoint before the
+window, in training order) and, per task, its state then — and the Markdown shows the top rows
+of long tables with counts, the JSON every row."""
 
 from __future__ import annotations
 

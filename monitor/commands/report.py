@@ -136,6 +136,10 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                       fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
     print_table(console, table)
     _note(console, omitted, "lstar_table")
+    # the same current checkpoint as the Markdown, HTML, JSON and the daemon's reports (current.py)
+    for f in data["families"]:
+        console.print(f"current {f['lineage']}: {f['current']}, L* {fmt(f['latest_lstar'])} "
+                      f"(latest by {f['order']})", highlight=False)
     for t in data["tasks"]:
         tt = Table(title=f"task {t['task']} ({t['metric']}): level {fmt(t['level'])}, η̂ {fmt(t['eta'])} "
                          f"[{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}]")
@@ -148,6 +152,8 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                        fmt(x.get("value", x["lstar"])), fmt(x["p_hat"]), f"[{fmt(x['lo'])}, {fmt(x['hi'])}]", fmt(x["threshold"]))
         print_table(console, tt)
         _note(console, omitted, f"task:{t['task']}")
+    for change in data.get("policy_changes") or []:
+        console.print(f"policy change {fmt(change['changed_at'])}: {change['summary']}", highlight=False)
     if data["crossings"]:
         ct = Table(title="crossings")
         for col in ("task", "lineage", "checkpoint"):

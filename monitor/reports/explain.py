@@ -13,7 +13,8 @@ HOW_TO_READ: dict[str, str] = {
         "different tokenizers comparable. Lower is more capable: 0 is no better than token frequencies, "
         "and each step down is structure the model has learned. SE is the bootstrap standard error over "
         "documents. Checkpoints of a lineage are listed in training order (by the step in their branch "
-        "name, else by Hub commit date); the last one is the lineage's current checkpoint."),
+        "name, else by Hub commit date); the last one is the lineage's current checkpoint: the latest in "
+        "training order, whatever order the checkpoints were scored in."),
     "tasks": (
         "Each task curve maps a progress axis (L* unless the task's table names another, such as bits/byte) "
         "to the task's metric. The level b + ε is the chance baseline b plus the "

@@ -38,6 +38,7 @@ from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.current import current_checkpoint, training_ranks
 from monitor.reports.summary import plotted, summarised
 from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
@@ -98,6 +99,32 @@ def _axis_value(p: Any) -> tuple[float, float]:
     return float(p.lstar), float(p.se)
 
 
+def _judged_level(p: Any) -> float | None:
+    """The level b + ε a stored prediction was judged at (its detail's floor and margin)."""
+    detail = p.detail or {}
+    if isinstance(detail.get("floor"), (int, float)) and isinstance(detail.get("margin"), (int, float)):
+        return float(detail["floor"]) + float(detail["margin"])
+    return None
+
+
+def stale_level_problems(task: str, level: float, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A problem for each lineage whose state was judged at another level than the one in force
+    (a policy change the daemon has not re-evaluated yet): the row and the header would disagree."""
+    return [f"task {task}: the state of {x['lineage']} ({x['checkpoint']}) was judged at level {fmt(x['level'])}, "
+            f"not at the level {fmt(level)} in force; the running daemon re-evaluates it when it reloads the policy"
+            for x in rows if x.get("level") is not None and abs(x["level"] - level) > 1e-9]
+
+
+def policy_changes_markdown(changes: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The policy changes of the window as Markdown lines (none: nothing)."""
+    if not changes:
+        return []
+    return ["## Policy changes", "",
+            "*How to read this:* a reload that changed a task's curve, margin (its level), confidence, budget "
+            "or derivatives rule re-evaluated each lineage's current checkpoint; what no longer held was resolved.",
+            "", *(f"- {fmt(c['changed_at'])}: {markdown_text(c['summary'])}" for c in changes), ""]
+
+
 def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
@@ -123,35 +150,40 @@ def _table_row(r: ReportScoreRow, *, new: bool) -> dict[str, Any]:
 
 
 def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: datetime,
-                  end: datetime) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+                  end: datetime) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]],
+                                          dict[str, dict[str, Any]]]:
     """The L* table's rows by lineage: each checkpoint scored in the window (its newest run
-    there), and each lineage's current checkpoint at the window's start (its newest run before
-    it, `new` false) unless the window scored that checkpoint again; and, per lineage, how many
-    checkpoints it had scored before the window and its best L* then."""
+    there), and each lineage's current checkpoint at the window's start (`current.py`: the
+    latest in training order of those scored before it, `new` false) unless the window scored
+    that checkpoint again; every scored checkpoint of each lineage (its newest run), for the
+    training order and the L*-over-time plot; and, per lineage, how many checkpoints it had
+    scored before the window and its best L* then."""
     from monitor.alerts import watches
 
     latest: dict[tuple[str, str], ReportScoreRow] = {}
     for r in store.report_score_runs(corpus, start=start, end=end):  # oldest first: the newest run wins
         if watches(policy, r.repo, r.rule):
             latest[(r.repo, r.commit_sha)] = r
-    carried: dict[str, ReportCarriedRow] = {}
+    earlier: dict[str, list[dict[str, Any]]] = {}
     before: dict[str, dict[str, Any]] = {}
-    for c in store.report_carried_runs(corpus, start=start):
+    for c in store.report_carried_runs(corpus, start=start):   # one row per checkpoint
         if not watches(policy, c.run.repo, c.run.rule):
             continue
         seen = before.setdefault(c.run.lineage, {"checkpoints": 0, "best_lstar": c.best_lstar_before})
         seen["checkpoints"] += c.checkpoints_before
         seen["best_lstar"] = min(seen["best_lstar"], c.best_lstar_before)
-        held = carried.get(c.run.lineage)
-        if held is None or (c.run.finished_at, c.run.run_id) > (held.run.finished_at, held.run.run_id):
-            carried[c.run.lineage] = c
+        if (c.run.repo, c.run.commit_sha) not in latest:
+            earlier.setdefault(c.run.lineage, []).append(_table_row(c.run, new=False))
     by_lineage: dict[str, list[dict[str, Any]]] = {}
     for r in latest.values():
         by_lineage.setdefault(r.lineage, []).append(_table_row(r, new=True))
-    for lineage, c in carried.items():
-        if (c.run.repo, c.run.commit_sha) not in latest:
-            by_lineage.setdefault(lineage, []).append(_table_row(c.run, new=False))
-    return by_lineage, before
+    history = {lineage: [*by_lineage.get(lineage, []), *earlier.get(lineage, [])]
+               for lineage in sorted({*by_lineage, *earlier})}
+    for lineage, rows in earlier.items():
+        # ordered with the window's checkpoints, so that one order (step or time) holds for all
+        ranks = training_ranks(history[lineage], _placement, id, lambda row: row["commit"])
+        by_lineage.setdefault(lineage, []).append(max(rows, key=lambda row: ranks[id(row)]))
+    return by_lineage, history, before
 
 
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
@@ -162,7 +194,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     discoveries in it — and each lineage's state at the window's start (its current checkpoint
     and, per task, its state then), so its cost follows the window's activity, not the history.
     Checkpoints are named by `present.checkpoint_name` everywhere and each lineage's rows are
-    in training order (`present.lineage_order`); a lineage's current checkpoint is its last.
+    in training order (`present.lineage_order`); a lineage's current checkpoint is the one
+    `current.current_checkpoint` names (the latest in training order, never in scoring order),
+    and each task's state of a lineage is that checkpoint's.
     """
     from monitor.alerts import public_corpus, watches
     from monitor.alerts.predict import margin_in_force
@@ -171,31 +205,43 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     curves, problems = load_policy_curves(policy)
     corpus = public_corpus(policy, curves.values())
-    by_lineage, before = _lineage_rows(store, policy, corpus, start=period_start, end=now)
-    table, families, order = [], {}, {}
+    by_lineage, history, before = _lineage_rows(store, policy, corpus, start=period_start, end=now)
+    table, families, order, scored = [], {}, {}, []
     for lineage in sorted(by_lineage):
-        rows = lineage_order(by_lineage[lineage], _placement, lambda row: row["commit"])
+        # One training order over every scored checkpoint of the lineage (current.py): the
+        # table's rows, the current checkpoint and each task's current state all follow it.
+        every = lineage_order(history[lineage], _placement, lambda row: row["commit"])
+        scored += every
+        order.update(training_ranks(every, _placement, lambda row: (row["repo"], row["commit"]),
+                                    lambda row: row["commit"]))
+        rows = sorted(by_lineage[lineage], key=lambda row: order[(row["repo"], row["commit"])])
         table += rows
-        order.update({(row["repo"], row["commit"]): i for i, row in enumerate(rows)})
+        # the definition (current.py); by construction also the table's last row
+        current = current_checkpoint(history[lineage], _placement, lambda row: row["commit"]) or rows[-1]
         earlier = before.get(lineage, {"checkpoints": 0, "best_lstar": None})
         best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
                                                       else []))
         families[lineage] = {
             "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
             "new_scores": sum(row["new"] for row in rows),
-            "order": "training step" if orders_by_step(map(_placement, rows)) else "release time",
-            "current": rows[-1]["checkpoint"], "latest_lstar": rows[-1]["lstar"], "latest_se": rows[-1]["se"],
+            "order": "training step" if orders_by_step(map(_placement, history[lineage])) else "release time",
+            "current": current["checkpoint"], "latest_lstar": current["lstar"], "latest_se": current["se"],
             "best_lstar": best}
     names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
 
     window = [p for p in store.report_predictions(policy.name, start=period_start, end=now) if p.task in curves]
-    carried_in = {(p.task, p.lineage): p for p in store.report_carried_predictions(
-        policy.name, start=period_start, skip_state=NOT_EVALUATED) if p.task in curves}
+    # Per (task, lineage): each checkpoint's state at the window's start (the current one is
+    # chosen in training order below), and the newest of them, where the crossings start from.
+    carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
+                                                               skip_state=NOT_EVALUATED) if p.task in curves]
+    carried_in: dict[tuple[str, str], PredictionRow] = {}
+    for p in carried_all:   # oldest first
+        carried_in[(p.task, p.lineage)] = p
     discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
         names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
-    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_in.values()]} - set(names)
+    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_all]} - set(names)
     refs = store.checkpoint_refs(sorted(unnamed))
 
     def name_of(repo: str, commit: str) -> str:
@@ -227,13 +273,17 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                                       "from": previous, "to": p.state, "lstar": p.lstar,
                                       "value": _axis_value(p)[0], "at": p.evaluated_at})
                 previous = p.state
-            # The current state is that of the lineage's last checkpoint in training order (its
-            # newest prediction), not of whichever checkpoint happened to be scored last.
-            newest = {(p.repo, p.commit_sha): p for p in preds}
+            # The current state is that of the lineage's current checkpoint (current.py: the
+            # latest in training order; its newest prediction), not of whichever checkpoint
+            # happened to be scored or evaluated last.
+            newest = {(p.repo, p.commit_sha): p for p in [
+                *(c for c in carried_all if c.task == task.name and c.lineage == lineage), *preds]}
             last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
                                                         p.evaluated_at))
             derived = (last.detail or {}).get("derivative")
+            judged = _judged_level(last)
             current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
+                            "level": judged,
                             "checkpoint": name_of(last.repo, last.commit_sha),
                             "state": last.state, "lstar": last.lstar, "se": last.se,
                             # a derivative's state may rest on its base's coordinate (derivatives.py)
@@ -248,6 +298,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                                                                  AXES[curve.axis].unit)})
         margin = margin_in_force(curve, task)
         eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
+        problems += stale_level_problems(task.name, eta.level, current)
         warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
         unresolved = [w["message"] for w in warnings if w["unresolved"]]
         if unresolved:
@@ -292,9 +343,13 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                              "checkpoint": name_of(c.repo, c.sha), "status": c.status,
                              "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks, "derivatives": derivatives,
+        # every scored checkpoint of each lineage, in training order (the L*-over-time plot)
+        "lineage_history": scored,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
         "superseded_evaluations": superseded_section(store, policy, since=period_start),
+        # what each reload that changed a task's judgement did (monitor.service.policy_change)
+        "policy_changes": store.policy_changes(policy.name, start=period_start, end=now),
         "plots": [],
         "_curves": curves,
     }
@@ -307,14 +362,25 @@ def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:
     to each figure, so a family has the same colour in all of them."""
     data = plotted(data)
     colours = report_colours(data)
-    figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(data["lstar_table"], colours),
+    # every scored checkpoint of each lineage, not only the window's rows (a report read back
+    # from JSON written before the history was kept has only its table)
+    history = data.get("lineage_history") or data["lstar_table"]
+    figures = {"lstar_over_time.png": report_plots.lstar_over_time_figure(history, colours),
                "ce_vs_lstar.png": report_plots.ce_against_lstar_figure(data["lstar_table"], colours)}
     names = curve_figure_names([task["task"] for task in data["tasks"]], taken=figures)
     for task in data["tasks"]:
         curve = data["_curves"][task["task"]]
-        figures[names[task["task"]]] = report_plots.task_curve_figure(curve, task["new_points"], colours,
+        figures[names[task["task"]]] = report_plots.task_curve_figure(curve, curve_points(task), colours,
                                                                       margin=task.get("margin"))
     return figures
+
+
+def curve_points(task: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """What a task's curve figure marks: the window's new predictions, and each lineage's
+    current checkpoint (its state now) where the window predicted nothing for it."""
+    shown = {(p["repo"], p["commit"]) for p in task["new_points"]}
+    return [*task["new_points"], *(x for x in task["lineages"] if (x["repo"], x["commit"]) not in shown
+                                   and x.get("p_hat") is not None)]
 
 
 def curve_figure_names(tasks: Sequence[str], taken: Iterable[str] = ()) -> dict[str, str]:
@@ -350,7 +416,7 @@ def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
 def report_colours(data: Mapping[str, Any]) -> dict[str, str]:
     """The colour of each family (lineage) in every figure of this report."""
     names = {r["lineage"] for r in data["lstar_table"]}
-    names |= {p["lineage"] for t in data["tasks"] for p in t["new_points"]}
+    names |= {p["lineage"] for t in data["tasks"] for p in [*t["new_points"], *t["lineages"]]}
     return report_plots.family_colours(names)
 
 
@@ -516,7 +582,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
         out.append(f"| {markdown_text(r['lineage'])} | {name(r)} | {fmt(r['step'])} | {fmt(r['released_at'])} | "
                    f"{fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
                    f"{fmt(r['ce_unigram'])} | {markdown_code(r['tokenizer'][:12])} | {'yes' if r['new'] else ''} |")
-    out += ["", "Current checkpoint per lineage (the last in its order):", ""]
+    out += ["", "Current checkpoint per lineage (the latest in training order, not the last scored):", ""]
     out += [f"- {markdown_text(f['lineage'])}: {markdown_text(f['current'])} (ordered by {f['order']}), "
             f"L* {fmt(f['latest_lstar'])}"
             for f in data["families"]]
@@ -546,6 +612,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
             out.append(f"| {markdown_text(x['lineage'])} | {name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
                        f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}]{beyond} | {fmt(x['threshold'])} |")
         out.append("")
+    out += policy_changes_markdown(data.get("policy_changes") or [])
     out += track_record_markdown(data.get("track_record") or [])
     out += superseded_markdown(data.get("superseded_evaluations") or [])
     out += derivatives_markdown(data.get("derivatives") or [])

@@ -57,6 +57,7 @@ def summarised(data: Mapping[str, Any], top: int = TOP_ROWS) -> dict[str, Any]:
     if len(keep) < len(data["families"]):
         out["families"] = [f for f in data["families"] if f["lineage"] in keep]
         out["lstar_table"] = [r for r in data["lstar_table"] if r["lineage"] in keep]
+        out["lineage_history"] = [r for r in data.get("lineage_history", []) if r["lineage"] in keep]
         omitted["lstar_table"] = (f"Showing {len(out['lstar_table']):,} of {len(data['lstar_table']):,} rows: "
                                   f"{len(keep):,} of {len(data['families']):,} lineages, those with the most new "
                                   "scores (report.json has every row)")
@@ -93,7 +94,9 @@ def plotted(data: Mapping[str, Any]) -> dict[str, Any]:
         return view
     out = dict(view)
     out["lstar_table"] = [r for r in view["lstar_table"] if r["lineage"] in keep]
-    out["tasks"] = [{**t, "new_points": [p for p in t["new_points"] if p["lineage"] in keep]} for t in view["tasks"]]
+    out["lineage_history"] = [r for r in view.get("lineage_history", []) if r["lineage"] in keep]
+    out["tasks"] = [{**t, "new_points": [p for p in t["new_points"] if p["lineage"] in keep],
+                     "lineages": [x for x in t["lineages"] if x["lineage"] in keep]} for t in view["tasks"]]
     return out
 
 

@@ -177,6 +177,10 @@ class Daemon:
         self.store: Store | None = None
         self.policy_set = PolicySet([])
         self.policy_digest: str | None = None
+        # each (policy, task)'s judgement settings as last loaded, and the changes a reload found
+        # that job_reload has still to re-evaluate (monitor.service.policy_change)
+        self.task_settings: dict[tuple[str, str], dict[str, Any]] | None = None
+        self.policy_changes: list[Any] = []
         self.policy_problems: list[str] = []   # no policy in force, missing secrets: unhealthy
         self.metrics = DaemonMetrics()
         self.metrics.store_reader = self.read_store
@@ -638,7 +642,39 @@ class Daemon:
         if not files:
             log.warning("no policy files (*.yaml) in %s", self.config.policies_dir)
         log.info("policies in force: %s", ", ".join(p.name for p in self.policies()) or "none")
+        self._note_policy_changes()
         return True
+
+    def _note_policy_changes(self) -> None:
+        """Compare each task's judgement settings (curve, margin and level, ...) with the last
+        load's; the changed tasks wait in `policy_changes` for `job_reload` to re-evaluate."""
+        from monitor.service.policy_change import changed_tasks, settings_in_force, settings_judged
+
+        settings = settings_in_force(self.policies())
+        before = self.task_settings
+        if before is None and self.store is not None:   # at start: what the stored predictions were judged by
+            with self.job_store() as store:
+                before = settings_judged(store, settings)
+        if before is not None:
+            self.policy_changes += changed_tasks(before, settings)
+        self.task_settings = settings
+
+    def _reevaluate_policy_changes(self) -> list[str]:
+        """Re-evaluate what each noted policy change affects (resolving what no longer holds,
+        through the outbox), record it and log one line each; returns the lines."""
+        from monitor.service.policy_change import reevaluate_change
+
+        lines = []
+        policies = {p.name: p for p in self.policies()}
+        while self.policy_changes:
+            change = self.policy_changes[0]
+            if change.policy in policies:
+                with self.job_store() as store:   # a failure leaves the change noted: tried next tick
+                    done = reevaluate_change(store, policies[change.policy], change, now=utcnow())
+                log.info("%s", done.summary)
+                lines.append(done.summary)
+            self.policy_changes.pop(0)
+        return lines
 
     def _check_policy_problems(self) -> None:
         """Re-check that a policy is in force and every secret its receivers name resolves
@@ -698,7 +734,11 @@ class Daemon:
         self._check_policy_problems()
         if changed:
             self.check_scoring_pins()
-        return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()}}
+        reevaluated = self._reevaluate_policy_changes()
+        if reevaluated:
+            self.nudge("dispatch")   # a resolve (or a new alert) waits in the outbox
+        return {"changed": changed, "errors": {str(k): v for k, v in self.policy_set.errors.items()},
+                "policy_changes": reevaluated}
 
     def job_poll(self) -> dict[str, Any]:
         from monitor.alerts.reference_bases import add_reference_bases, reference_rules

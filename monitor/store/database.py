@@ -11,12 +11,13 @@ from monitor.store.hub import HubRows
 from monitor.store.labels import LabelRows
 from monitor.store.notifications import NotificationRows
 from monitor.store.observations import ObservationRows
+from monitor.store.policy_changes import PolicyChangeRows
 from monitor.store.reports import ReportRows
 from monitor.store.scores import ScoreRows
 
 
 class Store(ScoreRows, HubRows, CheckpointRows, AlertRows, NotificationRows, LabelRows, ReportRows,
-            EvaluationGapRows, EvaluationQueueRows, ObservationRows, DerivativeRows):
+            EvaluationGapRows, EvaluationQueueRows, ObservationRows, DerivativeRows, PolicyChangeRows):
     """A DuckDB state file. Use `Store.open(...)`; close it (or use `with`).
 
     One process writes the file; readers open it read-only. The schema lives in

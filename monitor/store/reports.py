@@ -44,9 +44,11 @@ class ReportRows(StoreConnection):
         return [self._report_score_row(row) for row in rows]
 
     def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> list[ReportCarriedRow]:
-        """Each (lineage, repo)'s state at `start`: its newest score run finished by then, with the
-        number of checkpoints it had scored and its best L* (one row each: an aggregate over the
-        history's key columns, then only the chosen runs are read whole)."""
+        """Each checkpoint scored by `start`: its newest score run finished by then, with 1 (the
+        checkpoint, for counts) and its best L* (one row per (lineage, repo, commit): an aggregate
+        over the history's key columns, then only the chosen runs are read whole). Which of them
+        is a lineage's current checkpoint is decided by `monitor.reports.current`, in training
+        order, not here by time scored."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
         rows = self.query(
             "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
@@ -55,9 +57,9 @@ class ReportRows(StoreConnection):
             f"AND c2.repo = r.model_repo AND c2.sha = r.model_sha WHERE r.finished_at <= ? {where}), "
             "state AS (SELECT lineage, repo, arg_max(run_id, (finished_at, run_id)) AS newest, "
             "count(DISTINCT model_sha) AS checkpoints_before, min(lstar) AS best_lstar_before "
-            "FROM history GROUP BY lineage, repo) "
+            "FROM history GROUP BY lineage, repo, model_sha) "
             f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
-            "ON run.run_id = s.newest ORDER BY run.lineage, run.repo", [start, *params])
+            "ON run.run_id = s.newest ORDER BY run.lineage, run.repo, run.commit_sha", [start, *params])
         out = []
         for row in rows:
             counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))
@@ -71,12 +73,13 @@ class ReportRows(StoreConnection):
         return [PredictionRow.from_row(row) for row in rows]
 
     def report_carried_predictions(self, policy: str, *, start: datetime, skip_state: str) -> list[PredictionRow]:
-        """Each (task, lineage)'s state at `start`: the policy's newest prediction evaluated by
-        then whose state is not `skip_state` (one row each; a window function)."""
+        """Each (task, lineage, checkpoint)'s state at `start`: the policy's newest prediction of
+        it evaluated by then whose state is not `skip_state` (one row each; a window function)."""
         rows = self.query_json(
-            "SELECT * EXCLUDE (newest) FROM (SELECT *, row_number() OVER (PARTITION BY task, lineage "
+            "SELECT * EXCLUDE (newest) FROM (SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
             "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions WHERE policy = ? AND evaluated_at <= ? "
-            "AND state != ?) WHERE newest = 1 ORDER BY task, lineage", [policy, start, skip_state], ("detail",))
+            "AND state != ?) WHERE newest = 1 ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state],
+            ("detail",))
         return [PredictionRow.from_row(row) for row in rows]
 
     def report_new_checkpoints(self, *, start: datetime, end: datetime) -> list[CheckpointRow]:
