@@ -1,0 +1,123 @@
+"""Issue 38's smaller analyst problems, one test (or more) per item:
+
+- item 5: `lstar score ORG/REPO@REV` with HF_HUB_OFFLINE=1 reaches a Hub on 127.0.0.1 and
+  refuses any other Hub in one line before loading anything;
+- item 9: shell completion (`--show-completion`, and the completion itself);
+- item 10: `score --quiet` draws no table; `score` on a state file held by another process
+  refuses before reading its inputs.
+
+The offline checks run the real CLI in a subprocess: huggingface_hub reads HF_HUB_OFFLINE and
+HF_ENDPOINT once, at its import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import main
+from monitor.demo.fakehub import FakeHub
+from monitor.demo.hub_repos import tiny_model_files
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SCORE = ["--docs", "2", "--max-context", "32", "--no-tcb", "--device", "cpu", "--dtype", "float32"]
+
+
+def _env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "LSTAR_FAILPOINT")}
+    env.update(PYTHONPATH=str(ROOT), COLUMNS="200", HF_HUB_DISABLE_PROGRESS_BARS="1", **overrides)
+    return env
+
+
+def _lstar(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- item 5 ---------------------------------------------------------------------------------
+def test_score_reaches_a_loopback_hub_with_hf_hub_offline_set(tmp_path: Path, calib_v0: Path) -> None:
+    with FakeHub() as hub:
+        sha = hub.add_repo("demo-org/neox-ref", tiny_model_files("gpt-neox", seed=1), branch="step1000")
+        env = _env(HF_HUB_OFFLINE="1", HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(tmp_path / "cache"))
+        done = _lstar(["score", "demo-org/neox-ref@step1000", "--corpus", str(calib_v0), *TINY_SCORE,
+                       "--quiet", "--json", "--no-db"], tmp_path, env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        assert (result["model"]["repo"], result["model"]["sha"]) == ("demo-org/neox-ref", sha)
+        assert hub.count_requests("/api/models/demo-org/neox-ref") >= 1
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_score_refuses_a_remote_hub_in_one_line_when_offline(tmp_path: Path, variable: str) -> None:
+    env = _env(HF_ENDPOINT="https://hub.example.org", **{variable: "1"})
+    done = _lstar(["score", "demo-org/neox-ref@step1000", "--corpus", "no-such-corpus", "--no-db"], tmp_path, env)
+    assert done.returncode != 0 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    # refused before the corpus is read (the missing corpus would be the error otherwise)
+    assert f"lstar score cannot fetch from the Hub while {variable}=1 is set" in lines[0]
+    assert f"unset {variable}" in lines[0] and "127.0.0.1" in lines[0]
+
+
+# -- item 9 ---------------------------------------------------------------------------------
+def test_show_completion_prints_a_script_for_lstar(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--show-completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "complete -o default -F _lstar_completion lstar" in script
+    assert "_LSTAR_COMPLETE=complete_bash" in script
+
+
+def test_completion_completes_commands_and_subcommands(tmp_path: Path) -> None:
+    def complete(words: str) -> list[str]:
+        env = _env(_LSTAR_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split(" ")) - 1))
+        done = subprocess.run([sys.executable, "-c", "import sys; from monitor.cli import main; sys.exit(main())"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert complete("lstar sil") == ["silence"]
+    assert set(complete("lstar silence ")) >= {"add", "list", "expire"}
+
+
+# -- item 10: score --quiet, score on a held state file --------------------------------------
+def test_score_quiet_prints_no_table(tmp_path: Path, calib_v0: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    for name, data in tiny_model_files("gpt-neox", seed=2).items():
+        (model / name).write_bytes(data)
+    assert main(["score", str(model), "--corpus", str(calib_v0), *TINY_SCORE, "--quiet",
+                 "--state", str(tmp_path / "state")]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "recorded run " in err and "CE (nats/token)" not in err
+    # the same command without --quiet draws the table: the check above can fail
+    assert main(["score", str(model), "--corpus", str(calib_v0), *TINY_SCORE, "--no-db"]) == 0
+    assert "CE (nats/token)" in capsys.readouterr().out
+
+
+def test_score_on_a_held_state_file_refuses_before_reading_its_inputs(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert main(["db", "migrate", "--state", str(state)]) == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('held', flush=True); time.sleep(60)", str(state / "lstar.duckdb")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        done = _lstar(["score", "./no-such-model", "--corpus", "no-such-corpus", "--state", str(state)],
+                      tmp_path, _env())
+        elapsed = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode != 0
+    # the lock is named, not the missing corpus or model that the slow path would meet first
+    assert "is held by another process" in done.stderr and "corpus" not in done.stderr, done.stderr
+    assert elapsed < 30
