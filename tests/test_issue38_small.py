@@ -55,14 +55,17 @@ def test_score_reaches_a_loopback_hub_with_hf_hub_offline_set(tmp_path: Path, ca
 
 
 @pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
-def test_score_refuses_a_remote_hub_in_one_line_when_offline(tmp_path: Path, variable: str) -> None:
+@pytest.mark.parametrize("command", ["score", "eval"])
+def test_score_refuses_a_remote_hub_in_one_line_when_offline(tmp_path: Path, variable: str, command: str) -> None:
     env = _env(HF_ENDPOINT="https://hub.example.org", **{variable: "1"})
-    done = _lstar(["score", "demo-org/neox-ref@step1000", "--corpus", "no-such-corpus", "--no-db"], tmp_path, env)
+    inputs = (["--corpus", "no-such-corpus", "--no-db"] if command == "score"
+              else ["--task", "no-such-task.jsonl", "--no-store"])
+    done = _lstar([command, "demo-org/neox-ref@step1000", *inputs], tmp_path, env)
     assert done.returncode != 0 and done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    # refused before the corpus is read (the missing corpus would be the error otherwise)
-    assert f"lstar score cannot fetch from the Hub while {variable}=1 is set" in lines[0]
+    # refused before the inputs are read (the missing corpus or task would be the error otherwise)
+    assert f"lstar {command} cannot fetch from the Hub while {variable}=1 is set" in lines[0]
     assert f"unset {variable}" in lines[0] and "127.0.0.1" in lines[0]
 
 
