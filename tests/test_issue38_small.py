@@ -124,3 +124,49 @@ def test_score_on_a_held_state_file_refuses_before_reading_its_inputs(tmp_path: 
     # the lock is named, not the missing corpus or model that the slow path would meet first
     assert "is held by another process" in done.stderr and "corpus" not in done.stderr, done.stderr
     assert elapsed < 30
+
+
+# -- item 10: silence ids by unique prefix; silence list keeps ids and times whole -------------
+def _add_silence(state: Path, capsys: pytest.CaptureFixture[str], comment: str = "maintenance") -> str:
+    assert main(["silence", "add", "--match", "policy=watch", "--until", "2h", "--comment", comment,
+                 "--state", str(state)]) == 0
+    return capsys.readouterr().out.strip()
+
+
+def test_a_silence_is_expired_by_a_unique_prefix_and_an_ambiguous_one_lists_the_candidates(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    ids: list[str] = []
+    while not any(a[0] == b[0] for i, a in enumerate(ids) for b in ids[:i]):   # two ids with one first character
+        ids.append(_add_silence(state, capsys))
+        assert len(ids) <= 17   # 16 hex digits: the 17th shares one
+    first = ids[-1][0]
+    twins = sorted(i for i in ids if i[0] == first)
+    assert main(["silence", "expire", first, "--state", str(state)]) != 0
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and all(t in err for t in twins), err
+
+    unique = next(n for n in range(1, 37) if sum(i.startswith(twins[0][:n]) for i in ids) == 1)
+    assert main(["silence", "expire", twins[0][:unique], "--state", str(state)]) == 0
+    assert capsys.readouterr().out.strip() == f"expired {twins[0]}"
+    assert main(["silence", "list", "--json", "--state", str(state)]) == 0
+    left = {s["id"] for s in json.loads(capsys.readouterr().out)["items"]}
+    assert left == set(ids) - {twins[0]}
+    # a prefix of no silence, and of one expired already, is still refused
+    assert main(["silence", "expire", twins[0][:unique], "--state", str(state)]) != 0
+    assert f"no active or pending silence with id {twins[0][:unique]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("columns", [150, 80])
+def test_silence_list_keeps_the_id_and_the_end_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
+    state = tmp_path / "state"
+    silence_id = _add_silence(state, capsys, comment="window for the pythia lineage retraining, ask the on-call")
+    assert main(["silence", "list", "--json", "--state", str(state)]) == 0
+    until = json.loads(capsys.readouterr().out)["items"][0]["ends_at"][:19].replace(" ", "T")   # to the second
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(["silence", "list", "--state", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert any(silence_id in line for line in out.splitlines()), out   # the id on one line
+    assert any(until in line for line in out.splitlines()), out        # the end too

@@ -427,7 +427,7 @@ class ApiApp:
         now = self._now(body)
         silence_id = request.path_params["ident"]
         with self.daemon.job_store() as store:
-            expire_silence(store, silence_id, now=now)
+            silence_id = expire_silence(store, silence_id, now=now)   # a unique prefix names the whole id
         return {"expired": silence_id}
 
     def _retry(self, request: Request, body: dict[str, Any]) -> Any:
