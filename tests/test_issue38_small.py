@@ -170,3 +170,36 @@ def test_silence_list_keeps_the_id_and_the_end_whole(tmp_path: Path, capsys: pyt
     assert "…" not in out
     assert any(silence_id in line for line in out.splitlines()), out   # the id on one line
     assert any(until in line for line in out.splitlines()), out        # the end too
+
+
+# -- item 10: lstar poll --policies ----------------------------------------------------------
+def _policy(name: str, author: str) -> str:
+    return (f"name: {name}\nwatch:\n  - name: {name}-steps\n    author: {author}\n"
+            "    revisions: {branches: \"step\\\\d+\"}\n"
+            "route: {receiver: log}\nreceivers:\n  - name: log\n    file: {path: alerts.jsonl}\n")
+
+
+def test_poll_takes_a_policy_folder_as_run_does(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(_policy("alpha", "org-a"))
+    (folder / "b.yaml").write_text(_policy("beta", "org-b"))
+    (folder / "notes.txt").write_text("not a policy")
+    with FakeHub() as hub:
+        files = {"config.json": b"{}", "README.md": b"card"}
+        sha_a = hub.add_repo("org-a/one", files, branch="step1000")
+        sha_b = hub.add_repo("org-b/two", {**files, "README.md": b"other card"}, branch="step2000")
+        assert main(["poll", "--once", "--policies", str(folder), "--no-gate", "--json", "--endpoint", hub.url,
+                     "--state", str(tmp_path / "state")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted((r["rule"], r["new"]) for r in report["rules"]) == [("alpha-steps", 1), ("beta-steps", 1)]
+    assert main(["checkpoints", "--json", "--state", str(tmp_path / "state")]) == 0
+    rows = json.loads(capsys.readouterr().out)["items"]
+    assert sorted((r["repo"], r["sha"]) for r in rows) == sorted([("org-a/one", sha_a), ("org-b/two", sha_b)])
+
+    assert main(["poll", "--once", "--policies", str(folder), "--policy", str(folder / "a.yaml"),
+                 "--state", str(tmp_path / "state")]) != 0
+    assert "exactly one of --policy FILE, --policies DIR or --rule-file FILE" in capsys.readouterr().err

@@ -13,16 +13,27 @@ from rich.table import Table
 from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, id_column
 from monitor.commands.terminal import plain_console
 from monitor.environment import refuse_hub_offline
-from monitor.errors import HubError
+from monitor.errors import HubError, PolicyError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
 from monitor.policy import load_policy
 from monitor.store import Store
 
 
-def load_rules(policy: Path | None, rule_file: Path | None) -> list[Any]:
-    """The watch rules of a policy file, or of a rule file (a YAML with only a `watch:` list)."""
-    if (policy is None) == (rule_file is None):
-        raise CommandLineError("give exactly one of --policy FILE or --rule-file FILE")
+def load_rules(policy: Path | None, rule_file: Path | None, policies: Path | None = None) -> list[Any]:
+    """The watch rules of a policy file, of every policy file in a folder (as `lstar run
+    --policies` reads it), or of a rule file (a YAML with only a `watch:` list)."""
+    if sum(given is not None for given in (policy, policies, rule_file)) != 1:
+        raise CommandLineError("give exactly one of --policy FILE, --policies DIR or --rule-file FILE")
+    if policies is not None:
+        from monitor.policy.files import policy_files_in
+        from monitor.policy.readiness import require_policy_folder
+
+        require_policy_folder(policies)
+        files = policy_files_in(policies)
+        if not files:
+            raise PolicyError(f"--policies {policies}: no policy files (*.yaml) there",
+                              hint="point it at the folder `lstar run --policies` reads")
+        return [rule for file in files for rule in load_policy(file, check_curves=False).watch]
     if policy is not None:
         return list(load_policy(policy, check_curves=False).watch)  # curves are not needed to poll
 
@@ -59,6 +70,8 @@ def register(app: typer.Typer) -> None:
     def poll(
         once: bool = typer.Option(False, "--once", help="Poll every rule once, gate, and exit."),
         policy: Path = typer.Option(None, "--policy", help="Policy file whose watch rules to poll."),
+        policies: Path = typer.Option(None, "--policies", help="Folder of policy files (as `lstar run "
+                                      "--policies`): poll the watch rules of every one."),
         rule_file: Path = typer.Option(None, "--rule-file", help="YAML file with a top-level `watch:` list."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
@@ -76,7 +89,7 @@ def register(app: typer.Typer) -> None:
         db_path = db_file(state, db)
         if not once:
             raise CommandLineError("only --once is supported here; continuous polling is the daemon's job")
-        rules = load_rules(policy, rule_file)
+        rules = load_rules(policy, rule_file, policies)
         from monitor.alerts.reference_bases import reference_rules
 
         with Store.open(db_path) as store:
