@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -203,3 +204,30 @@ def test_poll_takes_a_policy_folder_as_run_does(tmp_path: Path, capsys: pytest.C
     assert main(["poll", "--once", "--policies", str(folder), "--policy", str(folder / "a.yaml"),
                  "--state", str(tmp_path / "state")]) != 0
     assert "exactly one of --policy FILE, --policies DIR or --rule-file FILE" in capsys.readouterr().err
+
+
+# -- item 10: the API's 404 names its endpoints --------------------------------------------------
+def test_an_unknown_api_path_answers_404_with_the_endpoints_as_hint(tmp_path: Path) -> None:
+    import httpx
+
+    from monitor.service.api import ApiServer
+
+    class StandIn:   # what the API reads of a daemon; a 404 reads none of it
+        config = SimpleNamespace(state_dir=tmp_path, policies_dir=tmp_path, webhook_secret_file=None)
+        metrics = SimpleNamespace(render=lambda: b"")
+
+        def health(self) -> tuple[bool, list[str]]:
+            return True, []
+
+    with ApiServer(StandIn(), port=0, token="t" * 32, workers=2, idle_timeout=5, lifetime=30) as server:
+        answers = [httpx.get(f"{server.url}{path}", timeout=10) for path in ("/alert", "/alerts/abc", "/")]
+    for answer in answers:
+        assert answer.status_code == 404
+        body = answer.json()
+        assert body["error"].startswith("no such endpoint")
+        hint = body["hint"]
+        assert hint is not None and hint.startswith("the endpoints are ")
+        # the routes the module's docstring lists, written out here by hand
+        for line in ("GET /health", "GET /metrics", "GET /status", "GET /checkpoints", "GET /report/latest",
+                     "GET /alerts/{ident}", "POST /silences", "POST /silences/{ident}/expire", "POST /hooks/hub"):
+            assert line in hint, (line, hint)
