@@ -231,3 +231,56 @@ def test_an_unknown_api_path_answers_404_with_the_endpoints_as_hint(tmp_path: Pa
         for line in ("GET /health", "GET /metrics", "GET /status", "GET /checkpoints", "GET /report/latest",
                      "GET /alerts/{ident}", "POST /silences", "POST /silences/{ident}/expire", "POST /hooks/hub"):
             assert line in hint, (line, hint)
+
+
+# -- item 10: the curve summary in plain words; validate says when raw CE beats L* -------------
+def test_curve_summary_says_how_many_resamples_cross_in_words(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor.commands.curves import resamples_crossing
+
+    curve = ROOT / "tests" / "fixtures" / "policies" / "curves" / "cloze.json"
+    assert json.loads(curve.read_text())["threshold"]["never_share"] == 0.0
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["curves", "show", str(curve)]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "η̂ (threshold)" in line]
+    assert "every bootstrap resample crosses the threshold" in line and "never in 0" not in line
+    assert resamples_crossing(0.25) == "25.0% of bootstrap resamples never cross the threshold"
+    assert resamples_crossing(1.0) == "no bootstrap resample crosses the threshold"
+
+
+def _lofo(rmse_lstar: float, rmse_raw: float) -> object:
+    from monitor.curves.artifact import LofoRow
+    from monitor.curves.validation import LofoResult
+
+    def row(predictor: str, label: str, rmse: float) -> LofoRow:
+        return LofoRow(predictor=predictor, label=label, rmse=rmse, crossing_error=0.1, brier=0.2, n_heldout=6,
+                       n_folds=2, extrapolated=0.0)
+
+    return LofoResult(rows=[row("lstar", "L*", rmse_lstar), row("raw_ce", "raw CE", rmse_raw)],
+                      families=["a", "b"], per_family=[], level=0.3, confidence=0.9)
+
+
+def test_validate_says_so_when_raw_ce_beats_lstar(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    verdict = _lofo(0.05, 0.03).raw_ce_verdict()
+    assert verdict is not None and "raw CE predicts the held-out families better than L*" in verdict
+    assert "RMSE 0.0300 against 0.0500" in verdict
+    assert _lofo(0.03, 0.05).raw_ce_verdict() is None    # L* better: nothing to say
+    assert _lofo(0.04, 0.04).raw_ce_verdict() is None    # a tie is not "better"
+
+    # the command prints it. Two families whose tokenizers differ by a constant L* offset and whose
+    # raw CE lines up: raw CE predicts each held-out family exactly, L* off by the offset.
+    rows = ["checkpoint,family,task,metric,value,n,lstar,raw_ce"]
+    for family, offset in (("a", 0.0), ("b", 2.0)):
+        for i in range(1, 6):
+            rows.append(f"org/{family}@{i},{family},t,acc,{0.1 + 0.15 * i:.2f},200,{5.0 - i - offset},{7.0 - i}")
+    labels = tmp_path / "labels.csv"
+    labels.write_text("\n".join(rows) + "\n")
+    args = ["curves", "validate", "--labels", str(labels), "--task", "t", "--metric", "acc", "--baseline", "0.25", "--margin", "0.05",
+            "--n-boot", "50", "--state", str(tmp_path / "state")]
+    assert main([*args, "--json"]) == 0
+    table = {r["predictor"]: r["rmse"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert table["raw_ce"] < table["lstar"], table
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: raw CE predicts the held-out families better than L*" in err, err
