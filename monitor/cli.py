@@ -28,7 +28,7 @@ _CLICK_ERRORS: tuple[type[BaseException], ...] = (_ClickException,)
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
 COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "runs", "policy", "alerts", "silence",
-                   "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab")
+                   "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab", "receiver")
 
 app = typer.Typer(
     name="lstar",
