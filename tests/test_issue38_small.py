@@ -364,3 +364,99 @@ def test_receiver_without_a_secret_says_which_variable(capsys: pytest.CaptureFix
     monkeypatch.delenv("LSTAR_WEBHOOK_SECRET", raising=False)
     assert main(["receiver", "--port", "1"]) != 0
     assert "LSTAR_WEBHOOK_SECRET is not set" in capsys.readouterr().err
+
+
+# -- item 6: progress measured as it goes ------------------------------------------------------
+def test_pace_estimates_what_is_left_from_what_it_measured() -> None:
+    from monitor.demo.progress import Pace, duration_text
+
+    now = [100.0]
+    pace = Pace(8, clock=lambda: now[0])
+    assert pace.remaining_s() is None and pace.describe("checkpoints") == "0 of 8 checkpoints in 0 s"
+    now[0] += 90.0
+    pace.advance_to(3)
+    # by hand: 90 s for 3, so 30 s each, 5 left -> 150 s
+    assert pace.remaining_s() == pytest.approx(150.0)
+    assert pace.describe("checkpoints") == "3 of 8 checkpoints in 1 min 30 s; about 2 min 30 s left at that pace"
+    now[0] += 150.0
+    pace.advance_to(8)
+    assert pace.describe("checkpoints") == "8 of 8 checkpoints in 4 min 00 s; done"
+    assert [duration_text(s) for s in (0.4, 59.4, 61, 3600 + 125)] == ["0 s", "59 s", "1 min 01 s", "1 h 02 min"]
+
+
+def test_pace_says_each_quarter_once() -> None:
+    from monitor.demo.progress import Pace
+
+    now = [0.0]
+    pace = Pace(0, clock=lambda: now[0])
+    said = []
+    for step in range(5, 101, 5):          # the lab reports every fifth step
+        now[0] += 1.0
+        pace.advance_to(step, 100)
+        line = pace.milestone("training steps")
+        if line is not None:
+            said.append(line)
+    assert said == ["25 of 100 training steps in 5 s; about 15 s left at that pace",
+                    "50 of 100 training steps in 10 s; about 10 s left at that pace",
+                    "75 of 100 training steps in 15 s; about 5 s left at that pace",
+                    "100 of 100 training steps in 20 s; done"]
+
+
+def test_the_progress_bars_count_and_estimate_on_stderr() -> None:
+    from rich.progress import MofNCompleteColumn, TimeRemainingColumn
+
+    from monitor.demo.progress import progress_bar
+
+    bar = progress_bar(True)
+    kinds = {type(column) for column in bar.columns}
+    assert MofNCompleteColumn in kinds and TimeRemainingColumn in kinds
+    assert bar.console.stderr and not bar.disable
+    assert progress_bar(False).disable
+
+
+def test_the_demo_reports_training_progress_measured_not_a_constant(tmp_path: Path, shared_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import monitor.lab.demo as lab_demo
+    from monitor.demo import run_demo
+    from monitor.demo.failure import DemoFailed
+
+    def fake_training(out: Path, *, on_step=None, **kwargs):   # the lab's reports, then a stop
+        assert on_step is not None, "the demo must follow training as it goes"
+        for step in range(5, 41, 5):
+            on_step("words-s1", step, 40)
+        raise RuntimeError("stopped by the test after training")
+
+    monkeypatch.setattr(lab_demo, "train_demo_lineages", fake_training)
+    lines: list[str] = []
+    with pytest.raises(DemoFailed):
+        run_demo(tmp_path / "demo", shared_dir=shared_dir, log=lines.append)
+    text = "\n".join(lines)
+    assert "minute and a half" not in text and "2 cores" not in text
+    training = [line for line in lines if line.startswith("  training: ")]
+    assert [line.split(" in ")[0] for line in training] == [
+        "  training: 10 of 40 training steps", "  training: 20 of 40 training steps",
+        "  training: 30 of 40 training steps", "  training: 40 of 40 training steps"]
+    assert training[-1].endswith("; done") and "left at that pace" in training[0]
+
+
+def test_lab_training_tells_its_steps_and_draws_its_bars_on_stderr(tmp_path: Path, shared_dir: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from monitor.lab.config import reduced_config
+    from monitor.lab.model import ArchConfig
+    from monitor.lab.pipeline import train_lab
+
+    config = reduced_config(families=("spm-unigram-toy",), byte_budget=30_000,
+                            arch=ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=32),
+                            fractions=(0.25, 0.5, 1.0), warmup_steps=3, lr=3e-3,
+                            tokenizers_dir=shared_dir / "tokenizers", text_corpus=shared_dir / "corpus" / "calib-v0-alt",
+                            calib_corpus=shared_dir / "corpus" / "calib-v0",
+                            cloze_task=shared_dir / "tasks" / "cloze-v0.jsonl")
+    told: list[tuple[str, int, int]] = []
+    lineages = train_lab(config, tmp_path / "lab", workers=1, progress=True,
+                         on_step=lambda *report: told.append(report))
+    ((name, checkpoints),) = lineages.items()
+    last = max(checkpoints)
+    assert told and told[-1] == (name, last, last)            # the last step, of the total the lineage trains
+    assert [t[1] for t in told] == sorted(t[1] for t in told) and all(t[2] == last for t in told)
+    out, err = capsys.readouterr()
+    assert out == "" and f"{last}/{last}" in err              # the bar on stderr, with its count
