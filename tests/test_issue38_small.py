@@ -128,8 +128,10 @@ def test_score_on_a_held_state_file_refuses_before_reading_its_inputs(tmp_path: 
 
 
 # -- item 10: silence ids by unique prefix; silence list keeps ids and times whole -------------
-def _add_silence(state: Path, capsys: pytest.CaptureFixture[str], comment: str = "maintenance") -> str:
-    assert main(["silence", "add", "--match", "policy=watch", "--until", "2h", "--comment", comment,
+def _add_silence(state: Path, capsys: pytest.CaptureFixture[str], comment: str = "maintenance",
+                 matches: tuple[str, ...] = ()) -> str:
+    extra = [arg for match in matches for arg in ("--match", match)]
+    assert main(["silence", "add", "--match", "policy=watch", *extra, "--until", "2h", "--comment", comment,
                  "--state", str(state)]) == 0
     return capsys.readouterr().out.strip()
 
@@ -162,7 +164,9 @@ def test_a_silence_is_expired_by_a_unique_prefix_and_an_ambiguous_one_lists_the_
 def test_silence_list_keeps_the_id_and_the_end_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch, columns: int) -> None:
     state = tmp_path / "state"
-    silence_id = _add_silence(state, capsys, comment="window for the pythia lineage retraining, ask the on-call")
+    silence_id = _add_silence(state, capsys, comment="maintenance window for the pythia lineage retraining, ask "
+                                                     "the on-call before extending it",
+                              matches=('lineage=~"demo-org/pythia.*"', "task=cloze"))
     assert main(["silence", "list", "--json", "--state", str(state)]) == 0
     until = json.loads(capsys.readouterr().out)["items"][0]["ends_at"][:19].replace(" ", "T")   # to the second
     monkeypatch.setenv("COLUMNS", str(columns))
