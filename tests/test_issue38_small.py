@@ -70,6 +70,20 @@ def test_score_refuses_a_remote_hub_in_one_line_when_offline(tmp_path: Path, var
     assert f"unset {variable}" in lines[0] and "127.0.0.1" in lines[0]
 
 
+def test_poll_reaches_a_loopback_hub_with_hf_hub_offline_set(tmp_path: Path) -> None:
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(_policy("alpha", "org-a"))
+    with FakeHub() as hub:
+        sha = hub.add_repo("org-a/one", {"config.json": b"{}", "README.md": b"card"}, branch="step1000")
+        done = _lstar(["poll", "--once", "--policies", str(folder), "--no-gate", "--json",
+                       "--state", str(tmp_path / "state")], tmp_path,
+                      _env(HF_HUB_OFFLINE="1", HF_ENDPOINT=hub.url))
+    assert done.returncode == 0, done.stderr
+    assert [(r["rule"], r["new"], r["error"]) for r in json.loads(done.stdout)["rules"]] == [("alpha-steps", 1, None)]
+    assert main(["checkpoints", "--json", "--state", str(tmp_path / "state")]) == 0
+
+
 # -- item 9 ---------------------------------------------------------------------------------
 def test_show_completion_prints_a_script_for_lstar(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--show-completion", "bash"]) == 0

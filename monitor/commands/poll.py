@@ -12,7 +12,7 @@ from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, id_column
 from monitor.commands.terminal import plain_console
-from monitor.environment import refuse_hub_offline
+from monitor.environment import hub_reachable
 from monitor.errors import HubError, PolicyError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
 from monitor.policy import load_policy
@@ -85,14 +85,14 @@ def register(app: typer.Typer) -> None:
         Costs one listing request per rule when nothing changed. Exits 4 if the Hub failed
         for any rule (the watermark of that rule is kept for the next poll).
         """
-        refuse_hub_offline("lstar poll")   # before anything is opened or written
         db_path = db_file(state, db)
         if not once:
             raise CommandLineError("only --once is supported here; continuous polling is the daemon's job")
         rules = load_rules(policy, rule_file, policies)
         from monitor.alerts.reference_bases import reference_rules
 
-        with Store.open(db_path) as store:
+        # a Hub on this machine whatever HF_HUB_OFFLINE says; another refused before the database is opened
+        with hub_reachable("lstar poll", endpoint, verb="poll"), Store.open(db_path) as store:
             client = HubClient(endpoint, store=store)
             polled = poll_once(store, client, rules)
             # a reference base left to gate gets the budgets of the rule that found its derivative
