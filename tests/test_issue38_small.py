@@ -213,7 +213,15 @@ def test_poll_takes_a_policy_folder_as_run_does(tmp_path: Path, capsys: pytest.C
         sha_b = hub.add_repo("org-b/two", {**files, "README.md": b"other card"}, branch="step2000")
         assert main(["poll", "--once", "--policies", str(folder), "--no-gate", "--json", "--endpoint", hub.url,
                      "--state", str(tmp_path / "state")]) == 0
-    report = json.loads(capsys.readouterr().out)
+        report = json.loads(capsys.readouterr().out)
+        # the table at 80 columns keeps each rule's watermark (a time) whole, never `2026-…`
+        monkeypatch.setenv("COLUMNS", "80")
+        assert main(["poll", "--once", "--policies", str(folder), "--no-gate", "--endpoint", hub.url,
+                     "--state", str(tmp_path / "state")]) == 0
+        table = capsys.readouterr().out
+    watermarks = [r["watermark"] for r in report["rules"]]
+    assert all(watermarks) and "…" not in table
+    assert all(any(w in line for line in table.splitlines()) for w in watermarks), table
     assert sorted((r["rule"], r["new"]) for r in report["rules"]) == [("alpha-steps", 1), ("beta-steps", 1)]
     assert main(["checkpoints", "--json", "--state", str(tmp_path / "state")]) == 0
     rows = json.loads(capsys.readouterr().out)["items"]

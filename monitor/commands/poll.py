@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, id_column
-from monitor.commands.terminal import plain_console
+from monitor.commands.terminal import plain_console, print_table
 from monitor.environment import hub_reachable
 from monitor.errors import HubError, PolicyError
 from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
@@ -45,14 +45,17 @@ def _render(report: dict[str, Any], console: Console) -> None:
     for col in ("rule", "changed repos", "new rows", "requests", "watermark", "note"):
         if col == "rule":
             id_column(rules, col)
+        elif col == "watermark":   # a time: kept whole (print_table wraps the other columns first)
+            rules.add_column(col, no_wrap=True)
         else:
-            rules.add_column(col, justify="right" if col in ("changed repos", "new rows", "requests") else "left")
+            rules.add_column(col, justify="right" if col in ("changed repos", "new rows", "requests") else "left",
+                             overflow="fold")
     for r in report["rules"]:
         rules.add_row(r["rule"], str(r["listed"]), str(r["new"]), str(r["requests"]),
                       r["watermark"] or "—",
                       r["error"] or ("scan_limit reached: older changes were not listed"
                                      if r["truncated"] else ""))
-    console.print(rules)
+    print_table(console, rules)
     if report["gate"]:
         gate = Table(title="gate", title_justify="left")
         for col in ("id", "repo", "sha", "status", "reason"):

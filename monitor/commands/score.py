@@ -184,7 +184,8 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
+        quiet: bool = typer.Option(False, "--quiet", help="No table and no progress bars (the Hub client's download bars "
+                                   "included); the run is still recorded and its id said on stderr."),
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
