@@ -115,6 +115,11 @@ def test_score_quiet_prints_no_table(tmp_path: Path, calib_v0: Path, capsys: pyt
     out, err = capsys.readouterr()
     assert out == ""
     assert "recorded run " in err and "CE (nats/token)" not in err
+    # again on the state file that exists now: the lock probe (a read-only open, closed) leaves
+    # this process free to open it for writing
+    assert main(["score", str(model), "--corpus", str(calib_v0), *TINY_SCORE, "--quiet", "--no-resume",
+                 "--state", str(tmp_path / "state")]) == 0
+    assert capsys.readouterr().out == ""
     # the same command without --quiet draws the table: the check above can fail
     assert main(["score", str(model), "--corpus", str(calib_v0), *TINY_SCORE, "--no-db"]) == 0
     assert "CE (nats/token)" in capsys.readouterr().out
