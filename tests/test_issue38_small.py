@@ -375,7 +375,8 @@ def test_lstar_alerts_test_reaches_lstar_receiver(tmp_path: Path, capsys: pytest
                       "receivers:\n  - name: oncall\n    webhook:\n"
                       f"      url: http://127.0.0.1:{port}/lstar\n      secret_env: LSTAR_WEBHOOK_SECRET\n")
     monkeypatch.setenv("LSTAR_WEBHOOK_SECRET", SECRET)
-    server = subprocess.Popen([sys.executable, "-m", "monitor.cli", "receiver", "--port", str(port)], cwd=tmp_path,
+    server = subprocess.Popen([sys.executable, "-m", "monitor.cli", "receiver", "--port", str(port),
+                               "--secret-env", "LSTAR_WEBHOOK_SECRET"], cwd=tmp_path,
                               env=_env(LSTAR_WEBHOOK_SECRET=SECRET), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     try:
@@ -393,8 +394,10 @@ def test_lstar_alerts_test_reaches_lstar_receiver(tmp_path: Path, capsys: pytest
 def test_receiver_without_a_secret_says_which_variable(capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LSTAR_WEBHOOK_SECRET", raising=False)
-    assert main(["receiver", "--port", "1"]) != 0
+    assert main(["receiver", "--port", "1", "--secret-env", "LSTAR_WEBHOOK_SECRET"]) != 0
     assert "LSTAR_WEBHOOK_SECRET is not set" in capsys.readouterr().err
+    assert main(["receiver", "--port", "1"]) != 0
+    assert "give exactly one of --secret-env NAME or --secret-file FILE" in capsys.readouterr().err
 
 
 # -- item 6: progress measured as it goes ------------------------------------------------------

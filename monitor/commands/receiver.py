@@ -8,15 +8,18 @@ from pathlib import Path
 
 import typer
 
-from monitor.commands.options import int_option
+from monitor.commands.options import OptionError, int_option
 from monitor.commands.terminal import echo
 from monitor.errors import DeliveryError, ServiceError
 
 MAX_SECRET_FILE_BYTES = 4096
 
 
-def read_receiver_secret(secret_env: str, secret_file: Path | None) -> str:
-    """The `whsec_` secret from a file (when given) or the environment variable, never echoed."""
+def read_receiver_secret(secret_env: str | None, secret_file: Path | None) -> str:
+    """The `whsec_` secret from the environment variable or the file (exactly one), never echoed."""
+    if (secret_env is None) == (secret_file is None):
+        raise OptionError("give exactly one of --secret-env NAME or --secret-file FILE "
+                          "(the secret the policy's webhook receiver signs with)")
     if secret_file is not None:
         try:
             with open(secret_file, "rb") as handle:
@@ -28,6 +31,7 @@ def read_receiver_secret(secret_env: str, secret_file: Path | None) -> str:
             raise DeliveryError(f"the secret file {secret_file} is over {MAX_SECRET_FILE_BYTES} bytes",
                                 hint="it holds one `whsec_...` line")
         return raw.decode("utf-8", errors="replace").strip()
+    assert secret_env is not None
     value = os.environ.get(secret_env, "").strip()
     if not value:
         raise DeliveryError(f"{secret_env} is not set",
@@ -40,9 +44,10 @@ def register(app: typer.Typer) -> None:
     @app.command("receiver")
     def receiver(
         port: int = int_option(8099, "--port", low=1, high=65535, help="Port on 127.0.0.1 to listen on."),
-        secret_env: str = typer.Option("LSTAR_WEBHOOK_SECRET", "--secret-env",
-                                       help="Environment variable holding the `whsec_` secret."),
-        secret_file: Path | None = typer.Option(None, "--secret-file", help="File holding the secret instead."),
+        secret_env: str | None = typer.Option(None, "--secret-env", help="Environment variable holding the "
+                                              "`whsec_` secret (as the receiver's secret_env names it)."),
+        secret_file: Path | None = typer.Option(None, "--secret-file", help="File holding the secret instead "
+                                                "(as its secret_file names it)."),
     ) -> None:
         """Receive webhooks on 127.0.0.1 and print each one, checking its Standard Webhooks signature.
 
