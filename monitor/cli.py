@@ -28,14 +28,14 @@ _CLICK_ERRORS: tuple[type[BaseException], ...] = (_ClickException,)
 
 # Command modules, registered in this order (each defines `register(app: typer.Typer)`).
 COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "watchlist", "runs", "policy", "alerts", "silence",
-                   "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab")
+                   "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab", "receiver")
 
 app = typer.Typer(
     name="lstar",
     help="Tokenizer-calibrated progress (L*) for new language-model releases.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,   # --install-completion and --show-completion for bash, zsh, fish, PowerShell
 )
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     harden_environment()
     try:
         # In non-standalone mode click returns the exit code of a `typer.Exit(code)`.
-        return int(app(args=argv, standalone_mode=False) or 0)
+        return int(app(args=argv, prog_name="lstar", standalone_mode=False) or 0)
     except LstarError as exc:
         # the message may quote a Hub name or a file's contents: no escape sequence reaches the terminal
         print(f"error: {terminal_text(exc.one_line())}", file=sys.stderr)

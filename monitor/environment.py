@@ -86,3 +86,35 @@ def local_hub_online(endpoint: str) -> Iterator[None]:
         yield
     finally:
         constants.HF_HUB_OFFLINE = before
+
+
+def is_loopback_endpoint(endpoint: str | None) -> bool:
+    """Whether `endpoint` names a Hub on this machine (127.0.0.1, localhost, ::1)."""
+    return bool(endpoint) and urlsplit(endpoint).hostname in LOOPBACK_HOSTS
+
+
+@contextlib.contextmanager
+def hub_reachable(command: str, endpoint: str | None, *, verb: str = "fetch from") -> Iterator[None]:
+    """Run a command that fetches from the Hub whatever the offline switch says about a Hub on
+    this machine, and stop it in one line before anything is loaded when the switch would make
+    every request to another Hub fail.
+
+    `endpoint` is the command's --endpoint (None: HF_ENDPOINT). A loopback Hub (the guide's and
+    the demo's fake Hub) is reached with offline mode lifted in this process only, as the demo
+    does (child processes keep it: the scoring child loads fetched files only); any other Hub
+    with offline mode set is refused, `{command} cannot {verb} the Hub while ...` (resolving a
+    revision or listing a repo is always a request, so offline mode could never succeed there)."""
+    name = hub_offline_variable()
+    if name is None:
+        yield
+        return
+    target = endpoint or os.environ.get("HF_ENDPOINT") or None
+    if is_loopback_endpoint(target):
+        with local_hub_online(target):  # type: ignore[arg-type]
+            yield
+        return
+    from monitor.errors import LstarError
+
+    raise LstarError(f"{command} cannot {verb} the Hub while {name}={os.environ[name]} is set "
+                     "(huggingface_hub refuses every request in offline mode)",
+                     hint=f"unset {name}, or point HF_ENDPOINT at a Hub on this machine (127.0.0.1)")

@@ -143,7 +143,9 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
                  for kind, body, path in guide_steps(GUIDE.read_text())]
         (tmp_path / "steps.json").write_text(json.dumps(steps))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LSTAR_"))}
-        env.update(HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT))  # HF_ENDPOINT: the guide's
+        # HF_ENDPOINT: the guide's. HF_HUB_OFFLINE set, as the README invites for the demo: every
+        # command still reaches the guide's Hub on 127.0.0.1 (docs/guide.md, step 0).
+        env.update(HF_HOME=str(tmp_path / "hf-home"), PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1")
         proc = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path / "steps.json")], cwd=work, env=env,
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"

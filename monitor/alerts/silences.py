@@ -103,8 +103,19 @@ def list_silences(store: Store, *, now: datetime, include_expired: bool = False)
     return out
 
 
-def expire_silence(store: Store, silence_id: str, *, now: datetime) -> None:
-    """End a silence now (raises when there is no unexpired silence with that id)."""
-    if not store.expire_silence(silence_id, now=now):
+def expire_silence(store: Store, silence_id: str, *, now: datetime) -> str:
+    """End a silence now; returns its whole id. `silence_id` may be a unique prefix of the id of
+    an active or pending silence (as git takes a commit's); no match or several raise, the
+    latter listing the candidates."""
+    if store.expire_silence(silence_id, now=now):
+        return silence_id
+    candidates = [row["id"] for row in list_silences(store, now=now)
+                  if silence_id and str(row["id"]).startswith(silence_id)]
+    if len(candidates) > 1:
+        raise PolicyError(f"silence id {silence_id} is ambiguous: it begins {len(candidates)} active or pending "
+                          f"silences ({', '.join(sorted(candidates))})",
+                          hint="give more characters of the id")
+    if not candidates or not store.expire_silence(candidates[0], now=now):
         raise PolicyError(f"no active or pending silence with id {silence_id}",
-                           hint="see `lstar silence list`")
+                          hint="see `lstar silence list`")
+    return candidates[0]

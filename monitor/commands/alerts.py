@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         # identifiers (policy, task, repo@commit, receivers) wrap whole instead of being cut.
         table = Table(title=title(page, "alert(s)"), title_justify="left", show_edge=False, pad_edge=False)
         table.add_column("id", justify="right", no_wrap=True)
-        table.add_column("created")
+        table.add_column("created", no_wrap=True)   # a time is never cut (print_table keeps it whole)
         id_column(table, "policy / task")
         name_column(table, "repo@commit")
         table.add_column("state / status", min_width=7)
@@ -121,16 +121,16 @@ def register(app: typer.Typer) -> None:
         console.print("  labels: " + " ".join(f"{k}={v}" for k, v in detail["labels"].items()))
         table = Table(title="deliveries and attempts", title_justify="left")
         add_columns(table, ("receiver", "status", "message", "attempt", "at", "outcome", "code", "error"),
-                    ids=("receiver", "message"))
+                    ids=("receiver", "message"), whole=("at",))
         by_id = {n["id"]: n for n in detail["notifications"]}
         for d in detail["deliveries"]:
             n = by_id.get(d["notification_id"])
             table.add_row(d["receiver"], d["status"], d["notification_id"] or "—", "", "", "", "",
                           d["reason"] or "")
             for a in (n["attempts_log"] if n else []):
-                table.add_row("", "", "", str(a["attempt"]), a["started_at"].isoformat(), a["outcome"],
-                              str(a["status_code"] or ""), a["error"] or "")
-        console.print(table)
+                table.add_row("", "", "", str(a["attempt"]), a["started_at"].isoformat(timespec="seconds"),
+                              a["outcome"], str(a["status_code"] or ""), a["error"] or "")
+        print_table(console, table)
 
     @alerts.command("retry")
     def retry(

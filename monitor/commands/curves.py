@@ -151,6 +151,15 @@ def forward_table(record: dict[str, Any]) -> Table:
     return table
 
 
+def resamples_crossing(never_share: float) -> str:
+    """How many bootstrap resamples of the curve cross the threshold, in words."""
+    if never_share <= 0.0:
+        return "every bootstrap resample crosses the threshold"
+    if never_share >= 1.0:
+        return "no bootstrap resample crosses the threshold"
+    return f"{never_share:.1%} of bootstrap resamples never cross the threshold"
+
+
 def print_summary(curve: CurveArtifact, console: Console) -> None:
     """A rich summary of a curve artifact. η̂ has two intervals in the artifact: the band
     inverted, which is reported (the states agree with it), and the bootstrap percentile of
@@ -174,7 +183,7 @@ def print_summary(curve: CurveArtifact, console: Console) -> None:
                         f"({', '.join(curve.families) or '—'})"),
         (f"{pred.label} range", f"{curve.x_range[0]:.4g} … {curve.x_range[1]:.4g}"),
         ("baseline b, margin ε", f"{curve.baseline:g}, {curve.margin:g} (threshold {curve.level:g})"),
-        ("η̂ (threshold)", f"{_fmt(thr.estimate)} · {thr.status} · never in {thr.never_share:.0%} of resamples"),
+        ("η̂ (threshold)", f"{_fmt(thr.estimate)} · {thr.status} · {resamples_crossing(thr.never_share)}"),
         ("η̂ interval", reported),
         ("η̂ bootstrap percentile", diagnostic),
         ("logistic check", f"threshold {_fmt(curve.logistic.threshold)}, ceiling {_fmt(curve.logistic.ceiling)}"
@@ -527,6 +536,9 @@ def register(app: typer.Typer) -> None:
             return
         console = plain_console()
         console.print(result.rich_table())
+        verdict = result.raw_ce_verdict()
+        if verdict is not None:   # the case the guide says matters: said, not left to the table
+            echo(f"warning: {verdict}", err=True)
         for key, reason in result.skipped.items():
             console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
         if out is not None:

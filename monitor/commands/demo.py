@@ -130,8 +130,9 @@ def register(app: typer.Typer) -> None:
             if save_history_curve is not None and not fit_history:
                 raise OptionError("it needs --fit-history (the curve written is the one fitted in the demo)",
                                   param_hint="--save-history-curve")
+            # progress bars when stderr is a terminal; elsewhere a line per quarter of training and per pass
             summary = run_demo(workdir, shared_dir=shared, fit_history=fit_history,
-                               save_history_curve=save_history_curve,
+                               save_history_curve=save_history_curve, progress=console.is_terminal,
                                log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"),
                                                               soft_wrap=True))
         except DemoFailed as exc:  # a stage raised before the loop could run: nothing else to show

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from rich.table import Table
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
                                       int_option, is_hub_model)
 from monitor.commands.terminal import plain_console
+from monitor.environment import hub_reachable
 from monitor.errors import SpecError
 from monitor.store import Store
 
@@ -45,9 +47,11 @@ def register(app: typer.Typer) -> None:
         # for `lstar --help` or other commands.
         from monitor.curves import MC_METRICS, evaluate_checkpoint, evaluation_labels, label_rows
 
-        evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
-                                         batch_size=batch_size, endpoint=endpoint,
-                                         cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
+        # As `lstar score`: a Hub on this machine is reached whatever HF_HUB_OFFLINE says, another is refused.
+        with (hub_reachable("lstar eval", endpoint) if is_hub_model(model) else nullcontext()):
+            evaluation = evaluate_checkpoint(model, task, limit=limit, dtype=dtype.value, device=device,
+                                             batch_size=batch_size, endpoint=endpoint,
+                                             cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
         result = evaluation.result
         run_id = f"eval-{uuid.uuid4().hex[:16]}"
         family = family or evaluation.repo

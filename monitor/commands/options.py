@@ -110,19 +110,22 @@ def show_flags_as_flags() -> None:
 
 
 def add_columns(table: Any, headers: Sequence[str], *, ids: Collection[str] = (),
-                right: Collection[str] = (), names: Collection[str] = ()) -> None:
+                right: Collection[str] = (), names: Collection[str] = (), whole: Collection[str] = ()) -> None:
     """Add `headers` in order: those in `names` as model-name columns
-    (`monitor.commands.terminal.name_column`), those in `ids` as identifier columns
-    (`id_column`), those in `right` right-justified, the rest left-justified."""
+    (`monitor.commands.terminal.name_column`), those in `whole` kept on one line the same way
+    (ids a user copies, times), those in `ids` as identifier columns (`id_column`), those in
+    `right` right-justified, the rest left-justified. No column cuts a value to `…`: a word
+    too long for its column folds onto the next line (print with `print_table`, which keeps
+    the `names` and `whole` columns whole by wrapping the others first)."""
     from monitor.commands.terminal import name_column
 
     for header in headers:
-        if header in names:
-            name_column(table, header)
+        if header in names or header in whole:
+            name_column(table, header, justify="right" if header in right else "left")
         elif header in ids:
             id_column(table, header)
         else:
-            table.add_column(header, justify="right" if header in right else "left")
+            table.add_column(header, justify="right" if header in right else "left", overflow="fold")
 
 
 def id_column(table: Any, header: str, **kwargs: Any) -> None:

@@ -21,7 +21,7 @@ from rich.table import Table
 from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, bounded_int, db_file, describe_range
 from monitor.commands.terminal import echo, plain_console
 from monitor.commands.through_daemon import through_daemon
-from monitor.environment import refuse_hub_offline
+from monitor.environment import hub_reachable
 from monitor.scoring.backends import check_ray_installed
 from monitor.scoring.memory_limit import check_score_memory
 from monitor.service import api_get, run_daemon
@@ -138,7 +138,6 @@ def register(app: typer.Typer) -> None:
         Every option can also be set in the environment (its Env name, e.g. LSTAR_POLL_EVERY=5m) or in a --config file (poll_every: 5m). A flag wins over the environment, the environment over the file, the file over the default; all are validated together.
         """  # noqa: E501 - one paragraph: --help wraps it
         ctx, config = values["ctx"], values["config"]
-        refuse_hub_offline("lstar run")   # before anything is opened or written
         settings = run_settings_from(ctx, config)
         if settings.scoring_backend == "ray":
             check_ray_installed()   # a clear error now, not at the first scoring run
@@ -147,7 +146,10 @@ def register(app: typer.Typer) -> None:
             # A limit too small to load torch would fail every checkpoint: refuse it now, before
             # anything is written. `auto` is at least min(memory, 4 GiB), far above that need.
             check_score_memory(daemon_config.score_memory)
-        raise typer.Exit(run_daemon(daemon_config))
+        # A Hub on this machine is polled whatever HF_HUB_OFFLINE says (as `lstar demo` does); with
+        # it set, any other Hub is refused here, before anything is opened or written.
+        with hub_reachable("lstar run", daemon_config.endpoint, verb="poll"):
+            raise typer.Exit(run_daemon(daemon_config))
 
     run.__signature__, run.__annotations__ = _run_signature()  # type: ignore[attr-defined]
     app.command("run")(run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,12 @@ from rich.table import Table
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       int_option, is_hub_model)
 from monitor.commands.terminal import echo, plain_console, print_table
-from monitor.environment import quiet_hub_progress
+from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
 from monitor.hub import HubClient
 from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
 from monitor.scoring.scoring_driver import score_in_process, score_queue
-from monitor.store import Store
+from monitor.store import Store, refuse_if_held
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
 
@@ -183,7 +184,8 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_db: bool = typer.Option(False, "--no-db", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
+        quiet: bool = typer.Option(False, "--quiet", help="No table and no progress bars (the Hub client's download bars "
+                                   "included); the run is still recorded and its id said on stderr."),
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
@@ -205,6 +207,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
         db = db_file(state, db)
+        if not no_db:
+            refuse_if_held(db)   # a daemon's state: refuse now, not after loading the model
         if quiet or as_json:  # the Hub client's download bars too, not only ours
             quiet_hub_progress()
         if stride is not None and disjoint:
@@ -222,28 +226,40 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
                             "one (a local folder or a builtin model)",
                             hint="drop them, or name the checkpoint as org/name@revision")
-        if pending:
-            if model != DEFAULT_MODEL:
-                raise SpecError("--pending scores the queue; do not also name MODEL")
-            if no_db:
-                raise SpecError("--pending needs the database; drop --no-db")
-            if until_settled is not None:
-                raise SpecError("--until-settled scores one MODEL; the queue is scored sequentially by "
-                                "`lstar run --scoring sequential`", hint="drop one of --pending and --until-settled")
-            _score_pending(request, db, limit=limit, endpoint=endpoint, cache_dir=cache_dir,
-                           as_json=as_json)
-            return
+        # The Hub the checkpoint comes from is reached even with HF_HUB_OFFLINE set when it is on
+        # this machine (the guide's fake Hub); any other Hub is refused now, in one line.
+        with (hub_reachable("lstar score", endpoint) if pending or is_hub_model(model) else nullcontext()):
+            _score(request, model=model, db=db, no_db=no_db, pending=pending, limit=limit, endpoint=endpoint,
+                   cache_dir=cache_dir, until_settled=until_settled, delta=delta, block_docs=block_docs,
+                   order_seed=order_seed, as_json=as_json, quiet=quiet)
+
+
+def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending: bool, limit: int | None,
+           endpoint: str | None, cache_dir: Path | None, until_settled: Path | None, delta: float | None,
+           block_docs: int | None, order_seed: int, as_json: bool, quiet: bool) -> None:
+    if pending:
+        if model != DEFAULT_MODEL:
+            raise SpecError("--pending scores the queue; do not also name MODEL")
+        if no_db:
+            raise SpecError("--pending needs the database; drop --no-db")
         if until_settled is not None:
-            _score_until_settled(request, until_settled, db=None if no_db else db, delta=delta,
-                                 block_docs=block_docs, seed=order_seed, as_json=as_json)
-            return
-        if delta is not None or block_docs is not None:
-            raise SpecError("--delta and --block-docs apply to a sequential score",
-                            hint="add --until-settled POLICY_DIR")
-        result = score_checkpoint(request, db_path=None if no_db else db)
-        if as_json:
-            print(json.dumps(result, indent=2, sort_keys=True, default=str))
-        else:
+            raise SpecError("--until-settled scores one MODEL; the queue is scored sequentially by "
+                            "`lstar run --scoring sequential`", hint="drop one of --pending and --until-settled")
+        _score_pending(request, db, limit=limit, endpoint=endpoint, cache_dir=cache_dir,
+                       as_json=as_json)
+        return
+    if until_settled is not None:
+        _score_until_settled(request, until_settled, db=None if no_db else db, delta=delta,
+                             block_docs=block_docs, seed=order_seed, as_json=as_json)
+        return
+    if delta is not None or block_docs is not None:
+        raise SpecError("--delta and --block-docs apply to a sequential score",
+                        hint="add --until-settled POLICY_DIR")
+    result = score_checkpoint(request, db_path=None if no_db else db)
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        if not quiet:  # --quiet: the run is recorded, nothing is drawn
             render_result(result, plain_console())
-            if not no_db:
-                echo(f"recorded run {result['run_id']} in {db}", err=True)
+        if not no_db:
+            echo(f"recorded run {result['run_id']} in {db}", err=True)

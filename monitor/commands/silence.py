@@ -16,7 +16,7 @@ from rich.table import Table
 from monitor.alerts.state_ops import add_silence_from_args, parse_now
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
-from monitor.commands.terminal import echo, plain_console
+from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.service import api_get, api_post, revive_times
 from monitor.store.listings import silences_page
@@ -84,16 +84,19 @@ def register(app: typer.Typer) -> None:
             return
         rows = page.items
         table = Table(title=title(page, "silence(s)"), title_justify="left")
-        add_columns(table, ("id", "state", "matchers", "until", "by", "comment"), ids=("id", "matchers"))
+        # the id and the end whole on one line (an id is copied into `silence expire`), the rest wraps
+        add_columns(table, ("id", "state", "matchers", "until", "by", "comment"), ids=("matchers",),
+                    whole=("id", "until"))
         for r in rows:
-            table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(),
+            table.add_row(r["id"], r["state"], " ".join(r["matchers"]), r["ends_at"].isoformat(timespec="seconds"),
                           r["created_by"], r["comment"])
         console = plain_console()
-        console.print(table)
+        print_table(console, table)
         print_more(console, page, "silences")
 
     @silence.command("expire")
-    def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`."),
+    def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`, or a unique "
+                                                "prefix of it (an ambiguous one lists the candidates)."),
                state: Path = STATE_OPTION,
                db: Path | None = DB_OPTION,
                now_text: str = NOW_OPTION) -> None:
@@ -102,12 +105,12 @@ def register(app: typer.Typer) -> None:
 
         db_path = db_file(state, db)
         now = parse_now(now_text)
-        through_daemon(
+        expired = through_daemon(
             db_path,
             lambda url: api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
-                                 state_dir=db_path.parent),
+                                 state_dir=db_path.parent)["expired"],
             lambda store: expire_silence(store, silence_id, now=now),
             read_only=False)
-        echo(f"expired {silence_id}")
+        echo(f"expired {expired}")
 
     app.add_typer(silence, name="silence")

@@ -82,6 +82,19 @@ class LofoResult:
                 "rows": [r.model_dump() for r in self.rows], "per_family": self.per_family,
                 "skipped": self.skipped}
 
+    def raw_ce_verdict(self) -> str | None:
+        """One sentence when raw cross-entropy predicts the held-out families better than L*
+        (lower pooled RMSE): then calibrating by the tokenizer buys nothing on these labels and
+        the curve is not worth alerting on (docs/guide.md, step 3). None otherwise, or when
+        either predictor was not validated."""
+        by_name = {r.predictor: r for r in self.rows}
+        lstar, raw = by_name.get("lstar"), by_name.get("raw_ce")
+        if lstar is None or raw is None or not raw.rmse < lstar.rmse:
+            return None
+        return (f"raw CE predicts the held-out families better than L* (RMSE {raw.rmse:.4f} against "
+                f"{lstar.rmse:.4f}; crossing error {raw.crossing_error:.3f} against {lstar.crossing_error:.3f}): "
+                "L* adds nothing on these labels, and a curve on it is not worth alerting on")
+
     def to_markdown(self) -> str:
         lines = ["| predictor | RMSE | crossing error | Brier | held out | folds | extrapolated |",
                  "|---|---:|---:|---:|---:|---:|---:|"]

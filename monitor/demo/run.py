@@ -36,6 +36,7 @@ from typing import Any
 
 from monitor.demo.failure import DemoFailed, diagnose, stage as _stage
 from monitor.demo.history import HISTORY_SEED, METRIC, TASK
+from monitor.demo.progress import Pace, duration_text, progress_bar
 from monitor.errors import LstarError
 
 LIVE_SEED = 1
@@ -243,7 +244,7 @@ def states_in_order(states: list[str]) -> bool:
 
 
 def _history_curve(request: Any, *, fit_history: bool, models: Path, db: Path, shared: Path,
-                   log: Callable[[str], None]) -> Any:
+                   log: Callable[[str], None], progress: bool = False) -> Any:
     """The curve the demo applies: the shipped one (checked against the documents it scores),
     or with `fit_history` one fitted here on seed 0 (trained first, then the live seed)."""
     from monitor.demo.history import fit_history as fit_on_seed0, shipped_curve
@@ -257,7 +258,8 @@ def _history_curve(request: Any, *, fit_history: bool, models: Path, db: Path, s
         "each of its checkpoints (about as long again as the demo itself)")
     config = demo_config(shared, seeds=(HISTORY_SEED,))
     with _stage("train"):
-        lineages = train_demo_lineages(models, shared=shared, seeds=config.seeds, threads=config.threads)
+        lineages = train_demo_lineages(models, shared=shared, seeds=config.seeds, threads=config.threads,
+                                       progress=progress)
     with _stage("fit"):
         (family,) = config.families
         return fit_on_seed0(db, request, demo_task_file(models), list(lineages[(family, HISTORY_SEED)].values()),
@@ -276,13 +278,15 @@ def _evaluations(store: Any, repo: str, step_of: dict[str, int]) -> list[dict[st
 
 def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_history: bool = False,
              save_history_curve: str | Path | None = None,
-             log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+             log: Callable[[str], None] = lambda _: None, progress: bool = False) -> dict[str, Any]:
     """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
 
     `summary["ok"]` is True when the loop closed: each local receiver got at least one
     alert and a report was written; when not, `failed_stage` and `failure` say where and why.
     `fit_history` fits the history curve here (seed 0) instead of using the shipped one;
-    `save_history_curve` then also writes it there. Raises `DemoFailed` when a stage raised
+    `save_history_curve` then also writes it there. `progress` draws bars on stderr for training
+    and for the daemon passes (counts, elapsed, time left as measured); without it `log` gets a
+    line at each quarter of training and after each pass, with the time left at the pace measured. Raises `DemoFailed` when a stage raised
     (preparing, the history, training, or a publication or daemon pass that could not run).
     """
     from monitor.environment import harden_environment
@@ -308,7 +312,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
     db = state / "lstar.duckdb"
 
-    curve = _history_curve(request, fit_history=fit_history, models=models, db=db, shared=shared, log=log)
+    curve = _history_curve(request, fit_history=fit_history, models=models, db=db, shared=shared, log=log,
+                           progress=progress)
     curve_path = policies / CURVE_FILE
     with _stage("history"):
         save_curve(curve, curve_path)
@@ -326,12 +331,25 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
         log(f"the curve's threshold is resolved: L* = {threshold['estimate']:.3f} "
             f"[{threshold['lower']:.3f}, {threshold['upper']:.3f}] ({threshold['confidence']:.0%})")
 
-    log(f"training the live lineage (seed {LIVE_SEED}) on the lab's additions in words (about a minute "
-        "and a half on 2 cores)")
+    # No duration is promised: it is measured as the steps are done (a bar on a terminal, a line
+    # at each quarter elsewhere), as the daemon passes below are.
+    training = Pace(0)
+
+    def trained_step(lineage: str, step: int, total: int) -> None:
+        training.advance_to(step, total)
+        line = None if progress else training.milestone("training steps")
+        if line is not None:
+            log(f"  training: {line}")
+
+    log(f"training the live lineage (seed {LIVE_SEED}) on the lab's additions in words; the time left is "
+        "estimated from the steps done so far")
     with _stage("train"):
         (family, folders), = {family: steps for (family, seed), steps in
-                              train_demo_lineages(models, shared=shared, seeds=(LIVE_SEED,)).items()
+                              train_demo_lineages(models, shared=shared, seeds=(LIVE_SEED,), progress=progress,
+                                                  on_step=trained_step).items()
                               if seed == LIVE_SEED}.items()
+    log(f"trained {training.done} steps in {duration_text(training.elapsed_s)}")
+    with _stage("train"):
         task_path = policies / TASK_FILE
         task_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(demo_task_file(models), task_path)   # what the daemon evaluates, beside the policy
@@ -361,6 +379,9 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
             "after the last)")
         refs: dict[str, str] = {}
         step_of: dict[str, int] = {}
+        passes = Pace(len(published))
+        bar = stack.enter_context(progress_bar(progress))
+        bar_task = bar.add_task("checkpoints published and polled", total=len(published))
         for index, (step, folder) in enumerate(published.items()):
             last = index == len(published) - 1
             with _stage("publish"):
@@ -390,6 +411,10 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                 + "".join(f"; evaluated: {METRIC} {o['observed']:.2f} [{o['observed_lo']:.2f}, "
                           f"{o['observed_hi']:.2f}] -> {o['observed_state']} ({o['verdict']})"
                           for o in observed if o["status"] == "done"))
+            passes.advance_to(index + 1)
+            bar.update(bar_task, completed=index + 1)
+            if not last:
+                log(f"  {passes.describe('checkpoints')}")
             if code != 0 or errors:
                 break            # `diagnose` names the stage below
         if refs:

@@ -16,6 +16,7 @@ state). `demo_task_file` is the additions task as a multiple-choice JSONL file (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,13 @@ def demo_config(shared: str | Path = Path("../shared"), **changes: Any) -> LabCo
 
 
 def train_demo_lineages(out: str | Path, *, shared: str | Path = Path("../shared"), workers: int = 2,
-                        progress: bool = False, **changes: Any) -> dict[tuple[str, int], dict[int, Path]]:
-    """Train every (family, seed) lineage of `demo_config`; returns {(family, seed): {step: folder}}."""
+                        progress: bool = False, on_step: Callable[[str, int, int], None] | None = None,
+                        **changes: Any) -> dict[tuple[str, int], dict[int, Path]]:
+    """Train every (family, seed) lineage of `demo_config`; returns {(family, seed): {step: folder}}.
+    `progress` draws bars on stderr; `on_step` is told of the steps as they are done (`train_lab`)."""
     config = demo_config(shared, **changes)
     out = Path(out)
-    lineages = train_lab(config, out, workers=workers, progress=progress)
+    lineages = train_lab(config, out, workers=workers, progress=progress, on_step=on_step)
     return {(family, seed): {step: out / meta["path"]
                              for step, meta in sorted(lineages[lineage_name(family, seed)].items())}
             for seed in config.seeds for family in config.families}

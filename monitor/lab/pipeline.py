@@ -153,15 +153,16 @@ def _worker(args: tuple) -> dict[str, Any]:
     return run_lineage(config, family, seed, out, inputs, report, score=score)
 
 
-def train_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: bool = True
-              ) -> dict[str, dict[int, dict[str, Any]]]:
-    """Train (or resume) every lineage without scoring; {lineage: {step: checkpoint meta}}."""
+def train_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: bool = True,
+              on_step: Callable[[str, int, int], None] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
+    """Train (or resume) every lineage without scoring; {lineage: {step: checkpoint meta}}.
+    `on_step(lineage, step, total)` is told of the steps as they are done (every fifth and the last)."""
     config.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = prepare_inputs(config, out)
     jobs = [(f, s) for s in config.seeds for f in config.families]
-    results = _run_jobs(config, out, inputs, jobs, workers=workers, progress=progress, score=False)
+    results = _run_jobs(config, out, inputs, jobs, workers=workers, progress=progress, score=False, on_step=on_step)
     return {lineage_name(r["family"]["family"], r["checkpoints"][0]["seed"]):
             {c["step"]: c for c in r["checkpoints"]} for r in results}
 
@@ -191,12 +192,17 @@ def run_lab(config: LabConfig, out: str | Path, *, workers: int = 2, progress: b
 
 
 def _run_jobs(config: LabConfig, out: Path, inputs: LabInputs, jobs: list[tuple[str, int]], *,
-              workers: int, progress: bool, score: bool = True) -> list[dict[str, Any]]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+              workers: int, progress: bool, score: bool = True,
+              on_step: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
-    # A lineage is named after its tokenizer's folder: shown as it is, never read as markup.
+    # A lineage is named after its tokenizer's folder: shown as it is, never read as markup. The
+    # time left is rich's estimate from the speed it measures; the bars go to stderr (stdout is data).
     bar = Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("steps"), TimeElapsedColumn(), disable=not progress, transient=False)
+                   TextColumn("steps"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                   console=Console(stderr=True), disable=not progress, transient=False)
     ids: dict[str, Any] = {}
     with bar:
         for family, seed in jobs:
@@ -204,6 +210,8 @@ def _run_jobs(config: LabConfig, out: Path, inputs: LabInputs, jobs: list[tuple[
 
         def update(name: str, step: int, total: int) -> None:
             bar.update(ids[name], completed=step, total=total)
+            if on_step is not None:
+                on_step(name, step, total)
 
         if workers <= 1:
             return [run_lineage(config, f, s, out, inputs, update, score=score) for f, s in jobs]

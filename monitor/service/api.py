@@ -238,6 +238,9 @@ class ApiApp:
                   Route("/silences/{ident}/expire", self._posted(self._expire), methods=["POST"]),
                   Route("/alerts/{ident}/retry", self._posted(self._retry), methods=["POST"]),
                   Route("/hooks/hub", self._hub_hook, methods=["POST"])]
+        # the hint of every 404 for a path the API does not serve
+        self.endpoints_hint = "the endpoints are " + ", ".join(
+            f"{'/'.join(sorted(set(route.methods or ()) - {'HEAD'}))} {route.path}" for route in routes)
         app = Starlette(routes=routes, exception_handlers={HTTPException: self._no_route})
         app.router.redirect_slashes = False
         hint = f"send `Authorization: Bearer TOKEN` with the token in {daemon.config.state_dir / TOKEN_NAME}" \
@@ -311,7 +314,7 @@ class ApiApp:
         return endpoint
 
     async def _no_route(self, request: Request, exc: Exception) -> Response:
-        exc = RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}")
+        exc = RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}", hint=self.endpoints_hint)
         return Response(refusal_body(exc), status_code=404, media_type="application/json")
 
     # -- reads ---------------------------------------------------------------------------------
@@ -384,7 +387,7 @@ class ApiApp:
     def _alert(self, request: Request, query: _Query) -> Response:
         ident = request.path_params["ident"]
         if not ALERT_ID.fullmatch(ident):
-            raise RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}")
+            raise RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}", hint=self.endpoints_hint)
         with self.daemon.read_store() as store:
             detail = store.alert_detail(int(ident))
         if detail is None:
@@ -480,7 +483,7 @@ class ApiApp:
         now = self._now(body)
         silence_id = request.path_params["ident"]
         with self.daemon.job_store() as store:
-            expire_silence(store, silence_id, now=now)
+            silence_id = expire_silence(store, silence_id, now=now)   # a unique prefix names the whole id
         return {"expired": silence_id}
 
     def _retry(self, request: Request, body: dict[str, Any]) -> Any:

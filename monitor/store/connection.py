@@ -69,6 +69,32 @@ def storage_error(path: Path, exc: BaseException, *, doing: str) -> StoreError:
     return StoreError(f"{doing} {path} failed: {detail}")
 
 
+def _is_lock_conflict(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "conflicting lock" in text or "could not set lock" in text
+
+
+def held_error(path: Path) -> StoreError:
+    return StoreError(f"{path} is held by another process (the daemon?)",
+                      hint="stop it, or use the read commands, which ask the running daemon")
+
+
+def refuse_if_held(path: str | Path) -> None:
+    """Raise at once when another process (the daemon) holds the state file at `path` for
+    writing, so a command that would write to it stops before its slow work (loading a model)
+    rather than after. A missing file is not created."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    try:
+        duckdb.connect(str(path), read_only=True).close()   # a read-only open needs no writer's lock
+    except duckdb.IOException as exc:
+        if _is_lock_conflict(exc):
+            raise held_error(path) from exc
+    except duckdb.Error:
+        pass   # a damaged file is reported by the open that reads it, with its own hint
+
+
 class StoreConnection:
     """The connection to a DuckDB state file: opening, transactions, migrations, retention.
 
@@ -108,10 +134,8 @@ class StoreConnection:
             conn = duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             text = str(exc).lower()
-            if "conflicting lock" in text or "could not set lock" in text:
-                raise StoreError(
-                    f"{path} is held by another process (the daemon?)",
-                    hint="stop it, or use the read commands, which ask the running daemon") from exc
+            if _is_lock_conflict(exc):
+                raise held_error(path) from exc
             raise storage_error(path, exc, doing="opening") from exc
         except duckdb.Error as exc:
             raise storage_error(path, exc, doing="opening") from exc

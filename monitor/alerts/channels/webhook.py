@@ -52,6 +52,30 @@ def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
     return "v1," + base64.b64encode(digest.digest()).decode()
 
 
+SIGNATURE_TOLERANCE_S = 300   # Standard Webhooks: refuse a timestamp further than this from now
+
+
+def verify_signature(secret: str, headers: Any, body: bytes, *, now: datetime,
+                     tolerance_s: int = SIGNATURE_TOLERANCE_S) -> str | None:
+    """Check a received request as a Standard Webhooks receiver does: None when one of the
+    `webhook-signature` values is `sign(secret, webhook-id, webhook-timestamp, body)` and the
+    timestamp is within `tolerance_s` of `now`, else why not (one line)."""
+    msg_id, stamp, given = (headers.get(name) for name in ("webhook-id", "webhook-timestamp", "webhook-signature"))
+    if not msg_id or not stamp or not given:
+        return "missing webhook-id, webhook-timestamp or webhook-signature header"
+    try:
+        timestamp = int(stamp)
+        text = body.decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return "the timestamp is not an integer or the body is not UTF-8"
+    if abs(now.timestamp() - timestamp) > tolerance_s:
+        return f"the timestamp {timestamp} is more than {tolerance_s} s from now (a replay, or a clock off)"
+    expected = sign(secret, msg_id, timestamp, text)
+    if any(hmac.compare_digest(expected, value) for value in given.split()):
+        return None
+    return "no v1 signature matches the secret"
+
+
 def classify_response(status: int, headers: Any, *, now: datetime, url: str, text: str) -> SendResult:
     """Map an HTTP answer to an outcome (see the module docstring)."""
     retry_after = parse_retry_after(headers.get("retry-after"), now=now)
