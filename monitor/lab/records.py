@@ -372,8 +372,12 @@ def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, An
     return rows
 
 
-def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2":
-    """A version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
+def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2 | Any":
+    """A version-3 or version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
+    if isinstance(data, dict) and data.get("schema") == "lstar-lab/3":
+        from monitor.lab.records_v3 import parse_lab_v3   # v3 builds on this module's types
+
+        return parse_lab_v3(data, where=where)
     if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V2:
         try:
             return LabRecordV2.model_validate(data)
