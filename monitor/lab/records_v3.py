@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from monitor.errors import LabError
-from monitor.lab.records import (Count, Loss, PositiveCount, TextScoresV2, _first_error,
+from monitor.lab.records import (LOSS_BOUND, Count, PositiveCount, TextScoresV2, _first_error,
                                  _Strict, CheckpointRecordV2, FamilyRecordV2, LAB_FILE)
 
 LAB_SCHEMA_V3 = "lstar-lab/3"
@@ -41,7 +41,7 @@ class TaskScoresV3(_Strict):
     acc: float = Field(ge=0.0, le=1.0)
     exact_match: float = Field(ge=0.0, le=1.0)
     p_correct: float = Field(ge=0.0, le=1.0)
-    logp_correct: Loss = Field(le=0.0)
+    logp_correct: float = Field(ge=-LOSS_BOUND, le=0.0)
     brier: float = Field(ge=0.0, le=2.0)
     n: PositiveCount
     baselines: dict[str, float]
