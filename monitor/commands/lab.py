@@ -164,13 +164,12 @@ def register(app: typer.Typer) -> None:
              families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them)."),
              seeds: str = seeds_option, workers: int = workers_option,
              as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
-        """Lab v3: train, score and label every (family, seed) lineage of one model size, each on its
-        own pinned mixture and order of the pool's train text, then write OUT/lab.json (lstar-lab/3).
+        """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
-        The primary text is the pool's held-out split (in distribution), calib-v0 the secondary;
-        the tasks carry logp_correct (mean log-probability of the correct option over the item's
-        options) beside p_correct, accuracy and exact match. --size reduced is the CI size (three
-        families, a tiny model, one seed). Resumes per lineage; docs/lab.md, "Design v3"."""
+        Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
+
+        Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
+        docs/lab.md, "Design v3", has the details."""
         from monitor.lab.race_v3 import run_race_v3
         from monitor.lab.records_v3 import race_rows_v3
 
