@@ -97,6 +97,41 @@ def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> N
         echo(f"lab report: {out_dir}")
 
 
+def _config_v3(size: str, shared: Path, pool: Path | None, families_dir: Path | None, families: str | None,
+               seeds: str | None) -> Any:
+    from monitor.lab.config import race_v3_config, race_v3_reduced_config
+
+    if size not in SIZES:
+        raise LabError(f"--size {size!r} is not one of {', '.join(SIZES)}")
+    if pool is None:
+        raise LabError("--pool is required: the folder of a lab pool (train/, heldout/, tasks/)",
+                       hint="e.g. --pool data/lab-pool-sample for the reduced lab")
+    config = (race_v3_reduced_config if size == "reduced" else race_v3_config)(pool, shared, families_dir=families_dir)
+    changes: dict[str, Any] = {}
+    if families is not None:
+        changes["families"] = tuple(f.strip() for f in families.split(",") if f.strip())
+    if seeds is not None:
+        changes["seeds"] = _int_list(seeds, "--seeds", low=0, high=MAX_SEED)
+    return config.with_(**changes).validate()
+
+
+def _print_summary_v3(record: Any) -> None:
+    from monitor.lab.records_v3 import PRIMARY_TEXT, race_rows_v3
+
+    table = Table(title="lab v3 checkpoints (primary text: the pool's held-out split)")
+    id_column(table, "lineage")
+    for col in ("step", "bytes", "L*", "bits/byte", "add logp", "add acc", "cloze logp", "cloze acc"):
+        table.add_column(col, justify="right")
+    for r in race_rows_v3(record):
+        if r["text"] != PRIMARY_TEXT:
+            continue
+        a, m = r["axes"], r["metrics"]
+        table.add_row(f"{r['family']}-s{r['seed']}", str(r["step"]), f"{r['bytes_seen']:,}", f"{a['lstar']:.3f}",
+                      f"{a['bits_per_byte']:.3f}", f"{m['add-words']['logp_correct']:.3f}",
+                      f"{m['add-words']['acc']:.3f}", f"{m['cloze']['logp_correct']:.3f}", f"{m['cloze']['acc']:.3f}")
+    plain_console().print(table)
+
+
 def register(app: typer.Typer) -> None:
     lab = typer.Typer(help="The emergence lab: train checkpoint families with different tokenizers, "
                            "score and label them, report how L* transfers thresholds.",
@@ -145,6 +180,32 @@ def register(app: typer.Typer) -> None:
             print(json.dumps([c.model_dump(mode="json") for c in record.checkpoints], indent=1))
         else:
             _print_summary(record)
+            echo(f"lab record: {out / 'lab.json'}")
+
+    @lab.command("run3")
+    def run3(out: Path = typer.Option(Path("state") / "lab-v3", "--out", help="The lab folder (resumed when it exists)."),
+             shared: Path = shared_option, size: str = size_option, pool: Path = pool_option,
+             families_dir: Path = typer.Option(None, "--families-dir",
+                                               help="A folder of family folders (tokenizer.json + tokenizer_config.json "
+                                                    "each); default: v2's six, starcoder2 and gpt-4o of SHARED/tokenizers."),
+             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them)."),
+             seeds: str = seeds_option, workers: int = workers_option,
+             as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
+        """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
+
+        Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
+
+        Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
+        docs/lab.md, "Design v3", has the details."""
+        from monitor.lab.race_v3 import run_race_v3
+        from monitor.lab.records_v3 import race_rows_v3
+
+        config = _config_v3(size, shared, pool, families_dir, families, seeds)
+        record = run_race_v3(config, out, workers=workers, progress=not as_json)
+        if as_json:
+            print(json.dumps(race_rows_v3(record), indent=1, allow_nan=False))
+        else:
+            _print_summary_v3(record)
             echo(f"lab record: {out / 'lab.json'}")
 
     @lab.command("report")
