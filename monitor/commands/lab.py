@@ -147,3 +147,31 @@ def register(app: typer.Typer) -> None:
         else:
             echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
             echo(f"lab report: {out_dir}")
+
+    tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
+                                      "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
+    lab.add_typer(tokenizers_app, name="tokenizers")
+
+    @tokenizers_app.command("build")
+    def tokenizers_build(
+            out: Path = typer.Argument(..., help="Folder to write one tokenizer folder per family into."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool; the trained families learn from its train split."),
+            shared: Path = shared_option,
+            families: str = typer.Option(None, "--families", help="Comma-separated subset of the v3 candidates "
+                                                                  "(default: all, in the pre-registered order)."),
+            mistral_data: Path = typer.Option(None, "--mistral-data",
+                                              help="mistral-common's data folder (default: the installed package's)."),
+            as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
+        """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
+        candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
+        byte-level BPE and Unigram tokenizers trained on the pool, and pruned-merge variants. A rebuild
+        from the same inputs writes the same bytes."""
+        from monitor.lab.families import build_lab_families
+
+        names = None if families is None else [f.strip() for f in families.split(",") if f.strip()]
+        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data)
+        if as_json:
+            print(json.dumps([s.provenance for s in built], indent=1))
+        else:
+            for s in built:
+                echo(f"{s.name} ({s.kind}): {s.folder}")

@@ -220,16 +220,15 @@ def tekken_tokenizer(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def prune_byte_level_bpe(data: dict[str, Any], keep_merges: int) -> dict[str, Any]:
     """The first `keep_merges` merges of a byte-level BPE tokenizer.json and the vocabulary they
-    reach (the 256 byte characters plus every merge result), each token keeping its id; added
-    tokens are kept. Lossless as the original: every byte is still a token."""
+    reach (the original's byte characters plus every merge result), each token keeping its id;
+    added tokens are kept. Lossless where the original is: every byte it has is still a token."""
     model = data.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         raise LabError("only a byte-level BPE can be pruned by merges")
     vocab, merges = model["vocab"], model["merges"]
-    alphabet = set(bytes_to_unicode().values())
-    missing = sorted(alphabet - set(vocab))
-    if missing:
-        raise LabError(f"the vocabulary lacks {len(missing)} of the 256 byte characters: pruning it would lose text")
+    # Every byte character the original has stays (a few omit control bytes that never occur):
+    # whatever the original can encode, the pruned one can.
+    alphabet = set(bytes_to_unicode().values()) & set(vocab)
     if not 0 < keep_merges <= len(merges):
         raise LabError(f"keep_merges {keep_merges} must be from 1 to the {len(merges)} merges")
     kept_tokens, kept_merges = set(alphabet), []
