@@ -175,3 +175,31 @@ def register(app: typer.Typer) -> None:
         else:
             for s in built:
                 echo(f"{s.name} ({s.kind}): {s.folder}")
+
+    @tokenizers_app.command("check")
+    def tokenizers_check(
+            folder: Path = typer.Argument(..., help="The folder `lstar lab tokenizers build` wrote."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool (its train chunks and held-out text are "
+                                                          "round-tripped)."),
+            shared: Path = shared_option,
+            cutoff: float = typer.Option(0.96, "--cutoff", help="Boundary Jaccard at or above which a family "
+                                                               "counts as a near-duplicate of one kept before it."),
+            out: Path = typer.Option(None, "--out", help="Also write the result as JSON to this file."),
+            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+        """Refuse any family that fails the decode round trip (on the pool's text and calib-v0; a document
+        with a special-token literal that fails is excluded for all), then measure the token-boundary
+        Jaccard between every pair on calib-v0 and keep families greedily in the pre-registered order,
+        dropping any whose Jaccard with a kept one reaches the cut-off."""
+        from monitor.files import atomic_write_text
+        from monitor.lab.families import check_family_set
+
+        result = check_family_set(folder, pool=pool, shared=shared, cutoff=cutoff)
+        if out is not None:
+            atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+        if as_json:
+            print(json.dumps(result, indent=1))
+        else:
+            echo(f"round trip: every family lossless; excluded documents: {result['round_trip']['excluded'] or 'none'}")
+            for name, reason in result["dropped"].items():
+                echo(f"dropped {name}: {reason}")
+            echo(f"{len(result['kept'])} distinct families at cut-off {cutoff}: {', '.join(result['kept'])}")

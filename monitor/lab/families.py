@@ -95,6 +95,8 @@ V3_FAMILY_SPECS: tuple[FamilySpec, ...] = (
     _trained("pool-bpe-words-8k", "bpe", 8192, "words"),
     _trained("pool-bpe-lines-8k", "bpe", 8192, "lines"),
     _trained("pool-unigram-8k", "unigram", 8192, "gpt2"),
+    _trained("pool-bpe-words-32k", "bpe", 32768, "words"),
+    _trained("pool-bpe-lines-32k", "bpe", 32768, "lines"),
     _pruned("gpt2", 8000),
     _pruned("gpt-neox", 16000),
     _pruned("llama-3", 32000),
@@ -354,3 +356,47 @@ def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequen
                                 f"{', '.join(sorted(excluded)) or 'none'})")
         checks[family] = check
     return {"excluded": sorted(excluded), "checks": checks}
+
+
+# ------------------------------------------------------------------ the whole check
+DEFAULT_CUTOFF = 0.96          # pre-registered in docs/lab.md, "Families v3"
+LAB_TRAIN_CHUNKS = 200         # as lab v2's family_checks
+
+
+def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path = Path("../shared"),
+                     names: Sequence[str] | None = None, cutoff: float = DEFAULT_CUTOFF,
+                     reference: Sequence[str] = ("phi-3",)) -> dict[str, Any]:
+    """The round trip (`refuse_lossy`) of the built families under `folder` on the lab's texts
+    (the first 200 chunks of `pool`'s train split and its held-out text) and calib-v0, then their
+    boundary Jaccard matrix on calib-v0 and the greedy distinct set at `cutoff`. `reference`
+    tokenizers of the shared folder join the matrix after the candidates (not the set)."""
+    from monitor.lab.distinctness import distinct_families, jaccard_matrix
+    from monitor.lab.pool import chunk_texts, heldout_texts, load_pool
+    from monitor.scoring import load_corpus, load_tokenizer
+
+    folder, shared = Path(folder), Path(shared)
+    names = [n for n in (names or V3_FAMILY_NAMES) if (folder / n / "tokenizer.json").is_file()]
+    if not names:
+        raise LabError(f"{folder} holds none of the v3 families", hint="run `lstar lab tokenizers build` first")
+    handles = {n: load_tokenizer(folder / n) for n in names}
+    loaded = load_pool(pool)
+    train = chunk_texts([d.text for d in loaded.train.documents], 600)   # the lab's 600-character chunks
+    calib = load_corpus(shared / "corpus" / "calib-v0")
+    lab_texts = {"train": [(f"train-{i}", t) for i, t in enumerate(train[:LAB_TRAIN_CHUNKS])],
+                 "heldout": [(f"heldout-{i}", t) for i, t in enumerate(heldout_texts(loaded, 200_000))],
+                 "calib": calib.documents}
+    round_trip = refuse_lossy(handles, lab_texts)
+    docs = [d.text for d in calib.documents]
+    refs = {r: load_tokenizer(shared / "tokenizers" / r) for r in reference if r not in handles}
+    all_names, matrix = jaccard_matrix({**handles, **refs}, docs)
+    distinct = distinct_families(names, cutoff=cutoff, matrix=matrix[:len(names), :len(names)])
+    n_bytes = sum(len(t.encode("utf-8")) for t in docs)
+    return {"calib_sha256": calib.sha256, "pool": loaded.provenance(), "cutoff": cutoff,
+            "round_trip": {"excluded": round_trip["excluded"],
+                           "documents": {k: len(v) for k, v in lab_texts.items()},
+                           "failing": {n: sum(t["failing"] for t in c["texts"].values())
+                                       for n, c in round_trip["checks"].items()}},
+            "tokens_per_byte": {n: round(sum(len(s) for s in h.encode_documents(docs)) / n_bytes, 4)
+                                for n, h in {**handles, **refs}.items()},
+            "names": all_names, "matrix": matrix.round(4).tolist(),
+            "kept": distinct["kept"], "dropped": distinct["dropped"]}
