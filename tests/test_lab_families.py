@@ -3,6 +3,7 @@ mistral-common's own tokenizers, pruned merges, the round trip and the boundary 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def test_the_calib_document_with_a_literal_im_start_round_trips(shared_dir: Path
 
 
 # ------------------------------------------------------------------ building
-QUICK = ["gpt2", "pool-bpe-1k", "pool-bpe-digits-8k", "pool-unigram-8k", "gpt2-merges-8k"]
+QUICK = ["pool-bpe-1k", "pool-bpe-lines-2k", "gpt2-merges-8k"]
 
 
 def test_the_candidate_list_is_long_enough_and_well_formed() -> None:
@@ -130,21 +131,34 @@ def test_the_candidate_list_is_long_enough_and_well_formed() -> None:
             assert V3_FAMILY_NAMES.index(spec.params["base"]) < V3_FAMILY_NAMES.index(spec.name)
 
 
-def test_a_rebuild_is_byte_identical_and_lossless(shared_dir: Path, tmp_path: Path) -> None:
+def _same_files(a: Path, b: Path) -> None:
+    files = sorted(p.name for p in a.iterdir())
+    assert {"tokenizer.json", "tokenizer_config.json", "provenance.json"} <= set(files)
+    assert files == sorted(p.name for p in b.iterdir())
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), (a.name, f)
+
+
+def test_a_rebuild_is_byte_identical(shared_dir: Path, tmp_path: Path) -> None:
+    """Two builds (the base gpt2 of the pruned family is built too, unlisted)."""
     first = build_lab_families(tmp_path / "a", pool=SAMPLE_POOL, shared=shared_dir, names=QUICK)
     build_lab_families(tmp_path / "b", pool=SAMPLE_POOL, shared=shared_dir, names=QUICK)
-    assert [s.name for s in first] == QUICK
-    for name in QUICK:
-        files = sorted(p.name for p in (tmp_path / "a" / name).iterdir())
-        assert {"tokenizer.json", "tokenizer_config.json", "provenance.json"} <= set(files)
-        assert files == sorted(p.name for p in (tmp_path / "b" / name).iterdir())
-        for f in files:
-            assert (tmp_path / "a" / name / f).read_bytes() == (tmp_path / "b" / name / f).read_bytes(), (name, f)
+    assert [s.name for s in first] == QUICK and (tmp_path / "a" / "gpt2").is_dir()
+    for name in [*QUICK, "gpt2"]:
+        _same_files(tmp_path / "a" / name, tmp_path / "b" / name)
     assert (tmp_path / "a" / "gpt2" / "tokenizer.json").read_bytes() == \
         (shared_dir / "tokenizers" / "gpt2" / "tokenizer.json").read_bytes()
     prov = json.loads((tmp_path / "a" / "pool-bpe-1k" / "provenance.json").read_text())
     assert prov["kind"] == "trained" and prov["vocab_size"] == 1024 and prov["training_text"]["bytes"] > 100_000
-    handles = {n: load_tokenizer(tmp_path / "a" / n) for n in QUICK}
+    assert prov["tokenizer_json_sha256"] == hashlib.sha256((tmp_path / "a" / "pool-bpe-1k" / "tokenizer.json")
+                                                           .read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_the_trained_and_pruned_families_round_trip(shared_dir: Path, tmp_path: Path) -> None:
+    names = [n for n, s in SPEC_BY_NAME.items() if s.kind in ("trained", "pruned") and "tekken" not in n]
+    built = build_lab_families(tmp_path, pool=SAMPLE_POOL, shared=shared_dir, names=names)
+    handles = {s.name: load_tokenizer(s.folder) for s in built}
     heldout = [json.loads(line)["text"] for line in (SAMPLE_POOL / "heldout" / "documents.jsonl").open()]
     calib = load_corpus(shared_dir / "corpus" / "calib-v0").documents
     checks = refuse_lossy(handles, {"heldout": [(str(i), t) for i, t in enumerate(heldout)], "calib": calib})
@@ -152,6 +166,11 @@ def test_a_rebuild_is_byte_identical_and_lossless(shared_dir: Path, tmp_path: Pa
     # digits alone: no token of the digit-split family holds a digit next to anything else
     digits = handles["pool-bpe-digits-8k"].tokenizer.encode("in 2024 and 17", add_special_tokens=False).tokens
     assert [t for t in digits if any(c.isdigit() for c in t)] == ["2", "0", "2", "4", "1", "7"]
+    # lines: a token may hold a space inside it; words: no token starts with a space and a letter
+    lines = handles["pool-bpe-lines-8k"].tokenizer.get_vocab()
+    words = handles["pool-bpe-words-8k"].tokenizer.get_vocab()
+    assert any("Ġ" in t.strip("Ġ") for t in lines)
+    assert not any(t.startswith("Ġ") and t[1:2].isascii() and t[1:2].isalpha() for t in words)
 
 
 def test_pruned_merges_keep_a_subset_and_only_coarsen(shared_dir: Path, tmp_path: Path, calib_v0: Path) -> None:
@@ -159,8 +178,9 @@ def test_pruned_merges_keep_a_subset_and_only_coarsen(shared_dir: Path, tmp_path
     full = json.loads((shared_dir / "tokenizers" / "gpt2" / "tokenizer.json").read_text())["model"]
     pruned = json.loads((tmp_path / "gpt2-merges-8k" / "tokenizer.json").read_text())["model"]
     assert pruned["merges"] == full["merges"][:8000]       # gpt2's merges all reach new tokens
-    assert len(pruned["vocab"]) == 256 + 8000
+    assert len(pruned["vocab"]) == 256 + 8000 + 1              # and <|endoftext|>, the added token
     assert all(full["vocab"][t] == i for t, i in pruned["vocab"].items())
+    assert load_tokenizer(tmp_path / "gpt2-merges-8k").tokenizer.token_to_id("<|endoftext|>") == 50256
     docs = [d.text for d in load_corpus(calib_v0).documents][:30]
     a = token_ends(load_tokenizer(shared_dir / "tokenizers" / "gpt2"), docs)
     b = token_ends(load_tokenizer(tmp_path / "gpt2-merges-8k"), docs)
@@ -169,6 +189,7 @@ def test_pruned_merges_keep_a_subset_and_only_coarsen(shared_dir: Path, tmp_path
                             load_tokenizer(tmp_path / "gpt2-merges-8k"), docs) == pytest.approx(len(a) / len(b))
 
 
+@pytest.mark.slow
 def test_the_mistral_conversions_give_mistral_commons_ids(shared_dir: Path, tmp_path: Path, calib_v0: Path) -> None:
     pytest.importorskip("sentencepiece")
     pytest.importorskip("mistral_common")

@@ -202,12 +202,17 @@ def tekken_tokenizer(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise LabError(f"{path}: expected {inner} distinct ranked tokens, found {len(set(ranks))}")
     table = bytes_to_unicode()
     tokens = ["".join(table[b] for b in raw) for raw in ranks]
-    vocab = {tok: n_special + r for r, tok in enumerate(tokens)}
+    # <unk>, <s>, </s> sit in the model's vocabulary too, so that tokenizers keeps their ids 0-2
+    # (an added token absent from the vocabulary gets the next free id instead).
+    specials = ["<unk>", "<s>", "</s>"]
+    if set(specials) & set(tokens):
+        raise LabError(f"{path}: a ranked token is spelt like a special token ({set(specials) & set(tokens)})")
+    vocab = {**{tok: i for i, tok in enumerate(specials)}, **{tok: n_special + r for r, tok in enumerate(tokens)}}
     rank_of = {tok: r for r, tok in enumerate(tokens)}
     merges = _split_merges(vocab, [t for t in tokens if len(t) > 1], rank_of)
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [_added(0, "<unk>"), _added(1, "<s>"), _added(2, "</s>")],
+        "added_tokens": [_added(i, tok) for i, tok in enumerate(specials)],
         "normalizer": None, "pre_tokenizer": byte_level_pre_tokenizer(pattern), "post_processor": None,
         "decoder": BYTE_LEVEL_DECODER,
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
@@ -238,6 +243,11 @@ def prune_byte_level_bpe(data: dict[str, Any], keep_merges: int) -> dict[str, An
             kept_merges.append([left, right])
             kept_tokens.add(left + right)
     pruned = json.loads(json.dumps(data))
-    pruned["model"]["vocab"] = {tok: i for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]) if tok in kept_tokens}
+    kept = {tok: i for tok, i in vocab.items() if tok in kept_tokens}
+    # The added tokens go into the model's vocabulary at their ids: tokenizers gives an added
+    # token that the model lacks the next free id (the vocabulary's size), which after pruning
+    # is the id of a kept token.
+    kept.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+    pruned["model"]["vocab"] = dict(sorted(kept.items(), key=lambda kv: kv[1]))
     pruned["model"]["merges"] = kept_merges
     return pruned
