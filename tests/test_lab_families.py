@@ -223,3 +223,25 @@ def test_the_build_command(shared_dir: Path, tmp_path: Path, capsys: pytest.Capt
     assert main(["lab", "tokenizers", "build", str(tmp_path / "x"), "--pool", str(SAMPLE_POOL),
                  "--families", "gpt-5"]) != 0
     assert "unknown families gpt-5" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_check_command(shared_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Round trip and matrix over the families a folder holds; a matrix entry equals the
+    Jaccard computed directly, and a cut-off below gpt2/gpt2-merges-8k drops the pruned one."""
+    from monitor.cli import main
+
+    build_lab_families(tmp_path / "fam", pool=SAMPLE_POOL, shared=shared_dir, names=["gpt2-merges-8k", "pool-bpe-1k"])
+    out = tmp_path / "check.json"
+    assert main(["lab", "tokenizers", "check", str(tmp_path / "fam"), "--pool", str(SAMPLE_POOL),
+                 "--shared", str(shared_dir), "--cutoff", "0.8", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == json.loads(out.read_text())
+    assert result["names"] == ["gpt2", "pool-bpe-1k", "gpt2-merges-8k", "phi-3"]
+    assert result["round_trip"]["excluded"] == [] and set(result["round_trip"]["failing"].values()) == {0}
+    m = np.array(result["matrix"])
+    assert np.allclose(m, m.T) and np.allclose(np.diag(m), 1.0)
+    docs = [d.text for d in load_corpus(shared_dir / "corpus" / "calib-v0").documents]
+    direct = boundary_jaccard(load_tokenizer(tmp_path / "fam" / "gpt2"), load_tokenizer(tmp_path / "fam" / "gpt2-merges-8k"), docs)
+    assert m[0, 2] == pytest.approx(direct, abs=1e-4) and 0.8 <= direct < 0.95
+    assert result["kept"] == ["gpt2", "pool-bpe-1k"] and "0.8" in result["dropped"]["gpt2-merges-8k"]
