@@ -243,3 +243,59 @@ def register(app: typer.Typer) -> None:
         else:
             echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
             echo(f"lab report: {out_dir}")
+
+    tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
+                                      "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
+    lab.add_typer(tokenizers_app, name="tokenizers")
+
+    @tokenizers_app.command("build")
+    def tokenizers_build(
+            out: Path = typer.Argument(..., help="Folder to write one tokenizer folder per family into."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool; the trained families learn from its train split."),
+            shared: Path = shared_option,
+            families: str = typer.Option(None, "--families", help="Comma-separated subset of the v3 candidates "
+                                                                  "(default: all, in the pre-registered order)."),
+            mistral_data: Path = typer.Option(None, "--mistral-data",
+                                              help="mistral-common's data folder (default: the installed package's)."),
+            as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
+        """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
+        candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
+        byte-level BPE and Unigram tokenizers trained on the pool, and pruned-merge variants. A rebuild
+        from the same inputs writes the same bytes."""
+        from monitor.lab.families import build_lab_families
+
+        names = None if families is None else [f.strip() for f in families.split(",") if f.strip()]
+        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data)
+        if as_json:
+            print(json.dumps([s.provenance for s in built], indent=1))
+        else:
+            for s in built:
+                echo(f"{s.name} ({s.kind}): {s.folder}")
+
+    @tokenizers_app.command("check")
+    def tokenizers_check(
+            folder: Path = typer.Argument(..., help="The folder `lstar lab tokenizers build` wrote."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool (its train chunks and held-out text are "
+                                                          "round-tripped)."),
+            shared: Path = shared_option,
+            cutoff: float = typer.Option(0.96, "--cutoff", help="Boundary Jaccard at or above which a family "
+                                                               "counts as a near-duplicate of one kept before it."),
+            out: Path = typer.Option(None, "--out", help="Also write the result as JSON to this file."),
+            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+        """Refuse any family that fails the decode round trip (on the pool's text and calib-v0; a document
+        with a special-token literal that fails is excluded for all), then measure the token-boundary
+        Jaccard between every pair on calib-v0 and keep families greedily in the pre-registered order,
+        dropping any whose Jaccard with a kept one reaches the cut-off."""
+        from monitor.files import atomic_write_text
+        from monitor.lab.families import check_family_set
+
+        result = check_family_set(folder, pool=pool, shared=shared, cutoff=cutoff)
+        if out is not None:
+            atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+        if as_json:
+            print(json.dumps(result, indent=1))
+        else:
+            echo(f"round trip: every family lossless; excluded documents: {result['round_trip']['excluded'] or 'none'}")
+            for name, reason in result["dropped"].items():
+                echo(f"dropped {name}: {reason}")
+            echo(f"{len(result['kept'])} distinct families at cut-off {cutoff}: {', '.join(result['kept'])}")
