@@ -74,7 +74,7 @@ def jaccard_matrix(tokenizers: Mapping[str, Any], texts: Sequence[str]) -> tuple
     return names, matrix
 
 
-def distinct_families(names: Sequence[str], texts: Sequence[str] | None = None, cutoff: float = 0.95, *,
+def distinct_families(names: Sequence[str], texts: Sequence[str] | None = None, cutoff: float = 0.96, *,
                       tokenizers: Mapping[str, Any] | None = None,
                       matrix: np.ndarray | None = None) -> dict[str, Any]:
     """Keep families greedily in the pre-registered order of `names`: a family is dropped when
