@@ -115,6 +115,8 @@ def test_an_earlier_checkpoint_scored_late_leaves_the_lineage_state_and_its_aler
     assert (lineage["commit"], lineage["state"]) == (sha[2000], "at_risk")
     [family] = data["families"]
     assert family["current"].startswith(f"{REPO}@step2000 (")
+    # its crossings are the alerts': step2000 entering at_risk, not step1000 "clearing" it
+    assert [(c["commit"], c["from"], c["to"]) for c in data["crossings"]] == [(sha[2000], None, "at_risk")]
 
 
 def test_a_later_checkpoint_still_resolves_the_alert(world) -> None:

@@ -231,12 +231,15 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     window = [p for p in store.report_predictions(policy.name, start=period_start, end=now) if p.task in curves]
     # Per (task, lineage): each checkpoint's state at the window's start (the current one is
-    # chosen in training order below), and the newest of them, where the crossings start from.
+    # chosen in training order below), and the current one's (the latest in training order,
+    # as the alert engine compares with), where the crossings start from.
     carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
                                                                skip_state=NOT_EVALUATED) if p.task in curves]
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
-        carried_in[(p.task, p.lineage)] = p
+        held = carried_in.get((p.task, p.lineage))
+        if held is None or order.get((p.repo, p.commit_sha), -1) >= order.get((held.repo, held.commit_sha), -1):
+            carried_in[(p.task, p.lineage)] = p
     discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
@@ -265,8 +268,12 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             preds_by_lineage.setdefault(p.lineage, []).append(p)
         current = []
         for lineage, preds in sorted(preds_by_lineage.items()):
-            previous = None
+            previous, latest = None, -1
             for p in preds:  # crossings are the alerts' state changes, in the order they were seen
+                rank = order.get((p.repo, p.commit_sha), -1)
+                if rank < latest:   # an earlier checkpoint scored late: the lineage's state stays
+                    continue
+                latest = rank
                 if p.state != previous and _in_period(p.evaluated_at, period_start, now):
                     crossings.append({"task": task.name, "lineage": lineage, "repo": p.repo,
                                       "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),

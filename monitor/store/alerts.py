@@ -14,7 +14,7 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
-from monitor.training_order import Placement, lineage_order, place
+from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 
 def _decoded(text: Any, default: Any) -> Any:
@@ -28,26 +28,51 @@ def _decoded(text: Any, default: Any) -> Any:
     return value if isinstance(value, type(default)) else default
 
 
-def placed_predictions(store: StoreConnection, policy: str, task: str,
-                       lineage: str | None = None) -> list[dict[str, Any]]:
-    """Each checkpoint (policy, task) has judged (of `lineage`, or of every lineage): its newest
-    prediction (not `not_evaluated`), with what places it in its lineage (refs, meta, discovery
-    and scoring time) for `monitor.training_order`."""
-    where, params = ("AND lineage = ? ", [policy, task, lineage]) if lineage is not None else ("", [policy, task])
+def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
+                       *, judged_only: bool = True) -> list[dict[str, Any]]:
+    """Each checkpoint (policy, task) has judged (of `lineage`, or of every lineage; `task`
+    may name several): its newest prediction (not `not_evaluated` while `judged_only`), with
+    what places it in its lineage (refs, meta, discovery and scoring time) for
+    `monitor.training_order`."""
+    tasks = [task] if isinstance(task, str) else list(task)
+    if not tasks:
+        return []
+    where = f"policy = ? AND task IN ({', '.join('?' for _ in tasks)})"
+    params: list[Any] = [policy, *tasks]
+    if lineage is not None:
+        where += " AND lineage = ?"
+        params.append(lineage)
+    if judged_only:
+        where += " AND state != 'not_evaluated'"
     rows = store.query(
-        "SELECT p.id, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, r.finished_at, "
+        "SELECT p.id, p.policy, p.task, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, p.curve_id, "
+        "coalesce(json_extract_string(p.detail, '$.reason'), '') AS reason, p.evaluated_at, r.finished_at, "
         "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
         "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM "
-        "(SELECT *, row_number() OVER (PARTITION BY repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS n "
-        f" FROM predictions WHERE policy = ? AND task = ? {where}AND state != 'not_evaluated') p "
+        "(SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha ORDER BY evaluated_at DESC, id DESC)"
+        f" AS n FROM predictions WHERE {where}) p "
         "JOIN score_runs r ON r.run_id = p.run_id "
         "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
         "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-        "WHERE p.n = 1 ORDER BY p.lineage, p.repo, p.commit_sha", params)
+        "WHERE p.n = 1 ORDER BY p.task, p.lineage, p.repo, p.commit_sha", params)
     for row in rows:
         row["refs"] = _decoded(row["refs"], [])
         row["meta"] = _decoded(row["meta"], {})
     return rows
+
+
+def current_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of `placed_predictions` rows, the current checkpoint's of each (task, lineage): the
+    latest in training order (`monitor.training_order`)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["task"], row["lineage"]), []).append(row)
+    picked = [current_checkpoint(group, _placement, _tiebreak) for group in groups.values()]
+    return [row for row in picked if row is not None]
+
+
+def _tiebreak(row: Mapping[str, Any]) -> tuple[str, str]:
+    return (row["commit_sha"], row["repo"])
 
 
 def _placement(row: Mapping[str, Any]) -> Placement:
@@ -104,7 +129,7 @@ class AlertRows(StoreConnection):
             if not any((r["repo"], r["commit_sha"]) == key for r in rows):
                 rows.append({**self._checkpoint_place(repo, commit), "repo": repo, "commit_sha": commit,
                              "finished_at": scored_at, "state": None, "candidate": True})
-        ordered = lineage_order(rows, _placement, lambda r: (r["commit_sha"], r["repo"]))
+        ordered = lineage_order(rows, _placement, _tiebreak)
         judged = [r for r in ordered if not r.get("candidate")]
         if not judged:
             return None, None, False
