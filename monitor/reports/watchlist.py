@@ -4,8 +4,9 @@ It answers "which watched models are at risk right now?" for `lstar watchlist` a
 daemon's `/watchlist` from the predictions the outbox recorded, with no policy file needed:
 
 - each (policy, task, lineage) is shown at its current checkpoint (the project's one rule,
-  `monitor.training_order.current_checkpoint`: the last in training order), with that checkpoint's newest prediction (a score the policy could
-  not evaluate is skipped, as the report skips it);
+  `monitor.training_order.current_checkpoint`: the last in training order), with that
+  checkpoint's newest prediction (a score the policy could not evaluate is skipped, as the
+  report skips it);
 - its predicted value P̂ and interval, the level b + ε it was classified against, and the
   distance P̂ − level (negative: below the level);
 - the observed state where an evaluation of the task checked that checkpoint (it supersedes
