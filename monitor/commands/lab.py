@@ -97,6 +97,27 @@ def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> N
         echo(f"lab report: {out_dir}")
 
 
+def _pilot_gate(path: Path, *, as_json: bool) -> None:
+    """`lstar lab report --pilot`: the pre-registered pilot gate of a v3 record, alone."""
+    from monitor.lab.report_v3 import pilot_gate_from
+
+    result = pilot_gate_from(path)
+    gate = result["pilot_gate"]
+    if as_json:
+        print(json.dumps(result, indent=1, allow_nan=False))
+    else:
+        cover = gate["pilot"]
+        echo(f"pilot gate: {'passed' if gate['passed'] else 'stopped'} ({gate.get('reason')})")
+        echo(f"pilot families present: {', '.join(cover['present']) or 'none'}; missing: "
+             f"{', '.join(cover['missing']) or 'none'} (seed {cover['seed']})")
+        for axis, v in (gate.get("axes") or {}).items():
+            if "crossing_error" in v:
+                echo(f"  {axis}: crossing error {v['crossing_error']:.3f}, always above {v['always_above_error']:.3f}, "
+                     f"shuffled {v['shuffled_mean_error']:.3f}: {'passes' if v['passed'] else 'fails'}")
+    if not gate["passed"]:
+        raise typer.Exit(1)
+
+
 def _config_v3(size: str, shared: Path, pool: Path | None, families_dir: Path | None, families: str | None,
                seeds: str | None) -> Any:
     from monitor.lab.config import race_v3_config, race_v3_reduced_config
@@ -217,18 +238,23 @@ def register(app: typer.Typer) -> None:
                                            help="Two-stage refit-bootstrap resamples."),
                seed: int = int_option(0, "--seed", low=0, high=MAX_SEED, help="Seed of the bootstrap and permutations."),
                axes: str = typer.Option(None, "--axes", help="Comma-separated axes to race (default: all; L* always)."),
+               pilot: Path = typer.Option(None, "--pilot",
+                                          help="Lab v3: judge only the pilot gate of this lab.json (or lab folder): "
+                                               "a pilot-only run, before the race. Exit 0 passed, 1 stopped."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
         """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json).
 
         A lab v3 record (schema lstar-lab/3) or v3 rows file (lstar-lab-rows/3) gets v3's report
-        instead: its pre-registration pin is checked, then the pilot gate, the power of the design
-        as run, the primary verdict by the pre-registered rule and the negative control
-        (docs/lab-v3-preregistration.md); --json prints them."""
-        from monitor.lab.analysis import RaceConfig
+        instead: its pre-registration pin is checked, then the pilot gate (on the pre-registered
+        pilot's families at seed 0), the power of the design as run, the primary verdict by the
+        pre-registered rule and the negative control (docs/lab-v3-preregistration.md); --json
+        prints them. --pilot OUT/lab.json gives the pilot gate alone and writes nothing."""
+        from monitor.lab.analysis import AXES, RaceConfig
         from monitor.lab.report import write_lab_report
 
-        from monitor.lab.analysis import AXES
-
+        if pilot is not None:
+            _pilot_gate(pilot if pilot.suffix == ".json" else pilot / LAB_FILE, as_json=as_json)
+            return
         lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
         out_dir = out or ((rows.parent / "report") if rows is not None else lab_json.parent / "report")
         if _is_v3(rows if rows is not None else lab_json):

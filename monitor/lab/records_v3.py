@@ -11,7 +11,7 @@ v2's names: `heldout` (the pool's held-out split, the PRIMARY text, in distribut
 `calib` (calib-v0, secondary, out of distribution).
 
 Every number is bounded as in version 2; unknown keys are refused; a file is read bounded and
-every problem is one `LabError` line naming it (`monitor.lab.records.load_lab` reads v1, v2 and v3).
+every problem is one `LabError` line naming it (`monitor.lab.record_file.load_lab` reads v1, v2 and v3).
 """
 
 from __future__ import annotations
