@@ -209,20 +209,31 @@ def register(app: typer.Typer) -> None:
              families_dir: Path = typer.Option(None, "--families-dir",
                                                help="A folder of family folders (tokenizer.json + tokenizer_config.json "
                                                     "each); default: v2's six, starcoder2 and gpt-4o of SHARED/tokenizers."),
-             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them)."),
+             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them; "
+                                                                   "with --families-dir, every kept one)."),
              seeds: str = seeds_option, workers: int = workers_option,
              as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
         """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
         Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
 
+        With --families-dir the family set is checked first by the pre-registered rule: each family's
+        round trip, then the boundary-Jaccard cut-off of data/lab-v3-preregistration.json in
+        pre-registered order; kept and dropped families go into lab.json. Without --families the run
+        races every kept family, and a full-size race with fewer than 20 kept is refused; with
+        --families (the pilot) each one named must be kept.
+
         Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
-        docs/lab.md, "Design v3", has the details."""
+        docs/lab.md, "Lab v3", has the details and the commands of the pilot and the race."""
+        from monitor.lab.family_set import FamilySetRule
         from monitor.lab.race_v3 import run_race_v3
         from monitor.lab.records_v3 import race_rows_v3
 
         config = _config_v3(size, shared, pool, families_dir, families, seeds)
-        record = run_race_v3(config, out, workers=workers, progress=not as_json)
+        rule = None if families_dir is None else FamilySetRule.preregistered(
+            chosen=None if families is None else config.families, full_race=size == "full",
+            at_most=len(config.families) if size == "reduced" else None)
+        record = run_race_v3(config, out, workers=workers, progress=not as_json, family_set=rule)
         if as_json:
             print(json.dumps(race_rows_v3(record), indent=1, allow_nan=False))
         else:

@@ -333,25 +333,29 @@ def round_trip_exclusions(families: Mapping[str, Any], documents: Sequence[Any])
     return excluded
 
 
-def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+def round_trip_checks(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     """The round trip of every family on every named text (documents or (id, text) pairs), after
-    `round_trip_exclusions` over all of them; a family for which any remaining document fails is
-    refused in one line naming it and the share failing. Returns {"excluded", "checks"}."""
+    `round_trip_exclusions` over all of them. Returns {"excluded", "checks": {family: check},
+    "lossy": {family: reason}}; nothing is refused here."""
     from monitor.lab.pool import check_lossless, lossy_reason
 
     all_docs = [d for docs in texts_by_name.values() for d in docs]
     excluded = set(round_trip_exclusions(families, all_docs))
     kept = {name: [text for doc_id, text in map(_doc, docs) if doc_id not in excluded]
             for name, docs in texts_by_name.items()}
-    checks = {}
-    for family, handle in families.items():
-        check = check_lossless(handle, family, kept)
-        if not check["lossless"]:
-            raise LabError(lossy_reason(family, check),
-                           hint=f"drop {family} from the v3 families (documents excluded for all: "
-                                f"{', '.join(sorted(excluded)) or 'none'})")
-        checks[family] = check
-    return {"excluded": sorted(excluded), "checks": checks}
+    checks = {family: check_lossless(handle, family, kept) for family, handle in families.items()}
+    return {"excluded": sorted(excluded), "checks": checks,
+            "lossy": {f: lossy_reason(f, c) for f, c in checks.items() if not c["lossless"]}}
+
+
+def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """`round_trip_checks`, and a family for which any remaining document fails is refused in
+    one line naming it and the share failing. Returns {"excluded", "checks"}."""
+    result = round_trip_checks(families, texts_by_name)
+    for family, reason in result["lossy"].items():
+        raise LabError(reason, hint=f"drop {family} from the v3 families (documents excluded for all: "
+                                    f"{', '.join(result['excluded']) or 'none'})")
+    return {"excluded": result["excluded"], "checks": result["checks"]}
 
 
 # ------------------------------------------------------------------ the whole check
