@@ -294,15 +294,21 @@ def register(app: typer.Typer) -> None:
                                                                   "(default: all, in the pre-registered order)."),
             mistral_data: Path = typer.Option(None, "--mistral-data",
                                               help="mistral-common's data folder (default: the installed package's)."),
+            mistral_wheel: Path = typer.Option(None, "--mistral-wheel",
+                                               help="Read the mistral vocabularies from the pinned wheel file "
+                                                    "(mistral_common-1.13.1-py3-none-any.whl, sha256 checked) "
+                                                    "instead of an installed mistral-common."),
             as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
         """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
         candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
-        byte-level BPE and Unigram tokenizers trained on the pool, and pruned-merge variants. A rebuild
-        from the same inputs writes the same bytes."""
+        byte-level BPE tokenizers trained on the pool, and pruned-merge variants. A rebuild
+        from the same inputs writes the same bytes. Without mistral-common installed (it is only in the
+        `lab` extra), --mistral-wheel reads its two vocabulary files from the pinned wheel itself."""
         from monitor.lab.families import build_lab_families
 
         names = None if families is None else [f.strip() for f in families.split(",") if f.strip()]
-        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data)
+        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data,
+                                   mistral_wheel=mistral_wheel)
         if as_json:
             print(json.dumps([s.provenance for s in built], indent=1))
         else:
