@@ -20,7 +20,8 @@ from monitor.lab.family_set import FamilySetRule, check_run_families
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_POOL = REPO_ROOT / "data" / "lab-pool-sample"
-TEXTS = ["The cat sat on the mat.\nIt was 1234 degrees!", "naïve café — déjà vu; x = f(y) + 2", "  indented\ttabs and CAPS"]
+TEXTS = ["The cat sat on the mat.\nIt was 1234 degrees!", "naïve café — déjà vu; x = f(y) + 2",
+         "  indented\ttabs and CAPS"]
 
 
 def _copy(shared_dir: Path, source: str, folder: Path, name: str) -> None:
@@ -78,14 +79,16 @@ def test_a_chosen_family_must_be_kept_and_a_full_race_needs_the_minimum(families
     candidates = family_folders(families_dir)
     texts = {"train": TEXTS[:1], "heldout": TEXTS[1:2], "calib": TEXTS}
     with pytest.raises(LabError) as info:
-        check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, None, ("gpt2-merges-8k",)))
+        check_run_families(candidates, lambda n: families_dir / n, texts,
+                           FamilySetRule(0.96, None, ("gpt2-merges-8k",)))
     assert "'gpt2-merges-8k' is not in the distinct set: boundary Jaccard 1.000 with gpt2" in info.value.one_line()
     chosen = check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, None, ("smollm2",)))
     assert chosen["raced"] == ["smollm2"] and chosen["kept"] == ["gpt2", "smollm2"]
     with pytest.raises(LabError) as info:
         check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, 3, None))
     line = info.value.one_line()
-    assert "\n" not in line and "2 of 4 families kept at the pre-registered cut-off 0.96" in line and "at least 3" in line
+    assert "\n" not in line and "at least 3" in line
+    assert "2 of 4 families kept at the pre-registered cut-off 0.96" in line
 
 
 def test_the_rule_is_the_preregistrations() -> None:
@@ -106,7 +109,8 @@ def test_the_record_keeps_the_set_and_refuses_a_raced_family_that_was_dropped() 
     raw["family_set"] = {"cutoff": 0.96, "min_kept": None, "candidates": ["gpt2", "smollm2", "gpt2-merges-8k"],
                          "round_trip": {"excluded": []}, "names": ["gpt2", "smollm2", "gpt2-merges-8k"],
                          "matrix": [[1.0, 0.5, 1.0], [0.5, 1.0, 0.5], [1.0, 0.5, 1.0]], "kept": ["gpt2", "smollm2"],
-                         "dropped": {"gpt2-merges-8k": "boundary Jaccard 1.000 with gpt2"}, "raced": ["gpt2", "smollm2"]}
+                         "dropped": {"gpt2-merges-8k": "boundary Jaccard 1.000 with gpt2"},
+                         "raced": ["gpt2", "smollm2"]}
     assert parse_lab_v3(raw).family_set.kept == ["gpt2", "smollm2"]
     raw["family_set"]["kept"] = ["gpt2"]
     with pytest.raises(LabError, match="raced families smollm2 are not kept"):

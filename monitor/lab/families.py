@@ -117,7 +117,8 @@ def mistral_data_dir() -> Path:
     spec = importlib.util.find_spec("mistral_common")
     if spec is None or not spec.submodule_search_locations:
         raise LabError("mistral-common is not installed: the mistral families convert its vocabulary files",
-                       hint=f"pip install mistral-common=={MISTRAL_VERSION}, or pass --mistral-wheel {MISTRAL_WHEEL} (or --mistral-data DIR)")
+                       hint=f"pip install mistral-common=={MISTRAL_VERSION}, or pass --mistral-wheel "
+                            f"{MISTRAL_WHEEL} (or --mistral-data DIR)")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 

@@ -9,9 +9,9 @@ pre-registered rule (data/lab-v3-preregistration.json, `families`).
    every family alike): a lossy family is not walked.
 3. The lossless ones are walked in order by `distinctness.distinct_families` on their
    token-boundary Jaccard on calib-v0, at the pre-registered cut-off.
-4. Without `--families` the run races the kept families (the CI size: the first two); a full-size race with fewer than the
-   pre-registered minimum kept is refused in one line. With `--families` (the pilot, say) each
-   one named must be kept.
+4. Without `--families` the run races the kept families (the CI size: the first two); a
+   full-size race with fewer than the pre-registered minimum kept is refused in one line. With
+   `--families` (the pilot, say) each one named must be kept.
 
 This is run set-up: it chooses which lineages run, never what one computes, and it enters no
 lineage's resume key. What it found goes into lab.json (`family_set`).

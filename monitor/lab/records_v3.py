@@ -220,6 +220,7 @@ def race_rows_v3(lab: LabRecordV3, *, role: str = "primary") -> list[dict[str, A
     return rows
 
 
-__all__ = ["DataAssignmentRecord", "FamilyRecordV3", "FamilySetRecord", "LAB_SCHEMA_V3", "LabRecordV3", "CheckpointRecordV3",
+__all__ = ["DataAssignmentRecord", "FamilyRecordV3", "FamilySetRecord", "LAB_SCHEMA_V3", "LabRecordV3",
+           "CheckpointRecordV3",
            "PRIMARY_METRIC", "PRIMARY_TEXT", "SECONDARY_TEXT", "TaskScoresV3", "V3_AXES", "V3_METRICS",
            "parse_lab_v3", "race_rows_v3"]
