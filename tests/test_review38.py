@@ -69,3 +69,51 @@ def test_offsets_and_dst_changes_name_the_same_instant_in_utc() -> None:
     assert before == datetime(2026, 10, 25, 0, 30, tzinfo=timezone.utc)
     assert (after - before).total_seconds() == 3600
     assert parse_moment("2026-10-25T00:30Z", now=NOW) == before
+
+
+# -- one state on every surface ----------------------------------------------------------------
+def _observe(store, *, lineage: str, sha: str, observed_state: str, finished_at: datetime) -> None:
+    """An evaluation of the task on `lineage@sha`, done, with `observed_state` (the row as the
+    observe job writes it, the columns the surfaces read)."""
+    (p,) = store.query("SELECT * FROM predictions WHERE lineage = ? AND commit_sha = ? "
+                       "ORDER BY evaluated_at DESC, id DESC LIMIT 1", [lineage, sha])
+    store.conn.execute(
+        "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
+        "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, observed, n, k, "
+        "observed_lo, observed_hi, observed_state, verdict, scheduled_day, created_at, updated_at, finished_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0.95, '{}', 'done', 0.9, 100, 90, 0.83, 0.95, ?, "
+        "'contradicted', ?, ?, ?, ?)",
+        [p["policy"], p["task"], p["run_id"], p["id"], p["repo"], sha, lineage, p["curve_id"], p["state"], p["lo"],
+         p["hi"], p["threshold"], observed_state, finished_at.date(), finished_at, finished_at, finished_at])
+
+
+def test_the_status_page_shows_the_state_in_force_as_the_watchlist_and_report_do(tmp_path) -> None:
+    from monitor.reports.report import _in_force, build_report
+    from monitor.reports.watchlist import watchlist_page
+    from monitor.service.status_page import gather, render
+    from support.report_state import build_report_state
+    from support.scores import fake_sha
+    from support.status_daemon import StatusDaemon
+
+    world = build_report_state(tmp_path)
+    try:
+        sha = fake_sha("pythia step 20000")   # pythia's current checkpoint (tests/test_status_page.py)
+        (predicted,) = world.store.query("SELECT arg_max(state, (evaluated_at, id)) AS s FROM predictions "
+                                         "WHERE commit_sha = ?", [sha])
+        assert predicted["s"] != "clear"   # so that the observation changes the state in force
+        _observe(world.store, lineage="org/pythia-tiny", sha=sha, observed_state="observed_clear",
+                 finished_at=world.now)
+        listed = {r["lineage"]: r for r in watchlist_page(world.store).items}
+        page = {r["lineage"]: r for r in gather(StatusDaemon(world.store, [world.policy], world.folder),
+                                                now=world.now)["rows"]}
+        report = build_report(world.store, world.policy, now=world.now, period_start=world.now.replace(year=2000))
+        reported = {x["lineage"]: _in_force(x) for t in report["tasks"] for x in t["lineages"]}
+        assert listed["org/pythia-tiny"]["commit"] == page["org/pythia-tiny"]["commit"] == sha
+        assert listed["org/pythia-tiny"]["state"] == reported["org/pythia-tiny"] == "clear"
+        assert page["org/pythia-tiny"]["state"] == "clear"
+        assert {k: r["state"] for k, r in page.items()} == {k: r["state"] for k, r in listed.items()} == reported
+        html = render(gather(StatusDaemon(world.store, [world.policy], world.folder), now=world.now)).decode()
+        assert 'data-lineage="org/pythia-tiny" data-repo="org/pythia-tiny"' in html
+        assert f'data-commit="{sha}" data-state="clear"' in html
+    finally:
+        world.store.close()

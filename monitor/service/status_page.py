@@ -38,6 +38,7 @@ import jinja2
 
 from monitor.escape import template_value
 from monitor.reports.present import checkpoint_name, fmt
+from monitor.reports.watchlist import with_states_in_force
 from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 MAX_ROWS = 50            # lineage × task rows shown, closest to their level first
@@ -250,6 +251,10 @@ def gather(daemon: Any, *, now: datetime, max_rows: int = MAX_ROWS,
             candidates, data["candidates_total"] = read_candidates(store, watched, limit=max_candidates)
             data["candidates_read"] = len(candidates)
             rows, data["rows_total"] = lineage_rows(candidates, limit=max_rows)
+            # an evaluation's observed state supersedes the prediction, as on the watchlist and report
+            with_states_in_force(store, rows, commit="commit")
+            for row in rows:
+                row["predicted_state"], row["state"] = row["state"], row["state_in_force"]
             alerts = last_alerts(store, [r["key"] for r in rows])
             for row in rows:
                 row["last_alert"] = alerts.get(row["key"])
