@@ -72,7 +72,8 @@ def test_offsets_and_dst_changes_name_the_same_instant_in_utc() -> None:
 
 
 # -- one state on every surface ----------------------------------------------------------------
-def _observe(store, *, lineage: str, sha: str, observed_state: str, finished_at: datetime) -> None:
+def _observe(store, *, lineage: str, sha: str, observed_state: str, finished_at: datetime,
+             generation: int = 0, status: str = "done") -> None:
     """An evaluation of the task on `lineage@sha`, done, with `observed_state` (the row as the
     observe job writes it, the columns the surfaces read)."""
     (p,) = store.query("SELECT * FROM predictions WHERE lineage = ? AND commit_sha = ? "
@@ -80,11 +81,12 @@ def _observe(store, *, lineage: str, sha: str, observed_state: str, finished_at:
     store.conn.execute(
         "INSERT INTO observations (policy, task, run_id, prediction_id, repo, commit_sha, lineage, curve_id, "
         "predicted_state, predicted_lo, predicted_hi, level, confidence, settings, status, observed, n, k, "
-        "observed_lo, observed_hi, observed_state, verdict, scheduled_day, created_at, updated_at, finished_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0.95, '{}', 'done', 0.9, 100, 90, 0.83, 0.95, ?, "
-        "'contradicted', ?, ?, ?, ?)",
+        "observed_lo, observed_hi, observed_state, verdict, scheduled_day, created_at, updated_at, finished_at, "
+        "generation, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0.95, '{}', ?, 0.9, 100, 90, 0.83, 0.95, ?, "
+        "'contradicted', ?, ?, ?, ?, ?, ?)",
         [p["policy"], p["task"], p["run_id"], p["id"], p["repo"], sha, lineage, p["curve_id"], p["state"], p["lo"],
-         p["hi"], p["threshold"], observed_state, finished_at.date(), finished_at, finished_at, finished_at])
+         p["hi"], p["threshold"], status, observed_state, finished_at.date(), finished_at, finished_at, finished_at,
+         generation, "task file changed" if status == "superseded" else None])
 
 
 def test_the_status_page_shows_the_state_in_force_as_the_watchlist_and_report_do(tmp_path) -> None:
@@ -115,5 +117,44 @@ def test_the_status_page_shows_the_state_in_force_as_the_watchlist_and_report_do
         html = render(gather(StatusDaemon(world.store, [world.policy], world.folder), now=world.now)).decode()
         assert 'data-lineage="org/pythia-tiny" data-repo="org/pythia-tiny"' in html
         assert f'data-commit="{sha}" data-state="clear"' in html
+    finally:
+        world.store.close()
+
+
+def test_a_window_report_reads_no_evaluation_finished_after_its_end(tmp_path) -> None:
+    """`lstar report --since A --until B` reports the state at B: an evaluation that finished
+    after B neither changes a lineage's state in force nor shows as superseded in it."""
+    from datetime import timedelta
+
+    from monitor.reports.report import _in_force
+    from monitor.reports.window import window_report
+    from support.report_state import build_report_state
+    from support.scores import fake_sha
+
+    world = build_report_state(tmp_path)
+    try:
+        sha = fake_sha("pythia step 20000")
+        end = world.now
+        start = end - timedelta(days=30)
+        before = window_report(world.store, world.policy, start=start, end=end, now=end)
+        state_then = {x["lineage"]: _in_force(x) for t in before["tasks"] for x in t["lineages"]}
+        assert state_then["org/pythia-tiny"] != "clear"
+        later = end + timedelta(hours=1)
+        _observe(world.store, lineage="org/pythia-tiny", sha=sha, observed_state="observed_clear", finished_at=later)
+        _observe(world.store, lineage="org/pythia-tiny", sha=sha, observed_state="observed_clear", finished_at=later,
+                 generation=1, status="superseded")
+        (newest,) = world.store.query("SELECT max(id) AS id FROM observations")
+        # the same window, asked after the evaluations finished: the same answer
+        again = window_report(world.store, world.policy, start=start, end=end, now=later + timedelta(hours=1))
+        assert {x["lineage"]: _in_force(x) for t in again["tasks"] for x in t["lineages"]} == state_then
+        assert again["superseded_evaluations"] == before["superseded_evaluations"] == []
+        # a window that holds them reads them
+        now_report = window_report(world.store, world.policy, start=start, end=later, now=later)
+        assert {x["lineage"]: _in_force(x) for t in now_report["tasks"] for x in t["lineages"]}[
+            "org/pythia-tiny"] == "clear"
+        assert [r["id"] for r in now_report["superseded_evaluations"]] == [newest["id"]]
+        # an evaluation superseded exactly at a window's start belongs to the window before it
+        assert window_report(world.store, world.policy, start=later, end=later + timedelta(hours=1),
+                             now=later + timedelta(hours=1))["superseded_evaluations"] == []
     finally:
         world.store.close()
