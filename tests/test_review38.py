@@ -158,3 +158,37 @@ def test_a_window_report_reads_no_evaluation_finished_after_its_end(tmp_path) ->
                              now=later + timedelta(hours=1))["superseded_evaluations"] == []
     finally:
         world.store.close()
+
+
+# -- silence id prefixes -----------------------------------------------------------------------
+def test_a_silence_prefix_needs_four_characters_and_like_metacharacters_match_nothing(tmp_path) -> None:
+    from monitor.alerts import expire_silence
+    from monitor.alerts.silences import list_silences
+    from monitor.alerts.state_ops import add_silence_from_args
+    from monitor.errors import PolicyError
+    from monitor.store import Store
+
+    store = Store.open(tmp_path / "lstar.duckdb")
+    try:
+        ids = [add_silence_from_args(store, match=["lineage=org/x"], until="2h", comment="c", start=None,
+                                     now=NOW)["id"] for _ in range(3)]
+        target = ids[0]
+        for hostile in ("%", "_", "%%%%", "____", "%" + target[1:], "_" + target[1:], target[:3] + "%"):
+            with pytest.raises(PolicyError, match="no active or pending silence"):
+                expire_silence(store, hostile, now=NOW)
+        assert any(target.startswith(i[0]) for i in ids)
+        # one character, even when it begins one silence alone: refused, the silence still active
+        while (unique_first := next((i for i in ids if sum(j[0] == i[0] for j in ids) == 1), None)) is None:
+            ids.append(add_silence_from_args(store, match=["lineage=org/y"], until="2h", comment="c", start=None,
+                                             now=NOW)["id"])
+        with pytest.raises(PolicyError, match="at least 4") as caught:
+            expire_silence(store, unique_first[:1], now=NOW)
+        assert "at least 4 characters" in caught.value.hint
+        assert unique_first in {s["id"] for s in list_silences(store, now=NOW)}
+        with pytest.raises(PolicyError) as caught:
+            expire_silence(store, "\x1b[2J" + "a" * 5000, now=NOW)
+        assert len(caught.value.message) < 300
+        assert expire_silence(store, target[:8], now=NOW) == target
+        assert target not in {s["id"] for s in list_silences(store, now=NOW)}
+    finally:
+        store.close()
