@@ -192,3 +192,29 @@ def test_a_silence_prefix_needs_four_characters_and_like_metacharacters_match_no
         assert target not in {s["id"] for s in list_silences(store, now=NOW)}
     finally:
         store.close()
+
+
+# -- a malformed Hub endpoint ------------------------------------------------------------------
+@pytest.mark.parametrize("endpoint", ["http://[::1", "http://127.0.0.1:99999/", "http://127.0.0.1:x/", "ftp://hub",
+                                      "127.0.0.1:8080", "http://hub\n.example"])
+@pytest.mark.parametrize("command", [["score", "org/model@main"], ["poll"], ["eval", "org/model@main", "task.yaml"]])
+def test_a_malformed_endpoint_is_refused_in_one_line_naming_the_option(tmp_path, capsys, monkeypatch, endpoint,
+                                                                         command) -> None:
+    from monitor.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main([*command, "--endpoint", endpoint, "--state", str(tmp_path / "state")]) == 2
+    err = capsys.readouterr().err
+    assert "--endpoint" in err and "is not a Hub endpoint" in err and "Traceback" not in err
+
+
+def test_a_malformed_hf_endpoint_is_not_taken_for_a_loopback_hub(monkeypatch) -> None:
+    from monitor.environment import hub_reachable, is_loopback_endpoint
+    from monitor.errors import LstarError
+
+    assert not is_loopback_endpoint("http://[::1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://[::1")
+    with pytest.raises(LstarError, match="cannot fetch from the Hub while HF_HUB_OFFLINE=1"):
+        with hub_reachable("lstar score", None):
+            pass
