@@ -218,3 +218,16 @@ def test_a_malformed_hf_endpoint_is_not_taken_for_a_loopback_hub(monkeypatch) ->
     with pytest.raises(LstarError, match="cannot fetch from the Hub while HF_HUB_OFFLINE=1"):
         with hub_reachable("lstar score", None):
             pass
+
+
+def test_the_receiver_prints_a_refused_bodys_path_with_control_characters_visible() -> None:
+    from monitor.alerts.receiver import MAX_BODY_BYTES
+
+    printed: list[str] = []
+    client = TestClient(receiver_app(SECRET, printed.append), raise_server_exceptions=False)
+    answer = client.post("/%1b%5b2J%1b%5d0;pwned%07%e2%80%ae", content=b"x" * (MAX_BODY_BYTES + 1))
+    assert answer.status_code == 413
+    (line,) = printed
+    assert "refused: body over" in line
+    assert not any(ord(c) < 32 or c == "\u202e" for c in line), repr(line)
+    assert "\\x1b[2J" in line
