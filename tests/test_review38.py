@@ -105,6 +105,13 @@ def test_the_status_page_shows_the_state_in_force_as_the_watchlist_and_report_do
         assert predicted["s"] != "clear"   # so that the observation changes the state in force
         _observe(world.store, lineage="org/pythia-tiny", sha=sha, observed_state="observed_clear",
                  finished_at=world.now)
+        # the evaluation's own alert (kind observe), the lineage's newest
+        world.store.conn.execute(
+            "INSERT INTO alerts (alert_key, kind, policy, task, repo, commit_sha, lineage, state, status, labels, "
+            "annotations, numbers, fingerprint, starts_at, created_at) SELECT 'observation-key', 'observe', policy, "
+            "task, repo, commit_sha, lineage, 'observed_clear', 'firing', '{}', '{}', '{}', 'f', ?, ? FROM predictions "
+            "WHERE commit_sha = ? LIMIT 1", [world.now, world.now, sha])
+        (newest_alert,) = world.store.query("SELECT id FROM alerts WHERE alert_key = 'observation-key'")
         listed = {r["lineage"]: r for r in watchlist_page(world.store).items}
         page = {r["lineage"]: r for r in gather(StatusDaemon(world.store, [world.policy], world.folder),
                                                 now=world.now)["rows"]}
@@ -114,6 +121,9 @@ def test_the_status_page_shows_the_state_in_force_as_the_watchlist_and_report_do
         assert listed["org/pythia-tiny"]["state"] == reported["org/pythia-tiny"] == "clear"
         assert page["org/pythia-tiny"]["state"] == "clear"
         assert {k: r["state"] for k, r in page.items()} == {k: r["state"] for k, r in listed.items()} == reported
+        assert listed["org/pythia-tiny"]["last_alert"]["id"] == newest_alert["id"]
+        assert {k: r["last_alert"]["id"] for k, r in page.items()} == \
+            {k: r["last_alert"]["id"] for k, r in listed.items()}
         html = render(gather(StatusDaemon(world.store, [world.policy], world.folder), now=world.now)).decode()
         assert 'data-lineage="org/pythia-tiny" data-repo="org/pythia-tiny"' in html
         assert f'data-commit="{sha}" data-state="clear"' in html

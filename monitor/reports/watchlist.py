@@ -102,8 +102,10 @@ def _sort_key(row: dict[str, Any]) -> tuple[int, float, str, str, str]:
             row["policy"], row["task"], row["lineage"])
 
 
-def _last_alerts(store: Any, rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """The newest alert of each (policy, task, lineage) among `rows`."""
+def last_alerts(store: Any, rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The newest alert of each (policy, task, lineage) among `rows`, of any kind (an evaluation's
+    observation alert too: its observed state is the state in force); the watchlist's and the
+    status page's "last alert"."""
     keys = sorted({(r["policy"], r["task"], r["lineage"]) for r in rows})
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for first in range(0, len(keys), 500):
@@ -157,8 +159,8 @@ def watchlist_page(store: Any, *, status: str | None = None, task: str | None = 
     if after is not None:
         rows = [r for r in rows if _sort_key(r) > after]
     page, more = rows[:limit], len(rows) > limit
-    last_alerts = _last_alerts(store, page)
-    items = [{**_shown(r), "last_alert": last_alerts.get((r["policy"], r["task"], r["lineage"]))} for r in page]
+    newest = last_alerts(store, page)
+    items = [{**_shown(r), "last_alert": newest.get((r["policy"], r["task"], r["lineage"]))} for r in page]
     next_cursor = WATCHLIST.encode(list(_sort_key(page[-1]))) if more and page else None
     return Page(items, total, next_cursor, limit)
 
@@ -170,4 +172,4 @@ def describe_distance(distance: float | None) -> str:
     return f"{abs(distance):.4f} {'below' if distance < 0 else 'above'}"
 
 
-__all__ = ["STATUSES", "watchlist_page", "with_states_in_force", "check_status", "describe_distance"]
+__all__ = ["STATUSES", "watchlist_page", "with_states_in_force", "last_alerts", "check_status", "describe_distance"]
