@@ -153,16 +153,25 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         tests = [r for r in hook.requests if b"LstarTest" in r.body]
         assert len(tests) == 1
         Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(tests[0].body, dict(tests[0].headers))
-        # The daemon's at-risk alert went out signed too (step 5 says it is delivered).
-        at_risk = [r for r in hook.requests if b"LstarTest" not in r.body]
-        assert len(at_risk) == 1, [r.body[:200] for r in hook.requests]
-        Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(at_risk[0].body, dict(at_risk[0].headers))
-        sent = json.loads(at_risk[0].body)
-        assert [a["labels"]["state"] for a in sent["alerts"]] == ["at_risk"]
-        assert sent["commonLabels"]["repo"] == "demo-org/pythia-tiny"
+        # The daemon's at-risk alert went out signed too (step 5 says it is delivered), and the
+        # policy change of step 6 resolved it: the resolve went to the same webhook, signed, with
+        # the labels the alert fired with, judged at the new level (curve baseline 0.25 + the
+        # policy's margin 0.25).
+        alerts = [r for r in hook.requests if b"LstarTest" not in r.body]
+        assert len(alerts) == 2, [r.body[:200] for r in hook.requests]
+        sent = [Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").verify(r.body, dict(r.headers)) for r in alerts]
+        assert [m["status"] for m in sent] == ["firing", "resolved"]
+        assert [a["labels"]["state"] for m in sent for a in m["alerts"]] == ["at_risk", "at_risk"]
+        assert sent[1]["alerts"][0]["labels"] == sent[0]["alerts"][0]["labels"]
+        assert sent[0]["commonLabels"]["repo"] == "demo-org/pythia-tiny"
+        assert sent[0]["lstar"]["alerts"][0]["threshold"] == pytest.approx(0.30)
+        resolved = sent[1]["lstar"]["alerts"][0]
+        assert resolved["state"] == "clear" and resolved["threshold"] == pytest.approx(0.50)
+        fired_lo, fired_hi = sent[0]["lstar"]["alerts"][0]["interval"]
+        assert fired_lo <= 0.30 <= fired_hi and resolved["interval"][1] < 0.50   # reaches 0.3, below 0.5
     # Each output the guide shows is what its command printed: the last run of it the guide's
-    # tested blocks hold above the output shown (a command the guide runs twice, as `lstar run`
-    # in steps 5 and 8, is checked against the run each block describes).
+    # tested blocks hold above the output shown (a command the guide runs more than once, as
+    # `lstar run` in steps 5, 6 and 8, is checked against the run each block describes).
     printed = outputs(proc.stdout, proc.stderr)
     text = GUIDE.read_text()
     for command, lines, where in expectations_at(text):
@@ -176,6 +185,9 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     filed = [json.loads(line) for line in (work / "state" / "alerts.jsonl").read_text().splitlines()]
     states = [a.get("labels", {}).get("state") for entry in filed for a in entry.get("message", {}).get("alerts", [])]
     assert "at_risk" in states, filed
+    # ... and the resolve of step 6's policy change.
+    resolves = [entry["message"] for entry in filed if entry.get("message", {}).get("status") == "resolved"]
+    assert [a["labels"]["state"] for m in resolves for a in m["alerts"]] == ["at_risk"], filed
     ran = [line for line in proc.stdout.splitlines() if line.startswith("$ lstar ")]
     # The daemon downloads without huggingface_hub's progress bars ("Fetching 1 files").
     daemon_err = proc.stderr.split("$ lstar run ", 1)[1].split("\n$ ", 1)[0]
@@ -186,6 +198,10 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
         repos = {r["model_repo"] for r in store.query("SELECT DISTINCT model_repo FROM score_runs")}
         statuses = {r.status for r in store.list_checkpoints(repo="demo-org/pythia-tiny")}
         labels = store.query("SELECT count(*) AS n FROM labels")[0]["n"]
+        changes = store.query("SELECT policy, task, reevaluated, resolved, fired FROM policy_changes")
+    # step 6: the margin edit was applied once, at the next start, and resolved the one alert
+    assert [(c["policy"], c["task"], c["reevaluated"], c["resolved"], c["fired"]) for c in changes] \
+        == [("watch", "cloze", 1, 1, 0)]
     assert repos == {"demo-org/neox-ref", "demo-org/llama-ref", "demo-org/pythia-tiny",
                      "tune-org/pythia-tiny-chat", "tune-org/pythia-tiny-lora"}   # step 8: the derivatives
     assert statuses == {"scored"} and labels >= 6

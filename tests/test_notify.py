@@ -584,3 +584,23 @@ def test_alerts_test_sends_through_one_receiver(world: World, capsys: pytest.Cap
     assert "HTTP 404" in capsys.readouterr().err
     assert main(["alerts", "test", "ops-log", "--policy", policy_file]) == 0
     assert world.ops_log()[0]["message"]["alerts"][0]["labels"]["alertname"] == "LstarTest"
+
+
+def test_once_waits_for_a_resolve_until_its_groups_interval(world: World) -> None:
+    """What `lstar run --once` waits for (`outbox_due_times`) is when the dispatcher sends: a
+    resolve in a group that has already sent waits group_interval after that message, not
+    group_wait after the resolve (else --once waits for nothing and names a time in the past)."""
+    world.use_policy(group_by="[policy, repo]", group_wait="30s", group_interval="5m")
+    world.score("org/model", AT_RISK, T0)
+    world.tick(T0)
+    assert world.store.outbox_due_times() == [T0 + 30 * S]          # a new group: group_wait
+    world.tick(T0 + 30 * S)
+    assert len(world.hook.requests) == 1 and world.store.outbox_due_times() == []
+    world.score("org/model", CLEAR, T0 + 60 * S)
+    world.tick(T0 + 60 * S)                                          # the resolve is queued
+    first_sent, interval = T0 + 30 * S, 300 * S
+    assert world.store.outbox_due_times() == [first_sent + interval]   # not T0 + 90 s
+    world.tick(first_sent + interval - S)
+    assert len(world.hook.requests) == 1
+    world.tick(first_sent + interval)
+    assert [r.json()["status"] for r in world.hook.requests] == ["firing", "resolved"]

@@ -234,12 +234,19 @@ class NotificationRows(StoreConnection):
         return {k: int(v or 0) for k, v in row.items()}
 
     def outbox_due_times(self) -> list[datetime]:
-        """When each pending delivery's group may first be sent (created + group_wait) and each
-        pending notification is next tried: what `lstar run --once` waits for."""
+        """When each group of pending deliveries may be sent and each pending notification is
+        next tried: what `lstar run --once` waits for. A group is due as the dispatcher's
+        `group_throttle` says: group_wait after its first pending alert, and no sooner than
+        group_interval after the group's previous notification (a resolve that follows a sent
+        alert waits group_interval, not group_wait)."""
         rows = self.query(
-            "SELECT created_at + to_microseconds(CAST(group_wait_s * 1e6 AS BIGINT)) AS due FROM deliveries"
-            " WHERE status = 'pending' UNION ALL SELECT next_attempt_at AS due FROM notifications"
-            " WHERE status = 'pending'")
+            "SELECT greatest(min(d.created_at) + to_microseconds(CAST(min(d.group_wait_s) * 1e6 AS BIGINT)),"
+            " coalesce(any_value(g.last_created_at) + to_microseconds(CAST(min(d.group_interval_s) * 1e6 AS BIGINT)),"
+            " min(d.created_at))) AS due"
+            " FROM deliveries d LEFT JOIN notification_groups g"
+            " ON g.policy = d.policy AND g.receiver = d.receiver AND g.group_key = d.group_key"
+            " WHERE d.status = 'pending' GROUP BY d.policy, d.receiver, d.group_key"
+            " UNION ALL SELECT next_attempt_at AS due FROM notifications WHERE status = 'pending'")
         return [r["due"] for r in rows]
 
     def notification(self, notification_id: str) -> NotificationRow | None:
