@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +36,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic_settings import (BaseSettings, EnvSettingsSource, InitSettingsSource, NoDecode,
                                PydanticBaseSettingsSource, SettingsConfigDict)
 
+from monitor.constants import DAY_S, MAX_BATCH, MAX_RESAMPLES
 from monitor.errors import LstarError, PolicyError
 from monitor.events import LOG_FORMATS
 from monitor.files import FileKind, read_bounded_bytes
@@ -44,12 +45,12 @@ from monitor.policy import format_duration, load_policy, parse_duration, policy_
 from monitor.policy.secrets import SECRET_KEYS
 from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
 from monitor.scoring.precision import DEVICE_PATTERN, DTypeChoice
-from monitor.service.daemon import DAY_S, DaemonConfig
 from monitor.yamlio import load_yaml_file
 
+if TYPE_CHECKING:
+    from monitor.service.daemon import DaemonConfig
+
 ENV_PREFIX = "LSTAR_"
-MAX_BATCH = 4096              # windows per forward pass
-MAX_RESAMPLES = 100_000       # bootstrap resamples
 MAX_CONFIG_BYTES = 1 << 20    # a config file is a page of settings, not a data set
 # An error quotes at most this much of a value (a value may be a megabyte of file, or a list
 # its aliases expanded): the message stays one readable line.
@@ -341,6 +342,8 @@ class RunSettings(BaseSettings):
 
     def daemon_config(self) -> DaemonConfig:
         """The `DaemonConfig` these settings describe (seconds, bytes, the scoring template)."""
+        from monitor.service.daemon import DaemonConfig   # the daemon's modules load when it is configured
+
         template = ScoreRequest(corpus_dir=self.corpus, docs=self.docs, max_context=self.max_context,
                                 device=self.device, dtype=self.dtype, batch_size=self.batch_size,
                                 n_boot=self.n_boot, progress=False)
