@@ -31,6 +31,9 @@ BF16_NATIVE_MAJOR = 8
 UNKNOWN = "unknown"
 Capability = tuple[int, int]
 
+# -- scoring -------------------------------------------------------------------------------------
+DEFAULT_MODEL = "builtin:smollm2-135m"   # `lstar score` without a model
+
 # -- the daemon's settings (`monitor.service.settings`) ------------------------------------------
 MAX_BATCH = 4096              # windows per forward pass
 MAX_RESAMPLES = 100_000       # bootstrap resamples

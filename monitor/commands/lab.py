@@ -16,7 +16,6 @@ from rich.table import Table
 from monitor.commands.options import MAX_SEED, id_column, int_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import LabError
-from monitor.lab.records import LAB_FILE
 
 SIZES = ("full", "reduced")
 
@@ -163,6 +162,8 @@ def register(app: typer.Typer) -> None:
         instead: its pre-registration pin is checked, then the pilot gate, the power of the design
         as run, the primary verdict by the pre-registered rule and the negative control
         (docs/lab-v3-preregistration.md); --json prints them."""
+        from monitor.lab.records import LAB_FILE
+
         from monitor.lab.analysis import RaceConfig
         from monitor.lab.report import write_lab_report
 

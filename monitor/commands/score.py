@@ -6,7 +6,7 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -17,10 +17,10 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
-from monitor.hub import HubClient
-from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
-from monitor.scoring.scoring_driver import score_in_process, score_queue
-from monitor.store import Store, refuse_if_held
+from monitor.constants import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from monitor.scoring import ScoreRequest
 
 DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
 
@@ -69,6 +69,9 @@ def render_result(result: dict[str, Any], console: Console) -> None:
 
 def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoint: str | None,
                    cache_dir: Path | None, as_json: bool) -> None:
+    from monitor.hub import HubClient
+    from monitor.scoring.scoring_driver import score_in_process, score_queue
+    from monitor.store import Store
     import os
     import socket
 
@@ -138,6 +141,8 @@ def _score_until_settled(request: ScoreRequest, folder: Path, *, db: Path | None
 
 def _record(prepared: Any, db: Path | None) -> dict[str, Any]:
     """Score a prepared request (continuing a recorded partial score) and record it."""
+    from monitor.store import Store
+
     from dataclasses import replace
 
     from monitor.scoring.engine import compute_score, score_identity
@@ -206,6 +211,9 @@ def register(app: typer.Typer) -> None:
                                        "partial score of this checkpoint is recorded."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
+        from monitor.scoring import ScoreRequest
+        from monitor.store import refuse_if_held
+
         db = db_file(state, db)
         if not no_db:
             refuse_if_held(db)   # a daemon's state: refuse now, not after loading the model
@@ -237,6 +245,7 @@ def register(app: typer.Typer) -> None:
 def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending: bool, limit: int | None,
            endpoint: str | None, cache_dir: Path | None, until_settled: Path | None, delta: float | None,
            block_docs: int | None, order_seed: int, as_json: bool, quiet: bool) -> None:
+    from monitor.scoring import score_checkpoint
     if pending:
         if model != DEFAULT_MODEL:
             raise SpecError("--pending scores the queue; do not also name MODEL")
