@@ -124,17 +124,17 @@ def test_lstar_help_imports_only_the_command_line() -> None:
                     "monitor.environment", "monitor.errors", "monitor.escape"]
     assert not {m.split(".")[0] for m in modules} & {*HEAVY, "numpy", "duckdb", "httpx", "pydantic", "yaml"}
     # 332 here against typer's floor of 321 for a one-command app's --help (typer 0.29, rich 14)
-    assert len(modules) <= typer_floor("--help") + 25, len(modules)
+    assert len(modules) <= typer_floor("--help") + 20, len(modules)
 
 
-# Modules a command's `--help` may load beyond typer's floor for a subcommand's help (about
-# 421 here: typer builds parameters with pydantic). Measured, plus a margin of about 15: the
-# first six are light; the rest still import a stage at module level (a bound that says so).
-HELP_ALLOWANCE = {
-    "checkpoints": 40, "receiver": 30, "labels": 30, "lab": 40, "backtest": 40, "demo": 40, "calibrate": 45,
-    "eval": 80, "curves": 80, "corpus": 65, "score": 160, "runs": 145, "db": 145, "watchlist": 165,
-    "silence": 185, "policy": 165, "poll": 215, "alerts": 280, "report": 285, "run": 395, "status": 395,
-}
+# Modules a command's `--help` may load beyond typer's floor for a subcommand's help (421 here:
+# typer builds parameters with pydantic). Measured 12-27 above the floor for the command
+# modules that import their stages in the command body; `watchlist` (86 above) prints the
+# lineage states of `monitor.reports.watchlist` in its help, and `run`/`status` (301 above)
+# build `lstar run`'s flags from the daemon's settings model, which imports the policy, hub and
+# scoring stages.
+HELP_ALLOWANCE = {"watchlist": 100, "run": 320, "status": 320}
+DEFAULT_ALLOWANCE = 40
 
 
 @pytest.mark.parametrize("command", [e.name for e in COMMANDS])
@@ -142,7 +142,7 @@ def test_each_command_help_stays_within_its_bound(command: str) -> None:
     modules = lstar_modules(command, "--help")
     assert f"monitor.commands.{dict((e.name, e.module) for e in COMMANDS)[command]}" in modules
     assert not {m.split(".")[0] for m in modules} & set(HEAVY), sorted({m.split(".")[0] for m in modules} & set(HEAVY))
-    assert len(modules) <= typer_floor("cmd", "--help") + HELP_ALLOWANCE[command], len(modules)
+    assert len(modules) <= typer_floor("cmd", "--help") + HELP_ALLOWANCE.get(command, DEFAULT_ALLOWANCE), len(modules)
 
 
 def test_checkpoints_reads_an_empty_state_without_the_scoring_stack(tmp_path: Path) -> None:

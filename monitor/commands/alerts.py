@@ -34,6 +34,7 @@ def _as_dict(row: Any) -> dict[str, Any] | None:
 
 def _policies(paths: list[Path]) -> list[Any]:
     from monitor.policy import load_policies
+
     return load_policies(expand_policy_paths(paths))
 
 
@@ -141,9 +142,7 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
-        from monitor.alerts.state_ops import parse_now
-
-        from monitor.alerts.state_ops import retry_dead_letters
+        from monitor.alerts.state_ops import parse_now, retry_dead_letters
         from monitor.service import api_post
 
         db_path = db_file(state, db)
@@ -169,7 +168,6 @@ def register(app: typer.Typer) -> None:
         Exits 0 when it was delivered, 2 otherwise (the error says why).
         """
         from monitor.alerts.state_ops import parse_now
-
         from monitor.policy import load_policy
 
         from monitor.alerts import default_senders
@@ -200,7 +198,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
         from monitor.alerts.state_ops import parse_now
-
         from monitor.store import Store
 
         from monitor.alerts import evaluate_pending
@@ -228,7 +225,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
         from monitor.alerts.state_ops import parse_now
-
         from monitor.store import Store
 
         from monitor.alerts import run_pass
@@ -256,7 +252,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-enable a receiver that was disabled (after HTTP 410) once it is fixed."""
         from monitor.alerts.state_ops import parse_now
-
         from monitor.store import Store
 
         db_path = db_file(state, db)

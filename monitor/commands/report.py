@@ -74,6 +74,7 @@ def read_reports(db_path: Path, files: list[Path],
         from monitor.reports import load_policy_curves
         from monitor.reports.version import policy_version, require_same_version
         from monitor.service import api_get, revive_times
+
         asked = {"policy": [p.name for p in policies]}
         if window is not None:
             asked |= {"since": window[0].isoformat(), "until": window[1].isoformat()}
@@ -89,6 +90,7 @@ def read_reports(db_path: Path, files: list[Path],
         from monitor.reports import report_for_cli
         from monitor.reports.window import window_report
         from monitor.store import utcnow
+
         now = utcnow()
         if window is not None:
             return [window_report(store, p, start=window[0], end=window[1], now=now) for p in policies]

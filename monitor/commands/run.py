@@ -136,6 +136,7 @@ def run_settings_from(ctx: Any, config: Path | None) -> RunSettings:
 
 def _warn_unread_environment(policies: Any) -> None:
     from monitor.service.settings import environment_warnings
+
     for line in environment_warnings(os.environ, Path(policies) if policies else None):
         echo(f"warning: {line}", err=True)
 
@@ -220,6 +221,7 @@ def read_status(state: Path, db_path: Path | None = None) -> dict:
 
     def ask(url: str) -> dict:
         from monitor.service import api_get
+
         data = api_get(url, "/status")
         data["daemon"] = {"pid": data["pid"], "started_at": data["started_at"], "url": url}
         return data

@@ -69,11 +69,12 @@ def render_result(result: dict[str, Any], console: Console) -> None:
 
 def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoint: str | None,
                    cache_dir: Path | None, as_json: bool) -> None:
+    import os
+    import socket
+
     from monitor.hub import HubClient
     from monitor.scoring.scoring_driver import score_in_process, score_queue
     from monitor.store import Store
-    import os
-    import socket
 
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with Store.open(db) as store:
@@ -141,11 +142,10 @@ def _score_until_settled(request: ScoreRequest, folder: Path, *, db: Path | None
 
 def _record(prepared: Any, db: Path | None) -> dict[str, Any]:
     """Score a prepared request (continuing a recorded partial score) and record it."""
-    from monitor.store import Store
-
     from dataclasses import replace
 
     from monitor.scoring.engine import compute_score, score_identity
+    from monitor.store import Store
     from monitor.scoring.sequential_run import resume_payload
 
     if db is None:
@@ -246,6 +246,7 @@ def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending:
            endpoint: str | None, cache_dir: Path | None, until_settled: Path | None, delta: float | None,
            block_docs: int | None, order_seed: int, as_json: bool, quiet: bool) -> None:
     from monitor.scoring import score_checkpoint
+
     if pending:
         if model != DEFAULT_MODEL:
             raise SpecError("--pending scores the queue; do not also name MODEL")

@@ -22,6 +22,7 @@ STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red", "
 
 def _status(value: str | None) -> str | None:
     from monitor.reports.watchlist import check_status
+
     try:
         return check_status(value)
     except ValueError as exc:
@@ -30,6 +31,7 @@ def _status(value: str | None) -> str | None:
 
 def _glob(value: str | None) -> str | None:
     from monitor.reports.watchlist import MAX_GLOB_CHARS
+
     if value is not None and len(value) > MAX_GLOB_CHARS:
         raise OptionError(f"the glob is {len(value):,} characters long; give at most {MAX_GLOB_CHARS}")
     return value
@@ -37,6 +39,7 @@ def _glob(value: str | None) -> str | None:
 
 def register(app: typer.Typer) -> None:
     from monitor.reports.watchlist import STATUSES
+
     @app.command("watchlist")
     def watchlist(
         status: str = typer.Option(None, "--status", callback=_status,
