@@ -9,6 +9,7 @@ help does not import the stage (duckdb, pydantic, the daemon) that owns the valu
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Literal, get_args
 
 # -- time ----------------------------------------------------------------------------------------
@@ -33,6 +34,11 @@ Capability = tuple[int, int]
 
 # -- scoring -------------------------------------------------------------------------------------
 DEFAULT_MODEL = "builtin:smollm2-135m"   # `lstar score` without a model
+DEFAULT_CORPUS_DIR = Path("../shared/corpus/calib-v0")   # the pinned calibration corpus, beside the checkout
+
+# -- the Hub download cache (`monitor.hub.cache_prune`) ------------------------------------------
+DEFAULT_KEEP_LAST = 3
+DEFAULT_MAX_BYTES = 50 << 30
 
 # -- the daemon's settings (`monitor.service.settings`) ------------------------------------------
 MAX_BATCH = 4096              # windows per forward pass

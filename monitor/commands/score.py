@@ -17,12 +17,12 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
-from monitor.constants import DEFAULT_MODEL
+from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from monitor.scoring import ScoreRequest
 
-DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
+DEFAULT_CORPUS = DEFAULT_CORPUS_DIR
 
 
 def _fmt(value: Any, digits: int = 4) -> str:

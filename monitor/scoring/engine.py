@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor import SCORING_SPEC_VERSION, __version__
-from monitor.constants import DEFAULT_MODEL  # noqa: F401  (re-exported: monitor.scoring.DEFAULT_MODEL)
+from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL  # noqa: F401  (DEFAULT_MODEL: re-exported)
 from monitor.errors import TokenizerError
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
@@ -36,7 +36,7 @@ class ScoreRequest:
     """What to score and how; the CLI builds one from its flags."""
 
     model: str = DEFAULT_MODEL
-    corpus_dir: Path = Path("../shared/corpus/calib-v0")
+    corpus_dir: Path = DEFAULT_CORPUS_DIR
     max_context: int | None = None
     stride: int | None = None
     disjoint: bool = False
