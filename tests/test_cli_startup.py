@@ -153,3 +153,4 @@ def test_checkpoints_reads_an_empty_state_without_the_scoring_stack(tmp_path: Pa
         assert not {m.split(".")[0] for m in modules} & set(HEAVY)
     assert not {"duckdb", "httpx", "numpy"} & {m.split(".")[0] for m in help_modules}
     assert "duckdb" in read_modules   # it did read the file
+    assert "httpx" not in read_modules   # no daemon runs on it: nothing to ask
