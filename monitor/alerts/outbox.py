@@ -82,6 +82,7 @@ class EvaluationReport:
     deliveries: int = 0
     skipped: list[str] = field(default_factory=list)
     skip_reasons: dict[str, str] = field(default_factory=dict)   # line of `skipped` -> its reason code
+    late: list[str] = field(default_factory=list)   # earlier checkpoints scored late: recorded, no alert
     stopped: bool = False   # ended early by `stop` (shutdown); the rest waits on the queue
 
     def skip(self, reason: str, line: str) -> None:
@@ -89,7 +90,10 @@ class EvaluationReport:
         self.skipped.append(line)
         self.skip_reasons[line] = reason
 
-    def add(self, counts: Mapping[str, int]) -> None:
+    def add(self, counts: Mapping[str, int], row: Mapping[str, Any] | None = None) -> None:
+        """Count what one write wrote; `row` (the planned prediction) adds its late line."""
+        if row is not None and counts["predictions"] and row.get("behind_current"):
+            self.late.append(late_line(row))
         self.predictions += counts["predictions"]
         self.alerts += counts["alerts"]
         self.deliveries += counts["deliveries"]
@@ -97,7 +101,8 @@ class EvaluationReport:
     def as_dict(self) -> dict[str, Any]:
         return {"predictions": self.predictions, "alerts": self.alerts,
                 "deliveries": self.deliveries, "skipped": list(self.skipped),
-                "skip_reasons": dict(self.skip_reasons), **({"stopped": True} if self.stopped else {})}
+                "skip_reasons": dict(self.skip_reasons), **({"late": list(self.late)} if self.late else {}),
+                **({"stopped": True} if self.stopped else {})}
 
 
 def watches(policy: Policy, repo: str, rule: str | None) -> bool:
@@ -156,8 +161,13 @@ def plan_alert(policy: Policy, *, task: str, score: ScoreView, state: str, numbe
     """The alert (with its deliveries) one evaluation calls for, or None.
 
     Pure apart from reading `history` (from `Store.lineage_history`): routes the alert's
-    labels and asks `decide` per receiver.
+    labels and asks `decide` per receiver. The state it compares with is the lineage's: that
+    of its current checkpoint in training order (`monitor.training_order`). A checkpoint
+    EARLIER in training order than that one (scored late) calls for no alert: its prediction
+    is recorded, but the lineage's state, and the alert about it, stay the current one's.
     """
+    if history.behind_current:
+        return None
     previous = history.state
     last_firing = history.last_firing
     resolving = state == "clear"
@@ -207,7 +217,8 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
     """The prediction row (with its alert, if any) for one (policy, task, score); for a
     derivative, `derivative` (monitor.alerts.derivatives) says which coordinate drove the
     state, and its numbers, labels and caveats go into the row and the alert."""
-    history = store.lineage_history(policy.name, task.name, score.lineage)
+    history = store.lineage_history(policy.name, task.name, score.lineage,
+                                    (score.repo, score.commit, score.finished_at))
     numbers = {**prediction.as_dict(), "repo": score.repo, "commit": score.commit,
                "lineage": score.lineage, "run_id": score.run_id}
     caveats = list(score.extra.get("caveats") or [])
@@ -241,8 +252,23 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
                           detail={**prediction.as_dict(), **({"caveats": caveats} if caveats else {}),
                                   **({"derivative": derivative.numbers} if derivative is not None else {})})
     row["alerts"] = [alert.as_row()] if alert else []
-    row["previous_state"] = history.state   # for the event log only; not a column
+    _note_history(row, history)
     return row
+
+
+def _note_history(row: dict[str, Any], history: LineageHistory) -> None:
+    """What the event log and the evaluation report say of a planned row (not columns): the
+    lineage's state before it, and the current checkpoint when the row's is earlier than it."""
+    row["previous_state"] = history.state
+    if history.behind_current:
+        row["behind_current"] = history.current
+
+
+def late_line(row: Mapping[str, Any]) -> str:
+    """The report's line for a prediction of an earlier checkpoint scored late."""
+    return (f"policy {row['policy']}, task {row['task']}: {row['repo']}@{str(row['commit_sha'])[:12]} is earlier "
+            f"in training order than the current checkpoint {str(row['behind_current'])[:12]}; its state "
+            f"{row['state']} is recorded, the lineage stays {row.get('previous_state') or 'none'} (no alert)")
 
 
 # Runs evaluated per write transaction: one commit for a tick's new scores, while a full scan
@@ -293,9 +319,12 @@ def _write(store: Store, rows: Sequence[dict[str, Any]], now: datetime,
         ids = {"policy": row["policy"], "task": row["task"], "repo": row["repo"], "commit": row["commit_sha"],
                "run": row["run_id"]}
         previous = row.get("previous_state")
+        behind = row.get("behind_current")
+        # An earlier checkpoint scored late leaves the lineage's state as it was: said so.
+        late = {"late": True, "current": str(behind)[:12]} if behind else {}
         events.append(("state", dict(**ids, state=row["state"], previous=previous or "none",
-                                     changed=previous != row["state"], p_hat=row["p_hat"], lo=row["lo"],
-                                     hi=row["hi"], threshold=row["threshold"])))
+                                     changed=not behind and previous != row["state"], p_hat=row["p_hat"],
+                                     lo=row["lo"], hi=row["hi"], threshold=row["threshold"], **late)))
         if counts["alerts"]:
             for alert in row.get("alerts", ()):
                 events.append(("alert_raised", dict(
@@ -451,7 +480,7 @@ def _evaluate_run(store: Store, policy: Policy, task: Task, score: ScoreView, cu
         prediction = derivative.prediction
     planned = task_prediction_row(store, policy, task, score, prediction, now=now,
                                   derivative=derivative if isinstance(derivative, Judgement) else None)
-    report.add(_write(store, [planned], now, batch))
+    report.add(_write(store, [planned], now, batch), planned)
     return False
 
 
@@ -560,7 +589,8 @@ def _gaming_run(store: Store, policy: Policy, row: EvaluationCandidateRow, offse
     labels = task_labels(policy=policy.name, task=GAMING_TASK, repo=score.repo, lineage=score.lineage,
                          commit=score.commit, state=state, extra={**policy.labels, **rule.labels})
     labels["alertname"] = GAMING_ALERTNAME
-    history = store.lineage_history(policy.name, GAMING_TASK, score.lineage)
+    history = store.lineage_history(policy.name, GAMING_TASK, score.lineage,
+                                    (score.repo, score.commit, score.finished_at))
     alert = plan_alert(policy, task=GAMING_TASK, score=score, state=state, numbers=numbers,
                        history=history, now=now, labels=labels,
                        annotate=lambda resolved: gaming_annotations(numbers, repo=score.repo,
@@ -569,8 +599,8 @@ def _gaming_run(store: Store, policy: Policy, row: EvaluationCandidateRow, offse
     planned = _prediction_row(policy, GAMING_TASK, score, state=state, now=now, threshold=rule.k,
                               detail=numbers)
     planned["alerts"] = [alert.as_row()] if alert else []
-    planned["previous_state"] = history.state
-    report.add(_write(store, [planned], now, batch))
+    _note_history(planned, history)
+    report.add(_write(store, [planned], now, batch), planned)
 
 
 __all__ = ["CurvePredictor", "EvaluationReport", "evaluate_pending", "evaluation_scope",

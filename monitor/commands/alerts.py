@@ -212,6 +212,8 @@ def register(app: typer.Typer) -> None:
         echo(f"{report.predictions} prediction(s), {report.alerts} alert(s), {report.deliveries} delivery row(s)")
         for s in report.skipped:
             echo(f"skipped: {s}")
+        for line in report.late:   # recorded, but the lineage's state is its current checkpoint's
+            echo(f"earlier checkpoint scored late: {line}")
 
     @alerts.command("dispatch")
     def dispatch(

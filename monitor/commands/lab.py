@@ -96,6 +96,41 @@ def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> N
         echo(f"lab report: {out_dir}")
 
 
+def _config_v3(size: str, shared: Path, pool: Path | None, families_dir: Path | None, families: str | None,
+               seeds: str | None) -> Any:
+    from monitor.lab.config import race_v3_config, race_v3_reduced_config
+
+    if size not in SIZES:
+        raise LabError(f"--size {size!r} is not one of {', '.join(SIZES)}")
+    if pool is None:
+        raise LabError("--pool is required: the folder of a lab pool (train/, heldout/, tasks/)",
+                       hint="e.g. --pool data/lab-pool-sample for the reduced lab")
+    config = (race_v3_reduced_config if size == "reduced" else race_v3_config)(pool, shared, families_dir=families_dir)
+    changes: dict[str, Any] = {}
+    if families is not None:
+        changes["families"] = tuple(f.strip() for f in families.split(",") if f.strip())
+    if seeds is not None:
+        changes["seeds"] = _int_list(seeds, "--seeds", low=0, high=MAX_SEED)
+    return config.with_(**changes).validate()
+
+
+def _print_summary_v3(record: Any) -> None:
+    from monitor.lab.records_v3 import PRIMARY_TEXT, race_rows_v3
+
+    table = Table(title="lab v3 checkpoints (primary text: the pool's held-out split)")
+    id_column(table, "lineage")
+    for col in ("step", "bytes", "L*", "bits/byte", "add logp", "add acc", "cloze logp", "cloze acc"):
+        table.add_column(col, justify="right")
+    for r in race_rows_v3(record):
+        if r["text"] != PRIMARY_TEXT:
+            continue
+        a, m = r["axes"], r["metrics"]
+        table.add_row(f"{r['family']}-s{r['seed']}", str(r["step"]), f"{r['bytes_seen']:,}", f"{a['lstar']:.3f}",
+                      f"{a['bits_per_byte']:.3f}", f"{m['add-words']['logp_correct']:.3f}",
+                      f"{m['add-words']['acc']:.3f}", f"{m['cloze']['logp_correct']:.3f}", f"{m['cloze']['acc']:.3f}")
+    plain_console().print(table)
+
+
 def register(app: typer.Typer) -> None:
     lab = typer.Typer(help="The emergence lab: train checkpoint families with different tokenizers, "
                            "score and label them, report how L* transfers thresholds.",
@@ -146,6 +181,32 @@ def register(app: typer.Typer) -> None:
             _print_summary(record)
             echo(f"lab record: {out / 'lab.json'}")
 
+    @lab.command("run3")
+    def run3(out: Path = typer.Option(Path("state") / "lab-v3", "--out", help="The lab folder (resumed when it exists)."),
+             shared: Path = shared_option, size: str = size_option, pool: Path = pool_option,
+             families_dir: Path = typer.Option(None, "--families-dir",
+                                               help="A folder of family folders (tokenizer.json + tokenizer_config.json "
+                                                    "each); default: v2's six, starcoder2 and gpt-4o of SHARED/tokenizers."),
+             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them)."),
+             seeds: str = seeds_option, workers: int = workers_option,
+             as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
+        """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
+
+        Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
+
+        Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
+        docs/lab.md, "Design v3", has the details."""
+        from monitor.lab.race_v3 import run_race_v3
+        from monitor.lab.records_v3 import race_rows_v3
+
+        config = _config_v3(size, shared, pool, families_dir, families, seeds)
+        record = run_race_v3(config, out, workers=workers, progress=not as_json)
+        if as_json:
+            print(json.dumps(race_rows_v3(record), indent=1, allow_nan=False))
+        else:
+            _print_summary_v3(record)
+            echo(f"lab record: {out / 'lab.json'}")
+
     @lab.command("report")
     def report(lab_dir: Path = typer.Option(Path("state") / "lab", "--lab", help="The lab folder (or its lab.json)."),
                rows: Path = typer.Option(None, "--rows", help="Race from a JSON file of race rows instead of a lab "
@@ -183,3 +244,59 @@ def register(app: typer.Typer) -> None:
         else:
             echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
             echo(f"lab report: {out_dir}")
+
+    tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
+                                      "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
+    lab.add_typer(tokenizers_app, name="tokenizers")
+
+    @tokenizers_app.command("build")
+    def tokenizers_build(
+            out: Path = typer.Argument(..., help="Folder to write one tokenizer folder per family into."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool; the trained families learn from its train split."),
+            shared: Path = shared_option,
+            families: str = typer.Option(None, "--families", help="Comma-separated subset of the v3 candidates "
+                                                                  "(default: all, in the pre-registered order)."),
+            mistral_data: Path = typer.Option(None, "--mistral-data",
+                                              help="mistral-common's data folder (default: the installed package's)."),
+            as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
+        """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
+        candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
+        byte-level BPE and Unigram tokenizers trained on the pool, and pruned-merge variants. A rebuild
+        from the same inputs writes the same bytes."""
+        from monitor.lab.families import build_lab_families
+
+        names = None if families is None else [f.strip() for f in families.split(",") if f.strip()]
+        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data)
+        if as_json:
+            print(json.dumps([s.provenance for s in built], indent=1))
+        else:
+            for s in built:
+                echo(f"{s.name} ({s.kind}): {s.folder}")
+
+    @tokenizers_app.command("check")
+    def tokenizers_check(
+            folder: Path = typer.Argument(..., help="The folder `lstar lab tokenizers build` wrote."),
+            pool: Path = typer.Option(..., "--pool", help="The lab pool (its train chunks and held-out text are "
+                                                          "round-tripped)."),
+            shared: Path = shared_option,
+            cutoff: float = typer.Option(0.96, "--cutoff", help="Boundary Jaccard at or above which a family "
+                                                               "counts as a near-duplicate of one kept before it."),
+            out: Path = typer.Option(None, "--out", help="Also write the result as JSON to this file."),
+            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+        """Refuse any family that fails the decode round trip (on the pool's text and calib-v0; a document
+        with a special-token literal that fails is excluded for all), then measure the token-boundary
+        Jaccard between every pair on calib-v0 and keep families greedily in the pre-registered order,
+        dropping any whose Jaccard with a kept one reaches the cut-off."""
+        from monitor.files import atomic_write_text
+        from monitor.lab.families import check_family_set
+
+        result = check_family_set(folder, pool=pool, shared=shared, cutoff=cutoff)
+        if out is not None:
+            atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+        if as_json:
+            print(json.dumps(result, indent=1))
+        else:
+            echo(f"round trip: every family lossless; excluded documents: {result['round_trip']['excluded'] or 'none'}")
+            for name, reason in result["dropped"].items():
+                echo(f"dropped {name}: {reason}")
+            echo(f"{len(result['kept'])} distinct families at cut-off {cutoff}: {', '.join(result['kept'])}")

@@ -144,9 +144,8 @@ def register(app: typer.Typer) -> None:
 
     def residual_warnings(path: Path, database: Path) -> list[str]:
         """One line per task judging derivatives by residual without enough labelled pairs."""
+        from monitor.alerts.derivative_pairs import residual_pair_warnings
         from monitor.policy import load_policy
-
-        from monitor.policy.derivative_pairs import residual_pair_warnings
 
         try:
             policy = load_policy(path, check_curves=False)

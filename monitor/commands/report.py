@@ -149,7 +149,7 @@ def print_rich(data: dict[str, Any], console: Console) -> None:
                       fmt(st.get("v_eff_mean"), 1), fmt(st.get("margin_mean")))
     print_table(console, table)
     _note(console, omitted, "lstar_table")
-    # the same current checkpoint as the Markdown, HTML, JSON and the daemon's reports (current.py)
+    # the same current checkpoint as the Markdown, HTML, JSON and the daemon's reports (training_order)
     for f in data["families"]:
         console.print(f"current {f['lineage']}: {f['current']}, L* {fmt(f['latest_lstar'])} "
                       f"(latest by {f['order']})", highlight=False)

@@ -281,3 +281,92 @@ def race_reduced_config(pool: Path, shared: Path = SHARED, **changes: Any) -> Ra
         heldout_bytes=20_000, n_cloze=300, n_boot=20, eval_stride=None,
         tokenizers_dir=shared / "tokenizers", calib_corpus=shared / "corpus" / "calib-v0")
     return base.with_(**changes)
+
+
+# ------------------------------------------------------------------------------ version 3
+# Until the built families land (monitor.lab.families), v3 runs on these folders of
+# shared/tokenizers: v2's six and the two further lossless vocabularies issue 37 names
+# (phi-3 is left out: its token boundaries equal llama-2's on calib-v0).
+V3_SHARED_FAMILIES = (*RACE_FAMILIES, "starcoder2", "gpt-4o")
+# One size (issue 37: one size and three seeds once the families reach 20). v2's *large*: its
+# additions were above the level by the middle checkpoint in 16 of 18 lineages against 9 of 18
+# for *small* (docs/lab.md, "Measured in the full run"), at about twice the cost per lineage.
+V3_SIZE = SizeSpec("large", ArchConfig(hidden=128, layers=2, heads=4, intermediate=512, context=128),
+                   1_600_000, 6)
+MAX_MIXTURE_SPREAD = 10.0
+
+
+@dataclass(frozen=True)
+class RaceConfigV3(RaceConfig):
+    """One run of lab v3 (`monitor.lab.race_v3`): v2's settings and validators, one size, and
+    per-family data (`monitor.lab.assignment`). `tokenizers_dir` is the folder of family
+    folders (`--families-dir`, or shared/tokenizers)."""
+
+    families: tuple[str, ...] = V3_SHARED_FAMILIES
+    sizes: tuple[SizeSpec, ...] = (V3_SIZE,)
+    # Each family reads the pool's sources (its slices) in proportions of their natural byte
+    # shares times a factor drawn log-uniformly in [1/spread, spread] per family and source
+    # (then normalised): with the pool's 81 % dictionary / 19 % documentation and spread 2, a
+    # family's documentation share lies between about 6 % and 48 %. 1: every family reads the
+    # natural mixture (only the order differs).
+    mixture_spread: float = 2.0
+    version: int = 3
+
+    def validate(self) -> "RaceConfigV3":
+        super().validate()
+        if len(self.sizes) != 1:
+            raise LabError(f"lab v3 has one model size, got {len(self.sizes)} "
+                           f"({', '.join(s.name for s in self.sizes)})")
+        if not 1.0 <= self.mixture_spread <= MAX_MIXTURE_SPREAD:
+            raise LabError(f"mixture_spread must be from 1 to {MAX_MIXTURE_SPREAD:g}, got {self.mixture_spread!r}")
+        if self.version != 3:
+            raise LabError(f"RaceConfigV3 is version 3, got version {self.version!r}")
+        return self
+
+    @property
+    def size_spec(self) -> SizeSpec:
+        return self.sizes[0]
+
+
+def family_folders(folder: Path) -> tuple[str, ...]:
+    """The family folders of `folder` (each holding tokenizer.json), in pre-registered order when
+    `monitor.lab.families.V3_FAMILY_NAMES` is available (the names it lists that are present),
+    else by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LabError(f"families folder {folder} is not a folder",
+                       hint="pass --families-dir DIR: a folder of tokenizer folders (tokenizer.json each)")
+    present = sorted(p.name for p in folder.iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "_")) and (p / "tokenizer.json").is_file())
+    try:
+        from monitor.lab.families import V3_FAMILY_NAMES  # the pre-registered order, once it exists
+    except ImportError:
+        return tuple(present)
+    ordered = tuple(n for n in V3_FAMILY_NAMES if n in present)
+    return ordered or tuple(present)
+
+
+def race_v3_config(pool: Path, shared: Path = SHARED, *, families_dir: Path | None = None,
+                   **changes: Any) -> RaceConfigV3:
+    """The full lab v3 (docs/lab.md, "Sizing v3"): every family of `families_dir` (or
+    V3_SHARED_FAMILIES of shared/tokenizers), the one size, seeds 0, 1, 2, disjoint windows."""
+    base = RaceConfigV3(pool=Path(pool), tokenizers_dir=shared / "tokenizers",
+                        calib_corpus=shared / "corpus" / "calib-v0")
+    if families_dir is not None:
+        base = base.with_(tokenizers_dir=Path(families_dir), families=family_folders(families_dir))
+    return base.with_(**changes)
+
+
+def race_v3_reduced_config(pool: Path, shared: Path = SHARED, *, families_dir: Path | None = None,
+                           **changes: Any) -> RaceConfigV3:
+    """The CI-sized lab v3: two families of shared/tokenizers (or the first two of
+    `families_dir`), one tiny size, one seed, two checkpoints: one lineage per core, about 80
+    CPU seconds each (nearly all of it scoring calib-v0 and the 231 additions × 21 options). It
+    checks the pipeline and claims nothing."""
+    base = race_v3_config(pool, shared, families_dir=families_dir)
+    return base.with_(
+        families=base.families[:2] if families_dir is not None else ("gpt2", "smollm2"),
+        seeds=(0,),
+        sizes=(SizeSpec("large", ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=64), 60_000, 2),),
+        batch_size=8, lr=3e-3, warmup_steps=5, problems_per_doc=8, oos_unigram_bytes=100_000,
+        heldout_bytes=20_000, n_cloze=300, n_boot=20, eval_stride=None).with_(**changes)

@@ -122,9 +122,9 @@ class TrainText:
         return sum(len(c.encode("utf-8")) for c in self.unigram_slice)
 
 
-def split_train(pool: Pool, *, chunk_chars: int, oos_unigram_bytes: int) -> TrainText:
-    """Cut the train split into chunks and set the unigram slice apart (see the module doc)."""
-    chunks = chunk_texts([d.text for d in pool.train.documents], chunk_chars)
+def unigram_reserved(chunks: Sequence[str], oos_unigram_bytes: int) -> set[int]:
+    """The indices of the unigram slice: the first chunks in sha256("lab-unigram:" + chunk)
+    order until `oos_unigram_bytes` are set apart (lab v2 and v3 alike)."""
     order = sorted(range(len(chunks)),
                    key=lambda i: hashlib.sha256(b"lab-unigram:" + chunks[i].encode("utf-8")).digest())
     reserved: set[int] = set()
@@ -134,6 +134,13 @@ def split_train(pool: Pool, *, chunk_chars: int, oos_unigram_bytes: int) -> Trai
             break
         reserved.add(i)
         size += len(chunks[i].encode("utf-8"))
+    return reserved
+
+
+def split_train(pool: Pool, *, chunk_chars: int, oos_unigram_bytes: int) -> TrainText:
+    """Cut the train split into chunks and set the unigram slice apart (see the module doc)."""
+    chunks = chunk_texts([d.text for d in pool.train.documents], chunk_chars)
+    reserved = unigram_reserved(chunks, oos_unigram_bytes)
     readable = tuple(c for i, c in enumerate(chunks) if i not in reserved)
     if not readable:
         raise LabError(f"pool {pool.path}: the unigram slice ({oos_unigram_bytes} bytes) takes the whole train split",
@@ -156,6 +163,15 @@ def reading_order(n: int, seed: int) -> list[int]:
     return order
 
 
+def splice_additions(rng: random.Random, problems: Sequence, chunk: str, problems_per_doc: int) -> str:
+    """One training document: half of its problems (drawn uniformly with `rng`), the chunk,
+    the other half, one per line."""
+    half = problems_per_doc // 2
+    head = [problems[_below(rng, len(problems))].text for _ in range(half)]
+    tail = [problems[_below(rng, len(problems))].text for _ in range(problems_per_doc - half)]
+    return "\n".join([*head, chunk, *tail])
+
+
 def build_lineage_stream(text: TrainText, *, total_bytes: int, seed: int, problems: Sequence,
                          problems_per_doc: int) -> list[str]:
     """Training documents of one lineage adding up to at least `total_bytes` UTF-8 bytes.
@@ -168,13 +184,10 @@ def build_lineage_stream(text: TrainText, *, total_bytes: int, seed: int, proble
     order = reading_order(len(text.readable), seed)
     docs: list[str] = []
     seen = 0
-    half = problems_per_doc // 2
     for index in order:
         if seen >= total_bytes:
             break
-        head = [problems[_below(rng, len(problems))].text for _ in range(half)]
-        tail = [problems[_below(rng, len(problems))].text for _ in range(problems_per_doc - half)]
-        doc = "\n".join([*head, text.readable[index], *tail])
+        doc = splice_additions(rng, problems, text.readable[index], problems_per_doc)
         docs.append(doc)
         seen += len(doc.encode("utf-8"))
     if seen < total_bytes:

@@ -182,11 +182,14 @@ def score_text(compact, handle, vocab, texts: list[str], *, window: int, stride:
             "n_bytes": agg["n_bytes"]}
 
 
-def score_tasks(compact, handle, vocab, inputs: RaceInputs, *, context: int) -> dict[str, Any]:
-    """Accuracy, probability of the answer (multiple choice) and string exact match."""
+def score_tasks(compact, handle, vocab, inputs: RaceInputs, *, context: int,
+                with_logp: bool = False) -> dict[str, Any]:
+    """Accuracy, probability of the answer (multiple choice) and string exact match; with
+    `with_logp` (lab v3) also `logp_correct` (`monitor.lab.tasks.mean_logp_correct`) and its
+    chance level, the mean of log(1/n_options)."""
     from monitor.curves.evaluator import evaluate_multiple_choice, load_mc_task
     from monitor.lab.model import CompactTokenizer
-    from monitor.lab.tasks import greedy_exact_match_items
+    from monitor.lab.tasks import greedy_exact_match_items, mean_logp_correct
 
     tok = CompactTokenizer(handle.tokenizer, vocab)
     prefix = None if handle.prefix_token_id is None else int(vocab.to_compact([handle.prefix_token_id])[0])
@@ -203,6 +206,9 @@ def score_tasks(compact, handle, vocab, inputs: RaceInputs, *, context: int) -> 
                      "n": len(items),
                      # chance: a uniform guess among the options; a greedy decode has no chance level
                      "baselines": {"acc": 1.0 / k, "p_correct": 1.0 / k, "exact_match": 0.0}}
+        if with_logp:
+            out[name]["logp_correct"] = mean_logp_correct(res.loglikelihoods, res.answers)
+            out[name]["baselines"]["logp_correct"] = float(np.mean([-math.log(len(it["choices"])) for it in items]))
     return out
 
 

@@ -350,8 +350,10 @@ def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, An
     describes: family, size, seed, step, bytes_seen, tokens_seen, text, axes, metrics,
     baselines. A version-1 record has no held-out text, sizes or out-of-sample unigram: refused."""
     if not isinstance(lab, LabRecordV2):
+        v3 = type(lab).__name__ == "LabRecordV3"
         raise LabError(f"race_rows needs a {LAB_SCHEMA_V2} lab record, got {type(lab).__name__}",
-                       hint="rerun the lab with `lstar lab run --pool DIR`")
+                       hint="a lstar-lab/3 record is read by monitor.lab.records_v3.race_rows_v3 (the v3 analysis)"
+                       if v3 else "rerun the lab with `lstar lab run --pool DIR`")
     roles = {f.family: f.role for f in lab.families}
     rows: list[dict[str, Any]] = []
     for ck in lab.checkpoints:
@@ -372,8 +374,12 @@ def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, An
     return rows
 
 
-def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2":
-    """A version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
+def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2 | Any":
+    """A version-3 or version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
+    if isinstance(data, dict) and data.get("schema") == "lstar-lab/3":
+        from monitor.lab.records_v3 import parse_lab_v3   # v3 builds on this module's types
+
+        return parse_lab_v3(data, where=where)
     if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V2:
         try:
             return LabRecordV2.model_validate(data)

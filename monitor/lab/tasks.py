@@ -191,3 +191,18 @@ def greedy_exact_match_items(model: Any, tokenizer: Any, items: Sequence[tuple[s
             first = words[0] if words else ""
             hits.append(bool(first) and (first.rstrip(_TRAILING) if strip_punctuation else first) == answer)
     return hits
+
+
+def mean_logp_correct(loglikelihoods: Sequence[Sequence[float]], answers: Sequence[int]) -> float:
+    """Lab v3's continuous task metric: the mean over items of log p(correct option), the
+    model's probability of each option's tokens (the sum of their log-probabilities, not
+    length-normalised) renormalised over the item's options. Chance: mean log(1/n_options)."""
+    from scipy.special import logsumexp
+
+    import numpy as np
+
+    if len(loglikelihoods) != len(answers) or not len(answers):
+        raise LabError(f"{len(loglikelihoods)} items of log-likelihoods for {len(answers)} answers")
+    values = [float(np.asarray(ll, dtype=np.float64)[a] - logsumexp(np.asarray(ll, dtype=np.float64)))
+              for ll, a in zip(loglikelihoods, answers)]
+    return float(np.mean(values))

@@ -23,7 +23,8 @@ from typing import Any
 
 from monitor.curves.axes import AXES
 from monitor.plotting import png, pyplot, shown, shown_value
-from monitor.reports.present import HUB_COMMIT, TIME_SOURCES, Placement, fmt, orders_by_step
+from monitor.reports.present import fmt
+from monitor.training_order import HUB_COMMIT, TIME_SOURCES, Placement, orders_by_step
 
 FIGSIZE = (8.0, 4.0)
 DPI = 100

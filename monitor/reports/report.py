@@ -38,14 +38,14 @@ from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
-from monitor.reports.current import current_checkpoint, training_ranks
 from monitor.reports.summary import plotted, summarised
 from monitor.reports.version import describe_version, policy_version
-from monitor.reports.present import (Placement, checkpoint_name, fmt, lineage_order, orders_by_step, place,
-                                     short)
+from monitor.reports.present import checkpoint_name, fmt, short
 from monitor.store import Store
 from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.store.rows import PredictionRow, ReportCarriedRow, ReportScoreRow
+from monitor.training_order import (Placement, current_checkpoint, lineage_order, orders_by_step, place,
+                                    training_ranks)
 
 SCHEMA = "lstar-report/1"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
@@ -153,7 +153,7 @@ def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: da
                   end: datetime) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]],
                                           dict[str, dict[str, Any]]]:
     """The L* table's rows by lineage: each checkpoint scored in the window (its newest run
-    there), and each lineage's current checkpoint at the window's start (`current.py`: the
+    there), and each lineage's current checkpoint at the window's start (training_order: the
     latest in training order of those scored before it, `new` false) unless the window scored
     that checkpoint again; every scored checkpoint of each lineage (its newest run), for the
     training order and the L*-over-time plot; and, per lineage, how many checkpoints it had
@@ -194,8 +194,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     discoveries in it — and each lineage's state at the window's start (its current checkpoint
     and, per task, its state then), so its cost follows the window's activity, not the history.
     Checkpoints are named by `present.checkpoint_name` everywhere and each lineage's rows are
-    in training order (`present.lineage_order`); a lineage's current checkpoint is the one
-    `current.current_checkpoint` names (the latest in training order, never in scoring order),
+    in training order (`monitor.training_order`); a lineage's current checkpoint is the one
+    `training_order.current_checkpoint` names (the latest in training order, never in scoring order),
     and each task's state of a lineage is that checkpoint's.
     """
     from monitor.alerts import public_corpus, watches
@@ -208,7 +208,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     by_lineage, history, before = _lineage_rows(store, policy, corpus, start=period_start, end=now)
     table, families, order, scored = [], {}, {}, []
     for lineage in sorted(by_lineage):
-        # One training order over every scored checkpoint of the lineage (current.py): the
+        # One training order over every scored checkpoint of the lineage (training_order): the
         # table's rows, the current checkpoint and each task's current state all follow it.
         every = lineage_order(history[lineage], _placement, lambda row: row["commit"])
         scored += every
@@ -216,7 +216,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                                     lambda row: row["commit"]))
         rows = sorted(by_lineage[lineage], key=lambda row: order[(row["repo"], row["commit"])])
         table += rows
-        # the definition (current.py); by construction also the table's last row
+        # the definition (`monitor.training_order`); by construction also the table's last row
         current = current_checkpoint(history[lineage], _placement, lambda row: row["commit"]) or rows[-1]
         earlier = before.get(lineage, {"checkpoints": 0, "best_lstar": None})
         best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
@@ -231,12 +231,15 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
 
     window = [p for p in store.report_predictions(policy.name, start=period_start, end=now) if p.task in curves]
     # Per (task, lineage): each checkpoint's state at the window's start (the current one is
-    # chosen in training order below), and the newest of them, where the crossings start from.
+    # chosen in training order below), and the current one's (the latest in training order,
+    # as the alert engine compares with), where the crossings start from.
     carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
                                                                skip_state=NOT_EVALUATED) if p.task in curves]
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
-        carried_in[(p.task, p.lineage)] = p
+        held = carried_in.get((p.task, p.lineage))
+        if held is None or order.get((p.repo, p.commit_sha), -1) >= order.get((held.repo, held.commit_sha), -1):
+            carried_in[(p.task, p.lineage)] = p
     discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
@@ -265,15 +268,19 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             preds_by_lineage.setdefault(p.lineage, []).append(p)
         current = []
         for lineage, preds in sorted(preds_by_lineage.items()):
-            previous = None
+            previous, latest = None, -1
             for p in preds:  # crossings are the alerts' state changes, in the order they were seen
+                rank = order.get((p.repo, p.commit_sha), -1)
+                if rank < latest:   # an earlier checkpoint scored late: the lineage's state stays
+                    continue
+                latest = rank
                 if p.state != previous and _in_period(p.evaluated_at, period_start, now):
                     crossings.append({"task": task.name, "lineage": lineage, "repo": p.repo,
                                       "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),
                                       "from": previous, "to": p.state, "lstar": p.lstar,
                                       "value": _axis_value(p)[0], "at": p.evaluated_at})
                 previous = p.state
-            # The current state is that of the lineage's current checkpoint (current.py: the
+            # The current state is that of the lineage's current checkpoint (training_order: the
             # latest in training order; its newest prediction), not of whichever checkpoint
             # happened to be scored or evaluated last.
             newest = {(p.repo, p.commit_sha): p for p in [

@@ -3,9 +3,10 @@
 It answers "which watched models are at risk right now?" for `lstar watchlist` and the
 daemon's `/watchlist` from the predictions the outbox recorded, with no policy file needed:
 
-- each (policy, task, lineage) is shown at its current checkpoint (`current_checkpoint`: the
-  last in training order), with that checkpoint's newest prediction (a score the policy could
-  not evaluate is skipped, as the report skips it);
+- each (policy, task, lineage) is shown at its current checkpoint (the project's one rule,
+  `monitor.training_order.current_checkpoint`: the last in training order), with that
+  checkpoint's newest prediction (a score the policy could not evaluate is skipped, as the
+  report skips it);
 - its predicted value P̂ and interval, the level b + ε it was classified against, and the
   distance P̂ − level (negative: below the level);
 - the observed state where an evaluation of the task checked that checkpoint (it supersedes
@@ -20,13 +21,14 @@ last row's sort key, so a page never repeats or skips a row of an unchanged stat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from monitor.policy.vocabulary import STATES
-from monitor.reports.present import Placement, checkpoint_name, lineage_order, place
+from monitor.reports.present import checkpoint_name
 from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.store.pages import Key, Page, check_limit
+from monitor.training_order import Placement, current_checkpoint, place
 
 # The states a row can be in (the state in force: an observed state maps onto these).
 STATUSES = STATES
@@ -34,22 +36,6 @@ OBSERVED_AS = {"observed_emerged": "emerged", "observed_unresolved": "at_risk", 
 WATCHLIST = Key("watchlist", ("missing", "closeness", "policy", "task", "lineage"),
                 ("int", "float", "str", "str", "str"))
 MAX_GLOB_CHARS = 200
-
-T = TypeVar("T")
-
-
-def current_checkpoint(items: Iterable[T], placement: Any, tiebreak: Any = lambda item: "") -> T:
-    """The current checkpoint of one lineage: the last in training order.
-
-    The rule (`present.lineage_order`): by the training step its branch or tag names give when
-    every checkpoint of the lineage names one; otherwise by release time, which is the Hub
-    commit date where known, else when the Hub listing first showed it, else when it was
-    scored. Ties go to `tiebreak` (the commit sha), never to the order the rows came in."""
-    ordered = lineage_order(items, placement, tiebreak)
-    if not ordered:
-        raise ValueError("a lineage without checkpoints has no current checkpoint")
-    return ordered[-1]
-
 
 # Only the columns shown, and those that place a checkpoint in its lineage.
 _CANDIDATES = (
@@ -92,8 +78,9 @@ def _current_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     by_lineage: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for row in rows:
         by_lineage.setdefault((row["policy"], row["task"], row["lineage"]), []).append(row)
-    return [current_checkpoint(group, _placement, lambda row: (row["commit_sha"], row["repo"]))
-            for group in by_lineage.values()]
+    picked = [current_checkpoint(group, _placement, lambda row: (row["commit_sha"], row["repo"]))
+              for group in by_lineage.values()]
+    return [row for row in picked if row is not None]
 
 
 def _with_observations(store: Any, rows: list[dict[str, Any]]) -> None:
@@ -179,4 +166,4 @@ def describe_distance(distance: float | None) -> str:
     return f"{abs(distance):.4f} {'below' if distance < 0 else 'above'}"
 
 
-__all__ = ["STATUSES", "current_checkpoint", "watchlist_page", "check_status", "describe_distance"]
+__all__ = ["STATUSES", "watchlist_page", "check_status", "describe_distance"]

@@ -43,9 +43,9 @@ from monitor.alerts.outbox import _view as score_view
 from monitor.alerts.predict import margin_in_force
 from monitor.errors import CurveError
 from monitor.policy import Policy, Task
-from monitor.reports.current import current_checkpoint
-from monitor.reports.present import fmt, place
+from monitor.reports.present import fmt
 from monitor.store import Store
+from monitor.training_order import current_checkpoint, place
 
 # What a task's judgement rests on, in the order the summary names a change.
 SETTINGS = ("level", "margin", "curve_id", "confidence", "budget", "derivatives")

@@ -37,7 +37,8 @@ from typing import Any
 import jinja2
 
 from monitor.escape import template_value
-from monitor.reports.present import checkpoint_name, fmt, lineage_order, place
+from monitor.reports.present import checkpoint_name, fmt
+from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 MAX_ROWS = 50            # lineage × task rows shown, closest to their level first
 MAX_CANDIDATES = 20_000  # prediction rows read (one per checkpoint × task) at most
@@ -91,18 +92,9 @@ class Candidate:
     scored_at: datetime | None = None
 
 
-def training_order(candidates: Iterable[Candidate]) -> list[Candidate]:
-    """One lineage's checkpoints in training order: the project's one rule (`present.place`
-    and `present.lineage_order`: by step when every checkpoint names one, else by the Hub
-    commit date, else first seen, else scoring time). The page's only notion of "current" is
-    the last of this order (`current_checkpoint`)."""
-    return lineage_order(candidates, lambda c: place(c.refs, c.meta, c.discovered_at, c.scored_at),
-                         lambda c: c.commit)
-
-
-def current_checkpoint(candidates: Iterable[Candidate]) -> Candidate:
-    """The current checkpoint of one lineage × task: the latest in training order."""
-    return training_order(candidates)[-1]
+def placement(c: Candidate) -> Placement:
+    """Where a candidate's checkpoint sits in its lineage (`monitor.training_order.place`)."""
+    return place(c.refs, c.meta, c.discovered_at, c.scored_at)
 
 
 def distance_to_level(c: Candidate) -> float | None:
@@ -214,8 +206,11 @@ def lineage_rows(candidates: Sequence[Candidate], *, limit: int = MAX_ROWS) -> t
         groups.setdefault((c.policy, c.task, c.lineage), []).append(c)
     rows = []
     for key, members in groups.items():
-        ordered = training_order(members)   # the sparkline's order
-        current = current_checkpoint(members)   # the one lookup of "current" (its last)
+        # the project's one rule (monitor.training_order): the sparkline's order and "current"
+        ordered = lineage_order(members, placement, lambda c: c.commit)
+        current = current_checkpoint(members, placement, lambda c: c.commit)
+        if current is None:   # a group holds at least one candidate; kept for the type checker
+            continue
         distance = distance_to_level(current)
         rows.append({"key": key, "policy": key[0], "task": key[1], "lineage": key[2],
                      "checkpoint": checkpoint_name(current.repo, current.commit, current.refs),
@@ -305,6 +300,6 @@ def render_status_page(daemon: Any, *, now: datetime | None = None) -> bytes:
     return render(gather(daemon, now=now or utcnow()))
 
 
-__all__ = ["Candidate", "training_order", "current_checkpoint", "distance_to_level", "sparkline", "read_candidates",
+__all__ = ["Candidate", "placement", "distance_to_level", "sparkline", "read_candidates",
            "last_alerts", "open_alerts", "open_silences", "lineage_rows", "gather", "render", "render_status_page",
            "CONTENT_SECURITY_POLICY", "HEADERS", "CSS", "MAX_ROWS", "MAX_CANDIDATES", "MAX_AGE", "REFRESH_S"]

@@ -14,6 +14,69 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
+from monitor.training_order import Placement, current_checkpoint, lineage_order, place
+
+
+def _decoded(text: Any, default: Any) -> Any:
+    """A JSON column's value, or `default` when it is empty or not JSON of the same kind."""
+    if not text:
+        return default
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except ValueError:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
+                       *, judged_only: bool = True) -> list[dict[str, Any]]:
+    """Each checkpoint (policy, task) has judged (of `lineage`, or of every lineage; `task`
+    may name several): its newest prediction (not `not_evaluated` while `judged_only`), with
+    what places it in its lineage (refs, meta, discovery and scoring time) for
+    `monitor.training_order`."""
+    tasks = [task] if isinstance(task, str) else list(task)
+    if not tasks:
+        return []
+    where = f"policy = ? AND task IN ({', '.join('?' for _ in tasks)})"
+    params: list[Any] = [policy, *tasks]
+    if lineage is not None:
+        where += " AND lineage = ?"
+        params.append(lineage)
+    if judged_only:
+        where += " AND state != 'not_evaluated'"
+    rows = store.query(
+        "SELECT p.id, p.policy, p.task, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, p.curve_id, "
+        "coalesce(json_extract_string(p.detail, '$.reason'), '') AS reason, p.evaluated_at, r.finished_at, "
+        "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
+        "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM "
+        "(SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
+        f"ORDER BY evaluated_at DESC, id DESC) AS n FROM predictions WHERE {where}) p "
+        "JOIN score_runs r ON r.run_id = p.run_id "
+        "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
+        "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
+        "WHERE p.n = 1 ORDER BY p.task, p.lineage, p.repo, p.commit_sha", params)
+    for row in rows:
+        row["refs"] = _decoded(row["refs"], [])
+        row["meta"] = _decoded(row["meta"], {})
+    return rows
+
+
+def current_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of `placed_predictions` rows, the current checkpoint's of each (task, lineage): the
+    latest in training order (`monitor.training_order`)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["task"], row["lineage"]), []).append(row)
+    picked = [current_checkpoint(group, _placement, _tiebreak) for group in groups.values()]
+    return [row for row in picked if row is not None]
+
+
+def _tiebreak(row: Mapping[str, Any]) -> tuple[str, str]:
+    return (row["commit_sha"], row["repo"])
+
+
+def _placement(row: Mapping[str, Any]) -> Placement:
+    return place(row["refs"], row["meta"], row["discovered_at"], row["finished_at"])
 
 
 class AlertRows(StoreConnection):
@@ -26,15 +89,19 @@ class AlertRows(StoreConnection):
                           "ORDER BY finished_at DESC, run_id DESC LIMIT 1", [repo, commit_sha, corpus_sha256])
         return LatestScoreRow.from_row(rows[0]) if rows else None
 
-    def lineage_history(self, policy: str, task: str, lineage: str) -> LineageHistory:
+    def lineage_history(self, policy: str, task: str, lineage: str,
+                        checkpoint: tuple[str, str, datetime | None] | None = None) -> LineageHistory:
         """What alert decisions for (policy, task, lineage) depend on.
 
-        state: the last evaluated state (None if never); last_firing: the newest firing alert
-        (labels decoded) or None; receivers: {receiver: {last_firing_at, last_resolved_at}}
-        over deliveries that were not silenced.
+        state: the state of the lineage's current checkpoint (`monitor.training_order`: the
+        latest in training order of the checkpoints with an evaluated prediction, its newest
+        one), never simply the newest prediction: scoring order does not decide. With
+        `checkpoint` (repo, commit, scored_at: the one being evaluated), it takes its place in
+        that order too, and `behind_current` says whether it is earlier than the current one.
+        last_firing: the newest firing alert (labels decoded) or None; receivers: {receiver:
+        {last_firing_at, last_resolved_at}} over deliveries that were not silenced.
         """
-        state = self.query("SELECT state FROM predictions WHERE policy = ? AND task = ? AND lineage = ? "
-                           "AND state != 'not_evaluated' ORDER BY evaluated_at DESC, id DESC LIMIT 1", [policy, task, lineage])
+        state, current, behind = self._lineage_position(policy, task, lineage, checkpoint)
         firing = self.query("SELECT id, labels, starts_at, state, commit_sha FROM alerts WHERE policy = ? "
                             "AND task = ? AND lineage = ? AND status = 'firing' AND kind NOT IN ('meta', 'observe') "
                             "ORDER BY created_at DESC, id DESC LIMIT 1", [policy, task, lineage])
@@ -46,8 +113,37 @@ class AlertRows(StoreConnection):
         last = None
         if firing:
             last = FiringAlertRow.from_row({**firing[0], "labels": json.loads(firing[0]["labels"])})
-        return LineageHistory(state=state[0]["state"] if state else None, last_firing=last,
-                              receivers={r.pop("receiver"): ReceiverSends.from_row(r) for r in rows})
+        return LineageHistory(state=state, last_firing=last,
+                              receivers={r.pop("receiver"): ReceiverSends.from_row(r) for r in rows},
+                              current=current, behind_current=behind)
+
+    def _lineage_position(self, policy: str, task: str, lineage: str,
+                          checkpoint: tuple[str, str, datetime | None] | None
+                          ) -> tuple[str | None, str | None, bool]:
+        """(the current checkpoint's state, its commit, whether `checkpoint` is behind it)."""
+        rows = placed_predictions(self, policy, task, lineage)
+        key = None
+        if checkpoint is not None:
+            repo, commit, scored_at = checkpoint
+            key = (repo, commit)
+            if not any((r["repo"], r["commit_sha"]) == key for r in rows):
+                rows.append({**self._checkpoint_place(repo, commit), "repo": repo, "commit_sha": commit,
+                             "finished_at": scored_at, "state": None, "candidate": True})
+        ordered = lineage_order(rows, _placement, _tiebreak)
+        judged = [r for r in ordered if not r.get("candidate")]
+        if not judged:
+            return None, None, False
+        current = judged[-1]
+        behind = key is not None and (ordered[-1]["repo"], ordered[-1]["commit_sha"]) != key
+        return current["state"], current["commit_sha"], behind
+
+    def _checkpoint_place(self, repo: str, commit: str) -> dict[str, Any]:
+        """What places a checkpoint no prediction names yet in its lineage (refs, meta, discovery)."""
+        found = self.query("SELECT refs, meta, discovered_at FROM checkpoints WHERE repo = ? AND sha = ? "
+                           "ORDER BY id DESC LIMIT 1", [repo, commit])
+        row = found[0] if found else {"refs": None, "meta": None, "discovered_at": None}
+        return {"refs": _decoded(row["refs"], []), "meta": _decoded(row["meta"], {}),
+                "discovered_at": row["discovered_at"]}
 
     _PREDICTION_COLUMNS = ("policy", "task", "run_id", "repo", "commit_sha", "lineage", "corpus_sha256",
                            "lstar", "se", "p_hat", "lo", "hi", "threshold", "state", "curve_id",

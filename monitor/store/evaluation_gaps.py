@@ -1,5 +1,6 @@
 """Scores a policy could not evaluate: the `not_evaluated` predictions and the episodes
-(`evaluation_gaps`) in which the newest score of some (task, lineage) is one of them."""
+(`evaluation_gaps`) in which the current checkpoint of some (task, lineage) has one of them as
+its newest prediction."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from monitor.store.alerts import current_rows, placed_predictions
 from monitor.store.connection import StoreConnection
 from monitor.store.rows import EvaluationGapRow, NotEvaluatedRow
 
 NOT_EVALUATED = "not_evaluated"
 _COLUMNS = ("p.policy, p.task, p.run_id, p.repo, p.commit_sha, p.lineage, p.curve_id, "
             "coalesce(json_extract_string(p.detail, '$.reason'), '') AS reason, p.evaluated_at")
+
+
+_OPEN_COLUMNS = ("policy", "task", "run_id", "repo", "commit_sha", "lineage", "curve_id", "reason", "evaluated_at")
 
 
 class EvaluationGapRows(StoreConnection):
@@ -55,19 +60,13 @@ class EvaluationGapRows(StoreConnection):
         return [{**c, "not_evaluated": notes.get((c["repo"], c["sha"]), [])} for c in checkpoints]
 
     def open_not_evaluated(self, policy: str, tasks: Sequence[str]) -> list[NotEvaluatedRow]:
-        """The `not_evaluated` records that are the newest evaluated score of their (task, lineage):
-        while there is one, the policy cannot tell that lineage's state."""
-        if not tasks:
-            return []
-        marks = ", ".join("?" for _ in tasks)
-        rows = self.query(
-            f"WITH ranked AS (SELECT {_COLUMNS}, p.state, row_number() OVER (PARTITION BY p.task, p.lineage "
-            "ORDER BY r.finished_at DESC, p.id DESC) AS n FROM predictions p JOIN score_runs r ON "
-            f"r.run_id = p.run_id WHERE p.policy = ? AND p.task IN ({marks})) "
-            "SELECT policy, task, run_id, repo, commit_sha, lineage, curve_id, reason, evaluated_at FROM ranked "
-            f"WHERE n = 1 AND state = '{NOT_EVALUATED}' ORDER BY evaluated_at, task, lineage",
-            [policy, *tasks])
-        return [NotEvaluatedRow.from_row(r) for r in rows]
+        """The `not_evaluated` records that are the newest prediction of their (task, lineage)'s
+        current checkpoint (the latest in training order, `monitor.training_order`): while there
+        is one, the policy cannot tell that lineage's state."""
+        current = current_rows(placed_predictions(self, policy, tasks, judged_only=False))
+        rows = sorted((r for r in current if r["state"] == NOT_EVALUATED),
+                      key=lambda r: (r["evaluated_at"], r["task"], r["lineage"]))
+        return [NotEvaluatedRow.from_row({k: r[k] for k in _OPEN_COLUMNS}) for r in rows]
 
     def open_evaluation_gap(self, policy: str) -> EvaluationGapRow | None:
         """The policy's episode still open, or None."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from monitor.store.alerts import placed_predictions
 from monitor.store.connection import StoreConnection
 from monitor.store.evaluation_queue import _CANDIDATE_SELECT
 from monitor.store.rows import EvaluationCandidateRow
@@ -24,20 +25,7 @@ class PolicyChangeRows(StoreConnection):
     def predicted_checkpoints(self, policy: str, task: str) -> list[dict[str, Any]]:
         """Each checkpoint (policy, task) has judged: its newest prediction (not `not_evaluated`),
         with what places it in its lineage (refs, meta, discovery and scoring time)."""
-        rows = self.query(
-            "SELECT p.id, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, r.finished_at, "
-            "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
-            "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM "
-            "(SELECT *, row_number() OVER (PARTITION BY repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS n "
-            " FROM predictions WHERE policy = ? AND task = ? AND state != 'not_evaluated') p "
-            "JOIN score_runs r ON r.run_id = p.run_id "
-            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-            "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-            "WHERE p.n = 1 ORDER BY p.lineage, p.repo, p.commit_sha", [policy, task])
-        for row in rows:
-            row["refs"] = json.loads(row["refs"]) if row["refs"] else []
-            row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
-        return rows
+        return placed_predictions(self, policy, task)
 
     def newest_judgement(self, policy: str, task: str) -> dict[str, Any] | None:
         """The detail (floor, margin, curve_id, confidence, ...) of the newest judged prediction

@@ -524,13 +524,20 @@ class ReceiverSends(Row):
 
 @dataclass(frozen=True)
 class LineageHistory:
-    """What alert decisions for (policy, task, lineage) depend on: the last evaluated state
-    (None if never), the newest firing alert (or None), and the sends per receiver over
-    deliveries that were not silenced."""
+    """What alert decisions for (policy, task, lineage) depend on: the lineage's state (that of
+    its current checkpoint in training order, `monitor.training_order`; None if never
+    evaluated), the newest firing alert (or None), and the sends per receiver over deliveries
+    that were not silenced.
+
+    `current` is the commit of that current checkpoint; `behind_current` is true when the
+    checkpoint being evaluated is EARLIER in training order than it (an earlier checkpoint
+    scored late): its prediction is recorded, but it does not change the lineage's alert state."""
 
     state: str | None
     last_firing: FiringAlertRow | None
     receivers: dict[str, ReceiverSends]
+    current: str | None = None
+    behind_current: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,150 @@
+"""Where a checkpoint sits in its lineage, and which checkpoint is current: the project's one rule.
+
+Every surface that shows or acts on "the current checkpoint" of a lineage — the reports, the
+watchlist, the status page, a policy change's re-evaluation and the alert engine's "previous
+state" — goes through this module (`tests/test_training_order.py` checks that no other module
+orders checkpoints itself). It is pure (no database, no policy) so that the store and the alert
+engine, low in the layers, can use it as the reports do.
+
+The rule:
+
+    A lineage's current checkpoint is the latest of its scored checkpoints in TRAINING order,
+    never in scoring order:
+
+    1. by training step, when every scored checkpoint of the lineage names one in a branch or
+       tag (`step1000` < `step2000` < `step20000`, compared as numbers; `checkpoint-N`,
+       `ckpt_N` and `global_stepN` count too, `STEP_PATTERN`);
+    2. otherwise by release time, from the best source known for each checkpoint: the Hub
+       commit date (recorded by the gate, or the listing's lastModified for the `main` head),
+       else the time the poller first saw it on the Hub, else the time it was scored (`place`);
+    3. equal keys are settled by a tiebreak (the commit sha), so the answer never depends on
+       the order the scores arrived in.
+
+A re-score of an old checkpoint, or scoring step2000 before step1000, does not change which
+checkpoint is current. Token counts are not parsed from ref names: a lineage without steps is
+ordered by time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+RULE = ("the latest scored checkpoint in training order: by training step when every checkpoint of the "
+        "lineage names one, else by Hub commit date (else first seen on the Hub, else time scored)")
+
+# `step1000`, `step_1000`, `global_step1000`, `checkpoint-1000`, `ckpt1000`; not `v2step`-like
+# words where the keyword runs on from letters or digits before it.
+STEP_PATTERN = re.compile(r"(?<![a-z0-9])(?:step|checkpoint|ckpt)[-_]?(\d+)(?![0-9])", re.IGNORECASE)
+
+# Where a checkpoint's time comes from, best first. Scoring time is only a last resort, for
+# runs of local files the Hub never listed.
+HUB_COMMIT = "Hub commit date"
+FIRST_SEEN = "first seen on the Hub"
+SCORED = "time scored"
+TIME_SOURCES = (HUB_COMMIT, FIRST_SEEN, SCORED)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a checkpoint sits in its lineage: its training step (if its refs name one) and
+    its release time with where that time came from (one of TIME_SOURCES)."""
+
+    step: int | None
+    time: datetime | None
+    time_source: str
+
+
+def parse_step(refs: Iterable[str]) -> int | None:
+    """The training step named by a checkpoint's branches or tags, or None.
+
+    When several refs name steps (two branches on one commit) the largest is taken: the
+    commit was trained at least that far.
+    """
+    steps = [int(m.group(1)) for ref in refs for m in [STEP_PATTERN.search(ref)] if m]
+    return max(steps) if steps else None
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str) and value:
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return None
+
+
+def commit_date(refs: Sequence[str], meta: Mapping[str, Any] | None) -> datetime | None:
+    """The Hub commit date recorded for a checkpoint, or None.
+
+    The gate records the date of the very commit it inspected. Failing that, the listing's
+    lastModified is the date of the commit only when the checkpoint was the `main` head the
+    listing showed (a repo's lastModified is its newest commit), so it is used only then.
+    """
+    meta = meta if isinstance(meta, Mapping) else {}
+    gate = meta.get("gate") if isinstance(meta.get("gate"), Mapping) else {}
+    gated = _parse_time(gate.get("commit_date"))
+    if gated is not None:
+        return gated
+    listing = meta.get("listing") if isinstance(meta.get("listing"), Mapping) else {}
+    if list(refs) == ["main"]:
+        return _parse_time(listing.get("last_modified"))
+    return None
+
+
+def place(refs: Sequence[str] | None, meta: Mapping[str, Any] | None, discovered_at: datetime | None,
+          scored_at: datetime | None) -> Placement:
+    """A checkpoint's step and release time, from the best source known."""
+    refs = [r for r in (refs or []) if isinstance(r, str)]
+    step = parse_step(refs)
+    for moment, source in ((commit_date(refs, meta), HUB_COMMIT), (_parse_time(discovered_at), FIRST_SEEN),
+                           (_parse_time(scored_at), SCORED)):
+        if moment is not None:
+            return Placement(step, moment, source)
+    return Placement(step, None, SCORED)
+
+
+def orders_by_step(placements: Iterable[Placement]) -> bool:
+    """Whether a lineage with these placements is ordered (and plotted) by training step:
+    every one of its checkpoints names a step."""
+    placements = list(placements)
+    return bool(placements) and all(p.step is not None for p in placements)
+
+
+def lineage_order(items: Iterable[T], placement: Callable[[T], Placement],
+                  tiebreak: Callable[[T], Any] = lambda item: "") -> list[T]:
+    """The checkpoints of ONE lineage in training order (the rule above), earliest first."""
+    items = list(items)
+    placed = [placement(item) for item in items]
+    by_step = orders_by_step(placed)
+    floor = datetime.min.replace(tzinfo=timezone.utc)
+    keyed = sorted(range(len(items)), key=lambda i: ((placed[i].step if by_step else 0), placed[i].time or floor,
+                                                     tiebreak(items[i])))
+    return [items[i] for i in keyed]
+
+
+def training_ranks(items: Iterable[T], placement: Callable[[T], Placement], key: Callable[[T], Hashable],
+                   tiebreak: Callable[[T], Any] = lambda item: "") -> dict[Hashable, int]:
+    """Each checkpoint's position in its lineage's training order (0 = earliest), by `key`;
+    `items` are the scored checkpoints of ONE lineage."""
+    return {key(item): rank for rank, item in enumerate(lineage_order(items, placement, tiebreak))}
+
+
+def current_checkpoint(items: Iterable[T], placement: Callable[[T], Placement],
+                       tiebreak: Callable[[T], Any] = lambda item: "") -> T | None:
+    """The current checkpoint among `items` (the scored checkpoints of ONE lineage): the last
+    in training order; None when there are none."""
+    ordered = lineage_order(items, placement, tiebreak)
+    return ordered[-1] if ordered else None
+
+
+__all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step",
+           "commit_date", "place", "orders_by_step", "lineage_order", "training_ranks", "current_checkpoint"]
