@@ -13,6 +13,7 @@ import sys
 import typer
 
 from monitor.commands.catalog import COMMAND_MODULES
+from monitor.commands.help_render import import_help_renderer
 from monitor.commands.lazy import LazyCommandGroup
 from monitor.commands.options import show_flags_as_flags
 from monitor.environment import harden_environment
@@ -65,6 +66,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 show_flags_as_flags()
+import_help_renderer()
 
 
 def main(argv: list[str] | None = None) -> int:
