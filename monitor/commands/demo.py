@@ -103,6 +103,14 @@ def print_summary(summary: dict[str, Any]) -> None:
         echo(line)
 
 
+def run_demo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`monitor.demo.run_demo`, imported when the demo runs (not when `lstar demo --help` is
+    printed); the one place this command starts the demo."""
+    from monitor.demo import run_demo as run
+
+    return run(*args, **kwargs)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -123,7 +131,6 @@ def register(app: typer.Typer) -> None:
 
         A failed demo ends with one line, `demo failed at STAGE: REASON` (with --json, also the
         summary's `failed_stage` and `failure`)."""
-        from monitor.demo import run_demo
         from monitor.demo.failure import DemoFailed
 
         console = plain_console(stderr=True)

@@ -242,11 +242,17 @@ def register(app: typer.Typer) -> None:
                    order_seed=order_seed, as_json=as_json, quiet=quiet)
 
 
+def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str, Any]:
+    """`monitor.scoring.score_checkpoint`, imported when a score runs (not when `lstar score
+    --help` is printed); the one place this command hands a request to the scoring stage."""
+    from monitor.scoring import score_checkpoint as score
+
+    return score(request, db_path=db_path)
+
+
 def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending: bool, limit: int | None,
            endpoint: str | None, cache_dir: Path | None, until_settled: Path | None, delta: float | None,
            block_docs: int | None, order_seed: int, as_json: bool, quiet: bool) -> None:
-    from monitor.scoring import score_checkpoint
-
     if pending:
         if model != DEFAULT_MODEL:
             raise SpecError("--pending scores the queue; do not also name MODEL")
