@@ -6,7 +6,8 @@
     python benchmarks/lab_v3.py --pool ... --out ... --measure gpt2:0
 
 Trains and scores every (family, seed) lineage of `monitor.lab.config.race_v3_config` (every
-family of --families-dir, else v2's six and starcoder2 and gpt-4o of shared/tokenizers; the one
+kept family of --families-dir by the pre-registered distinctness rule (a full race needs 20),
+else v2's six and starcoder2 and gpt-4o of shared/tokenizers; the one
 size; seeds 0, 1, 2; docs/lab.md "Sizing v3"), two at a time, one per core, each on its own
 pinned data, and writes OUT/lab.json (`lstar-lab/3`). Each finished lineage is saved as
 OUT/<lineage>/scores.json and a lineage interrupted mid-training resumes from its last
@@ -27,6 +28,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     from monitor.lab.config import race_v3_config
+    from monitor.lab.family_set import FamilySetRule
     from monitor.lab.race import SCORES_FILE, lineage_id
     from monitor.lab.race_v3 import (TIMING_FILE, family_checks_v3, prepare_race_v3, race_v3_jobs, run_race_v3,
                                      run_race_v3_lineage)
@@ -66,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     jobs = race_v3_jobs(config)
     done = sum((args.out / lineage_id(f, size, s) / SCORES_FILE).is_file() for f, s in jobs)
-    print(f"lab v3: {len(jobs)} lineages ({len(config.families)} families x {len(config.seeds)} seeds), "
+    print(f"lab v3: up to {len(jobs)} lineages ({len(config.families)} families x {len(config.seeds)} seeds), "
           f"{done} with saved scores in {args.out}", flush=True)
     start = time.monotonic()
-    record = run_race_v3(config, args.out, workers=args.workers, progress=True)
+    # From a folder of families the set is checked first by the pre-registered rule (without
+    # --families: every kept family, at least 20; with it: each one named must be kept).
+    rule = None if args.families_dir is None else FamilySetRule.preregistered(
+        chosen=config.families if args.families else None, full_race=True)
+    record = run_race_v3(config, args.out, workers=args.workers, progress=True, family_set=rule)
     print(f"{len(record.checkpoints)} checkpoints in {time.monotonic() - start:.0f} s -> {args.out / 'lab.json'}")
     return 0
 

@@ -90,7 +90,10 @@ def local_hub_online(endpoint: str) -> Iterator[None]:
 
 def is_loopback_endpoint(endpoint: str | None) -> bool:
     """Whether `endpoint` names a Hub on this machine (127.0.0.1, localhost, ::1)."""
-    return bool(endpoint) and urlsplit(endpoint).hostname in LOOPBACK_HOSTS
+    try:
+        return bool(endpoint) and urlsplit(endpoint).hostname in LOOPBACK_HOSTS
+    except ValueError:   # a malformed HF_ENDPOINT (`http://[::1`) names no host, loopback or not
+        return False
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from monitor.errors import LabError
-from monitor.lab.records import LAB_SCHEMA, load_lab, parse_lab
+from monitor.lab.record_file import load_lab
+from monitor.lab.records import LAB_SCHEMA, parse_lab
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("gpt2", "spm-unigram-toy")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from monitor.errors import LabError
-from monitor.lab.records import LabRecord, load_lab
+from monitor.lab.record_file import load_lab
+from monitor.lab.records import LabRecord
 
 # family -> (unigram CE in nats/token, tokens per byte, learning speed)
 FAMILIES = {"gpt2": (7.2, 0.30, 1.0), "llama-3": (8.1, 0.26, 1.3), "bert-base-uncased": (6.3, 0.36, 0.8),

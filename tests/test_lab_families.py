@@ -245,3 +245,72 @@ def test_the_check_command(shared_dir: Path, tmp_path: Path, capsys: pytest.Capt
     direct = boundary_jaccard(load_tokenizer(tmp_path / "fam" / "gpt2"), load_tokenizer(tmp_path / "fam" / "gpt2-merges-8k"), docs)
     assert m[0, 2] == pytest.approx(direct, abs=1e-4) and 0.8 <= direct < 0.95
     assert result["kept"] == ["gpt2", "pool-bpe-1k"] and "0.8" in result["dropped"]["gpt2-merges-8k"]
+
+
+# ------------------------------------------------------------------ the pinned mistral-common wheel
+REAL_WHEEL = Path("/tmp/pkgs/mistral_common-1.13.1-py3-none-any.whl")
+
+
+def _wheel(path: Path, files: dict[str, bytes]) -> tuple[Path, str]:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(f"mistral_common/data/{name}", data)
+        z.writestr("mistral_common/__init__.py", b"")
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_mistral_files_are_read_from_a_wheel_with_the_pinned_sha256(tmp_path: Path) -> None:
+    from monitor.lab.families import MISTRAL_WHEEL_SHA256, mistral_data_from_wheel
+
+    files = {"tokenizer.model.v1": b"\x0a\x03spm" * 10, "tekken_240718.json": b'{"vocab": []}'}
+    wheel, sha = _wheel(tmp_path / "m.whl", files)
+    out = mistral_data_from_wheel(wheel, tmp_path / "data", sha256=sha)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    # the pinned sha256 refuses any other file, in one line naming both hashes
+    with pytest.raises(LabError) as info:
+        mistral_data_from_wheel(wheel, tmp_path / "refused")
+    line = info.value.one_line()
+    assert "\n" not in line and f"sha256 {sha[:16]}" in line and MISTRAL_WHEEL_SHA256[:16] in line
+    assert not (tmp_path / "refused").exists()
+    # a wheel without a vocabulary file, and a file that is not a zip
+    short, short_sha = _wheel(tmp_path / "short.whl", {"tokenizer.model.v1": b"x"})
+    with pytest.raises(LabError, match="has no mistral_common/data/tekken_240718.json"):
+        mistral_data_from_wheel(short, tmp_path / "d2", sha256=short_sha)
+    junk = tmp_path / "junk.whl"
+    junk.write_bytes(b"not a zip at all")
+    with pytest.raises(LabError, match="cannot be read as a wheel"):
+        mistral_data_from_wheel(junk, tmp_path / "d3", sha256=hashlib.sha256(junk.read_bytes()).hexdigest())
+
+
+def test_the_build_reads_a_wheel_without_mistral_common(tmp_path: Path, shared_dir: Path, monkeypatch) -> None:
+    """`build_lab_families(mistral_wheel=...)` never looks for the installed package."""
+    import monitor.lab.families as families
+
+    wheel, sha = _wheel(tmp_path / "m.whl", {"tokenizer.model.v1": b"spm", "tekken_240718.json": b"{}"})
+    monkeypatch.setattr(families, "MISTRAL_WHEEL_SHA256", sha)
+    monkeypatch.setattr(families, "mistral_data_dir", lambda: pytest.fail("looked for mistral-common"))
+    seen = {}
+
+    def fake_build(spec, folder, data_dir):
+        seen[spec.name] = (data_dir / spec.params["file"]).read_bytes()
+        (folder / "tokenizer.json").write_text((shared_dir / "tokenizers" / "gpt2" / "tokenizer.json").read_text())
+        return {}
+
+    monkeypatch.setattr(families, "_build_mistral", fake_build)
+    built = build_lab_families(tmp_path / "out", pool=SAMPLE_POOL, shared=shared_dir,
+                               names=["mistral-spm", "mistral-tekken"], mistral_wheel=wheel)
+    assert [b.name for b in built] == ["mistral-spm", "mistral-tekken"]
+    assert seen == {"mistral-spm": b"spm", "mistral-tekken": b"{}"}
+
+
+@pytest.mark.skipif(not REAL_WHEEL.is_file(), reason=f"no {REAL_WHEEL}")
+def test_the_pinned_sha256_is_the_real_wheels_and_its_files_are_the_installed_packages(tmp_path: Path) -> None:
+    from monitor.lab.families import MISTRAL_WHEEL, mistral_data_from_wheel, mistral_data_dir
+
+    assert REAL_WHEEL.name == MISTRAL_WHEEL
+    out = mistral_data_from_wheel(REAL_WHEEL, tmp_path)          # the pinned sha256 accepts it
+    pytest.importorskip("mistral_common")
+    for name in ("tokenizer.model.v1", "tekken_240718.json"):
+        assert (out / name).read_bytes() == (mistral_data_dir() / name).read_bytes()

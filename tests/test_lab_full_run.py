@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from monitor.lab.analysis import PRIMARY, RaceConfig, race
-from monitor.lab.records import load_lab_with_sha256, race_rows
+from monitor.lab.record_file import load_lab_with_sha256
+from monitor.lab.records import race_rows
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "lab-v2"
 FAMILIES = {"gpt2", "llama-2", "llama-3", "smollm2", "qwen2", "gpt-neox"}

@@ -53,7 +53,8 @@ def race_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path
 
 @pytest.mark.slow
 def test_reduced_race_record_and_rows(race_dir: Path) -> None:
-    from monitor.lab.records import LabRecordV2, load_lab, race_rows
+    from monitor.lab.record_file import load_lab
+    from monitor.lab.records import LabRecordV2, race_rows
 
     record = load_lab(race_dir)
     assert isinstance(record, LabRecordV2)
@@ -138,7 +139,7 @@ def _naive_float64(checkpoint: Path, tokenizer_dir: Path, texts: list[str], wind
 @pytest.mark.slow
 def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir: Path, shared_dir: Path) -> None:
     from monitor.lab.pool import heldout_texts, load_pool
-    from monitor.lab.records import load_lab
+    from monitor.lab.record_file import load_lab
     from monitor.scoring import load_corpus, load_tokenizer
     from monitor.scoring.metrics import scored_token_counts, unigram_ce
 
@@ -267,7 +268,7 @@ def test_race_checkpoints_are_ordinary_full_vocabulary_models(race_dir: Path) ->
     import torch
 
     from monitor.lab.model import UNUSED_BIAS
-    from monitor.lab.records import load_lab
+    from monitor.lab.record_file import load_lab
     from monitor.scoring.loader import load_checkpoint
     from monitor.scoring.tokenizer import load_tokenizer
 

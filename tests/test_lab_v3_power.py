@@ -84,9 +84,9 @@ def test_bad_designs_are_refused():
 def test_v2_noise_and_effects_are_reproduced_from_the_committed_record():
     """0.090 within families, 0.021 between family means, 0.65 the primary's standardised
     effect (bits/byte − L*, calib), 0.90 L*(out-of-sample) − L* on calib, 0.79 bits/byte on heldout."""
-    from monitor.lab import records
+    from monitor.lab import record_file, records
 
-    lab, _ = records.load_lab_with_sha256(ROOT / "benchmarks" / "results" / "lab-v2" / "lab.json")
+    lab, _ = record_file.load_lab_with_sha256(ROOT / "benchmarks" / "results" / "lab-v2" / "lab.json")
     rows = list(records.race_rows(lab))
     v = P.variance_structure(rows, task="add-words", metric="exact_match", text="calib", axis="bits_per_byte")
     assert round(v["within_sd"], 3) == P.V2_WITHIN_SD

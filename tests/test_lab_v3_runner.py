@@ -218,12 +218,13 @@ def _record() -> dict[str, Any]:
 
 
 def test_race_rows_v3_have_the_contracts_keys_and_values_from_the_record(tmp_path: Path) -> None:
-    from monitor.lab.records import load_lab, race_rows, write_lab
+    from monitor.lab.record_file import load_lab
+    from monitor.lab.records import race_rows, write_lab
     from monitor.lab.records_v3 import LabRecordV3, race_rows_v3
 
     raw = _record()
     path = write_lab(LabRecordV3.model_validate(raw), tmp_path / "lab.json")
-    record = load_lab(path)                      # the v1/v2 loader reads v3 too
+    record = load_lab(path)                      # the one loader reads every version
     assert isinstance(record, LabRecordV3)
     rows = race_rows_v3(record)
     assert len(rows) == 2 * len(raw["checkpoints"])
@@ -259,7 +260,7 @@ def test_race_rows_v3_have_the_contracts_keys_and_values_from_the_record(tmp_pat
     (lambda r: r["checkpoints"][0]["texts"]["heldout"].update(ce=float("nan")), "ce"),
 ])
 def test_a_broken_v3_record_is_refused_in_one_line(edit, message: str, tmp_path: Path) -> None:
-    from monitor.lab.records import load_lab
+    from monitor.lab.record_file import load_lab
 
     raw = copy.deepcopy(_record())
     edit(raw)
@@ -310,7 +311,7 @@ def test_the_v3_config_has_one_size_and_keeps_v2s_validators(shared_dir: Path, t
 def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None:
     """`lstar lab run3 --size reduced`: two families, one tiny size, one seed; then a second
     sitting reuses every lineage and writes the same lab.json byte for byte."""
-    from monitor.lab.records import load_lab
+    from monitor.lab.record_file import load_lab
     from monitor.lab.records_v3 import LabRecordV3, race_rows_v3
 
     out = tmp_path / "lab"

@@ -108,26 +108,52 @@ def read(db: Path, sql: str) -> list[dict]:
 
 def expected_changes(db: Path) -> tuple[dict, dict, list]:
     """By plain loops over the tables: the runs in the window, the run each lineage carried in
-    (its newest before the window), and the crossings (state changes of the predictions in the
-    window, starting from each lineage's newest state before it)."""
-    runs = read(db, "SELECT r.run_id, r.model_sha, c.lineage, r.finished_at FROM score_runs r "
+    (the newest run of its current checkpoint at the window's start: the largest training step
+    its refs name among those scored before the window, the project's training-order rule),
+    and the crossings (state changes of the predictions in the window, starting from each
+    lineage's newest state before it)."""
+    runs = read(db, "SELECT r.run_id, r.model_sha, c.lineage, c.refs, r.finished_at FROM score_runs r "
                     "JOIN checkpoints c ON c.id = r.checkpoint_id ORDER BY r.finished_at, r.run_id")
     in_window = {r["run_id"]: r["lineage"] for r in runs if START < r["finished_at"] <= END}
-    carried = {}
+    carried, carried_step = {}, {}
     for r in runs:
         if r["finished_at"] <= START:
-            carried[r["lineage"]] = r["run_id"]
+            steps = [int(ref[4:]) for ref in json.loads(r["refs"]) if ref.startswith("step") and ref[4:].isdigit()]
+            assert steps, f"{r['lineage']} is carried in: this hand count orders by step only"
+            if max(steps) >= carried_step.get(r["lineage"], -1):   # a later run of the same step wins
+                carried[r["lineage"]], carried_step[r["lineage"]] = r["run_id"], max(steps)
     preds = read(db, "SELECT * FROM predictions ORDER BY evaluated_at, id")
+    position = training_position(db)
     crossings = []
     for lineage in sorted({p["lineage"] for p in preds}):
+        # the state carried in: the current checkpoint's (latest in training order) at START
         before = [p for p in preds if p["lineage"] == lineage and p["evaluated_at"] <= START]
-        previous = before[-1]["state"] if before else None
+        top = max((position[p["commit_sha"]] for p in before), default=None)
+        at_top = [p for p in before if position[p["commit_sha"]] == top]
+        previous = at_top[-1]["state"] if at_top else None
+        latest = top if top is not None else ("", -1)
         for p in preds:
             if p["lineage"] == lineage and START < p["evaluated_at"] <= END:
+                if position[p["commit_sha"]] < latest:
+                    continue   # an earlier checkpoint scored late: the lineage's state stays
+                latest = position[p["commit_sha"]]
                 if p["state"] != previous:
                     crossings.append((lineage, p["commit_sha"], previous, p["state"]))
                 previous = p["state"]
     return in_window, carried, crossings
+
+
+def training_position(db: Path) -> dict[str, tuple]:
+    """Each checkpoint's place in its lineage, by hand from the checkpoints table: the step its
+    refs name (every lineage of this fixture that names steps names one for each checkpoint),
+    else the gate's commit date, else the listing's lastModified (a `main` head)."""
+    out = {}
+    for c in read(db, "SELECT sha, refs, meta FROM checkpoints"):
+        refs, meta = json.loads(c["refs"]), json.loads(c["meta"] or "{}")
+        steps = [int(ref[4:]) for ref in refs if ref.startswith("step") and ref[4:].isdigit()]
+        date = (meta.get("gate") or {}).get("commit_date") or (meta.get("listing") or {}).get("last_modified")
+        out[c["sha"]] = ("step", max(steps)) if steps else ("date", datetime.fromisoformat(date.replace("Z", "+00:00")))
+    return out
 
 
 def test_a_window_report_lists_exactly_the_changes_in_the_window_and_the_state_carried_in(state):

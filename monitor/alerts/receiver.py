@@ -54,15 +54,17 @@ def receiver_app(secret: str, emit: Callable[[str], None], *,
     async def receive(request: Request) -> Response:
         if request.method != "POST":
             return Response("POST only\n", status_code=405, headers={"allow": "POST"})
+        # the path is the sender's text (a web page can POST to 127.0.0.1): printed as plain text
+        too_large = plain_text(f"POST {request.url.path} · refused: body over {MAX_BODY_BYTES} bytes")
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-            emit(f"POST {request.url.path} · refused: body over {MAX_BODY_BYTES} bytes")
+        if declared is not None and (not (declared.isascii() and declared.isdigit()) or int(declared) > MAX_BODY_BYTES):
+            emit(too_large)
             return Response("body too large\n", status_code=413)
         body = bytearray()
         async for chunk in request.stream():
             body.extend(chunk)
             if len(body) > MAX_BODY_BYTES:
-                emit(f"POST {request.url.path} · refused: body over {MAX_BODY_BYTES} bytes")
+                emit(too_large)
                 return Response("body too large\n", status_code=413)
         verdict = verify_signature(secret, request.headers, bytes(body), now=clock())
         emit(describe("POST", request.url.path, request.headers, bytes(body), verdict))

@@ -91,6 +91,10 @@ def current_user() -> str:
         return "unknown"
 
 
+MIN_PREFIX = 4               # characters of an id a prefix needs, as git asks of a commit's
+MAX_CANDIDATES_LISTED = 10   # ids an ambiguous prefix's message names
+
+
 def list_silences(store: Store, *, now: datetime, include_expired: bool = False) -> list[dict[str, Any]]:
     """Silences with a `state` of active / pending / expired, newest first."""
     out = []
@@ -104,18 +108,26 @@ def list_silences(store: Store, *, now: datetime, include_expired: bool = False)
 
 
 def expire_silence(store: Store, silence_id: str, *, now: datetime) -> str:
-    """End a silence now; returns its whole id. `silence_id` may be a unique prefix of the id of
-    an active or pending silence (as git takes a commit's); no match or several raise, the
-    latter listing the candidates."""
+    """End a silence now; returns its whole id. `silence_id` may be a unique prefix of at least
+    MIN_PREFIX characters of the id of an active or pending silence (as git takes a commit's:
+    a stray character or a truncated paste must not end a silence and let its alerts page);
+    no match, several or a shorter prefix raise, the second listing the candidates."""
     if store.expire_silence(silence_id, now=now):
         return silence_id
+    shown = clip(silence_id, 80)
     candidates = [row["id"] for row in list_silences(store, now=now)
                   if silence_id and str(row["id"]).startswith(silence_id)]
     if len(candidates) > 1:
-        raise PolicyError(f"silence id {silence_id} is ambiguous: it begins {len(candidates)} active or pending "
-                          f"silences ({', '.join(sorted(candidates))})",
+        listed = sorted(candidates)[:MAX_CANDIDATES_LISTED]
+        more = f" and {len(candidates) - len(listed)} more" if len(candidates) > len(listed) else ""
+        raise PolicyError(f"silence id {shown} is ambiguous: it begins {len(candidates)} active or pending "
+                          f"silences ({', '.join(listed)}{more})",
                           hint="give more characters of the id")
+    if candidates and len(silence_id) < MIN_PREFIX:
+        raise PolicyError(f"silence id {shown} is {len(silence_id)} character(s) long: a prefix must have at "
+                          f"least {MIN_PREFIX}", hint=f"give at least {MIN_PREFIX} characters of the id "
+                                                      "(see `lstar silence list`)")
     if not candidates or not store.expire_silence(candidates[0], now=now):
-        raise PolicyError(f"no active or pending silence with id {silence_id}",
+        raise PolicyError(f"no active or pending silence with id {shown}",
                           hint="see `lstar silence list`")
     return candidates[0]

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
-                                      int_option, is_hub_model)
+                                      endpoint_option, int_option, is_hub_model)
 from monitor.commands.terminal import plain_console
 from monitor.environment import hub_reachable
 from monitor.errors import SpecError
@@ -32,8 +32,8 @@ def register(app: typer.Typer) -> None:
         db: Path | None = DB_OPTION,
         no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-        endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint a Hub MODEL is fetched "
-                                            "from (default HF_ENDPOINT or the public Hub)."),
+        endpoint: str | None = endpoint_option("Hub endpoint a Hub MODEL is fetched from (default HF_ENDPOINT or "
+                                               "the public Hub)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache of a Hub MODEL "
                                               "(default HF_HUB_CACHE)."),
     ) -> None:

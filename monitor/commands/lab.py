@@ -96,6 +96,27 @@ def _report_v3(path: Path, out_dir: Path, *, resamples: int, as_json: bool) -> N
         echo(f"lab report: {out_dir}")
 
 
+def _pilot_gate(path: Path, *, as_json: bool) -> None:
+    """`lstar lab report --pilot`: the pre-registered pilot gate of a v3 record, alone."""
+    from monitor.lab.report_v3 import pilot_gate_from
+
+    result = pilot_gate_from(path)
+    gate = result["pilot_gate"]
+    if as_json:
+        print(json.dumps(result, indent=1, allow_nan=False))
+    else:
+        cover = gate["pilot"]
+        echo(f"pilot gate: {'passed' if gate['passed'] else 'stopped'} ({gate.get('reason')})")
+        echo(f"pilot families present: {', '.join(cover['present']) or 'none'}; missing: "
+             f"{', '.join(cover['missing']) or 'none'} (seed {cover['seed']})")
+        for axis, v in (gate.get("axes") or {}).items():
+            if "crossing_error" in v:
+                echo(f"  {axis}: crossing error {v['crossing_error']:.3f}, always above {v['always_above_error']:.3f}, "
+                     f"shuffled {v['shuffled_mean_error']:.3f}: {'passes' if v['passed'] else 'fails'}")
+    if not gate["passed"]:
+        raise typer.Exit(1)
+
+
 def _config_v3(size: str, shared: Path, pool: Path | None, families_dir: Path | None, families: str | None,
                seeds: str | None) -> Any:
     from monitor.lab.config import race_v3_config, race_v3_reduced_config
@@ -187,20 +208,31 @@ def register(app: typer.Typer) -> None:
              families_dir: Path = typer.Option(None, "--families-dir",
                                                help="A folder of family folders (tokenizer.json + tokenizer_config.json "
                                                     "each); default: v2's six, starcoder2 and gpt-4o of SHARED/tokenizers."),
-             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them)."),
+             families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them; "
+                                                                   "with --families-dir, every kept one)."),
              seeds: str = seeds_option, workers: int = workers_option,
              as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
         """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
         Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
 
+        With --families-dir the family set is checked first by the pre-registered rule: each family's
+        round trip, then the boundary-Jaccard cut-off of data/lab-v3-preregistration.json in
+        pre-registered order; kept and dropped families go into lab.json. Without --families the run
+        races every kept family, and a full-size race with fewer than 20 kept is refused; with
+        --families (the pilot) each one named must be kept.
+
         Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
-        docs/lab.md, "Design v3", has the details."""
+        docs/lab.md, "Lab v3", has the details and the commands of the pilot and the race."""
+        from monitor.lab.family_set import FamilySetRule
         from monitor.lab.race_v3 import run_race_v3
         from monitor.lab.records_v3 import race_rows_v3
 
         config = _config_v3(size, shared, pool, families_dir, families, seeds)
-        record = run_race_v3(config, out, workers=workers, progress=not as_json)
+        rule = None if families_dir is None else FamilySetRule.preregistered(
+            chosen=None if families is None else config.families, full_race=size == "full",
+            at_most=len(config.families) if size == "reduced" else None)
+        record = run_race_v3(config, out, workers=workers, progress=not as_json, family_set=rule)
         if as_json:
             print(json.dumps(race_rows_v3(record), indent=1, allow_nan=False))
         else:
@@ -216,20 +248,24 @@ def register(app: typer.Typer) -> None:
                                            help="Two-stage refit-bootstrap resamples."),
                seed: int = int_option(0, "--seed", low=0, high=MAX_SEED, help="Seed of the bootstrap and permutations."),
                axes: str = typer.Option(None, "--axes", help="Comma-separated axes to race (default: all; L* always)."),
+               pilot: Path = typer.Option(None, "--pilot",
+                                          help="Lab v3: judge only the pilot gate of this lab.json (or lab folder): "
+                                               "a pilot-only run, before the race. Exit 0 passed, 1 stopped."),
                as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
         """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json).
 
         A lab v3 record (schema lstar-lab/3) or v3 rows file (lstar-lab-rows/3) gets v3's report
-        instead: its pre-registration pin is checked, then the pilot gate, the power of the design
-        as run, the primary verdict by the pre-registered rule and the negative control
-        (docs/lab-v3-preregistration.md); --json prints them."""
+        instead: its pre-registration pin is checked, then the pilot gate (on the pre-registered
+        pilot's families at seed 0), the power of the design as run, the primary verdict by the
+        pre-registered rule and the negative control (docs/lab-v3-preregistration.md); --json
+        prints them. --pilot OUT/lab.json gives the pilot gate alone and writes nothing."""
+        from monitor.lab.analysis import AXES, RaceConfig
         from monitor.lab.records import LAB_FILE
-
-        from monitor.lab.analysis import RaceConfig
         from monitor.lab.report import write_lab_report
 
-        from monitor.lab.analysis import AXES
-
+        if pilot is not None:
+            _pilot_gate(pilot if pilot.suffix == ".json" else pilot / LAB_FILE, as_json=as_json)
+            return
         lab_json = lab_dir if lab_dir.suffix == ".json" else lab_dir / LAB_FILE
         out_dir = out or ((rows.parent / "report") if rows is not None else lab_json.parent / "report")
         if _is_v3(rows if rows is not None else lab_json):
@@ -258,15 +294,21 @@ def register(app: typer.Typer) -> None:
                                                                   "(default: all, in the pre-registered order)."),
             mistral_data: Path = typer.Option(None, "--mistral-data",
                                               help="mistral-common's data folder (default: the installed package's)."),
+            mistral_wheel: Path = typer.Option(None, "--mistral-wheel",
+                                               help="Read the mistral vocabularies from the pinned wheel file "
+                                                    "(mistral_common-1.13.1-py3-none-any.whl, sha256 checked) "
+                                                    "instead of an installed mistral-common."),
             as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
         """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
         candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
-        byte-level BPE and Unigram tokenizers trained on the pool, and pruned-merge variants. A rebuild
-        from the same inputs writes the same bytes."""
+        byte-level BPE tokenizers trained on the pool, and pruned-merge variants. A rebuild
+        from the same inputs writes the same bytes. Without mistral-common installed (it is only in the
+        `lab` extra), --mistral-wheel reads its two vocabulary files from the pinned wheel itself."""
         from monitor.lab.families import build_lab_families
 
         names = None if families is None else [f.strip() for f in families.split(",") if f.strip()]
-        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data)
+        built = build_lab_families(out, pool=pool, shared=shared, names=names, mistral_data=mistral_data,
+                                   mistral_wheel=mistral_wheel)
         if as_json:
             print(json.dumps([s.provenance for s in built], indent=1))
         else:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import typer
 
@@ -153,6 +154,35 @@ def _check_device(value: str | None) -> str | None:
 def device_option(help: str = "auto, cpu, cuda or cuda:N.") -> Any:
     """`--device`: auto, cpu, cuda or cuda:N (checked when parsed; availability when used)."""
     return typer.Option("auto", "--device", callback=_check_device, help=help)
+
+
+MAX_ENDPOINT_CHARS = 2048
+
+
+def check_endpoint(value: str | None) -> str | None:
+    """A Hub endpoint as `--endpoint` takes it: an http(s) URL with a host and, if any, a port
+    in 1..65535 (a malformed one otherwise stops deep in the HTTP client with a traceback)."""
+    if value is None:
+        return None
+    shown = value if len(value) <= 80 else value[:80] + "…"
+    why = None
+    try:
+        parts = urlsplit(value)
+        port = parts.port   # raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        why, port = str(exc), None
+    if why is None and (len(value) > MAX_ENDPOINT_CHARS or parts.scheme not in ("http", "https")
+                        or not parts.hostname or port == 0 or any(ord(c) < 33 for c in value)):
+        why = "not an http(s) URL with a host"
+    if why is not None:
+        raise OptionError(f"{shown!r} is not a Hub endpoint ({why}); give a URL such as http://127.0.0.1:8080 "
+                          "or https://huggingface.co")
+    return value
+
+
+def endpoint_option(help: str) -> Any:
+    """`--endpoint`: a Hub URL, checked when parsed (`check_endpoint`)."""
+    return typer.Option(None, "--endpoint", callback=check_endpoint, help=help)
 
 
 def _fmt(bound: float, integer: bool) -> str:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, id_column
+from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, endpoint_option, id_column
 from monitor.commands.terminal import plain_console, print_table
 from monitor.environment import hub_reachable
 from monitor.errors import HubError, PolicyError
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         rule_file: Path = typer.Option(None, "--rule-file", help="YAML file with a top-level `watch:` list."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        endpoint: str = typer.Option(None, "--endpoint", help="Hub URL (default: HF_ENDPOINT or the Hub)."),
+        endpoint: str = endpoint_option("Hub URL (default: HF_ENDPOINT or the Hub)."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub cache (default: HF_HUB_CACHE)."),
         gate: bool = typer.Option(True, "--gate/--no-gate", help="Gate what was discovered."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
-                                      int_option, is_hub_model)
+                                      endpoint_option, int_option, is_hub_model)
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
@@ -194,9 +194,8 @@ def register(app: typer.Typer) -> None:
         pending: bool = typer.Option(False, "--pending", help="Fetch and score the queue of "
                                      "gated Hub checkpoints instead of MODEL."),
         limit: int | None = int_option(None, "--limit", low=1, help="With --pending: at most N jobs."),
-        endpoint: str | None = typer.Option(None, "--endpoint", help="Hub endpoint a Hub MODEL (or "
-                                            "--pending's queue) is fetched from (default HF_ENDPOINT or "
-                                            "the public Hub)."),
+        endpoint: str | None = endpoint_option("Hub endpoint a Hub MODEL (or --pending's queue) is fetched from "
+                                               "(default HF_ENDPOINT or the public Hub)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache of a Hub MODEL "
                                               "or --pending (default HF_HUB_CACHE)."),
         until_settled: Path | None = typer.Option(

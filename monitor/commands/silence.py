@@ -100,7 +100,8 @@ def register(app: typer.Typer) -> None:
 
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`, or a unique "
-                                                "prefix of it (an ambiguous one lists the candidates)."),
+                                                "prefix of it, 4 characters at least (an ambiguous one "
+                                                "lists the candidates)."),
                state: Path = STATE_OPTION,
                db: Path | None = DB_OPTION,
                now_text: str = NOW_OPTION) -> None:

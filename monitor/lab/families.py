@@ -7,7 +7,9 @@ sha256, the method and its parameters, the library versions) for every name of
 
 - `shared`: a real tokenizer of `../shared/tokenizers`, its files copied byte for byte;
 - `mistral`: a vocabulary shipped in mistral-common 1.13.1's wheel (`mistral_common/data/`),
-  converted (`monitor.lab.vocab_convert`); its ids equal mistral-common's own tokenizer's;
+  converted (`monitor.lab.vocab_convert`); its ids equal mistral-common's own tokenizer's. The
+  files are read from the installed package or, without installing it, from the pinned wheel
+  itself (`mistral_data_from_wheel`, its sha256 checked);
 - `trained`: a byte-level BPE trained with `tokenizers` on the pool's train split (the first
   `TRAIN_BYTES` of its documents in corpus order): every byte is a token, so the round trip is
   exact by construction. (A byte-level Unigram is not one: tokenizers 0.23's Unigram trainer
@@ -115,8 +117,69 @@ def mistral_data_dir() -> Path:
     spec = importlib.util.find_spec("mistral_common")
     if spec is None or not spec.submodule_search_locations:
         raise LabError("mistral-common is not installed: the mistral families convert its vocabulary files",
-                       hint=f"pip install mistral-common=={MISTRAL_VERSION} (or pass --mistral-data DIR)")
+                       hint=f"pip install mistral-common=={MISTRAL_VERSION}, or pass --mistral-wheel "
+                            f"{MISTRAL_WHEEL} (or --mistral-data DIR)")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+# The wheel the mistral families are read from when mistral-common is not installed (it pins
+# numpy<2.4, so it lives only in the `lab` extra): `--mistral-wheel PATH` opens it as a zip,
+# checks this sha256 and reads the two vocabulary files from it. The files, and so every family
+# folder's bytes, are the same as from the installed package.
+MISTRAL_WHEEL = f"mistral_common-{MISTRAL_VERSION}-py3-none-any.whl"
+MISTRAL_WHEEL_SHA256 = "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"
+MISTRAL_WHEEL_MAX_BYTES = 64 << 20      # the 1.13.1 wheel is 6.6 MB
+MISTRAL_FILE_MAX_BYTES = 64 << 20       # its largest vocabulary file (tekken) is 14.8 MB
+
+
+def _wheel_sha256(wheel: Path) -> str:
+    digest = hashlib.sha256()
+    with wheel.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def mistral_data_from_wheel(wheel: str | Path, dest: str | Path, *, sha256: str | None = None,
+                            files: Sequence[str] | None = None) -> Path:
+    """Write the mistral vocabulary files (`files`, default those of the mistral families) from
+    the pinned mistral-common wheel into `dest` and return it, without installing the package.
+    A wheel whose sha256 is not `sha256` (default: the pinned one), that is not a zip, or lacks a
+    file is refused in one line."""
+    import zipfile
+
+    sha256 = sha256 or MISTRAL_WHEEL_SHA256
+
+    wheel, dest = Path(wheel), Path(dest)
+    hint = f"pass the {MISTRAL_WHEEL} wheel (pip download mistral-common=={MISTRAL_VERSION} --no-deps)"
+    if not wheel.is_file():
+        raise LabError(f"--mistral-wheel {wheel} is not a file", hint=hint)
+    if wheel.stat().st_size > MISTRAL_WHEEL_MAX_BYTES:
+        raise LabError(f"--mistral-wheel {wheel} is larger than {MISTRAL_WHEEL_MAX_BYTES} bytes", hint=hint)
+    actual = _wheel_sha256(wheel)
+    if actual != sha256:
+        raise LabError(f"--mistral-wheel {wheel} has sha256 {actual[:16]}…, the pinned {MISTRAL_WHEEL} has "
+                       f"{sha256[:16]}…", hint=hint)
+    names = list(files) if files is not None else [s.params["file"] for s in V3_FAMILY_SPECS if s.kind == "mistral"]
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            for name in names:
+                member = f"mistral_common/data/{name}"
+                try:
+                    info = z.getinfo(member)
+                except KeyError:
+                    raise LabError(f"--mistral-wheel {wheel} has no {member}", hint=hint) from None
+                if info.file_size > MISTRAL_FILE_MAX_BYTES:
+                    raise LabError(f"{wheel}: {member} is larger than {MISTRAL_FILE_MAX_BYTES} bytes", hint=hint)
+                with z.open(info) as f:
+                    data = f.read(MISTRAL_FILE_MAX_BYTES + 1)
+                if len(data) > MISTRAL_FILE_MAX_BYTES:
+                    raise LabError(f"{wheel}: {member} is larger than {MISTRAL_FILE_MAX_BYTES} bytes", hint=hint)
+                (dest / name).write_bytes(data)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        raise LabError(f"--mistral-wheel {wheel} cannot be read as a wheel: {str(exc)[:200]}", hint=hint) from None
+    return dest
 
 
 def sha256_file(path: Path) -> str:
@@ -261,9 +324,18 @@ def _build_pruned(spec: FamilySpec, folder: Path, built: Mapping[str, Path]) -> 
 
 def build_lab_families(out_dir: str | Path, *, pool: str | Path, shared: str | Path = Path("../shared"),
                        names: Sequence[str] | None = None, mistral_data: str | Path | None = None,
+                       mistral_wheel: str | Path | None = None,
                        train_bytes: int = TRAIN_BYTES) -> list[FamilySource]:
     """Write one tokenizer folder per family of `names` (default: all of `V3_FAMILY_NAMES`, in
-    order) under `out_dir`; a pruned family's base is built first when it is not listed."""
+    order) under `out_dir`; a pruned family's base is built first when it is not listed. The
+    mistral vocabularies come from `mistral_data`, else the pinned wheel `mistral_wheel`
+    (`mistral_data_from_wheel`), else the installed mistral-common."""
+    if mistral_wheel is not None and mistral_data is None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="lstar-mistral-") as tmp:
+            return build_lab_families(out_dir, pool=pool, shared=shared, names=names,
+                                      mistral_data=mistral_data_from_wheel(mistral_wheel, tmp), train_bytes=train_bytes)
     names = list(V3_FAMILY_NAMES if names is None else names)
     unknown = [n for n in names if n not in SPEC_BY_NAME]
     if unknown:
@@ -333,25 +405,29 @@ def round_trip_exclusions(families: Mapping[str, Any], documents: Sequence[Any])
     return excluded
 
 
-def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+def round_trip_checks(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
     """The round trip of every family on every named text (documents or (id, text) pairs), after
-    `round_trip_exclusions` over all of them; a family for which any remaining document fails is
-    refused in one line naming it and the share failing. Returns {"excluded", "checks"}."""
+    `round_trip_exclusions` over all of them. Returns {"excluded", "checks": {family: check},
+    "lossy": {family: reason}}; nothing is refused here."""
     from monitor.lab.pool import check_lossless, lossy_reason
 
     all_docs = [d for docs in texts_by_name.values() for d in docs]
     excluded = set(round_trip_exclusions(families, all_docs))
     kept = {name: [text for doc_id, text in map(_doc, docs) if doc_id not in excluded]
             for name, docs in texts_by_name.items()}
-    checks = {}
-    for family, handle in families.items():
-        check = check_lossless(handle, family, kept)
-        if not check["lossless"]:
-            raise LabError(lossy_reason(family, check),
-                           hint=f"drop {family} from the v3 families (documents excluded for all: "
-                                f"{', '.join(sorted(excluded)) or 'none'})")
-        checks[family] = check
-    return {"excluded": sorted(excluded), "checks": checks}
+    checks = {family: check_lossless(handle, family, kept) for family, handle in families.items()}
+    return {"excluded": sorted(excluded), "checks": checks,
+            "lossy": {f: lossy_reason(f, c) for f, c in checks.items() if not c["lossless"]}}
+
+
+def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
+    """`round_trip_checks`, and a family for which any remaining document fails is refused in
+    one line naming it and the share failing. Returns {"excluded", "checks"}."""
+    result = round_trip_checks(families, texts_by_name)
+    for family, reason in result["lossy"].items():
+        raise LabError(reason, hint=f"drop {family} from the v3 families (documents excluded for all: "
+                                    f"{', '.join(result['excluded']) or 'none'})")
+    return {"excluded": result["excluded"], "checks": result["checks"]}
 
 
 # ------------------------------------------------------------------ the whole check

@@ -36,6 +36,36 @@ def level_margin(prereg: Mapping[str, Any], metric: str) -> float:
                        hint="levels are fixed in data/lab-v3-preregistration.json") from None
 
 
+# The pilot reads seed 0 only (data/lab-v3-preregistration.json, pilot_gate.pilot: "the first 6
+# kept families, seed 0"); the families are named there too (families.pilot_families).
+PILOT_SEED = 0
+
+
+def pilot_families(prereg: Mapping[str, Any]) -> list[str]:
+    """The pre-registered pilot's families, in their order."""
+    names = (prereg.get("families") or {}).get("pilot_families")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise LabError("the pre-registration names no pilot families (families.pilot_families)",
+                       hint="the pilot is fixed in data/lab-v3-preregistration.json")
+    return list(names)
+
+
+def pilot_rows(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The rows of the pre-registered pilot: its families at seed 0, taken from a full record's
+    rows or a pilot-only record's (the same rows either way, so the gate reads the same numbers
+    before and after the race)."""
+    names = set(pilot_families(prereg))
+    return [r for r in rows if isinstance(r, Mapping) and r.get("family") in names and r.get("seed") == PILOT_SEED]
+
+
+def pilot_coverage(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> dict[str, Any]:
+    """Which pilot families the pilot rows hold, and which they lack."""
+    present = {r.get("family") for r in rows if isinstance(r, Mapping)}
+    names = pilot_families(prereg)
+    return {"families": names, "seed": PILOT_SEED, "present": [n for n in names if n in present],
+            "missing": [n for n in names if n not in present]}
+
+
 def shuffled_within_lineage(d: race._Data, rng: np.random.Generator) -> race._Data:
     """`d` with every axis's values permuted among each lineage's checkpoints (one permutation
     per lineage, shared by the axes)."""

@@ -28,9 +28,11 @@ from typing import Any
 from monitor.errors import LabError
 from monitor.files import atomic_write_text
 from monitor.lab.assignment import DataAssignment, SourcedChunks, assigned_stream, sourced_chunks
-from monitor.lab.config import RaceConfigV3
+from monitor.lab.config import RaceConfigV3, family_folders
+from monitor.lab.family_set import FamilySetRule, check_run_families
 from monitor.lab.pool import TrainText, heldout_texts, load_pool, unigram_log_probs
-from monitor.lab.race import (KILL_AFTER_ENV, LOCATION_SETTINGS, OOS_ALPHA, SCORES_FILE, TASKS_DIR, RaceInputs,
+from monitor.lab.race import (KILL_AFTER_ENV, LOCATION_SETTINGS, OOS_ALPHA, ROUND_TRIP_TRAIN_CHUNKS, SCORES_FILE,
+                              TASKS_DIR, RaceInputs,
                               _without_locations, family_checks, lineage_id, score_tasks, score_text,
                               tokenizer_sha256)
 from monitor.lab.records import write_lab
@@ -217,13 +219,34 @@ def preregistration_sha256(path: Path = PREREGISTRATION) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def family_set_v3(config: RaceConfigV3, inputs: RaceInputsV3, rule: FamilySetRule) -> dict[str, Any]:
+    """The family set of the folder `config.tokenizers_dir` on the run's own texts (the round
+    trip's texts of `family_checks`), by the pre-registered rule (`monitor.lab.family_set`)."""
+    texts = {"train": list(inputs.train.readable[:ROUND_TRIP_TRAIN_CHUNKS]), "heldout": inputs.heldout,
+             "calib": inputs.calib}
+    return check_run_families(family_folders(config.tokenizers_dir), config.tokenizer_dir, texts, rule)
+
+
 def run_race_v3(config: RaceConfigV3, out: str | Path, *, workers: int = 2, progress: bool = True,
-                preregistration: Path = PREREGISTRATION) -> LabRecordV3:
-    """Run (or resume) lab v3 into `out` and write `out/lab.json`."""
+                preregistration: Path = PREREGISTRATION, family_set: FamilySetRule | None = None) -> LabRecordV3:
+    """Run (or resume) lab v3 into `out` and write `out/lab.json`. With `family_set` the
+    families of `config.tokenizers_dir` are checked first (`family_set_v3`) and the run races
+    the families it keeps (or those chosen, each of them kept)."""
     config.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = prepare_race_v3(config, out)
+    checked = None
+    if family_set is not None:
+        checked = family_set_v3(config, inputs, family_set)
+        missing = [f for f in checked["raced"] for s in config.seeds if (f, s) not in inputs.assignments]
+        if missing:
+            inputs.assignments.update({(f, s): lineage_stream(config, inputs.sourced, f, s)[1]
+                                       for f in checked["raced"] for s in config.seeds})
+        config = config.with_(families=tuple(checked["raced"])).validate()
+        if progress:
+            print(f"family set: {len(checked['kept'])} kept of {len(checked['candidates'])} at cut-off "
+                  f"{checked['cutoff']:g}; racing {', '.join(checked['raced'])}", flush=True)
     families = family_checks_v3(config, inputs)
     jobs = race_v3_jobs(config)
     kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
@@ -253,10 +276,10 @@ def run_race_v3(config: RaceConfigV3, out: str | Path, *, workers: int = 2, prog
         "schema": LAB_SCHEMA_V3, "config": {**config.as_dict(), **inputs.provenance},
         "preregistration_sha256": preregistration_sha256(preregistration),
         "families": families, "data": [results[j]["data"] for j in ordered],
-        "checkpoints": [c for j in ordered for c in results[j]["checkpoints"]]})
+        "checkpoints": [c for j in ordered for c in results[j]["checkpoints"]], "family_set": checked})
     write_lab(record, out / "lab.json")
     return record
 
 
-__all__ = ["PREREGISTRATION", "RaceInputsV3", "family_checks_v3", "lineage_key_v3", "lineage_stream",
+__all__ = ["PREREGISTRATION", "RaceInputsV3", "family_checks_v3", "family_set_v3", "lineage_key_v3", "lineage_stream",
            "preregistration_sha256", "prepare_race_v3", "race_v3_jobs", "run_race_v3", "run_race_v3_lineage"]

@@ -10,7 +10,8 @@ The training half of the lab (`monitor.lab.pipeline`) writes it; the analysis ha
 (`monitor.lab.analysis`, `monitor.lab.report`) reads only it. Families are distinguished by
 tokenizer; seeds are replicate runs of a family. Every number is a plain float so the file
 can be read without the lab's code; unknown keys are refused so a typo in a hand-edited file
-is caught, and `load_lab` turns every problem into one `LabError` line naming the file.
+is caught, and every problem is one `LabError` line naming the file. `monitor.lab.record_file`
+reads any version (`load_lab`), v3's (`monitor.lab.records_v3`) included.
 
 Every number is bounded, so that no value of a hostile file can overflow the analysis or the
 figures: losses (nats/token, bits/byte, their differences and ratios) and their standard
@@ -20,19 +21,17 @@ vocabulary) are integers in [0, COUNT_BOUND); task scores keep their own ranges.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from monitor.errors import LabError, PolicyError
-from monitor.files import FileKind, NotJsonError, atomic_write_text, read_bounded_json
+from monitor.errors import LabError
+from monitor.files import FileKind, atomic_write_text
 
 __all__ = ["COUNT_BOUND", "LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "LOSS_BOUND", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
-           "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "load_lab",
-           "load_lab_with_sha256", "parse_lab", "write_lab"]
+           "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "parse_lab", "write_lab"]
 
 LAB_SCHEMA = "lstar-lab/1"
 LAB_SCHEMA_V2 = "lstar-lab/2"
@@ -180,28 +179,6 @@ def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
     except ValidationError as exc:
         raise LabError(f"{where} is not a valid {LAB_SCHEMA} record: {_first_error(exc)}",
                        hint="regenerate it with `lstar lab run`") from None
-
-
-def load_lab(path: str | Path) -> LabRecord:
-    """Read and validate `lab.json` (a file, or the lab folder holding it)."""
-    return load_lab_with_sha256(path)[0]
-
-
-def load_lab_with_sha256(path: str | Path) -> tuple[LabRecord, str]:
-    """`load_lab`, and the sha256 of the bytes it read (one read, for provenance)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / LAB_FILE
-    if not path.exists():
-        raise LabError(f"no lab record at {path}", hint="run `lstar lab run --out DIR` first")
-    try:  # a regular file of bounded size, read without blocking (a FIFO cannot hang us)
-        data, raw = read_bounded_json(path, str(path), what=LAB_RECORD, limit=LAB_MAX_BYTES)
-    except PolicyError as exc:
-        raise LabError(exc.message, hint="pass the lab.json a lab run wrote") from None
-    except NotJsonError as exc:
-        raise LabError(f"{path} is not valid JSON: {str(exc)[:200]}",
-                       hint="regenerate it with `lstar lab run`") from None
-    return parse_any_lab(data, where=str(path)), hashlib.sha256(raw).hexdigest()
 
 
 def write_lab(record: LabRecord, path: str | Path) -> Path:
@@ -374,20 +351,5 @@ def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, An
     return rows
 
 
-def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> "LabRecord | LabRecordV2 | Any":
-    """A version-3 or version-2 record, or a version-1 record (still readable, e.g. by the v1 analysis)."""
-    if isinstance(data, dict) and data.get("schema") == "lstar-lab/3":
-        from monitor.lab.records_v3 import parse_lab_v3   # v3 builds on this module's types
-
-        return parse_lab_v3(data, where=where)
-    if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V2:
-        try:
-            return LabRecordV2.model_validate(data)
-        except ValidationError as exc:
-            raise LabError(f"{where} is not a valid {LAB_SCHEMA_V2} record: {_first_error(exc)}",
-                           hint="regenerate it with `lstar lab run`") from None
-    return parse_lab(data, where=where)
-
-
 __all__ += ["EVAL_TEXTS", "LAB_SCHEMA_V2", "LabRecordV2", "CheckpointRecordV2", "FamilyRecordV2", "RACE_AXES",
-            "RACE_TASKS", "TaskScoresV2", "TextScoresV2", "parse_any_lab", "race_rows"]
+            "RACE_TASKS", "TaskScoresV2", "TextScoresV2", "race_rows"]

@@ -8,16 +8,17 @@ tasks carry `logp_correct`, the continuous primary metric, with its chance level
 record names the pre-registration it ran under (`preregistration_sha256`, the sha256 of
 `data/lab-v3-preregistration.json` when that file exists, else None). The evaluation texts keep
 v2's names: `heldout` (the pool's held-out split, the PRIMARY text, in distribution) and
-`calib` (calib-v0, secondary, out of distribution).
+`calib` (calib-v0, secondary, out of distribution). A run from a folder of families records the
+family set it checked at its start (`family_set`: kept and dropped, the Jaccard matrix).
 
 Every number is bounded as in version 2; unknown keys are refused; a file is read bounded and
-every problem is one `LabError` line naming it (`monitor.lab.records.load_lab` reads v1, v2 and v3).
+every problem is one `LabError` line naming it (`monitor.lab.record_file.load_lab` reads v1, v2 and v3).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -90,6 +91,35 @@ class DataAssignmentRecord(_Strict):
         return self
 
 
+class FamilySetRecord(_Strict):
+    """The family set a run checked at its start (`monitor.lab.family_set`): the candidates in
+    pre-registered order, each one's round trip, the boundary-Jaccard matrix of the lossless
+    ones (`names`) on calib-v0, which were kept and why the others were dropped, and the families
+    the run raced."""
+
+    cutoff: float = Field(gt=0.0, le=1.0)
+    min_kept: Count | None = None
+    candidates: list[Annotated[str, Field(min_length=1, max_length=100)]] = Field(max_length=1000)
+    round_trip: dict[str, Any]
+    names: list[str] = Field(max_length=1000)
+    matrix: list[list[Annotated[float, Field(ge=0.0, le=1.0)]]]
+    kept: list[str]
+    dropped: dict[str, Annotated[str, Field(max_length=2000)]]
+    raced: list[str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "FamilySetRecord":
+        if any(len(row) != len(self.names) for row in self.matrix) or len(self.matrix) != len(self.names):
+            raise ValueError(f"matrix must be {len(self.names)} x {len(self.names)} (one row and column per name)")
+        if not set(self.names) <= set(self.candidates) or not set(self.dropped) <= set(self.candidates):
+            raise ValueError("names and dropped must be candidates")
+        if not set(self.kept) <= set(self.names) or set(self.kept) & set(self.dropped):
+            raise ValueError("kept must be lossless candidates (names) and none of them dropped")
+        if not set(self.raced) <= set(self.kept):
+            raise ValueError(f"raced families {', '.join(sorted(set(self.raced) - set(self.kept)))} are not kept")
+        return self
+
+
 class CheckpointRecordV3(CheckpointRecordV2):
     """One saved checkpoint of one (family, seed) lineage of the one size."""
 
@@ -108,6 +138,7 @@ class LabRecordV3(_Strict):
     families: list[FamilyRecordV3]
     data: list[DataAssignmentRecord]
     checkpoints: list[CheckpointRecordV3]
+    family_set: FamilySetRecord | None = None    # when the run checked a folder of families
 
     @field_validator("schema_")
     @classmethod
@@ -124,6 +155,8 @@ class LabRecordV3(_Strict):
         for f in self.families:
             if f.role == "primary" and not f.lossless:
                 raise ValueError(f"family {f.family!r} is lossy and cannot be in the primary race")
+            if f.role == "primary" and self.family_set is not None and f.family not in self.family_set.kept:
+                raise ValueError(f"family {f.family!r} is in the race but not in the family set's kept families")
         samples: dict[tuple[str, int], str] = {}
         for i, d in enumerate(self.data):
             if d.family not in names:
@@ -187,6 +220,7 @@ def race_rows_v3(lab: LabRecordV3, *, role: str = "primary") -> list[dict[str, A
     return rows
 
 
-__all__ = ["DataAssignmentRecord", "FamilyRecordV3", "LAB_SCHEMA_V3", "LabRecordV3", "CheckpointRecordV3",
+__all__ = ["DataAssignmentRecord", "FamilyRecordV3", "FamilySetRecord", "LAB_SCHEMA_V3", "LabRecordV3",
+           "CheckpointRecordV3",
            "PRIMARY_METRIC", "PRIMARY_TEXT", "SECONDARY_TEXT", "TaskScoresV3", "V3_AXES", "V3_METRICS",
            "parse_lab_v3", "race_rows_v3"]

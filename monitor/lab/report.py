@@ -42,8 +42,9 @@ Name = Callable[[Any], str]   # how a name from the rows is written: `str`, or `
 def rows_from_lab(lab_json: Path) -> tuple[list[dict[str, Any]], str]:
     """The race rows of a lab record (`monitor.lab.records.race_rows`) and the record's sha256."""
     from monitor.lab import records
+    from monitor.lab.record_file import load_lab_with_sha256
 
-    lab, sha = records.load_lab_with_sha256(lab_json)
+    lab, sha = load_lab_with_sha256(lab_json)
     return list(records.race_rows(lab)), sha
 
 

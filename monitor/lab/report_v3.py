@@ -6,7 +6,10 @@
 Rows come from a v3 record (`records_v3.race_rows_v3`, with its `preregistration_sha256`)
 or from a rows file `{"schema": "lstar-lab-rows/3", "preregistration_sha256": ..., "rows":
 [...], "pilot_rows": [...]}`. Either way the pin is checked first: a record made under another
-pre-registration is refused in one line.
+pre-registration is refused in one line. The pilot gate reads the pre-registered pilot's rows
+(its families at seed 0, `monitor.lab.pilot.pilot_rows`) of the same rows, so a pilot-only
+record and the full record give the gate the same numbers; `pilot_gate_from` gives the gate
+alone (`lstar lab report --pilot`).
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from monitor.escape import markdown_code, markdown_text
 from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.lab import analysis as race
 from monitor.lab.analysis_v3 import analyse_v3
+from monitor.lab.pilot import pilot_coverage, pilot_gate, pilot_rows
 from monitor.lab.preregistration import check_pin, load_preregistration
+from monitor.lab.records_v3 import LAB_SCHEMA_V3, parse_lab_v3, race_rows_v3
 
-RECORD_SCHEMA = "lstar-lab/3"
+RECORD_SCHEMA = LAB_SCHEMA_V3
 ROWS_SCHEMA = "lstar-lab-rows/3"
 MAX_BYTES = 256 << 20
 LAB_FILE = FileKind("lab record", "lab records", "JSON")
@@ -50,21 +55,24 @@ def is_v3(data: Any) -> bool:
 
 
 def rows_of(data: Mapping[str, Any], path: Path) -> tuple[list, list | None, Any]:
-    """(rows, pilot rows, pin) of a v3 record or rows file."""
+    """(rows, pilot rows or None, pin) of a v3 record or rows file. A record's rows are
+    `records_v3.race_rows_v3` of the record `records_v3.parse_lab_v3` validates; its pilot rows
+    are taken from them (None here: `pilot.pilot_rows` picks them once the pre-registration is
+    read). A rows file may carry its own `pilot_rows`."""
     if data.get("schema") == ROWS_SCHEMA:
         rows, pilot = data.get("rows"), data.get("pilot_rows")
         if not isinstance(rows, list) or not (pilot is None or isinstance(pilot, list)):
             raise LabError(f"{path}: 'rows' (and 'pilot_rows', when present) must be lists of v3 rows")
         return rows, pilot, data.get("preregistration_sha256")
-    try:
-        from monitor.lab import records_v3
-    except ImportError:
-        raise LabError(f"{path} is a v3 lab record, but this installation has no monitor.lab.records_v3",
-                       hint="update the project, or pass the record's rows with --rows") from None
-    lab = records_v3.parse_lab_v3(data) if hasattr(records_v3, "parse_lab_v3") else data
-    pilot_of = getattr(records_v3, "pilot_rows_v3", None)
-    return (list(records_v3.race_rows_v3(lab)), list(pilot_of(lab)) if pilot_of else None,
-            data.get("preregistration_sha256"))
+    lab = parse_lab_v3(data, where=str(path))
+    return race_rows_v3(lab), None, lab.preregistration_sha256
+
+
+def _pilot(rows: Sequence[Mapping[str, Any]], pilot: Sequence[Mapping[str, Any]] | None,
+           prereg: Mapping[str, Any]) -> tuple[list, dict[str, Any]]:
+    """The pilot rows (given, or the pre-registered pilot's rows of `rows`) and what they cover."""
+    chosen = list(pilot) if pilot is not None else pilot_rows(rows, prereg)
+    return chosen, {**pilot_coverage(chosen, prereg), "from": "pilot_rows" if pilot is not None else "rows"}
 
 
 def _g(v: Any, digits: int = 3) -> str:
@@ -122,9 +130,13 @@ def _write(path: Path, text: str) -> None:
 def write_v3_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, pilot_rows: Sequence[Mapping[str, Any]] | None,
                     pin: Any, source: Mapping[str, str], resamples: int | None = None,
                     prereg_path: Path | None = None) -> dict[str, Any]:
-    """Check the pin, analyse, write lab-report.json and lab-report.md; return the numbers."""
+    """Check the pin, analyse, write lab-report.json and lab-report.md; return the numbers.
+    `pilot_rows` None: the pre-registered pilot's rows of `rows` (its families, seed 0)."""
     sha = check_pin(pin, where=source["path"], path=prereg_path)
-    data = analyse_v3(rows, load_preregistration(prereg_path), pilot_rows=pilot_rows, resamples=resamples)
+    prereg = load_preregistration(prereg_path)
+    pilot, coverage = _pilot(rows, pilot_rows, prereg)
+    data = analyse_v3(rows, prereg, pilot_rows=pilot, resamples=resamples)
+    data["pilot_gate"]["pilot"] = coverage
     data.update(source=dict(source), preregistration_sha256=sha)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,9 +145,27 @@ def write_v3_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, pilot_r
     return data
 
 
-def write_v3_report_from(path: Path, out_dir: Path, *, resamples: int | None = None) -> dict[str, Any]:
+def write_v3_report_from(path: Path, out_dir: Path, *, resamples: int | None = None,
+                         prereg_path: Path | None = None) -> dict[str, Any]:
     """The report of a v3 lab.json or rows file."""
     data, sha = read_json(path)
     rows, pilot, pin = rows_of(data, Path(path))
     return write_v3_report(rows, out_dir, pilot_rows=pilot, pin=pin, source={"path": str(path), "sha256": sha},
-                           resamples=resamples)
+                           resamples=resamples, prereg_path=prereg_path)
+
+
+def pilot_gate_from(path: Path, *, prereg_path: Path | None = None) -> dict[str, Any]:
+    """The pilot gate alone, on a pilot-only lab.json (or a full one, or a rows file): the pin
+    checked, then the gate on the pre-registered pilot's rows. Nothing is written."""
+    data, sha = read_json(path)
+    if not is_v3(data):
+        raise LabError(f"{path} is not a lab v3 record (schema {RECORD_SCHEMA!r}) or rows file ({ROWS_SCHEMA!r})",
+                       hint="the pilot gate is lab v3's; pass the lab.json of `lstar lab run3`")
+    rows, pilot, pin = rows_of(data, Path(path))
+    pinned = check_pin(pin, where=str(path), path=prereg_path)
+    prereg = load_preregistration(prereg_path)
+    chosen, coverage = _pilot(rows, pilot, prereg)
+    gate = (pilot_gate(chosen, prereg) if chosen else
+            {"ran": False, "passed": False, "reason": f"{path} holds no row of the pilot's families at seed 0"})
+    gate["pilot"] = coverage
+    return {"pilot_gate": gate, "preregistration_sha256": pinned, "source": {"path": str(path), "sha256": sha}}

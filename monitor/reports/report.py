@@ -329,7 +329,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                            for p in rows if _in_period(p.evaluated_at, period_start, now)
                            and p.p_hat is not None]})
 
-    observe_checked(store, policy, tasks)
+    observe_checked(store, policy, tasks, until=now)
     record = track_record_section(store, policy)
     problems += [r["problem"] for r in record if r.get("problem")]
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
@@ -354,7 +354,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "lineage_history": scored,
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
-        "superseded_evaluations": superseded_section(store, policy, since=period_start),
+        "superseded_evaluations": superseded_section(store, policy, since=period_start, until=now),
         # what each reload that changed a task's judgement did (monitor.service.policy_change)
         "policy_changes": store.policy_changes(policy.name, start=period_start, end=now),
         "plots": [],
@@ -449,12 +449,14 @@ def ref_name(row: Mapping[str, Any]) -> str:
     return row.get("checkpoint") or checkpoint_name(row["repo"], row["commit"], row.get("refs") or [])
 
 
-def observe_checked(store: Store, policy: Policy, tasks: Sequence[dict[str, Any]]) -> None:
+def observe_checked(store: Store, policy: Policy, tasks: Sequence[dict[str, Any]], *,
+                    until: datetime | None = None) -> None:
     """Give each lineage's current checkpoint its observed state, where an evaluation checked
-    it: `predicted_state` keeps the prediction, `observed_state` the observation, and
-    `state_in_force` is the observed one (it supersedes the prediction for that checkpoint)."""
+    it (by `until`, the report's end): `predicted_state` keeps the prediction, `observed_state`
+    the observation, and `state_in_force` is the observed one (it supersedes the prediction
+    for that checkpoint)."""
     pairs = [(x["repo"], x["commit"]) for t in tasks for x in t["lineages"]]
-    found = store.observed_states(pairs) if pairs else {}
+    found = store.observed_states(pairs, until=until) if pairs else {}
     for t in tasks:
         for x in t["lineages"]:
             done = [o for o in found.get((x["repo"], x["commit"]), [])
@@ -530,13 +532,14 @@ def version_line(data: Mapping[str, Any]) -> str:
     return f"{data['policy']} {describe_version(data['policy_version'])}"
 
 
-def superseded_section(store: Store, policy: Policy, *, since: datetime) -> list[dict[str, Any]]:
-    """The policy's evaluations superseded since `since` because their task file changed before
+def superseded_section(store: Store, policy: Policy, *, since: datetime,
+                       until: datetime | None = None) -> list[dict[str, Any]]:
+    """The policy's evaluations superseded in (`since`, `until`] because their task file changed before
     they ran: which (id, task, checkpoint, the file's sha256 then), why, and by which evaluation
     (its id, the new sha256, its status)."""
     return [{k: r[k] for k in ("id", "task", "repo", "commit_sha", "task_sha256", "reason", "superseded_at",
                                "superseded_by", "by_task_sha256", "by_status")}
-            for r in store.superseded_observations(policy.name, since=since)]
+            for r in store.superseded_observations(policy.name, since=since, until=until)]
 
 
 def superseded_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -83,10 +83,14 @@ def _current_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row for row in picked if row is not None]
 
 
-def _with_observations(store: Any, rows: list[dict[str, Any]]) -> None:
-    found = store.observed_states([(r["repo"], r["commit_sha"]) for r in rows]) if rows else {}
+def with_states_in_force(store: Any, rows: list[dict[str, Any]], *, commit: str = "commit_sha") -> None:
+    """Give each row (policy, task, repo, `commit`, predicted `state`) its `observed_state`
+    (the newest finished evaluation of that task on that checkpoint, or None) and its
+    `state_in_force` (the observed one mapped onto the prediction's states, else the
+    prediction's): the one rule the watchlist and the status page show, as the report does."""
+    found = store.observed_states([(r["repo"], r[commit]) for r in rows]) if rows else {}
     for r in rows:
-        done = [o for o in found.get((r["repo"], r["commit_sha"]), [])
+        done = [o for o in found.get((r["repo"], r[commit]), [])
                 if o["policy"] == r["policy"] and o["task"] == r["task"] and o["status"] == "done"]
         r["observed_state"] = done[-1]["observed_state"] if done else None
         r["state_in_force"] = OBSERVED_AS.get(r["observed_state"], r["state"]) if done else r["state"]
@@ -98,8 +102,10 @@ def _sort_key(row: dict[str, Any]) -> tuple[int, float, str, str, str]:
             row["policy"], row["task"], row["lineage"])
 
 
-def _last_alerts(store: Any, rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """The newest alert of each (policy, task, lineage) among `rows`."""
+def last_alerts(store: Any, rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The newest alert of each (policy, task, lineage) among `rows`, of any kind (an evaluation's
+    observation alert too: its observed state is the state in force); the watchlist's and the
+    status page's "last alert"."""
     keys = sorted({(r["policy"], r["task"], r["lineage"]) for r in rows})
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for first in range(0, len(keys), 500):
@@ -143,7 +149,7 @@ def watchlist_page(store: Any, *, status: str | None = None, task: str | None = 
     if repo is not None:   # DuckDB's GLOB decides, in the prefilter and here alike
         matched = {r["repo"] for r in store.query("SELECT DISTINCT repo FROM predictions WHERE repo GLOB ?", [repo])}
         rows = [r for r in rows if r["repo"] in matched]
-    _with_observations(store, rows)
+    with_states_in_force(store, rows)
     if status is not None:
         rows = [r for r in rows if r["state_in_force"] == status]
     for r in rows:
@@ -153,8 +159,8 @@ def watchlist_page(store: Any, *, status: str | None = None, task: str | None = 
     if after is not None:
         rows = [r for r in rows if _sort_key(r) > after]
     page, more = rows[:limit], len(rows) > limit
-    last_alerts = _last_alerts(store, page)
-    items = [{**_shown(r), "last_alert": last_alerts.get((r["policy"], r["task"], r["lineage"]))} for r in page]
+    newest = last_alerts(store, page)
+    items = [{**_shown(r), "last_alert": newest.get((r["policy"], r["task"], r["lineage"]))} for r in page]
     next_cursor = WATCHLIST.encode(list(_sort_key(page[-1]))) if more and page else None
     return Page(items, total, next_cursor, limit)
 
@@ -166,4 +172,4 @@ def describe_distance(distance: float | None) -> str:
     return f"{abs(distance):.4f} {'below' if distance < 0 else 'above'}"
 
 
-__all__ = ["STATUSES", "watchlist_page", "check_status", "describe_distance"]
+__all__ = ["STATUSES", "watchlist_page", "with_states_in_force", "last_alerts", "check_status", "describe_distance"]

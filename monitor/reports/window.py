@@ -88,7 +88,10 @@ def parse_moment(text: str, *, now: datetime) -> datetime:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise _refuse(text) from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    try:   # 0001-01-01T00:00+01:00 is a valid text whose instant lies before the calendar's first
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    except OverflowError:
+        raise _refuse(text, "lies outside the calendar in UTC") from None
 
 
 def week_start(moment: datetime) -> datetime:

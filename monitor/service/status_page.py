@@ -38,6 +38,8 @@ import jinja2
 
 from monitor.escape import template_value
 from monitor.reports.present import checkpoint_name, fmt
+from monitor.reports.watchlist import last_alerts as watchlist_last_alerts
+from monitor.reports.watchlist import with_states_in_force
 from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 MAX_ROWS = 50            # lineage × task rows shown, closest to their level first
@@ -165,16 +167,9 @@ def read_candidates(store: Any, watched: Mapping[str, Sequence[str]], *,
 
 
 def last_alerts(store: Any, groups: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """The newest alert of each (policy, task, lineage) in `groups` (operator alerts aside)."""
-    if not groups:
-        return {}
-    marks = ", ".join("(?, ?, ?)" for _ in groups)
-    rows = store.query(
-        "SELECT id, policy, task, lineage, state, status, created_at FROM (SELECT id, policy, task, lineage, state, "
-        "status, created_at, row_number() OVER (PARTITION BY policy, task, lineage ORDER BY created_at DESC, id DESC) "
-        "AS n FROM alerts WHERE kind NOT IN ('meta', 'observe') AND (policy, task, lineage) IN "
-        f"(SELECT * FROM (VALUES {marks}))) WHERE n = 1", [v for g in groups for v in g])
-    return {(r["policy"], r["task"], r["lineage"]): r for r in rows}
+    """The newest alert of each (policy, task, lineage) in `groups`, as the watchlist shows it
+    (`monitor.reports.watchlist.last_alerts`: one definition for both)."""
+    return watchlist_last_alerts(store, [{"policy": p, "task": t, "lineage": n} for p, t, n in groups])
 
 
 def open_alerts(store: Any, *, limit: int = MAX_LISTED) -> tuple[list[dict[str, Any]], int]:
@@ -250,6 +245,10 @@ def gather(daemon: Any, *, now: datetime, max_rows: int = MAX_ROWS,
             candidates, data["candidates_total"] = read_candidates(store, watched, limit=max_candidates)
             data["candidates_read"] = len(candidates)
             rows, data["rows_total"] = lineage_rows(candidates, limit=max_rows)
+            # an evaluation's observed state supersedes the prediction, as on the watchlist and report
+            with_states_in_force(store, rows, commit="commit")
+            for row in rows:
+                row["predicted_state"], row["state"] = row["state"], row["state_in_force"]
             alerts = last_alerts(store, [r["key"] for r in rows])
             for row in rows:
                 row["last_alert"] = alerts.get(row["key"])

@@ -126,11 +126,16 @@ class ObservationRows(StoreConnection):
                 out.append((int(row["id"]), new_id))
         return out
 
-    def superseded_observations(self, policy: str, *, since: datetime | None = None) -> list[dict[str, Any]]:
-        """The evaluations of `policy` superseded (since `since`), oldest first: which (id, task,
-        checkpoint, the task file sha256 it was scheduled with), why (`reason`), and by which
-        (`superseded_by`, its sha256 and status)."""
-        where, params = ("AND o.finished_at >= ? ", [since]) if since is not None else ("", [])
+    def superseded_observations(self, policy: str, *, since: datetime | None = None,
+                                until: datetime | None = None) -> list[dict[str, Any]]:
+        """The evaluations of `policy` superseded in (`since`, `until`] (a report's window; either
+        end open when None), oldest first: which (id, task, checkpoint, the task file sha256 it
+        was scheduled with), why (`reason`), and by which (`superseded_by`, its sha256 and status)."""
+        where, params = "", []
+        if since is not None:
+            where, params = where + "AND o.finished_at > ? ", [*params, since]
+        if until is not None:
+            where, params = where + "AND o.finished_at <= ? ", [*params, until]
         rows = self.query(
             "SELECT o.id, o.task, o.repo, o.commit_sha, o.settings, o.reason, o.finished_at AS superseded_at, "
             "o.superseded_by, n.settings AS by_settings, n.status AS by_status FROM observations o "
@@ -260,9 +265,12 @@ class ObservationRows(StoreConnection):
                           [*params, int(limit)])
         return [_decode(r) for r in rows]
 
-    def observed_states(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    def observed_states(self, pairs: Sequence[tuple[str, str]], *,
+                        until: datetime | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
         """{(repo, sha): [{policy, task, predicted_state, observed_state, verdict, observed,
-        observed_lo, observed_hi}, ...]} of the finished observations of these checkpoints."""
+        observed_lo, observed_hi}, ...]} of the finished observations of these checkpoints
+        (those finished by `until` when given: a report of a past window reads the state then)."""
+        bound, bound_params = ("AND finished_at <= ? ", [until]) if until is not None else ("", [])
         out: dict[tuple[str, str], list[dict[str, Any]]] = {}
         pairs = sorted(set(pairs))
         for start in range(0, len(pairs), 500):
@@ -271,7 +279,7 @@ class ObservationRows(StoreConnection):
             rows = self.query(
                 "SELECT repo, commit_sha, policy, task, predicted_state, observed_state, verdict, observed, "
                 "observed_lo, observed_hi, status, reason FROM observations WHERE (repo, commit_sha) IN "
-                f"(SELECT * FROM (VALUES {marks})) ORDER BY id", [v for p in chunk for v in p])
+                f"(SELECT * FROM (VALUES {marks})) {bound}ORDER BY id", [v for p in chunk for v in p] + bound_params)
             for r in rows:
                 out.setdefault((r.pop("repo"), r.pop("commit_sha")), []).append(r)
         return out

@@ -70,8 +70,10 @@ def verify_signature(secret: str, headers: Any, body: bytes, *, now: datetime,
         return "the timestamp is not an integer or the body is not UTF-8"
     if abs(now.timestamp() - timestamp) > tolerance_s:
         return f"the timestamp {timestamp} is more than {tolerance_s} s from now (a replay, or a clock off)"
-    expected = sign(secret, msg_id, timestamp, text)
-    if any(hmac.compare_digest(expected, value) for value in given.split()):
+    # Compared as bytes: a header may hold any byte (decoded as Latin-1), and compare_digest
+    # refuses str with non-ASCII characters rather than answering "no match".
+    expected = sign(secret, msg_id, timestamp, text).encode()
+    if any(hmac.compare_digest(expected, value.encode("utf-8", "surrogatepass")) for value in given.split()):
         return None
     return "no v1 signature matches the secret"
 

@@ -1,0 +1,158 @@
+"""Lab v3's family set at the start of a run from a folder of families (`monitor.lab.family_set`):
+a lossy family and a near-duplicate are dropped with their reasons, the Jaccard values recorded
+are the boundary Jaccard counted by hand, the cut-off and minimum are the pre-registration's, a
+chosen family that is not kept and a full race below the minimum are refused in one line, and the
+record keeps the set (slow: the reduced lab from such a folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.errors import LabError
+from monitor.lab.family_set import FamilySetRule, check_run_families
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_POOL = REPO_ROOT / "data" / "lab-pool-sample"
+TEXTS = ["The cat sat on the mat.\nIt was 1234 degrees!", "naïve café — déjà vu; x = f(y) + 2",
+         "  indented\ttabs and CAPS"]
+
+
+def _copy(shared_dir: Path, source: str, folder: Path, name: str) -> None:
+    (folder / name).mkdir(parents=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (shared_dir / "tokenizers" / source / f).is_file():
+            shutil.copy(shared_dir / "tokenizers" / source / f, folder / name / f)
+
+
+@pytest.fixture()
+def families_dir(shared_dir: Path, tmp_path: Path) -> Path:
+    """Candidates under their pre-registered names: gpt2 and smollm2 as they are, a byte-for-byte
+    copy of gpt2 named gpt2-merges-8k (a near-duplicate), and the lossy bert-base-uncased (it
+    lower-cases) named pool-bpe-1k."""
+    folder = tmp_path / "families"
+    for source, name in (("gpt2", "gpt2"), ("smollm2", "smollm2"), ("gpt2", "gpt2-merges-8k"),
+                         ("bert-base-uncased", "pool-bpe-1k")):
+        _copy(shared_dir, source, folder, name)
+    return folder
+
+
+def _ends_by_hand(tokenizer_dir: Path, texts: list[str]) -> set[tuple[int, int]]:
+    """Token ends as (text, byte offset), from the character offsets one token at a time."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    ends = set()
+    for i, text in enumerate(texts):
+        for _, end in tok.encode(text, add_special_tokens=False).offsets:
+            if end > 0:
+                ends.add((i, len(text[:end].encode("utf-8"))))
+    return ends
+
+
+def test_the_set_drops_a_lossy_family_and_a_near_duplicate(families_dir: Path) -> None:
+    from monitor.lab.config import family_folders
+
+    candidates = family_folders(families_dir)
+    assert candidates == ("gpt2", "smollm2", "pool-bpe-1k", "gpt2-merges-8k")      # pre-registered order
+    texts = {"train": TEXTS[:1], "heldout": TEXTS[1:2], "calib": TEXTS}
+    result = check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, None, None))
+    assert result["kept"] == result["raced"] == ["gpt2", "smollm2"]
+    assert set(result["dropped"]) == {"pool-bpe-1k", "gpt2-merges-8k"}
+    assert "lossy" in result["dropped"]["pool-bpe-1k"] and result["round_trip"]["failing"]["pool-bpe-1k"] > 0
+    assert "1.000 with gpt2" in result["dropped"]["gpt2-merges-8k"]
+    assert result["names"] == ["gpt2", "smollm2", "gpt2-merges-8k"]                # the lossless ones
+    a, b = (_ends_by_hand(families_dir / n, TEXTS) for n in ("gpt2", "smollm2"))
+    assert result["matrix"][0][1] == pytest.approx(len(a & b) / len(a | b), abs=1e-4)
+    assert result["matrix"][0][1] < 0.96 and result["matrix"][0][2] == 1.0
+
+
+def test_a_chosen_family_must_be_kept_and_a_full_race_needs_the_minimum(families_dir: Path) -> None:
+    from monitor.lab.config import family_folders
+
+    candidates = family_folders(families_dir)
+    texts = {"train": TEXTS[:1], "heldout": TEXTS[1:2], "calib": TEXTS}
+    with pytest.raises(LabError) as info:
+        check_run_families(candidates, lambda n: families_dir / n, texts,
+                           FamilySetRule(0.96, None, ("gpt2-merges-8k",)))
+    assert "'gpt2-merges-8k' is not in the distinct set: boundary Jaccard 1.000 with gpt2" in info.value.one_line()
+    chosen = check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, None, ("smollm2",)))
+    assert chosen["raced"] == ["smollm2"] and chosen["kept"] == ["gpt2", "smollm2"]
+    with pytest.raises(LabError) as info:
+        check_run_families(candidates, lambda n: families_dir / n, texts, FamilySetRule(0.96, 3, None))
+    line = info.value.one_line()
+    assert "\n" not in line and "at least 3" in line
+    assert "2 of 4 families kept at the pre-registered cut-off 0.96" in line
+
+
+def test_the_rule_is_the_preregistrations() -> None:
+    spec = json.loads((REPO_ROOT / "data" / "lab-v3-preregistration.json").read_text())["families"]
+    full = FamilySetRule.preregistered(chosen=None, full_race=True)
+    assert (full.cutoff, full.min_kept, full.chosen) == (spec["cutoff"], spec["min_kept"], None)
+    pilot = FamilySetRule.preregistered(chosen=spec["pilot_families"], full_race=True)
+    assert pilot.min_kept is None and pilot.chosen == tuple(spec["pilot_families"])
+    assert FamilySetRule.preregistered(chosen=None, full_race=False).min_kept is None
+
+
+def test_the_record_keeps_the_set_and_refuses_a_raced_family_that_was_dropped() -> None:
+    from test_lab_v3_runner import _record
+
+    from monitor.lab.records_v3 import parse_lab_v3
+
+    raw = _record()                                 # families gpt2 and smollm2
+    raw["family_set"] = {"cutoff": 0.96, "min_kept": None, "candidates": ["gpt2", "smollm2", "gpt2-merges-8k"],
+                         "round_trip": {"excluded": []}, "names": ["gpt2", "smollm2", "gpt2-merges-8k"],
+                         "matrix": [[1.0, 0.5, 1.0], [0.5, 1.0, 0.5], [1.0, 0.5, 1.0]], "kept": ["gpt2", "smollm2"],
+                         "dropped": {"gpt2-merges-8k": "boundary Jaccard 1.000 with gpt2"},
+                         "raced": ["gpt2", "smollm2"]}
+    assert parse_lab_v3(raw).family_set.kept == ["gpt2", "smollm2"]
+    raw["family_set"]["kept"] = ["gpt2"]
+    with pytest.raises(LabError, match="raced families smollm2 are not kept"):
+        parse_lab_v3(raw)
+    raw["family_set"].update(kept=["gpt2"], raced=["gpt2"])
+    with pytest.raises(LabError, match="'smollm2' is in the race but not in the family set"):
+        parse_lab_v3(raw)
+    raw["family_set"]["matrix"] = [[1.0]]
+    with pytest.raises(LabError, match="matrix must be 3 x 3"):
+        parse_lab_v3(raw)
+
+
+def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_training(
+        families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
+    from monitor.lab.config import race_v3_reduced_config
+    from monitor.lab.race_v3 import run_race_v3
+
+    if not (SAMPLE_POOL / "train" / "manifest.json").is_file():
+        pytest.skip("no data/lab-pool-sample")
+    config = race_v3_reduced_config(SAMPLE_POOL, shared_dir, families_dir=families_dir)
+    with pytest.raises(LabError, match="2 of 4 families kept .* at least 20"):
+        run_race_v3(config.with_(families=("gpt2", "smollm2", "pool-bpe-1k", "gpt2-merges-8k")), tmp_path / "lab",
+                    workers=1, progress=False, family_set=FamilySetRule.preregistered(chosen=None, full_race=True))
+    assert not any((tmp_path / "lab").glob("*-large-s*"))          # no lineage started
+
+
+@pytest.mark.slow
+def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_set(
+        families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
+    from monitor.lab.record_file import load_lab
+
+    if not (SAMPLE_POOL / "train" / "manifest.json").is_file():
+        pytest.skip("no data/lab-pool-sample")
+    out = tmp_path / "lab"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
+    env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
+    cmd = [sys.executable, "-m", "monitor.cli", "lab", "run3", "--size", "reduced", "--out", str(out),
+           "--pool", str(SAMPLE_POOL), "--shared", str(shared_dir), "--families-dir", str(families_dir),
+           "--workers", "2", "--json"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = load_lab(out)
+    assert record.family_names() == ["gpt2", "smollm2"]
+    assert record.family_set is not None and record.family_set.kept == ["gpt2", "smollm2"]
+    assert set(record.family_set.dropped) == {"pool-bpe-1k", "gpt2-merges-8k"} and record.family_set.cutoff == 0.96
