@@ -15,9 +15,9 @@ from rich.table import Table
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       endpoint_option, int_option, is_hub_model)
 from monitor.commands.terminal import echo, plain_console, print_table
+from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL
 from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
-from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     from monitor.scoring import ScoreRequest
