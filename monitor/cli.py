@@ -1,17 +1,20 @@
 """The `lstar` command: a thin shell over the library.
 
-Command groups live in `monitor/commands/<name>.py`, each exposing `register(app)`. This
-module is the only place where errors become exit codes: library code raises
+Command groups live in `monitor/commands/<name>.py`, each exposing `register(app)`; a module
+is imported only when one of its commands runs (`monitor.commands.lazy`), so `lstar --help`
+and a read command start without the stages they do not use. This module is the only place where errors become exit codes: library code raises
 `LstarError`; here it becomes one line on stderr and the error's exit code.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import typer
 
+from monitor.commands.catalog import COMMAND_MODULES
+from monitor.commands.help_render import import_help_renderer
+from monitor.commands.lazy import LazyCommandGroup
 from monitor.commands.options import show_flags_as_flags
 from monitor.environment import harden_environment
 from monitor.errors import LstarError, StoreError
@@ -26,12 +29,11 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 # under one class (`monitor.commands.options.CommandLineError` / `OptionError`).
 _CLICK_ERRORS: tuple[type[BaseException], ...] = (_ClickException,)
 
-# Command modules, registered in this order (each defines `register(app: typer.Typer)`).
-COMMAND_MODULES = ("score", "corpus", "db", "poll", "checkpoints", "watchlist", "runs", "policy", "alerts", "silence",
-                   "curves", "labels", "eval", "calibrate", "backtest", "run", "report", "demo", "lab", "receiver")
+__all__ = ["COMMAND_MODULES", "app", "main"]   # COMMAND_MODULES: each defines `register(app: typer.Typer)`
 
 app = typer.Typer(
     name="lstar",
+    cls=LazyCommandGroup,  # commands listed from monitor.commands.catalog, each module imported when used
     help="Tokenizer-calibrated progress (L*) for new language-model releases.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -63,14 +65,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
     """Tokenizer-calibrated progress (L*) for new language-model releases."""
 
 
-def _register_commands() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"monitor.commands.{name}")
-        module.register(app)
-
-
 show_flags_as_flags()
-_register_commands()
+import_help_renderer()
 
 
 def main(argv: list[str] | None = None) -> int:

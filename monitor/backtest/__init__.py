@@ -7,10 +7,47 @@ the metrics; `result` the JSON-safe result; `render` and `html` the terminal, Ma
 outputs; `engine.run_backtest` runs it all.
 """
 
-from monitor.backtest.engine import compare_replay, run_backtest
-from monitor.backtest.history import History, Lineage, load_history, split_history
-from monitor.backtest.result import BacktestResult, LineageResult
-from monitor.backtest.spec import BacktestSpec, BacktestTask, spec_from_options, spec_from_policy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitor.backtest.engine import compare_replay, run_backtest
+    from monitor.backtest.history import History, Lineage, load_history, split_history
+    from monitor.backtest.result import BacktestResult, LineageResult
+    from monitor.backtest.spec import BacktestSpec, BacktestTask, spec_from_options, spec_from_policy
+
+# Re-exported lazily: importing the package (or one light module in it, which imports the
+# package first) does not import every stage module and their libraries; a name loads its
+# module when first used.
+_EXPORTS = {  # name: the module that defines it, imported on first use
+    "compare_replay": "monitor.backtest.engine",
+    "run_backtest": "monitor.backtest.engine",
+    "History": "monitor.backtest.history",
+    "Lineage": "monitor.backtest.history",
+    "load_history": "monitor.backtest.history",
+    "split_history": "monitor.backtest.history",
+    "BacktestResult": "monitor.backtest.result",
+    "LineageResult": "monitor.backtest.result",
+    "BacktestSpec": "monitor.backtest.spec",
+    "BacktestTask": "monitor.backtest.spec",
+    "spec_from_options": "monitor.backtest.spec",
+    "spec_from_policy": "monitor.backtest.spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = ["BacktestResult", "BacktestSpec", "BacktestTask", "History", "Lineage", "LineageResult", "compare_replay",
            "load_history", "run_backtest", "spec_from_options", "spec_from_policy", "split_history"]

@@ -6,10 +6,45 @@ validates and writes the curves and the validation report, and `manifest` record
 campaign wrote so that a later run removes only its own stale curves.
 """
 
-from monitor.calibrate.campaign import Campaign, load_campaign, parse_campaign
-from monitor.calibrate.outputs import CampaignOutputs, CurveOutcome
-from monitor.calibrate.plan import Plan, build_plan
-from monitor.calibrate.runner import CampaignResult, JobFailure, run_campaign
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitor.calibrate.campaign import Campaign, load_campaign, parse_campaign
+    from monitor.calibrate.outputs import CampaignOutputs, CurveOutcome
+    from monitor.calibrate.plan import Plan, build_plan
+    from monitor.calibrate.runner import CampaignResult, JobFailure, run_campaign
+
+# Re-exported lazily: importing the package (or one light module in it, which imports the
+# package first) does not import every stage module and their libraries; a name loads its
+# module when first used.
+_EXPORTS = {  # name: the module that defines it, imported on first use
+    "Campaign": "monitor.calibrate.campaign",
+    "load_campaign": "monitor.calibrate.campaign",
+    "parse_campaign": "monitor.calibrate.campaign",
+    "CampaignOutputs": "monitor.calibrate.outputs",
+    "CurveOutcome": "monitor.calibrate.outputs",
+    "Plan": "monitor.calibrate.plan",
+    "build_plan": "monitor.calibrate.plan",
+    "CampaignResult": "monitor.calibrate.runner",
+    "JobFailure": "monitor.calibrate.runner",
+    "run_campaign": "monitor.calibrate.runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = ["Campaign", "CampaignOutputs", "CampaignResult", "CurveOutcome", "JobFailure", "Plan", "build_plan",
            "load_campaign", "parse_campaign", "run_campaign"]

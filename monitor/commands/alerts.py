@@ -16,18 +16,13 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from monitor.alerts.state_ops import retry_dead_letters
 from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_columns, db_file, id_column, int_argument
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
-from monitor.commands.silence import NOW_OPTION, parse_now
+from monitor.commands.silence import NOW_OPTION
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
-from monitor.policy import load_policies, load_policy
-from monitor.service import api_get, api_post, revive_times
-from monitor.store import Store
-from monitor.store.listings import alerts_page
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
 
@@ -38,6 +33,8 @@ def _as_dict(row: Any) -> dict[str, Any] | None:
 
 
 def _policies(paths: list[Path]) -> list[Any]:
+    from monitor.policy import load_policies
+
     return load_policies(expand_policy_paths(paths))
 
 
@@ -69,6 +66,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
+        from monitor.service import api_get
+        from monitor.store.listings import alerts_page
+
         page = through_daemon(db_file(state, db),
                               lambda url: page_of(api_get(url, "/alerts", {"policy": policy, "limit": limit,
                                                                            "cursor": cursor})),
@@ -104,6 +104,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
+        from monitor.service import api_get, revive_times
+
         # the daemon answers 404, raised there as the same DeliveryError, when there is none
         detail = through_daemon(db_file(state, db),
                                 lambda url: revive_times(api_get(url, f"/alerts/{alert_id}")),
@@ -140,6 +142,9 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
+        from monitor.alerts.state_ops import parse_now, retry_dead_letters
+        from monitor.service import api_post
+
         db_path = db_file(state, db)
         now = parse_now(now_text)
         done = through_daemon(
@@ -162,6 +167,9 @@ def register(app: typer.Typer) -> None:
 
         Exits 0 when it was delivered, 2 otherwise (the error says why).
         """
+        from monitor.alerts.state_ops import parse_now
+        from monitor.policy import load_policy
+
         from monitor.alerts import default_senders
 
         policy = load_policy(policy_file)
@@ -189,6 +197,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
+        from monitor.alerts.state_ops import parse_now
+        from monitor.store import Store
+
         from monitor.alerts import evaluate_pending
 
         db_path = db_file(state, db)
@@ -215,6 +226,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
+        from monitor.alerts.state_ops import parse_now
+        from monitor.store import Store
+
         from monitor.alerts import run_pass
 
         db_path = db_file(state, db)
@@ -239,6 +253,9 @@ def register(app: typer.Typer) -> None:
         now_text: str = NOW_OPTION,
     ) -> None:
         """Re-enable a receiver that was disabled (after HTTP 410) once it is fixed."""
+        from monitor.alerts.state_ops import parse_now
+        from monitor.store import Store
+
         db_path = db_file(state, db)
         with Store.open(db_path) as store:
             changed = store.enable_endpoint(policy, receiver, now=parse_now(now_text))

@@ -12,8 +12,6 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, add_c
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import api_get
-from monitor.store.listings import checkpoints_page
 from monitor.store.pages import Page
 
 STATUSES = ("discovered", "gated", "fetched", "scored", "skipped", "failed")
@@ -108,6 +106,9 @@ def linked_note(meta: dict) -> str:
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None, limit: int | None,
                      cursor: str | None = None) -> Page:
     """A page of rows from the daemon running on the database's folder (its API), else a read-only open."""
+    from monitor.service.client import api_get   # the read's own modules: httpx, or duckdb
+    from monitor.store.listings import checkpoints_page
+
     return through_daemon(db_path,
                           lambda url: page_of(api_get(url, "/checkpoints", {"status": status, "repo": repo,
                                                                             "limit": limit, "cursor": cursor}),

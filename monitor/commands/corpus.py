@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import tempfile
 from pathlib import Path
@@ -10,7 +12,9 @@ import typer
 from rich.table import Table
 
 from monitor.commands.terminal import echo, plain_console
-from monitor.scoring import Corpus, build_corpus, load_corpus
+
+if TYPE_CHECKING:
+    from monitor.scoring import Corpus
 
 
 def _summary(corpus: Corpus) -> dict:
@@ -39,6 +43,8 @@ def register(app: typer.Typer) -> None:
     def info(path: Path = typer.Argument(..., help="Corpus folder (documents.jsonl + manifest.json)."),
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Name, version, pin, size and slices of a corpus (verified on load)."""
+        from monitor.scoring import load_corpus
+
         data = _summary(load_corpus(path))
         if as_json:
             print(json.dumps(data, indent=2))
@@ -59,6 +65,8 @@ def register(app: typer.Typer) -> None:
     @corpus_app.command("verify")
     def verify(path: Path = typer.Argument(..., help="Corpus folder.")) -> None:
         """Check every document hash, the order and the manifest pin; exit non-zero on any difference."""
+        from monitor.scoring import load_corpus
+
         corpus = load_corpus(path)
         echo(f"OK {_one_line(corpus)}")
 
@@ -69,6 +77,8 @@ def register(app: typer.Typer) -> None:
                   ..., "--slice-rules", help="YAML/JSON file: name, version, rules of glob -> slice."),
               ) -> None:
         """Build a new corpus version (deterministic: the same inputs give the same manifest)."""
+        from monitor.scoring import build_corpus
+
         corpus = build_corpus(src_dir, out_dir, slice_rules)
         echo(f"built {out_dir}: {_one_line(corpus)}")
 

@@ -21,7 +21,6 @@ from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import CurveError, LabelError
 from monitor.escape import markdown_text
-from monitor.store import Store
 
 if TYPE_CHECKING:
     from monitor.curves import CurveArtifact, Label, ScoringRef
@@ -57,6 +56,8 @@ def load_fit_labels(labels_path: Path | None, db_path: Path, *, task: str, corpu
                     ) -> tuple[list[Label], dict[str, Any] | None]:
     """Labels with predictors from a CSV, or from lm-eval results / the store joined with the
     store's score runs; the second value holds the corpus and spec pins of a join."""
+    from monitor.store import Store
+
     from monitor.curves import join_scores, labels_from_rows, read_labels_csv, read_lm_eval_results
 
     if budget_column is not None and (labels_path is None or labels_path.suffix.lower() != ".csv"):
@@ -407,6 +408,8 @@ def register(app: typer.Typer) -> None:
         """Refit a curve with the evaluations the daemon observed: a new artifact (new id, its
         provenance naming the parent curve and the observed checkpoints). No policy is changed;
         point one at the new file after reviewing it."""
+        from monitor.store import Store
+
         from monitor.curves import curve_summary, save_curve
         from monitor.curves.refit import refit_with_observed
 
@@ -563,6 +566,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
         (clear / at_risk / emerged)."""
+        from monitor.store import Store
+
         from monitor.curves import ScoringRef, at_budget, load_curve, predict, predict_score_run
         from monitor.curves.artifact import extrapolation_text
 

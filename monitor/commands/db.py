@@ -11,8 +11,6 @@ from rich.table import Table
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import api_get
-from monitor.store import Store
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +19,8 @@ def register(app: typer.Typer) -> None:
     @db.command("migrate")
     def migrate(state: Path = STATE_OPTION, db: Path | None = DB_OPTION) -> None:
         """Apply pending schema migrations (each in one transaction). A second run is a no-op."""
+        from monitor.store import Store
+
         db_path = db_file(state, db)
         with Store.open(db_path, migrate=False) as store:
             done = store.migrate()
@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
     def info(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
              as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Schema version and row counts (opens the file read-only)."""
+        from monitor.service import api_get
+
         db_path = db_file(state, db)
         # a running daemon answers: no lock error
         data = through_daemon(db_path, lambda url: api_get(url, "/db/info"), lambda store: store.info())

@@ -16,8 +16,6 @@ from rich.text import Text
 
 from monitor.commands.options import OptionError
 from monitor.commands.terminal import echo, plain_console
-from monitor.demo import run_demo
-from monitor.demo.failure import DemoFailed
 
 
 def next_commands(summary: dict[str, Any]) -> list[str]:
@@ -105,6 +103,14 @@ def print_summary(summary: dict[str, Any]) -> None:
         echo(line)
 
 
+def run_demo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """`monitor.demo.run_demo`, imported when the demo runs (not when `lstar demo --help` is
+    printed); the one place this command starts the demo."""
+    from monitor.demo import run_demo as run
+
+    return run(*args, **kwargs)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -125,6 +131,8 @@ def register(app: typer.Typer) -> None:
 
         A failed demo ends with one line, `demo failed at STAGE: REASON` (with --json, also the
         summary's `failed_stage` and `failure`)."""
+        from monitor.demo.failure import DemoFailed
+
         console = plain_console(stderr=True)
         try:
             if save_history_curve is not None and not fit_history:

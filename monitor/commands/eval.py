@@ -16,7 +16,6 @@ from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType,
 from monitor.commands.terminal import plain_console
 from monitor.environment import hub_reachable
 from monitor.errors import SpecError
-from monitor.store import Store
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +38,8 @@ def register(app: typer.Typer) -> None:
                                               "(default HF_HUB_CACHE)."),
     ) -> None:
         """Evaluate a checkpoint on a multiple-choice task and store the metrics as labels."""
+        from monitor.store import Store
+
         db_path = db_file(state, db)
         if (endpoint is not None or cache_dir is not None) and not is_hub_model(model):
             raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "

@@ -16,7 +16,6 @@ from rich.table import Table
 from monitor.commands.options import MAX_SEED, id_column, int_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import LabError
-from monitor.lab.records import LAB_FILE
 
 SIZES = ("full", "reduced")
 
@@ -261,6 +260,7 @@ def register(app: typer.Typer) -> None:
         pre-registered rule and the negative control (docs/lab-v3-preregistration.md); --json
         prints them. --pilot OUT/lab.json gives the pilot gate alone and writes nothing."""
         from monitor.lab.analysis import AXES, RaceConfig
+        from monitor.lab.records import LAB_FILE
         from monitor.lab.report import write_lab_report
 
         if pilot is not None:

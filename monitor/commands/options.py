@@ -36,10 +36,9 @@ try:  # typer >= 0.20 vendors click: its exceptions are the ones its commands ra
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click.exceptions import UsageError as _UsageError  # type: ignore[assignment]
 
-from monitor.scoring.precision import DEVICE_PATTERN, DTYPE_CHOICES
-from monitor.service.settings import MAX_BATCH, MAX_RESAMPLES, parse_seconds, parse_size
-from monitor.store import DB_NAME
-from monitor.store.pages import MAX_LIMIT
+# Constants only: every command's --help is built from this module, and must not import the
+# stages (the daemon's settings, the store, scoring) that use the same values.
+from monitor.constants import DB_NAME, DEVICE_PATTERN, DTYPE_CHOICES, MAX_BATCH, MAX_LIMIT, MAX_RESAMPLES
 
 # Where a loop or an allocation scales with a count, its upper bound keeps a typo (an extra
 # zero or three) from turning into hours of work or gigabytes of memory.
@@ -261,6 +260,8 @@ def float_option(default: Any, *names: str, low: float | None = None, high: floa
 
 def seconds(value: str, flag: str, *, low: float = 1.0) -> float:
     """A duration flag (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
+    from monitor.service.settings import parse_seconds   # the daemon's parser, loaded when a value is parsed
+
     try:
         return parse_seconds(value, low=low)
     except ValueError as exc:
@@ -271,6 +272,8 @@ def size_bytes(value: str | None, flag: str, *, low: int, high: int) -> int | No
     """A size flag (`512M`, `16G`, `1.5T`, or bytes) in bytes, within [low, high]."""
     if value is None:
         return None
+    from monitor.service.settings import parse_size
+
     try:
         return parse_size(value, low=low, high=high)
     except ValueError as exc:

@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 
 from monitor.commands.options import MAX_ROWS, int_option
-from monitor.service import revive_times
 from monitor.store.pages import DEFAULT_LIMIT, Page, more_note
 
 CURSOR_OPTION = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor.")
@@ -21,8 +20,11 @@ def limit_option(what: str, default: int = DEFAULT_LIMIT) -> Any:
     return int_option(default, "--limit", low=1, high=MAX_ROWS, help=f"At most this many {what} in one page.")
 
 
-def page_of(answer: dict[str, Any], revive: Callable[[Any], Any] = revive_times) -> Page:
-    """The page the daemon's API answered (its times revived)."""
+def page_of(answer: dict[str, Any], revive: Callable[[Any], Any] | None = None) -> Page:
+    """The page the daemon's API answered (its times revived by `revive`, by default the
+    service client's `revive_times`)."""
+    if revive is None:
+        from monitor.service.client import revive_times as revive
     return Page(revive(answer["items"]), int(answer["total"]), answer.get("next_cursor"), int(answer["limit"]))
 
 

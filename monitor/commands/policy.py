@@ -15,12 +15,13 @@ from rich.table import Table
 from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, float_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
-from monitor.policy import check_policy_files, format_duration, load_policy, policy_files_in
 
 
 def expand_policy_paths(paths: list[Path]) -> list[Path]:
     """Files as given; a folder stands for its *.yaml and *.yml entries (sorted), as the
     daemon lists them (so a directory or FIFO named *.yaml is reported, not skipped)."""
+    from monitor.policy import policy_files_in
+
     out: list[Path] = []
     for p in paths:
         out.extend(policy_files_in(p) if p.is_dir() else [p])
@@ -35,6 +36,8 @@ def policy_decisions(path: Path, *, lstar: float, se: float, repo: str, commit: 
     than one axis, `axis` names the one the value is on; tasks on other axes are listed in
     `skipped` with why.
     """
+    from monitor.policy import load_policy
+
     from monitor.alerts import load_task_curve, predict_task, route_alert, task_labels
     from monitor.curves.axes import AXES, get_axis
 
@@ -78,6 +81,8 @@ _LABEL_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 def route_test(path: Path, labels: list[str]) -> dict[str, Any]:
     """The receivers (and the route nodes) an alert with `labels` reaches in the policy's
     routing tree, walked by the daemon's own routing code."""
+    from monitor.policy import format_duration, load_policy
+
     from monitor.alerts import route_alert
     from monitor.policy.vocabulary import ROUTED_VALUES
 
@@ -120,6 +125,8 @@ def register(app: typer.Typer) -> None:
     def refit_warnings(path: Path) -> list[str]:
         """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
         still points at the reviewed file, which is right until a person reviews the refit."""
+        from monitor.policy import load_policy
+
         from monitor.curves.refit import newer_refits
         from monitor.policy import load_policy
 
@@ -138,6 +145,7 @@ def register(app: typer.Typer) -> None:
     def residual_warnings(path: Path, database: Path) -> list[str]:
         """One line per task judging derivatives by residual without enough labelled pairs."""
         from monitor.alerts.derivative_pairs import residual_pair_warnings
+        from monitor.policy import load_policy
 
         try:
             policy = load_policy(path, check_curves=False)
@@ -162,6 +170,8 @@ def register(app: typer.Typer) -> None:
         task (its derivatives are not evaluated until it does).
         Exits 0 only when every file passes (2 otherwise).
         """
+        from monitor.policy import check_policy_files
+
         database = db_file(state, db)
         paths = expand_policy_paths(files)
         if not paths:

@@ -14,14 +14,14 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, 
 from monitor.commands.terminal import plain_console, print_table
 from monitor.environment import hub_reachable
 from monitor.errors import HubError, PolicyError
-from monitor.hub import HubClient, gate_pending, load_watch_rules, poll_once
-from monitor.policy import load_policy
-from monitor.store import Store
 
 
 def load_rules(policy: Path | None, rule_file: Path | None, policies: Path | None = None) -> list[Any]:
     """The watch rules of a policy file, of every policy file in a folder (as `lstar run
     --policies` reads it), or of a rule file (a YAML with only a `watch:` list)."""
+    from monitor.hub import load_watch_rules
+    from monitor.policy import load_policy
+
     if sum(given is not None for given in (policy, policies, rule_file)) != 1:
         raise CommandLineError("give exactly one of --policy FILE, --policies DIR or --rule-file FILE")
     if policies is not None:
@@ -88,6 +88,9 @@ def register(app: typer.Typer) -> None:
         Costs one listing request per rule when nothing changed. Exits 4 if the Hub failed
         for any rule (the watermark of that rule is kept for the next poll).
         """
+        from monitor.hub import HubClient, gate_pending, poll_once
+        from monitor.store import Store
+
         db_path = db_file(state, db)
         if not once:
             raise CommandLineError("only --once is supported here; continuous polling is the daemon's job")

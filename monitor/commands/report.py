@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -20,15 +20,9 @@ from monitor.commands.policy import expand_policy_paths
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import LstarError, PolicyError
-from monitor.policy import load_policies, policy_files_in
-from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
-                             to_json, to_markdown)
-from monitor.reports.report import version_line, write_report
-from monitor.reports.summary import summarised
-from monitor.reports.version import policy_version, require_same_version
-from monitor.reports.window import WindowError, parse_moment, report_window, window_report
-from monitor.service import api_get, revive_times
-from monitor.store import Store, utcnow
+
+if TYPE_CHECKING:
+    from monitor.store import Store
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red"}
 
@@ -46,6 +40,8 @@ def policy_folders(db_path: Path) -> list[Path]:
 def default_policy(db_path: Path) -> tuple[Path, str]:
     """The policy file to report on when `--policy` is not given, and why it was chosen: the
     only one in the first policies folder that has any, else the first of them in name order."""
+    from monitor.policy import policy_files_in
+
     folders = policy_folders(db_path)
     for folder in folders:
         files = [f for f in policy_files_in(folder) if f.is_file()] if folder.is_dir() else []
@@ -70,9 +66,15 @@ def read_reports(db_path: Path, files: list[Path],
 
     `window` (since, until] replaces the default period (since the policy's last report); the
     daemon is sent its two ends as times, so it reports on the same window."""
+    from monitor.policy import load_policies
+
     policies = load_policies(files)  # validated here either way: the same errors
 
     def ask(url: str) -> list[dict[str, Any]]:
+        from monitor.reports import load_policy_curves
+        from monitor.reports.version import policy_version, require_same_version
+        from monitor.service import api_get, revive_times
+
         asked = {"policy": [p.name for p in policies]}
         if window is not None:
             asked |= {"since": window[0].isoformat(), "until": window[1].isoformat()}
@@ -85,6 +87,10 @@ def read_reports(db_path: Path, files: list[Path],
         return reports
 
     def read(store: Store) -> list[dict[str, Any]]:
+        from monitor.reports import report_for_cli
+        from monitor.reports.window import window_report
+        from monitor.store import utcnow
+
         now = utcnow()
         if window is not None:
             return [window_report(store, p, start=window[0], end=window[1], now=now) for p in policies]
@@ -97,6 +103,9 @@ def parse_window(since: str | None, until: str | None, *, last_week: bool,
                  this_week: bool) -> tuple[datetime, datetime] | None:
     """The window the options name (`reports.window.report_window`), or None for the default
     period; a bad value is refused in one line naming its flag and the accepted forms."""
+    from monitor.reports.window import WindowError, parse_moment, report_window
+    from monitor.store import utcnow
+
     now = utcnow()
     for flag, value in (("--since", since), ("--until", until)):
         if value is not None:
@@ -112,6 +121,10 @@ def parse_window(since: str | None, until: str | None, *, last_week: bool,
 
 def print_rich(data: dict[str, Any], console: Console) -> None:
     """Render a report's data as rich tables (on a `plain_console`: values are not markup)."""
+    from monitor.reports import fmt, ref_name
+    from monitor.reports.report import version_line
+    from monitor.reports.summary import summarised
+
     s = data["summary"]
     data = summarised(data)  # the long tables' top rows; --json has every row
     omitted = data["omitted"]
@@ -176,6 +189,8 @@ def _note(console: Console, omitted: dict[str, str], section: str) -> None:
 def write_report_folder(data: dict[str, Any], folder: Path) -> Path:
     """Write the report into `folder` (`write_report`), which must be new or empty: a folder
     holding anything else is refused, never replaced. Returns the path of report.md."""
+    from monitor.reports.report import write_report
+
     if folder.is_symlink() or folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise LstarError(f"--out {folder}: exists and is not an empty folder",
                           hint="give a new folder (the report is written as report.md, report.html, "
@@ -205,6 +220,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The governance summary of each policy since its last report (or its report window), or of
         any window (--since/--until, --last-week, --this-week) with the state carried into it."""
+        from monitor.reports import render_plots, to_html, to_json, to_markdown
+
         window = parse_window(since, until, last_week=last_week, this_week=this_week)
         db_path = db_file(state, db)
         if not policy:

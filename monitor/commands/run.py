@@ -12,7 +12,7 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import TypeAdapter, ValidationError
@@ -22,16 +22,16 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, bound
 from monitor.commands.terminal import echo, plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.environment import hub_reachable
-from monitor.scoring.backends import check_ray_installed
-from monitor.scoring.memory_limit import check_score_memory
-from monitor.service import api_get, run_daemon
-from monitor.service.settings import (RunSettings, SettingError, default_shown, env_of, environment_warnings,
-                                      load_run_settings, settings_fields)
+
+if TYPE_CHECKING:
+    from monitor.service.settings import RunSettings
 
 
 def _check_field(name: str) -> Any:
     """A typer callback that checks one flag's value by its field's rule in `RunSettings`
     (the same rule the environment and the config file are held to)."""
+    from monitor.service.settings import RunSettings
+
     info = RunSettings.model_fields[name]
     adapter = TypeAdapter(Annotated[(info.annotation, *info.metadata)]) if info.metadata else \
         TypeAdapter(info.annotation)
@@ -72,6 +72,8 @@ def _cli_type(info: Any) -> Any:
 def _option(name: str, info: Any) -> Any:
     """The typer option of one setting: its flag, help (with its environment variable and
     range), default as shown, and panel in --help."""
+    from monitor.service.settings import default_shown, env_of
+
     extra = info.json_schema_extra
     helptext = info.description
     kwargs: dict[str, Any] = {}
@@ -92,6 +94,8 @@ def _option(name: str, info: Any) -> Any:
 
 def _run_signature() -> tuple[inspect.Signature, dict[str, Any]]:
     """The `lstar run` command's parameters: --config, then one option per setting."""
+    from monitor.service.settings import settings_fields
+
     kind = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("ctx", kind, annotation=typer.Context),
               inspect.Parameter("config", kind, annotation=Path | None, default=typer.Option(
@@ -105,6 +109,8 @@ def _run_signature() -> tuple[inspect.Signature, dict[str, Any]]:
 
 def given_on_command_line(ctx: Any) -> dict[str, Any]:
     """The settings' flags given on the command line (not typer's placeholders for the rest)."""
+    from monitor.service.settings import RunSettings
+
     out = {}
     for name in RunSettings.model_fields:
         source = ctx.get_parameter_source(name)
@@ -116,6 +122,8 @@ def given_on_command_line(ctx: Any) -> dict[str, Any]:
 def run_settings_from(ctx: Any, config: Path | None) -> RunSettings:
     """The validated settings of one `lstar run` (flags > environment > file > defaults), after
     a warning for each `LSTAR_*` variable nothing reads (a misspelt one may be why they fail)."""
+    from monitor.service.settings import SettingError, env_of, load_run_settings
+
     given = given_on_command_line(ctx)
     try:
         settings = load_run_settings(given, config_file=config)
@@ -127,6 +135,8 @@ def run_settings_from(ctx: Any, config: Path | None) -> RunSettings:
 
 
 def _warn_unread_environment(policies: Any) -> None:
+    from monitor.service.settings import environment_warnings
+
     for line in environment_warnings(os.environ, Path(policies) if policies else None):
         echo(f"warning: {line}", err=True)
 
@@ -137,6 +147,10 @@ def register(app: typer.Typer) -> None:
 
         Every option can also be set in the environment (its Env name, e.g. LSTAR_POLL_EVERY=5m) or in a --config file (poll_every: 5m). A flag wins over the environment, the environment over the file, the file over the default; all are validated together.
         """  # noqa: E501 - one paragraph: --help wraps it
+        from monitor.scoring.backends import check_ray_installed
+        from monitor.scoring.memory_limit import check_score_memory
+        from monitor.service import run_daemon
+
         ctx, config = values["ctx"], values["config"]
         settings = run_settings_from(ctx, config)
         if settings.scoring_backend == "ray":
@@ -206,6 +220,8 @@ def read_status(state: Path, db_path: Path | None = None) -> dict:
     db = db_file(state, db_path)
 
     def ask(url: str) -> dict:
+        from monitor.service import api_get
+
         data = api_get(url, "/status")
         data["daemon"] = {"pid": data["pid"], "started_at": data["started_at"], "url": url}
         return data

@@ -14,13 +14,14 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import api_get
-from monitor.store.listings import runs_page
 from monitor.store.pages import Page
 
 
 def read_runs(db_path: Path, *, limit: int, cursor: str | None = None) -> Page:
     """A page of score runs from the daemon running on the database's folder (its API), else a read-only open."""
+    from monitor.service import api_get
+    from monitor.store.listings import runs_page
+
     return through_daemon(db_path, lambda url: page_of(api_get(url, "/runs", {"limit": limit, "cursor": cursor})),
                           lambda store: runs_page(store, limit=limit, cursor=cursor))
 

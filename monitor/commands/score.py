@@ -6,7 +6,7 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -15,14 +15,14 @@ from rich.table import Table
 from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, Device, DType, add_columns, db_file,
                                       endpoint_option, int_option, is_hub_model)
 from monitor.commands.terminal import echo, plain_console, print_table
+from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL
 from monitor.environment import hub_reachable, quiet_hub_progress
 from monitor.errors import SpecError
-from monitor.hub import HubClient
-from monitor.scoring import DEFAULT_MODEL, ScoreRequest, score_checkpoint
-from monitor.scoring.scoring_driver import score_in_process, score_queue
-from monitor.store import Store, refuse_if_held
 
-DEFAULT_CORPUS = Path("../shared/corpus/calib-v0")
+if TYPE_CHECKING:
+    from monitor.scoring import ScoreRequest
+
+DEFAULT_CORPUS = DEFAULT_CORPUS_DIR
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
@@ -71,6 +71,10 @@ def _score_pending(request: ScoreRequest, db: Path, *, limit: int | None, endpoi
                    cache_dir: Path | None, as_json: bool) -> None:
     import os
     import socket
+
+    from monitor.hub import HubClient
+    from monitor.scoring.scoring_driver import score_in_process, score_queue
+    from monitor.store import Store
 
     owner = f"{socket.gethostname()}:{os.getpid()}"
     with Store.open(db) as store:
@@ -141,6 +145,7 @@ def _record(prepared: Any, db: Path | None) -> dict[str, Any]:
     from dataclasses import replace
 
     from monitor.scoring.engine import compute_score, score_identity
+    from monitor.store import Store
     from monitor.scoring.sequential_run import resume_payload
 
     if db is None:
@@ -205,6 +210,9 @@ def register(app: typer.Typer) -> None:
                                        "partial score of this checkpoint is recorded."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
+        from monitor.scoring import ScoreRequest
+        from monitor.store import refuse_if_held
+
         db = db_file(state, db)
         if not no_db:
             refuse_if_held(db)   # a daemon's state: refuse now, not after loading the model
@@ -231,6 +239,14 @@ def register(app: typer.Typer) -> None:
             _score(request, model=model, db=db, no_db=no_db, pending=pending, limit=limit, endpoint=endpoint,
                    cache_dir=cache_dir, until_settled=until_settled, delta=delta, block_docs=block_docs,
                    order_seed=order_seed, as_json=as_json, quiet=quiet)
+
+
+def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str, Any]:
+    """`monitor.scoring.score_checkpoint`, imported when a score runs (not when `lstar score
+    --help` is printed); the one place this command hands a request to the scoring stage."""
+    from monitor.scoring import score_checkpoint as score
+
+    return score(request, db_path=db_path)
 
 
 def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending: bool, limit: int | None,

@@ -13,13 +13,10 @@ from urllib.parse import quote
 import typer
 from rich.table import Table
 
-from monitor.alerts.state_ops import add_silence_from_args, parse_now
 from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.service import api_get, api_post, revive_times
-from monitor.store.listings import silences_page
 
 NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
 
@@ -41,6 +38,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id, and how many alerts in force it matches."""
+        from monitor.alerts.state_ops import add_silence_from_args, parse_now
+        from monitor.service import api_post, revive_times
+
         from monitor.alerts import current_user
 
         db_path = db_file(state, db)
@@ -72,6 +72,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List active and pending silences, newest first (opens the file read-only)."""
+        from monitor.alerts.state_ops import parse_now
+        from monitor.service import api_get
+        from monitor.store.listings import silences_page
+
         now = parse_now(now_text)
         page = through_daemon(
             db_file(state, db),
@@ -102,6 +106,9 @@ def register(app: typer.Typer) -> None:
                db: Path | None = DB_OPTION,
                now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
+        from monitor.alerts.state_ops import parse_now
+        from monitor.service import api_post
+
         from monitor.alerts import expire_silence
 
         db_path = db_file(state, db)

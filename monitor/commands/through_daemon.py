@@ -9,16 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from monitor.service import live_daemon_url
-from monitor.store import Store
+if TYPE_CHECKING:
+    from monitor.store import Store
+
+# The service client and the store (httpx, duckdb) load when a command reads, not when the
+# command modules that use this one are imported for `--help`.
 
 T = TypeVar("T")
 
 
 def daemon_url(db: Path) -> str | None:
     """The API URL of a daemon running on `db`'s state directory, else None."""
+    from monitor.service.client import live_daemon_url
+
     return live_daemon_url(Path(db).parent)
 
 
@@ -26,6 +31,8 @@ def through_daemon(db: Path, ask: Callable[[str], T], read: Callable[[Store], T]
                    read_only: bool = True) -> T:
     """`ask(url)` of the daemon running on `db`'s state directory, else `read(store)` on the
     file itself (opened read-only unless `read_only` is False)."""
+    from monitor.store import Store
+
     url = daemon_url(db)
     if url is not None:
         return ask(url)

@@ -16,14 +16,13 @@ from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_fi
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-from monitor.reports.present import fmt
-from monitor.reports.watchlist import MAX_GLOB_CHARS, STATUSES, check_status, describe_distance, watchlist_page
-from monitor.service import api_get
 
 STATE_COLOURS = {"clear": "green", "at_risk": "yellow", "emerged": "bold red", "flagged": "magenta"}
 
 
 def _status(value: str | None) -> str | None:
+    from monitor.reports.watchlist import check_status
+
     try:
         return check_status(value)
     except ValueError as exc:
@@ -31,12 +30,16 @@ def _status(value: str | None) -> str | None:
 
 
 def _glob(value: str | None) -> str | None:
+    from monitor.reports.watchlist import MAX_GLOB_CHARS
+
     if value is not None and len(value) > MAX_GLOB_CHARS:
         raise OptionError(f"the glob is {len(value):,} characters long; give at most {MAX_GLOB_CHARS}")
     return value
 
 
 def register(app: typer.Typer) -> None:
+    from monitor.reports.watchlist import STATUSES
+
     @app.command("watchlist")
     def watchlist(
         status: str = typer.Option(None, "--status", callback=_status,
@@ -59,6 +62,10 @@ def register(app: typer.Typer) -> None:
         b + ε, the distance P̂ − level, the state in force (an evaluation's observed state
         supersedes the prediction) and the lineage's newest alert. Opens the file read-only.
         """
+        from monitor.reports.present import fmt
+        from monitor.reports.watchlist import describe_distance, watchlist_page
+        from monitor.service import api_get
+
         params = {"status": status, "task": task, "policy": policy, "repo": repo, "limit": limit,
                   "cursor": cursor}
         page = through_daemon(db_file(state, db), lambda url: page_of(api_get(url, "/watchlist", params)),

@@ -9,7 +9,34 @@ server (aiosmtpd) on 127.0.0.1. The checkpoints are real transformers models the
 (`monitor.lab.tiny_models`, `monitor.lab.demo`).
 """
 
-from monitor.demo.failure import DemoFailed
-from monitor.demo.run import run_demo
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from monitor.demo.failure import DemoFailed
+    from monitor.demo.run import run_demo
+
+# Re-exported lazily: importing the package (or one light module in it, which imports the
+# package first) does not import every stage module and their libraries; a name loads its
+# module when first used.
+_EXPORTS = {  # name: the module that defines it, imported on first use
+    "DemoFailed": "monitor.demo.failure",
+    "run_demo": "monitor.demo.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __all__ = ["DemoFailed", "run_demo"]

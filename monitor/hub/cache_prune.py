@@ -27,13 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from monitor.constants import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES  # noqa: F401  (re-exported by monitor.hub)
 from monitor.store import Store
 from monitor.store.rows import CheckpointRow
 
 PENDING = ("discovered", "gated", "fetched")
 FINISHED = ("scored", "skipped", "failed")
-DEFAULT_KEEP_LAST = 3
-DEFAULT_MAX_BYTES = 50 << 30
 _SHA = re.compile(r"[0-9a-f]{40}")
 
 

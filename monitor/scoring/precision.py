@@ -25,26 +25,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
+# The dtype and device choices and the bf16 threshold live in `monitor.constants` (the command
+# line's help prints them without importing this module); re-exported here for the stages.
+from monitor.constants import (BF16_NATIVE_MAJOR, DEVICE_PATTERN, DTYPE_ALIASES, DTYPE_CHOICES,  # noqa: F401
+                               DTYPES, UNKNOWN, Capability, DTypeChoice)
 from monitor.errors import SpecError
-
-# The choices of every --dtype option and campaign `scoring.dtype` (written once), and the
-# dtypes a score can run in.
-DTypeChoice = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPE_CHOICES: tuple[str, ...] = get_args(DTypeChoice)
-DTYPES = DTYPE_CHOICES[1:]
-DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-                 "float16": "float16", "fp16": "float16", "half": "float16"}
-# --device: auto, cpu, cuda or cuda:N (checked when parsed; availability when used).
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda|cuda:[0-9]{1,3}")
-# Compute capability from which a GPU computes in bf16 natively (Ampere).
-BF16_NATIVE_MAJOR = 8
-# What "the hardware is not known here" means for an auto dtype on CUDA (a Ray worker seen
-# from the daemon): the wider float32, so an estimate built on it is never too small.
-UNKNOWN = "unknown"
-
-Capability = tuple[int, int]
 
 
 @dataclass(frozen=True)

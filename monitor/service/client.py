@@ -15,13 +15,17 @@ import re
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from monitor import errors
 from monitor.errors import LstarError, StoreError
 from monitor.service.api_guard import read_api_token
+
+if TYPE_CHECKING:
+    import httpx
+
+# httpx is imported where a request is made: a command reading a state folder with no daemon
+# running never loads it.
 
 MAX_ANSWER_BYTES = 256 << 20   # the daemon's answers are JSON rows; far below this
 _TIME_TEXT = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}")
@@ -57,6 +61,8 @@ def live_daemon_url(state_dir: Path) -> str | None:
     if not is_loopback_url(url):
         return None
     _STATE_OF_URL[url] = state_dir
+    import httpx
+
     try:
         httpx.get(f"{url}/health", timeout=3, trust_env=False)
     except httpx.HTTPError:
@@ -67,6 +73,8 @@ def live_daemon_url(state_dir: Path) -> str | None:
 def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
     """GET `path` from the daemon's API and decode the JSON answer (list values repeat the
     parameter); an error answer raises as `_call` says."""
+    import httpx
+
     query = {k: v for k, v in (params or {}).items() if v is not None}
     headers = {}
     state_dir = _STATE_OF_URL.get(url)
@@ -81,6 +89,8 @@ def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
 def api_post(url: str, path: str, body: dict[str, Any], *, state_dir: Path) -> Any:
     """POST `body` as JSON to `path` on the API of the daemon running on `state_dir`, with the
     token it wrote there, and decode the JSON answer."""
+    import httpx
+
     token = read_api_token(state_dir)
     data = json.dumps(body, default=str).encode()
     return _call(httpx.Request("POST", f"{url}{path}", content=data,
@@ -91,6 +101,8 @@ def send_when_free(request: httpx.Request, *, timeout: float) -> httpx.Response:
     """Send `request` (its answer read whole), waiting out the API's "busy" answers: when every
     connection slot is taken the server answers 503 with `Retry-After` without serving the
     request, so sending it again is safe."""
+    import httpx
+
     with httpx.Client(timeout=timeout, trust_env=False) as client:
         for attempt in range(BUSY_RETRIES + 1):
             response = client.send(request, stream=True)
@@ -113,6 +125,8 @@ def send_when_free(request: httpx.Request, *, timeout: float) -> httpx.Response:
 def _call(request: httpx.Request) -> Any:
     """Send `request`; an error answer raises the `monitor.errors` class it names (the daemon
     refused what the command itself would refuse), else a StoreError naming the daemon."""
+    import httpx
+
     what = f"{request.method} {request.url.path}"
     try:
         response = send_when_free(request, timeout=60)

@@ -62,6 +62,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from monitor.constants import DAY_S
 from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging, event
@@ -83,7 +84,6 @@ from monitor.store import DB_NAME, Store, storage_error, utcnow
 log = logging.getLogger("lstar.daemon")
 INFO_NAME = "daemon.json"
 JOB_NAMES = ("poll", "score", "evaluate", "observe", "dispatch", "reload", "report", "prune", "watchdog")
-DAY_S = 86400.0
 
 
 @dataclass

@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,20 +36,16 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic_settings import (BaseSettings, EnvSettingsSource, InitSettingsSource, NoDecode,
                                PydanticBaseSettingsSource, SettingsConfigDict)
 
+from monitor.constants import (DAY_S, DEFAULT_CORPUS_DIR, DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, DEVICE_PATTERN, MAX_BATCH,
+                               MAX_RESAMPLES, DTypeChoice)
 from monitor.errors import LstarError, PolicyError
 from monitor.events import LOG_FORMATS
 from monitor.files import FileKind, read_bounded_bytes
-from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES
-from monitor.policy import format_duration, load_policy, parse_duration, policy_files_in
-from monitor.policy.secrets import SECRET_KEYS
-from monitor.scoring import ScoreRequest, default_memory_limit, physical_memory
-from monitor.scoring.precision import DEVICE_PATTERN, DTypeChoice
-from monitor.service.daemon import DAY_S, DaemonConfig
-from monitor.yamlio import load_yaml_file
+
+if TYPE_CHECKING:
+    from monitor.service.daemon import DaemonConfig
 
 ENV_PREFIX = "LSTAR_"
-MAX_BATCH = 4096              # windows per forward pass
-MAX_RESAMPLES = 100_000       # bootstrap resamples
 MAX_CONFIG_BYTES = 1 << 20    # a config file is a page of settings, not a data set
 # An error quotes at most this much of a value (a value may be a megabyte of file, or a list
 # its aliases expanded): the message stays one readable line.
@@ -86,6 +82,8 @@ class SettingError(LstarError):
 # -- value parsers (also used by the other commands' flags) ---------------------------------------
 def parse_seconds(value: Any, *, low: float = 1.0) -> float:
     """A duration (`30s`, `15m`, `1h30m`) in seconds, at least `low` (at most 100 years)."""
+    from monitor.policy import format_duration, parse_duration
+
     delta = parse_duration(value)   # ValueError names the value and the units
     if delta.total_seconds() < low:
         raise ValueError(f"{quoted(value)} is not allowed; give a duration of at least "
@@ -170,6 +168,8 @@ def _cache_keep(value: Any) -> int | None:
 def _score_memory(value: Any) -> str:
     """auto, none/off, N% of the machine's memory, or a size (kept as written: `auto` is
     resolved with the device in `daemon_config`)."""
+    from monitor.scoring import physical_memory
+
     text = str(value).strip().lower()
     if text in ("auto", "none", "off"):
         return text
@@ -318,7 +318,7 @@ class RunSettings(BaseSettings):
         "Memory of one GPU of the Ray cluster (e.g. 80G): a CUDA job whose estimate is larger asks for several "
         "GPUs of one node and is spread over them (device_map auto).")
     # -- scoring spec
-    corpus: Path = _setting(ScoreRequest.corpus_dir, "--corpus", SPEC, "Calibration corpus folder.")
+    corpus: Path = _setting(DEFAULT_CORPUS_DIR, "--corpus", SPEC, "Calibration corpus folder.")
     docs: int | None = _setting(None, "--docs", SPEC, "Score only the first N documents.", ge=1)
     max_context: int | None = _setting(None, "--max-context", SPEC, "Scoring window (tokens).", ge=2)
     device: Annotated[str, AfterValidator(_device)] = _setting("auto", "--device", SPEC, "auto, cpu, cuda or cuda:N.")
@@ -341,6 +341,11 @@ class RunSettings(BaseSettings):
 
     def daemon_config(self) -> DaemonConfig:
         """The `DaemonConfig` these settings describe (seconds, bytes, the scoring template)."""
+        # the daemon's and the scoring stage's modules load when the daemon is configured, not
+        # when `lstar run --help` reads these settings' fields
+        from monitor.scoring import ScoreRequest
+        from monitor.service.daemon import DaemonConfig
+
         template = ScoreRequest(corpus_dir=self.corpus, docs=self.docs, max_context=self.max_context,
                                 device=self.device, dtype=self.dtype, batch_size=self.batch_size,
                                 n_boot=self.n_boot, progress=False)
@@ -366,6 +371,8 @@ class RunSettings(BaseSettings):
 
     def score_memory_bytes(self) -> int | None:
         """`score_memory` in bytes: auto is a share of this machine's memory (none on a GPU host)."""
+        from monitor.scoring import default_memory_limit, physical_memory
+
         text = self.score_memory
         if text == "auto":
             return default_memory_limit(self.device)
@@ -454,6 +461,8 @@ def _file_values(path: Path | None) -> dict[str, Any]:
     """The config file's settings. YAML goes through the policy files' bounded loader
     (`monitor.yamlio`: alias budget, nesting and node limits, no tags, no duplicate keys),
     so a few hundred bytes of nested aliases are refused at once, not expanded to gigabytes."""
+    from monitor.yamlio import load_yaml_file
+
     if path is None:
         return {}
     if path.suffix.lower() == ".toml":
@@ -543,6 +552,9 @@ def environment_warnings(environ: Mapping[str, str], policies: Path | None) -> l
 def _policy_secret_variables(folder: Path) -> Iterable[str]:
     """The environment variables the receivers of the policies in `folder` read (files that do
     not load are skipped: the daemon reports them)."""
+    from monitor.policy import load_policy, policy_files_in
+    from monitor.policy.secrets import SECRET_KEYS
+
     for path in policy_files_in(folder):
         try:
             policy = load_policy(path, check_curves=False)

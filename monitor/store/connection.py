@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 import duckdb
 
+from monitor.constants import DB_NAME
 from monitor.errors import StoreError
 from monitor.store.migrations import MIGRATIONS, Migration
 
-DB_NAME = "lstar.duckdb"                      # the database file in a state directory
 DEFAULT_DB_PATH = Path("state") / DB_NAME
 
 _S = TypeVar("_S", bound="StoreConnection")

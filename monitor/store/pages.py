@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from monitor.constants import DEFAULT_LIMIT, MAX_LIMIT
 from monitor.errors import CursorError
 
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 1000   # the largest page (`limit`) a listing of the API, or of a command, answers
 MAX_CURSOR_CHARS = 1000
 
 
