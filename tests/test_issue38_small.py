@@ -252,7 +252,7 @@ def test_an_unknown_api_path_answers_404_with_the_endpoints_as_hint(tmp_path: Pa
             return True, []
 
     with ApiServer(StandIn(), port=0, token="t" * 32, workers=2, idle_timeout=5, lifetime=30) as server:
-        answers = [httpx.get(f"{server.url}{path}", timeout=10) for path in ("/alert", "/alerts/abc", "/")]
+        answers = [httpx.get(f"{server.url}{path}", timeout=10) for path in ("/alert", "/alerts/abc", "/statuspage")]
     for answer in answers:
         assert answer.status_code == 404
         body = answer.json()
@@ -260,7 +260,7 @@ def test_an_unknown_api_path_answers_404_with_the_endpoints_as_hint(tmp_path: Pa
         hint = body["hint"]
         assert hint is not None and hint.startswith("the endpoints are ")
         # the routes the module's docstring lists, written out here by hand
-        for line in ("GET /health", "GET /metrics", "GET /status", "GET /checkpoints", "GET /report/latest",
+        for line in ("GET /", "GET /watchlist", "GET /health", "GET /metrics", "GET /status", "GET /checkpoints", "GET /report/latest",
                      "GET /alerts/{ident}", "POST /silences", "POST /silences/{ident}/expire", "POST /hooks/hub"):
             assert line in hint, (line, hint)
 
