@@ -169,3 +169,20 @@ def test_the_realistic_thousand_checkpoint_state_reports_as_the_per_row_code(tmp
     with Store.open(Path(build["state"]) / "lstar.duckdb") as store:
         data = assert_report_equals_the_per_row_reference(store, policy, T_END)
     assert data["lstar_table"] and data["derivatives"]
+
+
+def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
+    import json
+
+    from monitor.reports.report import _json_default, iter_json
+
+    store, policy = two_sizes[12]
+    data = build_report(store, policy, now=T_END, period_start=T_END - timedelta(days=7))
+    public = {k: v for k, v in data.items() if not k.startswith("_")}
+    whole = json.dumps(public, indent=2, sort_keys=True, default=_json_default) + "\n"
+    chunks = list(iter_json(data))
+    assert "".join(chunks) == to_json(data) == whole
+    assert len(chunks) == len(whole) // 65536 + 1 or len(chunks) == -(-len(whole) // 65536)
+    # the API's list of reports: the bytes it sent before (decoded and encoded again), plus a newline
+    before = json.dumps([json.loads(to_json(data))], indent=2, default=str)
+    assert "".join(iter_json([data])) == before + "\n"

@@ -6,6 +6,8 @@ them out) or in `./policies`: the only one, or the first in name order."""
 
 from __future__ import annotations
 
+import sys
+
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from monitor.commands.through_daemon import through_daemon
 from monitor.errors import LstarError, PolicyError
 from monitor.policy import load_policies, policy_files_in
 from monitor.reports import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, to_html,
-                             to_json, to_markdown)
+                             to_markdown, iter_json)
 from monitor.reports.report import version_line, write_report
 from monitor.reports.summary import summarised
 from monitor.reports.version import policy_version, require_same_version
@@ -225,8 +227,10 @@ def register(app: typer.Typer) -> None:
                 folder = out if len(reports) == 1 else out / data["policy"]
                 written = write_report_folder(data, folder)
                 console.print(f"wrote {written}", soft_wrap=True, markup=False)
-            if as_json:
-                print(to_json(data), end="")
+            if as_json:   # encoded once, written as it is encoded
+                for chunk in iter_json(data):
+                    sys.stdout.write(chunk)
+                sys.stdout.flush()
             elif markdown:  # with --out, the plots are linked where they were written
                 print(to_markdown(data, image_prefix=f"{folder}/" if folder is not None else ""), end="")
             elif html is None and out is None:
