@@ -1,7 +1,9 @@
 """States of many checkpoints for `scale.py`: built through the store's API, or bulk-loaded.
 
 A state is `n_lineages` Hub repos (`org-NNN/lineage-NNNNNN`), each with `per_lineage`
-checkpoints, one a day, watched by one policy with two tasks (`cloze`, `arc`). Lineage j
+checkpoints, one every STEP (18 days), watched by one policy with two tasks (`cloze`, `arc`);
+every FINETUNE_EVERY-th lineage (j % 20 == 1) is a fine-tune of lineage j - 1. Each checkpoint
+goes through the daemon's steps with their facts in its meta (~2 KB: gate, fetch, score). Lineage j
 follows the L* trajectory of shape j % len(SHAPES) (one that emerges, one that stays clear,
 one that crosses and comes back, one that hovers near the threshold), and its history starts
 `span / n_lineages` after lineage j-1's, so the lineages' activity is spread over `span`
@@ -9,8 +11,10 @@ one that crosses and comes back, one that hovers near the threshold), and its hi
 
 `build_api_state` writes lineages the way the daemon does: the poller's
 `Store.record_discoveries`, `Store.record_score_run` (50 document rows per score),
-`Store.set_checkpoint_verdict`, the outbox's `evaluate_pending` and the `Dispatcher` (alerts
-grouped and sent to a file receiver), in time order, then `Store.prune_logs` at the retention.
+`Store.set_checkpoint_verdict` (gated with the gate's facts and base, fetched, scored), the
+outbox's `evaluate_pending` and the `Dispatcher` (alerts grouped and sent to a file receiver),
+in time order, then the poller's idle listings every 15 minutes over the retention,
+51 weekly reports (`Store.record_report`) and `Store.prune_logs` at the retention.
 
 `bulk_state` builds the first len(SHAPES) lineages that way (the template) and copies them
 with set-based INSERT ... SELECT into lineages 0..n-1 of a database opened (and migrated)
