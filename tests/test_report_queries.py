@@ -186,3 +186,34 @@ def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
     # the API's list of reports: the bytes it sent before (decoded and encoded again), plus a newline
     before = json.dumps([json.loads(to_json(data))], indent=2, default=str)
     assert "".join(iter_json([data])) == before + "\n"
+
+
+def counted_page(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+    from monitor.store.listings import checkpoints_page
+
+    plain = store._conn
+    counting = CountingConnection(plain)
+    store._conn = counting
+    try:
+        items = checkpoints_page(store, limit=1000).items
+    finally:
+        store._conn = plain
+    return items, counting.statements
+
+
+def test_the_checkpoint_page_reads_a_bounded_number_of_queries_and_the_same_coordinates(two_sizes):
+    small, small_q = counted_page(two_sizes[4][0])
+    store = two_sizes[12][0]
+    large, large_q = counted_page(store)
+    assert (len(small), len(large)) == (4 * PER_LINEAGE, 12 * PER_LINEAGE)
+    assert len(small_q) == len(large_q) < 15
+    # each derivative's pair, against the per-row lookups the page made before
+    paired = [c for c in large if c["base"] is not None]
+    assert len(paired) == 6 * PER_LINEAGE
+    for c in paired:
+        own = store.complete_score(c["repo"], c["sha"])
+        theirs = store.complete_score(c["base"]["repo"], c["base"]["sha"], own["corpus_sha256"], own)
+        assert c["coordinates"]["run_id"] == own["run_id"] and c["coordinates"]["base_run_id"] == theirs["run_id"]
+        assert c["coordinates"]["lstar_base"] == float(theirs["lstar"])
+    # the page's meta is whole (read for the page's rows only, not dropped)
+    assert all(c["meta"]["gate"]["files"] and c["meta"]["run_id"] for c in large)

@@ -100,8 +100,9 @@ class DerivativeRows(StoreConnection):
     def complete_scores(self, pairs: Sequence[tuple[str, str]], corpus_sha256: str | None = None
                         ) -> dict[tuple[str, str], list[dict[str, Any]]]:
         """The candidates `complete_score` chooses from, for many checkpoints in one query:
-        {(repo, sha): the newest complete run on `corpus_sha256` per scoring spec, newest
-        first}; `pick_complete_score` then applies a spec as `complete_score` does."""
+        {(repo, sha): the newest complete run per corpus and scoring spec (on `corpus_sha256`
+        only, when given), newest first}; `pick_complete_score` then applies a corpus and a
+        spec as `complete_score` does."""
         keys = sorted(set(pairs))
         if not keys:
             return {}
@@ -114,8 +115,8 @@ class DerivativeRows(StoreConnection):
             "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha) k "
             "JOIN score_runs r ON r.model_repo = k.repo AND r.model_sha = k.sha "
             f"WHERE NOT r.partial {corpus_clause}"
-            "QUALIFY row_number() OVER (PARTITION BY r.model_repo, r.model_sha, r.spec_version, r.window_len, "
-            "r.stride, r.prefix_policy ORDER BY r.finished_at DESC, r.run_id DESC) = 1 "
+            "QUALIFY row_number() OVER (PARTITION BY r.model_repo, r.model_sha, r.corpus_sha256, r.spec_version, "
+            "r.window_len, r.stride, r.prefix_policy ORDER BY r.finished_at DESC, r.run_id DESC) = 1 "
             "ORDER BY r.model_repo, r.model_sha, r.finished_at DESC, r.run_id DESC", params)
         out: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in rows:
@@ -158,13 +159,20 @@ class DerivativeRows(StoreConnection):
                 r = dict(r)
                 r["bases"] = json.loads(r["bases"]) if isinstance(r["bases"], str) else r["bases"]
                 bases[int(r["checkpoint_id"])] = r
+        # the score runs of the page's derivatives and of their bases: two batch reads
+        pinned = [c for c in checkpoints if c.get("id") is not None
+                  and (bases.get(int(c["id"])) or {}).get("base_sha")]
+        owns = self.complete_scores([(c["repo"], c["sha"]) for c in pinned])
+        theirs_all = self.complete_scores([(bases[int(c["id"])]["base_repo"], bases[int(c["id"])]["base_sha"])
+                                           for c in pinned])
         out = []
         for c in checkpoints:
             base = bases.get(int(c["id"])) if c.get("id") is not None else None
             coordinates = None
             if base is not None and base.get("base_sha"):
-                own = self.complete_score(c["repo"], c["sha"])
-                theirs = (self.complete_score(base["base_repo"], base["base_sha"], own["corpus_sha256"], own)
+                own = pick_complete_score(owns.get((c["repo"], c["sha"])))
+                theirs = (pick_complete_score(theirs_all.get((base["base_repo"], base["base_sha"])), own,
+                                              corpus_sha256=own["corpus_sha256"])
                           if own is not None else None)
                 if own is not None and theirs is not None:
                     coordinates = pair_of_coordinates(theirs, own)
@@ -208,10 +216,14 @@ class DerivativeRows(StoreConnection):
 
 
 def pick_complete_score(candidates: Sequence[Mapping[str, Any]] | None,
-                        spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                        spec: Mapping[str, Any] | None = None, *,
+                        corpus_sha256: str | None = None) -> dict[str, Any] | None:
     """Of `complete_scores`' candidates for one checkpoint (newest first), what
-    `complete_score` returns: the newest whose scoring spec matches `spec`'s given keys."""
+    `complete_score` returns: the newest on `corpus_sha256` (any, when None) whose scoring
+    spec matches `spec`'s given keys."""
     for run in candidates or ():
+        if corpus_sha256 is not None and run["corpus_sha256"] != corpus_sha256:
+            continue
         if spec is None or all(spec.get(k) is None or run[k] == spec[k] for k in _SPEC_KEYS):
             return dict(run)
     return None
