@@ -401,7 +401,7 @@ def table(all_results: dict[int, dict[str, Any]]) -> str:
     lines = [head, "|" + "---|" * (3 + len(sizes))]
     build = "| build (s, DB MB) | - | " + " | ".join(
         f"{all_results[s]['build'].get('template_s', 0) + all_results[s]['build'].get('bulk_s', 0):.1f} s, "
-        f"{all_results[s]['build'].get('db_bytes', 0) / 1e6:.0f} MB" for s in sizes) + " |"
+        f"{all_results[s]['build'].get('db_bytes', 0) / 1e6:.0f} MB" for s in sizes) + " | - |"
     lines.append(build)
     for k in keys:
         cells = []
