@@ -3,10 +3,15 @@ on states of 10^3, 10^4 and 10^5 checkpoints (issue 26).
 
     python benchmarks/scale.py --sizes 1000,10000,100000 --out benchmarks/out/scale
 
-Per size it builds a state (benchmarks/scale_state.py: ~20 checkpoints per lineage, 50
-document rows per score, predictions for two tasks, alerts grouped and sent by the real
-outbox, polls), bulk-copied from a template written through the store's own functions,
-then measures, each in its own subprocess (time, and peak RSS from `wait4`):
+Per size it builds a state that looks like a year of the daemon's writing
+(benchmarks/scale_state.py: 20 checkpoints per lineage, one every 18 days, the lineages
+staggered so that a week's runs fall into ~39 % of them; a ~2 KB gate/fetch/score meta per
+checkpoint; every 20th lineage a fine-tune with its `checkpoint_bases` row; 50 document rows
+per score; predictions for two tasks whose alerts fire, resolve and flap, grouped and sent
+by the real outbox; the evaluation queue drained with its scopes; an idle poll every 15
+minutes; 51 weekly reports), bulk-copied from a template written through the store's own
+functions, then measures, each in its own subprocess (wall and CPU seconds, and peak RSS
+from `wait4`; a daemon job's CPU is its own, an endpoint's the daemon's while it answered):
 
 - each daemon job with nothing new, run in-process on a `Daemon` opened on the state
   (evaluate, dispatch, gate, prune, discovery, report), and evaluate + dispatch after 100
@@ -18,7 +23,7 @@ then measures, each in its own subprocess (time, and peak RSS from `wait4`):
 
 Every step has a timeout (`--step-timeout`, default 150 s): a slow step is reported as
 "> 150 s" and the benchmark goes on. It prints a table with the issue's targets beside the
-numbers and writes everything to OUT/scale-STAMP.json (and .md).
+numbers, and each one's growth per decade of checkpoints (from CPU seconds), and writes everything to OUT/scale-STAMP.json (and .md).
 
 `--check-equal N` first builds N lineages through the API and by the bulk loader and
 compares them row for row (what tests/test_scale_bench.py does at a tiny size).
@@ -48,7 +53,7 @@ JOBS = ("evaluate", "dispatch", "gate", "prune", "discovery", "report")
 LISTS = {"checkpoints": ["checkpoints"], "checkpoints --json": ["checkpoints", "--json"],
          "runs": ["runs"], "alerts list": ["alerts", "list"], "status": ["status"], "db info": ["db", "info"]}
 REPORTS = {"report --json": ["--json"], "report --markdown": ["--markdown"], "report --html": ["--html", "{tmp}/r.html"]}
-ENDPOINTS = ("/health", "/metrics", "/status", "/db/info", "/checkpoints", "/runs", "/alerts", "/silences",
+ENDPOINTS = ("/health", "/metrics", "/status", "/db/info", "/checkpoints?limit=1000", "/runs", "/alerts", "/silences",
              "/report?policy=bench", "/report/latest")
 DRAIN_S = 60.0
 
@@ -76,6 +81,7 @@ if pid == 0:
 _, status, usage = os.wait4(pid, 0)
 with open(sys.argv[1], "w") as f:
     json.dump({"wall_s": time.perf_counter() - t0, "maxrss_kb": usage.ru_maxrss,
+               "cpu_s": usage.ru_utime + usage.ru_stime,
                "rc": os.waitstatus_to_exitcode(status)}, f)
 """
 
@@ -111,6 +117,7 @@ def run_measured(cmd: list[str], *, timeout: float) -> dict[str, Any]:
     lines = data.decode(errors="replace").strip().splitlines()
     rc = usage.get("rc", proc.returncode)
     return {"wall_s": round(usage.get("wall_s", wall), 3),
+            "cpu_s": round(usage["cpu_s"], 3) if "cpu_s" in usage else None,
             "rss_mb": round(usage["maxrss_kb"] / 1024, 1) if "maxrss_kb" in usage else peak,
             "rc": rc, "timed_out": timed_out, "timeout_s": timeout, "stdout_bytes": len(data),
             "last_line": lines[-1] if lines else "", "stderr_tail": tail if rc else ""}
@@ -151,6 +158,7 @@ def child_job(args: argparse.Namespace) -> None:
         daemon.job_evaluate()
         first_tick = time.perf_counter() - t_first
     t0 = time.perf_counter()
+    c0 = time.process_time()
     if name in ("evaluate", "dispatch", "prune", "report"):
         result = getattr(daemon, f"job_{name}")()
     elif name == "gate":
@@ -168,13 +176,14 @@ def child_job(args: argparse.Namespace) -> None:
     else:
         raise SystemExit(f"unknown job {name!r}")
     seconds = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     second = None
     if args.then_dispatch:   # the outbox's grouping of what evaluation raised
         t1 = time.perf_counter()
         daemon.job_dispatch()
         second = time.perf_counter() - t1
     daemon.store.close()
-    print(json.dumps({"seconds": seconds, "dispatch_after_s": second, "first_tick_s": first_tick,
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "dispatch_after_s": second, "first_tick_s": first_tick,
                       "result": ss.json_safe(summarise(result))}))
 
 
@@ -232,6 +241,8 @@ def with_child_seconds(r: dict[str, Any]) -> dict[str, Any]:
     except (ValueError, TypeError):
         child = {}
     r.update(seconds=child.get("seconds"), child=child)
+    if child.get("cpu_s") is not None:   # the job's own CPU, not the child's start-up
+        r["cpu_s"] = round(child["cpu_s"], 3)
     for key in ("dispatch_after_s", "first_tick_s"):
         if child.get(key) is not None:
             r[key] = child[key]
@@ -263,6 +274,15 @@ def child_peak_mb(launcher: int) -> float | None:
     except OSError:
         return None
     return vm_hwm_mb(int(children[0])) if children else None
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process so far (Linux /proc/PID/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def vm_hwm_mb(pid: int) -> float | None:
@@ -303,6 +323,7 @@ def measure_daemon(state: Path, policies: Path, timeout: float, results: dict[st
         with httpx.Client(base_url=url, timeout=timeout) as client:
             for path in ENDPOINTS:
                 t1 = time.perf_counter()
+                cpu0 = process_cpu_s(proc.pid)
                 try:
                     resp = client.get(path)
                     r = {"wall_s": round(time.perf_counter() - t1, 3), "status": resp.status_code,
@@ -311,6 +332,9 @@ def measure_daemon(state: Path, policies: Path, timeout: float, results: dict[st
                     r = {"wall_s": round(time.perf_counter() - t1, 3), "timed_out": True, "timeout_s": timeout}
                 except httpx.HTTPError as exc:
                     r = {"wall_s": round(time.perf_counter() - t1, 3), "error": f"{type(exc).__name__}: {exc}"}
+                cpu1 = process_cpu_s(proc.pid)
+                if cpu0 is not None and cpu1 is not None:
+                    r["cpu_s"] = round(cpu1 - cpu0, 3)   # the daemon's CPU while it answered
                 r["daemon_rss_mb"] = vm_hwm_mb(proc.pid)
                 results[f"api {path}"] = r
                 say(f"GET {path}", r)
@@ -348,6 +372,8 @@ def fmt_time(r: dict[str, Any] | None, key: str = "wall_s") -> str:
     if value is None:
         return "failed" if r.get("rc") else "-"
     text = f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+    if r.get("cpu_s") is not None:
+        text += f" / {r['cpu_s']:.3f} CPU-s"
     notes = [f"exit {r['rc']}" if r.get("rc") not in (None, 0) else "",
              f"HTTP {r['status']}" if (r.get("status") or 200) >= 400 else "", r.get("error") or ""]
     if any(notes):
@@ -370,11 +396,12 @@ def table(all_results: dict[int, dict[str, Any]]) -> str:
         for k in all_results[size]:
             if k not in keys and k not in ("build", "daemon errors", "sizes"):
                 keys.append(k)
-    head = "| measurement | target (at 10^5) | " + " | ".join(f"{s:,}" for s in sizes) + " |"
-    lines = [head, "|" + "---|" * (2 + len(sizes))]
+    head = ("| measurement | target (at 10^5) | " + " | ".join(f"{s:,}" for s in sizes)
+            + " | growth per decade (CPU) |")
+    lines = [head, "|" + "---|" * (3 + len(sizes))]
     build = "| build (s, DB MB) | - | " + " | ".join(
         f"{all_results[s]['build'].get('template_s', 0) + all_results[s]['build'].get('bulk_s', 0):.1f} s, "
-        f"{all_results[s]['build'].get('db_bytes', 0) / 1e6:.0f} MB" for s in sizes) + " |"
+        f"{all_results[s]['build'].get('db_bytes', 0) / 1e6:.0f} MB" for s in sizes) + " | - |"
     lines.append(build)
     for k in keys:
         cells = []
@@ -396,8 +423,29 @@ def table(all_results: dict[int, dict[str, Any]]) -> str:
             if r and k.startswith(("list", "report")) and r.get("rss_mb"):
                 extra.append(fmt_rss(r))
             cells.append(cell + (f" ({', '.join(extra)})" if extra else ""))
-        lines.append(f"| {k} | {target_of(k)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {k} | {target_of(k)} | " + " | ".join(cells) + f" | {growth(all_results, k)} |")
     return "\n".join(lines)
+
+
+def growth(all_results: dict[int, dict[str, Any]], key: str) -> str:
+    """How a measurement's CPU seconds (else its seconds) grow per tenfold checkpoints, from
+    the smallest and largest size measured: (b / a) ** (1 / decades)."""
+    import math
+
+    sizes = sorted(s for s in all_results if all_results[s].get(key))
+    if len(sizes) < 2:
+        return "-"
+
+    def value(r: dict[str, Any]) -> float | None:
+        for name in ("cpu_s", "seconds", "wall_s"):
+            if r.get(name) is not None and not r.get("timed_out"):
+                return float(r[name])
+        return None
+
+    a, b = value(all_results[sizes[0]][key]), value(all_results[sizes[-1]][key])
+    if not a or b is None:
+        return "-"
+    return f"×{(b / a) ** (1 / math.log10(sizes[-1] / sizes[0])):.2f}"
 
 
 def target_of(key: str) -> str:

@@ -1,7 +1,9 @@
 """States of many checkpoints for `scale.py`: built through the store's API, or bulk-loaded.
 
 A state is `n_lineages` Hub repos (`org-NNN/lineage-NNNNNN`), each with `per_lineage`
-checkpoints, one a day, watched by one policy with two tasks (`cloze`, `arc`). Lineage j
+checkpoints, one every STEP (18 days), watched by one policy with two tasks (`cloze`, `arc`);
+every FINETUNE_EVERY-th lineage (j % 20 == 1) is a fine-tune of lineage j - 1. Each checkpoint
+goes through the daemon's steps with their facts in its meta (~2 KB: gate, fetch, score). Lineage j
 follows the L* trajectory of shape j % len(SHAPES) (one that emerges, one that stays clear,
 one that crosses and comes back, one that hovers near the threshold), and its history starts
 `span / n_lineages` after lineage j-1's, so the lineages' activity is spread over `span`
@@ -9,8 +11,10 @@ one that crosses and comes back, one that hovers near the threshold), and its hi
 
 `build_api_state` writes lineages the way the daemon does: the poller's
 `Store.record_discoveries`, `Store.record_score_run` (50 document rows per score),
-`Store.set_checkpoint_verdict`, the outbox's `evaluate_pending` and the `Dispatcher` (alerts
-grouped and sent to a file receiver), in time order, then `Store.prune_logs` at the retention.
+`Store.set_checkpoint_verdict` (gated with the gate's facts and base, fetched, scored), the
+outbox's `evaluate_pending` and the `Dispatcher` (alerts grouped and sent to a file receiver),
+in time order, then the poller's idle listings every 15 minutes over the retention,
+51 weekly reports (`Store.record_report`) and `Store.prune_logs` at the retention.
 
 `bulk_state` builds the first len(SHAPES) lineages that way (the template) and copies them
 with set-based INSERT ... SELECT into lineages 0..n-1 of a database opened (and migrated)
@@ -38,7 +42,14 @@ CE_UNIGRAM = 7.2
 DOCS_PER_SCORE = 50
 PER_LINEAGE = 20
 SPAN = timedelta(days=365)
-STEP = timedelta(days=1)
+# A lineage publishes a checkpoint every 18 days and the lineages' starts are staggered over
+# the rest of the year, so a week's new runs fall into about 7/18 of all lineages (about
+# 1,900 of 5,000 at 10^5 checkpoints), as on a Hub where many projects train at once.
+STEP = timedelta(days=18)
+FINETUNE_EVERY = 20          # lineage j with j % 20 == 1 is a fine-tune of lineage j - 1 (5 %)
+POLL_EVERY = timedelta(minutes=15)
+REPORTS = 51                 # weekly reports recorded before t_end (the last one a week ago)
+WEIGHT_SHARDS = 4
 TASKS = {"cloze": (0.25, 0.0455, 1.2), "arc": (0.25, 0.05, 0.8)}   # baseline, margin, L* midpoint
 # L* of checkpoint i of a lineage (i = 0 .. per_lineage-1, x = i / (per_lineage - 1)).
 SHAPES = (
@@ -47,7 +58,11 @@ SHAPES = (
     lambda x: 3.0 - 2.6 * x if x < 0.6 else 1.44 + 2.0 * (x - 0.6),   # crosses, then back above
     lambda x: 1.35 + 0.15 * ((-1) ** round(x * 19)),           # hovers near cloze's threshold
 )
-TEMPLATE_LINEAGES = len(SHAPES)
+TEMPLATE_LINEAGES = FINETUNE_EVERY   # every shape, and one fine-tune
+
+
+def is_finetune(j: int) -> bool:
+    return j % FINETUNE_EVERY == 1
 
 
 def repo_name(j: int) -> str:
@@ -168,29 +183,107 @@ CORPUS_ROW = {"sha256": CORPUS, "name": "calib", "version": "0", "parent_sha256"
               "n_documents": DOCS_PER_SCORE, "n_bytes": 50_000}
 
 
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()
+
+
+def base_of(j: int, per_lineage: int = PER_LINEAGE) -> dict[str, Any] | None:
+    """What a fine-tune lineage's checkpoints derive from, as the gate pins it (`Lineage`): the
+    first checkpoint of lineage j - 1 (scored before any of lineage j's); None for a model."""
+    if not is_finetune(j) or j == 0:
+        return None
+    base_repo = repo_name(j - 1)
+    return {"base_repo": base_repo, "base_sha": commit_sha(base_repo, 0), "relation": "finetune",
+            "relation_source": "declared", "bases": [base_repo], "problem": None}
+
+
+def gate_meta(repo: str, sha: str, i: int, when: datetime, base: dict[str, Any] | None) -> dict[str, Any]:
+    """The gate's facts as `monitor.hub.gate._gate` writes them (config, safetensors headers,
+    estimates, the pinned files, the commit date and, for a derivative, its lineage)."""
+    files = [{"name": name, "size": size, "sha256": _digest(sha, name) if lfs else None,
+              "blob_id": None if lfs else _digest(sha, name)[:40]}
+             for name, size, lfs in [("config.json", 712, False), ("generation_config.json", 137, False),
+                                     ("model.safetensors.index.json", 23_950, False),
+                                     ("tokenizer.json", 2_113_720, True), ("tokenizer_config.json", 3_502, False),
+                                     *[(f"model-{k + 1:05d}-of-{WEIGHT_SHARDS:05d}.safetensors",
+                                        1_982_000_000 + 1000 * k, True) for k in range(WEIGHT_SHARDS)]]]
+    return {"verdict": "passed", "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "vocab_size": 32_000,
+            "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "n_params": 1_100_048_384,
+            "tensor_bytes": 2_200_096_768, "dtypes": {"BF16": 201}, "n_tensors": 201,
+            "estimated_params": 1_100_048_384, "estimated_peak_bytes": 4_400_193_536, "files": files,
+            "commit_date": (when - timedelta(hours=2)).isoformat(),
+            **({"lineage": base} if base is not None else {})}
+
+
+def fetch_meta(repo: str, sha: str, when: datetime) -> dict[str, Any]:
+    """What `monitor.hub.fetch.fetch_job` merges into the row: the snapshot and its digests."""
+    return {"snapshot_dir": f"/var/lib/lstar/cache/models--{repo.replace('/', '--')}/snapshots/{sha}",
+            "fetched_at": (when - timedelta(minutes=20)).isoformat(),
+            "weights_digest": _digest("weights", sha), "files_digest": _digest("files", sha)}
+
+
+def score_meta(run: dict[str, Any]) -> dict[str, Any]:
+    """What the scoring driver merges into the row when the score is written."""
+    return {"run_id": run["run_id"], "lstar": run["lstar"], "se": run["se_ce"], "corpus_sha256": CORPUS,
+            "tokens_per_s": run["tokens_per_s"], "baseline": "corpus", "worker": "gpu-0"}
+
+
 def record_checkpoint(store: Any, policy: Any, repo: str, i: int, lstar: float, when: datetime,
-                      *, evaluate: bool = True) -> str:
-    """One checkpoint through the daemon's store calls: discovered (one poll), scored
-    (50 document rows), and, with `evaluate`, evaluated and its alerts dispatched. Returns
-    the run id."""
+                      *, evaluate: bool = True, base: dict[str, Any] | None = None) -> str:
+    """One checkpoint through the daemon's store calls: discovered (one poll), gated (the gate's
+    facts and, for a derivative, its `checkpoint_bases` row), fetched (digests), scored (50
+    document rows, the score's facts), and, with `evaluate`, evaluated and its alerts
+    dispatched. Returns the run id."""
     from monitor.alerts import Dispatcher
     from monitor.alerts.outbox import evaluate_pending
     from monitor.hub.poll import Candidate
 
     sha = commit_sha(repo, i)
     store.record_discoveries("bench-rule", "bench", "http://hub.invalid",
-                             [Candidate(repo, sha, (f"step{i}",), meta={"gate": {"verdict": "passed"}})],
+                             [Candidate(repo, sha, (f"step{i}",), meta={})],
                              watermark=None, boundary=[], now=when - timedelta(minutes=30), requests=1,
                              listed=1)
     checkpoint_id = store.query("SELECT id FROM checkpoints WHERE repo = ? AND sha = ?", [repo, sha])[0]["id"]
     run, docs = score_run(repo, sha, checkpoint_id, lstar, when)
+    store.set_checkpoint_verdict(checkpoint_id, expect_status="discovered", status="gated", reason=None,
+                                 meta={"gate": gate_meta(repo, sha, i, when, base)},
+                                 now=when - timedelta(minutes=29), base=base)
+    store.set_checkpoint_verdict(checkpoint_id, expect_status="gated", status="fetched", reason=None,
+                                 meta=fetch_meta(repo, sha, when), now=when - timedelta(minutes=20))
     store.record_score_run(run, docs, CORPUS_ROW, TOKENIZER)
-    store.set_checkpoint_verdict(checkpoint_id, expect_status="discovered", status="scored", reason=None,
-                                 meta=None, now=when)
+    store.set_checkpoint_verdict(checkpoint_id, expect_status="fetched", status="scored", reason=None,
+                                 meta=score_meta(run), now=when)
     if evaluate:
         evaluate_pending(store, [policy], now=when + timedelta(seconds=5))
         Dispatcher(store, [policy], owner="bench").run_once(when + timedelta(seconds=40))
     return run["run_id"]
+
+
+def record_idle_polls(store: Any, *, start: datetime, end: datetime) -> int:
+    """The poller's listings that found nothing new, one every POLL_EVERY in [start, end),
+    through `Store.record_discoveries` (the API path; the bulk loader writes the same rows in SQL)."""
+    n, when = 0, end - POLL_EVERY
+    while when >= start:
+        store.record_discoveries("bench-rule", "bench", "http://hub.invalid", [], watermark=None, boundary=[],
+                                 now=when, requests=1, listed=0)
+        n += 1
+        when -= POLL_EVERY
+    return n
+
+
+def record_weekly_reports(store: Any, *, t_end: datetime, n: int = REPORTS) -> None:
+    """The daemon's weekly reports, the newest ending a week before `t_end` (so the next one,
+    the one measured, covers the last week), through `Store.record_report`."""
+    for k in range(n, 0, -1):
+        end = t_end - timedelta(days=7 * k)
+        summary = {"new_checkpoints": 40 + k % 7, "new_scores": 40 + k % 7, "lineages": 38, "at_risk": k % 3,
+                   "emerged": k % 5, "crossings": k % 4}
+        store.record_report({"policy": "bench", "name": "weekly", "period_start": end - timedelta(days=7),
+                             "period_end": end, "folder": f"/var/lib/lstar/reports/bench/weekly/{end:%Y%m%dT%H%M%SZ}",
+                             "summary": summary,
+                             "deliveries": [{"receiver": "audit", "outcome": "delivered", "error": None}],
+                             "created_at": end + timedelta(seconds=3)})
 
 
 def build_api_state(store: Any, policy: Any, lineages: range | list[int], *, n_lineages: int,
@@ -202,8 +295,11 @@ def build_api_state(store: Any, policy: Any, lineages: range | list[int], *, n_l
     events = sorted((lineage_start(j, n_lineages, t_end, per_lineage) + STEP * i, j, i)
                     for j in lineages for i in range(per_lineage))
     for when, j, i in events:
-        record_checkpoint(store, policy, repo_name(j), i, lstar_of(j, i, per_lineage), when)
+        record_checkpoint(store, policy, repo_name(j), i, lstar_of(j, i, per_lineage), when,
+                          base=base_of(j, per_lineage))
     if retention is not None:
+        record_idle_polls(store, start=t_end - retention, end=t_end)
+        record_weekly_reports(store, t_end=t_end)
         store.prune_logs(t_end - retention)
 
 
@@ -275,8 +371,17 @@ def bulk_state(store: Any, template_db: Path, *, n_lineages: int, t_end: datetim
         run_id = "substr(sha256(m.repo || '@' || t.model_sha), 1, 32)"
         conn.execute("INSERT INTO corpora SELECT * FROM tpl.corpora ON CONFLICT DO NOTHING")
         conn.execute("INSERT INTO tokenizers SELECT * FROM tpl.tokenizers ON CONFLICT DO NOTHING")
-        timed("checkpoints", _copy_sql(conn, "checkpoints", {"id": None},
+        # the score facts in a row's meta name its run id, which hashes the repo
+        meta = ("replace(replace(t.meta::VARCHAR, m.src_repo, m.repo), substr(sha256(m.src_repo || '@' || t.sha), 1, 32), "
+                "substr(sha256(m.repo || '@' || t.sha), 1, 32))")
+        timed("checkpoints", _copy_sql(conn, "checkpoints", {"id": None, "meta": meta},
                                        "JOIN lineage_map m ON m.src_repo = t.repo", "ORDER BY m.j, t.id"))
+        # A fine-tune's base is the lineage before it: its repo is renamed to that lineage's copy.
+        timed("checkpoint_bases", _copy_sql(
+            conn, "checkpoint_bases", {"checkpoint_id": "nc.id", "base_repo": "mb.repo",
+                                       "bases": "replace(t.bases::VARCHAR, t.base_repo, mb.repo)"},
+            "JOIN tpl.checkpoints c ON c.id = t.checkpoint_id JOIN lineage_map m ON m.src_repo = c.repo "
+            "JOIN lineage_map mb ON mb.j = m.j - 1 JOIN checkpoints nc ON nc.repo = m.repo AND nc.sha = c.sha"))
         # run ids are recomputed from (repo, sha), checkpoint ids looked up by (repo, sha)
         timed("score_runs", _copy_sql(conn, "score_runs", {"run_id": run_id, "checkpoint_id": "c.id"},
                                       "JOIN lineage_map m ON m.src_repo = t.model_repo "
@@ -339,12 +444,25 @@ def bulk_state(store: Any, template_db: Path, *, n_lineages: int, t_end: datetim
             conn, "delivery_attempts", {"id": None, "notification_id": "m.dst"},
             "JOIN notification_map m ON m.src = t.notification_id",
             "ORDER BY t.started_at + to_seconds(m.shift_s), m.j, t.id"))
-        for name in ("hub_watermarks", "hub_state", "endpoints"):
+        timed("notification_groups", _copy_sql(
+            conn, "notification_groups", {}, "JOIN lineage_map m ON t.group_key LIKE '%' || m.src_repo || '%'"))
+        # the evaluation queue is drained: the scopes its ticks recorded, no queued run
+        for name in ("hub_watermarks", "hub_state", "endpoints", "evaluation_scopes"):
             conn.execute(f"INSERT INTO {name} SELECT * FROM tpl.{name}")
     finally:
         for temp in ("lineage_map", "run_map", "fp_blob", "notification_map"):
             conn.execute(f"DROP TABLE IF EXISTS temp.{temp}")
         conn.execute("DETACH tpl")
+    t0 = time.perf_counter()
+    # the poller's idle listings over the retained window (what record_idle_polls writes)
+    polls = int((retention / POLL_EVERY))
+    with store.transaction() as c:
+        c.execute("INSERT INTO hub_polls (rule_key, rule_name, polled_at, ok, listed, new_rows, requests, error) "
+                  "SELECT 'bench-rule', 'bench', ?::TIMESTAMPTZ - to_seconds(k * ?), true, 0, 0, 1, NULL "
+                  "FROM range(1, ?) r(k) ORDER BY k DESC",
+                  [t_end, int(POLL_EVERY.total_seconds()), polls + 1])
+    record_weekly_reports(store, t_end=t_end)
+    timings["polls_reports"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     store.prune_logs(t_end - retention)
     timings["prune"] = time.perf_counter() - t0
@@ -426,6 +544,24 @@ COMPARE_SQL = {
     "delivery_attempts": "SELECT t.* EXCLUDE (id, notification_id), n.group_key, n.created_at AS n_created "
                          "FROM delivery_attempts t JOIN notifications n ON n.id = t.notification_id",
 }
+# Tables without ids or whose ids are natural keys: compared as they are.
+for _table in ("checkpoint_bases", "evaluation_scopes", "evaluation_queue", "notification_groups", "hub_watermarks",
+               "hub_state", "endpoints"):
+    COMPARE_SQL[_table] = f"SELECT * FROM {_table}"
+COMPARE_SQL["checkpoint_bases"] = ("SELECT b.* EXCLUDE (checkpoint_id), c.repo AS ck_repo, c.sha AS ck_sha "
+                                   "FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id")
+COMPARE_SQL["reports"] = "SELECT * EXCLUDE (id) FROM reports"
+
+
+def table_shapes(store: Any) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """Every table of the store: its row count and its columns (what `compare_states` checks
+    beyond the compared rows: no table, column or row kind missing from either state)."""
+    out = {}
+    for (table,) in store.conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+                                       "AND table_catalog = current_database() ORDER BY 1").fetchall():
+        cols = tuple(c for c, _ in _columns(store.conn, table))
+        out[table] = (store.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0], cols)
+    return out
 
 
 def state_rows(store: Any) -> dict[str, list[tuple]]:
@@ -441,6 +577,12 @@ def compare_states(a: Any, b: Any) -> dict[str, str]:
     """Tables whose rows differ between stores `a` and `b`, with the first difference each."""
     ra, rb = state_rows(a), state_rows(b)
     problems = {}
+    sa, sb = table_shapes(a), table_shapes(b)
+    for table in sorted(set(sa) | set(sb)):
+        if table == "schema_migrations":
+            continue
+        if sa.get(table) != sb.get(table):
+            problems[table] = f"rows, columns: {sa.get(table)} vs {sb.get(table)}"
     for table in COMPARE_SQL:
         if ra[table] != rb[table]:
             only_a = [r for r in ra[table] if r not in rb[table]]

@@ -17,7 +17,8 @@ import scale_state as ss
 from monitor.store import Store
 
 T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
-N_LINEAGES, PER_LINEAGE = 6, 5   # two more lineages than the template, each shape at least once
+N_LINEAGES, PER_LINEAGE = 6, 5   # each shape at least once, and lineage 1 a fine-tune of lineage 0
+RETENTION = timedelta(days=2)    # the idle polls kept: 192 (a year's worth would take minutes)
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,9 @@ def states(tmp_path_factory):
     api = Store.open(folder / "api.duckdb")
     bulk = Store.open(folder / "bulk.duckdb")
     ss.build_api_state(api, policy, range(N_LINEAGES), n_lineages=N_LINEAGES, t_end=T_END,
-                       per_lineage=PER_LINEAGE)
-    ss.bulk_state(bulk, template, n_lineages=N_LINEAGES, t_end=T_END, per_lineage=PER_LINEAGE)
+                       per_lineage=PER_LINEAGE, retention=RETENTION)
+    ss.bulk_state(bulk, template, n_lineages=N_LINEAGES, t_end=T_END, per_lineage=PER_LINEAGE,
+                  retention=RETENTION)
     yield api, bulk
     api.close()
     bulk.close()
@@ -48,7 +50,16 @@ def test_bulk_copy_equals_the_api_built_state(states):
     assert counts["score_documents"] == n * ss.DOCS_PER_SCORE
     assert counts["predictions"] == n * len(ss.TASKS)
     assert counts["alerts"] > 0 and counts["deliveries"] == counts["alerts"] and counts["notifications"] > 0
-    assert counts["hub_polls"] > 0
+    assert counts["hub_polls"] >= RETENTION / ss.POLL_EVERY
+    # the realistic parts: fine-tunes with their base, drained queue with scopes, weekly reports, ~2 KB meta
+    bases = api.query("SELECT b.base_repo, c.repo FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id")
+    assert len(bases) == PER_LINEAGE and {(r["base_repo"], r["repo"]) for r in bases} == {
+        (ss.repo_name(0), ss.repo_name(1))}
+    assert api.query("SELECT count(*) AS n FROM evaluation_queue")[0]["n"] == 0
+    assert api.query("SELECT count(*) AS n FROM evaluation_scopes")[0]["n"] == len(ss.TASKS)
+    assert api.query("SELECT count(*) AS n FROM reports")[0]["n"] == ss.REPORTS
+    sizes = [r["n"] for r in api.query("SELECT length(meta::VARCHAR) AS n FROM checkpoints")]
+    assert 1800 <= min(sizes) and max(sizes) <= 2600
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ them out) or in `./policies`: the only one, or the first in name order."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -220,7 +221,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The governance summary of each policy since its last report (or its report window), or of
         any window (--since/--until, --last-week, --this-week) with the state carried into it."""
-        from monitor.reports import render_plots, to_html, to_json, to_markdown
+        from monitor.reports import iter_json, render_plots, to_html, to_markdown
 
         window = parse_window(since, until, last_week=last_week, this_week=this_week)
         db_path = db_file(state, db)
@@ -242,8 +243,10 @@ def register(app: typer.Typer) -> None:
                 folder = out if len(reports) == 1 else out / data["policy"]
                 written = write_report_folder(data, folder)
                 console.print(f"wrote {written}", soft_wrap=True, markup=False)
-            if as_json:
-                print(to_json(data), end="")
+            if as_json:   # encoded once, written as it is encoded
+                for chunk in iter_json(data):
+                    sys.stdout.write(chunk)
+                sys.stdout.flush()
             elif markdown:  # with --out, the plots are linked where they were written
                 print(to_markdown(data, image_prefix=f"{folder}/" if folder is not None else ""), end="")
             elif html is None and out is None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from monitor.reports.report import (fmt, load_policy_curves, ref_name, render_plots, report_for_cli, short,
-                                        to_html, to_json, to_markdown)
+                                        to_html, to_json, to_markdown, iter_json)
 
 # Re-exported lazily: importing the package (or one light module in it, which imports the
 # package first) does not import every stage module and their libraries; a name loads its
@@ -22,6 +22,7 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
     "to_html": "monitor.reports.report",
     "to_json": "monitor.reports.report",
     "to_markdown": "monitor.reports.report",
+    "iter_json": "monitor.reports.report",
 }
 
 
@@ -38,4 +39,4 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["fmt", "load_policy_curves", "ref_name", "render_plots", "report_for_cli", "short", "to_html",
-           "to_json", "to_markdown"]
+           "to_json", "to_markdown", "iter_json"]

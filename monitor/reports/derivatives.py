@@ -10,6 +10,7 @@ from typing import Any
 from monitor.escape import markdown_text
 from monitor.reports.present import fmt
 from monitor.store import Store
+from monitor.store.derivatives import pick_complete_score
 
 
 def _task_states(predictions: Iterable[Any]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
@@ -30,19 +31,22 @@ def _task_states(predictions: Iterable[Any]) -> dict[tuple[str, str], dict[str, 
 def derivative_sections(store: Store, corpus: str | None, checkpoints: Iterable[tuple[str, str]],
                         predictions: Sequence[Any], name_of: Callable[[str, str], str]) -> list[dict[str, Any]]:
     """One entry per base of the derivatives among `checkpoints` ((repo, commit) pairs the
-    report mentions), each listing them with both coordinates on `corpus` and their states."""
-    derived = store.derivative_keys()
-    if not derived:
+    report mentions), each listing them with both coordinates on `corpus` and their states.
+
+    Three queries whatever the number of derivatives: their lineages, their own complete
+    scores, their bases' complete scores (each a batch lookup by key)."""
+    bases = store.hub_checkpoint_bases(sorted(set(checkpoints)))
+    if not bases:
         return []
-    states = _task_states(p for p in predictions if (p.repo, p.commit_sha) in derived)
+    states = _task_states(p for p in predictions if (p.repo, p.commit_sha) in bases)
+    owns = store.complete_scores(list(bases), corpus) if corpus else {}
+    base_keys = [(b["base_repo"], b["base_sha"]) for b in bases.values() if b["base_sha"]]
+    theirs_all = store.complete_scores(base_keys, corpus) if corpus and base_keys else {}
     groups: dict[tuple[str, str | None], dict[str, Any]] = {}
-    for repo, sha in sorted(set(checkpoints) & derived):
-        base = store.hub_checkpoint_base(repo, sha)
-        if base is None:
-            continue
+    for (repo, sha), base in sorted(bases.items()):
         key = (base["base_repo"] or " + ".join(base["bases"]) or "?", base["base_sha"])
-        own = store.complete_score(repo, sha, corpus) if corpus else None
-        theirs = (store.complete_score(base["base_repo"], base["base_sha"], corpus, own or None)
+        own = pick_complete_score(owns.get((repo, sha))) if corpus else None
+        theirs = (pick_complete_score(theirs_all.get((base["base_repo"], base["base_sha"])), own or None)
                   if corpus and base["base_sha"] else None)
         group = groups.setdefault(key, {
             "base": key[0], "base_sha": key[1],

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -432,10 +432,45 @@ def slug(text: str) -> str:
 
 
 # -- rendering -----------------------------------------------------------------------------------
+_JSON_CHUNK = 1 << 16   # characters handed on at a time while encoding
+
+
+def iter_json(value: Any, *, indent: int = 2) -> Iterator[str]:
+    """`value` (a report, or a list of them) encoded once, as pieces of about 64 K characters,
+    ending with a newline: what `to_json` returns, for writing to a file or a response as it
+    is produced instead of holding a second whole copy (times in ISO 8601, keys sorted, a
+    report's private `_` keys and plot bytes left out)."""
+    if isinstance(value, Mapping):
+        value = _public(value)
+    elif isinstance(value, list):
+        value = [_public(v) if isinstance(v, Mapping) else v for v in value]
+    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=_json_default)
+    buffer: list[str] = []
+    size = 0
+    for piece in encoder.iterencode(value):
+        buffer.append(piece)
+        size += len(piece)
+        if size >= _JSON_CHUNK:
+            yield "".join(buffer)
+            buffer, size = [], 0
+    buffer.append("\n")
+    yield "".join(buffer)
+
+
+def _public(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
 def to_json(data: Mapping[str, Any]) -> str:
     """The report as JSON (times in ISO 8601, no plot bytes)."""
-    public = {k: v for k, v in data.items() if not k.startswith("_")}
-    return json.dumps(public, indent=2, sort_keys=True, default=_json_default) + "\n"
+    return "".join(iter_json(data))
+
+
+def write_json(data: Mapping[str, Any], path: Path) -> None:
+    """The report's JSON written to `path` as it is encoded (`iter_json`)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for chunk in iter_json(data):
+            f.write(chunk)
 
 
 def _json_default(value: Any) -> Any:
@@ -683,8 +718,7 @@ def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
     """
     folder = Path(folder)
     figures = render_plots(data)
-    files = {**figures, "report.json": to_json(data).encode("utf-8"),
-             "report.md": to_markdown(data).encode("utf-8"),
+    files = {**figures, "report.md": to_markdown(data).encode("utf-8"),
              "report.html": to_html(data, figures).encode("utf-8")}
     created = missing_parents(folder)
     part = folder.with_name(f".{folder.name}.part")
@@ -692,6 +726,7 @@ def write_report(data: dict[str, Any], folder: Path) -> dict[str, Path]:
         folder.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(part, ignore_errors=True)  # left by a crash mid-write
         part.mkdir()
+        write_json(data, part / "report.json")   # encoded once, as it is written
         for name, blob in files.items():
             (part / name).write_bytes(blob)
         if folder.exists():
@@ -734,5 +769,6 @@ def report_for_cli(store: Store, policy: Policy, *, now: datetime) -> dict[str, 
     return build_report(store, policy, now=now, period_start=start)
 
 
-__all__ = ["SCHEMA", "build_report", "report_figures", "report_colours", "render_plots", "to_json", "to_markdown",
+__all__ = ["SCHEMA", "build_report", "report_figures", "report_colours", "render_plots", "to_json", "iter_json",
+           "write_json", "to_markdown",
            "to_html", "write_report", "report_for_cli", "version_line"]

@@ -74,6 +74,55 @@ class DerivativeRows(StoreConnection):
         out["bases"] = json.loads(out["bases"]) if isinstance(out["bases"], str) else out["bases"]
         return out
 
+    def hub_checkpoint_bases(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+        """`hub_checkpoint_base` of many checkpoints at once: {(repo, sha): its lineage} for
+        each of `pairs` that declares a base, in one query whatever their number (the pairs
+        travel as two list parameters, not as one placeholder each)."""
+        keys = sorted(set(pairs))
+        if not keys:
+            return {}
+        rows = self.query(
+            "SELECT c.repo AS c_repo, c.sha AS c_sha, b.*, x.id AS base_checkpoint_id, x.status AS base_status, "
+            "x.reason AS base_reason FROM (SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha) k "
+            "JOIN checkpoints c ON c.repo = k.repo AND c.sha = k.sha "
+            "JOIN checkpoint_bases b ON b.checkpoint_id = c.id "
+            "LEFT JOIN checkpoints x ON x.repo = b.base_repo AND x.sha = b.base_sha "
+            "QUALIFY row_number() OVER (PARTITION BY c.repo, c.sha ORDER BY c.id, x.id) = 1",
+            [[k[0] for k in keys], [k[1] for k in keys]])
+        out = {}
+        for r in rows:
+            row = dict(r)
+            key = (row.pop("c_repo"), row.pop("c_sha"))
+            row["bases"] = json.loads(row["bases"]) if isinstance(row["bases"], str) else row["bases"]
+            out[key] = row
+        return out
+
+    def complete_scores(self, pairs: Sequence[tuple[str, str]], corpus_sha256: str | None = None
+                        ) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        """The candidates `complete_score` chooses from, for many checkpoints in one query:
+        {(repo, sha): the newest complete run per corpus and scoring spec (on `corpus_sha256`
+        only, when given), newest first}; `pick_complete_score` then applies a corpus and a
+        spec as `complete_score` does."""
+        keys = sorted(set(pairs))
+        if not keys:
+            return {}
+        corpus_clause = "AND r.corpus_sha256 = ? " if corpus_sha256 is not None else ""
+        params: list[Any] = [[k[0] for k in keys], [k[1] for k in keys]]
+        if corpus_sha256 is not None:
+            params.append(corpus_sha256)
+        rows = self.query(
+            f"SELECT {', '.join('r.' + c for c in _RUN_COLUMNS)} FROM "
+            "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha) k "
+            "JOIN score_runs r ON r.model_repo = k.repo AND r.model_sha = k.sha "
+            f"WHERE NOT r.partial {corpus_clause}"
+            "QUALIFY row_number() OVER (PARTITION BY r.model_repo, r.model_sha, r.corpus_sha256, r.spec_version, "
+            "r.window_len, r.stride, r.prefix_policy ORDER BY r.finished_at DESC, r.run_id DESC) = 1 "
+            "ORDER BY r.model_repo, r.model_sha, r.finished_at DESC, r.run_id DESC", params)
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in rows:
+            out.setdefault((r["model_repo"], r["model_sha"]), []).append(dict(r))
+        return out
+
     def derivative_keys(self) -> set[tuple[str, str]]:
         """(repo, sha) of every checkpoint that declares a base."""
         return {(r["repo"], r["sha"]) for r in self.query(
@@ -110,13 +159,20 @@ class DerivativeRows(StoreConnection):
                 r = dict(r)
                 r["bases"] = json.loads(r["bases"]) if isinstance(r["bases"], str) else r["bases"]
                 bases[int(r["checkpoint_id"])] = r
+        # the score runs of the page's derivatives and of their bases: two batch reads
+        pinned = [c for c in checkpoints if c.get("id") is not None
+                  and (bases.get(int(c["id"])) or {}).get("base_sha")]
+        owns = self.complete_scores([(c["repo"], c["sha"]) for c in pinned])
+        theirs_all = self.complete_scores([(bases[int(c["id"])]["base_repo"], bases[int(c["id"])]["base_sha"])
+                                           for c in pinned])
         out = []
         for c in checkpoints:
             base = bases.get(int(c["id"])) if c.get("id") is not None else None
             coordinates = None
             if base is not None and base.get("base_sha"):
-                own = self.complete_score(c["repo"], c["sha"])
-                theirs = (self.complete_score(base["base_repo"], base["base_sha"], own["corpus_sha256"], own)
+                own = pick_complete_score(owns.get((c["repo"], c["sha"])))
+                theirs = (pick_complete_score(theirs_all.get((base["base_repo"], base["base_sha"])), own,
+                                              corpus_sha256=own["corpus_sha256"])
                           if own is not None else None)
                 if own is not None and theirs is not None:
                     coordinates = pair_of_coordinates(theirs, own)
@@ -157,6 +213,20 @@ class DerivativeRows(StoreConnection):
             "JOIN labels l ON l.repo = c.repo AND l.sha = c.sha AND l.task = ? AND l.metric = ? "
             "WHERE b.base_repo IS NOT NULL AND b.base_sha IS NOT NULL GROUP BY b.relation", [task, metric])
         return {r["relation"]: int(r["n"]) for r in rows}
+
+
+def pick_complete_score(candidates: Sequence[Mapping[str, Any]] | None,
+                        spec: Mapping[str, Any] | None = None, *,
+                        corpus_sha256: str | None = None) -> dict[str, Any] | None:
+    """Of `complete_scores`' candidates for one checkpoint (newest first), what
+    `complete_score` returns: the newest on `corpus_sha256` (any, when None) whose scoring
+    spec matches `spec`'s given keys."""
+    for run in candidates or ():
+        if corpus_sha256 is not None and run["corpus_sha256"] != corpus_sha256:
+            continue
+        if spec is None or all(spec.get(k) is None or run[k] == spec[k] for k in _SPEC_KEYS):
+            return dict(run)
+    return None
 
 
 def pair_of_coordinates(base_run: Mapping[str, Any], own_run: Mapping[str, Any]) -> dict[str, Any]:

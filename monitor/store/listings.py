@@ -43,9 +43,14 @@ def checkpoints_page(store: Store, *, status: str | None = None, repo: str | Non
     if repo is not None:
         where.append("repo = ?")
         params.append(repo)
-    rows, total, after, limit = page_query(
-        store, CHECKPOINTS, select=f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints", where=where,
+    # The page is chosen on its key alone; the wide columns (a ~2 KB meta a row) are then read
+    # for the page's rows only, not sorted and read for the whole table.
+    keys, total, after, limit = page_query(
+        store, CHECKPOINTS, select="SELECT discovered_at, id FROM checkpoints", where=where,
         params=params, limit=limit, cursor=cursor)
+    rows = store.query(f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints WHERE id IN "
+                       "(SELECT unnest(?::BIGINT[])) ORDER BY discovered_at, id",
+                       [[int(k["id"]) for k in keys]]) if keys else []
     items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
     observed = store.observed_states([(c["repo"], c["sha"]) for c in items])
     items = [{**c, "observations": observed.get((c["repo"], c["sha"]), [])} for c in items]

@@ -1,0 +1,219 @@
+"""The report reads each section with a bounded number of queries: a report over more lineages
+and more derivatives runs no more queries (issue 39), and the batched derivatives section
+equals what the per-row lookups it replaced return (kept here as the reference)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import scale_state as ss
+
+from monitor.reports.report import build_report, to_json
+from monitor.store import Store
+
+T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
+PER_LINEAGE = 3
+
+
+class CountingConnection:
+    """A DuckDB connection that counts the statements run on it (and on its cursors)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn, self.statements = conn, []
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        self.statements.append(sql)
+        return self._conn.execute(sql, *args)
+
+    def cursor(self) -> Any:
+        outer = self
+
+        class Cursor:
+            def __init__(self, cur: Any) -> None:
+                self._cur = cur
+
+            def execute(self, sql: str, *args: Any) -> Any:
+                outer.statements.append(sql)
+                return self._cur.execute(sql, *args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._cur, name)
+
+        return Cursor(self._conn.cursor())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def write_state(folder: Path, n_lineages: int) -> tuple[Store, Any]:
+    """`n_lineages` lineages of PER_LINEAGE checkpoints through the daemon's store calls, every
+    odd lineage a fine-tune of the one before it, all scored in the report's week."""
+    policies = ss.write_policy(folder)
+    policy = ss.load_bench_policy(policies)
+    store = Store.open(folder / "lstar.duckdb")
+    for j in range(n_lineages):
+        base = None
+        if j % 2:
+            base_repo = ss.repo_name(j - 1)
+            base = {"base_repo": base_repo, "base_sha": ss.commit_sha(base_repo, 0), "relation": "finetune",
+                    "relation_source": "declared", "bases": [base_repo], "problem": None}
+        for i in range(PER_LINEAGE):
+            when = T_END - timedelta(days=6) + timedelta(hours=j + 24 * i)
+            ss.record_checkpoint(store, policy, ss.repo_name(j), i, ss.lstar_of(j, i, PER_LINEAGE), when, base=base)
+    return store, policy
+
+
+def counted_report(store: Store, policy: Any) -> tuple[dict[str, Any], list[str]]:
+    plain = store._conn
+    counting = CountingConnection(plain)
+    store._conn = counting
+    try:
+        data = build_report(store, policy, now=T_END, period_start=T_END - timedelta(days=7))
+    finally:
+        store._conn = plain
+    return data, counting.statements
+
+
+@pytest.fixture(scope="module")
+def two_sizes(tmp_path_factory):
+    out = {}
+    for n in (4, 12):
+        store, policy = write_state(tmp_path_factory.mktemp(f"q{n}"), n)
+        out[n] = (store, policy)
+    yield out
+    for store, _ in out.values():
+        store.close()
+
+
+def test_the_number_of_queries_does_not_grow_with_lineages_or_derivatives(two_sizes):
+    small, small_q = counted_report(*two_sizes[4])
+    large, large_q = counted_report(*two_sizes[12])
+    derivatives = lambda data: sum(len(g["derivatives"]) for g in data["derivatives"])  # noqa: E731
+    assert (len(small["families"]), derivatives(small)) == (4, 2 * PER_LINEAGE)
+    assert (len(large["families"]), derivatives(large)) == (12, 6 * PER_LINEAGE)
+    assert len(large_q) == len(small_q), (len(small_q), len(large_q))
+    assert len(large_q) < 40
+
+
+def old_derivative_sections(store: Store, corpus: str | None, checkpoints, predictions, name_of):
+    """The derivatives section as it was computed before issue 39: one lineage lookup and two
+    score lookups per derivative (the reference the batched version must equal)."""
+    from monitor.reports.derivatives import _task_states
+
+    derived = store.derivative_keys()
+    if not derived:
+        return []
+    states = _task_states(p for p in predictions if (p.repo, p.commit_sha) in derived)
+    groups: dict = {}
+    for repo, sha in sorted(set(checkpoints) & derived):
+        base = store.hub_checkpoint_base(repo, sha)
+        if base is None:
+            continue
+        key = (base["base_repo"] or " + ".join(base["bases"]) or "?", base["base_sha"])
+        own = store.complete_score(repo, sha, corpus) if corpus else None
+        theirs = (store.complete_score(base["base_repo"], base["base_sha"], corpus, own or None)
+                  if corpus and base["base_sha"] else None)
+        group = groups.setdefault(key, {
+            "base": key[0], "base_sha": key[1],
+            "base_checkpoint": name_of(key[0], key[1]) if key[1] else key[0],
+            "base_status": base["base_status"], "lstar_base": theirs["lstar"] if theirs else None,
+            "lstar_base_se": theirs["se_ce"] if theirs else None, "derivatives": []})
+        if group["lstar_base"] is None and theirs is not None:
+            group["lstar_base"], group["lstar_base_se"] = theirs["lstar"], theirs["se_ce"]
+        group["derivatives"].append({
+            "repo": repo, "commit": sha, "checkpoint": name_of(repo, sha), "relation": base["relation"],
+            "relation_source": base["relation_source"], "problem": base["problem"],
+            "lstar_base": theirs["lstar"] if theirs else None, "lstar": own["lstar"] if own else None,
+            "lstar_se": own["se_ce"] if own else None, "tasks": states.get((repo, sha), {})})
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], k[1] or ""))]
+
+
+def assert_report_equals_the_per_row_reference(store: Store, policy: Any, now: datetime) -> dict[str, Any]:
+    import monitor.reports.report as report_module
+
+    new = build_report(store, policy, now=now, period_start=now - timedelta(days=7))
+    original = report_module.derivative_sections
+    report_module.derivative_sections = old_derivative_sections
+    try:
+        old = build_report(store, policy, now=now, period_start=now - timedelta(days=7))
+    finally:
+        report_module.derivative_sections = original
+    assert new["derivatives"] == old["derivatives"]
+    assert to_json(new) == to_json(old)
+    return new
+
+
+def test_batched_derivatives_equal_the_per_row_lookups(two_sizes):
+    store, policy = two_sizes[12]
+    data = assert_report_equals_the_per_row_reference(store, policy, T_END)
+    rows = [d for g in data["derivatives"] for d in g["derivatives"]]
+    assert len(rows) == 6 * PER_LINEAGE and all(d["lstar"] is not None and d["lstar_base"] is not None for d in rows)
+    # the base coordinate is the base's own score, read straight from the store
+    base = store.query("SELECT lstar FROM score_runs WHERE model_repo = ? AND model_sha = ?",
+                       [ss.repo_name(0), ss.commit_sha(ss.repo_name(0), 0)])[0]["lstar"]
+    assert data["derivatives"][0]["lstar_base"] == base == ss.lstar_of(0, 0, PER_LINEAGE)
+
+
+@pytest.mark.slow
+def test_the_realistic_thousand_checkpoint_state_reports_as_the_per_row_code(tmp_path):
+    """The benchmark's realistic 10^3 state (bulk-loaded): report row for row as before."""
+    build = ss.build_bulk(tmp_path, n_checkpoints=1000, t_end=T_END)
+    policy = ss.load_bench_policy(Path(build["policies"]))
+    with Store.open(Path(build["state"]) / "lstar.duckdb") as store:
+        data = assert_report_equals_the_per_row_reference(store, policy, T_END)
+    assert data["lstar_table"] and data["derivatives"]
+
+
+def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
+    import json
+
+    from monitor.reports.report import _json_default, iter_json
+
+    store, policy = two_sizes[12]
+    data = build_report(store, policy, now=T_END, period_start=T_END - timedelta(days=7))
+    public = {k: v for k, v in data.items() if not k.startswith("_")}
+    whole = json.dumps(public, indent=2, sort_keys=True, default=_json_default) + "\n"
+    chunks = list(iter_json(data))
+    assert "".join(chunks) == to_json(data) == whole
+    assert len(chunks) == len(whole) // 65536 + 1 or len(chunks) == -(-len(whole) // 65536)
+    # the API's list of reports: the bytes it sent before (decoded and encoded again), plus a newline
+    before = json.dumps([json.loads(to_json(data))], indent=2, default=str)
+    assert "".join(iter_json([data])) == before + "\n"
+
+
+def counted_page(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+    from monitor.store.listings import checkpoints_page
+
+    plain = store._conn
+    counting = CountingConnection(plain)
+    store._conn = counting
+    try:
+        items = checkpoints_page(store, limit=1000).items
+    finally:
+        store._conn = plain
+    return items, counting.statements
+
+
+def test_the_checkpoint_page_reads_a_bounded_number_of_queries_and_the_same_coordinates(two_sizes):
+    small, small_q = counted_page(two_sizes[4][0])
+    store = two_sizes[12][0]
+    large, large_q = counted_page(store)
+    assert (len(small), len(large)) == (4 * PER_LINEAGE, 12 * PER_LINEAGE)
+    assert len(small_q) == len(large_q) < 15
+    # each derivative's pair, against the per-row lookups the page made before
+    paired = [c for c in large if c["base"] is not None]
+    assert len(paired) == 6 * PER_LINEAGE
+    for c in paired:
+        own = store.complete_score(c["repo"], c["sha"])
+        theirs = store.complete_score(c["base"]["repo"], c["base"]["sha"], own["corpus_sha256"], own)
+        assert c["coordinates"]["run_id"] == own["run_id"] and c["coordinates"]["base_run_id"] == theirs["run_id"]
+        assert c["coordinates"]["lstar_base"] == float(theirs["lstar"])
+    # the page's meta is whole (read for the page's rows only, not dropped)
+    assert all(c["meta"]["gate"]["files"] and c["meta"]["run_id"] for c in large)
