@@ -150,3 +150,37 @@ def test_the_committed_power_table_is_what_the_simulator_gives_and_the_text_show
         assert "\n".join(power.markdown_table(table, e)) in text
     assert prereg["power"]["design"]["power"] == power.table_lookup(table, 20, 3)
     assert prereg["power"]["needed_families"]["0.65"]["3"] == power.families_needed(table, 0.65, 3)
+
+
+def _per_lineage_samples(rows):
+    """The sample ids a v3 record gives: one per (family, seed) lineage, as
+    `assignment.DataAssignment.sample` writes them (`<family>-s<seed>-<order pin>`)."""
+    return [{**r, "data": {"sample": f"{r['family']}-s{r['seed']}-{r['seed']:012d}"}} for r in rows]
+
+
+def test_one_sample_per_lineage_as_the_record_writes_them_keeps_the_data_rule(prereg):
+    from monitor.lab.analysis_v3 import design
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = check_rows_v3(_per_lineage_samples(synthetic_v3_rows(families=20, seeds=3, steps=4, seed=1)))
+    d = design(rows, prereg)
+    assert d["data_assignment"]["holds"] and d["deviations"] == []
+    assert d["data_assignment"]["samples"]["fam00"] == ["fam00-s0-000000000000", "fam00-s1-000000000001",
+                                                        "fam00-s2-000000000002"]
+
+
+def test_the_data_rule_is_broken_by_a_sample_two_families_share_or_a_lineage_with_two(prereg):
+    from monitor.lab.analysis_v3 import design
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = _per_lineage_samples(synthetic_v3_rows(families=20, seeds=3, steps=4, seed=1))
+    shared = [{**r, "data": {"sample": "fam00-s0-000000000000"}} if (r["family"], r["seed"]) == ("fam01", 0) else r
+              for r in rows]
+    d = design(check_rows_v3(shared), prereg)
+    assert d["data_assignment"]["samples_shared_by_families"] == ["fam00-s0-000000000000"]
+    assert any("data rule" in x for x in d["deviations"])
+    two = [{**r, "data": {"sample": "other"}} if (r["family"], r["seed"], r["step"]) == ("fam03", 1, 100) else r
+           for r in rows]
+    d = design(check_rows_v3(two), prereg)
+    assert d["data_assignment"]["lineages_with_several_samples"] == ["fam03 seed 1"]
+    assert any("data rule" in x for x in d["deviations"])

@@ -94,7 +94,7 @@ def design(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> dict
         deviations.append(f"a family has {min(per_family_seeds.values())} seed(s), fewer than the "
                           f"pre-registered {len(prereg['seeds'])}")
     if not data["holds"]:
-        deviations.append("the per-family data rule does not hold (a family with several data samples, or "
+        deviations.append("the per-family data rule does not hold (a lineage with several data samples, or "
                           "a sample shared by families)")
     k = min(per_family_seeds.values())
     table = prereg["power"]["table"]
