@@ -184,3 +184,23 @@ def test_the_data_rule_is_broken_by_a_sample_two_families_share_or_a_lineage_wit
     d = design(check_rows_v3(two), prereg)
     assert d["data_assignment"]["lineages_with_several_samples"] == ["fam03 seed 1"]
     assert any("data rule" in x for x in d["deviations"])
+
+
+def test_holm_adjusts_across_all_five_secondaries_even_when_some_cannot_run(prereg):
+    """The pre-registration adjusts "across the five": a secondary that cannot run (here the two
+    on calib-v0, absent from the rows) still counts in m, so the others are not made easier."""
+    from monitor.lab.analysis_v3 import secondaries
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = check_rows_v3([r for r in synthetic_v3_rows(families=8, seeds=1, steps=6, seed=3) if r["text"] == "heldout"])
+    out = secondaries(rows, prereg)
+    assert [s["ran"] for s in out] == [True, False, False, True, True]
+    ran = sorted((s["p_value"], i) for i, s in enumerate(out) if s["ran"])
+    # Holm by hand with m = 5: the j-th smallest (from 0) times (5 - j), running maximum, at most 1
+    running, expected = 0.0, {}
+    for j, (p, i) in enumerate(ran):
+        running = max(running, min(1.0, (5 - j) * p))
+        expected[i] = running
+    for i, s in enumerate(out):
+        assert s["p_holm"] == (pytest.approx(expected[i]) if s["ran"] else None)
+    assert min(p for p, _ in ran) < 1 / 3     # m = 3 and m = 5 differ on these p-values
