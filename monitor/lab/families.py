@@ -443,6 +443,7 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
     boundary Jaccard matrix on calib-v0 and the greedy distinct set at `cutoff`. `reference`
     tokenizers of the shared folder join the matrix after the candidates (not the set)."""
     from monitor.lab.distinctness import distinct_families, jaccard_matrix
+    from monitor.lab.family_set import check_family_folder
     from monitor.lab.pool import chunk_texts, heldout_texts, load_pool
     from monitor.scoring import load_corpus, load_tokenizer
 
@@ -450,6 +451,8 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
     names = [n for n in (names or V3_FAMILY_NAMES) if (folder / n / "tokenizer.json").is_file()]
     if not names:
         raise LabError(f"{folder} holds none of the v3 families", hint="run `lstar lab tokenizers build` first")
+    for n in names:      # a hostile folder is refused from its files' metadata, before they are read
+        check_family_folder(folder / n, n)
     handles = {n: load_tokenizer(folder / n) for n in names}
     loaded = load_pool(pool)
     train = chunk_texts([d.text for d in loaded.train.documents], 600)   # the lab's 600-character chunks
@@ -458,7 +461,10 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
                  "heldout": [(f"heldout-{i}", t) for i, t in enumerate(heldout_texts(loaded, 200_000))],
                  "calib": calib.documents}
     round_trip = refuse_lossy(handles, lab_texts)
-    docs = [d.text for d in calib.documents]
+    # The matrix is measured on calib-v0 less the documents excluded from the round trip for
+    # every family, as at the start of a run (`family_set.check_run_families`).
+    excluded = set(round_trip["excluded"])
+    docs = [d.text for d in calib.documents if str(d.id) not in excluded]
     refs = {r: load_tokenizer(shared / "tokenizers" / r) for r in reference if r not in handles}
     all_names, matrix = jaccard_matrix({**handles, **refs}, docs)
     distinct = distinct_families(names, cutoff=cutoff, matrix=matrix[:len(names), :len(names)])
