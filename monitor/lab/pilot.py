@@ -64,11 +64,26 @@ def pilot_rows(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> 
 
 
 def pilot_coverage(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> dict[str, Any]:
-    """Which pilot families the pilot rows hold, and which they lack."""
-    present = {r.get("family") for r in rows if isinstance(r, Mapping)}
+    """Which pilot families the pilot rows hold, which they lack, and how they differ from the
+    pre-registered pilot (`deviations`: families missing, families or seeds not the pilot's),
+    each a deviation the report lists beside the verdict."""
+    good = [r for r in rows if isinstance(r, Mapping)]
+    present = {r.get("family") for r in good}
     names = pilot_families(prereg)
+    missing = [n for n in names if n not in present]
+    foreign = sorted(str(f) for f in present if f not in names)
+    seeds = sorted({repr(r.get("seed")) for r in good if r.get("seed") != PILOT_SEED})
+    deviations = []
+    if missing:
+        deviations.append(f"the pilot gate read {len(names) - len(missing)} of the {len(names)} pre-registered "
+                          f"pilot families (missing: {', '.join(missing)})")
+    if foreign:
+        deviations.append("the pilot rows hold families outside the pre-registered pilot: "
+                          + ", ".join(foreign)[:300])
+    if seeds:
+        deviations.append(f"the pilot rows hold seeds other than {PILOT_SEED}: " + ", ".join(seeds)[:100])
     return {"families": names, "seed": PILOT_SEED, "present": [n for n in names if n in present],
-            "missing": [n for n in names if n not in present]}
+            "missing": missing, "deviations": deviations}
 
 
 def shuffled_within_lineage(d: race._Data, rng: np.random.Generator) -> race._Data:
