@@ -431,6 +431,41 @@ def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequen
 
 
 # ------------------------------------------------------------------ the whole check
+# A family folder is hostile input: its files are checked from their metadata before the
+# tokenizer library (which reads a file whole) sees them. The largest candidate's tokenizer.json
+# is a few MB (gpt-4o 7.5 MB); the bound is the model gate's (`monitor.hub.gate`). Used by the
+# check below and at the start of a run (`monitor.lab.family_set`).
+FAMILY_FILE_MAX_BYTES = {"tokenizer.json": 64 << 20, "tokenizer_config.json": 1 << 20,
+                         "special_tokens_map.json": 1 << 20}
+
+
+def check_family_folder(folder: Path, name: str) -> None:
+    """Refuse, in one line naming the file, a family folder whose tokenizer files are not
+    regular files (a FIFO would block the reader, a device feed it for ever) or are larger than
+    `FAMILY_FILE_MAX_BYTES`; tokenizer.json must exist."""
+    import os
+    import stat
+
+    for file, limit in FAMILY_FILE_MAX_BYTES.items():
+        path = folder / file
+        try:
+            info = os.stat(path)          # follows a link: its target is what would be read
+        except FileNotFoundError:
+            if file == "tokenizer.json":
+                raise LabError(f"family {name!r}: {path} is missing",
+                               hint="a family folder holds a tokenizer.json (lstar lab tokenizers build)") from None
+            continue
+        except OSError as exc:
+            raise LabError(f"family {name!r}: {path} cannot be read: {exc.strerror or exc}",
+                           hint="check the file and its permissions") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise LabError(f"family {name!r}: {path} is not a regular file",
+                           hint="a family folder holds plain JSON files; remove or replace it")
+        if info.st_size > limit:
+            raise LabError(f"family {name!r}: {path} is {info.st_size} bytes, larger than the {limit} read",
+                           hint="is it a tokenizer file? rebuild the family (lstar lab tokenizers build)")
+
+
 DEFAULT_CUTOFF = 0.96          # pre-registered in docs/lab.md, "Families v3"
 LAB_TRAIN_CHUNKS = 200         # as lab v2's family_checks
 
@@ -443,7 +478,6 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
     boundary Jaccard matrix on calib-v0 and the greedy distinct set at `cutoff`. `reference`
     tokenizers of the shared folder join the matrix after the candidates (not the set)."""
     from monitor.lab.distinctness import distinct_families, jaccard_matrix
-    from monitor.lab.family_set import check_family_folder
     from monitor.lab.pool import chunk_texts, heldout_texts, load_pool
     from monitor.scoring import load_corpus, load_tokenizer
 

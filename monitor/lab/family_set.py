@@ -27,40 +27,6 @@ from typing import Any
 from monitor.errors import LabError
 
 
-# A family folder is hostile input: its files are checked from their metadata before the
-# tokenizer library (which reads a file whole) sees them. The largest candidate's tokenizer.json
-# is a few MB (gpt-4o 7.5 MB); the bound is the model gate's (`monitor.hub.gate`).
-FAMILY_FILE_MAX_BYTES = {"tokenizer.json": 64 << 20, "tokenizer_config.json": 1 << 20,
-                         "special_tokens_map.json": 1 << 20}
-
-
-def check_family_folder(folder: Path, name: str) -> None:
-    """Refuse, in one line naming the file, a family folder whose tokenizer files are not
-    regular files (a FIFO would block the reader, a device feed it for ever) or are larger than
-    `FAMILY_FILE_MAX_BYTES`; tokenizer.json must exist."""
-    import os
-    import stat
-
-    for file, limit in FAMILY_FILE_MAX_BYTES.items():
-        path = folder / file
-        try:
-            info = os.stat(path)          # follows a link: its target is what would be read
-        except FileNotFoundError:
-            if file == "tokenizer.json":
-                raise LabError(f"family {name!r}: {path} is missing",
-                               hint="a family folder holds a tokenizer.json (lstar lab tokenizers build)") from None
-            continue
-        except OSError as exc:
-            raise LabError(f"family {name!r}: {path} cannot be read: {exc.strerror or exc}",
-                           hint="check the file and its permissions") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise LabError(f"family {name!r}: {path} is not a regular file",
-                           hint="a family folder holds plain JSON files; remove or replace it")
-        if info.st_size > limit:
-            raise LabError(f"family {name!r}: {path} is {info.st_size} bytes, larger than the {limit} read",
-                           hint="is it a tokenizer file? rebuild the family (lstar lab tokenizers build)")
-
-
 @dataclass(frozen=True)
 class FamilySetRule:
     """The pre-registered rule as a run applies it."""
@@ -93,13 +59,13 @@ def check_run_families(candidates: Sequence[str], folder_of: Any, texts: Mapping
     Returns the record's `family_set` (with `raced`, the families the run trains); refuses in
     one line a chosen family that is not kept, or a full race below the minimum."""
     from monitor.lab.distinctness import distinct_families, jaccard_matrix
-    from monitor.lab.families import round_trip_checks
+    from monitor.lab.families import check_family_folder, round_trip_checks
     from monitor.scoring import load_tokenizer
 
     if not candidates:
         raise LabError("the families folder holds no family folder (tokenizer.json each)",
                        hint="build them with `lstar lab tokenizers build OUT --pool POOL`")
-    for name in candidates:
+    for name in candidates:      # a hostile folder is refused from its files' metadata, before they are read
         check_family_folder(Path(folder_of(name)), name)
     handles = {name: load_tokenizer(Path(folder_of(name))) for name in candidates}
     pairs = {k: [d if isinstance(d, tuple) else (f"{k}-{i}", d) for i, d in enumerate(v)] for k, v in texts.items()}
@@ -133,4 +99,4 @@ def check_run_families(candidates: Sequence[str], folder_of: Any, texts: Mapping
             "raced": raced}
 
 
-__all__ = ["FAMILY_FILE_MAX_BYTES", "FamilySetRule", "check_family_folder", "check_run_families"]
+__all__ = ["FamilySetRule", "check_run_families"]
