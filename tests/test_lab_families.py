@@ -314,3 +314,46 @@ def test_the_pinned_sha256_is_the_real_wheels_and_its_files_are_the_installed_pa
     pytest.importorskip("mistral_common")
     for name in ("tokenizer.model.v1", "tekken_240718.json"):
         assert (out / name).read_bytes() == (mistral_data_dir() / name).read_bytes()
+
+
+def _family_folder(shared_dir: Path, tmp_path: Path, name: str, source: str = "gpt2") -> Path:
+    import shutil
+
+    folder = tmp_path / "fam" / name
+    folder.mkdir(parents=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (shared_dir / "tokenizers" / source / f).is_file():
+            shutil.copy(shared_dir / "tokenizers" / source / f, folder / f)
+    return folder.parent
+
+
+def test_the_check_measures_the_jaccard_without_the_excluded_documents(shared_dir: Path, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    """As at the start of a run (`family_set.check_run_families`), a calib-v0 document excluded
+    from the round trip for every family is left out of the Jaccard matrix too."""
+    import monitor.lab.distinctness as distinctness
+    import monitor.lab.families as families
+
+    calib = load_corpus(shared_dir / "corpus" / "calib-v0").documents
+    dropped = str(calib[3].id)
+    real_refuse = families.refuse_lossy
+    monkeypatch.setattr(families, "refuse_lossy",
+                        lambda handles, texts: {**real_refuse(handles, texts), "excluded": [dropped]})
+    seen: list[list[str]] = []
+    real_matrix = distinctness.jaccard_matrix
+    monkeypatch.setattr(distinctness, "jaccard_matrix", lambda toks, docs: seen.append(list(docs)) or real_matrix(toks, docs))
+    result = families.check_family_set(_family_folder(shared_dir, tmp_path, "gpt2"), pool=SAMPLE_POOL,
+                                       shared=shared_dir, names=["gpt2"])
+    assert result["round_trip"]["excluded"] == [dropped]
+    assert seen == [[d.text for d in calib if str(d.id) != dropped]]
+
+
+def test_the_check_refuses_an_oversized_tokenizer_file_before_reading_it(shared_dir: Path, tmp_path: Path) -> None:
+    folder = _family_folder(shared_dir, tmp_path, "gpt2")
+    with open(folder / "gpt2" / "tokenizer.json", "r+b") as f:
+        f.truncate((64 << 20) + 1)          # sparse
+    with pytest.raises(LabError) as info:
+        from monitor.lab.families import check_family_set
+
+        check_family_set(folder, pool=SAMPLE_POOL, shared=shared_dir, names=["gpt2"])
+    assert "gpt2/tokenizer.json" in info.value.message and "larger than" in info.value.message

@@ -150,3 +150,57 @@ def test_the_committed_power_table_is_what_the_simulator_gives_and_the_text_show
         assert "\n".join(power.markdown_table(table, e)) in text
     assert prereg["power"]["design"]["power"] == power.table_lookup(table, 20, 3)
     assert prereg["power"]["needed_families"]["0.65"]["3"] == power.families_needed(table, 0.65, 3)
+
+
+def _per_lineage_samples(rows):
+    """The sample ids a v3 record gives: one per (family, seed) lineage, as
+    `assignment.DataAssignment.sample` writes them (`<family>-s<seed>-<order pin>`)."""
+    return [{**r, "data": {"sample": f"{r['family']}-s{r['seed']}-{r['seed']:012d}"}} for r in rows]
+
+
+def test_one_sample_per_lineage_as_the_record_writes_them_keeps_the_data_rule(prereg):
+    from monitor.lab.analysis_v3 import design
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = check_rows_v3(_per_lineage_samples(synthetic_v3_rows(families=20, seeds=3, steps=4, seed=1)))
+    d = design(rows, prereg)
+    assert d["data_assignment"]["holds"] and d["deviations"] == []
+    assert d["data_assignment"]["samples"]["fam00"] == ["fam00-s0-000000000000", "fam00-s1-000000000001",
+                                                        "fam00-s2-000000000002"]
+
+
+def test_the_data_rule_is_broken_by_a_sample_two_families_share_or_a_lineage_with_two(prereg):
+    from monitor.lab.analysis_v3 import design
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = _per_lineage_samples(synthetic_v3_rows(families=20, seeds=3, steps=4, seed=1))
+    shared = [{**r, "data": {"sample": "fam00-s0-000000000000"}} if (r["family"], r["seed"]) == ("fam01", 0) else r
+              for r in rows]
+    d = design(check_rows_v3(shared), prereg)
+    assert d["data_assignment"]["samples_shared_by_families"] == ["fam00-s0-000000000000"]
+    assert any("data rule" in x for x in d["deviations"])
+    two = [{**r, "data": {"sample": "other"}} if (r["family"], r["seed"], r["step"]) == ("fam03", 1, 100) else r
+           for r in rows]
+    d = design(check_rows_v3(two), prereg)
+    assert d["data_assignment"]["lineages_with_several_samples"] == ["fam03 seed 1"]
+    assert any("data rule" in x for x in d["deviations"])
+
+
+def test_holm_adjusts_across_all_five_secondaries_even_when_some_cannot_run(prereg):
+    """The pre-registration adjusts "across the five": a secondary that cannot run (here the two
+    on calib-v0, absent from the rows) still counts in m, so the others are not made easier."""
+    from monitor.lab.analysis_v3 import secondaries
+    from monitor.lab.rows_v3 import check_rows_v3
+
+    rows = check_rows_v3([r for r in synthetic_v3_rows(families=8, seeds=1, steps=6, seed=3) if r["text"] == "heldout"])
+    out = secondaries(rows, prereg)
+    assert [s["ran"] for s in out] == [True, False, False, True, True]
+    ran = sorted((s["p_value"], i) for i, s in enumerate(out) if s["ran"])
+    # Holm by hand with m = 5: the j-th smallest (from 0) times (5 - j), running maximum, at most 1
+    running, expected = 0.0, {}
+    for j, (p, i) in enumerate(ran):
+        running = max(running, min(1.0, (5 - j) * p))
+        expected[i] = running
+    for i, s in enumerate(out):
+        assert s["p_holm"] == (pytest.approx(expected[i]) if s["ran"] else None)
+    assert min(p for p, _ in ran) < 1 / 3     # m = 3 and m = 5 differ on these p-values

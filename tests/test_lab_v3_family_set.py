@@ -156,3 +156,35 @@ def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_s
     assert record.family_names() == ["gpt2", "smollm2"]
     assert record.family_set is not None and record.family_set.kept == ["gpt2", "smollm2"]
     assert set(record.family_set.dropped) == {"pool-bpe-1k", "gpt2-merges-8k"} and record.family_set.cutoff == 0.96
+
+
+@pytest.mark.parametrize("file,size", [("tokenizer.json", (64 << 20) + 1), ("tokenizer_config.json", (1 << 20) + 1)])
+def test_an_oversized_tokenizer_file_in_a_family_folder_is_refused_before_it_is_read(
+        families_dir: Path, monkeypatch, file: str, size: int) -> None:
+    """A hostile family folder (a sparse file the size of a disk, say) is refused in one line
+    from its size alone: the tokenizer library, which would read all of it, is never called."""
+    import monitor.scoring
+
+    with open(families_dir / "smollm2" / file, "r+b" if (families_dir / "smollm2" / file).exists() else "wb") as f:
+        f.truncate(size)     # sparse: no bytes written
+    loaded = []
+    real = monitor.scoring.load_tokenizer
+    monkeypatch.setattr(monitor.scoring, "load_tokenizer", lambda p: loaded.append(p) or real(p))
+    texts = {"train": TEXTS[:1], "heldout": TEXTS[1:2], "calib": TEXTS}
+    with pytest.raises(LabError) as err:
+        check_run_families(("gpt2", "smollm2"), lambda n: families_dir / n, texts, FamilySetRule(0.96, None, None))
+    assert "\n" not in err.value.one_line() and f"smollm2/{file}" in err.value.message
+    assert "larger than" in err.value.message and loaded == []
+
+
+def test_a_family_file_that_is_not_a_regular_file_is_refused(families_dir: Path) -> None:
+    import os
+
+    target = families_dir / "smollm2" / "tokenizer.json"
+    target.unlink()
+    os.mkfifo(target)          # reading it would block for ever
+    with pytest.raises(LabError) as err:
+        check_run_families(("gpt2", "smollm2"), lambda n: families_dir / n, {"train": TEXTS, "heldout": TEXTS,
+                                                                              "calib": TEXTS},
+                           FamilySetRule(0.96, None, None))
+    assert "smollm2/tokenizer.json" in err.value.message and "regular file" in err.value.message

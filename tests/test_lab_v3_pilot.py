@@ -84,3 +84,20 @@ def test_hostile_pilot_rows_are_refused_in_one_line(prereg):
     bad[1]["size"] = "large"
     with pytest.raises(LabError, match="model sizes"):
         pilot_gate(bad, prereg)
+
+
+def test_an_error_exactly_the_margin_below_the_shuffled_mean_passes(prereg, monkeypatch):
+    """"At least 0.05 below" includes exactly 0.05: with 36 pilot checkpoints an error of 10/36
+    and 20 shuffles averaging 236/720 (16 at 12/36, 4 at 11/36) differ by 0.05 exactly, which
+    floating point puts a hair short (10/36 <= mean - 0.05 is False in binary)."""
+    import monitor.lab.pilot as pilot
+
+    assert not 10 / 36 <= float(np.mean([12 / 36] * 16 + [11 / 36] * 4)) - 0.05     # the trap itself
+    errors = iter([10 / 36] + [12 / 36] * 16 + [11 / 36] * 4)
+    axes = prereg["pilot_gate"]["axes"]
+    monkeypatch.setattr(pilot, "_pooled_errors", lambda d, **_: dict.fromkeys(axes, next(errors)))
+    g = pilot.pilot_gate(synthetic_v3_rows(families=6, seeds=1, steps=6, seed=5), prereg)
+    a = g["axes"]["lstar"]
+    assert a["crossing_error"] == 10 / 36 and a["always_above_error"] >= 10 / 36 + 0.05
+    assert a["shuffled_mean_error"] == pytest.approx(236 / 720)
+    assert a["beats_shuffled"] and a["passed"] and g["passed"]

@@ -172,3 +172,32 @@ def test_a_record_without_the_pilot_families_has_no_gate(prereg, tmp_path):
     assert res.exit_code == 1
     gate = json.loads(res.output)["pilot_gate"]
     assert not gate["ran"] and gate["pilot"]["present"] == [] and "seed 0" in gate["reason"]
+
+
+def test_a_pilot_that_is_not_the_pre_registered_one_is_a_deviation(prereg, tmp_path):
+    """The pilot is the six pre-registered families at seed 0: a record that lacks one of them,
+    or a rows file whose pilot rows are other families, still gets its gate, with the
+    difference listed among the design's deviations (and in the gate's own coverage)."""
+    names = _names(prereg, 8)
+    rows = _renamed(synthetic_v3_rows(families=8, seeds=1, steps=STEPS, seed=1), names)
+    lacking = [r for r in rows if r["family"] != "starcoder2"]
+    path = write_lab(record_from_rows(lacking, pin=preregistration_sha256()), tmp_path / "a" / "lab.json")
+    out = json.loads(_invoke("--lab", str(path), "--json", "--resamples", "20", "--out", str(tmp_path / "ra")).output)
+    assert out["pilot_gate"]["pilot"]["missing"] == ["starcoder2"]
+    assert [d for d in out["design"]["deviations"] if "pilot" in d] == [
+        "the pilot gate read 5 of the 6 pre-registered pilot families (missing: starcoder2)"]
+    assert out["pilot_gate"]["pilot"]["deviations"] == [
+        "the pilot gate read 5 of the 6 pre-registered pilot families (missing: starcoder2)"]
+    rows_file = tmp_path / "rows.json"
+    rows_file.write_text(json.dumps({"schema": "lstar-lab-rows/3", "preregistration_sha256": preregistration_sha256(),
+                                     "rows": rows, "pilot_rows": synthetic_v3_rows(families=6, seeds=1, seed=5)}))
+    out = json.loads(_invoke("--rows", str(rows_file), "--json", "--resamples", "20", "--out", str(tmp_path / "rb")).output)
+    pilot_devs = [d for d in out["design"]["deviations"] if "pilot" in d]
+    assert pilot_devs == ["the pilot gate read 0 of the 6 pre-registered pilot families (missing: "
+                          + ", ".join(prereg["families"]["pilot_families"]) + ")",
+                          "the pilot rows hold families outside the pre-registered pilot: "
+                          + ", ".join(f"fam{i:02d}" for i in range(6))]
+    full = json.loads(_invoke("--lab", str(write_lab(record_from_rows(rows, pin=preregistration_sha256()),
+                                                      tmp_path / "c" / "lab.json")),
+                              "--json", "--resamples", "20", "--out", str(tmp_path / "rc")).output)
+    assert not [d for d in full["design"]["deviations"] if "pilot" in d]

@@ -15,6 +15,7 @@ family, the sign-flip test over families, the two-stage refit bootstrap, Holm. W
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,7 +95,7 @@ def design(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> dict
         deviations.append(f"a family has {min(per_family_seeds.values())} seed(s), fewer than the "
                           f"pre-registered {len(prereg['seeds'])}")
     if not data["holds"]:
-        deviations.append("the per-family data rule does not hold (a family with several data samples, or "
+        deviations.append("the per-family data rule does not hold (a lineage with several data samples, or "
                           "a sample shared by families)")
     k = min(per_family_seeds.values())
     table = prereg["power"]["table"]
@@ -148,10 +149,14 @@ def secondaries(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) ->
         c = (((r.get("axes") or {}).get(s["axis"]) or {}).get("vs_reference") or {}).get("crossing_error") or {}
         out.append({**s, "ran": r.get("ran", False), "reason": r.get("reason"), "difference": c.get("difference"),
                     "p_value": c.get("p_value"), "level_crossed": r.get("level_crossed")})
-    adjusted = race.holm({str(i): s["p_value"] for i, s in enumerate(out)})
+    # Holm "across the five" (the pre-registration): a secondary that could not run still counts
+    # in m, as a p of 1 (last in Holm's order, so it never lowers another's factor); race.holm
+    # alone would leave it out of m and make the others easier to pass.
+    adjusted = race.holm({str(i): (1.0 if s["p_value"] is None or not math.isfinite(s["p_value"]) else s["p_value"])
+                          for i, s in enumerate(out)})
     alpha = prereg["test"]["alpha"]
     for i, s in enumerate(out):
-        s["p_holm"] = adjusted[str(i)]
+        s["p_holm"] = None if s["p_value"] is None or not math.isfinite(s["p_value"]) else adjusted[str(i)]
         s["passes"] = s["p_holm"] is not None and s["p_holm"] < alpha and bool(s["level_crossed"])
     return out
 

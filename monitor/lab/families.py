@@ -431,6 +431,41 @@ def refuse_lossy(families: Mapping[str, Any], texts_by_name: Mapping[str, Sequen
 
 
 # ------------------------------------------------------------------ the whole check
+# A family folder is hostile input: its files are checked from their metadata before the
+# tokenizer library (which reads a file whole) sees them. The largest candidate's tokenizer.json
+# is a few MB (gpt-4o 7.5 MB); the bound is the model gate's (`monitor.hub.gate`). Used by the
+# check below and at the start of a run (`monitor.lab.family_set`).
+FAMILY_FILE_MAX_BYTES = {"tokenizer.json": 64 << 20, "tokenizer_config.json": 1 << 20,
+                         "special_tokens_map.json": 1 << 20}
+
+
+def check_family_folder(folder: Path, name: str) -> None:
+    """Refuse, in one line naming the file, a family folder whose tokenizer files are not
+    regular files (a FIFO would block the reader, a device feed it for ever) or are larger than
+    `FAMILY_FILE_MAX_BYTES`; tokenizer.json must exist."""
+    import os
+    import stat
+
+    for file, limit in FAMILY_FILE_MAX_BYTES.items():
+        path = folder / file
+        try:
+            info = os.stat(path)          # follows a link: its target is what would be read
+        except FileNotFoundError:
+            if file == "tokenizer.json":
+                raise LabError(f"family {name!r}: {path} is missing",
+                               hint="a family folder holds a tokenizer.json (lstar lab tokenizers build)") from None
+            continue
+        except OSError as exc:
+            raise LabError(f"family {name!r}: {path} cannot be read: {exc.strerror or exc}",
+                           hint="check the file and its permissions") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise LabError(f"family {name!r}: {path} is not a regular file",
+                           hint="a family folder holds plain JSON files; remove or replace it")
+        if info.st_size > limit:
+            raise LabError(f"family {name!r}: {path} is {info.st_size} bytes, larger than the {limit} read",
+                           hint="is it a tokenizer file? rebuild the family (lstar lab tokenizers build)")
+
+
 DEFAULT_CUTOFF = 0.96          # pre-registered in docs/lab.md, "Families v3"
 LAB_TRAIN_CHUNKS = 200         # as lab v2's family_checks
 
@@ -450,6 +485,8 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
     names = [n for n in (names or V3_FAMILY_NAMES) if (folder / n / "tokenizer.json").is_file()]
     if not names:
         raise LabError(f"{folder} holds none of the v3 families", hint="run `lstar lab tokenizers build` first")
+    for n in names:      # a hostile folder is refused from its files' metadata, before they are read
+        check_family_folder(folder / n, n)
     handles = {n: load_tokenizer(folder / n) for n in names}
     loaded = load_pool(pool)
     train = chunk_texts([d.text for d in loaded.train.documents], 600)   # the lab's 600-character chunks
@@ -458,7 +495,10 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
                  "heldout": [(f"heldout-{i}", t) for i, t in enumerate(heldout_texts(loaded, 200_000))],
                  "calib": calib.documents}
     round_trip = refuse_lossy(handles, lab_texts)
-    docs = [d.text for d in calib.documents]
+    # The matrix is measured on calib-v0 less the documents excluded from the round trip for
+    # every family, as at the start of a run (`family_set.check_run_families`).
+    excluded = set(round_trip["excluded"])
+    docs = [d.text for d in calib.documents if str(d.id) not in excluded]
     refs = {r: load_tokenizer(shared / "tokenizers" / r) for r in reference if r not in handles}
     all_names, matrix = jaccard_matrix({**handles, **refs}, docs)
     distinct = distinct_families(names, cutoff=cutoff, matrix=matrix[:len(names), :len(names)])

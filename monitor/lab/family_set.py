@@ -59,12 +59,14 @@ def check_run_families(candidates: Sequence[str], folder_of: Any, texts: Mapping
     Returns the record's `family_set` (with `raced`, the families the run trains); refuses in
     one line a chosen family that is not kept, or a full race below the minimum."""
     from monitor.lab.distinctness import distinct_families, jaccard_matrix
-    from monitor.lab.families import round_trip_checks
+    from monitor.lab.families import check_family_folder, round_trip_checks
     from monitor.scoring import load_tokenizer
 
     if not candidates:
         raise LabError("the families folder holds no family folder (tokenizer.json each)",
                        hint="build them with `lstar lab tokenizers build OUT --pool POOL`")
+    for name in candidates:      # a hostile folder is refused from its files' metadata, before they are read
+        check_family_folder(Path(folder_of(name)), name)
     handles = {name: load_tokenizer(Path(folder_of(name))) for name in candidates}
     pairs = {k: [d if isinstance(d, tuple) else (f"{k}-{i}", d) for i, d in enumerate(v)] for k, v in texts.items()}
     trip = round_trip_checks(handles, pairs)

@@ -137,6 +137,7 @@ def write_v3_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, pilot_r
     pilot, coverage = _pilot(rows, pilot_rows, prereg)
     data = analyse_v3(rows, prereg, pilot_rows=pilot, resamples=resamples)
     data["pilot_gate"]["pilot"] = coverage
+    data["design"]["deviations"].extend(coverage["deviations"])    # a pilot other than the pre-registered one
     data.update(source=dict(source), preregistration_sha256=sha)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

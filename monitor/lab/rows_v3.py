@@ -52,17 +52,22 @@ def check_rows_v3(rows: Sequence[Mapping[str, Any]], *, what: str = "race rows")
 
 
 def data_assignment_check(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The per-family data rule: every row of a family names one data assignment, and no two
-    families share one. Returns what was found and whether the rule holds."""
+    """The per-family data rule: every lineage (family, seed) reads one data assignment, and no
+    two families share one. A lab v3 record names one assignment per lineage (its seeds read
+    the family's mixture in their own orders, so the id carries the seed:
+    `monitor.lab.assignment.DataAssignment.sample`); rows that give a family one id for all
+    its seeds keep the rule too. Returns what was found and whether the rule holds."""
+    by_lineage: dict[tuple[str, Any], set[str]] = {}
     by_family: dict[str, set[str]] = {}
     for r in rows:
+        by_lineage.setdefault((r["family"], r["seed"]), set()).add(r["sample"])
         by_family.setdefault(r["family"], set()).add(r["sample"])
-    several = sorted(f for f, s in by_family.items() if len(s) > 1)
+    several = sorted(f"{f} seed {s}" for (f, s), samples in by_lineage.items() if len(samples) > 1)
     owners: dict[str, list[str]] = {}
     for f, s in by_family.items():
         for sample in s:
             owners.setdefault(sample, []).append(f)
     shared = sorted(sample for sample, fams in owners.items() if len(fams) > 1)
-    return {"holds": not several and not shared, "families_with_several_samples": several,
+    return {"holds": not several and not shared, "lineages_with_several_samples": several,
             "samples_shared_by_families": shared,
             "samples": {f: sorted(s)[0] if len(s) == 1 else sorted(s) for f, s in sorted(by_family.items())}}
