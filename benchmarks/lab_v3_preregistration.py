@@ -1,10 +1,12 @@
 """Write lab v3's power table into its pre-registration, or check that it is what the code gives.
 
-    python benchmarks/lab_v3_preregistration.py            # compute (≈ 4 CPU minutes), write both files
-    python benchmarks/lab_v3_preregistration.py --table T  # use tables computed before ({"table": power_table(), "measured": measured_power()})
-    python benchmarks/lab_v3_preregistration.py --check    # recompute, compare with the committed table
+    python benchmarks/lab_v3_preregistration.py            # compute (≈ 2 CPU minutes), write both files
+    python benchmarks/lab_v3_preregistration.py --table T  # use tables computed before
+    python benchmarks/lab_v3_preregistration.py --check    # recompute, compare with the committed tables
 
-Writing fills `power` (the conservative table and the measured model's powers) in data/lab-v3-preregistration.json, renders the table into
+T is JSON {"table": power.power_table(), "measured": power.measured_power()}. Writing fills
+`power` (the conservative table, the measured model's powers, the design's power at 20 and 24
+families) in data/lab-v3-preregistration.json, renders the tables into
 docs/lab-v3-preregistration.md between its markers, then records the text's sha256 in the
 JSON. Used once, before the first v3 run; afterwards only `--check`.
 """
