@@ -52,6 +52,7 @@ def test_the_power_of_the_design_as_run_is_the_pre_registered_tables(decided, pr
     assert (pw["families"], pw["seeds"]) == (20, 3)
     assert pw["source"] == "pre-registered table"
     assert pw["by_effect"] == power.table_lookup(prereg["power"]["table"], 20, 3)
+    assert pw["measured"] == {m["name"]: m["power"]["20"] for m in prereg["power"]["measured"]}
     assert decided["design"]["deviations"] == []
 
 
@@ -85,7 +86,8 @@ def test_a_small_design_is_a_deviation_with_its_own_power(prereg, pilot):
     res = analyse_v3(synthetic_v3_rows(families=16, seeds=1, seed=1), prereg, pilot_rows=pilot, resamples=RESAMPLES)
     dev = res["design"]["deviations"]
     assert any("16 families" in d for d in dev) and any("1 seed" in d for d in dev)
-    assert res["power"]["by_effect"]["0.65"] == power.table_lookup(prereg["power"]["table"], 16, 1)["0.65"]
+    assert res["power"]["by_effect"]["0.5"] == power.table_lookup(prereg["power"]["table"], 16, 1)["0.5"]
+    assert all(v is None for v in res["power"]["measured"].values())     # the measured model is for 3 seeds
 
 
 def test_the_pin_covers_the_text_and_refuses_another(tmp_path):
@@ -142,14 +144,15 @@ def test_v3_help_names_the_v3_report():
 
 def test_the_committed_power_table_is_what_the_simulator_gives_and_the_text_shows_it(prereg):
     table = prereg["power"]["table"]
-    for n, k, e in ((6, 3, 0.65), (9, 1, 0.9), (12, 5, 0.79)):   # cells cheap to recompute
+    for n, k, e in ((6, 3, 0.5), (9, 1, 0.91), (12, 5, 0.5)):   # cells cheap to recompute
         got = power.simulate_power(n, k, e, replicates=table["replicates"], seed=table["seed"])
         assert got == table["power"][f"{e:g}"][str(k)][str(n)]
     text = PREREG_DOC.read_text()
     for e in table["effects"]:
         assert "\n".join(power.markdown_table(table, e)) in text
-    assert prereg["power"]["design"]["power"] == power.table_lookup(table, 20, 3)
-    assert prereg["power"]["needed_families"]["0.65"]["3"] == power.families_needed(table, 0.65, 3)
+    assert table["effects"] == list(power.EFFECTS)
+    assert prereg["power"]["design"]["conservative"]["20"] == power.table_lookup(table, 20, 3)
+    assert prereg["power"]["needed_families"]["0.5"]["3"] == power.families_needed(table, 0.5, 3)
 
 
 def _per_lineage_samples(rows):

@@ -123,7 +123,7 @@ def test_report_json_of_a_v3_record(full, prereg, tmp_path):
     assert gate["axes"]["lstar"]["crossing_error"] == pytest.approx(by_hand_gate["axes"]["lstar"]["crossing_error"])
     # the power of 20 families x 3 seeds is the pre-registered design's
     assert out["power"]["families"] == 20 and out["power"]["seeds"] == 3
-    assert out["power"]["by_effect"] == pytest.approx(prereg["power"]["design"]["power"])
+    assert out["power"]["by_effect"] == pytest.approx(prereg["power"]["design"]["conservative"]["20"])
     # the primary and the control: the same numbers as the analysis of the rows themselves,
     # without the record in between
     direct = analyse_v3(rows, prereg, pilot_rows=by_hand, resamples=RESAMPLES)

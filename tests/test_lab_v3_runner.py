@@ -331,6 +331,7 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     assert len({d.order_sha256 for d in record.data}) == 2 and len({tuple(d.weights.values()) for d in record.data}) == 2
     assert record.preregistration_sha256 is None or len(record.preregistration_sha256) == 64
     assert record.config["version"] == 3 and record.config["texts"]["heldout"].startswith("primary")
+    assert record.config["heldout_text"]["selection"].startswith("stratified by source")
     rows = race_rows_v3(record)
     assert json.loads(proc.stdout) == rows
     assert len(rows) == 2 * len(record.checkpoints) == 2 * 2 * 2

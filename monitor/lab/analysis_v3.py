@@ -107,6 +107,10 @@ def design(rows: Sequence[Mapping[str, Any]], prereg: Mapping[str, Any]) -> dict
             "n_checkpoints": len({(r["family"], r["seed"], r["step"]) for r in rows}),
             "texts": sorted({r["text"] for r in rows}), "data_assignment": data, "deviations": deviations,
             "power": {"families": len(fams), "seeds": k, "alpha": table["alpha"], "by_effect": looked,
+                      "model": "conservative (by_effect: standardised effect -> power); measured: the measured "
+                               "spread of each v2 effect, at three seeds only",
+                      "measured": {m["name"]: (m["power"].get(str(len(fams))) if k == power.V2_SEEDS else None)
+                                   for m in prereg["power"].get("measured", [])},
                       "source": "pre-registered table" if power.table_lookup(table, len(fams), k) is not None
                       else "simulated with the table's settings"}}
 

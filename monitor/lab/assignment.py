@@ -10,8 +10,10 @@ clock (issue 37). In v3 each family reads its own mixture of the pool's sources,
 - **Mixture** (per family, the same for its seeds, which are replicates): each source's weight
   is its natural byte share times a factor spread**(2u − 1), u = sha256("lab-v3-mixture:" +
   family + ":" + source) read as a fraction of 2^256, then normalised. A family keeps its
-  mixture across seeds, so seeds differ only by initial weights, order and additions drawn.
-- **Order** (per family and seed): every source's chunks are shuffled (Fisher-Yates on
+  mixture across seeds; its seeds differ by initial weights, additions drawn and the chunks
+  themselves (each seed draws its own, see `shared_chunk_share`).
+- **Chunks and order** (per family and seed, so a seed draws its own chunks, not an order of a
+  sample shared by the family's seeds): every source's chunks are shuffled (Fisher-Yates on
   `random.Random` seeded with the integer sha256("lab-v3-data:" + family + ":" + seed), sources
   in name order), then interleaved by bytes: the next chunk comes from the source furthest
   below its weight (bytes read ÷ weight smallest; ties by name). Each chunk is read at most
@@ -165,4 +167,19 @@ def assigned_stream(text: SourcedChunks, family: str, seed: int, *, total_bytes:
                                 digest.hexdigest())
 
 
-__all__ = ["ASSIGNMENT_RULE", "DataAssignment", "SourcedChunks", "assigned_stream", "mixture_weights", "sourced_chunks"]
+def shared_chunk_share(lineage: DataAssignment, others: Sequence[DataAssignment]) -> float:
+    """The share of `lineage`'s chunks that at least one of `others` reads too.
+
+    Seeds of a family do not read one sample in different orders: each seed draws its own
+    chunks from the family's mixture, so two seeds share only the chunks their draws happen to
+    have in common, and so do two families (the pre-registration states both overlaps)."""
+    if not lineage.order:
+        return 0.0
+    read_by_others: set[int] = set()
+    for other in others:
+        read_by_others.update(other.order)
+    return sum(1 for i in set(lineage.order) if i in read_by_others) / len(set(lineage.order))
+
+
+__all__ = ["ASSIGNMENT_RULE", "DataAssignment", "SourcedChunks", "assigned_stream", "mixture_weights",
+           "shared_chunk_share", "sourced_chunks"]

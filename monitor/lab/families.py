@@ -474,11 +474,13 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
                      names: Sequence[str] | None = None, cutoff: float = DEFAULT_CUTOFF,
                      reference: Sequence[str] = ("phi-3",)) -> dict[str, Any]:
     """The round trip (`refuse_lossy`) of the built families under `folder` on the lab's texts
-    (the first 200 chunks of `pool`'s train split and its held-out text) and calib-v0, then their
-    boundary Jaccard matrix on calib-v0 and the greedy distinct set at `cutoff`. `reference`
+    (the first 200 chunks of `pool`'s train split and v3's held-out text, `monitor.lab.heldout`)
+    and calib-v0, then their boundary Jaccard matrix on calib-v0 and the greedy distinct set at
+    `cutoff`. `reference`
     tokenizers of the shared folder join the matrix after the candidates (not the set)."""
     from monitor.lab.distinctness import distinct_families, jaccard_matrix
-    from monitor.lab.pool import chunk_texts, heldout_texts, load_pool
+    from monitor.lab.heldout import stratified_heldout
+    from monitor.lab.pool import chunk_texts, load_pool
     from monitor.scoring import load_corpus, load_tokenizer
 
     folder, shared = Path(folder), Path(shared)
@@ -492,7 +494,8 @@ def check_family_set(folder: str | Path, *, pool: str | Path, shared: str | Path
     train = chunk_texts([d.text for d in loaded.train.documents], 600)   # the lab's 600-character chunks
     calib = load_corpus(shared / "corpus" / "calib-v0")
     lab_texts = {"train": [(f"train-{i}", t) for i, t in enumerate(train[:LAB_TRAIN_CHUNKS])],
-                 "heldout": [(f"heldout-{i}", t) for i, t in enumerate(heldout_texts(loaded, 200_000))],
+                 "heldout": [(f"heldout-{i}", t) for i, t in enumerate(
+                     stratified_heldout(loaded.train.documents, loaded.heldout.documents, 200_000).texts)],
                  "calib": calib.documents}
     round_trip = refuse_lossy(handles, lab_texts)
     # The matrix is measured on calib-v0 less the documents excluded from the round trip for

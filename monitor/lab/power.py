@@ -3,20 +3,32 @@
 The test (v2's, `monitor.curves.axis_choice.sign_flip_pvalue`): a two-sided sign-flip
 permutation test, over families, of the family-averaged difference in leave-one-family-out
 crossing error between two axes; exact (all 2^F sign patterns) up to 16 families, 10,000
-seeded patterns beyond. A family's difference is the mean over its seeds, so its noise has
-two parts, measured on the v2 record (`variance_structure`):
+seeded patterns beyond.
 
-    d_f = δ + b_f + mean_s e_fs,   b_f ~ N(0, between²),  e_fs ~ N(0, within²)
+**One unit.** Every effect is δ, the family-averaged difference in crossing-error units, and
+its standardised value e = δ / UNIT_SD, where UNIT_SD = 0.0560 is the SD of a family's
+difference at three seeds under the variance model below. v2's effects in that unit
+(`V2_EFFECTS`, measured by `variance_structure` on the v2 record): bits/byte − L* on calib
+(v2's primary) δ 0.0278, e 0.50; bits/byte − L* on heldout δ 0.0278, e 0.50; L*(oos) − L* on
+calib δ 0.0509, e 0.91. (0.65 and 0.79, quoted before, were δ over the *measured* spread of
+each comparison's per-family differences, 0.043 and 0.035: another unit.)
 
-with within = 0.090 (seed to seed inside a family) and between = 0.021 (the spread of the
-family means). A standardised effect is δ over the SD of d_f at v2's three seeds, the design
-it was measured on: sqrt(between² + within²/3) = 0.056; more seeds shrink the seed part, so
-the same δ is a larger standardised effect with five seeds than with one.
+**Two noise models.**
 
-`power_table` gives the power by families and seeds; `exact_power_six` is the closed form
-for six families (the test rejects at α 0.05 only with every sign alike, p = 2/64), against
-which the simulator is checked. Every cell is seeded by its own coordinates, so one cell
-recomputed alone equals the same cell of the whole table.
+- *Conservative* (the variance model, `NoiseModel()`): d_f = δ + b_f + mean_s e_fs with
+  e_fs ~ N(0, 0.090²) (seed to seed inside a family) and b_f ~ N(0, 0.021²) (the spread of the
+  family means), so SD(d_f) = sqrt(0.021² + 0.090²/k) at k seeds. It does not fit its inputs:
+  seed noise alone would give family means an SD of 0.090/√3 = 0.052, yet they spread by
+  0.021; adding the two overstates the noise, so this model understates the power.
+- *Measured* (`NoiseModel.measured(sd)`): d_f ~ N(δ, sd²) with sd the measured SD of the
+  per-family differences of v2's three-seed race (seed noise and family spread together),
+  valid at three seeds only.
+
+`power_table` gives the conservative power by families and seeds, `measured_power` the
+measured model's at three seeds; `exact_power_six` is the closed form for six families (the
+test rejects at α 0.05 only with every sign alike, p = 2/64), against which the simulator is
+checked. Every cell is seeded by its own coordinates, so one cell recomputed alone equals the
+same cell of the whole table.
 """
 
 from __future__ import annotations
@@ -37,9 +49,39 @@ from monitor.errors import LabError
 V2_WITHIN_SD = 0.090
 V2_BETWEEN_SD = 0.021
 V2_SEEDS = 3
-# Standardised effects seen in v2 (family-averaged LOFO crossing-error difference over its SD):
-# bits/byte − L* on calib (the primary's own), on heldout, and L*(oos) − L* on calib (the largest).
-EFFECTS = (0.65, 0.79, 0.90)
+# The one unit of every standardised effect: SD of a family's difference at v2's three seeds
+# under the conservative (variance) model.
+UNIT_SD = math.sqrt(V2_BETWEEN_SD ** 2 + V2_WITHIN_SD ** 2 / V2_SEEDS)
+
+
+@dataclass(frozen=True)
+class V2Effect:
+    """One effect seen in v2: δ (crossing-error units) and the measured SD of its per-family
+    differences (v2's race, three seeds pooled), both from `variance_structure`."""
+
+    name: str
+    delta: float
+    measured_sd: float
+
+    @property
+    def standardised(self) -> float:
+        """δ in the one unit (over UNIT_SD)."""
+        return self.delta / UNIT_SD
+
+    @property
+    def key(self) -> float:
+        """The standardised effect as the tables key it (two decimals)."""
+        return round(self.standardised, 2)
+
+
+# Read from benchmarks/results/lab-v2/lab.json by `variance_structure` (add-words exact match).
+V2_EFFECTS = (
+    V2Effect("bits/byte - L*, calib (v2's primary)", 1 / 36, 0.0430),
+    V2Effect("bits/byte - L*, heldout", 1 / 36, 0.0351),
+    V2Effect("L*(oos) - L*, calib (the largest loss-axis effect)", 11 / 216, 0.0567),
+)
+# The standardised effects of the tables, one per distinct v2 effect: 0.50 and 0.91.
+EFFECTS = tuple(sorted({e.key for e in V2_EFFECTS}))
 FAMILIES = tuple(range(6, 31))
 SEEDS = tuple(range(1, 6))
 PERMUTATIONS = 10_000
@@ -54,15 +96,22 @@ class NoiseModel:
 
     within: float = V2_WITHIN_SD
     between: float = V2_BETWEEN_SD
-    reference_seeds: int = V2_SEEDS   # the design a standardised effect is measured on
+    name: str = "conservative"
+
+    @classmethod
+    def measured(cls, sd: float) -> "NoiseModel":
+        """d_f ~ N(δ, sd²): the measured spread of per-family differences at three seeds, seed
+        noise included (so it is valid at three seeds only)."""
+        return cls(within=0.0, between=sd, name="measured")
 
     def family_sd(self, seeds: int) -> float:
         """SD of a family's difference averaged over `seeds` seeds."""
         return math.sqrt(self.between ** 2 + self.within ** 2 / seeds)
 
     def raw_effect(self, standardised: float) -> float:
-        """δ in crossing-error units for a standardised effect at the reference design."""
-        return standardised * self.family_sd(self.reference_seeds)
+        """δ in crossing-error units for a standardised effect (always in the one unit, UNIT_SD,
+        whatever the model, so that models are compared at the same δ)."""
+        return standardised * UNIT_SD
 
     def standardised_at(self, standardised: float, seeds: int) -> float:
         """The same δ standardised by the family SD with `seeds` seeds."""
@@ -135,9 +184,22 @@ def power_table(families: Iterable[int] = FAMILIES, seeds: Iterable[int] = SEEDS
     return {"test": "two-sided sign-flip permutation test over families (exact up to "
                     f"{EXACT_MAX_FAMILIES}, {PERMUTATIONS} seeded patterns beyond)",
             "alpha": alpha, "replicates": replicates, "seed": seed,
-            "noise": {"within_family_seed_sd": noise.within, "between_family_sd": noise.between,
-                      "reference_seeds": noise.reference_seeds},
+            "noise": {"model": noise.name, "within_family_seed_sd": noise.within, "between_family_sd": noise.between},
+            "unit": {"sd": UNIT_SD, "definition": "standardised effect = delta / SD of a family's difference at "
+                     "three seeds under the conservative model; delta = effect x sd, in crossing-error units"},
             "families": families, "seeds": seeds, "effects": effects, "power": cells}
+
+
+def measured_power(families: Iterable[int] = FAMILIES, effects: Sequence[V2Effect] = V2_EFFECTS, *,
+                   alpha: float = 0.05, replicates: int = REPLICATES, seed: int = 0) -> list[dict[str, Any]]:
+    """Power at three seeds under each v2 effect's measured spread (`NoiseModel.measured`), by
+    families, at the effect's tabled standardised value (JSON-ready)."""
+    families = list(families)
+    return [{"name": e.name, "effect": e.key, "delta": e.key * UNIT_SD, "v2_delta": e.delta, "measured_sd": e.measured_sd,
+             "effect_over_measured_sd": e.key * UNIT_SD / e.measured_sd, "seeds": V2_SEEDS,
+             "power": {str(n): simulate_power(n, V2_SEEDS, e.key, noise=NoiseModel.measured(e.measured_sd),
+                                              alpha=alpha, replicates=replicates, seed=seed) for n in families}}
+            for e in effects]
 
 
 def families_needed(table: Mapping[str, Any], effect: float, seeds: int, target: float = 0.8) -> int | None:
@@ -181,8 +243,12 @@ def variance_structure(rows: Sequence[Mapping[str, Any]], *, task: str, metric: 
       each (family, seed) a difference in crossing error, `axis` − L*;
     - `within_sd`: the root of the mean over families of the variance across seeds;
     - `between_sd`: the SD over families of their mean over seeds;
-    - `standardised_effect`: from the race of all seeds together (v2's primary analysis), the
-      family-averaged difference over the SD of the per-family differences.
+    - `seed_part_sd`: within_sd / sqrt(seeds), the SD seed noise alone gives a family mean (the
+      variance model needs between_sd at least this large; v2's primary has 0.021 against 0.052);
+    - `difference_sd`: from the race of all seeds together (v2's primary analysis), the SD of the
+      per-family differences (the measured model's spread);
+    - `standardised_effect`: |difference| over UNIT_SD (the one unit); `effect_over_measured_sd`:
+      |difference| over difference_sd (the unit of the measured model only).
     """
     from monitor.lab import analysis as race
 
@@ -203,9 +269,11 @@ def variance_structure(rows: Sequence[Mapping[str, Any]], *, task: str, metric: 
     pooled = per_family(np.arange(len(d.y)))
     diffs = np.array([pooled[f] for f in fams])
     sd = float(np.std(diffs, ddof=1))
+    within = float(np.sqrt(np.mean(np.var(by_seed, axis=1, ddof=1))))
     return {"task": task, "metric": metric, "text": text, "axis": axis, "reference": race.REFERENCE,
             "families": fams, "seeds": seeds, "per_family_per_seed": by_seed.tolist(),
-            "within_sd": float(np.sqrt(np.mean(np.var(by_seed, axis=1, ddof=1)))),
+            "within_sd": within, "seed_part_sd": within / math.sqrt(len(seeds)),
             "between_sd": float(np.std(by_seed.mean(axis=1), ddof=1)),
             "difference": float(diffs.mean()), "difference_sd": sd,
-            "standardised_effect": float(abs(diffs.mean()) / sd) if sd > 0 else None}
+            "standardised_effect": float(abs(diffs.mean()) / UNIT_SD),
+            "effect_over_measured_sd": float(abs(diffs.mean()) / sd) if sd > 0 else None}

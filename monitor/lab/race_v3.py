@@ -30,7 +30,8 @@ from monitor.files import atomic_write_text
 from monitor.lab.assignment import DataAssignment, SourcedChunks, assigned_stream, sourced_chunks
 from monitor.lab.config import RaceConfigV3, family_folders
 from monitor.lab.family_set import FamilySetRule, check_run_families
-from monitor.lab.pool import TrainText, heldout_texts, load_pool, unigram_log_probs
+from monitor.lab.heldout import stratified_heldout
+from monitor.lab.pool import TrainText, load_pool, unigram_log_probs
 from monitor.lab.race import (KILL_AFTER_ENV, LOCATION_SETTINGS, OOS_ALPHA, ROUND_TRIP_TRAIN_CHUNKS, SCORES_FILE,
                               TASKS_DIR, RaceInputs,
                               _without_locations, family_checks, lineage_id, score_tasks, score_text,
@@ -73,7 +74,9 @@ def prepare_race_v3(config: RaceConfigV3, out: Path) -> RaceInputsV3:
                              oos_unigram_bytes=config.oos_unigram_bytes)
     train = TrainText(sourced.chunks, sourced.unigram_slice)
     calib = load_corpus(config.calib_corpus)
-    heldout = heldout_texts(pool, config.heldout_bytes)
+    # v3's primary text matches the train split's source mix (v2's corpus-order prefix is all dictionary)
+    selection = stratified_heldout(pool.train.documents, pool.heldout.documents, config.heldout_bytes)
+    heldout = list(selection.texts)
     add_items = addition_items(problems_to_twenty())
     cloze_items = pool_cloze_items(pool.tasks.documents, n_items=config.n_cloze, seed=config.cloze_seed)
     files = {ADD_TASK: write_task(out / TASKS_DIR / f"{ADD_TASK}.jsonl", add_items),
@@ -91,7 +94,7 @@ def prepare_race_v3(config: RaceConfigV3, out: Path) -> RaceInputsV3:
                                   "never read by a lineage; lstar_oos = CE - CE of this unigram"},
         "texts": {PRIMARY_TEXT: "primary: the pool's held-out split, the training distribution",
                   SECONDARY_TEXT: "secondary: calib-v0, out of distribution"},
-        "heldout_text": {"documents": len(heldout), "bytes": sum(len(t.encode("utf-8")) for t in heldout)},
+        "heldout_text": selection.provenance(),
         "calib_corpus": {"path": str(config.calib_corpus), "sha256": calib.sha256,
                          "documents": len(calib.documents), "selection": "all"},
         "tasks": {name: {"file": f"{TASKS_DIR}/{p.name}", "items": n,

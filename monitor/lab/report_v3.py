@@ -97,7 +97,9 @@ def to_markdown(data: Mapping[str, Any]) -> str:
                                      else f"not run ({markdown_text(c.get('reason'))})") + ".",
            f"- Power of the design as run ({pw['families']} families × {pw['seeds']} seeds, α {pw['alpha']:g}): "
            + (", ".join(f"{v:.2f} at standardised effect {e}" for e, v in (pw["by_effect"] or {}).items()) or "—")
-           + f" ({pw['source']}).",
+           + f" under the conservative model ({pw['source']}); under each v2 effect's measured spread: "
+           + (", ".join(f"{v:.2f} ({markdown_text(name)})" for name, v in (pw.get("measured") or {}).items()
+                        if v is not None) or "—") + ".",
            "- Deviations from the pre-registration: " + ("; ".join(des["deviations"]) or "none seen") + ".", "",
            f"Rule (pre-registered): {data['rule']}", "", "## Pilot gate", ""]
     if g.get("ran"):
