@@ -1,6 +1,6 @@
 """Run the full emergence lab, version 3, resumably (or time one of its lineages).
 
-    python benchmarks/lab_v3.py --pool /work/pool/lab-pool-v1 --out state/lab-v3
+    python benchmarks/lab_v3.py --pool POOL --out state/lab-v3
                                 [--families-dir DIR] [--families a,b] [--seeds 0,1,2]
                                 [--workers 2] [--nice 10] [--shared ../shared]
     python benchmarks/lab_v3.py --pool ... --out ... --measure gpt2:0
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("state") / "lab-v3")
-    parser.add_argument("--pool", type=Path, required=True, help="The lab pool (e.g. /work/pool/lab-pool-v1).")
+    parser.add_argument("--pool", type=Path, required=True, help="The lab pool (built from data/lab-pool-v2.manifest.json).")
     parser.add_argument("--families-dir", type=Path, default=None, help="A folder of family (tokenizer) folders.")
     parser.add_argument("--families", default=None, help="Comma-separated families (default: all of them).")
     parser.add_argument("--seeds", default=None, help="Comma-separated seeds (default 0,1,2).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -248,7 +249,8 @@ def test_the_check_command(shared_dir: Path, tmp_path: Path, capsys: pytest.Capt
 
 
 # ------------------------------------------------------------------ the pinned mistral-common wheel
-REAL_WHEEL = Path("/tmp/pkgs/mistral_common-1.13.1-py3-none-any.whl")
+# the real wheel, where one has been downloaded (pip download --no-deps mistral-common==1.13.1)
+REAL_WHEEL = Path(os.environ.get("LSTAR_MISTRAL_WHEEL", "mistral_common-1.13.1-py3-none-any.whl"))
 
 
 def _wheel(path: Path, files: dict[str, bytes]) -> tuple[Path, str]:
