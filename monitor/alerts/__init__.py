@@ -3,8 +3,9 @@ the message payload and the channels."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from monitor.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from monitor.alerts.channels.base import Outgoing, Sender, SendResult
@@ -56,16 +57,7 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = ["CurvePredictor", "DispatchReport", "Dispatcher", "EmailSender", "EvaluationReport",

@@ -11,8 +11,9 @@ server (aiosmtpd) on 127.0.0.1. The checkpoints are real transformers models the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from monitor.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from monitor.demo.failure import DemoFailed
@@ -27,16 +28,7 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = ["DemoFailed", "run_demo"]

@@ -3,8 +3,9 @@ reads, shared with other stages, are `monitor.yamlio` and `monitor.files`)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from monitor.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from monitor.policy.files import policy_files_in, policy_fingerprint
@@ -33,16 +34,7 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = ["Matcher", "Policy", "PolicySet", "Report", "Task", "check_policy_files", "format_duration",
