@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,36 @@ def race_jobs(config: RaceConfig) -> list[tuple[str, str, int]]:
     return [(f, s.name, seed) for s in sizes for seed in config.seeds for f in config.all_families()]
 
 
+def run_lineage_jobs(jobs: Sequence[tuple], worker: Callable[[tuple], dict[str, Any]],
+                     args_of: Callable[[tuple], tuple], name_of: Callable[[tuple], str], *, workers: int,
+                     progress: bool) -> dict[tuple, dict[str, Any]]:
+    """Every job's `worker(args_of(job))`, in this process (`workers` <= 1) or in `workers` spawned
+    processes, one lineage each, saying each as it finishes. `worker` is a module-level function
+    (a spawned process imports it); `KILL_AFTER_ENV` kills this process after that many jobs, so a
+    test can interrupt a run between lineages."""
+    kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
+    started = time.monotonic()
+    results: dict[tuple, dict[str, Any]] = {}
+
+    def done(job: tuple, result: dict[str, Any]) -> None:
+        results[job] = result
+        if progress:
+            print(f"[{len(results)}/{len(jobs)}] {name_of(job)} done ({time.monotonic() - started:.0f} s)", flush=True)
+
+    if workers <= 1:
+        for job in jobs:
+            done(job, worker(args_of(job)))
+            if kill_after and len(results) == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
+            pending = {job: pool.apply_async(worker, (args_of(job),)) for job in jobs}
+            for job, handle in pending.items():
+                done(job, handle.get())
+    return results
+
+
 def run_race(config: RaceConfig, out: str | Path, *, workers: int = 2, progress: bool = True) -> LabRecordV2:
     """Run (or resume) lab v2 into `out` and write `out/lab.json`."""
     config.validate()
@@ -302,27 +333,8 @@ def run_race(config: RaceConfig, out: str | Path, *, workers: int = 2, progress:
     inputs = prepare_race(config, out)
     families = family_checks(config, inputs)
     jobs = race_jobs(config)
-    kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        if progress:
-            print(f"{text} ({time.monotonic() - started:.0f} s)", flush=True)
-
-    results: dict[tuple[str, str, int], dict[str, Any]] = {}
-    if workers <= 1:
-        for job in jobs:
-            results[job] = run_race_lineage(config, *job, out, inputs)
-            say(f"[{len(results)}/{len(jobs)}] {lineage_id(*job)} done")
-            if kill_after and len(results) == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
-            pending = {job: pool.apply_async(_worker, ((config, *job, out, inputs),)) for job in jobs}
-            for job, handle in pending.items():
-                results[job] = handle.get()
-                say(f"[{len(results)}/{len(jobs)}] {lineage_id(*job)} done")
+    results = run_lineage_jobs(jobs, _worker, lambda job: (config, *job, out, inputs), lambda job: lineage_id(*job),
+                               workers=workers, progress=progress)
     order = {f: i for i, f in enumerate(config.all_families())}
     size_order = {s.name: i for i, s in enumerate(config.sizes)}
     checkpoints = [c for job in sorted(results, key=lambda j: (order[j[0]], size_order[j[1]], j[2]))
@@ -334,5 +346,5 @@ def run_race(config: RaceConfig, out: str | Path, *, workers: int = 2, progress:
     return record
 
 
-__all__ = ["RaceInputs", "train_race", "train_race_lineage", "family_checks", "lineage_id", "prepare_race", "race_jobs", "run_race",
+__all__ = ["RaceInputs", "train_race", "train_race_lineage", "family_checks", "lineage_id", "prepare_race", "race_jobs", "run_lineage_jobs", "run_race",
            "run_race_lineage", "score_tasks", "score_text"]

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
-import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +29,9 @@ from monitor.lab.config import RaceConfigV3, family_folders
 from monitor.lab.family_set import FamilySetRule, check_run_families
 from monitor.lab.heldout import stratified_heldout
 from monitor.lab.pool import TrainText, load_pool, unigram_log_probs
-from monitor.lab.race import (KILL_AFTER_ENV, LOCATION_SETTINGS, OOS_ALPHA, ROUND_TRIP_TRAIN_CHUNKS, SCORES_FILE,
+from monitor.lab.race import (LOCATION_SETTINGS, OOS_ALPHA, ROUND_TRIP_TRAIN_CHUNKS, SCORES_FILE,
                               TASKS_DIR, RaceInputs,
-                              _without_locations, family_checks, lineage_id, score_tasks, score_text,
+                              _without_locations, family_checks, lineage_id, run_lineage_jobs, score_tasks, score_text,
                               tokenizer_sha256)
 from monitor.lab.records import write_lab
 from monitor.lab.records_v3 import LAB_SCHEMA_V3, PRIMARY_TEXT, SECONDARY_TEXT, LabRecordV3
@@ -252,27 +249,9 @@ def run_race_v3(config: RaceConfigV3, out: str | Path, *, workers: int = 2, prog
                   f"{checked['cutoff']:g}; racing {', '.join(checked['raced'])}", flush=True)
     families = family_checks_v3(config, inputs)
     jobs = race_v3_jobs(config)
-    kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
-    started = time.monotonic()
-
-    def say(text: str) -> None:
-        if progress:
-            print(f"{text} ({time.monotonic() - started:.0f} s)", flush=True)
-
-    results: dict[tuple[str, int], dict[str, Any]] = {}
-    if workers <= 1:
-        for job in jobs:
-            results[job] = run_race_v3_lineage(config, *job, out, inputs)
-            say(f"[{len(results)}/{len(jobs)}] {lineage_id(job[0], config.size_spec.name, job[1])} done")
-            if kill_after and len(results) == kill_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        ctx = mp.get_context("spawn")
-        with ctx.Pool(min(workers, len(jobs)), maxtasksperchild=1) as pool:
-            pending = {job: pool.apply_async(_worker, ((config, *job, out, inputs),)) for job in jobs}
-            for job, handle in pending.items():
-                results[job] = handle.get()
-                say(f"[{len(results)}/{len(jobs)}] {lineage_id(job[0], config.size_spec.name, job[1])} done")
+    results = run_lineage_jobs(jobs, _worker, lambda job: (config, *job, out, inputs),
+                               lambda job: lineage_id(job[0], config.size_spec.name, job[1]),
+                               workers=workers, progress=progress)
     order = {f: i for i, f in enumerate(config.all_families())}
     ordered = sorted(results, key=lambda j: (order[j[0]], j[1]))
     record = LabRecordV3.model_validate({
