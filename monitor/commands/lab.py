@@ -30,16 +30,17 @@ def _int_list(value: str, flag: str, *, low: int, high: int) -> tuple[int, ...]:
     return items
 
 
-def _config(size: str, shared: Path, pool: Path | None, families: str | None, stress: str | None,
-            seeds: str | None) -> Any:
-    from monitor.lab.config import race_full_config, race_reduced_config
-
+def _check_size_and_pool(size: str, pool: Path | None) -> Path:
     if size not in SIZES:
         raise LabError(f"--size {size!r} is not one of {', '.join(SIZES)}")
     if pool is None:
         raise LabError("--pool is required: the folder of a lab pool (train/, heldout/, tasks/)",
                        hint="e.g. --pool data/lab-pool-sample for the reduced lab")
-    config = (race_reduced_config if size == "reduced" else race_full_config)(pool, shared)
+    return pool
+
+
+def _with_options(config: Any, *, families: str | None, seeds: str | None, stress: str | None = None) -> Any:
+    """`config` with the command line's --families, --stress-families and --seeds, validated."""
     changes: dict[str, Any] = {}
     if families is not None:
         changes["families"] = tuple(f.strip() for f in families.split(",") if f.strip())
@@ -48,6 +49,15 @@ def _config(size: str, shared: Path, pool: Path | None, families: str | None, st
     if seeds is not None:
         changes["seeds"] = _int_list(seeds, "--seeds", low=0, high=MAX_SEED)
     return config.with_(**changes).validate()
+
+
+def _config(size: str, shared: Path, pool: Path | None, families: str | None, stress: str | None,
+            seeds: str | None) -> Any:
+    from monitor.lab.config import race_full_config, race_reduced_config
+
+    pool = _check_size_and_pool(size, pool)
+    config = (race_reduced_config if size == "reduced" else race_full_config)(pool, shared)
+    return _with_options(config, families=families, seeds=seeds, stress=stress)
 
 
 def _print_summary(record: Any) -> None:
@@ -121,18 +131,9 @@ def _config_v3(size: str, shared: Path, pool: Path | None, families_dir: Path | 
                seeds: str | None) -> Any:
     from monitor.lab.config import race_v3_config, race_v3_reduced_config
 
-    if size not in SIZES:
-        raise LabError(f"--size {size!r} is not one of {', '.join(SIZES)}")
-    if pool is None:
-        raise LabError("--pool is required: the folder of a lab pool (train/, heldout/, tasks/)",
-                       hint="e.g. --pool data/lab-pool-sample for the reduced lab")
+    pool = _check_size_and_pool(size, pool)
     config = (race_v3_reduced_config if size == "reduced" else race_v3_config)(pool, shared, families_dir=families_dir)
-    changes: dict[str, Any] = {}
-    if families is not None:
-        changes["families"] = tuple(f.strip() for f in families.split(",") if f.strip())
-    if seeds is not None:
-        changes["seeds"] = _int_list(seeds, "--seeds", low=0, high=MAX_SEED)
-    return config.with_(**changes).validate()
+    return _with_options(config, families=families, seeds=seeds)
 
 
 def _print_summary_v3(record: Any) -> None:
