@@ -128,8 +128,7 @@ def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_traini
     from monitor.lab.config import race_v3_reduced_config
     from monitor.lab.race_v3 import run_race_v3
 
-    if not (SAMPLE_POOL / "train" / "manifest.json").is_file():
-        pytest.skip("no data/lab-pool-sample")
+    assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
     config = race_v3_reduced_config(SAMPLE_POOL, shared_dir, families_dir=families_dir)
     with pytest.raises(LabError, match="2 of 4 families kept .* at least 20"):
         run_race_v3(config.with_(families=("gpt2", "smollm2", "pool-bpe-1k", "gpt2-merges-8k")), tmp_path / "lab",
@@ -142,8 +141,7 @@ def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_s
         families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
     from monitor.lab.record_file import load_lab
 
-    if not (SAMPLE_POOL / "train" / "manifest.json").is_file():
-        pytest.skip("no data/lab-pool-sample")
+    assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"

@@ -27,8 +27,7 @@ SAMPLE_POOL = REPO_ROOT / "data" / "lab-pool-sample"
 
 def _pool() -> Path:
     path = Path(os.environ.get("LSTAR_LAB_POOL", SAMPLE_POOL))
-    if not (path / "train" / "manifest.json").is_file():
-        pytest.skip(f"no lab pool at {path} (data/lab-pool-sample, or set LSTAR_LAB_POOL)")
+    assert (path / "train" / "manifest.json").is_file(), f"no lab pool at {path} (data/lab-pool-sample is committed; LSTAR_LAB_POOL names another)"
     return path
 
 
