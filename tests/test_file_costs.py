@@ -105,3 +105,24 @@ def test_the_order_reaches_the_collection() -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     files = [line.split("::", 1)[0] for line in proc.stdout.splitlines() if "::" in line]
     assert files[0] == "tests/test_demo.py", files[:3]
+
+
+def test_the_table_is_summed_printed_and_merged_into_the_committed_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import support.file_costs as file_costs
+
+    table = tmp_path / "file_costs.json"
+    table.write_text('{"files": {"test_old.py": {"cpu_s": 7.0}, "test_a.py": {"cpu_s": 1.0}}}')
+    monkeypatch.setattr(file_costs, "COSTS_FILE", table)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "gw0.jsonl").write_text('{"nodeid": "tests/test_a.py::x", "cpu_s": 100.0, "wall_s": 60.0}\n'
+                                    '{"nodeid": "tests/test_a.py::y", "cpu_s": 20.5, "wall_s": 10.0}\n')
+    (runs / "gw1.jsonl").write_text('{"nodeid": "tests/test_b.py::z", "cpu_s": 50.0, "wall_s": 55.0}\n')
+    assert file_costs._main([str(runs), "--write"]) == 0
+    out = capsys.readouterr().out
+    # a: 120.5 on one worker, b: 50 on the other -> 120.5 s = 2.0 min; floor 170.5 / 2 = 85 s = 1.4 min
+    assert "3 tests, 170 CPU-s; estimated wall on 2 idle cores: 2.0 min (floor 1.4 min)" in out
+    assert out.index("test_a.py") < out.index("test_b.py")
+    # measured files replace their old cost, files not measured this time keep theirs
+    assert load_costs(table) == {"test_a.py": 120.5, "test_b.py": 50.0, "test_old.py": 7.0}

@@ -126,10 +126,11 @@ def _main(argv: list[str]) -> int:
     print(f"{len(rows)} tests, {total:.0f} CPU-s; estimated wall on 2 idle cores: {estimate / 60:.1f} min "
           f"(floor {total / 2 / 60:.1f} min)")
     if "--write" in argv[1:]:
-        merged = {**{n: {"cpu_s": c} for n, c in load_costs().items()},
+        merged = {**{n: {"cpu_s": c} for n, c in load_costs(COSTS_FILE).items()},
                   **{n: {"cpu_s": round(f["cpu_s"], 1)} for n, f in files.items()}}
-        COSTS_FILE.write_text(json.dumps({"unit": "CPU-seconds per test file (tests/support/file_costs.py)",
-                                          "files": dict(sorted(merged.items()))}, indent=1) + "\n")
+        lines = [f" {json.dumps(name)}: {json.dumps(row)}" for name, row in sorted(merged.items())]
+        COSTS_FILE.write_text('{\n "unit": "CPU-seconds per test file (tests/support/file_costs.py)",\n "files": {\n '
+                              + ",\n ".join(lines) + "\n }\n}\n")   # one line per file: readable diffs
         print(f"wrote {COSTS_FILE}")
     return 0
 
