@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """With LSTAR_TEST_COSTS=DIR, each test's CPU-seconds and wall time go to DIR (docs/testing.md)."""
+    """With TEST_COSTS_DIR=DIR, each test's CPU-seconds and wall time go to DIR (docs/testing.md)."""
     from support.file_costs import COSTS_ENV, recorded
 
     with recorded(item.nodeid, os.environ.get(COSTS_ENV)):

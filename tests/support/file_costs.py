@@ -8,7 +8,7 @@ put in the order of `tests/file_costs.json` (CPU-seconds per file, measured), th
 first: the longest jobs start at once and the short ones fill the gaps, so the two workers
 finish close together (longest-processing-time-first scheduling).
 
-`LSTAR_TEST_COSTS=DIR` makes each process of a run write, per test, the CPU-seconds it used
+`TEST_COSTS_DIR=DIR` makes each process of a run write, per test, the CPU-seconds it used
 (itself and the subprocesses it waited for) and its wall time to `DIR/<worker>.jsonl`;
 `python tests/support/file_costs.py DIR` sums them per file, prints the table, estimates the
 suite's wall time on two idle cores and, with `--write`, updates `tests/file_costs.json`
@@ -28,7 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 COSTS_FILE = Path(__file__).resolve().parents[1] / "file_costs.json"
-COSTS_ENV = "LSTAR_TEST_COSTS"
+# Not LSTAR_*: `lstar run` warns about every LSTAR_ variable that is not one of its settings, and
+# the daemon tests check its stderr line by line.
+COSTS_ENV = "TEST_COSTS_DIR"
 # At most this many bytes of costs are read: the file is ours, but a broken merge could make it huge.
 MAX_COSTS_BYTES = 1 << 20
 
@@ -111,7 +113,7 @@ def estimate_wall_s(costs: dict[str, float], workers: int = 2) -> float:
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python tests/support/file_costs.py DIR [--write]\n"
-              "Sum the per-test costs a run with LSTAR_TEST_COSTS=DIR wrote, per file; print the table and the "
+              "Sum the per-test costs a run with TEST_COSTS_DIR=DIR wrote, per file; print the table and the "
               "estimated wall time on 2 idle cores; --write stores the CPU-seconds in tests/file_costs.json.")
         return 0 if argv else 2
     folder = Path(argv[0])
