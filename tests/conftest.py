@@ -15,6 +15,11 @@ SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()
 os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two workers each run torch on its own threads, and many tests start subprocesses that do too,
+# so the cores are oversubscribed: OpenMP threads that spin while they wait then burn the CPU
+# the other worker needs (a small-model forward loop under load: 10 CPU-s passive, 13-14
+# spinning, docs/testing.md). Waiting passively changes no number, only who gets the core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The tests talk only to Hubs they start on 127.0.0.1; an air-gapped user's offline switch would
 # refuse those requests (and `lstar run`/`poll` refuse to start under it). Tests of that
 # behaviour set the variables themselves, in the subprocesses they start.
@@ -37,3 +42,20 @@ def shared_dir() -> Path:
 def calib_v0(shared_dir: Path) -> Path:
     """Path of the pinned calibration corpus calib-v0."""
     return shared_dir / "corpus" / "calib-v0"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The costliest test files first (tests/file_costs.json), so that with `--dist loadfile
+    --no-loadscope-reorder` the long files start at once and the two workers end together."""
+    from support.file_costs import costliest_first, load_costs
+
+    items[:] = costliest_first(items, load_costs())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With TEST_COSTS_DIR=DIR, each test's CPU-seconds and wall time go to DIR (docs/testing.md)."""
+    from support.file_costs import COSTS_ENV, recorded
+
+    with recorded(item.nodeid, os.environ.get(COSTS_ENV)):
+        return (yield)

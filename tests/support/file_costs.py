@@ -1,0 +1,141 @@
+"""What each test file costs, and the order the two workers take the files in.
+
+pytest-xdist's `--dist loadfile` hands out whole files from a queue. By default it sorts that
+queue by the number of tests in a file, most first, so the files with one long test (the demo's
+end to end, the daemon in subprocesses) were handed out last and ran alone at the end while the
+other worker sat idle. The suite now runs with `--no-loadscope-reorder`, and the collection is
+put in the order of `tests/file_costs.json` (CPU-seconds per file, measured), the costliest file
+first: the longest jobs start at once and the short ones fill the gaps, so the two workers
+finish close together (longest-processing-time-first scheduling).
+
+`TEST_COSTS_DIR=DIR` makes each process of a run write, per test, the CPU-seconds it used
+(itself and the subprocesses it waited for) and its wall time to `DIR/<worker>.jsonl`;
+`python tests/support/file_costs.py DIR` sums them per file, prints the table, estimates the
+suite's wall time on two idle cores and, with `--write`, updates `tests/file_costs.json`
+(docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+COSTS_FILE = Path(__file__).resolve().parents[1] / "file_costs.json"
+# Not LSTAR_*: `lstar run` warns about every LSTAR_ variable that is not one of its settings, and
+# the daemon tests check its stderr line by line.
+COSTS_ENV = "TEST_COSTS_DIR"
+# At most this many bytes of costs are read: the file is ours, but a broken merge could make it huge.
+MAX_COSTS_BYTES = 1 << 20
+
+
+def load_costs(path: Path = COSTS_FILE) -> dict[str, float]:
+    """File name -> CPU-seconds, from the committed table; {} when it is missing or unreadable,
+    so a broken table only loses the ordering, never the run."""
+    try:
+        with path.open("rb") as fh:
+            data = json.loads(fh.read(MAX_COSTS_BYTES + 1)[:MAX_COSTS_BYTES])
+        files = data["files"]
+        return {str(name): float(row["cpu_s"]) for name, row in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def costliest_first(items: list, costs: dict[str, float]) -> list:
+    """`items` (pytest items) grouped by file, the files in descending cost, each file's tests in
+    their own order. A file without a measured cost comes after the measured ones, in the order
+    it was collected (a stable sort), so the order is the same in every worker."""
+    first_seen: dict[str, int] = {}
+    for item in items:
+        first_seen.setdefault(item.nodeid.split("::", 1)[0], len(first_seen))
+
+    def key(item) -> tuple[float, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (-costs.get(Path(path).name, 0.0), first_seen[path])
+
+    return sorted(items, key=key)
+
+
+def _cpu_s() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@contextmanager
+def recorded(nodeid: str, folder: str | None) -> Iterator[None]:
+    """Append `nodeid`'s CPU-seconds and wall seconds (setup, call and teardown) to the worker's
+    file under `folder`; nothing when `folder` is None."""
+    if not folder:
+        yield
+        return
+    cpu0, wall0 = _cpu_s(), time.perf_counter()
+    try:
+        yield
+    finally:
+        row = {"nodeid": nodeid, "cpu_s": round(_cpu_s() - cpu0, 3), "wall_s": round(time.perf_counter() - wall0, 3)}
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with (Path(folder) / f"{worker}.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+def per_file(rows: Iterable[dict]) -> dict[str, dict[str, float]]:
+    """The rows of `recorded`, summed per test file."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        name = Path(row["nodeid"].split("::", 1)[0]).name
+        acc = out.setdefault(name, {"cpu_s": 0.0, "wall_s": 0.0, "tests": 0})
+        acc["cpu_s"] += float(row["cpu_s"])
+        acc["wall_s"] += float(row["wall_s"])
+        acc["tests"] += 1
+    return out
+
+
+def estimate_wall_s(costs: dict[str, float], workers: int = 2) -> float:
+    """The suite's wall time on `workers` idle cores, one worker per core, if each file takes its
+    CPU-seconds: files handed out costliest first, each to the worker that is free first (what
+    `--dist loadfile --no-loadscope-reorder` does with our order). A file whose tests use both
+    cores (torch threads) is counted at its CPU-seconds, so this is a lower bound when the other
+    worker is busy too; the sum of CPU-seconds / `workers` is the floor."""
+    finish = [0.0] * workers
+    for cost in sorted(costs.values(), reverse=True):
+        heapq.heapreplace(finish, finish[0] + cost)
+    return max(finish)
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python tests/support/file_costs.py DIR [--write]\n"
+              "Sum the per-test costs a run with TEST_COSTS_DIR=DIR wrote, per file; print the table and the "
+              "estimated wall time on 2 idle cores; --write stores the CPU-seconds in tests/file_costs.json.")
+        return 0 if argv else 2
+    folder = Path(argv[0])
+    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()
+            if line.strip()]
+    files = per_file(rows)
+    total = sum(f["cpu_s"] for f in files.values())
+    print(f"{'file':44} {'tests':>5} {'CPU-s':>9} {'wall-s':>9}")
+    for name, f in sorted(files.items(), key=lambda kv: -kv[1]["cpu_s"]):
+        print(f"{name:44} {f['tests']:5d} {f['cpu_s']:9.1f} {f['wall_s']:9.1f}")
+    estimate = estimate_wall_s({n: f["cpu_s"] for n, f in files.items()})
+    print(f"{len(rows)} tests, {total:.0f} CPU-s; estimated wall on 2 idle cores: {estimate / 60:.1f} min "
+          f"(floor {total / 2 / 60:.1f} min)")
+    if "--write" in argv[1:]:
+        merged = {**{n: {"cpu_s": c} for n, c in load_costs(COSTS_FILE).items()},
+                  **{n: {"cpu_s": round(f["cpu_s"], 1)} for n, f in files.items()}}
+        lines = [f" {json.dumps(name)}: {json.dumps(row)}" for name, row in sorted(merged.items())]
+        COSTS_FILE.write_text('{\n "unit": "CPU-seconds per test file (tests/support/file_costs.py)",\n "files": {\n '
+                              + ",\n ".join(lines) + "\n }\n}\n")   # one line per file: readable diffs
+        print(f"wrote {COSTS_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
