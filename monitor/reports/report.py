@@ -469,7 +469,7 @@ def iter_json(value: Any, *, indent: int = 2) -> Iterator[str]:
         value = _public(value)
     elif isinstance(value, list):
         value = [_public(v) if isinstance(v, Mapping) else v for v in value]
-    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=_json_default)
+    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=json_default)
     buffer: list[str] = []
     size = 0
     for piece in encoder.iterencode(value):
@@ -498,7 +498,8 @@ def write_json(data: Mapping[str, Any], path: Path) -> None:
             f.write(chunk)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """How a report's JSON spells what `json` cannot (times in ISO 8601)."""
     if isinstance(value, datetime):
         return _iso(value)
     raise TypeError(f"cannot encode {type(value).__name__}")
