@@ -34,7 +34,8 @@ GOLDEN = Path(__file__).parent / "fixtures" / "report_golden_30_lineages.json"
 # what names this machine's copy of the policy (its path, hash and load time), not the report
 MACHINE_KEYS = ("policy_version",)
 
-pytestmark = pytest.mark.slow   # building the two states writes 99 checkpoints through the store (~30 s)
+# building the two states writes 99 checkpoints through the store (~30 CPU-s)
+slow_state = pytest.mark.slow
 
 
 class CountingConnection:
@@ -78,6 +79,7 @@ def counted_report(store: Store, policy: Any) -> tuple[dict[str, Any], list[str]
     return data, counting.statements
 
 
+@slow_state
 def test_report_queries_do_not_grow_with_lineages_or_derivatives(states) -> None:
     small, small_queries = counted_report(*states[3])
     large, large_queries = counted_report(*states[30])
@@ -95,6 +97,7 @@ def _public(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in json.loads(to_json(data)).items() if k not in MACHINE_KEYS}
 
 
+@slow_state
 def test_report_of_a_realistic_state_equals_the_previous_codes_row_for_row(states) -> None:
     store, policy = states[30]
     now = _public(build_report(store, policy, now=T_END, period_start=T_END - WINDOW))
@@ -112,6 +115,7 @@ def test_report_of_a_realistic_state_equals_the_previous_codes_row_for_row(state
     assert len(before["lineage_history"]) == 90 and before["crossings"] and before["derivatives"]
 
 
+@slow_state
 def test_the_webhook_body_is_the_report_json_encoded_once(states) -> None:
     """`deliver_report` encodes the report once; its body says what decoding the report's JSON
     and encoding it again in the canonical spelling said."""
@@ -124,3 +128,28 @@ def test_the_webhook_body_is_the_report_json_encoded_once(states) -> None:
     twice["files"] = {k: str(v) for k, v in paths.items()}
     assert report_body_text(data, paths) == canonical_json(twice)
     assert "".join(iter_json(data)) == to_json(data)
+
+
+@pytest.mark.parametrize("n_pairs", [3, 1200])   # past the 500 a query the batch reads once took
+def test_batch_lookups_are_one_query_whatever_their_number(tmp_path, n_pairs) -> None:
+    """The report's and the listings' lookups by many checkpoints read them in one query (the
+    pairs travel as two list parameters), and find what a lookup of each one finds."""
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        with store.transaction() as conn:
+            for i in range(3):
+                conn.execute("INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, "
+                             "updated_at, status, attempts, meta) VALUES (?, ?, 'hub', ?, ?, 'r', ?, ?, 'scored', 0, '{}')",
+                             [f"org/m{i}", f"{i:040x}", json.dumps([f"step{i}"]), f"org/m{i}", T_END, T_END])
+        pairs = [(f"org/m{i}", f"{i:040x}") for i in range(n_pairs)]
+        counting = CountingConnection(store._conn)
+        store._conn = counting
+        try:
+            refs = store.checkpoint_refs(pairs)
+            observed = store.observed_states(pairs, until=T_END)
+            notes = store.with_not_evaluated([{"repo": r, "sha": s} for r, s in pairs])
+            details = store.prediction_details(list(range(n_pairs)))
+        finally:
+            store._conn = counting._conn
+        assert len(counting.statements) == 4, counting.statements
+        assert refs == {(f"org/m{i}", f"{i:040x}"): [f"step{i}"] for i in range(3)}
+        assert observed == {} and details == {} and all(n["not_evaluated"] == [] for n in notes)
