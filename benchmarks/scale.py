@@ -453,10 +453,12 @@ def target_of(key: str) -> str:
         return "< 0.05 s"
     if key == "new evaluate":
         return "< 2 s"
-    if key.startswith(("list ", "api /checkpoints", "api /runs", "api /alerts", "api /silences")):
+    if key.startswith("api /checkpoints"):
+        return "< 0.5 s"
+    if key.startswith(("list ", "api /runs", "api /alerts", "api /silences")):
         return "< 1 s"
     if key.startswith("report") or key == "api /report?policy=bench":
-        return "< 10 s"
+        return "< 5 s"
     if key == "daemon rss":
         return "< 500 MB"
     if key == "sigterm":

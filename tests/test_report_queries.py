@@ -174,12 +174,12 @@ def test_the_realistic_thousand_checkpoint_state_reports_as_the_per_row_code(tmp
 def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
     import json
 
-    from monitor.reports.report import _json_default, iter_json
+    from monitor.reports.report import iter_json, json_default
 
     store, policy = two_sizes[12]
     data = build_report(store, policy, now=T_END, period_start=T_END - timedelta(days=7))
     public = {k: v for k, v in data.items() if not k.startswith("_")}
-    whole = json.dumps(public, indent=2, sort_keys=True, default=_json_default) + "\n"
+    whole = json.dumps(public, indent=2, sort_keys=True, default=json_default) + "\n"
     chunks = list(iter_json(data))
     assert "".join(chunks) == to_json(data) == whole
     assert len(chunks) == len(whole) // 65536 + 1 or len(chunks) == -(-len(whole) // 65536)

@@ -19,7 +19,7 @@ from typing import Any
 from monitor.alerts import EmailSender, FileSender, Outgoing, SendResult, WebhookSender, compose_email
 from monitor.errors import PolicyError
 from monitor.policy import Policy, Report
-from monitor.reports.report import to_json
+from monitor.reports.report import json_default
 
 
 def report_message_id(policy: str, name: str, period_end: datetime) -> str:
@@ -35,13 +35,25 @@ def _send_email(message: Outgoing, receiver: Any, policy: Policy, *, subject: st
     return EmailSender().send_mail(mail, receiver, policy)
 
 
+def report_body_text(data: Mapping[str, Any], paths: Mapping[str, Path]) -> str:
+    """The webhook body of a report: its JSON (`report.iter_json`'s content) with `files` added,
+    in the canonical spelling alerts are sent in (`canonical_json`), encoded once from the data."""
+    body = {**{k: v for k, v in data.items() if not k.startswith("_")}, "files": {k: str(v) for k, v in paths.items()}}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=json_default)
+
+
 def deliver_report(policy: Policy, spec: Report, data: Mapping[str, Any], paths: Mapping[str, Path], *,
                    now: datetime) -> list[dict[str, Any]]:
-    """Send the report to each of `spec.receivers`; returns [{receiver, kind, outcome, error}]."""
-    body = json.loads(to_json(data))
-    body["files"] = {k: str(v) for k, v in paths.items()}
+    """Send the report to each of `spec.receivers`; returns [{receiver, kind, outcome, error}].
+
+    The report is encoded once, and only when a webhook receives it (`report_body_text`); the
+    file channel writes its headline, email its Markdown and HTML files."""
+    files = {k: str(v) for k, v in paths.items()}
+    headline = json.loads(json.dumps({**{k: data[k] for k in ("schema", "policy", "report", "period", "summary")},
+                                       "files": files}, default=json_default))
     message = Outgoing(id=report_message_id(policy.name, spec.name, now), policy=policy.name,
-                       receiver="", body=body)
+                       receiver="", body=headline)
+    encoded: list[str] = []   # the webhook body, once encoded
     subject = (f"report {spec.name} of {policy.name}: {data['summary']['at_risk']} at risk, "
                f"{data['summary']['emerged']} emerged")
     results = []
@@ -51,20 +63,22 @@ def deliver_report(policy: Policy, spec: Report, data: Mapping[str, Any], paths:
         except PolicyError as exc:
             results.append({"receiver": name, "kind": None, "outcome": "dead", "error": exc.one_line()})
             continue
-        addressed = Outgoing(id=message.id, policy=policy.name, receiver=name, body=body)
         try:
             if receiver.kind == "webhook":
+                encoded = encoded or [report_body_text(data, paths)]
+                addressed = Outgoing(id=message.id, policy=policy.name, receiver=name, body=headline,
+                                     encoded=encoded[0])
                 sender = WebhookSender()
                 try:
                     result = sender.send(addressed, receiver, policy, now=now)
                 finally:
                     sender.close()
             elif receiver.kind == "email":
+                addressed = Outgoing(id=message.id, policy=policy.name, receiver=name, body=headline)
                 result = _send_email(addressed, receiver, policy, subject=subject,
                                      text=paths["markdown"].read_text(encoding="utf-8"),
                                      html=paths["html"].read_text(encoding="utf-8"), now=now)
             else:
-                headline = {k: body[k] for k in ("schema", "policy", "report", "period", "summary", "files")}
                 result = FileSender().send(Outgoing(id=message.id, policy=policy.name, receiver=name,
                                                     body=headline), receiver, policy, now=now)
         except Exception as exc:  # one broken channel must not lose the report for the others

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -186,6 +187,25 @@ def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: da
     return by_lineage, history, before
 
 
+def with_details(store: Store, carried: Sequence[PredictionRow],
+                 order: Mapping[tuple[str, str], int]) -> list[PredictionRow]:
+    """`carried` (read without their detail) with the detail of those a report reads it from:
+    per (task, lineage), the latest in training order (the state carried in; ties: the later
+    evaluated) and the latest by (training order, evaluation time) (a lineage's current state
+    when the window predicted nothing newer). One query, whatever the history's length."""
+    rank = {id(p): (order.get((p.repo, p.commit_sha), -1), i) for i, p in enumerate(carried)}
+    chosen: dict[tuple[str, str], list[PredictionRow]] = {}
+    for p in carried:   # oldest first, as build_report walks them
+        group = chosen.setdefault((p.task, p.lineage), [p, p])
+        if rank[id(p)][0] >= rank[id(group[0])][0]:
+            group[0] = p
+        if (rank[id(p)][0], p.evaluated_at) > (rank[id(group[1])][0], group[1].evaluated_at):   # max(): the first
+            group[1] = p
+    wanted = {p.id for pair in chosen.values() for p in pair}
+    details = store.prediction_details(sorted(wanted))
+    return [replace(p, detail=details.get(p.id, {})) if p.id in wanted else p for p in carried]
+
+
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`).
@@ -235,8 +255,11 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     # as the alert engine compares with), where the crossings start from.
     carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
                                                                skip_state=NOT_EVALUATED) if p.task in curves]
+    carried_all = with_details(store, carried_all, order)
+    carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
+        carried_by.setdefault((p.task, p.lineage), []).append(p)
         held = carried_in.get((p.task, p.lineage))
         if held is None or order.get((p.repo, p.commit_sha), -1) >= order.get((held.repo, held.commit_sha), -1):
             carried_in[(p.task, p.lineage)] = p
@@ -244,8 +267,11 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
         names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
-    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_all]} - set(names)
-    refs = store.checkpoint_refs(sorted(unnamed))
+    # Every scored checkpoint's refs came with the history; only a prediction's checkpoint with
+    # no score run on the corpus is looked up (one query). `names` stays what the report shows.
+    known_refs = {(row["repo"], row["commit"]): row["refs"] for row in scored}
+    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_all]} - set(names) - set(known_refs)
+    refs = {**known_refs, **store.checkpoint_refs(sorted(unnamed))}
 
     def name_of(repo: str, commit: str) -> str:
         if (repo, commit) not in names:
@@ -283,8 +309,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
             # The current state is that of the lineage's current checkpoint (training_order: the
             # latest in training order; its newest prediction), not of whichever checkpoint
             # happened to be scored or evaluated last.
-            newest = {(p.repo, p.commit_sha): p for p in [
-                *(c for c in carried_all if c.task == task.name and c.lineage == lineage), *preds]}
+            newest = {(p.repo, p.commit_sha): p for p in [*carried_by.get((task.name, lineage), []), *preds]}
             last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
                                                         p.evaluated_at))
             derived = (last.detail or {}).get("derivative")
@@ -444,7 +469,7 @@ def iter_json(value: Any, *, indent: int = 2) -> Iterator[str]:
         value = _public(value)
     elif isinstance(value, list):
         value = [_public(v) if isinstance(v, Mapping) else v for v in value]
-    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=_json_default)
+    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=json_default)
     buffer: list[str] = []
     size = 0
     for piece in encoder.iterencode(value):
@@ -473,7 +498,8 @@ def write_json(data: Mapping[str, Any], path: Path) -> None:
             f.write(chunk)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """How a report's JSON spells what `json` cannot (times in ISO 8601)."""
     if isinstance(value, datetime):
         return _iso(value)
     raise TypeError(f"cannot encode {type(value).__name__}")

@@ -45,18 +45,15 @@ class EvaluationGapRows(StoreConnection):
         Reads the records of these checkpoints only, so a page of a listing costs a page."""
         notes: dict[tuple[str, str], list[str]] = {}
         pairs = sorted({(c["repo"], c["sha"]) for c in checkpoints})
-        for start in range(0, len(pairs), 500):
-            chunk = pairs[start:start + 500]
-            marks = ", ".join("(?, ?)" for _ in chunk)
-            rows = self.query(
-                f"SELECT {_COLUMNS} FROM predictions p WHERE p.state = '{NOT_EVALUATED}' AND "
-                f"(p.repo, p.commit_sha) IN (SELECT * FROM (VALUES {marks})) ORDER BY p.evaluated_at, p.id",
-                [v for pair in chunk for v in pair])
-            for r in map(NotEvaluatedRow.from_row, rows):
-                note = f"{r.policy}/{r.task}: {r.reason}"
-                kept = notes.setdefault((r.repo, r.commit_sha), [])
-                if note not in kept:
-                    kept.append(note)
+        rows = self.query(
+            f"SELECT {_COLUMNS} FROM predictions p JOIN (SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) "
+            f"AS sha) k ON k.repo = p.repo AND k.sha = p.commit_sha WHERE p.state = '{NOT_EVALUATED}' "
+            "ORDER BY p.evaluated_at, p.id", [[r for r, _ in pairs], [c for _, c in pairs]]) if pairs else []
+        for r in map(NotEvaluatedRow.from_row, rows):
+            note = f"{r.policy}/{r.task}: {r.reason}"
+            kept = notes.setdefault((r.repo, r.commit_sha), [])
+            if note not in kept:
+                kept.append(note)
         return [{**c, "not_evaluated": notes.get((c["repo"], c["sha"]), [])} for c in checkpoints]
 
     def open_not_evaluated(self, policy: str, tasks: Sequence[str]) -> list[NotEvaluatedRow]:

@@ -270,18 +270,20 @@ class ObservationRows(StoreConnection):
         """{(repo, sha): [{policy, task, predicted_state, observed_state, verdict, observed,
         observed_lo, observed_hi}, ...]} of the finished observations of these checkpoints
         (those finished by `until` when given: a report of a past window reads the state then)."""
-        bound, bound_params = ("AND finished_at <= ? ", [until]) if until is not None else ("", [])
+        bound, bound_params = ("WHERE o.finished_at <= ? ", [until]) if until is not None else ("", [])
         out: dict[tuple[str, str], list[dict[str, Any]]] = {}
         pairs = sorted(set(pairs))
-        for start in range(0, len(pairs), 500):
-            chunk = pairs[start:start + 500]
-            marks = ", ".join("(?, ?)" for _ in chunk)
-            rows = self.query(
-                "SELECT repo, commit_sha, policy, task, predicted_state, observed_state, verdict, observed, "
-                "observed_lo, observed_hi, status, reason FROM observations WHERE (repo, commit_sha) IN "
-                f"(SELECT * FROM (VALUES {marks})) {bound}ORDER BY id", [v for p in chunk for v in p] + bound_params)
-            for r in rows:
-                out.setdefault((r.pop("repo"), r.pop("commit_sha")), []).append(r)
+        if not pairs:
+            return out
+        # one query whatever the number of pairs (two list parameters, joined, not a placeholder each)
+        rows = self.query(
+            "SELECT o.repo, o.commit_sha, o.policy, o.task, o.predicted_state, o.observed_state, o.verdict, o.observed, "
+            "o.observed_lo, o.observed_hi, o.status, o.reason FROM observations o JOIN (SELECT unnest(?::VARCHAR[]) "
+            "AS repo, unnest(?::VARCHAR[]) AS sha) k ON k.repo = o.repo AND k.sha = o.commit_sha "
+            f"{bound}ORDER BY o.id",
+            [[r for r, _ in pairs], [c for _, c in pairs], *bound_params])
+        for r in rows:
+            out.setdefault((r.pop("repo"), r.pop("commit_sha")), []).append(r)
         return out
 
     def observation_summary(self) -> list[dict[str, Any]]:

@@ -11,6 +11,12 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
 
+# The meta keys `training_order.commit_date` reads, as a JSON object of the same shape (a key
+# whose value is absent is null, which it reads as absent too).
+_PLACEMENT_META = ("json_object('gate', json_object('commit_date', json_extract({meta}, '$.gate.commit_date')), "
+                   "'listing', json_object('last_modified', json_extract({meta}, '$.listing.last_modified')))")
+
+
 class ReportRows(StoreConnection):
     """Governance-report rows, and the score runs and predictions a report reads."""
 
@@ -22,7 +28,9 @@ class ReportRows(StoreConnection):
         "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, r.tcb, "
         "r.finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, coalesce(c1.rule, c2.rule) AS rule, "
         "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at, "
-        "coalesce(c1.meta, c2.meta) AS meta "
+        # of the ~2 KB meta, only what places a checkpoint in training order (`training_order.place`):
+        # decoding whole metas of every checkpoint ever scored was most of a report's time
+        f"{_PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
         "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
@@ -74,13 +82,26 @@ class ReportRows(StoreConnection):
 
     def report_carried_predictions(self, policy: str, *, start: datetime, skip_state: str) -> list[PredictionRow]:
         """Each (task, lineage, checkpoint)'s state at `start`: the policy's newest prediction of
-        it evaluated by then whose state is not `skip_state` (one row each; a window function)."""
-        rows = self.query_json(
-            "SELECT * EXCLUDE (newest) FROM (SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
-            "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions WHERE policy = ? AND evaluated_at <= ? "
-            "AND state != ?) WHERE newest = 1 ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state],
-            ("detail",))
+        it evaluated by then whose state is not `skip_state` (one row each; a window function).
+        Their `detail` is left empty ({}): a report needs it for a few of them only, which
+        `prediction_details` reads in one query (decoding every carried detail of the history
+        cost more than the rest of the report)."""
+        rows = self.query(
+            "SELECT * EXCLUDE (newest, detail), '{}' AS detail FROM (SELECT *, row_number() OVER (PARTITION BY "
+            "task, lineage, repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions "
+            "WHERE policy = ? AND evaluated_at <= ? AND state != ?) WHERE newest = 1 "
+            "ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state])
+        for row in rows:
+            row["detail"] = {}
         return [PredictionRow.from_row(row) for row in rows]
+
+    def prediction_details(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The decoded detail of each prediction among `ids`, by id (one query)."""
+        if not ids:
+            return {}
+        rows = self.query("SELECT id, detail FROM predictions WHERE id IN (SELECT unnest(?::BIGINT[]))",
+                          [sorted(set(int(i) for i in ids))])
+        return {int(row["id"]): json.loads(row["detail"]) for row in rows}
 
     def report_new_checkpoints(self, *, start: datetime, end: datetime) -> list[CheckpointRow]:
         """The checkpoints discovered in (start, end], oldest first (refs and meta decoded)."""
@@ -90,16 +111,14 @@ class ReportRows(StoreConnection):
         return [self._decode_checkpoint(row) for row in rows]
 
     def checkpoint_refs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
-        """The refs of each known (repo, sha) among `pairs`."""
-        out: dict[tuple[str, str], list[str]] = {}
+        """The refs of each known (repo, sha) among `pairs` (one query, whatever their number)."""
         pairs = sorted(set(pairs))
-        for first in range(0, len(pairs), 500):
-            chunk = pairs[first:first + 500]
-            marks = ", ".join("(?, ?)" for _ in chunk)
-            for row in self.query(f"SELECT repo, sha, refs FROM checkpoints WHERE (repo, sha) IN "
-                                  f"(SELECT * FROM (VALUES {marks}))", [v for pair in chunk for v in pair]):
-                out[(row["repo"], row["sha"])] = json.loads(row["refs"]) if row["refs"] else []
-        return out
+        if not pairs:
+            return {}
+        rows = self.query("SELECT c.repo, c.sha, c.refs FROM checkpoints c JOIN (SELECT unnest(?::VARCHAR[]) AS repo, "
+                          "unnest(?::VARCHAR[]) AS sha) k ON k.repo = c.repo AND k.sha = c.sha",
+                          [[repo for repo, _ in pairs], [sha for _, sha in pairs]])
+        return {(row["repo"], row["sha"]): json.loads(row["refs"]) if row["refs"] else [] for row in rows}
 
     def last_report(self, policy: str, name: str) -> ReportRow | None:
         """The newest recorded report of (policy, report name), or None."""

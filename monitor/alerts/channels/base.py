@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
@@ -25,10 +25,13 @@ class Outgoing:
     policy: str
     receiver: str
     body: dict[str, Any]
+    # The body already encoded as `canonical_json` would (a report of tens of MB is encoded once,
+    # not on every signing and sending); None: encoded from `body` when asked.
+    encoded: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def body_text(self) -> str:
-        return canonical_json(self.body)
+        return self.encoded if self.encoded is not None else canonical_json(self.body)
 
 
 def canonical_json(data: Any) -> str:
