@@ -192,3 +192,14 @@ def test_unknown_test_and_missing_checkpoints_are_clear_errors(tiny_corpus) -> N
         run_stress(StressSubject(kind="model", name="x", checkpoints=(), corpus=tiny_corpus), StressOptions(),
                    ["tokenization"])
     assert main(["stress", "--corpus", str(tiny_corpus)]) != 0
+
+
+def test_lab_lineage_steps_in_step_order_and_a_missing_step_named(tmp_path) -> None:
+    from monitor.commands.stress import lineage_checkpoints
+
+    for name in ("step30", "step2", "step100", "notes"):
+        (tmp_path / name).mkdir()
+    assert [c.label for c in lineage_checkpoints(tmp_path, None)] == ["step2", "step30", "step100"]
+    assert [c.label for c in lineage_checkpoints(tmp_path, None, "100,step2")] == ["step2", "step100"]
+    with pytest.raises(SpecError, match="no step\\(s\\) 7"):
+        lineage_checkpoints(tmp_path, None, "2,7")

@@ -24,17 +24,25 @@ def _step_number(path: Path) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def lineage_checkpoints(lineage: Path, tokenizer: Path | None):
-    """The step* folders of a lab lineage, in step order, as stress checkpoints."""
+def lineage_checkpoints(lineage: Path, tokenizer: Path | None, steps: str | None = None):
+    """The step* folders of a lab lineage, in step order, as stress checkpoints (only the
+    steps named in `steps`, comma-separated, when given)."""
     from monitor.errors import SpecError
     from monitor.stress.subject import StressCheckpoint
 
     if not lineage.is_dir():
         raise SpecError(f"lab lineage {lineage} is not a folder", hint="pass a folder holding step* checkpoints")
-    steps = sorted((p for p in lineage.iterdir() if p.is_dir() and _step_number(p) >= 0), key=_step_number)
-    if not steps:
+    found = sorted((p for p in lineage.iterdir() if p.is_dir() and _step_number(p) >= 0), key=_step_number)
+    if not found:
         raise SpecError(f"lab lineage {lineage} has no step<N> folders", hint="pass a lab lineage folder")
-    return tuple(StressCheckpoint(ref=str(p), label=p.name, tokenizer_dir=tokenizer) for p in steps)
+    if steps:
+        wanted = {s.strip().removeprefix("step") for s in steps.split(",") if s.strip()}
+        missing = sorted(wanted - {str(_step_number(p)) for p in found})
+        if missing:
+            raise SpecError(f"lab lineage {lineage} has no step(s) {', '.join(missing)}",
+                            hint="available: " + ", ".join(p.name for p in found))
+        found = [p for p in found if str(_step_number(p)) in wanted]
+    return tuple(StressCheckpoint(ref=str(p), label=p.name, tokenizer_dir=tokenizer) for p in found)
 
 
 def _summary_lines(document: dict) -> list[str]:
@@ -63,6 +71,8 @@ def register(app: typer.Typer) -> None:
         model: list[str] = typer.Option(None, "--model", help="A checkpoint to stress (repeat for several)."),
         lab_lineage: Path | None = typer.Option(None, "--lab-lineage",
                                                 help="A lab lineage folder: its step* checkpoints, in order."),
+        steps: str | None = typer.Option(None, "--steps",
+                                         help="With --lab-lineage: only these steps, e.g. 144,431,861."),
         tokenizer: Path | None = typer.Option(None, "--tokenizer",
                                               help="Tokenizer folder for every checkpoint (default: each one's own)."),
         corpus: Path = typer.Option(DEFAULT_CORPUS_DIR, "--corpus", help="The primary calibration corpus folder."),
@@ -93,7 +103,7 @@ def register(app: typer.Typer) -> None:
                             hint="e.g. --dropout-rates 0.05,0.1") from None
         if lab_lineage is not None:
             subject = StressSubject(kind="lab", name=lab_lineage.name,
-                                    checkpoints=lineage_checkpoints(lab_lineage, tokenizer),
+                                    checkpoints=lineage_checkpoints(lab_lineage, tokenizer, steps),
                                     corpus=corpus, curve_id=curve)
         else:
             checkpoints = tuple(StressCheckpoint(ref=m, label=Path(m).name if Path(m).is_dir() else m,
