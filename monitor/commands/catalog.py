@@ -55,6 +55,8 @@ COMMANDS: tuple[CommandEntry, ...] = (
                  "the loop closed."),
     CommandEntry("receiver", "receiver",
                  "Receive webhooks on 127.0.0.1 and print each one, checking its Standard Webhooks signature."),
+    CommandEntry("stress", "stress",
+                 "Run stress tests on checkpoints: tokenization perturbations, calibration registers, task formats."),
     CommandEntry("corpus", "corpus", "Pinned corpora: inspect, verify, build new versions."),
     CommandEntry("db", "db", "The DuckDB state file: migrations and contents."),
     CommandEntry("policy", "policy", "Policy files: validate them, try a score against them."),
