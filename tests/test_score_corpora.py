@@ -30,7 +30,7 @@ def corpora(shared_dir) -> list[Path]:
 
 
 def request_for(model: Path, corpus: Path) -> ScoreRequest:
-    return ScoreRequest(model=str(model), corpus_dir=corpus, docs=3, max_context=32, device="cpu",
+    return ScoreRequest(model=str(model), corpus_dir=corpus, docs=1, max_context=32, device="cpu",
                         dtype="float32", with_tcb=False, n_boot=10, progress=False)
 
 
@@ -63,12 +63,12 @@ def test_the_command_records_one_run_and_baseline_per_corpus(tiny_dir, corpora, 
                                                             capsys) -> None:
     loads = counting_loader(monkeypatch)
     db = tmp_path / "state.duckdb"
-    code = main(["score", str(tiny_dir), "--corpus", ",".join(str(c) for c in corpora), "--docs", "3",
+    code = main(["score", str(tiny_dir), "--corpus", ",".join(str(c) for c in corpora), "--docs", "1",
                  "--max-context", "32", "--device", "cpu", "--dtype", "float32", "--no-tcb", "--db", str(db),
                  "--json"])
     assert code == 0 and len(loads) == 1
     printed = json.loads(capsys.readouterr().out)
-    assert [r["corpus"]["documents"] for r in printed] == [3, 3, 3]
+    assert [r["corpus"]["documents"] for r in printed] == [1, 1, 1]
     with Store.open(db) as store:
         runs = store.query("SELECT run_id, corpus_sha256, lstar FROM score_runs ORDER BY lstar")
         baselines = store.query("SELECT corpus_sha256 FROM baselines")
