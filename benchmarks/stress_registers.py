@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=Path("../shared/corpus/calib-v0"))
     parser.add_argument("--registers", type=Path, required=True)
     parser.add_argument("--docs", type=int, default=None)
+    parser.add_argument("--every", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--curve", type=Path, default=None)
     parser.add_argument("--out", type=Path, required=True)
@@ -39,7 +40,7 @@ def main() -> None:
     subject = StressSubject(kind=args.kind, name=args.name, checkpoints=tuple(checkpoints), corpus=args.corpus)
     registers = tuple(sorted(p for p in args.registers.iterdir() if (p / "register.json").is_file()))
     options = StressOptions(seed=args.seed, max_documents=args.docs, register_corpora=registers,
-                            curve_path=args.curve, extra={"device": "cpu", "dtype": "float32"})
+                            curve_path=args.curve, extra={"device": "cpu", "dtype": "float32", "every": args.every})
     start = time.perf_counter()
     section = register_stress(subject, options)
     wall = time.perf_counter() - start
@@ -47,7 +48,7 @@ def main() -> None:
                 "subject": {"kind": subject.kind, "name": subject.name, "corpus": str(subject.corpus),
                             "checkpoints": [{"label": c.label, "ref": c.ref} for c in checkpoints]},
                 "sections": {"registers": section},
-                "run": {"wall_s": round(wall, 1), "documents_per_corpus": args.docs, "device": "cpu",
+                "run": {"wall_s": round(wall, 1), "documents_per_corpus": args.docs, "every": args.every, "device": "cpu",
                         "dtype": "float32", "machine": platform.machine(), "python": platform.python_version()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")

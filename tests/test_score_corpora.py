@@ -15,6 +15,7 @@ from monitor.scoring.engine import ScoreRequest, score_checkpoint, score_corpora
 from monitor.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # a tiny model scored seven times: minutes on a loaded CPU
 
 
 @pytest.fixture(scope="module")

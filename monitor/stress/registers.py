@@ -26,7 +26,9 @@ Section shape (read by `monitor.stress.limits`): `{"test": "registers", "registe
 checkpoint and register), `bootstrap` and `notes`.
 
 `options.extra` may carry `lstar` (a ready {label: {register: L*}} table: nothing is scored),
-`n_boot` (default 1000), `fit_resamples` (default 200), `device` and `dtype` for scoring.
+`n_boot` (default 1000), `fit_resamples` (default 200), `device` and `dtype` for scoring, and
+`every` (score every k-th document before the `max_documents` cap, so that a cap does not
+keep only the first slice of a corpus).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def score_registers(subject: StressSubject, options: StressOptions,
     out: dict[str, dict[str, dict[str, float]]] = {}
     for cp in subject.checkpoints:
         request = ScoreRequest(model=cp.ref, corpus_dir=corpora[0], docs=options.max_documents,
+                               every=options.extra.get("every"),
                                tokenizer_dir=cp.tokenizer_dir, with_tcb=False, n_boot=100, seed=options.seed,
                                progress=False, device=options.extra.get("device", "auto"),
                                dtype=options.extra.get("dtype", "auto"), resume_partial=False)
@@ -176,8 +179,10 @@ def register_stress(subject: StressSubject, options: StressOptions) -> dict[str,
     else:
         scores = score_registers(subject, options, corpora, names)
         lstar = {label: {r: s["lstar"] for r, s in row.items()} for label, row in scores.items()}
-    if options.max_documents is not None:
-        notes.append(f"each corpus scored on its first {options.max_documents} documents")
+    if options.max_documents is not None or options.extra.get("every"):
+        every = options.extra.get("every")
+        notes.append(f"each corpus scored on {'every ' + str(every) + '-th document, ' if every else ''}"
+                     f"the first {options.max_documents or 'all'} of them")
     labels = [cp.label for cp in subject.checkpoints if cp.label in lstar] or sorted(lstar)
     n_boot = int(options.extra.get("n_boot", 1000))
     taus = []
