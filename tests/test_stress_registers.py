@@ -116,3 +116,25 @@ def test_to_primary_units_interpolates_between_checkpoints() -> None:
 def test_without_a_register_corpus_it_says_what_to_pass(shared_dir) -> None:
     with pytest.raises(SpecError, match="at least one register corpus"):
         register_stress(subject(shared_dir), StressOptions())
+
+
+def test_each_checkpoint_scores_all_registers_in_one_call(shared_dir, tmp_path, monkeypatch) -> None:
+    import monitor.scoring.engine as engine
+
+    calls = []
+
+    def fake_score_corpora(request, corpora, *, db_path):
+        calls.append((request.model, [Path(c).name for c in corpora], request.docs, request.every))
+        step = int(request.model.rsplit("step", 1)[1])
+        return [{"ce": 5.0 - step / 10 + k, "ce_unigram": 7.0, "lstar": 4.0 - step / 10 + k, "n_tokens": 100}
+                for k in range(len(corpora))]
+
+    monkeypatch.setattr(engine, "score_corpora", fake_score_corpora)
+    opts = options(tmp_path)
+    opts = StressOptions(seed=0, max_documents=4, register_corpora=opts.register_corpora, extra={"every": 54, "n_boot": 50})
+    section = register_stress(subject(shared_dir), opts)
+    assert len(calls) == len(LABELS)
+    assert all(c[1] == ["calib-v0", "code", "dictionary"] and c[2:] == (4, 54) for c in calls)
+    assert section["lstar"]["step3"] == {"lstar-calib-v0": pytest.approx(3.7), "code": pytest.approx(4.7),
+                                         "dictionary": pytest.approx(5.7)}
+    assert all(t["tau"] == pytest.approx(1.0) for t in section["kendall_tau"])
