@@ -117,4 +117,33 @@ def register(app: typer.Typer) -> None:
         echo(f"built {out_dir} from "
              + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
 
+    @corpus_app.command("build-registers")
+    def build_registers_cmd(
+            out_dir: Path = typer.Argument(..., help="Folder to build the register corpora in "
+                                           "(one new sub-folder per register, named as its pins)."),
+            pins: list[Path] = typer.Option(None, "--pins", help="A register manifest (repeatable; "
+                                            "default: every data/registers/*.json of this checkout)."),
+            cache: Path = typer.Option(None, "--cache", help="Folder of .debs; missing ones are "
+                                       "fetched there with `apt-get download` (default: a temporary folder)."),
+            exclude: list[Path] = typer.Option(
+                [Path("../shared/corpus/calib-v0"), Path("../shared/corpus/calib-v0-alt")], "--exclude",
+                help="Corpus folder whose documents the registers must not contain (repeatable)."),
+            as_json: bool = typer.Option(False, "--json", help="Print each register's corpus summary as JSON."),
+    ) -> None:
+        """Rebuild the calibration-corpus registers (code, technical prose, dictionary prose) byte for
+        byte from their pinned Debian packages; another package version is refused."""
+        from monitor.scoring.register_build import REGISTER_PINS_DIR, build_registers
+
+        files = list(pins) if pins else sorted(REGISTER_PINS_DIR.glob("*.json"))
+        with tempfile.TemporaryDirectory(prefix="lstar-debs.") as tmp:
+            built = build_registers(out_dir, files, cache=cache or Path(tmp), exclude=exclude)
+        if as_json:
+            print(json.dumps([{"path": str(b.path), "register": b.manifest["register"], **b.manifest["corpus"]}
+                              for b in built], indent=2))
+            return
+        for b in built:
+            c = b.manifest["corpus"]
+            echo(f"{b.manifest['register']}: {b.path} — {c['documents']:,} documents, {c['bytes']:,} bytes, "
+                 f"sha256 {c['sha256']}")
+
     app.add_typer(corpus_app, name="corpus")

@@ -167,7 +167,9 @@ def register(app: typer.Typer) -> None:
     def score(
         model: str = typer.Argument(DEFAULT_MODEL, help="Checkpoint: a local directory, "
                                     "'org/name@revision' on the Hub, or builtin:smollm2-135m."),
-        corpus: Path = typer.Option(DEFAULT_CORPUS, "--corpus", help="Corpus folder."),
+        corpus: str = typer.Option(str(DEFAULT_CORPUS), "--corpus", help="Corpus folder, or several "
+                                   "separated by commas (A,B,C): each is scored with one load of the model "
+                                   "and recorded as its own run."),
         max_context: int | None = int_option(
             None, "--max-context", low=2, help="Window length (default: 2048 capped by the model; "
             "a value above the model's maximum positions is an error)."),
@@ -221,8 +223,9 @@ def register(app: typer.Typer) -> None:
         if stride is not None and disjoint:
             raise SpecError("--stride and --disjoint contradict each other",
                             hint="--disjoint means stride = window; give one of them")
+        corpora = corpus_list(corpus)
         request = ScoreRequest(
-            model=model, corpus_dir=corpus, max_context=max_context, stride=stride,
+            model=model, corpus_dir=corpora[0], max_context=max_context, stride=stride,
             disjoint=disjoint, docs=docs, every=every, resume_partial=not no_resume,
             slices=[s.strip() for s in slices.split(",") if s.strip()] if slices else None,
             dtype=dtype.value, device=device.value, batch_size=batch_size,
@@ -236,7 +239,7 @@ def register(app: typer.Typer) -> None:
         # The Hub the checkpoint comes from is reached even with HF_HUB_OFFLINE set when it is on
         # this machine (the guide's fake Hub); any other Hub is refused now, in one line.
         with (hub_reachable("lstar score", endpoint) if pending or is_hub_model(model) else nullcontext()):
-            _score(request, model=model, db=db, no_db=no_db, pending=pending, limit=limit, endpoint=endpoint,
+            _score(request, corpora=corpora, model=model, db=db, no_db=no_db, pending=pending, limit=limit, endpoint=endpoint,
                    cache_dir=cache_dir, until_settled=until_settled, delta=delta, block_docs=block_docs,
                    order_seed=order_seed, as_json=as_json, quiet=quiet)
 
@@ -249,9 +252,50 @@ def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str
     return score(request, db_path=db_path)
 
 
-def _score(request: ScoreRequest, *, model: str, db: Path, no_db: bool, pending: bool, limit: int | None,
+def corpus_list(value: str) -> list[Path]:
+    """--corpus A,B,C as folders, in the order given; a folder named twice is an error."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise SpecError("--corpus names no folder", hint="pass a corpus folder, or several as A,B,C")
+    paths = [Path(n).expanduser() for n in names]
+    resolved = [p.resolve() for p in paths]
+    if len(set(resolved)) != len(resolved):
+        raise SpecError(f"--corpus {value} names a folder twice", hint="name each corpus once")
+    return paths
+
+
+def score_corpora(request: ScoreRequest, corpora: list[Path], *, db_path: Path | None) -> list[dict[str, Any]]:
+    """`monitor.scoring.engine.score_corpora`, imported when a score runs."""
+    from monitor.scoring.engine import score_corpora as score
+
+    return score(request, corpora, db_path=db_path)
+
+
+def _score_many(request: ScoreRequest, corpora: list[Path], *, db: Path, no_db: bool, as_json: bool,
+                quiet: bool) -> None:
+    results = score_corpora(request, corpora, db_path=None if no_db else db)
+    if as_json:
+        print(json.dumps(results, indent=2, sort_keys=True, default=str))
+        return
+    for result in results:
+        if not quiet:
+            render_result(result, plain_console())
+        if not no_db:
+            echo(f"recorded run {result['run_id']} ({result['corpus']['name']} {result['corpus']['version']}) "
+                 f"in {db}", err=True)
+
+
+def _score(request: ScoreRequest, *, corpora: list[Path], model: str, db: Path, no_db: bool, pending: bool, limit: int | None,
            endpoint: str | None, cache_dir: Path | None, until_settled: Path | None, delta: float | None,
            block_docs: int | None, order_seed: int, as_json: bool, quiet: bool) -> None:
+    if len(corpora) > 1:
+        if pending or until_settled is not None:
+            raise SpecError("several corpora are scored for one MODEL in full; --pending and --until-settled "
+                            "take one corpus", hint="pass one --corpus folder")
+        if delta is not None or block_docs is not None:
+            raise SpecError("--delta and --block-docs apply to a sequential score of one corpus")
+        _score_many(request, corpora, db=db, no_db=no_db, as_json=as_json, quiet=quiet)
+        return
     if pending:
         if model != DEFAULT_MODEL:
             raise SpecError("--pending scores the queue; do not also name MODEL")

@@ -183,6 +183,55 @@ def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str
     return scored.result
 
 
+def score_corpora(request: ScoreRequest, corpus_dirs: Sequence[Path], *,
+                  db_path: Path | None) -> list[dict[str, Any]]:
+    """Score `request.model` on each of `corpus_dirs` with one load of the model; each corpus
+    gets its own run and baseline exactly as `score_checkpoint` would record them.
+
+    Every corpus is loaded and tokenized (and the model loaded once) before the database is
+    opened, so one bad corpus leaves nothing written."""
+    if not corpus_dirs:
+        raise ValueError("score_corpora needs at least one corpus")
+    first = prepare(replace(request, corpus_dir=Path(corpus_dirs[0])))
+    prepared = [first] + [prepare_for_corpus(first, Path(c)) for c in corpus_dirs[1:]]
+    store = Store.open(db_path) if db_path is not None else None
+    results = []
+    try:
+        for one in prepared:
+            if store is not None and one.request.resume is None and one.request.resume_partial:
+                from monitor.scoring.sequential_run import resume_payload
+
+                resume = resume_payload(store, score_identity(one))
+                if resume is not None:
+                    one.request = replace(one.request, resume=resume)
+            scored = compute_score(one, store)
+            if store is not None:
+                with store.transaction() as conn:
+                    scored.write(store, conn)
+            results.append(scored.result)
+        if store is not None:
+            store.checkpoint()
+    finally:
+        if store is not None:
+            store.close()
+    return results
+
+
+def prepare_for_corpus(prepared: Prepared, corpus_dir: Path) -> Prepared:
+    """`prepared` (its model, tokenizer and spec) on another corpus: the corpus is loaded,
+    selected and tokenized as `prepare` does, the model is not loaded again."""
+    request = replace(prepared.request, corpus_dir=corpus_dir)
+    corpus = _select(load_corpus(corpus_dir), request)
+    handle = prepared.handle
+    token_seqs = handle.encode_documents(corpus)
+    _check_vocabulary(handle, token_seqs, prepared.checkpoint.vocab_size, request.model)
+    reference_fingerprint, reference_tokens = (
+        _reference_tokens(request.reference_tokenizer, corpus) if request.reference_tokenizer
+        else (None, None))
+    return Prepared(request, corpus, handle, prepared.checkpoint, prepared.resolved, token_seqs,
+                    reference_fingerprint, reference_tokens)
+
+
 @dataclass
 class Prepared:
     """Validated inputs of one score: corpus, tokenizer, loaded model and bound spec."""

@@ -14,10 +14,12 @@ from typing import Any
 
 from monitor.errors import SpecError
 from monitor.stress.subject import SCHEMA, StressOptions, StressSubject, StressTest
+from monitor.stress.registers import register_stress
 from monitor.stress.tokenization import tokenization_stress
 
 TESTS: dict[str, StressTest] = {
     "tokenization": tokenization_stress,
+    "registers": register_stress,
 }
 
 
