@@ -130,3 +130,24 @@ def test_a_prediction_on_a_flagged_curve_carries_the_caveat_into_its_alert_text(
     assert caveat.startswith("stress: task cloze-v0 has format instability 0.250 > 0.10")
     for alert in alerts:   # the alert's text (webhook payload and email body) says it too
         assert caveat in alert["annotations"]["description"]
+
+
+def test_policy_check_warns_of_a_flagged_curve(tmp_path, capsys):
+    from monitor.cli import main
+    from support.report_state import _fit_curve, write_report_policy
+
+    curve = _fit_curve(tmp_path)
+    path = write_report_policy(tmp_path, tmp_path / "audit.jsonl")
+    state = tmp_path / "state"
+    with Store.open(state / "lstar.duckdb") as store:
+        save_stress_report(store, document(curve=OTHER))   # another curve's result: no warning
+    assert main(["policy", "check", str(path), "--state", str(state)]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+    with Store.open(state / "lstar.duckdb") as store:
+        save_stress_report(store, document(curve=curve.curve_id))
+    assert main(["policy", "check", str(path), "--state", str(state)]) == 0   # a warning, not a failure
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"SUCCESS {path}"
+    [warning] = [line for line in lines if line.startswith("WARNING")]
+    assert warning.startswith(f"WARNING {path}: tasks[0] cloze: curve {curve.curve_id[:12]} is flagged by stress "
+                              "limit format_instability: stress: task cloze-v0 has format instability 0.250")

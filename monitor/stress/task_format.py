@@ -149,7 +149,8 @@ def format_stress(subject: StressSubject, options: StressOptions) -> dict[str, A
     """The `task_format` section for `subject`'s checkpoints on `options.task_file` (the first
     `options.extra["task_format_items"]` items when set): per format and checkpoint the metric,
     its standard error, the accuracy and the mean context length in tokens; per task the format
-    instability, the accuracy upper bound it implies and each checkpoint's item flip rate."""
+    instability, the accuracy upper bound it implies and each checkpoint's item flip rate.
+    `options.extra["task_format_every"]` = k takes every k-th item first (slices spread evenly)."""
     if options.task_file is None:
         raise LabelError("the task_format test needs a task file", hint="pass --task-file PATH (e.g. "
                          "../shared/tasks/cloze-v0.jsonl)")
@@ -157,7 +158,11 @@ def format_stress(subject: StressSubject, options: StressOptions) -> dict[str, A
         raise LabelError(f"stress subject {subject.name} has no checkpoints")
     metric = str(options.extra.get("task_format_metric", DEFAULT_METRIC))
     limit = options.extra.get("task_format_items")
-    task = load_mc_task(options.task_file, limit=int(limit) if limit is not None else None)
+    every = int(options.extra.get("task_format_every", 1))
+    task = load_mc_task(options.task_file)
+    # every k-th item first (a task file is often grouped by slice), then the first `limit` of those
+    task = replace(task, items=task.items[::every][:int(limit) if limit is not None else None])
+    selection = f"every {every} item(s) of the file, the first {limit if limit is not None else 'all'} of those"
     formats = [f for f in FORMATS if f.name in options.extra.get("task_formats", [f.name for f in FORMATS])]
     loader = options.extra.get("task_format_loader", _load)   # tests pass a loader of tiny models
     per_format: dict[str, list[dict[str, Any]]] = {f.name: [] for f in formats}
@@ -190,7 +195,7 @@ def format_stress(subject: StressSubject, options: StressOptions) -> dict[str, A
         notes.append("one checkpoint: no ordering to compare, only the item flip rate is reported")
     notes += [f"{c.label}: {c.note}" for c in subject.checkpoints if c.note]
     return {"test": "task_format", "metric": metric, "tasks": [{
-        "task": task.name, "task_sha256": task.sha256, "n_items": len(task.items),
+        "task": task.name, "task_sha256": task.sha256, "n_items": len(task.items), "selection": selection,
         "formats": [{"name": f.name, "description": f.description, "checkpoints": per_format[f.name]}
                     for f in formats],
         "instability": instability, "accuracy_upper_bound": bound, "item_flips": flips}],
