@@ -4,6 +4,7 @@ Hub, in the webhook payload and in the email text rendered from it."""
 from __future__ import annotations
 
 import subprocess
+from html import escape as html_escape
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_daemon_alert_on_a_flagged_curve_carries_the_stress_caveat(tmp_path, sha
     [numbers] = body["lstar"]["alerts"]
     assert any(c.startswith(expected) for c in numbers["caveats"])
     _, text, html = render(Outgoing(id="n1", policy="watcher", receiver="hook", body=body))
-    assert expected in text and expected in html
+    assert expected in text and html_escape(expected) in html
     with Store.open(tmp_path / "state" / "lstar.duckdb", read_only=True) as store:
         [detail] = store.query_json("SELECT detail FROM predictions", [], ("detail",))
     assert any(c.startswith(expected) for c in detail["detail"]["caveats"])
