@@ -1,7 +1,7 @@
 """Task-format instability of SmolLM2-135M-Instruct and Gemma 3 270M (dequantised from Q4_K_M)
 on cloze-v0, written as an lstar-stress/1 document with the task_format section.
 
-    PYTHONPATH=. python benchmarks/stress_task_format.py --every 5 --items 40 \
+    PYTHONPATH=. python benchmarks/stress_task_format.py --every 15 --items 20 \
         --out benchmarks/results/stress/task-format-smollm2-gemma3.json
 
 The two real models are the checkpoints: their instability is the share of format pairs that
