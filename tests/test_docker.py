@@ -56,8 +56,12 @@ def test_the_image_runs_the_torch_that_is_tested() -> None:
     base = re.search(r"^FROM (\S+)", text, re.M).group(1)
     assert not base.startswith("pytorch/"), f"the base image {base} brings its own torch"
     tested = _torch_pins((ROOT / ".ci" / "run").read_text())
+    # The README's set-up and every documentation page that names a torch to install.
     documented = _torch_pins((ROOT / "README.md").read_text())
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        documented |= _torch_pins(page.read_text(encoding="utf-8"))
     assert len(tested) == 1 and documented == tested, (tested, documented)
+    assert _torch_pins((ROOT / "README.md").read_text()) == tested, "the README's set-up must pin the tested torch"
     assert _torch_pins(text) == tested, f"Dockerfile installs torch {_torch_pins(text)}, CI tests {tested}"
     # torch goes in before the package, so no resolver picks another version for it
     assert text.index("torch==") < text.index("pip install --no-cache-dir .")

@@ -28,7 +28,7 @@ def test_every_module_imports(name: str) -> None:
 
 
 def test_the_tests_that_fetch_smollm2_from_pypi_stay_out_of_the_fast_lane() -> None:
-    """Offline, `-m "not slow"` must not reach for the package index (README, Set-up)."""
+    """Offline, `-m "not slow"` must not reach for the package index (docs/setup.md)."""
     tests = Path(__file__).resolve().parent
     fetching = [p for p in sorted(tests.glob("test_*.py"))
                 if p.name != Path(__file__).name and re.search(r"ensure_smollm2|builtin:smollm2", p.read_text())]
