@@ -38,6 +38,7 @@ from monitor.policy import Policy, Task
 from monitor.store import Store
 from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.store.rows import EVALUATION_AXIS_COLUMNS, EvaluationCandidateRow, LineageHistory
+from monitor.stress.storage import stress_caveats
 
 GAMING_TASK = "calibration_gaming"
 # (policy, task, score) -> prediction; raises CurveError when the curve does not apply.
@@ -228,6 +229,8 @@ def task_prediction_row(store: Store, policy: Policy, task: Task, score: ScoreVi
         numbers["lstar_base"] = derivative.numbers.get("lstar_base")
         caveats += derivative.caveats
         extra_labels.update(derivative.labels)
+    # a curve a stress test flagged (monitor.stress.limits): its forecasts carry the caveat
+    caveats += stress_caveats(store, prediction.curve_id)
     if caveats:
         numbers["caveats"] = caveats
     labels = task_labels(policy=policy.name, task=task.name, repo=score.repo, lineage=score.lineage,

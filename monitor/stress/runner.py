@@ -15,11 +15,13 @@ from typing import Any
 from monitor.errors import SpecError
 from monitor.stress.subject import SCHEMA, StressOptions, StressSubject, StressTest
 from monitor.stress.registers import register_stress
+from monitor.stress.task_format import format_stress
 from monitor.stress.tokenization import tokenization_stress
 
 TESTS: dict[str, StressTest] = {
     "tokenization": tokenization_stress,
     "registers": register_stress,
+    "task_format": format_stress,
 }
 
 
