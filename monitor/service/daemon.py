@@ -67,8 +67,8 @@ from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging, event
 from monitor.failpoints import failpoint_values
-from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
-                         gate_pending, poll_once)
+from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy
+from monitor.jobs import gate, poll
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
@@ -206,6 +206,7 @@ class Daemon:
         self.report_fn = _report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
         self.pin_problems: list[str] = []             # tasks these scoring settings can never evaluate
+        self.job_memory: dict[str, Any] = {}          # what the jobs keep between runs (monitor.jobs.context)
 
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -692,11 +693,7 @@ class Daemon:
         return self.policy_set.current()
 
     def watch_rules(self) -> list[Any]:
-        seen: dict[str, Any] = {}
-        for policy in self.policies():
-            for rule in policy.watch:
-                seen.setdefault(rule.name, rule)
-        return list(seen.values())
+        return poll.watch_rules(self.policies())
 
     # -- the jobs ------------------------------------------------------------------------------
     def hub_client(self, store: Store):
@@ -741,40 +738,7 @@ class Daemon:
                 "policy_changes": reevaluated}
 
     def job_poll(self) -> dict[str, Any]:
-        from monitor.alerts.reference_bases import add_reference_bases, reference_rules
-
-        rules = self.watch_rules()
-        out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
-        if not rules:
-            return out
-        for _ in range(3):  # a webhook that arrives during a poll asks for one more
-            self.poll_requested.clear()
-            with self.job_store() as store:
-                client = self.hub_client(store)
-                polls = poll_once(store, client, rules)
-                for p in polls:
-                    self.metrics.polls.labels(result="error" if p.error else "ok").inc()
-                    self.metrics.discovered.inc(p.new)
-                    if p.error is None:
-                        self.metrics.rule_polled(p.rule)
-                out["polls"] = [p.as_dict() for p in polls]
-                # A reference base is gated with the budgets of the rule that found its derivative.
-                gating = [*rules, *reference_rules(rules)]
-                outcomes = gate_pending(store, client, gating, cache_dir=self.cache_dir())
-                # The pinned bases a policy asks to have scored join the queue, and the same gate.
-                references = add_reference_bases(store, self.policies(), now=utcnow())
-                if references:
-                    out["references"] = [r.as_dict() for r in references]
-                    outcomes += gate_pending(store, client, gating, cache_dir=self.cache_dir())
-                out["gated"] = [o.as_dict() for o in outcomes]
-            if not self.poll_requested.is_set() or self.stopping.is_set():
-                break
-        if any(o["status"] == "gated" for o in out["gated"]):
-            self.nudge("score")
-        return out
-
-    def cache_dir(self) -> Path | None:
-        return self.config.cache_dir
+        return poll.run(self, self.poll_requested, then=gate.gate)
 
     def scoring_backend(self) -> ScoringBackend:
         """The backend scoring runs on (`--scoring-backend`), made on first use: connecting
