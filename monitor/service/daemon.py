@@ -67,13 +67,13 @@ from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging, event
 from monitor.failpoints import failpoint_values
-from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy
-from monitor.jobs import gate, poll
+from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy
+from monitor.jobs import gate, poll, score
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
-from monitor.scoring.scoring_driver import prune_after_scoring, resolved_precision, score_queue_on
+from monitor.scoring.scoring_driver import resolved_precision
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
@@ -758,47 +758,8 @@ class Daemon:
             self.backend = make_backend(cfg.scoring_backend, **options)
         return self.backend
 
-    def score_batch(self, store: Store) -> list[JobResult]:
-        """Fetch and score up to `score_batch` queued checkpoints on the scoring backend, then
-        prune the Hub cache; returns what happened to each job."""
-        cfg = self.config
-        backend = self.scoring_backend()
-        # As many jobs as the local backend runs at once (one, or one per warm worker: the next
-        # is leased when it can start); a Ray cluster takes the whole batch at once.
-        limit = min(cfg.score_batch, backend.concurrency or cfg.score_batch)
-        results = score_queue_on(store, self.hub_client(store), backend, cfg.template,
-                                 owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,
-                                 lease_s=cfg.lease_s, limit=limit, stopping=self.stopping.is_set,
-                                 plan_for=self.sequential_plan if cfg.scoring_mode == "sequential" else None)
-        if any(r.status in ("scored", "skipped", "failed") for r in results):
-            prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
-                                max_bytes=cfg.cache_max_bytes)
-        return results
-
-    def sequential_plan(self, job: Any) -> dict[str, Any]:
-        """The tasks a sequential score of `job` must settle: every task of every policy in
-        force that watches its repo (`monitor.alerts.sequential_plan.plan_for_repo`)."""
-        from monitor.alerts.sequential_plan import plan_for_repo
-
-        return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed, strict=False)
-
     def job_score(self) -> list[dict[str, Any]]:
-        done: list[dict[str, Any]] = []
-        while not self.stopping.is_set():
-            with self.job_store() as store:
-                results = self.score_batch(store)
-            if not results:
-                break
-            for r in results:
-                self.metrics.scores.labels(result=r.status).inc()
-            done.extend(r.as_dict() for r in results)
-            if all(r.refunded for r in results):
-                # Every job went back untouched (the Hub is down, the backend failed): asking
-                # again at once would spin; the next scheduled run tries again.
-                break
-        if any(r["status"] == "scored" for r in done):
-            self.nudge("evaluate")
-        return done
+        return score.run(self)
 
     def job_evaluate(self) -> dict[str, Any]:
         from monitor.alerts import evaluate_pending
