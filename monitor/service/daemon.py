@@ -65,10 +65,10 @@ from typing import Any
 from monitor.constants import DAY_S
 from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
-from monitor.events import configure_logging, event
+from monitor.events import configure_logging
 from monitor.failpoints import failpoint_values
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy
-from monitor.jobs import gate, poll, score
+from monitor.jobs import evaluate, gate, poll, score
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
@@ -762,18 +762,7 @@ class Daemon:
         return score.run(self)
 
     def job_evaluate(self) -> dict[str, Any]:
-        from monitor.alerts import evaluate_pending
-
-        with self.job_store() as store:
-            report = evaluate_pending(store, self.policies(), now=utcnow(), complete=True,
-                                      stop=self.stopping.is_set).as_dict()
-        self.metrics.alerts_raised.inc(report["alerts"])
-        self._log_new_skips(report["skip_reasons"])
-        if report["deliveries"]:
-            self.nudge("dispatch")
-        if report["predictions"] and any(t.evaluate is not None for p in self.policies() for t in p.tasks):
-            self.nudge("observe")
-        return report
+        return evaluate.run(self)
 
     def job_observe(self) -> dict[str, Any]:
         """Schedule the evaluations new predictions call for (within each policy's daily budget),
@@ -819,16 +808,6 @@ class Daemon:
             log.info("every task file is usable again")
         self._task_file_problems = problems
         return problems
-
-    def _log_new_skips(self, skips: dict[str, str]) -> None:
-        """Log and count each skipped evaluation (line -> reason code) not skipped in the
-        previous pass: a policy-level skip is found again every pass until it is mended."""
-        seen = getattr(self, "_skips_seen", set())
-        for line, reason in skips.items():
-            if line not in seen:
-                event("evaluation_skipped", reason=reason, detail=line)
-                self.metrics.evaluations_skipped.labels(reason=reason).inc()
-        self._skips_seen = set(skips)
 
     def job_dispatch(self) -> dict[str, Any]:
         from monitor.alerts import Dispatcher, raise_hub_outage_alerts
