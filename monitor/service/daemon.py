@@ -68,12 +68,11 @@ from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging
 from monitor.failpoints import failpoint_values
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy
-from monitor.jobs import evaluate, gate, poll, score
+from monitor.jobs import evaluate, gate, observe, poll, score
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
-from monitor.scoring.scoring_driver import resolved_precision
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
@@ -169,7 +168,6 @@ class Daemon:
         from monitor.service.metrics import DaemonMetrics
 
         self.config = config
-        self._task_file_problems: list[str] = []   # the task-file problems last logged (each once)
         self.lock = StateLock(config.state_dir)
         # Unique to this start, even where a restart gets the same host name and pid (pid 1 in
         # a container): the leases of an earlier start are then never taken for its own.
@@ -765,49 +763,7 @@ class Daemon:
         return evaluate.run(self)
 
     def job_observe(self) -> dict[str, Any]:
-        """Schedule the evaluations new predictions call for (within each policy's daily budget),
-        run the queued ones in bounded child processes, and follow each curve's track record
-        (`monitor.alerts.observations`, `monitor.alerts.evaluation_driver`)."""
-        from monitor.alerts.observations import check_calibration, schedule_observations
-        from monitor.alerts.evaluation_driver import run_observations
-        from monitor.alerts.task_files import check_task_files
-
-        cfg = self.config
-        policies = self.policies()
-        # Each task file read bounded and compared with its policy's fingerprint (a FIFO or a
-        # huge file in its place is refused at once; a changed one is taken on or waits).
-        task_files = check_task_files(policies)
-        problems = self._log_new_task_file_problems(task_files.values())
-        with self.job_store() as store:
-            scheduled = schedule_observations(store, policies, now=utcnow(), task_files=task_files)
-            # The precision the evaluation runs in, resolved as scoring's is (never the word
-            # `auto`, which differs between hosts): it is part of the dedupe digest.
-            here = resolved_precision(cfg.template, workers_here=cfg.scoring_backend != "ray")
-            ran = run_observations(store, policies, owner=self.owner, state_dir=cfg.state_dir,
-                                   client=self.hub_client(store), cache_dir=cfg.cache_dir,
-                                   timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
-                                   lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
-                                   ray=self.scoring_backend() if cfg.scoring_backend == "ray" else None,
-                                   stopping=self.stopping.is_set)
-            miscalibrated = check_calibration(store, policies, now=utcnow())
-            if ran:
-                store.checkpoint()
-        if miscalibrated or any(r.get("alerts") for r in ran):
-            self.nudge("dispatch")
-        return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated, "task_file_problems": problems}
-
-    def _log_new_task_file_problems(self, checks: Any) -> list[str]:
-        """Log each task-file problem when it appears (an error line naming the file and the
-        fix) and when it is mended; returns the problems of this tick."""
-        problems = [c.problem for c in checks if c.problem is not None]
-        seen = self._task_file_problems
-        for problem in problems:
-            if problem not in seen:
-                log.error("%s", problem)
-        if seen and not problems:
-            log.info("every task file is usable again")
-        self._task_file_problems = problems
-        return problems
+        return observe.run(self)
 
     def job_dispatch(self) -> dict[str, Any]:
         from monitor.alerts import Dispatcher, raise_hub_outage_alerts
