@@ -56,9 +56,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
 from monitor.events import configure_logging
 from monitor.failpoints import failpoint_values
 from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy
-from monitor.jobs import evaluate, gate, observe, poll, score
+from monitor.jobs import dispatch, evaluate, gate, observe, poll, prune, report, score
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
@@ -201,7 +201,7 @@ class Daemon:
         self.api: Any = None   # the ApiServer, once started
         self.api_socket: Any = None   # its listening socket, made before anything is written
         self.started_at = utcnow()
-        self.report_fn = _report_function()
+        self.report_fn = report.report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
         self.pin_problems: list[str] = []             # tasks these scoring settings can never evaluate
         self.job_memory: dict[str, Any] = {}          # what the jobs keep between runs (monitor.jobs.context)
@@ -766,31 +766,14 @@ class Daemon:
         return observe.run(self)
 
     def job_dispatch(self) -> dict[str, Any]:
-        from monitor.alerts import Dispatcher, raise_hub_outage_alerts
-
-        with self.job_store() as store:
-            outages = raise_hub_outage_alerts(store, self.policies(), now=utcnow())
-            report = Dispatcher(store, self.policies(), owner=self.owner).run_once(utcnow()).as_dict()
-        for sent in report["sent"]:
-            self.metrics.notifications.labels(outcome=str(sent.get("outcome"))).inc()
-        return {"outage_alerts": outages, **report}
+        return dispatch.run(self)
 
     def job_report(self) -> Any:
         assert self.report_fn is not None
-        with self.job_store() as store:
-            return self.report_fn(store, self.policies(), out_dir=self.config.state_dir / "reports",
-                                  now=utcnow())
+        return report.run(self, self.report_fn)
 
     def job_prune(self) -> dict[str, int]:
-        """Delete log rows older than the retention (`Store.prune_logs`)."""
-        cutoff = utcnow() - timedelta(seconds=self.config.retention)
-        with self.job_store() as store:
-            deleted = store.prune_logs(cutoff)
-            if any(deleted.values()):
-                store.checkpoint()
-                log.info("pruned rows older than %s: %s", cutoff.isoformat(),
-                         ", ".join(f"{n} {table}" for table, n in deleted.items() if n))
-        return deleted
+        return prune.run(self)
 
     def job_watchdog(self) -> dict[str, str]:
         if self.db_error is not None:
@@ -889,15 +872,6 @@ def _summary(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)[:2000]
     return json.loads(text) if len(text) <= 20000 else text[:2000]
-
-
-def _report_function() -> Callable[..., Any] | None:
-    """`monitor.reports.schedule.write_due_reports` when the report module provides it."""
-    try:
-        from monitor.reports import schedule
-    except ImportError:
-        return None
-    return getattr(schedule, "write_due_reports", None)
 
 
 def run_daemon(config: DaemonConfig) -> int:
