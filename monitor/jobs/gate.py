@@ -9,16 +9,32 @@ derivative. The gate runs inside the poll job's run, on its store and Hub client
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TYPE_CHECKING
 
 from monitor.hub import gate_pending
 from monitor.jobs.context import JobContext
 from monitor.store import utcnow
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import datetime
+
+    from monitor.store.rows import CheckpointRow
+
 
 class GateStore(Protocol):
     """What the gate reads and writes (`monitor.hub.gate.gate_pending`,
     `monitor.alerts.reference_bases.add_reference_bases`)."""
+
+    def add_reference_base(self, repo: str, sha: str, *, why: Mapping[str, Any], now: datetime,
+                           rule: str | None = None) -> int | None: ...
+    def checkpoint(self) -> None: ...
+    def list_checkpoints(self, *, status: str | None = None, repo: str | None = None,
+                         limit: int | None = None) -> list[CheckpointRow]: ...
+    def set_checkpoint_verdict(self, checkpoint_id: int, *, expect_status: str, status: str,
+                               reason: str | None, meta: Mapping[str, Any] | None, now: datetime,
+                               base: Mapping[str, Any] | None = None) -> bool: ...
+    def unqueued_bases(self) -> list[dict[str, Any]]: ...
 
 
 def gate(ctx: JobContext, store: GateStore, client: Any, rules: list[Any]) -> dict[str, Any]:

@@ -11,20 +11,32 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TYPE_CHECKING
 
 from monitor.hub import poll_once
 from monitor.jobs.context import JobContext
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from datetime import datetime
+
+    from monitor.store.rows import HubStateRow, WatermarkRow
 
 
 class PollStore(Protocol):
     """What the poll writes: the watermarks and poll log it reads and extends, the checkpoints
     it discovers (`monitor.hub.poll.poll_once`)."""
 
-    def watermark(self, rule: str, repo: str) -> Any: ...
-    def set_watermark(self, rule: str, repo: str, last_modified: Any, *, commit_sha: Any = None) -> None: ...
-    def record_poll(self, *args: Any, **kwargs: Any) -> Any: ...
-    def discover(self, *args: Any, **kwargs: Any) -> Any: ...
+    def close_hub_outage(self, endpoint: str, *, now: datetime) -> None: ...
+    def get_hub_state(self, endpoint: str) -> HubStateRow | None: ...
+    def get_watermark(self, rule_key: str) -> WatermarkRow | None: ...
+    def open_hub_outage(self, endpoint: str, *, now: datetime, failures: int, error: str | None) -> int: ...
+    def put_hub_state(self, endpoint: str, state: Mapping[str, Any], *, now: datetime) -> None: ...
+    def record_discoveries(self, rule_key: str, rule_name: str, endpoint: str, candidates: Sequence[Any], *,
+                           watermark: datetime | None, boundary: Sequence[str], now: datetime, requests: int,
+                           listed: int, inserted_ids: list[tuple[int, Any]] | None = None) -> int: ...
+    def record_hub_poll(self, rule_key: str, rule_name: str, *, now: datetime, ok: bool, listed: int,
+                        new: int, requests: int, error: str | None = None) -> None: ...
 
 
 def watch_rules(policies: list[Any]) -> list[Any]:

@@ -17,8 +17,8 @@ log = logging.getLogger("lstar.daemon")
 class PruneStore(Protocol):
     """The retention of the log tables."""
 
-    def prune_logs(self, cutoff: datetime) -> dict[str, int]: ...
     def checkpoint(self) -> None: ...
+    def prune_logs(self, cutoff: datetime) -> dict[str, int]: ...
 
 
 def prune(store: PruneStore, cutoff: datetime) -> dict[str, int]:
