@@ -7,6 +7,11 @@ changes nothing but timing. Triggers are intervals in UTC with `coalesce=True`,
 `max_instances=1` and a `misfire_grace_time` of at least one interval: a clock jump or a
 DST change yields at most one late run, never two.
 
+The jobs' bodies live in `monitor/jobs/`, one module each, which reach the daemon through
+`monitor.jobs.context.JobContext`; this module schedules them (and `--once` runs them in
+`ONCE_ORDER`), reloads the policies, and keeps the process healthy (the disk, the database,
+stuck jobs).
+
 One process writes the database. Jobs run in scheduler threads, each on its own DuckDB
 cursor. Scoring runs in a child process (`monitor.scoring.child`) that never opens the
 database: it returns the score rows as JSON, and the daemon writes them together with the
@@ -83,6 +88,9 @@ from monitor.store import DB_NAME, Store, storage_error, utcnow
 log = logging.getLogger("lstar.daemon")
 INFO_NAME = "daemon.json"
 JOB_NAMES = ("poll", "score", "evaluate", "observe", "dispatch", "reload", "report", "prune", "watchdog")
+# `--once` runs each job once in this order: the order a checkpoint takes from discovery to
+# alert, after the policies are loaded (docs/architecture.md, "The jobs").
+ONCE_ORDER = ("reload", "poll", "score", "evaluate", "observe", "dispatch", "report", "prune")
 
 
 @dataclass
@@ -258,7 +266,7 @@ class Daemon:
         from monitor.service.once import RunTally, print_summary, wait_for_outbox
 
         with RunTally() as tally:
-            for name in ("reload", "poll", "score", "evaluate", "observe", "dispatch", "report", "prune"):
+            for name in ONCE_ORDER:
                 if name != "report" or self.report_fn is not None:
                     self._run_job(name)
             # `lstar demo --json` keeps stdout for its own JSON: there the notes go to the log
