@@ -95,3 +95,20 @@ def test_the_reading_follows_the_store_into_functions_and_classes(tmp_path, monk
     assert {"get_watermark", "prune_logs", "checkpoint", "get_hub_state", "put_hub_state"} <= used
     assert "silences" not in used
     assert direct_store_use("fake_job") == {"get_watermark"}
+
+
+def test_the_daemon_gives_the_jobs_everything_their_context_declares(tmp_path) -> None:
+    """`Daemon` implements `JobContext` and `DaemonConfig` `JobConfig`: every member a job may
+    use through its context exists on the real daemon."""
+    from monitor.jobs.context import JobConfig, JobContext
+    from monitor.service.daemon import Daemon, DaemonConfig
+
+    config = DaemonConfig(policies_dir=tmp_path, state_dir=tmp_path / "state")
+    daemon = Daemon(config)
+    for protocol, target in ((JobContext, daemon), (JobConfig, config)):
+        members = {*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_"))}
+        assert members and not [m for m in members if not hasattr(target, m)], protocol.__name__
+        for name in members:
+            if callable(getattr(protocol, name, None)) and not isinstance(getattr(protocol, name), property):
+                assert (list(inspect.signature(getattr(protocol, name)).parameters)[1:]
+                        == list(inspect.signature(getattr(type(target), name)).parameters)[1:]), name
