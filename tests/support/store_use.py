@@ -4,6 +4,10 @@ From each job module, every attribute taken on a variable named `store` counts, 
 function or class the store is handed to is followed (its parameter that receives the store,
 or for a class the attribute of `self` its constructor keeps it in), through the modules of
 `monitor`, as deep as the store goes. Only names that are public members of `Store` count.
+
+A reading, not a proof: a store kept under another name than the parameter it arrived by
+(`s = store`), or handed on through an expression other than that name or `self.<its
+attribute>`, is not followed, and neither is a call whose function is chosen at run time.
 """
 
 from __future__ import annotations
