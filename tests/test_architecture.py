@@ -83,6 +83,25 @@ def test_the_contracts_refuse_an_upward_import_a_cycle_and_an_unplaced_package(p
     assert "monitor.lab.train -> pytest" in out, out[-3000:]
 
 
+def test_the_jobs_contract_lists_every_job_and_refuses_a_job_importing_another(package_copy: Path) -> None:
+    """Every module of monitor/jobs/ but the shared context is in the independence contract, and
+    a job importing another one, or the daemon, breaks the contracts."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == "jobs-independent"]
+    jobs = {f"monitor.jobs.{p.stem}" for p in (ROOT / "monitor" / "jobs").glob("*.py")} - {
+        "monitor.jobs.__init__", "monitor.jobs.context"}
+    assert contract["type"] == "independence" and set(contract["modules"]) == jobs
+    with (package_copy / "monitor" / "jobs" / "prune.py").open("a") as f:
+        f.write("\nimport monitor.jobs.score  # one job importing another\n")
+    with (package_copy / "monitor" / "jobs" / "gate.py").open("a") as f:
+        f.write("\nimport monitor.service.daemon  # a job reaching up into the daemon\n")
+    proc = _lint_imports(package_copy)
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0
+    assert "monitor.jobs.prune is not allowed to import monitor.jobs.score" in out, out[-3000:]
+    assert "monitor.jobs is not allowed to import monitor.service" in out, out[-3000:]
+
+
 def test_the_architecture_doc_draws_the_contracts_layer_order() -> None:
     """docs/architecture.md lists the layers top to bottom exactly as the contract declares them."""
     doc = (ROOT / "docs" / "architecture.md").read_text()

@@ -22,6 +22,7 @@ from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.queue import Outcome, claim_next, process_pending
 from monitor.hub.rules import WatchRule
+from monitor.jobs import score
 from monitor.store import Store
 
 T0 = datetime(2024, 5, 1, tzinfo=timezone.utc)
@@ -149,7 +150,7 @@ def test_the_daemon_prunes_the_cache_after_scoring(hub, tmp_path, calib_v0):
         assert [o.status for o in gate_pending(store, client, [rule], cache_dir=cache)] == ["gated"]
         (row,) = store.list_checkpoints()
         assert snapshot_dir(cache, LINEAGE, row.sha).is_dir()       # the gate's config.json
-        results = daemon.score_batch(store)
+        results = score.score_batch(daemon, store)
         assert [r.status for r in results] == ["scored"]
     assert not snapshot_dir(cache, LINEAGE, row.sha).exists()
     assert not snapshot_dir(cache, LINEAGE, row.sha).parent.parent.exists()   # nothing of it is left

@@ -310,7 +310,7 @@ def test_identical_weights_are_evaluated_once_and_each_prediction_judged(tmp_pat
     from monitor.hub.client import HubClient
     from monitor.demo.fakehub import FakeHub
     from monitor.demo.hub_repos import tiny_model_files
-    from monitor.alerts.evaluation_driver import run_observations
+    from monitor.jobs.observe import run_observations
     from tests.test_daemon_observe import mc_task
 
     mc_task(tmp_path / "mc.jsonl", right=True, items=6)

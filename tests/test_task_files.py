@@ -262,7 +262,7 @@ def test_a_failure_quoting_the_supersession_words_is_not_rescheduled(tmp_path, c
 
 @pytest.mark.slow   # an evaluation child (torch) on a tiny model from the fake Hub
 def test_an_evaluation_whose_file_changed_waits_then_its_replacement_completes(tmp_path, curve):
-    from monitor.alerts.evaluation_driver import run_observations
+    from monitor.jobs.observe import run_observations
     from monitor.demo.fakehub import FakeHub
     from monitor.demo.hub_repos import tiny_model_files
     from monitor.hub.client import HubClient

@@ -7,6 +7,11 @@ changes nothing but timing. Triggers are intervals in UTC with `coalesce=True`,
 `max_instances=1` and a `misfire_grace_time` of at least one interval: a clock jump or a
 DST change yields at most one late run, never two.
 
+The jobs' bodies live in `monitor/jobs/`, one module each, which reach the daemon through
+`monitor.jobs.context.JobContext`; this module schedules them (and `--once` runs them in
+`ONCE_ORDER`), reloads the policies, and keeps the process healthy (the disk, the database,
+stuck jobs).
+
 One process writes the database. Jobs run in scheduler threads, each on its own DuckDB
 cursor. Scoring runs in a child process (`monitor.scoring.child`) that never opens the
 database: it returns the score rows as JSON, and the daemon writes them together with the
@@ -56,24 +61,23 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from monitor.constants import DAY_S
 from monitor.environment import quiet_hub_progress
 from monitor.errors import LstarError, PolicyError, ServiceError, StoreError
-from monitor.events import configure_logging, event
+from monitor.events import configure_logging
 from monitor.failpoints import failpoint_values
-from monitor.hub import (DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, JobResult, RetryPolicy,
-                         gate_pending, poll_once)
+from monitor.hub import DEFAULT_KEEP_LAST, DEFAULT_MAX_BYTES, HubClient, RetryPolicy
+from monitor.jobs import dispatch, evaluate, gate, observe, poll, prune, report, score
 from monitor.policy import PolicySet, policy_files_in, policy_fingerprint
 from monitor.policy.readiness import policy_problems, require_policy_folder
 from monitor.scoring import ScoreRequest, default_memory_limit
 from monitor.scoring.backends import ScoringBackend, make_backend
-from monitor.scoring.scoring_driver import prune_after_scoring, resolved_precision, score_queue_on
 from monitor.service.api_guard import create_api_token
 from monitor.service.daemon_store import (DaemonStore, StoreFailpoints, check_writable,
                                           is_database_invalidated, is_disk_full)
@@ -84,6 +88,9 @@ from monitor.store import DB_NAME, Store, storage_error, utcnow
 log = logging.getLogger("lstar.daemon")
 INFO_NAME = "daemon.json"
 JOB_NAMES = ("poll", "score", "evaluate", "observe", "dispatch", "reload", "report", "prune", "watchdog")
+# `--once` runs each job once in this order: the order a checkpoint takes from discovery to
+# alert, after the policies are loaded (docs/architecture.md, "The jobs").
+ONCE_ORDER = ("reload", "poll", "score", "evaluate", "observe", "dispatch", "report", "prune")
 
 
 @dataclass
@@ -169,7 +176,6 @@ class Daemon:
         from monitor.service.metrics import DaemonMetrics
 
         self.config = config
-        self._task_file_problems: list[str] = []   # the task-file problems last logged (each once)
         self.lock = StateLock(config.state_dir)
         # Unique to this start, even where a restart gets the same host name and pid (pid 1 in
         # a container): the leases of an earlier start are then never taken for its own.
@@ -203,9 +209,10 @@ class Daemon:
         self.api: Any = None   # the ApiServer, once started
         self.api_socket: Any = None   # its listening socket, made before anything is written
         self.started_at = utcnow()
-        self.report_fn = _report_function()
+        self.report_fn = report.report_function()
         self.backend: ScoringBackend | None = None    # made on the first scoring run
         self.pin_problems: list[str] = []             # tasks these scoring settings can never evaluate
+        self.job_memory: dict[str, Any] = {}          # what the jobs keep between runs (monitor.jobs.context)
 
     # -- life cycle ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -259,7 +266,7 @@ class Daemon:
         from monitor.service.once import RunTally, print_summary, wait_for_outbox
 
         with RunTally() as tally:
-            for name in ("reload", "poll", "score", "evaluate", "observe", "dispatch", "report", "prune"):
+            for name in ONCE_ORDER:
                 if name != "report" or self.report_fn is not None:
                     self._run_job(name)
             # `lstar demo --json` keeps stdout for its own JSON: there the notes go to the log
@@ -692,11 +699,7 @@ class Daemon:
         return self.policy_set.current()
 
     def watch_rules(self) -> list[Any]:
-        seen: dict[str, Any] = {}
-        for policy in self.policies():
-            for rule in policy.watch:
-                seen.setdefault(rule.name, rule)
-        return list(seen.values())
+        return poll.watch_rules(self.policies())
 
     # -- the jobs ------------------------------------------------------------------------------
     def hub_client(self, store: Store):
@@ -741,40 +744,7 @@ class Daemon:
                 "policy_changes": reevaluated}
 
     def job_poll(self) -> dict[str, Any]:
-        from monitor.alerts.reference_bases import add_reference_bases, reference_rules
-
-        rules = self.watch_rules()
-        out: dict[str, Any] = {"rules": len(rules), "polls": [], "gated": []}
-        if not rules:
-            return out
-        for _ in range(3):  # a webhook that arrives during a poll asks for one more
-            self.poll_requested.clear()
-            with self.job_store() as store:
-                client = self.hub_client(store)
-                polls = poll_once(store, client, rules)
-                for p in polls:
-                    self.metrics.polls.labels(result="error" if p.error else "ok").inc()
-                    self.metrics.discovered.inc(p.new)
-                    if p.error is None:
-                        self.metrics.rule_polled(p.rule)
-                out["polls"] = [p.as_dict() for p in polls]
-                # A reference base is gated with the budgets of the rule that found its derivative.
-                gating = [*rules, *reference_rules(rules)]
-                outcomes = gate_pending(store, client, gating, cache_dir=self.cache_dir())
-                # The pinned bases a policy asks to have scored join the queue, and the same gate.
-                references = add_reference_bases(store, self.policies(), now=utcnow())
-                if references:
-                    out["references"] = [r.as_dict() for r in references]
-                    outcomes += gate_pending(store, client, gating, cache_dir=self.cache_dir())
-                out["gated"] = [o.as_dict() for o in outcomes]
-            if not self.poll_requested.is_set() or self.stopping.is_set():
-                break
-        if any(o["status"] == "gated" for o in out["gated"]):
-            self.nudge("score")
-        return out
-
-    def cache_dir(self) -> Path | None:
-        return self.config.cache_dir
+        return poll.run(self, self.poll_requested, then=gate.gate)
 
     def scoring_backend(self) -> ScoringBackend:
         """The backend scoring runs on (`--scoring-backend`), made on first use: connecting
@@ -794,143 +764,24 @@ class Daemon:
             self.backend = make_backend(cfg.scoring_backend, **options)
         return self.backend
 
-    def score_batch(self, store: Store) -> list[JobResult]:
-        """Fetch and score up to `score_batch` queued checkpoints on the scoring backend, then
-        prune the Hub cache; returns what happened to each job."""
-        cfg = self.config
-        backend = self.scoring_backend()
-        # As many jobs as the local backend runs at once (one, or one per warm worker: the next
-        # is leased when it can start); a Ray cluster takes the whole batch at once.
-        limit = min(cfg.score_batch, backend.concurrency or cfg.score_batch)
-        results = score_queue_on(store, self.hub_client(store), backend, cfg.template,
-                                 owner=self.owner, state_dir=cfg.state_dir, cache_dir=cfg.cache_dir,
-                                 lease_s=cfg.lease_s, limit=limit, stopping=self.stopping.is_set,
-                                 plan_for=self.sequential_plan if cfg.scoring_mode == "sequential" else None)
-        if any(r.status in ("scored", "skipped", "failed") for r in results):
-            prune_after_scoring(store, cache_dir=cfg.cache_dir, keep_last=cfg.cache_keep,
-                                max_bytes=cfg.cache_max_bytes)
-        return results
-
-    def sequential_plan(self, job: Any) -> dict[str, Any]:
-        """The tasks a sequential score of `job` must settle: every task of every policy in
-        force that watches its repo (`monitor.alerts.sequential_plan.plan_for_repo`)."""
-        from monitor.alerts.sequential_plan import plan_for_repo
-
-        return plan_for_repo(self.policies(), job.repo, job.rule, seed=self.config.template.seed, strict=False)
-
     def job_score(self) -> list[dict[str, Any]]:
-        done: list[dict[str, Any]] = []
-        while not self.stopping.is_set():
-            with self.job_store() as store:
-                results = self.score_batch(store)
-            if not results:
-                break
-            for r in results:
-                self.metrics.scores.labels(result=r.status).inc()
-            done.extend(r.as_dict() for r in results)
-            if all(r.refunded for r in results):
-                # Every job went back untouched (the Hub is down, the backend failed): asking
-                # again at once would spin; the next scheduled run tries again.
-                break
-        if any(r["status"] == "scored" for r in done):
-            self.nudge("evaluate")
-        return done
+        return score.run(self)
 
     def job_evaluate(self) -> dict[str, Any]:
-        from monitor.alerts import evaluate_pending
-
-        with self.job_store() as store:
-            report = evaluate_pending(store, self.policies(), now=utcnow(), complete=True,
-                                      stop=self.stopping.is_set).as_dict()
-        self.metrics.alerts_raised.inc(report["alerts"])
-        self._log_new_skips(report["skip_reasons"])
-        if report["deliveries"]:
-            self.nudge("dispatch")
-        if report["predictions"] and any(t.evaluate is not None for p in self.policies() for t in p.tasks):
-            self.nudge("observe")
-        return report
+        return evaluate.run(self)
 
     def job_observe(self) -> dict[str, Any]:
-        """Schedule the evaluations new predictions call for (within each policy's daily budget),
-        run the queued ones in bounded child processes, and follow each curve's track record
-        (`monitor.alerts.observations`, `monitor.alerts.evaluation_driver`)."""
-        from monitor.alerts.observations import check_calibration, schedule_observations
-        from monitor.alerts.evaluation_driver import run_observations
-        from monitor.alerts.task_files import check_task_files
-
-        cfg = self.config
-        policies = self.policies()
-        # Each task file read bounded and compared with its policy's fingerprint (a FIFO or a
-        # huge file in its place is refused at once; a changed one is taken on or waits).
-        task_files = check_task_files(policies)
-        problems = self._log_new_task_file_problems(task_files.values())
-        with self.job_store() as store:
-            scheduled = schedule_observations(store, policies, now=utcnow(), task_files=task_files)
-            # The precision the evaluation runs in, resolved as scoring's is (never the word
-            # `auto`, which differs between hosts): it is part of the dedupe digest.
-            here = resolved_precision(cfg.template, workers_here=cfg.scoring_backend != "ray")
-            ran = run_observations(store, policies, owner=self.owner, state_dir=cfg.state_dir,
-                                   client=self.hub_client(store), cache_dir=cfg.cache_dir,
-                                   timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
-                                   lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
-                                   ray=self.scoring_backend() if cfg.scoring_backend == "ray" else None,
-                                   stopping=self.stopping.is_set)
-            miscalibrated = check_calibration(store, policies, now=utcnow())
-            if ran:
-                store.checkpoint()
-        if miscalibrated or any(r.get("alerts") for r in ran):
-            self.nudge("dispatch")
-        return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated, "task_file_problems": problems}
-
-    def _log_new_task_file_problems(self, checks: Any) -> list[str]:
-        """Log each task-file problem when it appears (an error line naming the file and the
-        fix) and when it is mended; returns the problems of this tick."""
-        problems = [c.problem for c in checks if c.problem is not None]
-        seen = self._task_file_problems
-        for problem in problems:
-            if problem not in seen:
-                log.error("%s", problem)
-        if seen and not problems:
-            log.info("every task file is usable again")
-        self._task_file_problems = problems
-        return problems
-
-    def _log_new_skips(self, skips: dict[str, str]) -> None:
-        """Log and count each skipped evaluation (line -> reason code) not skipped in the
-        previous pass: a policy-level skip is found again every pass until it is mended."""
-        seen = getattr(self, "_skips_seen", set())
-        for line, reason in skips.items():
-            if line not in seen:
-                event("evaluation_skipped", reason=reason, detail=line)
-                self.metrics.evaluations_skipped.labels(reason=reason).inc()
-        self._skips_seen = set(skips)
+        return observe.run(self)
 
     def job_dispatch(self) -> dict[str, Any]:
-        from monitor.alerts import Dispatcher, raise_hub_outage_alerts
-
-        with self.job_store() as store:
-            outages = raise_hub_outage_alerts(store, self.policies(), now=utcnow())
-            report = Dispatcher(store, self.policies(), owner=self.owner).run_once(utcnow()).as_dict()
-        for sent in report["sent"]:
-            self.metrics.notifications.labels(outcome=str(sent.get("outcome"))).inc()
-        return {"outage_alerts": outages, **report}
+        return dispatch.run(self)
 
     def job_report(self) -> Any:
         assert self.report_fn is not None
-        with self.job_store() as store:
-            return self.report_fn(store, self.policies(), out_dir=self.config.state_dir / "reports",
-                                  now=utcnow())
+        return report.run(self, self.report_fn)
 
     def job_prune(self) -> dict[str, int]:
-        """Delete log rows older than the retention (`Store.prune_logs`)."""
-        cutoff = utcnow() - timedelta(seconds=self.config.retention)
-        with self.job_store() as store:
-            deleted = store.prune_logs(cutoff)
-            if any(deleted.values()):
-                store.checkpoint()
-                log.info("pruned rows older than %s: %s", cutoff.isoformat(),
-                         ", ".join(f"{n} {table}" for table, n in deleted.items() if n))
-        return deleted
+        return prune.run(self)
 
     def job_watchdog(self) -> dict[str, str]:
         if self.db_error is not None:
@@ -1029,15 +880,6 @@ def _summary(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)[:2000]
     return json.loads(text) if len(text) <= 20000 else text[:2000]
-
-
-def _report_function() -> Callable[..., Any] | None:
-    """`monitor.reports.schedule.write_due_reports` when the report module provides it."""
-    try:
-        from monitor.reports import schedule
-    except ImportError:
-        return None
-    return getattr(schedule, "write_due_reports", None)
 
 
 def run_daemon(config: DaemonConfig) -> int:

@@ -1,4 +1,10 @@
-"""Driving the evaluation queue: lease an observation job, fetch its checkpoint verified,
+"""The observe job: schedule the evaluations new predictions call for (within each policy's
+daily budget), run the queued ones in bounded child processes, and follow each curve's track
+record (`monitor.alerts.observations`); an observation row moves `pending → done` (or `failed`
+with the reason, or back to `pending`), and a done one may raise a confirmation or
+contradiction alert.
+
+Driving the evaluation queue: lease an observation job, fetch its checkpoint verified,
 run the task in a bounded child process, and write the result with the lease's completion.
 
 Like scoring (`monitor.scoring.scoring_driver`): the child never opens the database; the
@@ -11,6 +17,9 @@ gate, model-load, spec, corpus, tokenizer or label error fails the job at once; 
 down or the daemon stopping gives the lease and the attempt back; anything else (a timeout,
 running out of memory, a crash) gives the lease back, and the job fails after
 `max_attempts` attempts in all.
+
+The daemon's "evaluate" job is another one (`monitor.jobs.evaluate`: scores judged into
+predictions); this one evaluates the models the predictions were about.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TYPE_CHECKING
 
 from monitor.alerts.observations import content_digest, observation_alert, observation_fields
 from monitor.alerts.task_files import TaskFileNotAsScheduled, task_file_as_scheduled
@@ -30,11 +39,53 @@ from monitor.events import event
 from monitor.hub.fetch import fetch_verified
 from monitor.hub.queue import PERMANENT_ERRORS, SKIP_ERRORS
 from monitor.policy import Policy
-from monitor.scoring.scoring_driver import materialize_snapshot
-from monitor.store import Store, utcnow
+from monitor.jobs.context import JobContext
+from monitor.scoring.scoring_driver import materialize_snapshot, resolved_precision
+from monitor.store import utcnow
 
 log = logging.getLogger("lstar.observe")
 MAX_ATTEMPTS = 3
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import date
+
+    from monitor.store.rows import HubStateRow
+
+
+class ObserveStore(Protocol):
+    """What the evaluation queue reads and writes (`schedule_observations`, `check_calibration`
+    and the lease of each observation here)."""
+
+    def checkpoint(self) -> None: ...
+    def claim_observation(self, owner: str, *, now: datetime, lease_s: float, max_attempts: int,
+                          exclude: Sequence[int] = ()) -> dict[str, Any] | None: ...
+    def close_hub_outage(self, endpoint: str, *, now: datetime) -> None: ...
+    def complete_observation(self, obs_id: int, owner: str, *, status: str, now: datetime,
+                             fields: Mapping[str, Any] | None = None, reason: str | None = None,
+                             eval_run: Mapping[str, Any] | None = None,
+                             alerts: Sequence[Mapping[str, Any]] = ()) -> bool: ...
+    def end_miscalibration(self, episode_id: int, *, now: datetime) -> None: ...
+    def get_hub_state(self, endpoint: str) -> HubStateRow | None: ...
+    def observation_candidates(self, policy: str, task: str, states: Sequence[str], *, since: datetime,
+                               derivatives_only: bool = False) -> list[dict[str, Any]]: ...
+    def observation_with_digest(self, digest: str) -> dict[str, Any] | None: ...
+    def observations_started_on(self, policy: str, day: date) -> int: ...
+    def open_hub_outage(self, endpoint: str, *, now: datetime, failures: int, error: str | None) -> int: ...
+    def open_miscalibration(self, policy: str, curve_id: str) -> dict[str, Any] | None: ...
+    def put_hub_state(self, endpoint: str, state: Mapping[str, Any], *, now: datetime) -> None: ...
+    def raise_operator_alerts(self, alerts: Sequence[Mapping[str, Any]], *, now: datetime,
+                              hub_outage_id: int | None = None, evaluation_gap_id: int | None = None,
+                              miscalibration_id: int | None = None) -> int: ...
+    def release_observation(self, obs_id: int, owner: str, reason: str, *, now: datetime,
+                            refund: bool = False) -> bool: ...
+    def schedule_observation(self, row: Mapping[str, Any], *, now: datetime) -> bool: ...
+    def set_observation_digest(self, obs_id: int, owner: str, digest: str, *, now: datetime) -> bool: ...
+    def start_miscalibration(self, policy: str, curve_id: str, detail: Mapping[str, Any], *,
+                             now: datetime) -> int: ...
+    def supersede_observations(self, policy: str, task: str, settings: Mapping[str, Any], *, file: str,
+                               now: datetime) -> list[tuple[int, int]]: ...
+    def track_record(self, policy: str | None = None) -> list[dict[str, Any]]: ...
 
 
 def _reason(exc: BaseException) -> str:
@@ -44,7 +95,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, state_dir: Path,
+def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: str, state_dir: Path,
                      client: Any = None, cache_dir: Path | None = None, timeout_s: float = 3600.0,
                      memory_bytes: int | None = None, lease_s: float = 4200.0, limit: int | None = None,
                      device: str = "cpu", dtype: str = "float32", ray: Any = None,
@@ -73,7 +124,7 @@ def run_observations(store: Store, policies: Sequence[Policy], *, owner: str, st
     return done
 
 
-def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
+def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
              client: Any, cache_dir: Path | None, timeout_s: float, memory_bytes: int | None,
              device: str, dtype: str, ray: Any, now_fn: Callable[[], datetime]) -> dict[str, Any]:
     ids = {"observation": job["id"], "policy": job["policy"], "task": job["task"], "repo": job["repo"],
@@ -162,4 +213,49 @@ def _run_one(store: Store, job: dict[str, Any], policy: Policy | None, *, owner:
             "linked_from": extra.get("linked_from")}
 
 
-__all__ = ["MAX_ATTEMPTS", "run_observations"]
+def log_new_task_file_problems(ctx: JobContext, checks: Any) -> list[str]:
+    """Log each task-file problem when it appears (an error line naming the file and the
+    fix) and when it is mended; returns the problems of this tick."""
+    problems = [c.problem for c in checks if c.problem is not None]
+    seen = ctx.job_memory.get("task_file_problems", [])
+    for problem in problems:
+        if problem not in seen:
+            log.error("%s", problem)
+    if seen and not problems:
+        log.info("every task file is usable again")
+    ctx.job_memory["task_file_problems"] = problems
+    return problems
+
+
+def run(ctx: JobContext) -> dict[str, Any]:
+    """Schedule, run and check the evaluations; asks for a dispatch when one raised an alert
+    or a curve's track record calls for one."""
+    from monitor.alerts.observations import check_calibration, schedule_observations
+    from monitor.alerts.task_files import check_task_files
+
+    cfg = ctx.config
+    policies = ctx.policies()
+    # Each task file read bounded and compared with its policy's fingerprint (a FIFO or a
+    # huge file in its place is refused at once; a changed one is taken on or waits).
+    task_files = check_task_files(policies)
+    problems = log_new_task_file_problems(ctx, task_files.values())
+    with ctx.job_store() as store:
+        scheduled = schedule_observations(store, policies, now=utcnow(), task_files=task_files)
+        # The precision the evaluation runs in, resolved as scoring's is (never the word
+        # `auto`, which differs between hosts): it is part of the dedupe digest.
+        here = resolved_precision(cfg.template, workers_here=cfg.scoring_backend != "ray")
+        ran = run_observations(store, policies, owner=ctx.owner, state_dir=cfg.state_dir,
+                               client=ctx.hub_client(store), cache_dir=cfg.cache_dir,
+                               timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
+                               lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
+                               ray=ctx.scoring_backend() if cfg.scoring_backend == "ray" else None,
+                               stopping=ctx.stopping.is_set)
+        miscalibrated = check_calibration(store, policies, now=utcnow())
+        if ran:
+            store.checkpoint()
+    if miscalibrated or any(r.get("alerts") for r in ran):
+        ctx.nudge("dispatch")
+    return {**scheduled, "ran": ran, "miscalibration_deliveries": miscalibrated, "task_file_problems": problems}
+
+
+__all__ = ["MAX_ATTEMPTS", "ObserveStore", "log_new_task_file_problems", "run", "run_observations"]
