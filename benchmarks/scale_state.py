@@ -236,7 +236,7 @@ def record_checkpoint(store: Any, policy: Any, repo: str, i: int, lstar: float, 
     document rows, the score's facts), and, with `evaluate`, evaluated and its alerts
     dispatched. Returns the run id."""
     from monitor.alerts import Dispatcher
-    from monitor.alerts.outbox import evaluate_pending
+    from monitor.alerts.evaluation_tick import evaluate_pending
     from monitor.hub.poll import Candidate
 
     sha = commit_sha(repo, i)

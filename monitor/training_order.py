@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 RULE = ("the latest scored checkpoint in training order: by training step when every checkpoint of the "
         "lineage names one, else by Hub commit date (else first seen on the Hub, else time scored)")
@@ -146,5 +146,59 @@ def current_checkpoint(items: Iterable[T], placement: Callable[[T], Placement],
     return ordered[-1] if ordered else None
 
 
+class LatestInOrder(Generic[T]):
+    """The latest of ONE lineage's checkpoints in training order, kept as checkpoints are added:
+    what `current_checkpoint` answers, without sorting the lineage again for each new one (an
+    evaluation tick asks it once per run it evaluates).
+
+    `put(key, item)` adds a checkpoint or replaces the one under `key` (a newer prediction of
+    the same checkpoint); `latest()` is the current checkpoint, `would_lead(item)` whether a
+    checkpoint not yet among them would be the latest once added."""
+
+    def __init__(self, placement: Callable[[T], Placement], tiebreak: Callable[[T], Any] = lambda item: "") -> None:
+        self._placement = placement
+        self._tiebreak = tiebreak
+        self._items: dict[Hashable, tuple[T, Placement]] = {}
+        self._stepless = 0   # checkpoints naming no step: any one of them orders the lineage by time
+        self._by_step: tuple[Any, T] | None = None
+        self._by_time: tuple[Any, T] | None = None
+
+    def _keys(self, item: T, placed: Placement) -> tuple[Any, Any]:
+        floor = datetime.min.replace(tzinfo=timezone.utc)
+        when = placed.time or floor
+        return (placed.step or 0, when, self._tiebreak(item)), (0, when, self._tiebreak(item))
+
+    def put(self, key: Hashable, item: T) -> None:
+        placed = self._placement(item)
+        if key in self._items:   # a replaced checkpoint may have led: start again from the rest
+            rest = {k: v for k, v in self._items.items() if k != key}
+            self._items, self._stepless, self._by_step, self._by_time = {}, 0, None, None
+            for k, (old, _) in rest.items():
+                self.put(k, old)
+        self._items[key] = (item, placed)
+        self._stepless += placed.step is None
+        by_step, by_time = self._keys(item, placed)
+        if self._by_step is None or by_step > self._by_step[0]:
+            self._by_step = (by_step, item)
+        if self._by_time is None or by_time > self._by_time[0]:
+            self._by_time = (by_time, item)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+    def latest(self) -> T | None:
+        """The current checkpoint (None when there is none)."""
+        lead = self._by_time if self._stepless else self._by_step
+        return lead[1] if lead is not None else None
+
+    def would_lead(self, item: T) -> bool:
+        """Whether `item` (not among the checkpoints) would be the latest once added."""
+        placed = self._placement(item)
+        by_step, by_time = self._keys(item, placed)
+        if self._stepless or placed.step is None:
+            return self._by_time is None or by_time > self._by_time[0]
+        return self._by_step is None or by_step > self._by_step[0]
+
+
 __all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step",
-           "commit_date", "place", "orders_by_step", "lineage_order", "training_ranks", "current_checkpoint"]
+           "commit_date", "place", "orders_by_step", "lineage_order", "training_ranks", "current_checkpoint", "LatestInOrder"]

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from monitor.alerts.outbox import evaluate_pending
+from monitor.alerts.evaluation_tick import evaluate_pending
 from monitor.alerts.predict import predict_task
 from monitor.hub.poll import Candidate
 from monitor.policy.load import load_policy

@@ -105,7 +105,7 @@ def test_a_name_glob_answers_as_fnmatch_on_random_globs_and_names() -> None:
 def test_a_name_glob_is_matched_in_linear_time() -> None:
     """The real matchers (the poller's and the outbox's) on the longest globs a rule may hold
     against a 50,000-character repo id from a hostile mirror."""
-    from monitor.alerts.outbox import watches
+    from monitor.alerts.prediction_eval import watches
 
     long_id = "org/" + "a" * 50_000
     for glob in ("*a" * 127 + "*b", "[" * 255 + "]", "[" * 256, "*[!a]" * 50 + "*", "?" * 60 + "*" + "?" * 60 + "b"):

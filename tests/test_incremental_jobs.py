@@ -143,9 +143,11 @@ def test_an_idle_evaluation_tick_reads_no_score_run_and_its_cost_does_not_grow_w
     assert not [s for s in large.statements if "score_runs" in s or "predictions" in s]
     assert large.statements == small.statements
     assert large.rows == small.rows
-    # Two new runs: score_runs is read only by run id, for the two queued runs.
+    # Two new runs: score_runs is read only by run id, for the two queued runs (the candidates,
+    # and where the batch's runs sit in their lineages).
     reads = [s for s in large_new if "FROM score_runs" in s]
-    assert reads and all("WHERE run_id IN (?, ?)" in s for s in reads)
+    assert reads and all("WHERE run_id IN (?, ?)" in s or "WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))" in s
+                         for s in reads)
     assert len(large_new) == len(small_new)
 
 
@@ -212,20 +214,20 @@ def test_a_tick_stopped_or_crashed_half_way_evaluates_each_run_exactly_once_late
         assert set(store.evaluation_queue()) == set(runs)     # nothing drained: the next tick goes on
 
         from monitor.alerts import outbox
-        real, seen = outbox._write, []
+        real, seen = outbox.write_planned, []
 
-        def crash_on_fourth(store_: Store, rows: Any, now: datetime, *batch: Any) -> Any:
-            seen.append(rows[0]["run_id"])
-            if rows[0]["run_id"] == runs[3]:
+        def crash_with_fourth(store_: Store, rows: Any, now: datetime, *batch: Any) -> Any:
+            seen.extend(r["run_id"] for r in rows)
+            if any(r["run_id"] == runs[3] for r in rows):
                 raise RuntimeError("killed")
             return real(store_, rows, now, *batch)
-        monkeypatch.setattr(outbox, "_write", crash_on_fourth)
+        monkeypatch.setattr(outbox, "write_planned", crash_with_fourth)
         with pytest.raises(RuntimeError):
             evaluate_pending(store, [policy], now=T0, predictor=predictor)
         assert seen == runs[2:]   # the two evaluated before the stop are not looked at again
         # The third run's write shared the crashed run's transaction: both are evaluated again.
         assert store.query("SELECT count(*) AS n FROM predictions WHERE run_id = ?", [runs[2]]) == [{"n": 0}]
-        monkeypatch.setattr(outbox, "_write", real)
+        monkeypatch.setattr(outbox, "write_planned", real)
         assert evaluate_pending(store, [policy], now=T0, predictor=predictor).predictions == 2
         counts = store.query("SELECT run_id, count(*) AS n FROM predictions GROUP BY run_id ORDER BY run_id")
         assert counts == [{"run_id": r, "n": 1} for r in sorted(runs)]

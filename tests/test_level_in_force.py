@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.alerts.outbox import evaluate_pending
+from monitor.alerts.evaluation_tick import evaluate_pending
 from monitor.alerts.predict import predict_task
 from monitor.curves.artifact import ScoringRef, curve_warnings, save_curve, threshold_at
 from monitor.curves.fit import fit_curve

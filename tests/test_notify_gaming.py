@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from monitor.alerts import Dispatcher, evaluate_pending
-from monitor.alerts.outbox import watches
+from monitor.alerts.prediction_eval import watches
 from monitor.cli import main
 from monitor.policy.load import load_policy, parse_policy
 from monitor.store import Store

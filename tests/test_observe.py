@@ -269,7 +269,7 @@ def test_refit_adds_the_observed_checkpoints_and_policy_check_warns(tmp_path, cu
 
 
 def test_a_later_alert_for_an_observed_checkpoint_carries_both_states(tmp_path, curve):
-    from monitor.alerts.outbox import task_prediction_row
+    from monitor.alerts.alert_planning import task_prediction_row
     from monitor.alerts.predict import TaskPrediction
     from monitor.alerts.rules import ScoreView
 

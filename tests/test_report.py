@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.alerts.outbox import evaluate_pending
+from monitor.alerts.evaluation_tick import evaluate_pending
 from monitor.curves.artifact import ScoringRef, save_curve
 from monitor.curves.fit import fit_curve
 from monitor.curves.labels import Label

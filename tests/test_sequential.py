@@ -115,7 +115,7 @@ def test_the_box_covers_the_truth_at_every_look_while_a_naive_interval_does_not(
 
 
 def test_a_state_resting_on_a_partial_score_says_so_in_the_alert():
-    from monitor.alerts.outbox import partial_caveats
+    from monitor.alerts.prediction_eval import partial_caveats
     from monitor.alerts.payload import task_annotations
 
     record = {"documents_scored": 22, "documents_total": 216, "tokens_scored": 28193, "tokens_total": 314327,

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from monitor.alerts.channels.webhook import WebhookSender
     from monitor.alerts.dispatcher import Dispatcher, DispatchReport, default_senders, run_pass
     from monitor.alerts.operator import operator_alerts, raise_hub_outage_alerts
-    from monitor.alerts.outbox import CurvePredictor, EvaluationReport, evaluate_pending, watches
+    from monitor.alerts.evaluation_tick import EvaluationReport, evaluate_pending
+    from monitor.alerts.prediction_eval import CurvePredictor, watches
     from monitor.alerts.payload import build_body
     from monitor.alerts.predict import load_task_curve, predict_task, public_corpus
     from monitor.alerts.rules import route_alert, task_labels
@@ -38,10 +39,10 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
     "run_pass": "monitor.alerts.dispatcher",
     "operator_alerts": "monitor.alerts.operator",
     "raise_hub_outage_alerts": "monitor.alerts.operator",
-    "CurvePredictor": "monitor.alerts.outbox",
-    "EvaluationReport": "monitor.alerts.outbox",
-    "evaluate_pending": "monitor.alerts.outbox",
-    "watches": "monitor.alerts.outbox",
+    "CurvePredictor": "monitor.alerts.prediction_eval",
+    "EvaluationReport": "monitor.alerts.evaluation_tick",
+    "evaluate_pending": "monitor.alerts.evaluation_tick",
+    "watches": "monitor.alerts.prediction_eval",
     "build_body": "monitor.alerts.payload",
     "load_task_curve": "monitor.alerts.predict",
     "predict_task": "monitor.alerts.predict",

@@ -51,7 +51,7 @@ from monitor.alerts.channels.email import EmailSender
 from monitor.alerts.channels.filesink import FileSender
 from monitor.alerts.channels.webhook import WebhookSender
 from monitor.alerts.model import operator_alert
-from monitor.alerts.outbox import evaluate_pending
+from monitor.alerts.evaluation_tick import evaluate_pending
 from monitor.alerts.payload import build_body, notification_id
 from monitor.alerts.rules import Silence, group_due_at, next_attempt_at, rate_limit_free_at, silenced_by
 from monitor.errors import PolicyError

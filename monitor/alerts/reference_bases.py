@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from monitor.alerts.outbox import watches
+from monitor.alerts.prediction_eval import watches
 from monitor.events import event
 from monitor.hub import WatchRule
 from monitor.policy import Policy

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from monitor.alerts.outbox import watches
+from monitor.alerts.prediction_eval import watches
 from monitor.alerts.predict import load_task_curve
 from monitor.errors import CurveError
 from monitor.policy import Policy, Task

@@ -32,7 +32,8 @@ from typing import Any
 
 from monitor.alerts.channels.filesink import FileSender
 from monitor.alerts.dispatcher import Dispatcher
-from monitor.alerts.outbox import CurvePredictor, evaluate_pending
+from monitor.alerts.evaluation_tick import evaluate_pending
+from monitor.alerts.prediction_eval import CurvePredictor
 from monitor.alerts.predict import TaskPrediction, predict_task
 from monitor.alerts.rules import ScoreView
 from monitor.backtest.fit import BACKTEST_CORPUS_SHA256, BACKTEST_SPEC

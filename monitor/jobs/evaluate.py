@@ -1,5 +1,5 @@
 """The evaluate job: judge every scored checkpoint against each policy task that watches it
-(`monitor.alerts.evaluate_pending`): a prediction row per (checkpoint, task), and the alerts
+(`monitor.alerts.evaluation_tick.evaluate_pending`): a prediction row per (checkpoint, task), and the alerts
 and their deliveries it calls for in the outbox; a scored checkpoint moves from not evaluated to
 evaluated for each task (or is skipped with a reason code, logged and counted once).
 
@@ -20,12 +20,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from datetime import datetime
 
+    from monitor.store.lineage_batch import LineageBatch
     from monitor.store.rows import (EvaluationCandidateRow, EvaluationGapRow, LatestScoreRow,
         LineageHistory, NotEvaluatedRow)
 
 
 class EvaluateStore(Protocol):
-    """What the evaluation tick reads and writes (`monitor.alerts.evaluate_pending`)."""
+    """What the evaluation tick reads and writes (`monitor.alerts.evaluation_tick.evaluate_pending`)."""
 
     def checkpoint(self) -> None: ...
     def complete_score(self, repo: str, sha: str, corpus_sha256: str | None = None,
@@ -57,8 +58,11 @@ class EvaluateStore(Protocol):
                                 now: datetime) -> None: ...
     def requeue_evaluation(self, run_ids: Sequence[str], corpus_sha256: str, *, now: datetime) -> None: ...
     def start_evaluation_gap(self, policy: str, *, reason: str, now: datetime) -> EvaluationGapRow: ...
-    def write_outbox(self, predictions: Sequence[Mapping[str, Any]], *, now: datetime,
-                     before_commit: Any = None) -> dict[str, int]: ...
+    def write_outbox_rows(self, predictions: Sequence[Mapping[str, Any]], *, now: datetime,
+                          before_commit: Any = None) -> dict[tuple[str, str, str], dict[str, int]]: ...
+    def lineage_batch(self, policy: str, task: str,
+                      runs: Sequence[tuple[str, str, str, str]]) -> LineageBatch: ...
+    def latest_scores(self, pairs: Sequence[tuple[str, str]], corpus_sha256: str) -> dict[tuple[str, str], LatestScoreRow]: ...
     def query_json(self, sql: str, params: Sequence[Any] | None, json_columns: Sequence[str]) -> list[dict[str, Any]]: ...
 
 

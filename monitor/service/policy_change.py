@@ -10,7 +10,7 @@ the reload), `reevaluate_change`:
 1. takes each lineage the task has judged and its current checkpoint
    (`monitor.reports.current`: the latest in training order);
 2. predicts that checkpoint's newest judged run again under the new settings, through the same
-   planning as a new score (`outbox.task_prediction_row`): a state that no longer holds is
+   planning as a new score (`alert_planning.task_prediction_row`): a state that no longer holds is
    resolved (a resolve notification is queued in the outbox, and SENT as any other), a new one
    fires;
 3. writes the new prediction over the old one of that run (`Store.replace_prediction`) and
@@ -38,8 +38,9 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alerts.derivatives import HOLD, Judgement, judge_derivative
-from monitor.alerts.outbox import CurvePredictor, task_prediction_row
-from monitor.alerts.outbox import _view as score_view
+from monitor.alerts.alert_planning import task_prediction_row
+from monitor.alerts.prediction_eval import CurvePredictor
+from monitor.alerts.prediction_eval import score_view
 from monitor.alerts.predict import margin_in_force
 from monitor.errors import CurveError
 from monitor.policy import Policy, Task

@@ -14,6 +14,7 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
+from monitor.store.lineage_batch import LineageBatch
 from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 
@@ -29,11 +30,11 @@ def _decoded(text: Any, default: Any) -> Any:
 
 
 def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
-                       *, judged_only: bool = True) -> list[dict[str, Any]]:
+                       *, judged_only: bool = True, lineages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Each checkpoint (policy, task) has judged (of `lineage`, or of every lineage; `task`
     may name several): its newest prediction (not `not_evaluated` while `judged_only`), with
     what places it in its lineage (refs, meta, discovery and scoring time) for
-    `monitor.training_order`."""
+    `monitor.training_order`. `lineages`: of these lineages only."""
     tasks = [task] if isinstance(task, str) else list(task)
     if not tasks:
         return []
@@ -42,6 +43,9 @@ def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence
     if lineage is not None:
         where += " AND lineage = ?"
         params.append(lineage)
+    if lineages is not None:   # several lineages at once (an evaluation tick's batch)
+        where += " AND lineage IN (SELECT unnest(?::VARCHAR[]))"
+        params.append(sorted(set(lineages)))
     if judged_only:
         where += " AND state != 'not_evaluated'"
     rows = store.query(
@@ -79,6 +83,14 @@ def _placement(row: Mapping[str, Any]) -> Placement:
     return place(row["refs"], row["meta"], row["discovered_at"], row["finished_at"])
 
 
+# The column types of the bulk inserts' lists (`write_outbox_rows`).
+_PREDICTION_TYPES = {"policy": "VARCHAR", "task": "VARCHAR", "run_id": "VARCHAR", "repo": "VARCHAR",
+                     "commit_sha": "VARCHAR", "lineage": "VARCHAR", "corpus_sha256": "VARCHAR", "lstar": "DOUBLE",
+                     "se": "DOUBLE", "p_hat": "DOUBLE", "lo": "DOUBLE", "hi": "DOUBLE", "threshold": "DOUBLE",
+                     "state": "VARCHAR", "curve_id": "VARCHAR", "detail": "VARCHAR", "evaluated_at": "TIMESTAMPTZ"}
+_ALERT_TYPES = {"starts_at": "TIMESTAMPTZ", "ends_at": "TIMESTAMPTZ", "created_at": "TIMESTAMPTZ"}
+
+
 class AlertRows(StoreConnection):
     """Alert rows: the latest scores evaluation reads, predictions, alerts and their deliveries (the outbox's write side),"""
 
@@ -88,6 +100,19 @@ class AlertRows(StoreConnection):
                           "model_repo = ? AND model_sha = ? AND corpus_sha256 = ? "
                           "ORDER BY finished_at DESC, run_id DESC LIMIT 1", [repo, commit_sha, corpus_sha256])
         return LatestScoreRow.from_row(rows[0]) if rows else None
+
+    def latest_scores(self, pairs: Sequence[tuple[str, str]], corpus_sha256: str) -> dict[tuple[str, str], LatestScoreRow]:
+        """`latest_score` of many (repo, commit) at once: {(repo, commit): newest run on the corpus}."""
+        if not pairs:
+            return {}
+        keys = sorted(set(pairs))
+        rows = self.query(
+            "SELECT r.model_repo, r.model_sha, r.run_id, r.lstar, r.se_ce AS se, r.finished_at FROM score_runs r "
+            "JOIN (SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha) k "
+            "ON r.model_repo = k.repo AND r.model_sha = k.sha WHERE r.corpus_sha256 = ? "
+            "QUALIFY row_number() OVER (PARTITION BY r.model_repo, r.model_sha "
+            "ORDER BY r.finished_at DESC, r.run_id DESC) = 1", [[k[0] for k in keys], [k[1] for k in keys], corpus_sha256])
+        return {(r.pop("model_repo"), r.pop("model_sha")): LatestScoreRow.from_row(r) for r in rows}
 
     def lineage_history(self, policy: str, task: str, lineage: str,
                         checkpoint: tuple[str, str, datetime | None] | None = None) -> LineageHistory:
@@ -215,6 +240,139 @@ class AlertRows(StoreConnection):
         if not joined:   # a caller's batch checkpoints (at most) once, after its commits
             self.checkpoint()
         return counts
+
+    def lineage_batch(self, policy: str, task: str,
+                      runs: Sequence[tuple[str, str, str, str]]) -> LineageBatch:
+        """The lineage histories a batch of runs of (policy, task) reads, with a fixed number of
+        queries whatever the batch's size: `runs` are (lineage, repo, commit, run_id)."""
+        lineages = sorted({r[0] for r in runs})
+        pairs = sorted({(r[1], r[2]) for r in runs})
+        run_ids = sorted({r[3] for r in runs})
+        repos, commits = [p[0] for p in pairs], [p[1] for p in pairs]
+        placed = placed_predictions(self, policy, task, lineages=lineages) if runs else []
+        keys = "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha)"
+        checkpoints = {(r["repo"], r["sha"]): {"refs": _decoded(r["refs"], []), "meta": _decoded(r["meta"], {}),
+                                               "discovered_at": r["discovered_at"]} for r in self.query(
+            f"SELECT c.repo, c.sha, c.refs, c.meta, c.discovered_at FROM checkpoints c JOIN {keys} k "
+            "ON c.repo = k.repo AND c.sha = k.sha "
+            "QUALIFY row_number() OVER (PARTITION BY c.repo, c.sha ORDER BY c.id DESC) = 1",
+            [repos, commits])} if runs else {}
+        # where each run's prediction, once written, is placed (as `placed_predictions` joins it)
+        run_places = {r["run_id"]: {"refs": _decoded(r["refs"], []), "meta": _decoded(r["meta"], {}),
+                                    "discovered_at": r["discovered_at"], "finished_at": r["finished_at"]}
+                      for r in self.query(
+            "SELECT r.run_id, r.finished_at, coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
+            "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM score_runs r "
+            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
+            "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
+            "WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))", [run_ids])} if runs else {}
+        scope = "policy = ? AND task = ? AND lineage IN (SELECT unnest(?::VARCHAR[]))"
+        firing = self.query(
+            f"SELECT id, lineage, labels, starts_at, state, commit_sha, created_at FROM alerts WHERE {scope} "
+            "AND status = 'firing' AND kind NOT IN ('meta', 'observe') "
+            "QUALIFY row_number() OVER (PARTITION BY lineage ORDER BY created_at DESC, id DESC) = 1",
+            [policy, task, lineages]) if runs else []
+        for row in firing:
+            row["labels"] = json.loads(row["labels"])
+        sends = self.query(
+            "SELECT a.lineage, d.receiver, max(CASE WHEN a.status = 'firing' THEN d.created_at END) AS last_firing_at, "
+            "max(CASE WHEN a.status = 'resolved' THEN d.created_at END) AS last_resolved_at "
+            "FROM deliveries d JOIN alerts a ON a.id = d.alert_id WHERE a.policy = ? AND a.task = ? "
+            "AND a.lineage IN (SELECT unnest(?::VARCHAR[])) AND d.status != 'silenced' AND a.kind != 'observe' "
+            "GROUP BY a.lineage, d.receiver", [policy, task, lineages]) if runs else []
+        alert_keys = {r["alert_key"] for r in self.query(
+            f"SELECT a.alert_key FROM alerts a JOIN {keys} k ON a.repo = k.repo AND a.commit_sha = k.sha "
+            "WHERE a.policy = ? AND a.task = ?", [repos, commits, policy, task])} if runs else set()
+        return LineageBatch(policy, task, placed, checkpoints, run_places, firing, sends, alert_keys)
+
+    def write_outbox_rows(self, predictions: Sequence[Mapping[str, Any]], *, now: datetime,
+                          before_commit: Any = None) -> dict[tuple[str, str, str], dict[str, int]]:
+        """`write_outbox` for a whole batch with a fixed number of statements: the predictions,
+        then their alerts, then the alerts' deliveries, each one bulk insert (in the rows'
+        order, so ids follow it as they would one insert at a time). Same rules: a prediction
+        already recorded for (policy, task, run_id) writes nothing (a `not_evaluated` one is
+        replaced), nor does an alert whose key exists. Returns what each prediction wrote,
+        by (policy, task, run_id)."""
+        written: dict[tuple[str, str, str], dict[str, int]] = {
+            (p["policy"], p["task"], p["run_id"]): {"predictions": 0, "alerts": 0, "deliveries": 0}
+            for p in predictions}
+        joined = self.in_transaction
+        with self.transaction() as conn:
+            if predictions:
+                ids = self._insert_predictions(conn, predictions)
+                alerts = [(a, ids[(p["policy"], p["task"], p["run_id"])], (p["policy"], p["task"], p["run_id"]))
+                          for p in predictions if (p["policy"], p["task"], p["run_id"]) in ids
+                          for a in p.get("alerts", ())]
+                for key in ids:
+                    written[key]["predictions"] = 1
+                alert_ids = self._insert_alerts(conn, [(a, pid) for a, pid, _ in alerts])
+                deliveries = [(alert_ids[a["alert_key"]], a, d) for a, _, _ in alerts if a["alert_key"] in alert_ids
+                              for d in a["deliveries"]]
+                self._insert_deliveries(conn, deliveries, now)
+                for alert, _, key in alerts:
+                    if alert["alert_key"] in alert_ids and alert["deliveries"]:
+                        written[key]["alerts"] += 1
+                        written[key]["deliveries"] += len(alert["deliveries"])
+            if before_commit is not None:
+                before_commit(conn)
+        if not joined:
+            self.checkpoint()
+        return written
+
+    def _insert_predictions(self, conn: duckdb.DuckDBPyConnection,
+                            predictions: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], int]:
+        keys = [[p[c] for p in predictions] for c in ("policy", "task", "run_id")]
+        # a `not_evaluated` record of the same run is replaced (the unique key would refuse the insert)
+        conn.execute("DELETE FROM predictions WHERE state = 'not_evaluated' AND (policy, task, run_id) IN "
+                     "(SELECT unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]))", keys)
+        columns = [[json.dumps(p[c], sort_keys=True, default=str) if c == "detail" else p[c] for p in predictions]
+                   for c in self._PREDICTION_COLUMNS]
+        rows = conn.execute(
+            f"INSERT INTO predictions ({', '.join(self._PREDICTION_COLUMNS)}) SELECT "
+            f"{', '.join(self._PREDICTION_COLUMNS)} FROM (SELECT "
+            + ", ".join(f"unnest(?::{_PREDICTION_TYPES[c]}[]) AS {c}" for c in self._PREDICTION_COLUMNS)
+            + ", unnest(range(?)) AS ord) ORDER BY ord ON CONFLICT (policy, task, run_id) DO NOTHING "
+            "RETURNING id, policy, task, run_id", [*columns, len(predictions)]).fetchall()
+        return {(r[1], r[2], r[3]): int(r[0]) for r in rows}
+
+    def _insert_alerts(self, conn: duckdb.DuckDBPyConnection,
+                       alerts: Sequence[tuple[Mapping[str, Any], int | None]]) -> dict[str, int]:
+        """Insert alerts (each with its prediction's id) unless their key exists; {key: id} of those written."""
+        fresh: dict[str, tuple[Mapping[str, Any], int | None]] = {}
+        for alert, prediction_id in alerts:   # one statement may not write a key twice
+            fresh.setdefault(alert["alert_key"], (alert, prediction_id))
+        if not fresh:
+            return {}
+        chosen = list(fresh.values())
+        columns = [[json.dumps(a[c], sort_keys=True) if c in ("labels", "annotations", "numbers") else a[c]
+                    for a, _ in chosen] for c in self._ALERT_COLUMNS]
+        rows = conn.execute(
+            f"INSERT INTO alerts ({', '.join(self._ALERT_COLUMNS)}, prediction_id) SELECT "
+            f"{', '.join(self._ALERT_COLUMNS)}, prediction_id FROM (SELECT "
+            + ", ".join(f"unnest(?::{_ALERT_TYPES.get(c, 'VARCHAR')}[]) AS {c}" for c in self._ALERT_COLUMNS)
+            + ", unnest(?::BIGINT[]) AS prediction_id, unnest(range(?)) AS ord) ORDER BY ord "
+            "ON CONFLICT (alert_key) DO NOTHING RETURNING id, alert_key",
+            [*columns, [pid for _, pid in chosen], len(chosen)]).fetchall()
+        return {r[1]: int(r[0]) for r in rows}
+
+    @staticmethod
+    def _insert_deliveries(conn: duckdb.DuckDBPyConnection,
+                           deliveries: Sequence[tuple[int, Mapping[str, Any], Mapping[str, Any]]], now: datetime) -> None:
+        if not deliveries:
+            return
+        conn.execute(
+            "INSERT INTO deliveries (alert_id, policy, receiver, group_key, group_labels, group_wait_s, "
+            "group_interval_s, status, created_at, updated_at) SELECT alert_id, policy, receiver, group_key, "
+            "group_labels, group_wait_s, group_interval_s, 'pending', ?, ? FROM (SELECT "
+            "unnest(?::BIGINT[]) AS alert_id, unnest(?::VARCHAR[]) AS policy, unnest(?::VARCHAR[]) AS receiver, "
+            "unnest(?::VARCHAR[]) AS group_key, unnest(?::VARCHAR[]) AS group_labels, "
+            "unnest(?::DOUBLE[]) AS group_wait_s, unnest(?::DOUBLE[]) AS group_interval_s, "
+            "unnest(range(?)) AS ord) ORDER BY ord",
+            [now, now, [i for i, _, _ in deliveries], [a["policy"] for _, a, _ in deliveries],
+             [d["receiver"] for _, _, d in deliveries], [d["group_key"] for _, _, d in deliveries],
+             [json.dumps(d["group_labels"], sort_keys=True) for _, _, d in deliveries],
+             [d["group_wait_s"] for _, _, d in deliveries], [d["group_interval_s"] for _, _, d in deliveries],
+             len(deliveries)])
 
     def pending_deliveries(self) -> list[PendingDeliveryRow]:
         """Deliveries not yet put into a notification, with their alert's labels, oldest first."""

@@ -8,6 +8,7 @@ here is read from it, the score runs and the labels, so nothing is stored twice.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,10 @@ _RUN_COLUMNS = ("run_id", "model_repo", "model_sha", "corpus_sha256", "spec_vers
 _SPEC_KEYS = ("spec_version", "window_len", "stride", "prefix_policy")
 # Checkpoint statuses from which a score may still come.
 PENDING_STATUSES = ("discovered", "gated", "fetched")
+
+
+# derivative_keys's answers: {database path: (marker, keys)} (see there).
+_DERIVATIVE_KEYS: dict[str, tuple[tuple[Any, ...], frozenset[tuple[str, str]]]] = {}
 
 
 class DerivativeRows(StoreConnection):
@@ -124,9 +129,29 @@ class DerivativeRows(StoreConnection):
         return out
 
     def derivative_keys(self) -> set[tuple[str, str]]:
-        """(repo, sha) of every checkpoint that declares a base."""
-        return {(r["repo"], r["sha"]) for r in self.query(
-            "SELECT c.repo, c.sha FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id")}
+        """(repo, sha) of every checkpoint that declares a base.
+
+        Every evaluation tick asks, idle ones included; the join reads every base pair. The
+        answer is kept per database file with a marker that changes whenever a base row or a
+        checkpoint row is added or removed (the file's inode, their counts, the bases' newest rowid
+        and the sum of their checkpoint ids), so an idle tick reads the marker only."""
+        marker_row = self.query(
+            "SELECT count(*) AS n, max(rowid) AS last, sum(checkpoint_id) AS ids, "
+            "(SELECT count(*) FROM checkpoints) AS checkpoints FROM checkpoint_bases")[0]
+        try:   # the file's identity too: a database made again at the same path is another one
+            inode = os.stat(self.path).st_ino
+        except (OSError, TypeError, ValueError):
+            inode = None   # not a file (in memory): not kept
+        marker = (inode, marker_row["n"], marker_row["last"], marker_row["ids"], marker_row["checkpoints"])
+        where = str(self.path)
+        cached = _DERIVATIVE_KEYS.get(where) if inode is not None else None
+        if cached is not None and cached[0] == marker:
+            return set(cached[1])
+        keys = frozenset((r["repo"], r["sha"]) for r in self.query(
+            "SELECT c.repo, c.sha FROM checkpoint_bases b JOIN checkpoints c ON c.id = b.checkpoint_id"))
+        if inode is not None:
+            _DERIVATIVE_KEYS[where] = (marker, keys)
+        return set(keys)
 
     def complete_score(self, repo: str, sha: str, corpus_sha256: str | None = None,
                        spec: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

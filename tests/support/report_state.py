@@ -122,7 +122,7 @@ def build_report_state(folder: Path, *, scrambled: bool = True) -> ReportState:
     `scrambled` dates the Pythia commits out of step order (to prove the step wins); without
     it they are dated in step order, as a real training run publishes them.
     """
-    from monitor.alerts.outbox import evaluate_pending
+    from monitor.alerts.evaluation_tick import evaluate_pending
     from monitor.hub.poll import Candidate
     from monitor.policy.load import load_policy
     from monitor.store import Store

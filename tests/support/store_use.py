@@ -58,6 +58,11 @@ def _resolve(func: ast.expr, names: dict[str, str], module: Any) -> Any:
             except (ImportError, AttributeError):
                 return None
         return getattr(module, func.id, None)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        # `outbox.write_planned(store, ...)` after `from monitor.alerts import outbox`
+        owner = _resolve(func.value, names, module)
+        if inspect.ismodule(owner):
+            return getattr(owner, func.attr, None)
     return None
 
 
