@@ -16,10 +16,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_columns, db_file, id_column, int_argument
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_ID, NOW_OPTION, POLICY_NAME_OPTION, STATE_OPTION,
+                                      add_columns, db_file, id_column, int_argument)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
-from monitor.commands.silence import NOW_OPTION
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 from monitor.errors import DeliveryError, PolicyError
@@ -58,12 +58,12 @@ def register(app: typer.Typer) -> None:
 
     @alerts.command("list")
     def list_(
-        policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
+        policy: str = POLICY_NAME_OPTION,
         limit: int = limit_option("alerts"),
         cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
         from monitor.service import api_get
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         alert_id: int = int_argument(..., low=1, high=MAX_ID, help="Alert id (from `lstar alerts list`)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
         from monitor.service import api_get, revive_times
@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
         receiver: str = typer.Argument(..., help="Receiver name in the policy."),
         policy_file: Path = typer.Option(..., "--policy", help="Policy file defining the receiver."),
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Send a test notification through one receiver now (nothing is stored).
 
@@ -194,7 +194,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
         from monitor.alerts.state_ops import parse_now
@@ -223,7 +223,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
         from monitor.alerts.state_ops import parse_now

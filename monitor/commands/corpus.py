@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from monitor.commands.options import JSON_OPTION, json_option
 from monitor.commands.terminal import echo, plain_console
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
 
     @corpus_app.command("info")
     def info(path: Path = typer.Argument(..., help="Corpus folder (documents.jsonl + manifest.json)."),
-             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+             as_json: bool = JSON_OPTION) -> None:
         """Name, version, pin, size and slices of a corpus (verified on load)."""
         from monitor.scoring import load_corpus
 
@@ -98,7 +99,7 @@ def register(app: typer.Typer) -> None:
                                         "(about 340 kB of text) in the same layout."),
             name: str = typer.Option("lab-pool", "--name", help="Pool name (corpora are NAME-train, ...)."),
             version: str = typer.Option("v1", "--version", help="Pool version."),
-            as_json: bool = typer.Option(False, "--json", help="Print the pool manifest's summary as JSON."),
+            as_json: bool = json_option("Print the pool manifest's summary as JSON."),
     ) -> None:
         """Build the lab's text pool from Debian packages: train / heldout / tasks corpora."""
         from monitor.scoring.pool_build import build_pool

@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError, db_file,
-                                      float_option,
-                                      int_option)
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError,
+                                      db_file, float_option, int_option, json_option)
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import CurveError, LabelError
 from monitor.escape import markdown_text
@@ -354,7 +353,7 @@ def register(app: typer.Typer) -> None:
                                                "monotone in both the axis and the budget."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on a progress axis (L* by default) and write
         its artifact (with --budget-column: monotone in the axis and an inference budget)."""
@@ -403,7 +402,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Where to write the new artifact (JSON)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Refit a curve with the evaluations the daemon observed: a new artifact (new id, its
         provenance naming the parent curve and the observed checkpoints). No policy is changed;
@@ -437,7 +436,7 @@ def register(app: typer.Typer) -> None:
     def show(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
         png: Path = typer.Option(None, "--png", help="Also render the curve to this PNG file."),
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Summarise a curve (and plot it with --png)."""
         from monitor.curves import curve_summary, load_curve
@@ -489,7 +488,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+        as_json: bool = json_option("Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs
         (with --axes: every axis, and the recommended one; with --forward: forward validation of
@@ -562,7 +561,7 @@ def register(app: typer.Typer) -> None:
                                           "--budget-column; one of its fitted levels)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
         (clear / at_risk / emerged)."""

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from monitor.commands.options import MAX_SEED, id_column, int_option
+from monitor.commands.options import MAX_SEED, id_column, int_option, json_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import LabError
 
@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
     def train(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
               pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
               seeds: str = seeds_option, workers: int = workers_option,
-              as_json: bool = typer.Option(False, "--json", help="Print the checkpoints as JSON.")) -> None:
+              as_json: bool = json_option("Print the checkpoints as JSON.")) -> None:
         """Train (or resume) every lineage and save its checkpoints; no scoring."""
         from monitor.lab.race import train_race
 
@@ -191,7 +191,7 @@ def register(app: typer.Typer) -> None:
     def run(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
             pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
             seeds: str = seeds_option, workers: int = workers_option,
-            as_json: bool = typer.Option(False, "--json", help="Print lab.json's checkpoints as JSON.")) -> None:
+            as_json: bool = json_option("Print lab.json's checkpoints as JSON.")) -> None:
         """Train, score and label every lineage (lab v2), then write OUT/lab.json."""
         from monitor.lab.race import run_race
 
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
              families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them; "
                                                                    "with --families-dir, every kept one)."),
              seeds: str = seeds_option, workers: int = workers_option,
-             as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
+             as_json: bool = json_option("Print the race rows (race_rows_v3) as JSON.")) -> None:
         """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
         Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
@@ -252,7 +252,7 @@ def register(app: typer.Typer) -> None:
                pilot: Path = typer.Option(None, "--pilot",
                                           help="Lab v3: judge only the pilot gate of this lab.json (or lab folder): "
                                                "a pilot-only run, before the race. Exit 0 passed, 1 stopped."),
-               as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
+               as_json: bool = json_option("Print the report's numbers as JSON.")) -> None:
         """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json).
 
         A lab v3 record (schema lstar-lab/3) or v3 rows file (lstar-lab-rows/3) gets v3's report
@@ -299,7 +299,7 @@ def register(app: typer.Typer) -> None:
                                                help="Read the mistral vocabularies from the pinned wheel file "
                                                     "(mistral_common-1.13.1-py3-none-any.whl, sha256 checked) "
                                                     "instead of an installed mistral-common."),
-            as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
+            as_json: bool = json_option("Print each family's provenance as JSON.")) -> None:
         """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
         candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
         byte-level BPE tokenizers trained on the pool, and pruned-merge variants. A rebuild
@@ -325,7 +325,7 @@ def register(app: typer.Typer) -> None:
             cutoff: float = typer.Option(0.96, "--cutoff", help="Boundary Jaccard at or above which a family "
                                                                "counts as a near-duplicate of one kept before it."),
             out: Path = typer.Option(None, "--out", help="Also write the result as JSON to this file."),
-            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+            as_json: bool = json_option("Print the result as JSON.")) -> None:
         """Refuse any family that fails the decode round trip (on the pool's text and calib-v0; a document
         with a special-token literal that fails is excluded for all), then measure the token-boundary
         Jaccard between every pair on calib-v0 and keep families greedily in the pre-registered order,

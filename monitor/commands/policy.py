@@ -12,7 +12,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, float_option
+from monitor.commands.options import DB_OPTION, JSON_OPTION, STATE_OPTION, db_file, float_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
 
@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
                                                       "use several (tasks on other axes are skipped)."),
         repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
         commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Print each task's decision (P̂, interval, threshold, state, receivers) for one value
         ± SE on the task curves' axis (L*, bits/byte, ...). Nothing is stored or sent."""
@@ -231,7 +231,7 @@ def register(app: typer.Typer) -> None:
                                                       "(a label not given matches as empty)."),
         verify: str = typer.Option(None, "--verify-receivers",
                                    help="Comma-separated receivers expected; exit 2 when they differ."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Print the receivers an alert with these labels reaches, and the route that takes it
         to each (as Alertmanager's `amtool config routes test`). Nothing is sent."""

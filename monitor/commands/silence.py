@@ -13,13 +13,11 @@ from urllib.parse import quote
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, NOW_OPTION, STATE_OPTION, add_columns, db_file,
+                                      json_option)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
-
-NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
-
 
 def register(app: typer.Typer) -> None:
     silence = typer.Typer(help="Silences: stop matching alerts from being sent, until a time.",
@@ -35,7 +33,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
+        as_json: bool = json_option("Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id, and how many alerts in force it matches."""
         from monitor.alerts.state_ops import add_silence_from_args, parse_now
@@ -69,7 +67,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """List active and pending silences, newest first (opens the file read-only)."""
         from monitor.alerts.state_ops import parse_now
