@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -53,9 +54,34 @@ def test_message(policy: Any, receiver: str, now: Any) -> Any:
     return Outgoing(id=f"msg_test_{uuid.uuid4().hex[:24]}", policy=policy.name, receiver=receiver, body=body)
 
 
+def _on_the_state(state: Path, db: Path | None, policies: list[Path], now_text: str | None,
+                  job: Callable[..., Any]) -> Any:
+    """`job(store, policies, now=...)` on the state opened for writing, with the policies loaded
+    and --now parsed (what `alerts evaluate` and `alerts dispatch` share)."""
+    from monitor.alerts.state_ops import parse_now
+    from monitor.store import Store
+
+    db_path = db_file(state, db)
+    loaded = _policies(policies)
+    with Store.open(db_path) as store:
+        return job(store, loaded, now=parse_now(now_text))
+
+
 def register(app: typer.Typer) -> None:
     alerts = typer.Typer(help="Alerts and their deliveries (the outbox).", no_args_is_help=True)
 
+    _list_command(alerts)
+    _show_command(alerts)
+    _retry_command(alerts)
+    _test_command(alerts)
+    _evaluate_command(alerts)
+    _dispatch_command(alerts)
+    _enable_command(alerts)
+
+    app.add_typer(alerts, name="alerts")
+
+
+def _list_command(alerts: typer.Typer) -> None:
     @alerts.command("list")
     def list_(
         policy: str = POLICY_NAME_OPTION,
@@ -96,6 +122,8 @@ def register(app: typer.Typer) -> None:
         print_table(console, table)
         print_more(console, page, "alerts")
 
+
+def _show_command(alerts: typer.Typer) -> None:
     @alerts.command("show")
     def show(
         alert_id: int = int_argument(..., low=1, high=MAX_ID, help="Alert id (from `lstar alerts list`)."),
@@ -134,6 +162,8 @@ def register(app: typer.Typer) -> None:
                               a["outcome"], str(a["status_code"] or ""), a["error"] or "")
         print_table(console, table)
 
+
+def _retry_command(alerts: typer.Typer) -> None:
     @alerts.command("retry")
     def retry(
         ident: str = typer.Argument(..., help="Alert id, or a notification id (msg_...)."),
@@ -156,6 +186,8 @@ def register(app: typer.Typer) -> None:
         for nid in done:
             echo(f"requeued {nid}")
 
+
+def _test_command(alerts: typer.Typer) -> None:
     @alerts.command("test")
     def test(
         receiver: str = typer.Argument(..., help="Receiver name in the policy."),
@@ -188,6 +220,8 @@ def register(app: typer.Typer) -> None:
             raise DeliveryError(f"the test notification to {receiver} was not delivered ({result.outcome})"
                                 + (f": {result.error}" if result.error else ""))
 
+
+def _evaluate_command(alerts: typer.Typer) -> None:
     @alerts.command("evaluate")
     def evaluate(
         policies: list[Path] = POLICIES_OPTION,
@@ -197,15 +231,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
-        from monitor.alerts.state_ops import parse_now
-        from monitor.store import Store
-
         from monitor.alerts import evaluate_pending
 
-        db_path = db_file(state, db)
-        loaded = _policies(policies)
-        with Store.open(db_path) as store:
-            report = evaluate_pending(store, loaded, now=parse_now(now_text))
+        report = _on_the_state(state, db, policies, now_text, evaluate_pending)
         if as_json:
             print(json.dumps(report.as_dict(), indent=2))
             return
@@ -215,6 +243,8 @@ def register(app: typer.Typer) -> None:
         for line in report.late:   # recorded, but the lineage's state is its current checkpoint's
             echo(f"earlier checkpoint scored late: {line}")
 
+
+def _dispatch_command(alerts: typer.Typer) -> None:
     @alerts.command("dispatch")
     def dispatch(
         policies: list[Path] = POLICIES_OPTION,
@@ -226,15 +256,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
-        from monitor.alerts.state_ops import parse_now
-        from monitor.store import Store
-
         from monitor.alerts import run_pass
 
-        db_path = db_file(state, db)
-        loaded = _policies(policies)
-        with Store.open(db_path) as store:
-            out = run_pass(store, loaded, now=parse_now(now_text), evaluate=evaluate_first)
+        out = _on_the_state(state, db, policies, now_text,
+                            lambda store, loaded, now: run_pass(store, loaded, now=now, evaluate=evaluate_first))
         if as_json:
             print(json.dumps(out, indent=2, default=str))
             return
@@ -244,6 +269,8 @@ def register(app: typer.Typer) -> None:
         echo(f"{len(out['formed'])} message(s) formed, {len(out['sent'])} send(s), "
              f"{out['silenced']} silenced, {len(out['waiting'])} waiting")
 
+
+def _enable_command(alerts: typer.Typer) -> None:
     @alerts.command("enable")
     def enable(
         receiver: str = typer.Argument(..., help="Receiver name."),
@@ -262,5 +289,3 @@ def register(app: typer.Typer) -> None:
         if not changed:
             raise PolicyError(f"receiver {receiver} of policy {policy} is not disabled")
         echo(f"enabled {policy}/{receiver}")
-
-    app.add_typer(alerts, name="alerts")

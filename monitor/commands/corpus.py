@@ -40,6 +40,15 @@ def register(app: typer.Typer) -> None:
     corpus_app = typer.Typer(help="Pinned corpora: inspect, verify, build new versions.",
                              no_args_is_help=True)
 
+    _info_command(corpus_app)
+    _verify_command(corpus_app)
+    _build_command(corpus_app)
+    _build_pool_command(corpus_app)
+
+    app.add_typer(corpus_app, name="corpus")
+
+
+def _info_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("info")
     def info(path: Path = typer.Argument(..., help="Corpus folder (documents.jsonl + manifest.json)."),
              as_json: bool = JSON_OPTION) -> None:
@@ -63,6 +72,8 @@ def register(app: typer.Typer) -> None:
         table.add_row("total", f"{data['documents']:,}", f"{data['bytes']:,}", "")
         plain_console().print(table)
 
+
+def _verify_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("verify")
     def verify(path: Path = typer.Argument(..., help="Corpus folder.")) -> None:
         """Check every document hash, the order and the manifest pin; exit non-zero on any difference."""
@@ -71,6 +82,8 @@ def register(app: typer.Typer) -> None:
         corpus = load_corpus(path)
         echo(f"OK {_one_line(corpus)}")
 
+
+def _build_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("build")
     def build(src_dir: Path = typer.Argument(..., help="Folder of .txt/.md/.py/.jsonl files."),
               out_dir: Path = typer.Argument(..., help="New corpus folder (must not exist or be empty)."),
@@ -83,6 +96,8 @@ def register(app: typer.Typer) -> None:
         corpus = build_corpus(src_dir, out_dir, slice_rules)
         echo(f"built {out_dir}: {_one_line(corpus)}")
 
+
+def _build_pool_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("build-pool")
     def build_pool_cmd(
             out_dir: Path = typer.Argument(..., help="New pool folder (must not exist or be empty)."),
@@ -117,5 +132,3 @@ def register(app: typer.Typer) -> None:
             echo(f"{split}: {info['documents']:,} documents, {info['bytes']:,} bytes, sha256 {info['sha256']}")
         echo(f"built {out_dir} from "
              + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
-
-    app.add_typer(corpus_app, name="corpus")

@@ -321,6 +321,16 @@ def choice_text(pair: dict[str, Any]) -> str:
 def register(app: typer.Typer) -> None:
     curves = typer.Typer(help="Task curves: fit, show, validate and apply them.", no_args_is_help=True)
 
+    _fit_command(curves)
+    _refit_command(curves)
+    _show_command(curves)
+    _validate_command(curves)
+    _predict_command(curves)
+
+    app.add_typer(curves, name="curves")
+
+
+def _fit_command(curves: typer.Typer) -> None:
     @curves.command("fit")
     def fit(
         out: Path = typer.Option(..., "--out", help="Where to write the curve artifact (JSON)."),
@@ -394,6 +404,8 @@ def register(app: typer.Typer) -> None:
         print_summary(curve, console)
         console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
+
+def _refit_command(curves: typer.Typer) -> None:
     @curves.command("refit")
     def refit(
         curve_path: Path = typer.Argument(..., help="The curve artifact (JSON) to refit; it is not changed."),
@@ -432,6 +444,8 @@ def register(app: typer.Typer) -> None:
                       f"{len(prov.get('observed_checkpoints') or [])} observed checkpoint(s))",
                       soft_wrap=True, markup=False)
 
+
+def _show_command(curves: typer.Typer) -> None:
     @curves.command("show")
     def show(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
@@ -454,6 +468,8 @@ def register(app: typer.Typer) -> None:
         if png is not None:
             console.print(f"wrote {png}", soft_wrap=True, markup=False)
 
+
+def _validate_command(curves: typer.Typer) -> None:
     @curves.command("validate")
     def validate(
         task: str = typer.Option(None, "--task", help="Task name (as in the labels); with --axes and a CSV, "
@@ -508,26 +524,9 @@ def register(app: typer.Typer) -> None:
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         if forward:
-            from monitor.curves.axes import get_axis
-            from monitor.curves.fit import fit_curve
-            from monitor.curves.forward import choose_family
-
-            get_axis(axis)
-            record = choose_family(chosen, fit=fit_curve, task=task, metric=_metric, baseline=baseline,
-                                   margin=margin,
-                                   confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
-                                   seed=seed)
-            if out is not None:
-                out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-            if as_json:
-                print(json.dumps(record, indent=2))
-                return
-            console = plain_console()
-            console.print(forward_table(record))
-            for key, reason in record["skipped"].items():
-                console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
-            if out is not None:
-                console.print(f"wrote {out}", soft_wrap=True, markup=False)
+            _validate_forward(chosen, task=task, metric=_metric, baseline=baseline, margin=margin,
+                              confidence=confidence, axis=axis, ordering=ordering, bootstrap=bootstrap, seed=seed,
+                              out=out, as_json=as_json)
             return
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
                                resamples=bootstrap, seed=seed)
@@ -546,6 +545,34 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
+
+def _validate_forward(chosen: Any, *, task: str, metric: str, baseline: float, margin: float, confidence: float,
+                      axis: str, ordering: str, bootstrap: int, seed: int, out: Path | None, as_json: bool) -> None:
+    """`curves validate --forward`: predict every larger (later) model from the smaller (earlier)
+    ones per fit family, and print the family it chooses."""
+    from monitor.curves.axes import get_axis
+    from monitor.curves.fit import fit_curve
+    from monitor.curves.forward import choose_family
+
+    get_axis(axis)
+    record = choose_family(chosen, fit=fit_curve, task=task, metric=metric, baseline=baseline,
+                           margin=margin,
+                           confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
+                           seed=seed)
+    if out is not None:
+        out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        print(json.dumps(record, indent=2))
+        return
+    console = plain_console()
+    console.print(forward_table(record))
+    for key, reason in record["skipped"].items():
+        console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
+    if out is not None:
+        console.print(f"wrote {out}", soft_wrap=True, markup=False)
+
+
+def _predict_command(curves: typer.Typer) -> None:
     @curves.command("predict")
     def predict_cmd(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
@@ -596,5 +623,3 @@ def register(app: typer.Typer) -> None:
             f" (threshold {result.level:g}"
             + (f", budget {result.budget:g})" if result.budget is not None else ")")
             + (f" · {extrapolation_text(result.extrapolation, curve.axis)}" if result.extrapolation else "")))
-
-    app.add_typer(curves, name="curves")

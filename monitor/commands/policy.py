@@ -118,41 +118,53 @@ def caveats(decision: dict[str, Any]) -> list[str]:
     return out
 
 
+def _refit_warnings(path: Path) -> list[str]:
+    """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
+    still points at the reviewed file, which is right until a person reviews the refit."""
+    from monitor.curves.refit import newer_refits
+    from monitor.policy import load_policy
+
+    try:
+        policy = load_policy(path, check_curves=False)
+    except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+        return []
+    lines = []
+    for i, task in enumerate(policy.tasks):
+        for file, curve_id in newer_refits(policy.resolve_path(task.curve)):
+            lines.append(f"tasks[{i}].curve: {task.curve!r} has a newer refit {file.name} (curve "
+                         f"{curve_id[:12]}, with observed checkpoints); review it and point the task at it "
+                         "to use it")
+    return lines
+
+
+def _residual_warnings(path: Path, database: Path) -> list[str]:
+    """One line per task judging derivatives by residual without enough labelled pairs."""
+    from monitor.alerts.derivative_pairs import residual_pair_warnings
+    from monitor.policy import load_policy
+
+    try:
+        policy = load_policy(path, check_curves=False)
+    except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+        return []
+    return residual_pair_warnings(policy, database)
+
+
 def register(app: typer.Typer) -> None:
     policy = typer.Typer(help="Policy files: validate them, try a score against them.",
                          no_args_is_help=True)
 
-    def refit_warnings(path: Path) -> list[str]:
-        """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
-        still points at the reviewed file, which is right until a person reviews the refit."""
-        from monitor.policy import load_policy
+    _check_command(policy)
+    _test_command(policy)
 
-        from monitor.curves.refit import newer_refits
-        from monitor.policy import load_policy
+    routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 
-        try:
-            policy = load_policy(path, check_curves=False)
-        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
-            return []
-        lines = []
-        for i, task in enumerate(policy.tasks):
-            for file, curve_id in newer_refits(policy.resolve_path(task.curve)):
-                lines.append(f"tasks[{i}].curve: {task.curve!r} has a newer refit {file.name} (curve "
-                             f"{curve_id[:12]}, with observed checkpoints); review it and point the task at it "
-                             "to use it")
-        return lines
+    _routes_test_command(routes)
 
-    def residual_warnings(path: Path, database: Path) -> list[str]:
-        """One line per task judging derivatives by residual without enough labelled pairs."""
-        from monitor.alerts.derivative_pairs import residual_pair_warnings
-        from monitor.policy import load_policy
+    policy.add_typer(routes, name="routes")
+    app.add_typer(policy, name="policy")
 
-        try:
-            policy = load_policy(path, check_curves=False)
-        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
-            return []
-        return residual_pair_warnings(policy, database)
 
+def _check_command(policy: typer.Typer) -> None:
     @policy.command("check")
     def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
               skip_secrets: bool = typer.Option(
@@ -181,7 +193,7 @@ def register(app: typer.Typer) -> None:
             if result.ok:
                 # echo: one line each, a line break in a file name shown as \n (scripts read these)
                 echo(f"SUCCESS {result.path}")
-                for line in [*refit_warnings(Path(result.path)), *residual_warnings(Path(result.path), database)]:
+                for line in [*_refit_warnings(Path(result.path)), *_residual_warnings(Path(result.path), database)]:
                     echo(f"WARNING {result.path}: {line}")
                 continue
             failed += 1
@@ -191,6 +203,8 @@ def register(app: typer.Typer) -> None:
         if failed:
             raise PolicyError(f"{failed} of {len(paths)} policy file(s) failed the check")
 
+
+def _test_command(policy: typer.Typer) -> None:
     @policy.command("test")
     def test(
         file: Path = typer.Argument(..., help="Policy file."),
@@ -222,8 +236,8 @@ def register(app: typer.Typer) -> None:
         for name, why in result.get("skipped", {}).items():
             echo(f"skipped {name}: {why}")
 
-    routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 
+def _routes_test_command(routes: typer.Typer) -> None:
     @routes.command("test")
     def routes_test(
         file: Path = typer.Argument(..., help="Policy file."),
@@ -246,6 +260,3 @@ def register(app: typer.Typer) -> None:
             wanted = [name.strip() for name in verify.split(",") if name.strip()]
             if got != wanted:
                 raise PolicyError(f"{file}: the labels reach {', '.join(got)}, not {', '.join(wanted)}")
-
-    policy.add_typer(routes, name="routes")
-    app.add_typer(policy, name="policy")

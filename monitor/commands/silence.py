@@ -19,10 +19,19 @@ from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_
 from monitor.commands.terminal import echo, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
 
+
 def register(app: typer.Typer) -> None:
     silence = typer.Typer(help="Silences: stop matching alerts from being sent, until a time.",
                           no_args_is_help=True)
 
+    _add_command(silence)
+    _list_command(silence)
+    _expire_command(silence)
+
+    app.add_typer(silence, name="silence")
+
+
+def _add_command(silence: typer.Typer) -> None:
     @silence.command("add")
     def add(
         match: list[str] = typer.Option(..., "--match", help="KEY=VALUE, KEY!=VALUE, KEY=~REGEX or KEY!~REGEX "
@@ -59,6 +68,8 @@ def register(app: typer.Typer) -> None:
         if count is not None:
             echo(f"matches {count} current alert{'' if count == 1 else 's'}", err=True)
 
+
+def _list_command(silence: typer.Typer) -> None:
     @silence.command("list")
     def list_(
         include_expired: bool = typer.Option(False, "--all", help="Include expired silences."),
@@ -96,6 +107,8 @@ def register(app: typer.Typer) -> None:
         print_table(console, table)
         print_more(console, page, "silences")
 
+
+def _expire_command(silence: typer.Typer) -> None:
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`, or a unique "
                                                 "prefix of it, 4 characters at least (an ambiguous one "
@@ -118,5 +131,3 @@ def register(app: typer.Typer) -> None:
             lambda store: expire_silence(store, silence_id, now=now),
             read_only=False)
         echo(f"expired {expired}")
-
-    app.add_typer(silence, name="silence")
