@@ -22,7 +22,7 @@ from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_ID, NOW_OPTION
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
-from monitor.commands.through_daemon import through_daemon
+from monitor.commands.through_daemon import change_through_daemon, through_daemon
 from monitor.errors import DeliveryError, PolicyError
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
@@ -70,13 +70,9 @@ def _on_the_state(state: Path, db: Path | None, policies: list[Path], now_text: 
 def register(app: typer.Typer) -> None:
     alerts = typer.Typer(help="Alerts and their deliveries (the outbox).", no_args_is_help=True)
 
-    _list_command(alerts)
-    _show_command(alerts)
-    _retry_command(alerts)
-    _test_command(alerts)
-    _evaluate_command(alerts)
-    _dispatch_command(alerts)
-    _enable_command(alerts)
+    for add_command in (_list_command, _show_command, _retry_command, _test_command, _evaluate_command,
+                        _dispatch_command, _enable_command):
+        add_command(alerts)
 
     app.add_typer(alerts, name="alerts")
 
@@ -173,16 +169,11 @@ def _retry_command(alerts: typer.Typer) -> None:
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
         from monitor.alerts.state_ops import parse_now, retry_dead_letters
-        from monitor.service import api_post
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        done = through_daemon(
-            db_path,
-            lambda url: api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
-                                 state_dir=db_path.parent)["requeued"],
-            lambda store: retry_dead_letters(store, ident, now=now),
-            read_only=False)
+        done = change_through_daemon(db_file(state, db), f"/alerts/{quote(ident, safe='')}/retry",
+                                     {"now": now.isoformat()}, lambda reply: reply["requeued"],
+                                     lambda store: retry_dead_letters(store, ident, now=now))
         for nid in done:
             echo(f"requeued {nid}")
 

@@ -40,10 +40,8 @@ def register(app: typer.Typer) -> None:
     corpus_app = typer.Typer(help="Pinned corpora: inspect, verify, build new versions.",
                              no_args_is_help=True)
 
-    _info_command(corpus_app)
-    _verify_command(corpus_app)
-    _build_command(corpus_app)
-    _build_pool_command(corpus_app)
+    for add_command in (_info_command, _verify_command, _build_command, _build_pool_command):
+        add_command(corpus_app)
 
     app.add_typer(corpus_app, name="corpus")
 

@@ -321,11 +321,8 @@ def choice_text(pair: dict[str, Any]) -> str:
 def register(app: typer.Typer) -> None:
     curves = typer.Typer(help="Task curves: fit, show, validate and apply them.", no_args_is_help=True)
 
-    _fit_command(curves)
-    _refit_command(curves)
-    _show_command(curves)
-    _validate_command(curves)
-    _predict_command(curves)
+    for add_command in (_fit_command, _refit_command, _show_command, _validate_command, _predict_command):
+        add_command(curves)
 
     app.add_typer(curves, name="curves")
 

@@ -172,17 +172,15 @@ def register(app: typer.Typer) -> None:
                       no_args_is_help=True)
     app.add_typer(lab, name="lab")
 
-    _train_command(lab)
-    _run_command(lab)
-    _run3_command(lab)
-    _report_command(lab)
+    for add_command in (_train_command, _run_command, _run3_command, _report_command):
+        add_command(lab)
 
     tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
                                       "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
     lab.add_typer(tokenizers_app, name="tokenizers")
 
-    _tokenizers_build_command(tokenizers_app)
-    _tokenizers_check_command(tokenizers_app)
+    for add_command in (_tokenizers_build_command, _tokenizers_check_command):
+        add_command(tokenizers_app)
 
 
 def _train_command(lab: typer.Typer) -> None:

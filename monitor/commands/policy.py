@@ -153,8 +153,8 @@ def register(app: typer.Typer) -> None:
     policy = typer.Typer(help="Policy files: validate them, try a score against them.",
                          no_args_is_help=True)
 
-    _check_command(policy)
-    _test_command(policy)
+    for add_command in (_check_command, _test_command):
+        add_command(policy)
 
     routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 

@@ -17,16 +17,15 @@ from monitor.commands.options import (DB_OPTION, JSON_OPTION, NOW_OPTION, STATE_
                                       json_option)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, plain_console, print_table
-from monitor.commands.through_daemon import through_daemon
+from monitor.commands.through_daemon import change_through_daemon, through_daemon
 
 
 def register(app: typer.Typer) -> None:
     silence = typer.Typer(help="Silences: stop matching alerts from being sent, until a time.",
                           no_args_is_help=True)
 
-    _add_command(silence)
-    _list_command(silence)
-    _expire_command(silence)
+    for add_command in (_add_command, _list_command, _expire_command):
+        add_command(silence)
 
     app.add_typer(silence, name="silence")
 
@@ -46,20 +45,17 @@ def _add_command(silence: typer.Typer) -> None:
     ) -> None:
         """Add a silence; prints its id, and how many alerts in force it matches."""
         from monitor.alerts.state_ops import add_silence_from_args, parse_now
-        from monitor.service import api_post, revive_times
+        from monitor.service import revive_times
 
         from monitor.alerts import current_user
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        row = through_daemon(
-            db_path,
-            lambda url: revive_times(api_post(url, "/silences", {
-                "match": list(match), "until": until, "comment": comment, "start": start,
-                "now": now.isoformat(), "created_by": current_user()}, state_dir=db_path.parent)),
+        row = change_through_daemon(
+            db_file(state, db), "/silences", {"match": list(match), "until": until, "comment": comment,
+                                              "start": start, "now": now.isoformat(), "created_by": current_user()},
+            revive_times,
             lambda store: add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
-                                                now=now),
-            read_only=False)
+                                                now=now))
         if as_json:
             print(json.dumps(row, indent=2, default=str))
             return
@@ -118,16 +114,11 @@ def _expire_command(silence: typer.Typer) -> None:
                now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
         from monitor.alerts.state_ops import parse_now
-        from monitor.service import api_post
 
         from monitor.alerts import expire_silence
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        expired = through_daemon(
-            db_path,
-            lambda url: api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
-                                 state_dir=db_path.parent)["expired"],
-            lambda store: expire_silence(store, silence_id, now=now),
-            read_only=False)
+        expired = change_through_daemon(db_file(state, db), f"/silences/{quote(silence_id, safe='')}/expire",
+                                        {"now": now.isoformat()}, lambda reply: reply["expired"],
+                                        lambda store: expire_silence(store, silence_id, now=now))
         echo(f"expired {expired}")
