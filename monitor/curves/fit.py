@@ -76,17 +76,22 @@ def _check_rows(labels: Sequence[Label], predictor: Axis) -> None:
                          hint="keep one row per checkpoint")
 
 
-def _checked_settings(*, confidence: float, margin: float, resamples: int, axis: str | None,
-                      predictor: str | None, family: str, widening: float | None, spread: float | None,
-                      choice: dict | None) -> str:
-    """The axis `fit_curve` fits on, once every setting it was given is checked (one CurveError
-    naming the first bad one)."""
+def check_band_settings(*, confidence: float, margin: float, resamples: int) -> None:
+    """What every curve fit (by axis, or by axis and budget) needs of its band settings."""
     if not 0.0 < confidence < 1.0:
         raise CurveError(f"confidence must lie in (0, 1), got {confidence}")
     if not margin > 0.0:
         raise CurveError(f"the margin ε must be positive, got {margin}")
     if resamples < 50:
         raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
+
+
+def _checked_settings(*, confidence: float, margin: float, resamples: int, axis: str | None,
+                      predictor: str | None, family: str, widening: float | None, spread: float | None,
+                      choice: dict | None) -> str:
+    """The axis `fit_curve` fits on, once every setting it was given is checked (one CurveError
+    naming the first bad one)."""
+    check_band_settings(confidence=confidence, margin=margin, resamples=resamples)
     if axis is not None and predictor is not None and axis != predictor:
         raise CurveError(f"axis {axis!r} and predictor {predictor!r} differ; give one")
     predictor = axis or predictor or "lstar"
