@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -16,12 +17,12 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import DB_OPTION, MAX_ID, STATE_OPTION, add_columns, db_file, id_column, int_argument
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_ID, NOW_OPTION, POLICY_NAME_OPTION, STATE_OPTION,
+                                      add_columns, db_file, id_column, int_argument)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.policy import expand_policy_paths
-from monitor.commands.silence import NOW_OPTION
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
-from monitor.commands.through_daemon import through_daemon
+from monitor.commands.through_daemon import change_through_daemon, through_daemon
 from monitor.errors import DeliveryError, PolicyError
 
 POLICIES_OPTION = typer.Option(..., "--policy", help="Policy file (repeat for several; a folder: its *.yaml).")
@@ -53,17 +54,38 @@ def test_message(policy: Any, receiver: str, now: Any) -> Any:
     return Outgoing(id=f"msg_test_{uuid.uuid4().hex[:24]}", policy=policy.name, receiver=receiver, body=body)
 
 
+def _on_the_state(state: Path, db: Path | None, policies: list[Path], now_text: str | None,
+                  job: Callable[..., Any]) -> Any:
+    """`job(store, policies, now=...)` on the state opened for writing, with the policies loaded
+    and --now parsed (what `alerts evaluate` and `alerts dispatch` share)."""
+    from monitor.alerts.state_ops import parse_now
+    from monitor.store import Store
+
+    db_path = db_file(state, db)
+    loaded = _policies(policies)
+    with Store.open(db_path) as store:
+        return job(store, loaded, now=parse_now(now_text))
+
+
 def register(app: typer.Typer) -> None:
     alerts = typer.Typer(help="Alerts and their deliveries (the outbox).", no_args_is_help=True)
 
+    for add_command in (_list_command, _show_command, _retry_command, _test_command, _evaluate_command,
+                        _dispatch_command, _enable_command):
+        add_command(alerts)
+
+    app.add_typer(alerts, name="alerts")
+
+
+def _list_command(alerts: typer.Typer) -> None:
     @alerts.command("list")
     def list_(
-        policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
+        policy: str = POLICY_NAME_OPTION,
         limit: int = limit_option("alerts"),
         cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Newest alerts with the state of each delivery (opens the file read-only)."""
         from monitor.service import api_get
@@ -96,12 +118,14 @@ def register(app: typer.Typer) -> None:
         print_table(console, table)
         print_more(console, page, "alerts")
 
+
+def _show_command(alerts: typer.Typer) -> None:
     @alerts.command("show")
     def show(
         alert_id: int = int_argument(..., low=1, high=MAX_ID, help="Alert id (from `lstar alerts list`)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """One alert: labels, numbers, deliveries, and every delivery attempt."""
         from monitor.service import api_get, revive_times
@@ -134,6 +158,8 @@ def register(app: typer.Typer) -> None:
                               a["outcome"], str(a["status_code"] or ""), a["error"] or "")
         print_table(console, table)
 
+
+def _retry_command(alerts: typer.Typer) -> None:
     @alerts.command("retry")
     def retry(
         ident: str = typer.Argument(..., help="Alert id, or a notification id (msg_...)."),
@@ -143,25 +169,22 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Give dead-lettered notifications a fresh retry budget (after fixing the cause)."""
         from monitor.alerts.state_ops import parse_now, retry_dead_letters
-        from monitor.service import api_post
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        done = through_daemon(
-            db_path,
-            lambda url: api_post(url, f"/alerts/{quote(ident, safe='')}/retry", {"now": now.isoformat()},
-                                 state_dir=db_path.parent)["requeued"],
-            lambda store: retry_dead_letters(store, ident, now=now),
-            read_only=False)
+        done = change_through_daemon(db_file(state, db), f"/alerts/{quote(ident, safe='')}/retry",
+                                     {"now": now.isoformat()}, lambda reply: reply["requeued"],
+                                     lambda store: retry_dead_letters(store, ident, now=now))
         for nid in done:
             echo(f"requeued {nid}")
 
+
+def _test_command(alerts: typer.Typer) -> None:
     @alerts.command("test")
     def test(
         receiver: str = typer.Argument(..., help="Receiver name in the policy."),
         policy_file: Path = typer.Option(..., "--policy", help="Policy file defining the receiver."),
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Send a test notification through one receiver now (nothing is stored).
 
@@ -188,24 +211,20 @@ def register(app: typer.Typer) -> None:
             raise DeliveryError(f"the test notification to {receiver} was not delivered ({result.outcome})"
                                 + (f": {result.error}" if result.error else ""))
 
+
+def _evaluate_command(alerts: typer.Typer) -> None:
     @alerts.command("evaluate")
     def evaluate(
         policies: list[Path] = POLICIES_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Evaluate new scores against the policies and write the outbox (idempotent)."""
-        from monitor.alerts.state_ops import parse_now
-        from monitor.store import Store
-
         from monitor.alerts import evaluate_pending
 
-        db_path = db_file(state, db)
-        loaded = _policies(policies)
-        with Store.open(db_path) as store:
-            report = evaluate_pending(store, loaded, now=parse_now(now_text))
+        report = _on_the_state(state, db, policies, now_text, evaluate_pending)
         if as_json:
             print(json.dumps(report.as_dict(), indent=2))
             return
@@ -215,6 +234,8 @@ def register(app: typer.Typer) -> None:
         for line in report.late:   # recorded, but the lineage's state is its current checkpoint's
             echo(f"earlier checkpoint scored late: {line}")
 
+
+def _dispatch_command(alerts: typer.Typer) -> None:
     @alerts.command("dispatch")
     def dispatch(
         policies: list[Path] = POLICIES_OPTION,
@@ -223,18 +244,13 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """One pass of the outbox: (evaluate,) flush due groups, send what is due, record it."""
-        from monitor.alerts.state_ops import parse_now
-        from monitor.store import Store
-
         from monitor.alerts import run_pass
 
-        db_path = db_file(state, db)
-        loaded = _policies(policies)
-        with Store.open(db_path) as store:
-            out = run_pass(store, loaded, now=parse_now(now_text), evaluate=evaluate_first)
+        out = _on_the_state(state, db, policies, now_text,
+                            lambda store, loaded, now: run_pass(store, loaded, now=now, evaluate=evaluate_first))
         if as_json:
             print(json.dumps(out, indent=2, default=str))
             return
@@ -244,6 +260,8 @@ def register(app: typer.Typer) -> None:
         echo(f"{len(out['formed'])} message(s) formed, {len(out['sent'])} send(s), "
              f"{out['silenced']} silenced, {len(out['waiting'])} waiting")
 
+
+def _enable_command(alerts: typer.Typer) -> None:
     @alerts.command("enable")
     def enable(
         receiver: str = typer.Argument(..., help="Receiver name."),
@@ -262,5 +280,3 @@ def register(app: typer.Typer) -> None:
         if not changed:
             raise PolicyError(f"receiver {receiver} of policy {policy} is not disabled")
         echo(f"enabled {policy}/{receiver}")
-
-    app.add_typer(alerts, name="alerts")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, OptionError, float_option, int_option
+from monitor.commands.options import MAX_RESAMPLES, MAX_SEED, OptionError, float_option, int_option, json_option
 
 HELP = """Backtest the monitor on training histories: when would it have warned, and how often would it have been wrong?
 
@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
                                           "task,rel_error, or the OLMo paper's Task,Actual,Pred,Rel Error."),
         paper_task: list[str] = typer.Option(None, "--paper-task", help="PAPER_NAME=TASK: joins a paper's task "
                                              "name to the history's (repeatable)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        as_json: bool = json_option("Print the result as JSON."),
         markdown: Path = typer.Option(None, "--markdown", help="Write the result as Markdown to this file."),
         html: Path = typer.Option(None, "--html", help="Write an HTML page with plots into this folder."),
         alerts_out: Path = typer.Option(None, "--alerts-out", help="Keep the replay's alerts (JSON lines) here."),

@@ -14,6 +14,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from monitor.commands.options import json_option
 from monitor.commands.terminal import plain_console
 from monitor.environment import quiet_hub_progress
 from monitor.errors import CampaignError
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
     @app.command("calibrate")
     def calibrate(
         campaign_file: Path = typer.Argument(..., help="Campaign file (YAML): checkpoints, tasks, corpus, fit."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of tables."),
+        as_json: bool = json_option("Print a JSON summary instead of tables."),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bars (the Hub client's download bars included)."),
         output: Path | None = typer.Option(None, "--output", help="Write to this folder instead of the "
                                            "file's `output` (which must stay inside the file's folder)."),

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, add_columns, db_file
+from monitor.commands.options import DB_OPTION, JSON_OPTION, STATE_OPTION, OptionError, add_columns, db_file
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """List checkpoint rows, oldest first: repo, commit, refs, status and reason (opens the file read-only)."""
         db_path = db_file(state, db)

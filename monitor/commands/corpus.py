@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from monitor.commands.options import JSON_OPTION, json_option
 from monitor.commands.terminal import echo, plain_console
 
 if TYPE_CHECKING:
@@ -39,9 +40,17 @@ def register(app: typer.Typer) -> None:
     corpus_app = typer.Typer(help="Pinned corpora: inspect, verify, build new versions.",
                              no_args_is_help=True)
 
+    for add_command in (_info_command, _verify_command, _build_command, _build_pool_command,
+                        _build_registers_command):
+        add_command(corpus_app)
+
+    app.add_typer(corpus_app, name="corpus")
+
+
+def _info_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("info")
     def info(path: Path = typer.Argument(..., help="Corpus folder (documents.jsonl + manifest.json)."),
-             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+             as_json: bool = JSON_OPTION) -> None:
         """Name, version, pin, size and slices of a corpus (verified on load)."""
         from monitor.scoring import load_corpus
 
@@ -62,6 +71,8 @@ def register(app: typer.Typer) -> None:
         table.add_row("total", f"{data['documents']:,}", f"{data['bytes']:,}", "")
         plain_console().print(table)
 
+
+def _verify_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("verify")
     def verify(path: Path = typer.Argument(..., help="Corpus folder.")) -> None:
         """Check every document hash, the order and the manifest pin; exit non-zero on any difference."""
@@ -70,6 +81,8 @@ def register(app: typer.Typer) -> None:
         corpus = load_corpus(path)
         echo(f"OK {_one_line(corpus)}")
 
+
+def _build_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("build")
     def build(src_dir: Path = typer.Argument(..., help="Folder of .txt/.md/.py/.jsonl files."),
               out_dir: Path = typer.Argument(..., help="New corpus folder (must not exist or be empty)."),
@@ -82,6 +95,8 @@ def register(app: typer.Typer) -> None:
         corpus = build_corpus(src_dir, out_dir, slice_rules)
         echo(f"built {out_dir}: {_one_line(corpus)}")
 
+
+def _build_pool_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("build-pool")
     def build_pool_cmd(
             out_dir: Path = typer.Argument(..., help="New pool folder (must not exist or be empty)."),
@@ -98,7 +113,7 @@ def register(app: typer.Typer) -> None:
                                         "(about 340 kB of text) in the same layout."),
             name: str = typer.Option("lab-pool", "--name", help="Pool name (corpora are NAME-train, ...)."),
             version: str = typer.Option("v1", "--version", help="Pool version."),
-            as_json: bool = typer.Option(False, "--json", help="Print the pool manifest's summary as JSON."),
+            as_json: bool = json_option("Print the pool manifest's summary as JSON."),
     ) -> None:
         """Build the lab's text pool from Debian packages: train / heldout / tasks corpora."""
         from monitor.scoring.pool_build import build_pool
@@ -117,6 +132,8 @@ def register(app: typer.Typer) -> None:
         echo(f"built {out_dir} from "
              + ", ".join(f"{p['package']} {p['version']}" for p in built.manifest["packages"]))
 
+
+def _build_registers_command(corpus_app: typer.Typer) -> None:
     @corpus_app.command("build-registers")
     def build_registers_cmd(
             out_dir: Path = typer.Argument(..., help="Folder to build the register corpora in "
@@ -130,8 +147,10 @@ def register(app: typer.Typer) -> None:
                 help="Corpus folder whose documents the registers must not contain (repeatable)."),
             as_json: bool = typer.Option(False, "--json", help="Print each register's corpus summary as JSON."),
     ) -> None:
-        """Rebuild the calibration-corpus registers (code, technical prose, dictionary prose) byte for
-        byte from their pinned Debian packages; another package version is refused."""
+        """Rebuild the calibration-corpus registers byte for byte from their pinned Debian packages.
+
+        The registers are code, technical prose and dictionary prose (docs/stress.md); a package
+        whose version differs from its pin is refused in one line."""
         from monitor.scoring.register_build import REGISTER_PINS_DIR, build_registers
 
         files = list(pins) if pins else sorted(REGISTER_PINS_DIR.glob("*.json"))
@@ -146,4 +165,3 @@ def register(app: typer.Typer) -> None:
             echo(f"{b.manifest['register']}: {b.path} — {c['documents']:,} documents, {c['bytes']:,} bytes, "
                  f"sha256 {c['sha256']}")
 
-    app.add_typer(corpus_app, name="corpus")

@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import (DB_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError, db_file,
-                                      float_option,
-                                      int_option)
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_RESAMPLES, MAX_SEED, STATE_OPTION, OptionError,
+                                      db_file, float_option, int_option, json_option)
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import CurveError, LabelError
 from monitor.escape import markdown_text
@@ -322,6 +321,13 @@ def choice_text(pair: dict[str, Any]) -> str:
 def register(app: typer.Typer) -> None:
     curves = typer.Typer(help="Task curves: fit, show, validate and apply them.", no_args_is_help=True)
 
+    for add_command in (_fit_command, _refit_command, _show_command, _validate_command, _predict_command):
+        add_command(curves)
+
+    app.add_typer(curves, name="curves")
+
+
+def _fit_command(curves: typer.Typer) -> None:
     @curves.command("fit")
     def fit(
         out: Path = typer.Option(..., "--out", help="Where to write the curve artifact (JSON)."),
@@ -354,7 +360,7 @@ def register(app: typer.Typer) -> None:
                                                "monotone in both the axis and the budget."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Fit a monotone curve of task performance on a progress axis (L* by default) and write
         its artifact (with --budget-column: monotone in the axis and an inference budget)."""
@@ -395,6 +401,8 @@ def register(app: typer.Typer) -> None:
         print_summary(curve, console)
         console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
+
+def _refit_command(curves: typer.Typer) -> None:
     @curves.command("refit")
     def refit(
         curve_path: Path = typer.Argument(..., help="The curve artifact (JSON) to refit; it is not changed."),
@@ -403,7 +411,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Where to write the new artifact (JSON)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Refit a curve with the evaluations the daemon observed: a new artifact (new id, its
         provenance naming the parent curve and the observed checkpoints). No policy is changed;
@@ -433,11 +441,13 @@ def register(app: typer.Typer) -> None:
                       f"{len(prov.get('observed_checkpoints') or [])} observed checkpoint(s))",
                       soft_wrap=True, markup=False)
 
+
+def _show_command(curves: typer.Typer) -> None:
     @curves.command("show")
     def show(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
         png: Path = typer.Option(None, "--png", help="Also render the curve to this PNG file."),
-        as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+        as_json: bool = json_option("Print the summary as JSON."),
     ) -> None:
         """Summarise a curve (and plot it with --png)."""
         from monitor.curves import curve_summary, load_curve
@@ -455,6 +465,8 @@ def register(app: typer.Typer) -> None:
         if png is not None:
             console.print(f"wrote {png}", soft_wrap=True, markup=False)
 
+
+def _validate_command(curves: typer.Typer) -> None:
     @curves.command("validate")
     def validate(
         task: str = typer.Option(None, "--task", help="Task name (as in the labels); with --axes and a CSV, "
@@ -489,7 +501,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="Write the table (.csv, .json or .md)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+        as_json: bool = json_option("Print the table as JSON."),
     ) -> None:
         """Leave-one-family-out validation: L* against raw CE, log params and log FLOPs
         (with --axes: every axis, and the recommended one; with --forward: forward validation of
@@ -509,26 +521,9 @@ def register(app: typer.Typer) -> None:
         rows, _ = load_fit_labels(labels, db_path, task=task, corpus_sha256=corpus_sha, family=family)
         chosen, _metric = select_labels(rows, task=task, metric=metric)
         if forward:
-            from monitor.curves.axes import get_axis
-            from monitor.curves.fit import fit_curve
-            from monitor.curves.forward import choose_family
-
-            get_axis(axis)
-            record = choose_family(chosen, fit=fit_curve, task=task, metric=_metric, baseline=baseline,
-                                   margin=margin,
-                                   confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
-                                   seed=seed)
-            if out is not None:
-                out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-            if as_json:
-                print(json.dumps(record, indent=2))
-                return
-            console = plain_console()
-            console.print(forward_table(record))
-            for key, reason in record["skipped"].items():
-                console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
-            if out is not None:
-                console.print(f"wrote {out}", soft_wrap=True, markup=False)
+            _validate_forward(chosen, task=task, metric=_metric, baseline=baseline, margin=margin,
+                              confidence=confidence, axis=axis, ordering=ordering, bootstrap=bootstrap, seed=seed,
+                              out=out, as_json=as_json)
             return
         result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
                                resamples=bootstrap, seed=seed)
@@ -547,6 +542,34 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             console.print(f"wrote {out}", soft_wrap=True, markup=False)
 
+
+def _validate_forward(chosen: Any, *, task: str, metric: str, baseline: float, margin: float, confidence: float,
+                      axis: str, ordering: str, bootstrap: int, seed: int, out: Path | None, as_json: bool) -> None:
+    """`curves validate --forward`: predict every larger (later) model from the smaller (earlier)
+    ones per fit family, and print the family it chooses."""
+    from monitor.curves.axes import get_axis
+    from monitor.curves.fit import fit_curve
+    from monitor.curves.forward import choose_family
+
+    get_axis(axis)
+    record = choose_family(chosen, fit=fit_curve, task=task, metric=metric, baseline=baseline,
+                           margin=margin,
+                           confidence=confidence, axis=axis, ordering=ordering, resamples=bootstrap,
+                           seed=seed)
+    if out is not None:
+        out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if as_json:
+        print(json.dumps(record, indent=2))
+        return
+    console = plain_console()
+    console.print(forward_table(record))
+    for key, reason in record["skipped"].items():
+        console.print(f"skipped {key}: {reason}", markup=False, emoji=False, highlight=False)
+    if out is not None:
+        console.print(f"wrote {out}", soft_wrap=True, markup=False)
+
+
+def _predict_command(curves: typer.Typer) -> None:
     @curves.command("predict")
     def predict_cmd(
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
@@ -562,7 +585,7 @@ def register(app: typer.Typer) -> None:
                                           "--budget-column; one of its fitted levels)."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """P̂ = g(x) on the curve's axis, its interval widened by the SE of x, and the state
         (clear / at_risk / emerged)."""
@@ -597,5 +620,3 @@ def register(app: typer.Typer) -> None:
             f" (threshold {result.level:g}"
             + (f", budget {result.budget:g})" if result.budget is not None else ")")
             + (f" · {extrapolation_text(result.extrapolation, curve.axis)}" if result.extrapolation else "")))
-
-    app.add_typer(curves, name="curves")

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
+from monitor.commands.options import DB_OPTION, JSON_OPTION, STATE_OPTION, db_file
 from monitor.commands.terminal import plain_console
 from monitor.commands.through_daemon import through_daemon
 
@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 
     @db.command("info")
     def info(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
-             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+             as_json: bool = JSON_OPTION) -> None:
         """Schema version and row counts (opens the file read-only)."""
         from monitor.service import api_get
 

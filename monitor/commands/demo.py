@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from monitor.commands.options import OptionError
+from monitor.commands.options import OptionError, json_option
 from monitor.commands.terminal import echo, plain_console
 
 
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
                                           "an earlier demo made (its own entries are emptied first; anything "
                                           "else there, or a symbolic link, is refused)."),
         shared: Path = typer.Option(None, "--shared", help="The shared data folder (default: ../shared)."),
-        as_json: bool = typer.Option(False, "--json", help="Print a machine-readable summary."),
+        as_json: bool = json_option("Print a machine-readable summary."),
         fit_history: bool = typer.Option(False, "--fit-history",
                                          help="Train, label and fit the history curve (seed 0) here instead of "
                                               "using the shipped one (about as long again as the demo itself)."),

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from monitor.commands.options import (DB_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, MAX_BATCH, STATE_OPTION, DType, db_file, device_option,
                                       endpoint_option, int_option, is_hub_model)
 from monitor.commands.terminal import plain_console
 from monitor.environment import hub_reachable
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         no_store: bool = typer.Option(False, "--no-store", help="Do not write the labels to the database."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
         endpoint: str | None = endpoint_option("Hub endpoint a Hub MODEL is fetched from (default HF_ENDPOINT or "
                                                "the public Hub)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Download cache of a Hub MODEL "

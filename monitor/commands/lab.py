@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from monitor.commands.options import MAX_SEED, id_column, int_option
+from monitor.commands.options import MAX_SEED, id_column, int_option, json_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import LabError
 
@@ -153,28 +153,42 @@ def _print_summary_v3(record: Any) -> None:
     plain_console().print(table)
 
 
+# The flags lab train and lab run share (run3 and report take some of them).
+OUT_OPTION = typer.Option(Path("state") / "lab", "--out", help="The lab folder (resumed when it exists).")
+SHARED_OPTION = typer.Option(Path("../shared"), "--shared", help="The shared data folder.")
+SIZE_OPTION = typer.Option("full", "--size", help="full (the measured lab) or reduced (the CI size).")
+POOL_OPTION = typer.Option(None, "--pool", help="The lab pool folder (train/, heldout/, tasks/).")
+FAMILIES_OPTION = typer.Option(None, "--families",
+                               help="Comma-separated lossless tokenizer folders of shared/tokenizers (the race).")
+STRESS_OPTION = typer.Option(None, "--stress-families",
+                             help="Comma-separated tokenizers run as a labelled stress test (lossy ones allowed).")
+SEEDS_OPTION = typer.Option(None, "--seeds", help="Comma-separated seeds, e.g. 0,1,2.")
+WORKERS_OPTION = int_option(2, "--workers", low=1, high=64, help="Lineages trained at once (one core each).")
+
+
 def register(app: typer.Typer) -> None:
     lab = typer.Typer(help="The emergence lab: train checkpoint families with different tokenizers, "
                            "score and label them, report how L* transfers thresholds.",
                       no_args_is_help=True)
     app.add_typer(lab, name="lab")
 
-    out_option = typer.Option(Path("state") / "lab", "--out", help="The lab folder (resumed when it exists).")
-    shared_option = typer.Option(Path("../shared"), "--shared", help="The shared data folder.")
-    size_option = typer.Option("full", "--size", help="full (the measured lab) or reduced (the CI size).")
-    pool_option = typer.Option(None, "--pool", help="The lab pool folder (train/, heldout/, tasks/).")
-    families_option = typer.Option(None, "--families",
-                                   help="Comma-separated lossless tokenizer folders of shared/tokenizers (the race).")
-    stress_option = typer.Option(None, "--stress-families",
-                                 help="Comma-separated tokenizers run as a labelled stress test (lossy ones allowed).")
-    seeds_option = typer.Option(None, "--seeds", help="Comma-separated seeds, e.g. 0,1,2.")
-    workers_option = int_option(2, "--workers", low=1, high=64, help="Lineages trained at once (one core each).")
+    for add_command in (_train_command, _run_command, _run3_command, _report_command):
+        add_command(lab)
 
+    tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
+                                      "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
+    lab.add_typer(tokenizers_app, name="tokenizers")
+
+    for add_command in (_tokenizers_build_command, _tokenizers_check_command):
+        add_command(tokenizers_app)
+
+
+def _train_command(lab: typer.Typer) -> None:
     @lab.command("train")
-    def train(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
-              pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
-              seeds: str = seeds_option, workers: int = workers_option,
-              as_json: bool = typer.Option(False, "--json", help="Print the checkpoints as JSON.")) -> None:
+    def train(out: Path = OUT_OPTION, shared: Path = SHARED_OPTION, size: str = SIZE_OPTION,
+              pool: Path = POOL_OPTION, families: str = FAMILIES_OPTION, stress: str = STRESS_OPTION,
+              seeds: str = SEEDS_OPTION, workers: int = WORKERS_OPTION,
+              as_json: bool = json_option("Print the checkpoints as JSON.")) -> None:
         """Train (or resume) every lineage and save its checkpoints; no scoring."""
         from monitor.lab.race import train_race
 
@@ -187,11 +201,13 @@ def register(app: typer.Typer) -> None:
                 steps = ", ".join(f"step{m['step']}" for m in metas)
                 echo(f"{name}: {steps} under {out / name}")
 
+
+def _run_command(lab: typer.Typer) -> None:
     @lab.command("run")
-    def run(out: Path = out_option, shared: Path = shared_option, size: str = size_option,
-            pool: Path = pool_option, families: str = families_option, stress: str = stress_option,
-            seeds: str = seeds_option, workers: int = workers_option,
-            as_json: bool = typer.Option(False, "--json", help="Print lab.json's checkpoints as JSON.")) -> None:
+    def run(out: Path = OUT_OPTION, shared: Path = SHARED_OPTION, size: str = SIZE_OPTION,
+            pool: Path = POOL_OPTION, families: str = FAMILIES_OPTION, stress: str = STRESS_OPTION,
+            seeds: str = SEEDS_OPTION, workers: int = WORKERS_OPTION,
+            as_json: bool = json_option("Print lab.json's checkpoints as JSON.")) -> None:
         """Train, score and label every lineage (lab v2), then write OUT/lab.json."""
         from monitor.lab.race import run_race
 
@@ -203,16 +219,18 @@ def register(app: typer.Typer) -> None:
             _print_summary(record)
             echo(f"lab record: {out / 'lab.json'}")
 
+
+def _run3_command(lab: typer.Typer) -> None:
     @lab.command("run3")
     def run3(out: Path = typer.Option(Path("state") / "lab-v3", "--out", help="The lab folder (resumed when it exists)."),
-             shared: Path = shared_option, size: str = size_option, pool: Path = pool_option,
+             shared: Path = SHARED_OPTION, size: str = SIZE_OPTION, pool: Path = POOL_OPTION,
              families_dir: Path = typer.Option(None, "--families-dir",
                                                help="A folder of family folders (tokenizer.json + tokenizer_config.json "
                                                     "each); default: v2's six, starcoder2 and gpt-4o of SHARED/tokenizers."),
              families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them; "
                                                                    "with --families-dir, every kept one)."),
-             seeds: str = seeds_option, workers: int = workers_option,
-             as_json: bool = typer.Option(False, "--json", help="Print the race rows (race_rows_v3) as JSON.")) -> None:
+             seeds: str = SEEDS_OPTION, workers: int = WORKERS_OPTION,
+             as_json: bool = json_option("Print the race rows (race_rows_v3) as JSON.")) -> None:
         """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
         Primary text: the pool's held-out split (in distribution); secondary: calib-v0. Tasks add logp_correct.
@@ -240,6 +258,8 @@ def register(app: typer.Typer) -> None:
             _print_summary_v3(record)
             echo(f"lab record: {out / 'lab.json'}")
 
+
+def _report_command(lab: typer.Typer) -> None:
     @lab.command("report")
     def report(lab_dir: Path = typer.Option(Path("state") / "lab", "--lab", help="The lab folder (or its lab.json)."),
                rows: Path = typer.Option(None, "--rows", help="Race from a JSON file of race rows instead of a lab "
@@ -252,7 +272,7 @@ def register(app: typer.Typer) -> None:
                pilot: Path = typer.Option(None, "--pilot",
                                           help="Lab v3: judge only the pilot gate of this lab.json (or lab folder): "
                                                "a pilot-only run, before the race. Exit 0 passed, 1 stopped."),
-               as_json: bool = typer.Option(False, "--json", help="Print the report's numbers as JSON.")) -> None:
+               as_json: bool = json_option("Print the report's numbers as JSON.")) -> None:
         """Race the progress axes and write the lab report (Markdown, HTML with plots, lab-report.json).
 
         A lab v3 record (schema lstar-lab/3) or v3 rows file (lstar-lab-rows/3) gets v3's report
@@ -282,15 +302,13 @@ def register(app: typer.Typer) -> None:
             echo(f"{result['primary']['statement']} (primary comparison; rule in docs/lab.md)")
             echo(f"lab report: {out_dir}")
 
-    tokenizers_app = typer.Typer(help="The tokenizer families of lab v3: build their folders, measure how "
-                                      "distinct they are (docs/lab.md, \"Families v3\").", no_args_is_help=True)
-    lab.add_typer(tokenizers_app, name="tokenizers")
 
+def _tokenizers_build_command(tokenizers_app: typer.Typer) -> None:
     @tokenizers_app.command("build")
     def tokenizers_build(
             out: Path = typer.Argument(..., help="Folder to write one tokenizer folder per family into."),
             pool: Path = typer.Option(..., "--pool", help="The lab pool; the trained families learn from its train split."),
-            shared: Path = shared_option,
+            shared: Path = SHARED_OPTION,
             families: str = typer.Option(None, "--families", help="Comma-separated subset of the v3 candidates "
                                                                   "(default: all, in the pre-registered order)."),
             mistral_data: Path = typer.Option(None, "--mistral-data",
@@ -299,7 +317,7 @@ def register(app: typer.Typer) -> None:
                                                help="Read the mistral vocabularies from the pinned wheel file "
                                                     "(mistral_common-1.13.1-py3-none-any.whl, sha256 checked) "
                                                     "instead of an installed mistral-common."),
-            as_json: bool = typer.Option(False, "--json", help="Print each family's provenance as JSON.")) -> None:
+            as_json: bool = json_option("Print each family's provenance as JSON.")) -> None:
         """Write OUT/<family>/ (tokenizer.json, tokenizer_config.json, provenance.json) for every v3
         candidate: real tokenizers copied from the shared folder, mistral-common's vocabularies converted,
         byte-level BPE tokenizers trained on the pool, and pruned-merge variants. A rebuild
@@ -316,16 +334,18 @@ def register(app: typer.Typer) -> None:
             for s in built:
                 echo(f"{s.name} ({s.kind}): {s.folder}")
 
+
+def _tokenizers_check_command(tokenizers_app: typer.Typer) -> None:
     @tokenizers_app.command("check")
     def tokenizers_check(
             folder: Path = typer.Argument(..., help="The folder `lstar lab tokenizers build` wrote."),
             pool: Path = typer.Option(..., "--pool", help="The lab pool (its train chunks and held-out text are "
                                                           "round-tripped)."),
-            shared: Path = shared_option,
+            shared: Path = SHARED_OPTION,
             cutoff: float = typer.Option(0.96, "--cutoff", help="Boundary Jaccard at or above which a family "
                                                                "counts as a near-duplicate of one kept before it."),
             out: Path = typer.Option(None, "--out", help="Also write the result as JSON to this file."),
-            as_json: bool = typer.Option(False, "--json", help="Print the result as JSON.")) -> None:
+            as_json: bool = json_option("Print the result as JSON.")) -> None:
         """Refuse any family that fails the decode round trip (on the pool's text and calib-v0; a document
         with a special-token literal that fails is excluded for all), then measure the token-boundary
         Jaccard between every pair on calib-v0 and keep families greedily in the pre-registered order,

@@ -10,7 +10,8 @@ the same for durations (`15m`) and sizes (`16G`), with the parsers of the daemon
 (`monitor.service.settings`). `DType` and `Device` are the choices of `--dtype` and
 `--device`; `device_option` also takes `cuda:N`. `STATE_OPTION` and `DB_OPTION` say where the
 state is: `--state DIR` in every command that reads or writes it, `--db FILE` to name the
-database file itself (`db_file` resolves the pair). `show_flags_as_flags` keeps `--help` from
+database file itself (`db_file` resolves the pair). `JSON_OPTION` (or `json_option(help)`),
+`NOW_OPTION` and `POLICY_NAME_OPTION` are the other flags the commands share. `show_flags_as_flags` keeps `--help` from
 giving boolean flags a value type (`--json <bool>`), and `id_column` adds a table column whose
 long identifiers wrap instead of being cut.
 
@@ -81,6 +82,15 @@ def bounded_int(low: int | None, high: int | None) -> Callable[[Any], int]:
 
 STATE_OPTION = typer.Option(Path("state"), "--state", help="State directory (database, lock, API info).")
 DB_OPTION = typer.Option(None, "--db", help=f"DuckDB state file (default: STATE/{DB_NAME}).")
+# The flags many commands share, defined once so their spelling and help read alike everywhere.
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON.")
+NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
+POLICY_NAME_OPTION = typer.Option(None, "--policy", help="Only this policy (by name).")
+
+
+def json_option(help: str) -> Any:
+    """`--json` with a help text that says what is printed (`JSON_OPTION` says "Print JSON.")."""
+    return typer.Option(False, "--json", help=help)
 
 
 def db_file(state: Path, db: Path | None) -> Path:

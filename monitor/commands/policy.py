@@ -12,7 +12,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, float_option
+from monitor.commands.options import DB_OPTION, JSON_OPTION, STATE_OPTION, db_file, float_option
 from monitor.commands.terminal import echo, plain_console
 from monitor.errors import PolicyError
 
@@ -118,48 +118,61 @@ def caveats(decision: dict[str, Any]) -> list[str]:
     return out
 
 
+def _refit_warnings(path: Path) -> list[str]:
+    """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
+    still points at the reviewed file, which is right until a person reviews the refit."""
+    from monitor.curves.refit import newer_refits
+    from monitor.policy import load_policy
+
+    try:
+        policy = load_policy(path, check_curves=False)
+    except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+        return []
+    lines = []
+    for i, task in enumerate(policy.tasks):
+        for file, curve_id in newer_refits(policy.resolve_path(task.curve)):
+            lines.append(f"tasks[{i}].curve: {task.curve!r} has a newer refit {file.name} (curve "
+                         f"{curve_id[:12]}, with observed checkpoints); review it and point the task at it "
+                         "to use it")
+    return lines
+
+
+def _residual_warnings(path: Path, database: Path) -> list[str]:
+    """One line per task judging derivatives by residual without enough labelled pairs."""
+    from monitor.alerts.derivative_pairs import residual_pair_warnings
+    from monitor.policy import load_policy
+
+    try:
+        policy = load_policy(path, check_curves=False)
+    except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
+        return []
+    return residual_pair_warnings(policy, database)
+
+
+def _stress_warnings(path: Path, database: Path) -> list[str]:
+    """One line per stress flag on a task's curve (monitor.stress.limits), from the stress
+    results stored in the state folder's database."""
+    from monitor.stress.policy_flags import policy_stress_warnings
+
+    return policy_stress_warnings(path, database)
+
+
 def register(app: typer.Typer) -> None:
     policy = typer.Typer(help="Policy files: validate them, try a score against them.",
                          no_args_is_help=True)
 
-    def refit_warnings(path: Path) -> list[str]:
-        """One line per task whose curve has a refit beside it (`lstar curves refit`): the policy
-        still points at the reviewed file, which is right until a person reviews the refit."""
-        from monitor.policy import load_policy
+    for add_command in (_check_command, _test_command):
+        add_command(policy)
 
-        from monitor.curves.refit import newer_refits
-        from monitor.policy import load_policy
+    routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 
-        try:
-            policy = load_policy(path, check_curves=False)
-        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
-            return []
-        lines = []
-        for i, task in enumerate(policy.tasks):
-            for file, curve_id in newer_refits(policy.resolve_path(task.curve)):
-                lines.append(f"tasks[{i}].curve: {task.curve!r} has a newer refit {file.name} (curve "
-                             f"{curve_id[:12]}, with observed checkpoints); review it and point the task at it "
-                             "to use it")
-        return lines
+    _routes_test_command(routes)
 
-    def residual_warnings(path: Path, database: Path) -> list[str]:
-        """One line per task judging derivatives by residual without enough labelled pairs."""
-        from monitor.alerts.derivative_pairs import residual_pair_warnings
-        from monitor.policy import load_policy
+    policy.add_typer(routes, name="routes")
+    app.add_typer(policy, name="policy")
 
-        try:
-            policy = load_policy(path, check_curves=False)
-        except Exception:  # noqa: BLE001 - it passed the check; nothing to add if it cannot be read again
-            return []
-        return residual_pair_warnings(policy, database)
 
-    def stress_warnings(path: Path, database: Path) -> list[str]:
-        """One line per stress flag on a task's curve (monitor.stress.limits), from the stress
-        results stored in the state folder's database."""
-        from monitor.stress.policy_flags import policy_stress_warnings
-
-        return policy_stress_warnings(path, database)
-
+def _check_command(policy: typer.Typer) -> None:
     @policy.command("check")
     def check(files: list[Path] = typer.Argument(..., help="Policy files (a folder: its *.yaml)."),
               skip_secrets: bool = typer.Option(
@@ -190,8 +203,8 @@ def register(app: typer.Typer) -> None:
             if result.ok:
                 # echo: one line each, a line break in a file name shown as \n (scripts read these)
                 echo(f"SUCCESS {result.path}")
-                for line in [*refit_warnings(Path(result.path)), *residual_warnings(Path(result.path), database),
-                             *stress_warnings(Path(result.path), database)]:
+                for line in [*_refit_warnings(Path(result.path)), *_residual_warnings(Path(result.path), database),
+                             *_stress_warnings(Path(result.path), database)]:
                     echo(f"WARNING {result.path}: {line}")
                 continue
             failed += 1
@@ -201,6 +214,8 @@ def register(app: typer.Typer) -> None:
         if failed:
             raise PolicyError(f"{failed} of {len(paths)} policy file(s) failed the check")
 
+
+def _test_command(policy: typer.Typer) -> None:
     @policy.command("test")
     def test(
         file: Path = typer.Argument(..., help="Policy file."),
@@ -211,7 +226,7 @@ def register(app: typer.Typer) -> None:
                                                       "use several (tasks on other axes are skipped)."),
         repo: str = typer.Option("example/model", "--repo", help="Repo id to route with."),
         commit: str = typer.Option("0" * 40, "--commit", help="Commit to route with."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Print each task's decision (P̂, interval, threshold, state, receivers) for one value
         ± SE on the task curves' axis (L*, bits/byte, ...). Nothing is stored or sent."""
@@ -232,8 +247,8 @@ def register(app: typer.Typer) -> None:
         for name, why in result.get("skipped", {}).items():
             echo(f"skipped {name}: {why}")
 
-    routes = typer.Typer(help="The routing tree of a policy.", no_args_is_help=True)
 
+def _routes_test_command(routes: typer.Typer) -> None:
     @routes.command("test")
     def routes_test(
         file: Path = typer.Argument(..., help="Policy file."),
@@ -241,7 +256,7 @@ def register(app: typer.Typer) -> None:
                                                       "(a label not given matches as empty)."),
         verify: str = typer.Option(None, "--verify-receivers",
                                    help="Comma-separated receivers expected; exit 2 when they differ."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Print the receivers an alert with these labels reaches, and the route that takes it
         to each (as Alertmanager's `amtool config routes test`). Nothing is sent."""
@@ -256,6 +271,3 @@ def register(app: typer.Typer) -> None:
             wanted = [name.strip() for name in verify.split(",") if name.strip()]
             if got != wanted:
                 raise PolicyError(f"{file}: the labels reach {', '.join(got)}, not {', '.join(wanted)}")
-
-    policy.add_typer(routes, name="routes")
-    app.add_typer(policy, name="policy")

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, CommandLineError, db_file, endpoint_option, id_column
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, STATE_OPTION, CommandLineError, db_file,
+                                      endpoint_option, id_column)
 from monitor.commands.terminal import plain_console, print_table
 from monitor.environment import hub_reachable
 from monitor.errors import HubError, PolicyError
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
         endpoint: str = endpoint_option("Hub URL (default: HF_ENDPOINT or the Hub)."),
         cache_dir: Path = typer.Option(None, "--cache-dir", help="Hub cache (default: HF_HUB_CACHE)."),
         gate: bool = typer.Option(True, "--gate/--no-gate", help="Gate what was discovered."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Discover new (repo, commit) pairs for each watch rule and run the safety gate.
 

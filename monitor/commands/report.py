@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column
+from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column, json_option
 from monitor.commands.policy import expand_policy_paths
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -207,7 +207,7 @@ def register(app: typer.Typer) -> None:
             "policy in STATE/../policies, else in ./policies."),
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        as_json: bool = json_option("Print the report as JSON."),
         markdown: bool = typer.Option(False, "--markdown", help="Print the report as Markdown."),
         html: Path = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
         out: Path = typer.Option(None, "--out", help="Write the report folder here (report.md beside its "

@@ -18,7 +18,8 @@ import typer
 from pydantic import TypeAdapter, ValidationError
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, bounded_int, db_file, describe_range
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, STATE_OPTION, OptionError, bounded_int, db_file,
+                                      describe_range)
 from monitor.commands.terminal import echo, plain_console
 from monitor.commands.through_daemon import through_daemon
 from monitor.environment import hub_reachable
@@ -170,7 +171,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status(state: Path = STATE_OPTION, db: Path | None = DB_OPTION,
-               as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+               as_json: bool = JSON_OPTION) -> None:
         """What the daemon is doing (asks it), or what the database holds when it is not running."""
         data = read_status(state, db)
         if as_json:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file, id_column
+from monitor.commands.options import DB_OPTION, JSON_OPTION, STATE_OPTION, db_file, id_column
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """List score runs newest first: model, revision, corpus, L*, SE, tokens/s (opens the file read-only)."""
         page = read_runs(db_file(state, db), limit=limit, cursor=cursor)

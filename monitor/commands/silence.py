@@ -13,18 +13,24 @@ from urllib.parse import quote
 import typer
 from rich.table import Table
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, add_columns, db_file
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, NOW_OPTION, STATE_OPTION, add_columns, db_file,
+                                      json_option)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, plain_console, print_table
-from monitor.commands.through_daemon import through_daemon
-
-NOW_OPTION = typer.Option(None, "--now", help="Act as if it were this time (ISO 8601; replays and tests).")
+from monitor.commands.through_daemon import change_through_daemon, through_daemon
 
 
 def register(app: typer.Typer) -> None:
     silence = typer.Typer(help="Silences: stop matching alerts from being sent, until a time.",
                           no_args_is_help=True)
 
+    for add_command in (_add_command, _list_command, _expire_command):
+        add_command(silence)
+
+    app.add_typer(silence, name="silence")
+
+
+def _add_command(silence: typer.Typer) -> None:
     @silence.command("add")
     def add(
         match: list[str] = typer.Option(..., "--match", help="KEY=VALUE, KEY!=VALUE, KEY=~REGEX or KEY!~REGEX "
@@ -35,24 +41,21 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print the silence as JSON."),
+        as_json: bool = json_option("Print the silence as JSON."),
     ) -> None:
         """Add a silence; prints its id, and how many alerts in force it matches."""
         from monitor.alerts.state_ops import add_silence_from_args, parse_now
-        from monitor.service import api_post, revive_times
+        from monitor.service import revive_times
 
         from monitor.alerts import current_user
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        row = through_daemon(
-            db_path,
-            lambda url: revive_times(api_post(url, "/silences", {
-                "match": list(match), "until": until, "comment": comment, "start": start,
-                "now": now.isoformat(), "created_by": current_user()}, state_dir=db_path.parent)),
+        row = change_through_daemon(
+            db_file(state, db), "/silences", {"match": list(match), "until": until, "comment": comment,
+                                              "start": start, "now": now.isoformat(), "created_by": current_user()},
+            revive_times,
             lambda store: add_silence_from_args(store, match=match, until=until, comment=comment, start=start,
-                                                now=now),
-            read_only=False)
+                                                now=now))
         if as_json:
             print(json.dumps(row, indent=2, default=str))
             return
@@ -61,6 +64,8 @@ def register(app: typer.Typer) -> None:
         if count is not None:
             echo(f"matches {count} current alert{'' if count == 1 else 's'}", err=True)
 
+
+def _list_command(silence: typer.Typer) -> None:
     @silence.command("list")
     def list_(
         include_expired: bool = typer.Option(False, "--all", help="Include expired silences."),
@@ -69,7 +74,7 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         now_text: str = NOW_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """List active and pending silences, newest first (opens the file read-only)."""
         from monitor.alerts.state_ops import parse_now
@@ -98,6 +103,8 @@ def register(app: typer.Typer) -> None:
         print_table(console, table)
         print_more(console, page, "silences")
 
+
+def _expire_command(silence: typer.Typer) -> None:
     @silence.command("expire")
     def expire(silence_id: str = typer.Argument(..., help="Id from `lstar silence list`, or a unique "
                                                 "prefix of it, 4 characters at least (an ambiguous one "
@@ -107,18 +114,11 @@ def register(app: typer.Typer) -> None:
                now_text: str = NOW_OPTION) -> None:
         """End a silence now."""
         from monitor.alerts.state_ops import parse_now
-        from monitor.service import api_post
 
         from monitor.alerts import expire_silence
 
-        db_path = db_file(state, db)
         now = parse_now(now_text)
-        expired = through_daemon(
-            db_path,
-            lambda url: api_post(url, f"/silences/{quote(silence_id, safe='')}/expire", {"now": now.isoformat()},
-                                 state_dir=db_path.parent)["expired"],
-            lambda store: expire_silence(store, silence_id, now=now),
-            read_only=False)
+        expired = change_through_daemon(db_file(state, db), f"/silences/{quote(silence_id, safe='')}/expire",
+                                        {"now": now.isoformat()}, lambda reply: reply["expired"],
+                                        lambda store: expire_silence(store, silence_id, now=now))
         echo(f"expired {expired}")
-
-    app.add_typer(silence, name="silence")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from monitor.store import Store
@@ -38,3 +38,14 @@ def through_daemon(db: Path, ask: Callable[[str], T], read: Callable[[Store], T]
         return ask(url)
     with Store.open(db, read_only=read_only) as store:
         return read(store)
+
+
+def change_through_daemon(db: Path, route: str, payload: dict[str, Any], answer: Callable[[Any], T],
+                          change: Callable[[Store], T]) -> T:
+    """A change of the state: POST `payload` to the daemon's `route` and read its reply with
+    `answer`, else `change(store)` on the file opened for writing (the daemon makes the same
+    change with the same code, so the result reads alike either way)."""
+    from monitor.service import api_post
+
+    return through_daemon(db, lambda url: answer(api_post(url, route, payload, state_dir=Path(db).parent)),
+                          change, read_only=False)

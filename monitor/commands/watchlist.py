@@ -12,7 +12,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands.options import DB_OPTION, STATE_OPTION, OptionError, db_file, id_column
+from monitor.commands.options import (DB_OPTION, JSON_OPTION, POLICY_NAME_OPTION, STATE_OPTION, OptionError, db_file,
+                                      id_column)
 from monitor.commands.paging import CURSOR_OPTION, limit_option, page_of, print_more, title
 from monitor.commands.terminal import echo, name_column, plain_console, print_table
 from monitor.commands.through_daemon import through_daemon
@@ -45,14 +46,14 @@ def register(app: typer.Typer) -> None:
         status: str = typer.Option(None, "--status", callback=_status,
                                    help=f"Only lineages in this state now ({', '.join(STATUSES)})."),
         task: str = typer.Option(None, "--task", help="Only this task (by name)."),
-        policy: str = typer.Option(None, "--policy", help="Only this policy (by name)."),
+        policy: str = POLICY_NAME_OPTION,
         repo: str = typer.Option(None, "--repo", callback=_glob, help="Only lineages whose current checkpoint's repo matches "
                                  "this glob (org/*, *-instruct)."),
         limit: int = limit_option("lineages"),
         cursor: str = CURSOR_OPTION,
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """The current state of every watched lineage × task, closest to its level first.
 

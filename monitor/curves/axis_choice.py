@@ -330,19 +330,8 @@ def _axis_table(labels: list[Label], values: np.ndarray, families: np.ndarray, w
                 fit_family: str) -> tuple[list[dict[str, Any]], tuple[str, str]]:
     """The axis table of one fit family (every axis fitted with that family, the reference too)
     and the axis `rule_text` recommends within it, with the reason."""
-
-    # Axes sharing one set of usable points (those with both the axis and the reference) are
-    # validated together, paired on the same folds and family draws.
-    groups: dict[bytes, list[str]] = {}
-    masks: dict[bytes, np.ndarray] = {}
-    for a in available:
-        mask = have[a] & have[reference]
-        if mask.any():
-            groups.setdefault(mask.tobytes(), []).append(a)
-            masks[mask.tobytes()] = mask
     rows: dict[str, dict[str, Any]] = {}
-    for g, (key, members) in enumerate(groups.items()):
-        mask = masks[key]
+    for g, (mask, members) in enumerate(_groups_sharing_points(available, have, reference)):
         group_axes = list(dict.fromkeys([reference, *members]))
         idx = np.flatnonzero(mask)
         fam = families[idx]
@@ -391,25 +380,8 @@ def _axis_table(labels: list[Label], values: np.ndarray, families: np.ndarray, w
                 per = [mine[f][e] for f in sorted(mine)]
                 lo, hi = _interval(boot[a][e], cfg.interval)
                 row[f"family_{e}"] = {"mean": float(np.mean(per)), "lower": lo, "upper": hi}
-            if a == reference:
-                row["vs_reference"] = None
-            else:
-                both = sorted(set(mine) & set(ref_fam))
-                comparison: dict[str, Any] = {"reference": reference, "n_families": len(both)}
-                for e in ERRORS:
-                    d = [mine[f][e] - ref_fam[f][e] for f in both]
-                    p, how = sign_flip_pvalue(d, permutations=cfg.permutations, seed=cfg.seed)
-                    lo, hi = _interval(boot[a][f"{e}_diff"], cfg.interval)
-                    comparison[e] = {"difference": float(np.mean(d)) if d else None, "lower": lo,
-                                     "upper": hi, "p_value": p, "permutation": how,
-                                     # the reference's own family mean on these points and folds
-                                     "reference_mean": float(np.mean([ref_fam[f][e] for f in both]))
-                                     if both else None}
-                c = comparison[cfg.error]
-                comparison["better_by_rule"] = bool(
-                    c["difference"] is not None and c["difference"] < 0 and math.isfinite(c["p_value"])
-                    and c["p_value"] < cfg.alpha and c["upper"] is not None and c["upper"] < 0)
-                row["vs_reference"] = comparison
+            row["vs_reference"] = None if a == reference else _against_reference(mine, ref_fam, boot[a],
+                                                                                 reference=reference, cfg=cfg)
             rows[a] = row
     for a in names:
         if a not in rows:
@@ -417,22 +389,61 @@ def _axis_table(labels: list[Label], values: np.ndarray, families: np.ndarray, w
                        "reason": "no point has it" if a not in available
                        else f"no point has both it and the reference {reference}"}
     table = [rows[a] for a in AXIS_ORDER if a in rows and (a in names or a == reference)]
-    winners = [r for r in table if r.get("available") and r.get("vs_reference")
-               and r["vs_reference"]["better_by_rule"]]
-    if winners:
-        best = min(winners, key=lambda r: r["vs_reference"][cfg.error]["difference"])
-        recommended = best["axis"]
-        c = best["vs_reference"][cfg.error]
-        reason = (f"{recommended} beats {reference} on family-averaged LOFO {cfg.error} by "
-                  f"{-c['difference']:.4g} (p = {c['p_value']:.3g}, {cfg.interval:.0%} interval "
-                  f"[{c['lower']:.4g}, {c['upper']:.4g}])")
-    else:
-        recommended = reference
-        reason = f"no axis is better than {reference} by the rule"
     for r in table:
         if r.get("available"):
             r["fit_family"] = fit_family
-    return table, (recommended, reason)
+    return table, _recommended_axis(table, reference=reference, cfg=cfg)
+
+
+def _groups_sharing_points(available: list[str], have: dict[str, np.ndarray],
+                           reference: str) -> list[tuple[np.ndarray, list[str]]]:
+    """Axes sharing one set of usable points (those with both the axis and the reference), with
+    that set: each group is validated together, paired on the same folds and family draws."""
+    groups: dict[bytes, list[str]] = {}
+    masks: dict[bytes, np.ndarray] = {}
+    for a in available:
+        mask = have[a] & have[reference]
+        if mask.any():
+            groups.setdefault(mask.tobytes(), []).append(a)
+            masks[mask.tobytes()] = mask
+    return [(masks[key], members) for key, members in groups.items()]
+
+
+def _against_reference(mine: dict[str, dict[str, Any]], ref_fam: dict[str, dict[str, Any]],
+                       boot: dict[str, Any], *, reference: str, cfg: ChoiceConfig) -> dict[str, Any]:
+    """One axis against the reference on the families both were validated on: per error, the
+    family-paired difference with its sign-flip p-value and refit-bootstrap interval, and whether
+    it is better by the rule (lower, significant at alpha, interval below zero)."""
+    both = sorted(set(mine) & set(ref_fam))
+    comparison: dict[str, Any] = {"reference": reference, "n_families": len(both)}
+    for e in ERRORS:
+        d = [mine[f][e] - ref_fam[f][e] for f in both]
+        p, how = sign_flip_pvalue(d, permutations=cfg.permutations, seed=cfg.seed)
+        lo, hi = _interval(boot[f"{e}_diff"], cfg.interval)
+        comparison[e] = {"difference": float(np.mean(d)) if d else None, "lower": lo,
+                         "upper": hi, "p_value": p, "permutation": how,
+                         # the reference's own family mean on these points and folds
+                         "reference_mean": float(np.mean([ref_fam[f][e] for f in both]))
+                         if both else None}
+    c = comparison[cfg.error]
+    comparison["better_by_rule"] = bool(
+        c["difference"] is not None and c["difference"] < 0 and math.isfinite(c["p_value"])
+        and c["p_value"] < cfg.alpha and c["upper"] is not None and c["upper"] < 0)
+    return comparison
+
+
+def _recommended_axis(table: list[dict[str, Any]], *, reference: str, cfg: ChoiceConfig) -> tuple[str, str]:
+    """The axis better than the reference by the rule with the largest improvement, else the
+    reference, with the reason in one line."""
+    winners = [r for r in table if r.get("available") and r.get("vs_reference")
+               and r["vs_reference"]["better_by_rule"]]
+    if not winners:
+        return reference, f"no axis is better than {reference} by the rule"
+    best = min(winners, key=lambda r: r["vs_reference"][cfg.error]["difference"])
+    c = best["vs_reference"][cfg.error]
+    return best["axis"], (f"{best['axis']} beats {reference} on family-averaged LOFO {cfg.error} by "
+                          f"{-c['difference']:.4g} (p = {c['p_value']:.3g}, {cfg.interval:.0%} interval "
+                          f"[{c['lower']:.4g}, {c['upper']:.4g}])")
 
 
 

@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 from sklearn.isotonic import isotonic_regression
@@ -249,6 +250,45 @@ def budget_lofo(grid: BudgetGrid, predictor: Axis, *, level: float) -> list[Budg
 
 
 # -- the artifact -------------------------------------------------------------------------------
+def _grid_to_fit(labels: Sequence[Label], *, task: str, metric: str | None,
+                 predictor: Axis) -> tuple[list[Label], str, BudgetGrid]:
+    """The labels of `task` and `metric` on the budget grid a curve can be fitted to (higher is
+    better, every row finite at every level, at least 3 checkpoints, not all at one value)."""
+    from monitor.curves.fit import LOWER_IS_BETTER, _check_rows
+
+    chosen, metric = select_labels(labels, task=task, metric=metric)
+    if metric in LOWER_IS_BETTER:
+        raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline")
+    grid = budget_grid(chosen, predictor)
+    for j in range(len(grid.levels)):
+        _check_rows([row[j] for row in grid.labels], predictor)
+    if len(grid.checkpoints) < 3:
+        raise LabelError(f"task {task!r}, metric {metric!r}: {len(grid.checkpoints)} checkpoint(s); "
+                         "a curve needs at least 3")
+    if float(np.ptp(grid.y)) == 0.0:
+        raise CurveError(f"task {task!r}, metric {metric!r}: performance is constant; there is no curve to fit")
+    return chosen, metric, grid
+
+
+def _level_curve(grid: BudgetGrid, j: int, fit: Any, crossing: dict[str, Any], lower: np.ndarray,
+                 upper: np.ndarray, *, progress: np.ndarray, baseline: float, margin: float, predictor: Axis,
+                 proportion: bool) -> BudgetLevelCurve:
+    """The curve of budget level `j`: its fit with the band ordered in the budget (`lower`,
+    `upper`) and the threshold interval read from that band (`crossing`), its logistic
+    cross-check and its emergence score."""
+    threshold = {**fit.threshold, "lower": crossing["lower"], "upper": crossing["upper"]}
+    logistic = fit_logistic(grid.x, grid.y[:, j], grid.w[:, j], floor=baseline, margin=margin,
+                            predictor=predictor, proportion=proportion)
+    score = emergence_score(grid.y[progress, j])
+    return BudgetLevelCurve(
+        budget=float(grid.levels[j]), n_checkpoints=len(grid.checkpoints),
+        x_range=(float(grid.x.min()), float(grid.x.max())),
+        knots=Knots(x=fit.knots_x.tolist(), y=fit.knots_y.tolist()),
+        band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=lower.tolist(), upper=upper.tolist()),
+        threshold=Threshold(**threshold), logistic=LogisticCheck(**logistic),
+        emergence_score=score if math.isfinite(score) else None)
+
+
 def fit_budget_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, baseline: float,
                      margin: float, budget_column: str, confidence: float = 0.9, resamples: int = 1000,
                      seed: int = 0, corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
@@ -259,28 +299,13 @@ def fit_budget_curve(labels: Sequence[Label], *, task: str, metric: str | None =
     The artifact's top-level knots, band and threshold are those of the lowest budget level;
     it predicts only through `at_budget` at one of its levels.
     """
-    from monitor.curves.fit import LOWER_IS_BETTER, _check_rows, training_data_sha256
+    from monitor.curves.fit import check_band_settings, training_data_sha256
 
-    if not 0.0 < confidence < 1.0:
-        raise CurveError(f"confidence must lie in (0, 1), got {confidence}")
-    if not margin > 0.0:
-        raise CurveError(f"the margin ε must be positive, got {margin}")
-    if resamples < 50:
-        raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
+    check_band_settings(confidence=confidence, margin=margin, resamples=resamples)
     if axis not in AXES:
         raise CurveError(f"unknown axis {axis!r}", hint=f"choose from {', '.join(AXES)}")
     pred = AXES[axis]
-    chosen, metric = select_labels(labels, task=task, metric=metric)
-    if metric in LOWER_IS_BETTER:
-        raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline")
-    grid = budget_grid(chosen, pred)
-    for j in range(len(grid.levels)):
-        _check_rows([row[j] for row in grid.labels], pred)
-    if len(grid.checkpoints) < 3:
-        raise LabelError(f"task {task!r}, metric {metric!r}: {len(grid.checkpoints)} checkpoint(s); "
-                         "a curve needs at least 3")
-    if float(np.ptp(grid.y)) == 0.0:
-        raise CurveError(f"task {task!r}, metric {metric!r}: performance is constant; there is no curve to fit")
+    chosen, metric, grid = _grid_to_fit(labels, task=task, metric=metric, predictor=pred)
     sign = -1.0 if pred.lower_is_progress else 1.0
     tu, yu, wu, fitted = fit_grid(sign * grid.x, grid.y, grid.w)
     if len(tu) < 3:
@@ -303,25 +328,14 @@ def fit_budget_curve(labels: Sequence[Label], *, task: str, metric: str | None =
     lowers = np.minimum.accumulate(np.array([f.lower for f in fits])[::-1], axis=0)[::-1]
     uppers = np.maximum.accumulate(np.array([f.upper for f in fits]), axis=0)
     order = np.argsort(sign * fits[0].grid_x)   # the band in progress order
-    level_curves, dispersions = [], []
+    level_curves = []
     for j, budget in enumerate(grid.levels):
-        fit = fits[j]
         crossing = threshold_crossing(level, sign=sign, t_first=float(tu[0]), knots_t=tu, knots_y=fitted[:, j],
-                                      grid_t=(sign * fit.grid_x)[order], lower=lowers[j][order],
+                                      grid_t=(sign * fits[j].grid_x)[order], lower=lowers[j][order],
                                       upper=uppers[j][order])
-        threshold = {**fit.threshold, "lower": crossing["lower"], "upper": crossing["upper"]}
-        logistic = fit_logistic(grid.x, grid.y[:, j], grid.w[:, j], floor=baseline, margin=margin,
-                                predictor=pred, proportion=proportion)
-        score = emergence_score(grid.y[progress, j])
-        dispersions.append(fit.dispersion)
-        level_curves.append(BudgetLevelCurve(
-            budget=float(budget), n_checkpoints=len(grid.checkpoints),
-            x_range=(float(grid.x.min()), float(grid.x.max())),
-            knots=Knots(x=fit.knots_x.tolist(), y=fit.knots_y.tolist()),
-            band=Band(x=fit.grid_x.tolist(), fit=fit.grid_fit.tolist(), lower=lowers[j].tolist(),
-                      upper=uppers[j].tolist()),
-            threshold=Threshold(**threshold), logistic=LogisticCheck(**logistic),
-            emergence_score=score if math.isfinite(score) else None))
+        level_curves.append(_level_curve(grid, j, fits[j], crossing, lowers[j], uppers[j], progress=progress,
+                                         baseline=baseline, margin=margin, predictor=pred, proportion=proportion))
+    dispersions = [fit.dispersion for fit in fits]
     info = BudgetInfo(column=budget_column, levels=[float(v) for v in grid.levels], curves=level_curves,
                       method=METHOD, lofo=budget_lofo(grid, pred, level=level) if lofo else None)
     first = level_curves[0]

@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,142 @@ def _check_rows(labels: Sequence[Label], predictor: Axis) -> None:
                          hint="keep one row per checkpoint")
 
 
+def check_band_settings(*, confidence: float, margin: float, resamples: int) -> None:
+    """What every curve fit (by axis, or by axis and budget) needs of its band settings."""
+    if not 0.0 < confidence < 1.0:
+        raise CurveError(f"confidence must lie in (0, 1), got {confidence}")
+    if not margin > 0.0:
+        raise CurveError(f"the margin ε must be positive, got {margin}")
+    if resamples < 50:
+        raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
+
+
+def _checked_settings(*, confidence: float, margin: float, resamples: int, axis: str | None,
+                      predictor: str | None, family: str, widening: float | None, spread: float | None,
+                      choice: dict | None) -> str:
+    """The axis `fit_curve` fits on, once every setting it was given is checked (one CurveError
+    naming the first bad one)."""
+    check_band_settings(confidence=confidence, margin=margin, resamples=resamples)
+    if axis is not None and predictor is not None and axis != predictor:
+        raise CurveError(f"axis {axis!r} and predictor {predictor!r} differ; give one")
+    predictor = axis or predictor or "lstar"
+    if family not in ("isotonic", "sigmoid", "auto"):
+        raise CurveError(f"unknown fit family {family!r}", hint="choose isotonic, sigmoid or auto")
+    for name, v in (("extrapolation widening", widening), ("lineage spread", spread)):
+        if v is not None and not (math.isfinite(v) and v >= 0.0):
+            raise CurveError(f"the {name} must be a finite number ≥ 0, got {v}")
+    if predictor not in AXES:
+        raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
+    if choice is not None and (choice.get("axis") != predictor or choice.get("family") != family):
+        raise CurveError(f"the recorded choice is {choice.get('family')} on {choice.get('axis')}, "
+                         f"but the fit is {family} on {predictor}", hint="fit the chosen pair")
+    return predictor
+
+
+def _fit_band(fit_family: str, x: np.ndarray, values: np.ndarray, weights: np.ndarray, *, known_variance: Any,
+              predictor: Axis, level: float, confidence: float, resamples: int, seed: int, grid_size: int,
+              proportion: bool) -> tuple[Any, BootstrapInfo, SigmoidInfo | None]:
+    """The fitted curve and its band for one fit family (the sigmoid refitted per bootstrap
+    resample, else the monotone fit widened to its block interval), with how the band was made."""
+    if fit_family == "sigmoid":
+        from monitor.curves.parametric import EXTRAPOLATION_SPAN, fit_sigmoid_band
+
+        fit = fit_sigmoid_band(x, values, weights, predictor=predictor, level=level, confidence=confidence,
+                               resamples=resamples, seed=seed, grid_size=grid_size, proportion=proportion)
+        sigmoid = SigmoidInfo(**fit.params.as_dict(), dispersion=fit.dispersion, extend=EXTRAPOLATION_SPAN,
+                              failed_resamples=fit.failed_resamples)
+        bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
+                                  method="checkpoint bootstrap percentile of sigmoid refits",
+                                  dispersion=fit.dispersion, n_blocks=0)
+        return fit, bootstrap, sigmoid
+    fit = fit_monotone(x, values, weights, predictor=predictor, level=level, confidence=confidence,
+                       resamples=resamples, seed=seed, grid_size=grid_size, known_variance=known_variance,
+                       bounds=(0.0, 1.0) if proportion else None)
+    bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
+                              method="checkpoint bootstrap percentile, widened to the block interval",
+                              dispersion=fit.dispersion, n_blocks=fit.n_blocks)
+    return fit, bootstrap, None
+
+
+def _emergence(chosen: Sequence[Label], values: np.ndarray, x: np.ndarray, predictor: Axis,
+               families: list[str]) -> tuple[float, dict[str, float | None]]:
+    """The emergence score of all checkpoints in progress order along the axis, and each
+    family's along its own checkpoints (families with fewer than 3 left out; a non-finite score
+    is None)."""
+    progress = np.argsort(-x if predictor.lower_is_progress else x, kind="stable")
+    by_family: dict[str, float | None] = {}
+    for family in families:
+        idx = [i for i in progress if chosen[i].family == family]
+        if len(idx) >= 3:
+            v = emergence_score(values[idx])
+            by_family[family] = v if math.isfinite(v) else None
+    return emergence_score(values[progress]), by_family
+
+
+def _rows_to_fit(labels: Sequence[Label], *, task: str, metric: str | None,
+                 predictor: Axis) -> tuple[list[Label], str, np.ndarray]:
+    """The labels of `task` and `metric` a curve can be fitted to (higher is better, every row
+    finite, at least 3 checkpoints, not all at one value), the metric chosen, and their values."""
+    chosen, metric = select_labels(labels, task=task, metric=metric)
+    if metric in LOWER_IS_BETTER:
+        raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline",
+                         hint="fit accuracy or the probability of the correct option instead")
+    _check_rows(chosen, predictor)
+    if len(chosen) < 3:
+        raise LabelError(f"task {task!r}, metric {metric!r}: {len(chosen)} checkpoint(s); a curve needs at least 3")
+    values = np.array([label.value for label in chosen], dtype=np.float64)
+    if float(np.ptp(values)) == 0.0:
+        raise CurveError(f"task {task!r}, metric {metric!r}: performance is constant ({values[0]:g}) "
+                         f"over all {len(values)} checkpoints; there is no curve to fit",
+                         hint="add checkpoints that span the transition, or choose another metric")
+    return chosen, metric, values
+
+
+def _logistic_check(x: np.ndarray, values: np.ndarray, weights: np.ndarray, fit: Any, *, baseline: float,
+                    margin: float, predictor: Axis, proportion: bool) -> dict:
+    """The logistic fitted beside the curve as a cross-check, with (when it converged) its
+    largest distance from the fitted curve on the band's grid."""
+    logistic = fit_logistic(x, values, weights, floor=baseline, margin=margin, predictor=predictor,
+                            proportion=proportion)
+    if logistic.get("converged"):
+        diff = np.abs(logistic_value(logistic, fit.grid_x, floor=baseline, predictor=predictor) - fit.grid_fit)
+        logistic["max_abs_difference"] = float(np.max(diff))
+    return logistic
+
+
+def _points(chosen: Sequence[Label], x: np.ndarray, weights: np.ndarray, *, axis: str) -> list[CurvePoint]:
+    """The labelled checkpoints as the artifact lists them (x on the fitted axis, its weight, and
+    whether the axis value was imported rather than measured)."""
+    return [CurvePoint(checkpoint=label.checkpoint, family=label.family, x=float(xi), value=label.value,
+                       weight=float(wi), imported=axis in label.imported)
+            for label, xi, wi in zip(chosen, x, weights)]
+
+
+def _choose_family(chosen: Sequence[Label], **settings: Any) -> dict:
+    """`family="auto"`: forward validation on these labels picks the fit family
+    (`monitor.curves.forward.choose_family`), whose record the artifact keeps."""
+    from monitor.curves.forward import choose_family
+
+    return choose_family(chosen, fit=fit_curve, **settings)
+
+
+def _chosen_family_settings(record: dict, *, widening: float | None,
+                            spread: float | None) -> tuple[str, float | None, float | None]:
+    """The family forward validation chose, and the widening and spread it measured for it
+    (where the caller did not set them)."""
+    fit_family = record["chosen"]
+    measured = record["families"][fit_family]
+    return (fit_family, measured["widening"] if widening is None else widening,
+            measured["spread"] if spread is None else spread)
+
+
+def _lofo_summary(chosen: Sequence[Label], **settings: Any) -> LofoSummary:
+    """Leave-one-family-out validation of these labels, as the artifact stores it."""
+    result = lofo_validate(chosen, **settings)
+    return LofoSummary(level=result.level, confidence=result.confidence, families=result.families,
+                       rows=list(result.rows), skipped=result.skipped)
+
+
 def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, baseline: float,
               margin: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
               corpus_sha256: str | None = None, scoring_spec: ScoringRef | None = None,
@@ -98,39 +235,12 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     what is wrong: fewer than 3 checkpoints, constant performance, a NaN, an unknown task or
     metric, a lower-is-better metric.
     """
-    if not 0.0 < confidence < 1.0:
-        raise CurveError(f"confidence must lie in (0, 1), got {confidence}")
-    if not margin > 0.0:
-        raise CurveError(f"the margin ε must be positive, got {margin}")
-    if resamples < 50:
-        raise CurveError(f"use at least 50 bootstrap resamples (got {resamples})")
-    if axis is not None and predictor is not None and axis != predictor:
-        raise CurveError(f"axis {axis!r} and predictor {predictor!r} differ; give one")
-    predictor = axis or predictor or "lstar"
-    if family not in ("isotonic", "sigmoid", "auto"):
-        raise CurveError(f"unknown fit family {family!r}", hint="choose isotonic, sigmoid or auto")
+    predictor = _checked_settings(confidence=confidence, margin=margin, resamples=resamples, axis=axis,
+                                  predictor=predictor, family=family, widening=widening, spread=spread,
+                                  choice=choice)
     fit_family = family
-    for name, v in (("extrapolation widening", widening), ("lineage spread", spread)):
-        if v is not None and not (math.isfinite(v) and v >= 0.0):
-            raise CurveError(f"the {name} must be a finite number ≥ 0, got {v}")
-    if predictor not in AXES:
-        raise CurveError(f"unknown axis {predictor!r}", hint=f"choose from {', '.join(AXES)}")
-    if choice is not None and (choice.get("axis") != predictor or choice.get("family") != family):
-        raise CurveError(f"the recorded choice is {choice.get('family')} on {choice.get('axis')}, "
-                         f"but the fit is {family} on {predictor}", hint="fit the chosen pair")
-    chosen, metric = select_labels(labels, task=task, metric=metric)
-    if metric in LOWER_IS_BETTER:
-        raise CurveError(f"metric {metric!r} is lower-is-better; curves model a rise above the baseline",
-                         hint="fit accuracy or the probability of the correct option instead")
     pred = AXES[predictor]
-    _check_rows(chosen, pred)
-    if len(chosen) < 3:
-        raise LabelError(f"task {task!r}, metric {metric!r}: {len(chosen)} checkpoint(s); a curve needs at least 3")
-    values = np.array([label.value for label in chosen], dtype=np.float64)
-    if float(np.ptp(values)) == 0.0:
-        raise CurveError(f"task {task!r}, metric {metric!r}: performance is constant ({values[0]:g}) "
-                         f"over all {len(values)} checkpoints; there is no curve to fit",
-                         hint="add checkpoints that span the transition, or choose another metric")
+    chosen, metric, values = _rows_to_fit(labels, task=task, metric=metric, predictor=pred)
     x = pred.values(chosen)
     assert x is not None  # _check_rows made sure
     weights, known = label_weights(values, [label.n for label in chosen], [label.stderr for label in chosen])
@@ -138,66 +248,27 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
     level = baseline + margin
     family_choice = None
     if family == "auto":
-        from monitor.curves.forward import choose_family
+        family_choice = _choose_family(chosen, task=task, metric=metric, baseline=baseline, margin=margin,
+                                       confidence=confidence, axis=predictor, seed=seed,
+                                       resamples=forward_resamples)
+        fit_family, widening, spread = _chosen_family_settings(family_choice, widening=widening, spread=spread)
+    fit, bootstrap, sigmoid = _fit_band(fit_family, x, values, weights, known_variance=known, predictor=pred,
+                                        level=level, confidence=confidence, resamples=resamples, seed=seed,
+                                        grid_size=grid_size, proportion=proportion)
+    logistic = _logistic_check(x, values, weights, fit, baseline=baseline, margin=margin, predictor=pred,
+                               proportion=proportion)
 
-        family_choice = choose_family(chosen, fit=fit_curve, task=task, metric=metric, baseline=baseline,
-                                      margin=margin,
-                                      confidence=confidence, axis=predictor, seed=seed,
-                                      resamples=forward_resamples)
-        fit_family = family_choice["chosen"]
-        if widening is None:
-            widening = family_choice["families"][fit_family]["widening"]
-        if spread is None:
-            spread = family_choice["families"][fit_family]["spread"]
-    sigmoid = None
-    if fit_family == "sigmoid":
-        from monitor.curves.parametric import EXTRAPOLATION_SPAN, fit_sigmoid_band
-
-        fit = fit_sigmoid_band(x, values, weights, predictor=pred, level=level, confidence=confidence,
-                               resamples=resamples, seed=seed, grid_size=grid_size, proportion=proportion)
-        sigmoid = SigmoidInfo(**fit.params.as_dict(), dispersion=fit.dispersion, extend=EXTRAPOLATION_SPAN,
-                              failed_resamples=fit.failed_resamples)
-        bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
-                                  method="checkpoint bootstrap percentile of sigmoid refits",
-                                  dispersion=fit.dispersion, n_blocks=0)
-    else:
-        fit = fit_monotone(x, values, weights, predictor=pred, level=level, confidence=confidence,
-                           resamples=resamples, seed=seed, grid_size=grid_size, known_variance=known,
-                           bounds=(0.0, 1.0) if proportion else None)
-        bootstrap = BootstrapInfo(resamples=resamples, seed=seed,
-                                  method="checkpoint bootstrap percentile, widened to the block interval",
-                                  dispersion=fit.dispersion, n_blocks=fit.n_blocks)
-
-    logistic = fit_logistic(x, values, weights, floor=baseline, margin=margin, predictor=pred,
-                            proportion=proportion)
-    if logistic.get("converged"):
-        diff = np.abs(logistic_value(logistic, fit.grid_x, floor=baseline, predictor=pred) - fit.grid_fit)
-        logistic["max_abs_difference"] = float(np.max(diff))
-
-    progress = np.argsort(-x if pred.lower_is_progress else x, kind="stable")
-    score = emergence_score(values[progress])
-    by_family: dict[str, float | None] = {}
     families = sorted({label.family for label in chosen if label.family is not None})
-    for family in families:
-        idx = [i for i in progress if chosen[i].family == family]
-        if len(idx) >= 3:
-            v = emergence_score(values[idx])
-            by_family[family] = v if math.isfinite(v) else None
-
+    score, by_family = _emergence(chosen, values, x, pred, families)
     warnings = resolution_warnings([label.n for label in chosen], baseline=baseline, margin=margin,
                                    metric=metric)
     if corpus_sha256 is None or scoring_spec is None:
         warnings.append("the curve is not pinned to a corpus and scoring spec; predictions for "
                         "stored score runs will be refused (fit with --corpus-sha and --spec)")
-
     lofo_summary = None
     if lofo and len(families) >= 2 and all(label.family is not None for label in chosen):
-        result = lofo_validate(chosen, baseline=baseline, margin=margin, confidence=confidence,
-                               resamples=lofo_resamples, seed=seed)
-        lofo_summary = LofoSummary(level=result.level, confidence=result.confidence,
-                                   families=result.families,
-                                   rows=list(result.rows),
-                                   skipped=result.skipped)
+        lofo_summary = _lofo_summary(chosen, baseline=baseline, margin=margin, confidence=confidence,
+                                     resamples=lofo_resamples, seed=seed)
 
     now = now or datetime.now(timezone.utc)
     body = dict(
@@ -215,9 +286,7 @@ def fit_curve(labels: Sequence[Label], *, task: str, metric: str | None = None, 
         logistic=LogisticCheck(**logistic),
         emergence_score=score if math.isfinite(score) else None,
         emergence_by_family=by_family, lofo=lofo_summary,
-        points=[CurvePoint(checkpoint=label.checkpoint, family=label.family, x=float(xi),
-                           value=label.value, weight=float(wi), imported=predictor in label.imported)
-                for label, xi, wi in zip(chosen, x, weights)],
+        points=_points(chosen, x, weights, axis=predictor),
         warnings=warnings, fit_family=fit_family, sigmoid=sigmoid, extrapolation_widening=widening,
         lineage_spread=spread,
         family_choice=family_choice, choice=choice)

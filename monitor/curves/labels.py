@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -207,48 +208,11 @@ def read_labels_csv(path: str | Path, *, budget_column: str | None = None) -> li
     except (OSError, UnicodeDecodeError) as exc:
         raise LabelError(f"cannot read {path}: {exc}") from exc
     reader = csv.DictReader(text.splitlines())
-    columns = [c.strip() for c in (reader.fieldnames or [])]
-    if budget_column is not None and budget_column in CSV_REQUIRED + CSV_OPTIONAL:
-        raise LabelError(f"the budget column {budget_column!r} is one of the labels file's own columns",
-                         hint="name the column that holds the inference budget, e.g. samples")
-    required = CSV_REQUIRED + ((budget_column,) if budget_column is not None else ())
-    missing = [c for c in required if c not in columns]
-    if missing:
-        raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
-                         hint=f"the header must include {','.join(CSV_REQUIRED)} and at least one axis column")
-    unknown = [c for c in columns if c not in required + CSV_OPTIONAL]
-    if unknown:
-        raise LabelError(f"{path} has unknown column(s) {', '.join(unknown)}",
-                         hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL)}")
-    if not any(c in columns for c in CSV_AXIS_COLUMNS):
-        raise LabelError(f"{path} has no axis column",
-                         hint=f"give at least one of {', '.join(CSV_AXIS_COLUMNS)}")
-    for raw_col, log_col in (("params", "log_params"), ("flops", "log_flops")):
-        if raw_col in columns and log_col in columns:
-            raise LabelError(f"{path} has both {raw_col!r} and {log_col!r}", hint="keep one of the two")
+    _check_header(path, [c.strip() for c in (reader.fieldnames or [])], budget_column)
     labels = []
     for line, raw in enumerate(reader, start=2):
         row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
-
-        def number(col: str, *, required: bool = False, integer: bool = False) -> Any:
-            cell = row.get(col, "")
-            if cell == "":
-                if required:
-                    raise LabelError(f"{path}:{line}: column {col!r} is empty")
-                return None
-            try:
-                value = float(cell)
-            except ValueError as exc:
-                raise LabelError(f"{path}:{line}: column {col!r}: {cell!r} is not a number") from exc
-            if not math.isfinite(value):
-                raise LabelError(f"{path}:{line}: column {col!r} is {cell!r} (not a finite number)",
-                                 hint="drop or fix the row")
-            if integer:
-                if value != int(value) or value <= 0:
-                    raise LabelError(f"{path}:{line}: column {col!r}: {cell!r} is not a positive whole number")
-                return int(value)
-            return value
-
+        number = partial(_cell_number, row, where=f"{path}:{line}")
         if not row.get("checkpoint"):
             raise LabelError(f"{path}:{line}: column 'checkpoint' is empty")
         n = number("n", integer=True)
@@ -283,6 +247,52 @@ def read_labels_csv(path: str | Path, *, budget_column: str | None = None) -> li
     if not labels:
         raise LabelError(f"{path} has a header but no rows")
     return labels
+
+
+def _check_header(path: Path, columns: list[str], budget_column: str | None) -> None:
+    """The labels file's header: the required columns (and the budget column, when one is named),
+    no unknown one, at least one axis, and not both a raw and a log count."""
+    if budget_column is not None and budget_column in CSV_REQUIRED + CSV_OPTIONAL:
+        raise LabelError(f"the budget column {budget_column!r} is one of the labels file's own columns",
+                         hint="name the column that holds the inference budget, e.g. samples")
+    required = CSV_REQUIRED + ((budget_column,) if budget_column is not None else ())
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise LabelError(f"{path} lacks column(s) {', '.join(missing)}",
+                         hint=f"the header must include {','.join(CSV_REQUIRED)} and at least one axis column")
+    unknown = [c for c in columns if c not in required + CSV_OPTIONAL]
+    if unknown:
+        raise LabelError(f"{path} has unknown column(s) {', '.join(unknown)}",
+                         hint=f"allowed: {','.join(CSV_REQUIRED + CSV_OPTIONAL)}")
+    if not any(c in columns for c in CSV_AXIS_COLUMNS):
+        raise LabelError(f"{path} has no axis column",
+                         hint=f"give at least one of {', '.join(CSV_AXIS_COLUMNS)}")
+    for raw_col, log_col in (("params", "log_params"), ("flops", "log_flops")):
+        if raw_col in columns and log_col in columns:
+            raise LabelError(f"{path} has both {raw_col!r} and {log_col!r}", hint="keep one of the two")
+
+
+def _cell_number(row: dict[str, str], col: str, *, where: str, required: bool = False,
+                 integer: bool = False) -> Any:
+    """The number in column `col` of a labels row (None when empty and not required); `where`
+    (`path:line`) starts every error."""
+    cell = row.get(col, "")
+    if cell == "":
+        if required:
+            raise LabelError(f"{where}: column {col!r} is empty")
+        return None
+    try:
+        value = float(cell)
+    except ValueError as exc:
+        raise LabelError(f"{where}: column {col!r}: {cell!r} is not a number") from exc
+    if not math.isfinite(value):
+        raise LabelError(f"{where}: column {col!r} is {cell!r} (not a finite number)",
+                         hint="drop or fix the row")
+    if integer:
+        if value != int(value) or value <= 0:
+            raise LabelError(f"{where}: column {col!r}: {cell!r} is not a positive whole number")
+        return int(value)
+    return value
 
 
 # -- labels and the store -----------------------------------------------------------------------

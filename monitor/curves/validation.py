@@ -179,6 +179,19 @@ def _fit_fold(fit_family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, *, p
                         seed=seed, known_variance=known_variance, bounds=(0.0, 1.0) if proportion else None)
 
 
+def _probability_reaching(fit: Any, x: np.ndarray, p_hat: np.ndarray, weights: np.ndarray, *, level: float,
+                          z: float) -> np.ndarray:
+    """P(value ≥ level) of held-out rows: the fold's prediction with the spread of its band
+    (half-width / z) and of the rows' own noise, which the training fit's dispersion scales."""
+    lo, hi = fit.band(x)
+    se_curve = (hi - lo) / (2.0 * z)
+    se_obs = np.sqrt(fit.dispersion / weights)
+    spread = np.sqrt(se_curve ** 2 + se_obs ** 2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(spread > 0, norm.cdf((p_hat - level) / np.where(spread > 0, spread, 1.0)),
+                        (p_hat >= level).astype(float))
+
+
 def lofo_axes(values: Sequence[float], families: Sequence[str],
               axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float, margin: float,
               n: Sequence[int | None] | None = None, stderr: Sequence[float | None] | None = None,
@@ -226,15 +239,8 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
                 continue
             folds += 1
             p_hat = fit.predict(x[test])
-            lo, hi = fit.band(x[test])
-            se_curve = (hi - lo) / (2.0 * z)
-            # The training fit's dispersion also scales the held-out rows' own noise.
-            se_obs = np.sqrt(fit.dispersion / weights[test])
-            spread = np.sqrt(se_curve ** 2 + se_obs ** 2)
+            prob = _probability_reaching(fit, x[test], p_hat, weights[test], level=level, z=z)
             observed = values[test] >= level
-            with np.errstate(divide="ignore", invalid="ignore"):
-                prob = np.where(spread > 0, norm.cdf((p_hat - level) / np.where(spread > 0, spread, 1.0)),
-                                (p_hat >= level).astype(float))
             outside = (x[test] < x[train].min()) | (x[test] > x[train].max())
             idx.extend(np.flatnonzero(test))
             pred.extend(p_hat)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from monitor.errors import LabError
 from monitor.lab.model import ArchConfig
@@ -22,8 +22,64 @@ DEFAULT_FRACTIONS = (0.05, 0.15, 0.25, 0.35, 0.45, 0.6, 0.8, 1.0)
 MAX_BYTE_BUDGET = 1 << 30
 
 
+# -------------------------------------------------------------------- checks every version shares
+# Version 1's LabConfig and version 2's RaceConfig (and v3's, built on it) check their common
+# settings alike; each calls these in its own order, so a bad value names itself as before.
+def check_families(families: tuple[str, ...], tokenizers_dir: Path) -> None:
+    """Distinct names, each a folder of `tokenizers_dir` holding tokenizer.json."""
+    if len(set(families)) != len(families):
+        raise LabError(f"families are repeated: {', '.join(families)}")
+    for family in families:
+        if not family or "/" in family or family.startswith("."):
+            raise LabError(f"family {family!r} must be the name of a folder in {tokenizers_dir}")
+        if not (tokenizers_dir / family / "tokenizer.json").is_file():
+            raise LabError(f"family {family!r}: no tokenizer.json in {tokenizers_dir / family}",
+                           hint=f"choose folders of {tokenizers_dir} that hold a fast tokenizer")
+
+
+def check_seeds(seeds: tuple[int, ...]) -> None:
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise LabError(f"seeds must be distinct non-negative integers, got {list(seeds)}")
+
+
+def check_byte_budget(byte_budget: int, *, size: str | None = None) -> None:
+    if not 10_000 <= byte_budget <= MAX_BYTE_BUDGET:
+        where = f"size {size}: " if size is not None else ""
+        raise LabError(f"{where}byte budget {byte_budget} must be from 10000 to {MAX_BYTE_BUDGET}")
+
+
+def check_optimisation(batch_size: int, lr: float) -> None:
+    if not 1 <= batch_size <= 1024:
+        raise LabError(f"batch size must be from 1 to 1024, got {batch_size}")
+    if not 0.0 < lr <= 1.0:
+        raise LabError(f"learning rate must be in (0, 1], got {lr}")
+
+
+def check_problems_per_doc(problems_per_doc: int) -> None:
+    if not 0 <= problems_per_doc <= 1000:
+        raise LabError(f"problems_per_doc must be from 0 to 1000, got {problems_per_doc}")
+
+
+def check_corpus(name: str, folder: Path) -> None:
+    if not (folder / "manifest.json").is_file():
+        raise LabError(f"{name} {folder} has no manifest.json",
+                       hint="run from the checkout with the shared folder at ../shared")
+
+
+class _FamilyFolders:
+    """What every configuration that names tokenizer folders answers alike (a mixin of the
+    frozen dataclasses below: `tokenizers_dir` is theirs)."""
+
+    def tokenizer_dir(self, family: str) -> Path:
+        return self.tokenizers_dir / family  # type: ignore[attr-defined]
+
+    def with_(self, **changes: Any) -> Self:
+        """A copy with `changes` (the dataclass's `replace`)."""
+        return replace(self, **changes)  # type: ignore[type-var]
+
+
 @dataclass(frozen=True)
-class LabConfig:
+class LabConfig(_FamilyFolders):
     """One lab run. Paths may be relative to the working folder (the checkout)."""
 
     families: tuple[str, ...] = DEFAULT_FAMILIES
@@ -50,48 +106,27 @@ class LabConfig:
     n_boot: int = 200
     threads: int = 1                        # torch threads per training process
 
-    def tokenizer_dir(self, family: str) -> Path:
-        return self.tokenizers_dir / family
-
     def validate(self) -> "LabConfig":
         """Check every value; returns self so calls chain."""
         self.arch.validate()
         if not self.families:
             raise LabError("a lab needs at least one family")
-        if len(set(self.families)) != len(self.families):
-            raise LabError(f"families are repeated: {', '.join(self.families)}")
-        for family in self.families:
-            if not family or "/" in family or family.startswith("."):
-                raise LabError(f"family {family!r} must be the name of a folder in {self.tokenizers_dir}")
-            if not (self.tokenizer_dir(family) / "tokenizer.json").is_file():
-                raise LabError(f"family {family!r}: no tokenizer.json in {self.tokenizer_dir(family)}",
-                               hint=f"choose folders of {self.tokenizers_dir} that hold a fast tokenizer")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise LabError(f"seeds must be distinct non-negative integers, got {list(self.seeds)}")
-        if not 10_000 <= self.byte_budget <= MAX_BYTE_BUDGET:
-            raise LabError(f"byte budget {self.byte_budget} must be from 10000 to {MAX_BYTE_BUDGET}")
-        if not 1 <= self.batch_size <= 1024:
-            raise LabError(f"batch size must be from 1 to 1024, got {self.batch_size}")
-        if not 0.0 < self.lr <= 1.0:
-            raise LabError(f"learning rate must be in (0, 1], got {self.lr}")
+        check_families(self.families, self.tokenizers_dir)
+        check_seeds(self.seeds)
+        check_byte_budget(self.byte_budget)
+        check_optimisation(self.batch_size, self.lr)
         if not self.fractions or any(not 0.0 < f <= 1.0 for f in self.fractions) \
                 or list(self.fractions) != sorted(set(self.fractions)):
             raise LabError(f"checkpoint fractions must be increasing shares in (0, 1], got {list(self.fractions)}")
-        if not 0 <= self.problems_per_doc <= 1000:
-            raise LabError(f"problems_per_doc must be from 0 to 1000, got {self.problems_per_doc}")
+        check_problems_per_doc(self.problems_per_doc)
         if not 1 <= self.score_every <= 100:
             raise LabError(f"score_every must be from 1 to 100, got {self.score_every}")
-        for name in ("text_corpus", "calib_corpus"):
-            if not (getattr(self, name) / "manifest.json").is_file():
-                raise LabError(f"{name} {getattr(self, name)} has no manifest.json",
-                               hint="run from the checkout with the shared folder at ../shared")
+        check_corpus("text_corpus", self.text_corpus)
+        check_corpus("calib_corpus", self.calib_corpus)
         if not self.cloze_task.is_file():
             raise LabError(f"cloze task {self.cloze_task} does not exist",
                            hint="point it at shared/tasks/cloze-v0.jsonl")
         return self
-
-    def with_(self, **changes: Any) -> "LabConfig":
-        return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -115,7 +150,7 @@ RACE_FAMILIES = ("gpt2", "llama-2", "llama-3", "smollm2", "qwen2", "gpt-neox")
 
 
 @dataclass(frozen=True)
-class LineageSettings:
+class LineageSettings(_FamilyFolders):
     """What `monitor.lab.train.train_lineage` needs of one lineage's size: architecture, budget,
     optimisation and checkpoint shares. Version 1's `LabConfig` has the same attributes."""
 
@@ -130,9 +165,6 @@ class LineageSettings:
     # "constant": linear warm-up, then the peak rate to the end, so the rate at a step does not
     # depend on the share of the budget (version 1's "cosine" made bytes seen a clock).
     lr_schedule: str = "constant"
-
-    def tokenizer_dir(self, family: str) -> Path:
-        return self.tokenizers_dir / family
 
 
 @dataclass(frozen=True)
@@ -155,7 +187,7 @@ SIZE_NAMES = ("small", "large")
 
 
 @dataclass(frozen=True)
-class RaceConfig:
+class RaceConfig(_FamilyFolders):
     """One run of lab v2 (`monitor.lab.race`). Paths may be relative to the checkout."""
 
     pool: Path
@@ -182,9 +214,6 @@ class RaceConfig:
     n_boot: int = 200
     threads: int = 1
 
-    def tokenizer_dir(self, family: str) -> Path:
-        return self.tokenizers_dir / family
-
     def size(self, name: str) -> SizeSpec:
         for spec in self.sizes:
             if spec.name == name:
@@ -206,48 +235,30 @@ class RaceConfig:
         names = self.all_families()
         if not self.families:
             raise LabError("the race needs at least one family")
-        if len(set(names)) != len(names):
-            raise LabError(f"families are repeated: {', '.join(names)}")
-        for family in names:
-            if not family or "/" in family or family.startswith("."):
-                raise LabError(f"family {family!r} must be the name of a folder in {self.tokenizers_dir}")
-            if not (self.tokenizer_dir(family) / "tokenizer.json").is_file():
-                raise LabError(f"family {family!r}: no tokenizer.json in {self.tokenizer_dir(family)}",
-                               hint=f"choose folders of {self.tokenizers_dir} that hold a fast tokenizer")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or min(self.seeds) < 0:
-            raise LabError(f"seeds must be distinct non-negative integers, got {list(self.seeds)}")
+        check_families(names, self.tokenizers_dir)
+        check_seeds(self.seeds)
         if not self.sizes or len({s.name for s in self.sizes}) != len(self.sizes):
             raise LabError("sizes must be named distinctly and there must be at least one")
         for spec in self.sizes:
             if spec.name not in SIZE_NAMES:
                 raise LabError(f"size {spec.name!r} must be one of {', '.join(SIZE_NAMES)}")
             spec.arch.validate()
-            if not 10_000 <= spec.byte_budget <= MAX_BYTE_BUDGET:
-                raise LabError(f"size {spec.name}: byte budget {spec.byte_budget} must be from 10000 to {MAX_BYTE_BUDGET}")
+            check_byte_budget(spec.byte_budget, size=spec.name)
             if not 2 <= spec.checkpoints <= 100:
                 raise LabError(f"size {spec.name}: checkpoints must be from 2 to 100, got {spec.checkpoints}")
-        if not 1 <= self.batch_size <= 1024:
-            raise LabError(f"batch size must be from 1 to 1024, got {self.batch_size}")
-        if not 0.0 < self.lr <= 1.0:
-            raise LabError(f"learning rate must be in (0, 1], got {self.lr}")
-        if not 0 <= self.problems_per_doc <= 1000:
-            raise LabError(f"problems_per_doc must be from 0 to 1000, got {self.problems_per_doc}")
+        check_optimisation(self.batch_size, self.lr)
+        check_problems_per_doc(self.problems_per_doc)
         if not 1 <= self.n_cloze <= 100_000:
             raise LabError(f"n_cloze must be from 1 to 100000, got {self.n_cloze}")
         if self.eval_stride is not None and not 1 <= self.eval_stride <= min(s.arch.context for s in self.sizes):
             raise LabError(f"eval_stride {self.eval_stride} must be from 1 to the smallest context")
         if self.oos_unigram_bytes < 10_000 or self.heldout_bytes < 1_000:
             raise LabError("oos_unigram_bytes must be at least 10000 and heldout_bytes at least 1000")
-        if not (self.calib_corpus / "manifest.json").is_file():
-            raise LabError(f"calib_corpus {self.calib_corpus} has no manifest.json",
-                           hint="run from the checkout with the shared folder at ../shared")
+        check_corpus("calib_corpus", self.calib_corpus)
         if not (Path(self.pool) / "train" / "manifest.json").is_file():
             raise LabError(f"pool {self.pool} has no train/manifest.json",
                            hint="pass --pool DIR: a lab pool with train/, heldout/ and tasks/")
         return self
-
-    def with_(self, **changes: Any) -> "RaceConfig":
-        return replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

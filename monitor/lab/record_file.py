@@ -16,12 +16,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from monitor.errors import LabError, PolicyError
 from monitor.files import NotJsonError, read_bounded_json
 from monitor.lab.records import (LAB_FILE, LAB_MAX_BYTES, LAB_RECORD, LAB_SCHEMA_V2, LabRecord, LabRecordV2,
-                                 _first_error, parse_lab)
+                                 parse_lab, parse_lab_v2)
 from monitor.lab.records_v3 import LAB_SCHEMA_V3, LabRecordV3, parse_lab_v3
 
 AnyLabRecord = LabRecord | LabRecordV2 | LabRecordV3
@@ -32,11 +30,7 @@ def parse_any_lab(data: Any, *, where: str = LAB_FILE) -> AnyLabRecord:
     if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V3:
         return parse_lab_v3(data, where=where)
     if isinstance(data, dict) and data.get("schema") == LAB_SCHEMA_V2:
-        try:
-            return LabRecordV2.model_validate(data)
-        except ValidationError as exc:
-            raise LabError(f"{where} is not a valid {LAB_SCHEMA_V2} record: {_first_error(exc)}",
-                           hint="regenerate it with `lstar lab run`") from None
+        return parse_lab_v2(data, where=where)
     return parse_lab(data, where=where)
 
 

@@ -21,14 +21,15 @@ vocabulary) are integers in [0, COUNT_BOUND); task scores keep their own ranges.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from monitor.errors import LabError
 from monitor.files import FileKind, atomic_write_text
+from monitor.lab.record_checks import (LabRecordBase, StrictModel, check_checkpoints, check_families_once,
+                                       check_primary_is_lossless, first_error, validate_record)
 
 __all__ = ["COUNT_BOUND", "LAB_FILE", "LAB_MAX_BYTES", "LAB_SCHEMA", "LOSS_BOUND", "METRIC_NAMES", "CheckpointMetrics", "CheckpointRecord",
            "FamilyRecord", "LabError", "LabRecord", "TaskMetrics", "atomic_write_text", "parse_lab", "write_lab"]
@@ -55,10 +56,8 @@ Count = Annotated[int, Field(ge=0, lt=COUNT_BOUND)]
 PositiveCount = Annotated[int, Field(ge=1, lt=COUNT_BOUND)]
 
 
-class _Strict(BaseModel):
-    # allow_inf_nan=False: NaN and ±inf (which Python's JSON reader accepts) are refused in
-    # every float field, naming it.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+_Strict = StrictModel   # the name every record type of versions 1 to 3 builds on
+_first_error = first_error
 
 
 class CheckpointMetrics(_Strict):
@@ -116,55 +115,20 @@ class CheckpointRecord(_Strict):
         return value
 
 
-class LabRecord(_Strict):
+class LabRecord(LabRecordBase):
     """The whole of `lab.json`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
-
-    schema_: str = Field(alias="schema")
-    config: dict[str, Any]
+    SCHEMA = LAB_SCHEMA
     families: list[FamilyRecord]
     checkpoints: list[CheckpointRecord]
-
-    @field_validator("schema_")
-    @classmethod
-    def _schema(cls, value: str) -> str:
-        if value != LAB_SCHEMA:
-            raise ValueError(f"schema must be {LAB_SCHEMA!r}, got {value!r}")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "LabRecord":
         names = self.family_names()
-        if len(set(names)) != len(names):
-            raise ValueError("a family is listed more than once in families")
-        seen: set[tuple[str, int, int]] = set()
-        for i, c in enumerate(self.checkpoints):
-            if c.family not in names:
-                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list "
-                                 f"(known: {', '.join(sorted(names))})")
-            key = (c.family, c.seed, c.step)
-            if key in seen:
-                raise ValueError(f"checkpoints[{i}]: family {c.family!r} seed {c.seed} step {c.step} "
-                                 "is listed more than once")
-            seen.add(key)
+        check_families_once(names)
+        check_checkpoints(self.checkpoints, names, key=lambda c: (c.family, c.seed, c.step),
+                          describe=lambda c: f"family {c.family!r} seed {c.seed} step {c.step}", name_known=True)
         return self
-
-    def family_names(self) -> list[str]:
-        """Family names in the file's order."""
-        return [f.family for f in self.families]
-
-    def to_json(self) -> str:
-        """The file's text (schema first, stable key order)."""
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
-    text = f"unknown key {where!r}" if err.get("type") == "extra_forbidden" else f"{where}: {err.get('msg', 'invalid')}"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return text + more
 
 
 def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
@@ -174,11 +138,12 @@ def parse_lab(data: Any, *, where: str = LAB_FILE) -> LabRecord:
         raise LabError(f"{where} is not a lab record: schema {data.get('schema')!r}, expected {LAB_SCHEMA_V2!r} "
                        f"(or {LAB_SCHEMA!r})",
                        hint="regenerate it with `lstar lab run`")
-    try:
-        return LabRecord.model_validate(data)
-    except ValidationError as exc:
-        raise LabError(f"{where} is not a valid {LAB_SCHEMA} record: {_first_error(exc)}",
-                       hint="regenerate it with `lstar lab run`") from None
+    return validate_record(LabRecord, data, where=where, hint="regenerate it with `lstar lab run`")
+
+
+def parse_lab_v2(data: Any, *, where: str = LAB_FILE) -> "LabRecordV2":
+    """Validate a decoded version-2 lab.json (one LabError line naming the first problem)."""
+    return validate_record(LabRecordV2, data, where=where, hint="regenerate it with `lstar lab run`")
 
 
 def write_lab(record: LabRecord, path: str | Path) -> Path:
@@ -278,47 +243,21 @@ class CheckpointRecordV2(_Strict):
         return value
 
 
-class LabRecordV2(_Strict):
+class LabRecordV2(LabRecordBase):
     """The whole of a version-2 `lab.json`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
-
-    schema_: str = Field(alias="schema")
-    config: dict[str, Any]
+    SCHEMA = LAB_SCHEMA_V2
     families: list[FamilyRecordV2]
     checkpoints: list[CheckpointRecordV2]
-
-    @field_validator("schema_")
-    @classmethod
-    def _schema(cls, value: str) -> str:
-        if value != LAB_SCHEMA_V2:
-            raise ValueError(f"schema must be {LAB_SCHEMA_V2!r}, got {value!r}")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "LabRecordV2":
         names = self.family_names()
-        if len(set(names)) != len(names):
-            raise ValueError("a family is listed more than once in families")
-        seen: set[tuple[str, str, int, int]] = set()
-        for i, c in enumerate(self.checkpoints):
-            if c.family not in names:
-                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list")
-            key = (c.family, c.size, c.seed, c.step)
-            if key in seen:
-                raise ValueError(f"checkpoints[{i}]: {c.family!r} size {c.size} seed {c.seed} step {c.step} "
-                                 "is listed more than once")
-            seen.add(key)
-        for f in self.families:
-            if f.role == "primary" and not f.lossless:
-                raise ValueError(f"family {f.family!r} is lossy and cannot be in the primary race")
+        check_families_once(names)
+        check_checkpoints(self.checkpoints, names, key=lambda c: (c.family, c.size, c.seed, c.step),
+                          describe=lambda c: f"{c.family!r} size {c.size} seed {c.seed} step {c.step}")
+        check_primary_is_lossless(self.families)
         return self
-
-    def family_names(self) -> list[str]:
-        return [f.family for f in self.families]
-
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
 
 
 def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, Any]]:
@@ -351,5 +290,5 @@ def race_rows(lab: "LabRecordV2", *, role: str = "primary") -> list[dict[str, An
     return rows
 
 
-__all__ += ["EVAL_TEXTS", "LAB_SCHEMA_V2", "LabRecordV2", "CheckpointRecordV2", "FamilyRecordV2", "RACE_AXES",
+__all__ += ["EVAL_TEXTS", "LAB_SCHEMA_V2", "LabRecordV2", "parse_lab_v2", "CheckpointRecordV2", "FamilyRecordV2", "RACE_AXES",
             "RACE_TASKS", "TaskScoresV2", "TextScoresV2", "race_rows"]

@@ -17,14 +17,15 @@ every problem is one `LabError` line naming it (`monitor.lab.record_file.load_la
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from monitor.errors import LabError
-from monitor.lab.records import (LOSS_BOUND, Count, PositiveCount, TextScoresV2, _first_error,
-                                 _Strict, CheckpointRecordV2, FamilyRecordV2, LAB_FILE)
+from monitor.lab.record_checks import LabRecordBase, check_checkpoints, check_families_once, check_listed_family, \
+    validate_record
+from monitor.lab.records import (LOSS_BOUND, Count, PositiveCount, TextScoresV2, _Strict, CheckpointRecordV2,
+                                 FamilyRecordV2, LAB_FILE)
 
 LAB_SCHEMA_V3 = "lstar-lab/3"
 PRIMARY_TEXT = "heldout"
@@ -127,31 +128,20 @@ class CheckpointRecordV3(CheckpointRecordV2):
     sample: str = Field(min_length=1, max_length=200)
 
 
-class LabRecordV3(_Strict):
+class LabRecordV3(LabRecordBase):
     """The whole of a version-3 `lab.json`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
-
-    schema_: str = Field(alias="schema")
-    config: dict[str, Any]
+    SCHEMA = LAB_SCHEMA_V3
     preregistration_sha256: str | None = Field(default=None, pattern=SHA256_PATTERN)
     families: list[FamilyRecordV3]
     data: list[DataAssignmentRecord]
     checkpoints: list[CheckpointRecordV3]
     family_set: FamilySetRecord | None = None    # when the run checked a folder of families
 
-    @field_validator("schema_")
-    @classmethod
-    def _schema(cls, value: str) -> str:
-        if value != LAB_SCHEMA_V3:
-            raise ValueError(f"schema must be {LAB_SCHEMA_V3!r}, got {value!r}")
-        return value
-
     @model_validator(mode="after")
     def _consistent(self) -> "LabRecordV3":
         names = self.family_names()
-        if len(set(names)) != len(names):
-            raise ValueError("a family is listed more than once in families")
+        check_families_once(names)
         for f in self.families:
             if f.role == "primary" and not f.lossless:
                 raise ValueError(f"family {f.family!r} is lossy and cannot be in the primary race")
@@ -159,41 +149,27 @@ class LabRecordV3(_Strict):
                 raise ValueError(f"family {f.family!r} is in the race but not in the family set's kept families")
         samples: dict[tuple[str, int], str] = {}
         for i, d in enumerate(self.data):
-            if d.family not in names:
-                raise ValueError(f"data[{i}] has family {d.family!r}, which families does not list")
+            check_listed_family(f"data[{i}]", d.family, names)
             if (d.family, d.seed) in samples:
                 raise ValueError(f"data[{i}]: family {d.family!r} seed {d.seed} has two data assignments")
             samples[(d.family, d.seed)] = d.sample
         sizes = {c.size for c in self.checkpoints}
         if len(sizes) > 1:
             raise ValueError(f"lab v3 has one model size, the checkpoints have {', '.join(sorted(sizes))}")
-        seen: set[tuple[str, int, int]] = set()
-        for i, c in enumerate(self.checkpoints):
-            if c.family not in names:
-                raise ValueError(f"checkpoints[{i}] has family {c.family!r}, which families does not list")
+
+        def of_its_data_assignment(i: int, c: CheckpointRecordV3) -> None:
             if samples.get((c.family, c.seed)) != c.sample:
                 raise ValueError(f"checkpoints[{i}]: sample {c.sample!r} is not the data assignment of "
                                  f"{c.family!r} seed {c.seed}")
-            key = (c.family, c.seed, c.step)
-            if key in seen:
-                raise ValueError(f"checkpoints[{i}]: {c.family!r} seed {c.seed} step {c.step} is listed more than once")
-            seen.add(key)
+
+        check_checkpoints(self.checkpoints, names, key=lambda c: (c.family, c.seed, c.step),
+                          describe=lambda c: f"{c.family!r} seed {c.seed} step {c.step}", also=of_its_data_assignment)
         return self
-
-    def family_names(self) -> list[str]:
-        return [f.family for f in self.families]
-
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=1) + "\n"
 
 
 def parse_lab_v3(data: Any, *, where: str = LAB_FILE) -> LabRecordV3:
     """Validate a decoded version-3 lab.json (one LabError line naming the first problem)."""
-    try:
-        return LabRecordV3.model_validate(data)
-    except ValidationError as exc:
-        raise LabError(f"{where} is not a valid {LAB_SCHEMA_V3} record: {_first_error(exc)}",
-                       hint="regenerate it with `lstar lab run3`") from None
+    return validate_record(LabRecordV3, data, where=where, hint="regenerate it with `lstar lab run3`")
 
 
 def race_rows_v3(lab: LabRecordV3, *, role: str = "primary") -> list[dict[str, Any]]:

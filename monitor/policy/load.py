@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -55,17 +55,12 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
 
     names = [r.name for r in policy.receivers]
     defined = ", ".join(names)
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            error(["receivers", i, "name"], f"receiver {name!r} is defined twice")
-    tasks = [t.name for t in policy.tasks]
-    for i, name in enumerate(tasks):
-        if tasks.index(name) != i:
-            error(["tasks", i, "name"], f"task {name!r} is defined twice")
-    rules = [w.name for w in policy.watch]
-    for i, name in enumerate(rules):
-        if rules.index(name) != i:
-            error(["watch", i, "name"], f"watch rule {name!r} is defined twice")
+    for key, what, items in (("receivers", "receiver", policy.receivers), ("tasks", "task", policy.tasks),
+                             ("watch", "watch rule", policy.watch)):
+        listed = [item.name for item in items]
+        for i, name in enumerate(listed):
+            if listed.index(name) != i:
+                error([key, i, "name"], f"{what} {name!r} is defined twice")
 
     for sub, node in policy.route.walk():
         if node.receiver is not None and node.receiver not in names:
@@ -102,34 +97,40 @@ def _cross_reference_errors(loaded: LoadedPolicy, label: str, *, check_curves: b
                 error(["tasks", i, "evaluate", "file" if task.evaluate.kind == "multiple_choice" else "kind"],
                       problem)
     if check_curves:
-        for i, task in enumerate(policy.tasks):
-            curve_path = policy.resolve_path(task.curve)
-            if not curve_path.is_file():
-                error(["tasks", i, "curve"],
-                      f"curve file {task.curve!r} does not exist (paths are relative to the policy file)")
-                continue
-            try:
-                curve = load_curve(curve_path)
-            except LstarError as exc:
-                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {exc.one_line()}")
-                continue
-            except Exception as exc:  # noqa: BLE001 - a hostile curve file (e.g. JSON nested 10^5 deep)
-                error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {_exception_text(exc)}")
-                continue
-            try:
-                at_budget(curve, task.budget)
-            except LstarError as exc:
-                error(["tasks", i, "budget"], exc.one_line())
-            public = policy.corpora.public
-            if public is not None and curve.corpus_sha256 != public:
-                error(["tasks", i, "curve"],
-                      f"curve {task.curve!r} was fitted on corpus {str(curve.corpus_sha256)[:12]}, "
-                      f"not on corpora.public {public[:12]}")
-            if task.confidence is not None and not math.isclose(task.confidence, curve.confidence):
-                error(["tasks", i, "confidence"],
-                      f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
-                      f"{task.curve!r}; refit the curve at this confidence or drop the key")
+        _task_curve_errors(policy, error)
     return errors
+
+
+def _task_curve_errors(policy: Policy, error: Callable[[Sequence[Any], str], None]) -> None:
+    """Each task's curve file: it exists and loads, has the task's budget, was fitted on the
+    policy's public corpus and at the task's confidence (one `error` per problem)."""
+    for i, task in enumerate(policy.tasks):
+        curve_path = policy.resolve_path(task.curve)
+        if not curve_path.is_file():
+            error(["tasks", i, "curve"],
+                  f"curve file {task.curve!r} does not exist (paths are relative to the policy file)")
+            continue
+        try:
+            curve = load_curve(curve_path)
+        except LstarError as exc:
+            error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {exc.one_line()}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - a hostile curve file (e.g. JSON nested 10^5 deep)
+            error(["tasks", i, "curve"], f"curve file {task.curve!r} does not load: {_exception_text(exc)}")
+            continue
+        try:
+            at_budget(curve, task.budget)
+        except LstarError as exc:
+            error(["tasks", i, "budget"], exc.one_line())
+        public = policy.corpora.public
+        if public is not None and curve.corpus_sha256 != public:
+            error(["tasks", i, "curve"],
+                  f"curve {task.curve!r} was fitted on corpus {str(curve.corpus_sha256)[:12]}, "
+                  f"not on corpora.public {public[:12]}")
+        if task.confidence is not None and not math.isclose(task.confidence, curve.confidence):
+            error(["tasks", i, "confidence"],
+                  f"value {task.confidence!r} differs from the {curve.confidence:g} band of curve "
+                  f"{task.curve!r}; refit the curve at this confidence or drop the key")
 
 
 def evaluate_problem(policy: Policy, evaluate: Any) -> str | None:

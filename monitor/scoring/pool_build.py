@@ -299,17 +299,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
     excluded.sort(key=lambda c: (c.name, c.version, c.sha256))
     calib = CalibFilter(excluded)
 
-    debs, sources, units = [], [], []
-    for package in names:
-        deb = fetch_deb(package, cache, pinned[package][0] if package in pinned else None)
-        if pins is not None:
-            check_pin(deb, pinned, Path(pins))
-        files = read_deb(deb, lambda p: reader_of(p) is not None)
-        package_units, used = _units_of_package(deb, files.files)
-        units += [(u, source_name(package)) for u in package_units]
-        sources += used
-        debs.append({"package": deb.package, "version": deb.version, "deb_sha256": deb.sha256,
-                     "deb_bytes": deb.path.stat().st_size, "links_skipped": len(files.skipped_links)})
+    debs, sources, units = _read_packages(names, cache, pinned, pins)
 
     counts = Counts()
     pieces = _filter_documents(pack_units(_filter_units(units, calib, counts)), calib, counts)
@@ -319,20 +309,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
     if sample:
         by_split = {s: _sample(p, SAMPLE_BYTES[s]) for s, p in by_split.items()}
     full_name = f"{name}-sample" if sample else name
-    texts: dict[str, dict[str, str]] = {}
-    split_info: dict[str, dict] = {}
-    for split in SPLITS:
-        if not by_split[split]:
-            raise CorpusError(f"the {split} split of the pool is empty",
-                              hint="the packages gave too little text; add packages")
-        docs = number_documents(by_split[split])
-        manifest = build_manifest(f"{full_name}-{split}", version, docs, SIZE_POLICY)
-        texts[split] = {DOCUMENTS_FILE: documents_jsonl(docs), MANIFEST_FILE: manifest_json(manifest),
-                        SOURCES_FILE: (f"# {full_name}-{split} {version}\n\nThe `{split}` split of the "
-                                       f"pool {full_name} {version}; its sources, versions and the "
-                                       "build rules are in `../manifest.json`.\n")}
-        split_info[split] = {"name": manifest["name"], "version": version, "sha256": manifest["sha256"],
-                             **manifest["total"], "slices": manifest["slices"]}
+    texts, split_info = _split_corpora(by_split, full_name, version)
     manifest = {
         "schema": SCHEMA, "name": full_name, "version": version,
         "built_by": "lstar corpus build-pool",
@@ -368,15 +345,61 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
         "splits": split_info,
     }
     if pins is not None and pins_data.get("name") == full_name and pins_data.get("version") == version:
-        want = {s: (pins_data.get("splits") or {}).get(s, {}).get("sha256") for s in SPLITS}
-        got = {s: split_info[s]["sha256"] for s in SPLITS}
-        if want != got:
-            bad = [s for s in SPLITS if want[s] != got[s]]
-            raise CorpusError(f"the rebuilt pool differs from {pins} in split(s) {', '.join(bad)} "
-                              f"({bad[0]}: {str(got[bad[0]])[:16]}… vs pinned {str(want[bad[0]])[:16]}…)",
-                              hint="the build code or the excluded corpora changed since the pins were written")
+        _check_rebuild(split_info, pins_data, pins)
     _write(out, texts, manifest_json(manifest))
     return PoolBuild(path=out, manifest=manifest)
+
+
+def _read_packages(names: Sequence[str], cache: Path, pinned: Mapping[str, Any],
+                   pins: str | Path | None) -> tuple[list[dict], list, list]:
+    """Each package's .deb (fetched into `cache` when missing, checked against its pin), read into
+    text units tagged with their source: the packages' manifest entries, the sources used, the units."""
+    debs: list[dict] = []
+    sources: list = []
+    units: list = []
+    for package in names:
+        deb = fetch_deb(package, cache, pinned[package][0] if package in pinned else None)
+        if pins is not None:
+            check_pin(deb, pinned, Path(pins))
+        files = read_deb(deb, lambda p: reader_of(p) is not None)
+        package_units, used = _units_of_package(deb, files.files)
+        units += [(u, source_name(package)) for u in package_units]
+        sources += used
+        debs.append({"package": deb.package, "version": deb.version, "deb_sha256": deb.sha256,
+                     "deb_bytes": deb.path.stat().st_size, "links_skipped": len(files.skipped_links)})
+    return debs, sources, units
+
+
+def _split_corpora(by_split: Mapping[str, list[Piece]], full_name: str,
+                   version: str) -> tuple[dict[str, dict[str, str]], dict[str, dict]]:
+    """Each split as a corpus folder's files (documents, manifest, sources note) and its entry in
+    the pool's manifest; an empty split is refused."""
+    texts: dict[str, dict[str, str]] = {}
+    split_info: dict[str, dict] = {}
+    for split in SPLITS:
+        if not by_split[split]:
+            raise CorpusError(f"the {split} split of the pool is empty",
+                              hint="the packages gave too little text; add packages")
+        docs = number_documents(by_split[split])
+        manifest = build_manifest(f"{full_name}-{split}", version, docs, SIZE_POLICY)
+        texts[split] = {DOCUMENTS_FILE: documents_jsonl(docs), MANIFEST_FILE: manifest_json(manifest),
+                        SOURCES_FILE: (f"# {full_name}-{split} {version}\n\nThe `{split}` split of the "
+                                       f"pool {full_name} {version}; its sources, versions and the "
+                                       "build rules are in `../manifest.json`.\n")}
+        split_info[split] = {"name": manifest["name"], "version": version, "sha256": manifest["sha256"],
+                             **manifest["total"], "slices": manifest["slices"]}
+    return texts, split_info
+
+
+def _check_rebuild(split_info: Mapping[str, dict], pins_data: Mapping[str, Any], pins: str | Path) -> None:
+    """A rebuild of the pinned pool must give every split the sha256 the pins recorded."""
+    want = {s: (pins_data.get("splits") or {}).get(s, {}).get("sha256") for s in SPLITS}
+    got = {s: split_info[s]["sha256"] for s in SPLITS}
+    if want != got:
+        bad = [s for s in SPLITS if want[s] != got[s]]
+        raise CorpusError(f"the rebuilt pool differs from {pins} in split(s) {', '.join(bad)} "
+                          f"({bad[0]}: {str(got[bad[0]])[:16]}… vs pinned {str(want[bad[0]])[:16]}…)",
+                          hint="the build code or the excluded corpora changed since the pins were written")
 
 
 def _write(out: Path, texts: Mapping[str, Mapping[str, str]], manifest_text: str) -> None:

@@ -90,6 +90,20 @@ def _slices_summary(nll: np.ndarray, ntok: np.ndarray, nbytes: np.ndarray, slice
     return out
 
 
+def _resumed_documents(resume: Mapping[str, Any], corpus: Any) -> dict[int, tuple[float, int]]:
+    """What the partial run being continued already scored: (NLL, tokens) by the document's
+    position in this corpus selection; a document outside the selection is refused."""
+    index = {d.id: i for i, d in enumerate(corpus.documents)}
+    known: dict[int, tuple[float, int]] = {}
+    for doc_id, _slice, n_tokens, nll, _bytes in resume.get("documents") or ():
+        if doc_id not in index:
+            raise SpecError(f"the partial run {resume.get('run_id')} has document {doc_id!r}, which is not "
+                            f"in the selection of {corpus.name} {corpus.version}",
+                            hint="a score continues only a partial run of the same corpus selection")
+        known[index[doc_id]] = (float(nll), int(n_tokens))
+    return known
+
+
 def compute_sequential(prepared: Any, baseline: Mapping[str, Any]) -> SequentialScore:
     """Score `prepared` block by block (see the module's docstring); the engine makes the run
     of what this returns."""
@@ -102,15 +116,8 @@ def compute_sequential(prepared: Any, baseline: Mapping[str, Any]) -> Sequential
     n = len(documents)
     slices = np.asarray([d.slice for d in documents], dtype=object)
     nbytes_all = np.asarray([d.n_bytes for d in documents], dtype=np.int64)
-    index = {d.id: i for i, d in enumerate(documents)}
-    known: dict[int, tuple[float, int]] = {}
     resume = request.resume or {}
-    for doc_id, _slice, n_tokens, nll, _bytes in resume.get("documents") or ():
-        if doc_id not in index:
-            raise SpecError(f"the partial run {resume.get('run_id')} has document {doc_id!r}, which is not "
-                            f"in the selection of {p.corpus.name} {p.corpus.version}",
-                            hint="a score continues only a partial run of the same corpus selection")
-        known[index[doc_id]] = (float(nll), int(n_tokens))
+    known = _resumed_documents(resume, p.corpus)
     plan = request.sequential or {}
     tasks, skipped = _load_tasks(plan, p) if request.sequential is not None else ([], [])
     delta = plan.get("delta")
