@@ -111,7 +111,7 @@ def test_report_problems_and_prediction_caveats_name_a_flagged_curve(tmp_path):
 
 
 def test_a_prediction_on_a_flagged_curve_carries_the_caveat_into_its_alert_text(tmp_path):
-    from monitor.alerts.outbox import evaluate_pending
+    from monitor.alerts.evaluation_tick import evaluate_pending
     from monitor.policy.load import load_policy
     from support.report_state import CORPUS, T0, _fit_curve, write_report_policy
     from support.scores import record_fake_score
