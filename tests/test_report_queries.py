@@ -215,5 +215,13 @@ def test_the_checkpoint_page_reads_a_bounded_number_of_queries_and_the_same_coor
         theirs = store.complete_score(c["base"]["repo"], c["base"]["sha"], own["corpus_sha256"], own)
         assert c["coordinates"]["run_id"] == own["run_id"] and c["coordinates"]["base_run_id"] == theirs["run_id"]
         assert c["coordinates"]["lstar_base"] == float(theirs["lstar"])
-    # the page's meta is whole (read for the page's rows only, not dropped)
-    assert all(c["meta"]["gate"]["files"] and c["meta"]["run_id"] for c in large)
+    # a listing row's meta holds only the keys a listing shows, read from the stored meta
+    from monitor.store.listings import LISTING_META_KEYS, checkpoints_page
+
+    for c in large:
+        stored = store.get_checkpoint(c["id"]).meta
+        assert stored["gate"]["files"] and stored["run_id"]
+        assert c["meta"] == {k: stored[k] for k in LISTING_META_KEYS if k in stored}
+    # and whole when asked for (read for the page's rows only)
+    whole = checkpoints_page(store, limit=1000, with_meta=True).items
+    assert [c["meta"] for c in whole] == [store.get_checkpoint(c["id"]).meta for c in large]

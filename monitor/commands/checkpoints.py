@@ -27,13 +27,17 @@ def register(app: typer.Typer) -> None:
         state: Path = STATE_OPTION,
         db: Path | None = DB_OPTION,
         as_json: bool = JSON_OPTION,
+        with_meta: bool = typer.Option(False, "--meta", help="With --json: each row's whole meta (the gate's, "
+                                       "fetch's and score's facts, ~2 KB a row); without it a row's meta holds "
+                                       "only its score (run_id, lstar, se) and what links it to another."),
     ) -> None:
         """List checkpoint rows, oldest first: repo, commit, refs, status and reason (opens the file read-only)."""
         db_path = db_file(state, db)
         if status is not None and status not in STATUSES:
             raise OptionError(f"{status!r} is not one of {', '.join(STATUSES)}",
                                      param_hint="--status")
-        page = read_checkpoints(db_path, status=status, repo=repo, limit=limit, cursor=cursor)
+        page = read_checkpoints(db_path, status=status, repo=repo, limit=limit, cursor=cursor,
+                                with_meta=with_meta and as_json)
         if as_json:
             print(json.dumps(page.as_dict(), indent=2, default=str))
             return
@@ -104,13 +108,16 @@ def linked_note(meta: dict) -> str:
 
 
 def read_checkpoints(db_path: Path, *, status: str | None, repo: str | None, limit: int | None,
-                     cursor: str | None = None) -> Page:
-    """A page of rows from the daemon running on the database's folder (its API), else a read-only open."""
+                     cursor: str | None = None, with_meta: bool = False) -> Page:
+    """A page of rows from the daemon running on the database's folder (its API), else a
+    read-only open; each row's meta whole only `with_meta` (`listings.checkpoints_page`)."""
     from monitor.service.client import api_get   # the read's own modules: httpx, or duckdb
     from monitor.store.listings import checkpoints_page
 
     return through_daemon(db_path,
                           lambda url: page_of(api_get(url, "/checkpoints", {"status": status, "repo": repo,
-                                                                            "limit": limit, "cursor": cursor}),
+                                                                            "limit": limit, "cursor": cursor,
+                                                                            "fields": "meta" if with_meta else None}),
                                               revive=lambda items: items),
-                          lambda store: checkpoints_page(store, status=status, repo=repo, limit=limit, cursor=cursor))
+                          lambda store: checkpoints_page(store, status=status, repo=repo, limit=limit, cursor=cursor,
+                                                         with_meta=with_meta))

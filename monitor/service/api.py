@@ -5,8 +5,11 @@
                                 degraded: a task the scoring settings can never evaluate)
     GET  /metrics               Prometheus text format
     GET  /status                JSON: checkpoints by status, jobs, policy errors, disk, outages
-    GET  /checkpoints?status=S&repo=R&limit=N&cursor=C   a page of rows as `lstar checkpoints --json`
-                                prints it: {"items", "total", "next_cursor", "limit"}
+    GET  /checkpoints?status=S&repo=R&limit=N&cursor=C&fields=meta   a page of rows as `lstar
+                                checkpoints --json` prints it: {"items", "total", "next_cursor", "limit"};
+                                each row's `meta` holds only the keys a listing shows
+                                (`listings.LISTING_META_KEYS`), all of it with `fields=meta`
+    GET  /checkpoints/ID        one checkpoint's row with its whole meta (404 when there is none)
     GET  /db/info               as `lstar db info --json`
     GET  /runs?limit=N&cursor=C score runs newest first, a page as `lstar runs --json`
     GET  /report/latest?format=html|md|json|png   the newest file under STATE/reports (404: none)
@@ -105,7 +108,7 @@ from monitor.service.status_page import HEADERS as STATUS_PAGE_HEADERS
 from monitor.service.status_page import MAX_AGE as STATUS_PAGE_MAX_AGE
 from monitor.service.status_page import render_status_page
 from monitor.store import utcnow
-from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
+from monitor.store.listings import alerts_page, checkpoint_detail, checkpoints_page, runs_page, silences_page
 from monitor.store.pages import DEFAULT_LIMIT
 
 log = logging.getLogger("lstar.api")
@@ -125,7 +128,7 @@ REPORT_TYPES = {".html": "text/html; charset=utf-8", ".md": "text/markdown; char
                 ".json": "application/json", ".png": "image/png"}
 # The query parameters each GET endpoint takes; anything else is refused.
 GET_PARAMS = {STATUS_PAGE: (), "/health": (), "/metrics": (), "/status": (), "/db/info": (),
-              "/checkpoints": ("status", "repo", "limit", "cursor"), "/runs": ("limit", "cursor"),
+              "/checkpoints": ("status", "repo", "limit", "cursor", "fields"), "/runs": ("limit", "cursor"),
               "/report/latest": ("format",), "/report": ("policy", "since", "until"),
               "/watchlist": ("status", "task", "policy", "repo", "limit", "cursor"),
               "/alerts": ("policy", "state", "limit", "cursor"),
@@ -145,7 +148,9 @@ def webhook_secret(secret_file: Path | None) -> str | None:
 
 
 def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, indent=2, default=str).encode()
+    # Compact, so the C encoder does it: `indent` falls back to the pure-Python one, and a
+    # 1,000-row page indented is twice the bytes.
+    return json.dumps(obj, default=str, separators=(",", ":")).encode()
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -226,6 +231,7 @@ class ApiApp:
                   Route("/metrics", self._metrics, methods=get),
                   Route("/status", self._route(lambda r, q: _json(daemon.status())), methods=get),
                   Route("/checkpoints", self._route(self._checkpoints), methods=get),
+                  Route("/checkpoints/{ident}", self._route(self._checkpoint), methods=get),
                   Route("/db/info", self._route(self._db_info), methods=get),
                   Route("/runs", self._route(self._runs), methods=get),
                   Route("/report/latest", self._route(self._latest_report), methods=get),
@@ -354,8 +360,18 @@ class ApiApp:
         limit = query.limit()
         with self.daemon.read_store() as store:
             page = checkpoints_page(store, status=query.one("status"), repo=query.one("repo"), limit=limit,
-                                    cursor=query.one("cursor"))
+                                    cursor=query.one("cursor"), with_meta=query.choice("fields", ("meta",)) == "meta")
         return _json(page.as_dict())
+
+    def _checkpoint(self, request: Request, query: _Query) -> Response:
+        ident = request.path_params["ident"]
+        if not ALERT_ID.fullmatch(ident):
+            raise RequestRefused(404, f"no such endpoint {request.scope['path'][:200]}", hint=self.endpoints_hint)
+        with self.daemon.read_store() as store:
+            detail = checkpoint_detail(store, int(ident))
+        if detail is None:
+            raise RequestRefused(404, f"no checkpoint with id {ident}", hint="see `lstar checkpoints`")
+        return _json(detail)
 
     def _db_info(self, request: Request, query: _Query) -> Response:
         with self.daemon.read_store() as store:

@@ -22,6 +22,13 @@ h11 parses every request (the framing authority); uvicorn runs the ASGI app. Wha
   the server starts waiting for it, and a connection lives `lifetime` seconds and
   `max_requests` answers at most. At a deadline an answer the client has not read is
   dropped (`abort()`; `close()` would wait for the read for ever).
+- **A lifetime never cuts an answer the server is still producing.** The lifetime is there
+  to drop clients that hold a connection, not to bound how long an answer takes (a week's
+  report at 10^4 checkpoints on a loaded machine can take longer). When it ends during an
+  answer, the connection closes after that answer; until then it is checked every
+  `idle_timeout`, and aborted only when the client has not read what was already sent at the
+  previous check (it stalls, or reads slower than about 64 KiB, uvicorn's write buffer,
+  per `idle_timeout`). A server still computing, with nothing unread, is left to finish.
 - **An answer never leaves a body unread on an open connection.** An answer that starts
   before the request's body is read says `Connection: close` (`RequestGuard`), and the
   connection lingers as after a refusal: without this, a client announcing a body it never
@@ -181,6 +188,7 @@ class _CycleTransport:
         self.raw = protocol.transport
 
     def write(self, data: bytes) -> None:
+        self.protocol.sent += len(data)
         self.raw.write(data)
 
     def is_closing(self) -> bool:
@@ -214,6 +222,8 @@ class GuardedH11Protocol(H11Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.life: asyncio.TimerHandle | None = None
         self.ends = time.monotonic() + limits.lifetime
+        self.sent = 0                    # bytes of answers written to the transport
+        self.read_mark = 0               # what the client must have read by the next check
         if not limits.make_room():
             busy = _answer_bytes(503, "Service Unavailable", limits.busy_body(), {"Retry-After": "1"})
             # Counted too: a refused connection holds its descriptor while its answer lingers,
@@ -278,8 +288,26 @@ class GuardedH11Protocol(H11Protocol):
             self._close_now()
             return
         self._close_after_answer()
-        # An answer the client never reads must not hold the connection either.
-        self.loop.call_later(self.limits.idle_timeout, self._close_now)
+        # The answer in progress is finished, however long the server takes to produce it;
+        # an answer the client does not read must not hold the connection either.
+        self.read_mark = self.sent
+        self.loop.call_later(self.limits.idle_timeout, self._check_reader)
+
+    def read_by_client(self) -> int:
+        """Bytes of the answers written that have left our buffer (the client has taken them)."""
+        return self.sent - self.transport.get_write_buffer_size()
+
+    def _check_reader(self) -> None:
+        """After the lifetime, during the last answer: abort if the client has not read what
+        was sent by the previous check, else look again in `idle_timeout`."""
+        if self.transport.is_closing() or self.draining:
+            return
+        if self.read_by_client() < self.read_mark:
+            log.info("API connection dropped: its client stopped reading the answer")
+            self.transport.abort()
+            return
+        self.read_mark = self.sent
+        self.loop.call_later(self.limits.idle_timeout, self._check_reader)
 
     def _close_after_answer(self) -> None:
         if self.cycle is None:

@@ -6,6 +6,7 @@ Each listing answers one bounded page (`monitor.store.pages`): at most `limit` r
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +24,12 @@ RUN_COLUMNS = ("r.run_id", "r.model_repo", "r.model_sha", "r.model_source", "r.c
                "l.linked_from_run_id", "l.linked_from_checkpoint_id")
 CHECKPOINT_COLUMNS = ("id", "repo", "sha", "source", "refs", "lineage", "rule", "discovered_at", "updated_at",
                       "status", "reason", "attempts", "lease_owner", "lease_expires_at", "meta")
+# The meta keys a checkpoint listing shows: its score (run, L*, SE) and what `lstar
+# checkpoints`' reason column says of it (a score linked to an earlier one of the same
+# weights, a reference base's reason). A listing row's `meta`
+# holds only these; the whole meta (~2 KB a row: gate, fetch and score facts) is read for one
+# checkpoint (`checkpoint_detail`, GET /checkpoints/ID) or asked for (`with_meta`).
+LISTING_META_KEYS = ("run_id", "lstar", "se", "linked_from_run_id", "linked_from_checkpoint_id", "reference_base")
 
 CHECKPOINTS = Key("checkpoints", ("discovered_at", "id"), ("time", "int"))          # oldest first
 RUNS = Key("runs", ("r.finished_at", "r.run_id"), ("time", "str"), descending=True)    # newest first
@@ -31,11 +38,14 @@ SILENCES = Key("silences", ("created_at", "id"), ("time", "str"), descending=Tru
 
 
 def checkpoints_page(store: Store, *, status: str | None = None, repo: str | None = None,
-                     limit: int | None = None, cursor: str | None = None) -> Page:
+                     limit: int | None = None, cursor: str | None = None, with_meta: bool = False) -> Page:
     """Checkpoint rows oldest discovery first, as `lstar checkpoints --json` prints them (refs
-    and meta decoded, with the `not_evaluated` notes of each, its `observations` (each active
+    decoded, with the `not_evaluated` notes of each, its `observations` (each active
     evaluation's predicted and observed state), the `base` it derives from and its `coordinates`
-    (L*(base), L*(θ)) once both are scored: `Store.with_base_coordinates`)."""
+    (L*(base), L*(θ)) once both are scored: `Store.with_base_coordinates`).
+
+    Each row's `meta` holds only the `LISTING_META_KEYS` it has, unless `with_meta`: then the
+    whole meta, decoded."""
     where, params = [], []
     if status is not None:
         where.append("status = ?")
@@ -48,14 +58,43 @@ def checkpoints_page(store: Store, *, status: str | None = None, repo: str | Non
     keys, total, after, limit = page_query(
         store, CHECKPOINTS, select="SELECT discovered_at, id FROM checkpoints", where=where,
         params=params, limit=limit, cursor=cursor)
-    rows = store.query(f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM checkpoints WHERE id IN "
+    rows = store.query(f"SELECT {', '.join(_listing_columns(with_meta))} FROM checkpoints WHERE id IN "
                        "(SELECT unnest(?::BIGINT[])) ORDER BY discovered_at, id",
                        [[int(k["id"]) for k in keys]]) if keys else []
-    items = store.with_not_evaluated([store._decode_checkpoint(r).as_dict() for r in rows])
+    decoded = [store._decode_checkpoint(r if with_meta else _with_listing_meta(r)).as_dict() for r in rows]
+    items = store.with_not_evaluated(decoded)
     observed = store.observed_states([(c["repo"], c["sha"]) for c in items])
     items = [{**c, "observations": observed.get((c["repo"], c["sha"]), [])} for c in items]
     # what each derives from and, once both are scored, its pair (L*(base), L*(θ))
     return Page(store.with_base_coordinates(items), total, after, limit)
+
+
+def _listing_columns(with_meta: bool) -> tuple[str, ...]:
+    """The checkpoint columns a page reads: the meta whole, or only the keys a listing shows
+    (extracted by DuckDB, so the ~2 KB text never reaches Python)."""
+    if with_meta:
+        return CHECKPOINT_COLUMNS
+    return (*CHECKPOINT_COLUMNS[:-1],
+            *(f"json_extract(meta, '$.{key}') AS \"meta.{key}\"" for key in LISTING_META_KEYS))
+
+
+def _with_listing_meta(row: dict[str, Any]) -> dict[str, Any]:
+    """A row read by `_listing_columns(False)` with its extracted keys folded into `meta` (JSON text)."""
+    out = {k: v for k, v in row.items() if not k.startswith("meta.")}
+    kept = {key: json.loads(row[f"meta.{key}"]) for key in LISTING_META_KEYS if row.get(f"meta.{key}") is not None}
+    out["meta"] = json.dumps(kept) if kept else None
+    return out
+
+
+def checkpoint_detail(store: Store, checkpoint_id: int) -> dict[str, Any] | None:
+    """One checkpoint as a listing row with its whole meta (GET /checkpoints/ID), or None."""
+    row = store.get_checkpoint(checkpoint_id)
+    if row is None:
+        return None
+    [item] = store.with_not_evaluated([row.as_dict()])
+    observed = store.observed_states([(item["repo"], item["sha"])])
+    [item] = store.with_base_coordinates([{**item, "observations": observed.get((item["repo"], item["sha"]), [])}])
+    return item
 
 
 def runs_page(store: Store, *, limit: int | None = None, cursor: str | None = None) -> Page:
@@ -99,8 +138,6 @@ def silences_page(store: Store, *, now: datetime, include_expired: bool = False,
                   cursor: str | None = None) -> Page:
     """Silences newest first with a `state` of active / pending / expired (expired ones only
     with `include_expired`)."""
-    import json
-
     where, params = ([], []) if include_expired else (
         ["least(ends_at, coalesce(expired_at, ends_at)) > ?"], [now])
     rows, total, after, limit = page_query(
@@ -114,4 +151,4 @@ def silences_page(store: Store, *, now: datetime, include_expired: bool = False,
     return Page(items, total, after, limit)
 
 
-__all__ = ["RUN_COLUMNS", "checkpoints_page", "runs_page", "alerts_page", "silences_page", "list_score_runs"]
+__all__ = ["RUN_COLUMNS", "LISTING_META_KEYS", "checkpoints_page", "checkpoint_detail", "runs_page", "alerts_page", "silences_page", "list_score_runs"]
