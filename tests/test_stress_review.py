@@ -1,0 +1,132 @@
+"""Hostile inputs to the stress tests: option values, stored documents, register pin files and
+task files that the stress code must refuse in one clear line (or bound) rather than crash on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from monitor.curves.evaluator import McItem
+from monitor.errors import CorpusError, SpecError, StoreError
+from monitor.scoring.register_build import build_registers, load_register_pins
+from monitor.store import Store
+from monitor.stress.limits import flags_for
+from monitor.stress.runner import run_stress
+from monitor.stress.storage import save_stress_report
+from monitor.stress.subject import SCHEMA, StressCheckpoint, StressOptions, StressSubject
+from monitor.stress.task_format import FORMATS
+
+MISSING_MODEL = StressCheckpoint(ref="/nonexistent/model-folder", label="m0")
+
+
+def _subject(tmp_path: Path) -> StressSubject:
+    return StressSubject(kind="model", name="m", checkpoints=(MISSING_MODEL,), corpus=tmp_path / "corpus")
+
+
+# -- checked before anything is loaded or scored ---------------------------------------------
+def test_a_test_without_its_inputs_is_refused_before_any_scoring(tmp_path) -> None:
+    # the registers test needs register corpora; saying so after an hour of tokenization
+    # scoring (or, here, after failing to load the model) is too late
+    with pytest.raises(SpecError, match="register"):
+        run_stress(_subject(tmp_path), StressOptions(), ["tokenization", "registers"])
+    with pytest.raises(SpecError, match="task file"):
+        run_stress(_subject(tmp_path), StressOptions(), ["tokenization", "task_format"])
+
+
+@pytest.mark.parametrize("options, words", [
+    (StressOptions(dropout_rates=(1.5,)), "dropout"),
+    (StressOptions(dropout_rates=(float("nan"),)), "dropout"),
+    (StressOptions(dropout_rates=(-0.1,)), "dropout"),
+    (StressOptions(extra={"prune_fraction": 0.0}), "prune"),
+    (StressOptions(extra={"prune_fraction": 1.5}), "prune"),
+])
+def test_out_of_range_perturbations_are_refused_not_skipped(tmp_path, options, words) -> None:
+    # before: a bad rate raised TokenizerError inside the test, which noted "BPE perturbations
+    # skipped" and silently dropped the pruned vocabulary as well
+    with pytest.raises(SpecError, match=words):
+        run_stress(_subject(tmp_path), options, ["tokenization"])
+
+
+# -- stored documents --------------------------------------------------------------------------
+def _doc(**sections) -> dict:
+    return {"schema": SCHEMA, "subject": {"kind": "model", "name": "m", "curve_id": "c" * 64},
+            "sections": sections}
+
+
+def test_a_document_with_non_string_section_names_is_a_store_error(tmp_path) -> None:
+    with Store.open(tmp_path / "s.duckdb") as store:
+        with pytest.raises(StoreError, match="unknown sections"):
+            save_stress_report(store, _doc(**{"registers": {}}) | {"sections": {1: {}, "x": {}}})
+
+
+def test_flag_messages_bound_the_names_a_document_carries() -> None:
+    huge = "r" * 100_000
+    document = _doc(
+        registers={"curves": [{"curve_id": "c" * 64, "register": huge, "threshold_shift_lstar": 1.0,
+                               "threshold_interval_width": 0.1}]},
+        task_format={"tasks": [{"task": huge, "instability": 0.4, "accuracy_upper_bound": 0.6}]},
+        tokenization={"fits": [{"variant": huge, "alpha": 2.0, "residual_variance": 1.0}]})
+    flags = flags_for(document, "c" * 64)
+    assert len(flags) == 4
+    assert all(len(f.message) < 400 for f in flags)
+
+
+# -- register pin files ------------------------------------------------------------------------
+def _pins(tmp_path: Path, **changes) -> Path:
+    data = {"schema": "lstar-register/1", "register": "code", "name": "register-code", "version": "v1",
+            "packages": [{"package": "libpython3.11-stdlib", "version": "3.11.2-6+deb12u9", "deb_sha256": "0" * 64}],
+            "sample": {"documents": 300}, "corpus": {"sha256": "1" * 64}}
+    data.update(changes)
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/tmp/absolute", "a/b", "..", "", 7, None])
+def test_a_pin_name_that_is_not_one_folder_name_is_refused(tmp_path, name) -> None:
+    with pytest.raises(CorpusError, match="name"):
+        load_register_pins(_pins(tmp_path, name=name))
+    # build_registers joins the name onto OUT: nothing may be created outside it
+    with pytest.raises(CorpusError):
+        build_registers(tmp_path / "out", [_pins(tmp_path, name=name)], cache=tmp_path / "debs", exclude=[])
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.mark.parametrize("changes", [
+    {"version": 3}, {"sample": {"documents": "all"}}, {"sample": {"documents": 0}}, {"sample": "300"},
+    {"corpus": "abc"}, {"corpus": {"sha256": 12}},
+])
+def test_pin_fields_of_the_wrong_type_are_refused(tmp_path, changes) -> None:
+    with pytest.raises(CorpusError, match="register pins"):
+        load_register_pins(_pins(tmp_path, **changes))
+
+
+def test_a_huge_pin_file_is_refused_without_reading_it_all(tmp_path) -> None:
+    path = tmp_path / "huge.json"
+    with path.open("w", encoding="utf-8") as f:
+        f.write('{"schema": "lstar-register/1", "pad": "')
+        f.write("x" * (9 << 20))
+        f.write('"}')
+    with pytest.raises(CorpusError, match="bytes"):
+        load_register_pins(path)
+
+
+def test_the_committed_pins_still_load() -> None:
+    from monitor.scoring.register_build import REGISTER_PINS_DIR
+
+    pins = sorted(REGISTER_PINS_DIR.glob("*.json"))
+    assert pins and all(load_register_pins(p)["register"] in ("code", "technical", "dictionary") for p in pins)
+
+
+# -- task files --------------------------------------------------------------------------------
+def test_label_formats_keep_every_option_of_a_long_item() -> None:
+    # 30 options: the letter labels run out at Z; before, zip() dropped options 27..30 and the
+    # answer (index 29) pointed past the scored choices
+    item = McItem("i0", "Pick one.", tuple(f"option {i}" for i in range(30)), 29, None)
+    for surface in FORMATS:
+        encoded = surface.encode(item)
+        assert len(encoded.choices) == 30, surface.name
+        assert len(set(encoded.choices)) == 30, surface.name     # each scored label is distinct
+        assert encoded.answer == 29
