@@ -89,6 +89,17 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+MAX_NAME_CHARS = 80
+
+
+def _name(value: Any) -> str:
+    """A name a stored document gives (register, task, variant), cut to `MAX_NAME_CHARS`: it
+    goes into every caveat, alert and report line of the curve, so its size is the writer's
+    to choose only up to a point."""
+    text = str(value)
+    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 1] + "…"
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -108,7 +119,7 @@ def register_flags(section: Mapping[str, Any], curve_id: str) -> list[StressFlag
             continue
         flags.append(StressFlag(
             "register_threshold_shift", "registers", curve_id, abs(shift), width,
-            f"stress: refitted on the {entry.get('register', '?')} register the threshold moves {abs(shift):.3f} "
+            f"stress: refitted on the {_name(entry.get('register', '?'))} register the threshold moves {abs(shift):.3f} "
             f"L*, more than the curve's own threshold interval ({width:.3f} wide)"))
     return flags
 
@@ -123,7 +134,7 @@ def format_flags(section: Mapping[str, Any], curve_id: str) -> list[StressFlag]:
         bound = _number(task.get("accuracy_upper_bound"))
         flags.append(StressFlag(
             "format_instability", "task_format", curve_id, value, FORMAT_INSTABILITY_MAX,
-            f"stress: task {task.get('task', '?')} has format instability {value:.3f} > {FORMAT_INSTABILITY_MAX:.2f}"
+            f"stress: task {_name(task.get('task', '?'))} has format instability {value:.3f} > {FORMAT_INSTABILITY_MAX:.2f}"
             + (f" (no progress metric can order its checkpoints better than {bound:.2f})" if bound is not None else "")))
     return flags
 
@@ -132,7 +143,7 @@ def tokenization_flags(section: Mapping[str, Any], curve_id: str) -> list[Stress
     flags = []
     for fit in _list(section.get("fits")):
         fit = _dict(fit)
-        variant = fit.get("variant", "?")
+        variant = _name(fit.get("variant", "?"))
         alpha = _number(fit.get("alpha"))
         if alpha is not None and abs(alpha - 1.0) > TOKENIZATION_ALPHA_TOLERANCE:
             flags.append(StressFlag(

@@ -42,9 +42,9 @@ def save_stress_report(store: StoreConnection, document: Mapping[str, Any]) -> s
     if not isinstance(sections, Mapping) or not isinstance(subject, Mapping):
         raise StoreError("stress document lacks its 'subject' or 'sections' object",
                          hint="store what `lstar stress --json` prints")
-    unknown = sorted(set(sections) - set(TEST_NAMES))
+    unknown = sorted((repr(k) for k in set(sections) - set(TEST_NAMES)))   # keys may be of any type
     if unknown:
-        raise StoreError(f"stress document has unknown sections {', '.join(map(repr, unknown))}",
+        raise StoreError(f"stress document has unknown sections {', '.join(u[:60] for u in unknown[:5])}",
                          hint="the tests are " + ", ".join(TEST_NAMES))
     text = _canonical(document)
     if len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES:
