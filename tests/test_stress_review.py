@@ -130,3 +130,10 @@ def test_label_formats_keep_every_option_of_a_long_item() -> None:
         assert len(encoded.choices) == 30, surface.name
         assert len(set(encoded.choices)) == 30, surface.name     # each scored label is distinct
         assert encoded.answer == 29
+
+
+def test_letter_labels_run_past_z_like_spreadsheet_columns() -> None:
+    from monitor.stress.task_format import letter_label
+
+    assert [letter_label(i) for i in (0, 25, 26, 27, 51, 52, 701, 702)] == \
+        ["A", "Z", "AA", "AB", "AZ", "BA", "ZZ", "AAA"]

@@ -80,9 +80,20 @@ def _listed(item: McItem, labels: Sequence[str], opener: str, answer_cue: str,
     return replace(item, context=context, choices=tuple(scored(label) for label in labels))
 
 
+def letter_label(index: int) -> str:
+    """A, B, …, Z, then AA, AB, … (spreadsheet columns): an item may have more than 26 options
+    (the task file bounds only their number's minimum), and each needs its own label."""
+    label = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        label = LETTERS[rest] + label
+    return label
+
+
 def _letters(item: McItem) -> McItem:
-    labels = LETTERS[:len(item.choices)]
-    return _listed(item, [f"{c}. " for c in labels], "", "Answer:", lambda label: " " + label[0])
+    labels = [letter_label(i) for i in range(len(item.choices))]
+    return _listed(item, [f"{c}. " for c in labels], "", "Answer:", lambda label: " " + label.removesuffix(". "))
 
 
 def _numbers(item: McItem) -> McItem:
