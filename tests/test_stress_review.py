@@ -137,3 +137,24 @@ def test_letter_labels_run_past_z_like_spreadsheet_columns() -> None:
 
     assert [letter_label(i) for i in (0, 25, 26, 27, 51, 52, 701, 702)] == \
         ["A", "Z", "AA", "AB", "AZ", "BA", "ZZ", "AAA"]
+
+
+def test_a_hostile_register_json_falls_back_to_the_corpus_name(tmp_path) -> None:
+    from monitor.stress.registers import register_name
+
+    src = Path(__file__).resolve().parents[1] / "data" / "lab-pool-sample" / "heldout"
+    folder = tmp_path / "reg"
+    folder.mkdir()
+    for f in src.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    expected = register_name(folder)[0]          # no register.json: the corpus name and version
+    for content in ('{"register": "' + "x" * 10_000 + '"}', '{"register": "code\\n> injected"}',
+                    '{"register": ["code"]}', "{" * 100_000):
+        (folder / "register.json").write_text(content, encoding="utf-8")
+        assert register_name(folder)[0] == expected
+    (folder / "register.json").write_text('{"register": "code"}', encoding="utf-8")
+    assert register_name(folder)[0] == "code"
+    (folder / "register.json").unlink()
+    with (folder / "register.json").open("w") as f:      # over the bound: not read whole
+        f.write('{"register": "code", "pad": "' + "x" * (9 << 20) + '"}')
+    assert register_name(folder)[0] == expected
