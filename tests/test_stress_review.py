@@ -158,3 +158,31 @@ def test_a_hostile_register_json_falls_back_to_the_corpus_name(tmp_path) -> None
     with (folder / "register.json").open("w") as f:      # over the bound: not read whole
         f.write('{"register": "code", "pad": "' + "x" * (9 << 20) + '"}')
     assert register_name(folder)[0] == expected
+
+
+def test_a_newer_result_that_did_not_measure_a_curve_does_not_clear_its_flag(tmp_path) -> None:
+    from monitor.stress.storage import stress_flags_for_curve
+
+    curve = "e" * 64
+    flagged = _doc(registers={"curves": [{"curve_id": curve, "register": "code", "threshold_shift_lstar": 0.5,
+                                          "threshold_interval_width": 0.1}]},
+                   task_format={"tasks": [{"task": "t", "instability": 0.3}]})
+    flagged["subject"]["curve_id"] = curve
+    # a later run on the same subject curve, with no curve file (registers: no refit, `curves`
+    # empty) and one checkpoint (task_format: instability None): it measured nothing about the
+    # curve's threshold shift or format instability, so the stored flags stand
+    unmeasured = _doc(registers={"curves": [], "notes": ["no curve file given"]},
+                      task_format={"tasks": [{"task": "t", "instability": None}]})
+    unmeasured["subject"]["curve_id"] = curve
+    # a later run that did measure them within the limits clears them
+    within = _doc(registers={"curves": [{"curve_id": curve, "register": "code", "threshold_shift_lstar": 0.01,
+                                         "threshold_interval_width": 0.1}]},
+                  task_format={"tasks": [{"task": "t", "instability": 0.02}]})
+    within["subject"]["curve_id"] = curve
+    with Store.open(tmp_path / "s.duckdb") as store:
+        save_stress_report(store, flagged)
+        save_stress_report(store, unmeasured)
+        assert sorted(f.limit for f in stress_flags_for_curve(store, curve)) == \
+            ["format_instability", "register_threshold_shift"]
+        save_stress_report(store, within)
+        assert stress_flags_for_curve(store, curve) == []

@@ -173,6 +173,27 @@ def curves_of(document: Mapping[str, Any]) -> set[str]:
     return ids
 
 
+def measured_tests(document: Mapping[str, Any], curve_id: str) -> set[str]:
+    """The tests whose section in `document` holds a number the limits read for `curve_id`: a
+    `registers` row for the curve, a task's instability or a tokenization fit of the subject's
+    curve. A section that measured nothing for the curve (no curve file, one checkpoint) leaves
+    an older result of that test in force rather than clearing its flag."""
+    sections = _dict(document.get("sections"))
+    measured = set()
+    registers = _dict(sections.get("registers"))
+    if any(_dict(e).get("curve_id") == curve_id and _number(_dict(e).get("threshold_shift_lstar")) is not None
+           for e in _list(registers.get("curves"))):
+        measured.add("registers")
+    if _dict(document.get("subject")).get("curve_id") == curve_id:
+        if any(_number(_dict(t).get("instability")) is not None
+               for t in _list(_dict(sections.get("task_format")).get("tasks"))):
+            measured.add("task_format")
+        if any(_number(_dict(f).get("alpha")) is not None
+               for f in _list(_dict(sections.get("tokenization")).get("fits"))):
+            measured.add("tokenization")
+    return measured
+
+
 def flags_for(document: Mapping[str, Any], curve_id: str, *, tests: set[str] | None = None,
               report_id: str | None = None) -> list[StressFlag]:
     """The flags an `lstar-stress/1` document raises on `curve_id` (only `tests`' sections when given)."""

@@ -2,7 +2,7 @@
 
 `save_stress_report` keeps an `lstar-stress/1` document (`lstar stress --db`) with the curves
 it qualifies; `stress_flags_for_curve` reads, per test, the newest stored document that holds
-that test for the curve and applies the documented limits (`monitor.stress.limits`) to it, so
+that test for the curve (a section that measured nothing for it does not count) and applies the documented limits (`monitor.stress.limits`) to it, so
 a newer run of a test replaces the older one's flags and a changed limit applies to every stored
 result. `policy check`, alert caveats and the report's problems section all read flags here.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection, utcnow
-from monitor.stress.limits import StressFlag, curves_of, flags_for
+from monitor.stress.limits import StressFlag, curves_of, flags_for, measured_tests
 from monitor.stress.subject import SCHEMA, TEST_NAMES
 
 MAX_DOCUMENT_BYTES = 16 << 20
@@ -79,7 +79,8 @@ def stress_flags_for_curve(store: StoreConnection, curve_id: str | None) -> list
     flags: list[StressFlag] = []
     seen: set[str] = set()
     for row in rows:
-        fresh = {t for t in row["tests"] if t not in seen}
+        # only the tests this document measured for the curve replace older results of them
+        fresh = {t for t in row["tests"] if t not in seen} & measured_tests(row["document"], curve_id)
         if not fresh:
             continue
         seen |= fresh
