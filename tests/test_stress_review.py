@@ -186,3 +186,34 @@ def test_a_newer_result_that_did_not_measure_a_curve_does_not_clear_its_flag(tmp
             ["format_instability", "register_threshold_shift"]
         save_stress_report(store, within)
         assert stress_flags_for_curve(store, curve) == []
+
+
+def test_two_checkpoints_with_one_label_are_refused(tmp_path) -> None:
+    # results are keyed by label ({label: {register: L*}}): a second checkpoint of the same
+    # label silently overwrote the first
+    twin = StressSubject(kind="model", name="m", corpus=tmp_path / "corpus",
+                         checkpoints=(MISSING_MODEL, StressCheckpoint(ref="/elsewhere/m0", label="m0")))
+    with pytest.raises(SpecError, match="m0"):
+        run_stress(twin, StressOptions(), ["tokenization"])
+
+
+def test_model_folders_of_one_name_get_distinct_labels(tmp_path) -> None:
+    from monitor.commands.stress import model_checkpoints
+
+    for parent in ("a", "b"):
+        (tmp_path / parent / "final").mkdir(parents=True)
+    labels = [c.label for c in model_checkpoints([str(tmp_path / "a" / "final"), str(tmp_path / "b" / "final"),
+                                                  "builtin:smollm2-135m"], None)]
+    assert len(set(labels)) == 3 and labels[2] == "builtin:smollm2-135m"
+    assert [c.label for c in model_checkpoints([str(tmp_path / "a" / "final")], None)] == ["final"]
+
+
+def test_steps_match_by_number(tmp_path) -> None:
+    from monitor.commands.stress import lineage_checkpoints
+
+    for name in ("step010", "step200"):
+        (tmp_path / name).mkdir()
+    assert [c.label for c in lineage_checkpoints(tmp_path, None, "10")] == ["step010"]
+    assert [c.label for c in lineage_checkpoints(tmp_path, None, "step0200")] == ["step200"]
+    with pytest.raises(SpecError, match="no step"):
+        lineage_checkpoints(tmp_path, None, "x1")

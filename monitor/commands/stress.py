@@ -46,13 +46,25 @@ def lineage_checkpoints(lineage: Path, tokenizer: Path | None, steps: str | None
     if not found:
         raise SpecError(f"lab lineage {lineage} has no step<N> folders", hint="pass a lab lineage folder")
     if steps:
-        wanted = {s.strip().removeprefix("step") for s in steps.split(",") if s.strip()}
-        missing = sorted(wanted - {str(_step_number(p)) for p in found})
+        # by number: "10", "010" and "step10" all name the folder step010
+        names = [s.strip().removeprefix("step") for s in steps.split(",") if s.strip()]
+        wanted = {int(n) if n.isdigit() else n for n in names}
+        missing = sorted(str(w) for w in wanted - {_step_number(p) for p in found})
         if missing:
             raise SpecError(f"lab lineage {lineage} has no step(s) {', '.join(missing)}",
                             hint="available: " + ", ".join(p.name for p in found))
-        found = [p for p in found if str(_step_number(p)) in wanted]
+        found = [p for p in found if _step_number(p) in wanted]
     return tuple(StressCheckpoint(ref=str(p), label=p.name, tokenizer_dir=tokenizer) for p in found)
+
+
+def model_checkpoints(models: list[str], tokenizer: Path | None):
+    """--model refs as stress checkpoints, labelled by folder name (or the ref itself); refs
+    whose folder names coincide (a/final, b/final) keep their full ref as the label."""
+    from monitor.stress.subject import StressCheckpoint
+
+    short = [Path(m).name if Path(m).is_dir() else m for m in models]
+    labels = [s if short.count(s) == 1 else m for s, m in zip(short, models)]
+    return tuple(StressCheckpoint(ref=m, label=label, tokenizer_dir=tokenizer) for m, label in zip(models, labels))
 
 
 def _summary_lines(document: dict) -> list[str]:
@@ -109,7 +121,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from monitor.errors import SpecError
         from monitor.stress.runner import parse_tests, run_stress
-        from monitor.stress.subject import StressCheckpoint, StressOptions, StressSubject
+        from monitor.stress.subject import StressOptions, StressSubject
 
         if bool(model) == (lab_lineage is not None):
             raise SpecError("give either --model (one or more) or --lab-lineage",
@@ -132,8 +144,7 @@ def register(app: typer.Typer) -> None:
                                     checkpoints=lineage_checkpoints(lab_lineage, tokenizer, steps),
                                     corpus=corpus, curve_id=curve)
         else:
-            checkpoints = tuple(StressCheckpoint(ref=m, label=Path(m).name if Path(m).is_dir() else m,
-                                                 tokenizer_dir=tokenizer) for m in model)
+            checkpoints = model_checkpoints(model, tokenizer)
             subject = StressSubject(kind="model", name=", ".join(c.label for c in checkpoints),
                                     checkpoints=checkpoints, corpus=corpus, curve_id=curve)
         options = StressOptions(seed=seed, max_documents=max_documents, dropout_rates=rates,

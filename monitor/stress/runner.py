@@ -89,6 +89,11 @@ def run_stress(subject: StressSubject, options: StressOptions, tests: Sequence[s
     unknown = [t for t in tests if t not in TESTS]
     if unknown:
         raise SpecError(f"unknown stress test(s) {', '.join(unknown)}", hint=f"choose from: {', '.join(TESTS)}")
+    labels = [c.label for c in subject.checkpoints]
+    twins = sorted({label for label in labels if labels.count(label) > 1})
+    if twins:   # every result is keyed by label: a second checkpoint would overwrite the first
+        raise SpecError(f"two checkpoints share the label {', '.join(map(repr, twins))}",
+                        hint="label each checkpoint once (pass each model once)")
     check_inputs(options, tests)
     from monitor import __version__
 
