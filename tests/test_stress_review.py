@@ -217,3 +217,20 @@ def test_steps_match_by_number(tmp_path) -> None:
     assert [c.label for c in lineage_checkpoints(tmp_path, None, "step0200")] == ["step200"]
     with pytest.raises(SpecError, match="no step"):
         lineage_checkpoints(tmp_path, None, "x1")
+
+
+@pytest.mark.parametrize("extra", [{"task_format_every": 0}, {"task_format_every": -2},
+                                   {"task_format_items": 0}, {"task_format_items": -1},
+                                   {"task_format_every": "x"}])
+def test_task_item_selection_out_of_range_is_a_label_error(tmp_path, extra) -> None:
+    from monitor.errors import LabelError
+    from monitor.stress.task_format import format_stress
+
+    task = tmp_path / "task.jsonl"
+    task.write_text(json.dumps({"id": "q", "context": "The cat", "choices": [" a", " b"], "answer": 0}) + "\n",
+                    encoding="utf-8")
+    loads = []
+    with pytest.raises(LabelError, match="task_format_(every|items)"):
+        format_stress(_subject(tmp_path), StressOptions(task_file=task, extra={
+            **extra, "task_format_loader": lambda *a: loads.append(a)}))
+    assert loads == []      # refused before any model is loaded

@@ -169,7 +169,12 @@ def format_stress(subject: StressSubject, options: StressOptions) -> dict[str, A
         raise LabelError(f"stress subject {subject.name} has no checkpoints")
     metric = str(options.extra.get("task_format_metric", DEFAULT_METRIC))
     limit = options.extra.get("task_format_items")
-    every = int(options.extra.get("task_format_every", 1))
+    every = options.extra.get("task_format_every", 1)
+    for key, value in (("task_format_every", every), ("task_format_items", limit)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            # a step of 0 raises in the slice; a negative one reverses the file; a negative
+            # count drops items from the end
+            raise LabelError(f"{key} {value!r} is not a positive whole number", hint="e.g. 5")
     task = load_mc_task(options.task_file)
     # every k-th item first (a task file is often grouped by slice), then the first `limit` of those
     task = replace(task, items=task.items[::every][:int(limit) if limit is not None else None])
