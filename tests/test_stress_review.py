@@ -234,3 +234,34 @@ def test_task_item_selection_out_of_range_is_a_label_error(tmp_path, extra) -> N
         format_stress(_subject(tmp_path), StressOptions(task_file=task, extra={
             **extra, "task_format_loader": lambda *a: loads.append(a)}))
     assert loads == []      # refused before any model is loaded
+
+
+def test_curves_show_lists_the_stress_flags_of_the_curve(tmp_path, capsys) -> None:
+    # the issue puts the stress result beside the curve in `curves show`, as in policy check,
+    # alert caveats and the report: the same flags, from the same stored documents
+    from monitor.cli import main
+    from monitor.curves.artifact import save_curve
+    from monitor.curves.fit import fit_curve
+    from monitor.curves.labels import Label
+    from monitor.stress.storage import stress_flags_for_curve
+
+    labels = [Label(checkpoint=f"s{i}", value=v, task="t", metric="acc", lstar=x)
+              for i, (v, x) in enumerate(zip([0.25, 0.3, 0.5, 0.7, 0.75], [4.0, 3.5, 3.0, 2.6, 2.4]))]
+    curve = fit_curve(labels, task="t", metric="acc", baseline=0.25, margin=0.2, resamples=50, seed=0, lofo=False)
+    path = save_curve(curve, tmp_path / "curve.json")
+    document = _doc(task_format={"tasks": [{"task": "cloze\n> injected", "instability": 0.3}]})
+    document["subject"]["curve_id"] = curve.curve_id
+    db = tmp_path / "s.duckdb"
+    with Store.open(db) as store:
+        save_stress_report(store, document)
+        expected = [f.message for f in stress_flags_for_curve(store, curve.curve_id)]
+    assert len(expected) == 1
+    assert main(["curves", "show", str(path), "--db", str(db), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["stress_flags"]
+    assert [f["message"] for f in shown] == expected and shown[0]["limit"] == "format_instability"
+    assert main(["curves", "show", str(path), "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "format_instability" in out and "cloze\\n> injected" in out     # the line break shown, not made
+    # no database: nothing to say, no error
+    assert main(["curves", "show", str(path), "--db", str(tmp_path / "none.duckdb"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stress_flags"] == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from monitor.errors import StoreError
@@ -86,6 +87,17 @@ def stress_flags_for_curve(store: StoreConnection, curve_id: str | None) -> list
         seen |= fresh
         flags += flags_for(row["document"], curve_id, tests=fresh, report_id=row["report_id"])
     return flags
+
+
+def stress_flags_in(db: Path, curve_id: str | None) -> list[StressFlag]:
+    """`stress_flags_for_curve` on the database file `db`, opened read-only ([] when there is
+    no such file: nothing has been stored)."""
+    from monitor.store import Store
+
+    if not curve_id or not Path(db).is_file():
+        return []
+    with Store.open(Path(db), read_only=True) as store:
+        return stress_flags_for_curve(store, curve_id)
 
 
 def stress_caveats(store: StoreConnection, curve_id: str | None) -> list[str]:
