@@ -265,3 +265,28 @@ def test_curves_show_lists_the_stress_flags_of_the_curve(tmp_path, capsys) -> No
     # no database: nothing to say, no error
     assert main(["curves", "show", str(path), "--db", str(tmp_path / "none.duckdb"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stress_flags"] == []
+
+
+def test_flags_read_only_the_documents_they_need(tmp_path, monkeypatch) -> None:
+    # every prediction of a curve reads its flags: the newest document that measured each test
+    # decides, so older documents (up to 16 MB each) must not all be decoded every time
+    from monitor.stress.storage import stress_flags_for_curve
+
+    curve = "f" * 64
+    with Store.open(tmp_path / "s.duckdb") as store:
+        for k in range(12):
+            document = _doc(task_format={"tasks": [{"task": f"t{k}", "instability": 0.3}]},
+                            tokenization={"fits": [{"variant": "v", "alpha": 1.5}]},
+                            registers={"curves": [{"curve_id": curve, "register": "code",
+                                                   "threshold_shift_lstar": 1.0, "threshold_interval_width": 0.1}]})
+            document["subject"]["curve_id"] = curve
+            save_stress_report(store, document)
+        decoded = []
+        real = json.loads
+        monkeypatch.setattr(json, "loads", lambda text, *a, **k: (decoded.append(len(text)), real(text, *a, **k))[1])
+        flags = stress_flags_for_curve(store, curve)
+        assert sorted(f.limit for f in flags) == ["format_instability", "register_threshold_shift",
+                                                  "tokenization_alpha"]
+        assert {f.message for f in flags if f.limit == "format_instability"} == \
+            {"stress: task t11 has format instability 0.300 > 0.10"}     # the newest
+        assert sum(1 for n in decoded if n > 200) == 1                    # one document decoded, not twelve

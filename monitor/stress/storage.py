@@ -68,11 +68,11 @@ def stress_flags_for_curve(store: StoreConnection, curve_id: str | None) -> list
     none, or for a store that predates the stress tables)."""
     if not curve_id:
         return []
-    try:
+    try:   # newest first; the documents themselves are read one at a time, as needed
         rows = store.query_json(
-            "SELECT r.report_id, r.tests, r.document FROM stress_reports r JOIN stress_report_curves c "
+            "SELECT r.report_id, r.tests FROM stress_reports r JOIN stress_report_curves c "
             "USING (report_id) WHERE c.curve_id = ? ORDER BY r.stored_at DESC, r.report_id", [curve_id],
-            ("tests", "document"))
+            ("tests",))
     except Exception as exc:  # noqa: BLE001 - only a missing table is tolerated
         if "stress_report" in str(exc) and "does not exist" in str(exc):
             return []
@@ -80,12 +80,18 @@ def stress_flags_for_curve(store: StoreConnection, curve_id: str | None) -> list
     flags: list[StressFlag] = []
     seen: set[str] = set()
     for row in rows:
+        if seen >= set(TEST_NAMES):
+            break    # every test has its newest measurement: older documents are not read
+        if not {t for t in row["tests"] if t not in seen}:
+            continue
+        [stored] = store.query_json("SELECT document FROM stress_reports WHERE report_id = ?",
+                                    [row["report_id"]], ("document",))
         # only the tests this document measured for the curve replace older results of them
-        fresh = {t for t in row["tests"] if t not in seen} & measured_tests(row["document"], curve_id)
+        fresh = {t for t in row["tests"] if t not in seen} & measured_tests(stored["document"], curve_id)
         if not fresh:
             continue
         seen |= fresh
-        flags += flags_for(row["document"], curve_id, tests=fresh, report_id=row["report_id"])
+        flags += flags_for(stored["document"], curve_id, tests=fresh, report_id=row["report_id"])
     return flags
 
 
