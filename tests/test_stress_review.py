@@ -290,3 +290,32 @@ def test_flags_read_only_the_documents_they_need(tmp_path, monkeypatch) -> None:
         assert {f.message for f in flags if f.limit == "format_instability"} == \
             {"stress: task t11 has format instability 0.300 > 0.10"}     # the newest
         assert sum(1 for n in decoded if n > 200) == 1                    # one document decoded, not twelve
+
+
+def test_kendall_with_fewer_than_two_checkpoints_is_undefined_not_a_crash() -> None:
+    import numpy as np
+
+    from monitor.stress.registers import kendall_with_interval
+
+    for n in (0, 1):
+        out = kendall_with_interval(np.arange(n, dtype=float), np.arange(n, dtype=float), n_boot=50, seed=0)
+        assert out == {"tau": None, "low": None, "high": None, "resamples_used": 0}
+
+
+def test_a_given_lstar_table_missing_a_register_is_a_spec_error(tmp_path) -> None:
+    from monitor.stress.registers import register_stress
+
+    src = Path(__file__).resolve().parents[1] / "data" / "lab-pool-sample"
+    folders = []
+    for reg, sub in (("code", "heldout"), ("dictionary", "tasks")):
+        folder = tmp_path / reg
+        folder.mkdir()
+        for f in (src / sub).iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+        (folder / "register.json").write_text(json.dumps({"register": reg}), encoding="utf-8")
+        folders.append(folder)
+    subject = StressSubject(kind="lab", name="x", corpus=folders[0], checkpoints=(
+        StressCheckpoint(ref="/nowhere/a", label="a"), StressCheckpoint(ref="/nowhere/b", label="b")))
+    table = {"a": {"code": 1.0, "dictionary": 2.0}, "b": {"code": 1.5}}
+    with pytest.raises(SpecError, match="b.*dictionary"):
+        register_stress(subject, StressOptions(register_corpora=(folders[1],), extra={"lstar": table}))

@@ -193,6 +193,10 @@ def register_stress(subject: StressSubject, options: StressOptions) -> dict[str,
         notes.append(f"each corpus scored on {'every ' + str(every) + '-th document, ' if every else ''}"
                      f"the first {options.max_documents or 'all'} of them")
     labels = [cp.label for cp in subject.checkpoints if cp.label in lstar] or sorted(lstar)
+    gaps = [f"{label}: {name}" for label in labels for name in names if name not in lstar[label]]
+    if gaps:   # a KeyError deep in the τ loop otherwise
+        raise SpecError(f"L* missing for checkpoint and register {', '.join(gaps[:5])}",
+                        hint="give every checkpoint an L* for every register: " + ", ".join(names))
     n_boot = int(options.extra.get("n_boot", 1000))
     taus = []
     for i, j in itertools.combinations(range(len(names)), 2):
