@@ -319,3 +319,18 @@ def test_a_given_lstar_table_missing_a_register_is_a_spec_error(tmp_path) -> Non
     table = {"a": {"code": 1.0, "dictionary": 2.0}, "b": {"code": 1.5}}
     with pytest.raises(SpecError, match="b.*dictionary"):
         register_stress(subject, StressOptions(register_corpora=(folders[1],), extra={"lstar": table}))
+
+
+def test_the_summary_table_shows_control_characters_in_names(capsys) -> None:
+    # checkpoint labels are folder names and notes quote them: an ANSI escape or a line break
+    # in one must not restyle the terminal or forge a line of its own
+    from monitor.commands.stress import print_summary
+
+    document = {"sections": {"tokenization": {
+        "checkpoints": [{"label": "step1\x1b[2J\nFAKE LINE", "variants": [
+            {"name": "base", "ce": 3.0, "ce_uni": 5.0, "lstar": -2.0}]}],
+        "fits": [], "notes": ["note\rover"]}, "registers": {}}}
+    print_summary(document)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\\x1b[2J" in out
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines())

@@ -87,6 +87,15 @@ def _summary_lines(document: dict) -> list[str]:
     return lines
 
 
+def print_summary(document: dict) -> None:
+    """The short table, one `echo` per line: labels and notes (folder names, stored text) have
+    their control characters and line breaks shown as escapes."""
+    from monitor.commands.terminal import echo
+
+    for line in _summary_lines(document):
+        echo(line)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("stress", help=_HELP)
     def stress(
@@ -162,4 +171,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(document, indent=2))
             return
-        typer.echo("\n".join(_summary_lines(document)))
+        print_summary(document)
