@@ -205,7 +205,6 @@ def test_lab_lineage_steps_in_step_order_and_a_missing_step_named(tmp_path) -> N
         lineage_checkpoints(tmp_path, None, "2,7")
 
 
-@pytest.mark.slow
 def test_lstar_stress_runs_the_three_tests_from_the_command_line(tiny_models, tiny_corpus, tmp_path,
                                                                   capsys) -> None:
     # the command had no way to pass register corpora or a task file, and its default (every
