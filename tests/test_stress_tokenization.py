@@ -203,3 +203,30 @@ def test_lab_lineage_steps_in_step_order_and_a_missing_step_named(tmp_path) -> N
     assert [c.label for c in lineage_checkpoints(tmp_path, None, "100,step2")] == ["step2", "step100"]
     with pytest.raises(SpecError, match="no step\\(s\\) 7"):
         lineage_checkpoints(tmp_path, None, "2,7")
+
+
+def test_lstar_stress_runs_the_three_tests_from_the_command_line(tiny_models, tiny_corpus, tmp_path,
+                                                                  capsys) -> None:
+    # the command had no way to pass register corpora or a task file, and its default (every
+    # registered test) failed in the registers test after the tokenization test had scored
+    register = tmp_path / "register-code"
+    register.mkdir()
+    for f in tiny_corpus.iterdir():
+        (register / f.name).write_bytes(f.read_bytes())
+    (register / "register.json").write_text('{"register": "code"}', encoding="utf-8")
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"id": f"q{i}", "context": f"The {w} sat on the", "choices": [" mat", " moon"],
+                                        "answer": 0}) + "\n" for i, w in enumerate(("cat", "dog"))), encoding="utf-8")
+    args = ["stress", *(a for m in tiny_models for a in ("--model", str(m))), "--corpus", str(tiny_corpus),
+            "--max-documents", "2", "--device", "cpu", "--json"]
+    assert main([*args, "--register", str(register), "--task-file", str(task)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert set(document["sections"]) == {"tokenization", "registers", "task_format"}
+    assert [t["a"] for t in document["sections"]["registers"]["kendall_tau"]] == ["hand-v1"]
+    assert document["sections"]["task_format"]["tasks"][0]["n_items"] == 2
+    # without their inputs the default is the tests that can run; naming one that cannot is an
+    # error before anything is scored
+    assert main(args) == 0
+    assert set(json.loads(capsys.readouterr().out)["sections"]) == {"tokenization"}
+    assert main([*args, "--tests", "registers"]) != 0
+    assert "--register" in capsys.readouterr().err

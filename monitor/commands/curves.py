@@ -448,20 +448,27 @@ def _show_command(curves: typer.Typer) -> None:
         curve_path: Path = typer.Argument(..., help="A curve artifact (JSON)."),
         png: Path = typer.Option(None, "--png", help="Also render the curve to this PNG file."),
         as_json: bool = json_option("Print the summary as JSON."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
     ) -> None:
-        """Summarise a curve (and plot it with --png)."""
+        """Summarise a curve (and plot it with --png), with the stress limits its stored stress
+        results exceed (`lstar stress --db`; limits in docs/stress.md)."""
         from monitor.curves import curve_summary, load_curve
         from monitor.curves.plot import plot_curve
+        from monitor.stress.storage import stress_flags_in
 
         curve = load_curve(curve_path)
+        flags = stress_flags_in(db_file(state, db), curve.curve_id)
         if png is not None:
             plot_curve(curve, png)
         if as_json:
-            print(json.dumps(curve_summary(curve), indent=2))
+            print(json.dumps({**curve_summary(curve), "stress_flags": [f.as_dict() for f in flags]}, indent=2))
             return
         console = plain_console()
         print_summary(curve, console)
         _warn(curve)
+        for flag in flags:   # echo: one line each, a line break from a stored document shown as \n
+            echo(f"stress flag {flag.limit}: {flag.message} (docs/stress.md#limits)")
         if png is not None:
             console.print(f"wrote {png}", soft_wrap=True, markup=False)
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor.errors import CorpusError
+from monitor.errors import CorpusError, PolicyError
+from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.scoring.corpus import DOCUMENTS_FILE, MANIFEST_FILE, SOURCES_FILE, load_corpus
 from monitor.scoring.corpus_build import Piece, build_manifest, documents_jsonl, manifest_json, number_documents
 from monitor.scoring.debs import Deb, _cached, check_package_name, check_pin, fetch_deb, read_deb
@@ -106,16 +107,47 @@ def _units_of_package(deb: Deb, files: Mapping[str, bytes], register: str) -> tu
     return units, used
 
 
+# A register's name is the folder `build_registers` writes it to under OUT: one plain folder
+# name, never a path (`../x`, `/tmp/x`, `a/b`) that would put the corpus outside OUT.
+_REGISTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# The committed pins are under 200 kB (the technical register lists every reST source it read).
+REGISTER_PINS_MAX_BYTES = 8 << 20
+_PINS_FILE = FileKind("register pin file", "register pin files", "JSON")
+
+
 def load_register_pins(path: Path) -> dict[str, Any]:
-    """A register manifest (`register.json` or a committed copy), checked for its shape."""
+    """A register manifest (`register.json` or a committed copy), read bounded and checked for
+    the shape every later step relies on (a name that is one folder name, string versions, a
+    positive document count, a sha256)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data, _ = read_bounded_json(Path(path), str(path), what=_PINS_FILE, limit=REGISTER_PINS_MAX_BYTES)
+    except PolicyError as exc:
+        raise CorpusError(f"register pins {exc.message}", hint=exc.hint) from None
+    except NotJsonError as exc:
         raise CorpusError(f"register pins {path} is not a readable JSON file ({exc})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("packages"), list) \
             or data.get("register") not in REGISTERS:
         raise CorpusError(f"register pins {path} is not a {SCHEMA} manifest",
                           hint="pass a file from data/registers/ or the register.json of a built register")
+    name = data.get("name")
+    if not isinstance(name, str) or not _REGISTER_NAME.fullmatch(name):
+        raise CorpusError(f"register pins {path}: name {str(name)[:80]!r} is not a plain folder name",
+                          hint="letters, digits, '.', '_' and '-', at most 100, e.g. register-code")
+    if "version" in data and not (isinstance(data["version"], str) and _REGISTER_NAME.fullmatch(data["version"])):
+        raise CorpusError(f"register pins {path}: version {str(data['version'])[:80]!r} is not a plain version name",
+                          hint="e.g. v1")
+    sample = data.get("sample", {})
+    documents = sample.get("documents") if isinstance(sample, dict) else None
+    if not isinstance(sample, dict) or (documents is not None and (
+            not isinstance(documents, int) or isinstance(documents, bool) or documents < 1)):
+        raise CorpusError(f"register pins {path}: sample.documents must be a positive whole number",
+                          hint="e.g. \"sample\": {\"documents\": 300}")
+    corpus = data.get("corpus", {})
+    if not isinstance(corpus, dict) or ("sha256" in corpus and not (
+            isinstance(corpus["sha256"], str) and _SHA256.fullmatch(corpus["sha256"]))):
+        raise CorpusError(f"register pins {path}: corpus.sha256 must be 64 lowercase hex digits",
+                          hint="restore the pin file from data/registers/")
     for i, entry in enumerate(data["packages"]):
         if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str)
                                                   for k in ("package", "version", "deb_sha256")):

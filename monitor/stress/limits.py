@@ -89,6 +89,17 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+MAX_NAME_CHARS = 80
+
+
+def _name(value: Any) -> str:
+    """A name a stored document gives (register, task, variant), cut to `MAX_NAME_CHARS`: it
+    goes into every caveat, alert and report line of the curve, so its size is the writer's
+    to choose only up to a point."""
+    text = str(value)
+    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 1] + "…"
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -108,7 +119,7 @@ def register_flags(section: Mapping[str, Any], curve_id: str) -> list[StressFlag
             continue
         flags.append(StressFlag(
             "register_threshold_shift", "registers", curve_id, abs(shift), width,
-            f"stress: refitted on the {entry.get('register', '?')} register the threshold moves {abs(shift):.3f} "
+            f"stress: refitted on the {_name(entry.get('register', '?'))} register the threshold moves {abs(shift):.3f} "
             f"L*, more than the curve's own threshold interval ({width:.3f} wide)"))
     return flags
 
@@ -123,7 +134,7 @@ def format_flags(section: Mapping[str, Any], curve_id: str) -> list[StressFlag]:
         bound = _number(task.get("accuracy_upper_bound"))
         flags.append(StressFlag(
             "format_instability", "task_format", curve_id, value, FORMAT_INSTABILITY_MAX,
-            f"stress: task {task.get('task', '?')} has format instability {value:.3f} > {FORMAT_INSTABILITY_MAX:.2f}"
+            f"stress: task {_name(task.get('task', '?'))} has format instability {value:.3f} > {FORMAT_INSTABILITY_MAX:.2f}"
             + (f" (no progress metric can order its checkpoints better than {bound:.2f})" if bound is not None else "")))
     return flags
 
@@ -132,7 +143,7 @@ def tokenization_flags(section: Mapping[str, Any], curve_id: str) -> list[Stress
     flags = []
     for fit in _list(section.get("fits")):
         fit = _dict(fit)
-        variant = fit.get("variant", "?")
+        variant = _name(fit.get("variant", "?"))
         alpha = _number(fit.get("alpha"))
         if alpha is not None and abs(alpha - 1.0) > TOKENIZATION_ALPHA_TOLERANCE:
             flags.append(StressFlag(
@@ -160,6 +171,27 @@ def curves_of(document: Mapping[str, Any]) -> set[str]:
         if isinstance(curve, str) and curve:
             ids.add(curve)
     return ids
+
+
+def measured_tests(document: Mapping[str, Any], curve_id: str) -> set[str]:
+    """The tests whose section in `document` holds a number the limits read for `curve_id`: a
+    `registers` row for the curve, a task's instability or a tokenization fit of the subject's
+    curve. A section that measured nothing for the curve (no curve file, one checkpoint) leaves
+    an older result of that test in force rather than clearing its flag."""
+    sections = _dict(document.get("sections"))
+    measured = set()
+    registers = _dict(sections.get("registers"))
+    if any(_dict(e).get("curve_id") == curve_id and _number(_dict(e).get("threshold_shift_lstar")) is not None
+           for e in _list(registers.get("curves"))):
+        measured.add("registers")
+    if _dict(document.get("subject")).get("curve_id") == curve_id:
+        if any(_number(_dict(t).get("instability")) is not None
+               for t in _list(_dict(sections.get("task_format")).get("tasks"))):
+            measured.add("task_format")
+        if any(_number(_dict(f).get("alpha")) is not None
+               for f in _list(_dict(sections.get("tokenization")).get("fits"))):
+            measured.add("tokenization")
+    return measured
 
 
 def flags_for(document: Mapping[str, Any], curve_id: str, *, tests: set[str] | None = None,

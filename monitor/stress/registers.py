@@ -34,8 +34,8 @@ keep only the first slice of a corpus).
 from __future__ import annotations
 
 import itertools
-import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from monitor.errors import SpecError
 from monitor.stress.subject import StressOptions, StressSubject
 
 CONFIDENCE = 0.95
+_SHORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def register_name(corpus_dir: Path) -> tuple[str, str]:
@@ -56,11 +57,19 @@ def register_name(corpus_dir: Path) -> tuple[str, str]:
     corpus = load_corpus(corpus_dir)
     name = f"{corpus.name}-{corpus.version}"
     pins = Path(corpus_dir) / "register.json"
-    if pins.is_file():
-        try:
-            name = str(json.loads(pins.read_text(encoding="utf-8"))["register"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # an unreadable register file: the corpus name still identifies it
+    if pins.exists():
+        from monitor.errors import PolicyError
+        from monitor.files import NotJsonError, read_bounded_json
+        from monitor.scoring.register_build import _PINS_FILE, REGISTER_PINS_MAX_BYTES, REGISTERS
+
+        try:   # bounded: a register.json may be a FIFO or gigabytes
+            data, _ = read_bounded_json(pins, str(pins), what=_PINS_FILE, limit=REGISTER_PINS_MAX_BYTES)
+        except (PolicyError, NotJsonError):
+            data = None    # an unreadable register file: the corpus name still identifies it
+        register = data.get("register") if isinstance(data, dict) else None
+        # a register name goes into every result row and flag message: only the known short ones
+        if isinstance(register, str) and (register in REGISTERS or _SHORT_NAME.fullmatch(register)):
+            name = register
     return name, f"{corpus.name} {corpus.version} {corpus.sha256[:12]}"
 
 
@@ -184,6 +193,10 @@ def register_stress(subject: StressSubject, options: StressOptions) -> dict[str,
         notes.append(f"each corpus scored on {'every ' + str(every) + '-th document, ' if every else ''}"
                      f"the first {options.max_documents or 'all'} of them")
     labels = [cp.label for cp in subject.checkpoints if cp.label in lstar] or sorted(lstar)
+    gaps = [f"{label}: {name}" for label in labels for name in names if name not in lstar[label]]
+    if gaps:   # a KeyError deep in the τ loop otherwise
+        raise SpecError(f"L* missing for checkpoint and register {', '.join(gaps[:5])}",
+                        hint="give every checkpoint an L* for every register: " + ", ".join(names))
     n_boot = int(options.extra.get("n_boot", 1000))
     taus = []
     for i, j in itertools.combinations(range(len(names)), 2):

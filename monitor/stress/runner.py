@@ -7,6 +7,7 @@ The tests import torch and transformers only when they run, so importing this is
 
 from __future__ import annotations
 
+import math
 import platform
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -58,6 +59,29 @@ def options_dict(options: StressOptions) -> dict[str, Any]:
     return out
 
 
+def check_inputs(options: StressOptions, tests: Sequence[str]) -> None:
+    """Refuse, before any model is loaded, a test without its inputs and a perturbation out of
+    range: each test would otherwise find out only after the ones before it had scored (and an
+    out-of-range rate used to be noted as a skip of every BPE perturbation, pruning included)."""
+    if "registers" in tests and not options.register_corpora:
+        raise SpecError("the registers test needs at least one register corpus besides the primary corpus",
+                        hint="pass --register DIR (built by `lstar corpus build-registers OUT`), or leave "
+                             "registers out of --tests")
+    if "task_format" in tests and options.task_file is None:
+        raise SpecError("the task_format test needs a task file",
+                        hint="pass --task-file PATH (e.g. ../shared/tasks/cloze-v0.jsonl), or leave task_format "
+                             "out of --tests")
+    if "tokenization" in tests:
+        bad = [r for r in options.dropout_rates if not (isinstance(r, (int, float)) and 0.0 <= r < 1.0)]
+        if bad:
+            raise SpecError(f"BPE-dropout rate(s) {', '.join(map(str, bad))} outside [0, 1)",
+                            hint="e.g. --dropout-rates 0.05,0.1")
+        fraction = options.extra.get("prune_fraction", 0.1)
+        if not (isinstance(fraction, (int, float)) and math.isfinite(fraction) and 0.0 < fraction < 1.0):
+            raise SpecError(f"merge-pruning fraction (--prune-fraction) {fraction} is outside (0, 1)",
+                            hint="e.g. --prune-fraction 0.1")
+
+
 def run_stress(subject: StressSubject, options: StressOptions, tests: Sequence[str]) -> dict[str, Any]:
     """Run `tests` (names in `TESTS`) on `subject` and return the `lstar-stress/1` document."""
     if not subject.checkpoints:
@@ -65,6 +89,12 @@ def run_stress(subject: StressSubject, options: StressOptions, tests: Sequence[s
     unknown = [t for t in tests if t not in TESTS]
     if unknown:
         raise SpecError(f"unknown stress test(s) {', '.join(unknown)}", hint=f"choose from: {', '.join(TESTS)}")
+    labels = [c.label for c in subject.checkpoints]
+    twins = sorted({label for label in labels if labels.count(label) > 1})
+    if twins:   # every result is keyed by label: a second checkpoint would overwrite the first
+        raise SpecError(f"two checkpoints share the label {', '.join(map(repr, twins))}",
+                        hint="label each checkpoint once (pass each model once)")
+    check_inputs(options, tests)
     from monitor import __version__
 
     sections = {name: TESTS[name](subject, options) for name in tests}

@@ -80,9 +80,20 @@ def _listed(item: McItem, labels: Sequence[str], opener: str, answer_cue: str,
     return replace(item, context=context, choices=tuple(scored(label) for label in labels))
 
 
+def letter_label(index: int) -> str:
+    """A, B, …, Z, then AA, AB, … (spreadsheet columns): an item may have more than 26 options
+    (the task file bounds only their number's minimum), and each needs its own label."""
+    label = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        label = LETTERS[rest] + label
+    return label
+
+
 def _letters(item: McItem) -> McItem:
-    labels = LETTERS[:len(item.choices)]
-    return _listed(item, [f"{c}. " for c in labels], "", "Answer:", lambda label: " " + label[0])
+    labels = [letter_label(i) for i in range(len(item.choices))]
+    return _listed(item, [f"{c}. " for c in labels], "", "Answer:", lambda label: " " + label.removesuffix(". "))
 
 
 def _numbers(item: McItem) -> McItem:
@@ -158,7 +169,12 @@ def format_stress(subject: StressSubject, options: StressOptions) -> dict[str, A
         raise LabelError(f"stress subject {subject.name} has no checkpoints")
     metric = str(options.extra.get("task_format_metric", DEFAULT_METRIC))
     limit = options.extra.get("task_format_items")
-    every = int(options.extra.get("task_format_every", 1))
+    every = options.extra.get("task_format_every", 1)
+    for key, value in (("task_format_every", every), ("task_format_items", limit)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            # a step of 0 raises in the slice; a negative one reverses the file; a negative
+            # count drops items from the end
+            raise LabelError(f"{key} {value!r} is not a positive whole number", hint="e.g. 5")
     task = load_mc_task(options.task_file)
     # every k-th item first (a task file is often grouped by slice), then the first `limit` of those
     task = replace(task, items=task.items[::every][:int(limit) if limit is not None else None])
