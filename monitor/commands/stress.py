@@ -9,18 +9,23 @@ import typer
 
 from monitor.constants import DEFAULT_CORPUS_DIR
 
-_HELP = """Run stress tests on checkpoints: tokenization perturbations, calibration registers, task formats.
-
-Give the checkpoints as --model REF (repeat it; a local folder or builtin:smollm2-135m) or as
---lab-lineage DIR (every step* folder under DIR, in step order). The tokenization test rescores
-the corpus under a whitespace-collapsed normalisation, seeded BPE-dropout at --dropout-rates and
-a vocabulary without its last --prune-fraction of merges, and reports CE, CE_uni and L* under
-each; with two or more checkpoints it fits L*_perturbed = alpha * L* + beta. The registers test
-scores every checkpoint on --corpus and on each --register corpus (Kendall tau of the checkpoints'
-L* between registers; with --curve-file, the curve's threshold refitted per register). The
-task_format test rescores --task-file under equivalent surface forms (format instability and the
-accuracy bound it implies). Without --tests, every test whose inputs are given runs. --json
-prints the lstar-stress/1 document; --db also stores it. See docs/stress.md."""
+# Paragraphs without line breaks: typer keeps a single line break of a later paragraph as a new line.
+_HELP = (
+    'Run stress tests on checkpoints: tokenization perturbations, calibration registers, task '
+    'formats.'
+    '\n\n'
+    'Give the checkpoints as --model REF (repeat it; a local folder or builtin:smollm2-135m) or '
+    'as --lab-lineage DIR (every step* folder under DIR, in step order). The tokenization test '
+    'rescores the corpus under a whitespace-collapsed normalisation, seeded BPE-dropout at '
+    '--dropout-rates and a vocabulary without its last --prune-fraction of merges, and reports '
+    'CE, CE_uni and L* under each; with two or more checkpoints it fits L*_perturbed = alpha * L* '
+    '+ beta. The registers test scores every checkpoint on --corpus and on each --register corpus '
+    "(Kendall tau of the checkpoints' L* between registers; with --curve-file, the curve's "
+    'threshold refitted per register). The task_format test rescores --task-file under equivalent '
+    'surface forms (format instability and the accuracy bound it implies). Without --tests, every '
+    'test whose inputs are given runs. --json prints the lstar-stress/1 document; --db also '
+    'stores it. See docs/stress.md.'
+)
 
 
 def default_tests(registers: list[Path] | None, task_file: Path | None) -> list[str]:
