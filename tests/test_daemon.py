@@ -92,7 +92,7 @@ def test_read_commands_are_answered_through_the_api_while_the_daemon_runs(runnin
 
 
 def test_health_and_metrics(running):
-    assert running.request("/health") == (200, json.dumps({"ok": True, "reasons": []}, indent=2).encode())
+    assert running.request("/health") == (200, json.dumps({"ok": True, "reasons": []}, separators=(",", ":")).encode())
     status, body = running.request("/metrics")
     assert status == 200
     text = body.decode()

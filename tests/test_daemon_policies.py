@@ -135,7 +135,7 @@ def test_no_policy_in_force_is_unhealthy_until_one_loads(tmp_path: Path) -> None
             f"run `lstar policy check {folder}`"]})
         (folder / "good.yaml").write_text(policy("good"))     # fixed while it runs: health recovers
         wait_for(lambda: daemon.request("/health") == (200, json.dumps({"ok": True, "reasons": []},
-                                                                       indent=2).encode()),
+                                                                       separators=(",", ":")).encode()),
                  timeout=60, what="/health to recover after a valid policy loads")
         assert daemon.stop() == 0
     assert "no policy in force" in daemon.log() and "Traceback" not in daemon.log()

@@ -203,8 +203,8 @@ def test_model_folders_of_one_name_get_distinct_labels(tmp_path) -> None:
     for parent in ("a", "b"):
         (tmp_path / parent / "final").mkdir(parents=True)
     labels = [c.label for c in model_checkpoints([str(tmp_path / "a" / "final"), str(tmp_path / "b" / "final"),
-                                                  "builtin:smollm2-135m"], None)]
-    assert len(set(labels)) == 3 and labels[2] == "builtin:smollm2-135m"
+                                                  "org/name@main"], None)]
+    assert len(set(labels)) == 3 and labels[2] == "org/name@main"
     assert [c.label for c in model_checkpoints([str(tmp_path / "a" / "final")], None)] == ["final"]
 
 

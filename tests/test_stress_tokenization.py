@@ -185,6 +185,22 @@ def test_lstar_stress_json_end_to_end(tiny_models, tiny_corpus, capsys) -> None:
     assert set(variant) >= {"name", "ce", "ce_uni", "lstar", "n_tokens"}
 
 
+def test_lstar_stress_save_stores_the_document_in_the_states_database(tiny_models, tiny_corpus, tmp_path,
+                                                                      capsys) -> None:
+    from monitor.store import Store
+
+    state = tmp_path / "state"
+    args = ["stress", "--model", str(tiny_models[0]), "--corpus", str(tiny_corpus), "--tests", "tokenization",
+            "--max-documents", "1", "--device", "cpu", "--json", "--state", str(state)]
+    assert main(args) == 0  # without --save nothing is written
+    assert "stored_id" not in json.loads(capsys.readouterr().out) and not (state / "lstar.duckdb").exists()
+    assert main([*args, "--save"]) == 0
+    stored_id = json.loads(capsys.readouterr().out)["stored_id"]
+    with Store.open(state / "lstar.duckdb") as store:
+        rows = store.query("SELECT report_id FROM stress_reports", None)
+    assert [r["report_id"] for r in rows] == [stored_id]
+
+
 def test_unknown_test_and_missing_checkpoints_are_clear_errors(tiny_corpus) -> None:
     with pytest.raises(SpecError, match="unknown stress test"):
         parse_tests("tokenization,spelling")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from monitor.commands.options import DB_OPTION, STATE_OPTION, db_file
 from monitor.constants import DEFAULT_CORPUS_DIR
 
 # Paragraphs without line breaks: typer keeps a single line break of a later paragraph as a new line.
@@ -23,7 +24,7 @@ _HELP = (
     "(Kendall tau of the checkpoints' L* between registers; with --curve-file, the curve's "
     'threshold refitted per register). The task_format test rescores --task-file under equivalent '
     'surface forms (format instability and the accuracy bound it implies). Without --tests, every '
-    'test whose inputs are given runs. --json prints the lstar-stress/1 document; --db also '
+    'test whose inputs are given runs. --json prints the lstar-stress/1 document; --save (or --db) also '
     'stores it. See docs/stress.md.'
 )
 
@@ -130,7 +131,11 @@ def register(app: typer.Typer) -> None:
                                                help="A curve file whose threshold the registers test refits "
                                                     "on each register (its id becomes --curve)."),
         curve: str | None = typer.Option(None, "--curve", help="The curve id these results qualify."),
-        db: Path | None = typer.Option(None, "--db", help="Also store the document in this DuckDB state file."),
+        save: bool = typer.Option(False, "--save", help="Store the document in the state's database "
+                                  "(STATE/lstar.duckdb, or --db), where policy check, curves show, alerts "
+                                  "and reports read its flags. Given --db, it is stored there."),
+        state: Path = STATE_OPTION,
+        db: Path | None = DB_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the lstar-stress/1 document."),
     ) -> None:
         from monitor.errors import SpecError
@@ -167,11 +172,11 @@ def register(app: typer.Typer) -> None:
                                 extra={"prune_fraction": prune_fraction, "device": device})
         chosen = parse_tests(tests) if tests and tests.strip() else default_tests(register_dirs, task_file)
         document = run_stress(subject, options, chosen)
-        if db is not None:
+        if save or db is not None:
             from monitor.store import Store
             from monitor.stress.storage import save_stress_report
 
-            with Store.open(db) as store:
+            with Store.open(db_file(state, db)) as store:
                 document["stored_id"] = save_stress_report(store, document)
         if as_json:
             print(json.dumps(document, indent=2))
