@@ -14,19 +14,8 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
-from monitor.store.lineage_batch import LineageBatch
-from monitor.training_order import Placement, current_checkpoint, lineage_order, place
-
-
-def _decoded(text: Any, default: Any) -> Any:
-    """A JSON column's value, or `default` when it is empty or not JSON of the same kind."""
-    if not text:
-        return default
-    try:
-        value = json.loads(text) if isinstance(text, str) else text
-    except ValueError:
-        return default
-    return value if isinstance(value, type(default)) else default
+from monitor.store.lineage_batch import LineageBatch, decoded, placement_of, tiebreak_of
+from monitor.training_order import current_checkpoint, lineage_order
 
 
 def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
@@ -60,8 +49,8 @@ def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence
         "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
         "WHERE p.n = 1 ORDER BY p.task, p.lineage, p.repo, p.commit_sha", params)
     for row in rows:
-        row["refs"] = _decoded(row["refs"], [])
-        row["meta"] = _decoded(row["meta"], {})
+        row["refs"] = decoded(row["refs"], [])
+        row["meta"] = decoded(row["meta"], {})
     return rows
 
 
@@ -71,16 +60,8 @@ def current_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["task"], row["lineage"]), []).append(row)
-    picked = [current_checkpoint(group, _placement, _tiebreak) for group in groups.values()]
+    picked = [current_checkpoint(group, placement_of, tiebreak_of) for group in groups.values()]
     return [row for row in picked if row is not None]
-
-
-def _tiebreak(row: Mapping[str, Any]) -> tuple[str, str]:
-    return (row["commit_sha"], row["repo"])
-
-
-def _placement(row: Mapping[str, Any]) -> Placement:
-    return place(row["refs"], row["meta"], row["discovered_at"], row["finished_at"])
 
 
 # The column types of the bulk inserts' lists (`write_outbox_rows`).
@@ -154,7 +135,7 @@ class AlertRows(StoreConnection):
             if not any((r["repo"], r["commit_sha"]) == key for r in rows):
                 rows.append({**self._checkpoint_place(repo, commit), "repo": repo, "commit_sha": commit,
                              "finished_at": scored_at, "state": None, "candidate": True})
-        ordered = lineage_order(rows, _placement, _tiebreak)
+        ordered = lineage_order(rows, placement_of, tiebreak_of)
         judged = [r for r in ordered if not r.get("candidate")]
         if not judged:
             return None, None, False
@@ -167,7 +148,7 @@ class AlertRows(StoreConnection):
         found = self.query("SELECT refs, meta, discovered_at FROM checkpoints WHERE repo = ? AND sha = ? "
                            "ORDER BY id DESC LIMIT 1", [repo, commit])
         row = found[0] if found else {"refs": None, "meta": None, "discovered_at": None}
-        return {"refs": _decoded(row["refs"], []), "meta": _decoded(row["meta"], {}),
+        return {"refs": decoded(row["refs"], []), "meta": decoded(row["meta"], {}),
                 "discovered_at": row["discovered_at"]}
 
     _PREDICTION_COLUMNS = ("policy", "task", "run_id", "repo", "commit_sha", "lineage", "corpus_sha256",
@@ -251,14 +232,14 @@ class AlertRows(StoreConnection):
         repos, commits = [p[0] for p in pairs], [p[1] for p in pairs]
         placed = placed_predictions(self, policy, task, lineages=lineages) if runs else []
         keys = "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha)"
-        checkpoints = {(r["repo"], r["sha"]): {"refs": _decoded(r["refs"], []), "meta": _decoded(r["meta"], {}),
+        checkpoints = {(r["repo"], r["sha"]): {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                                "discovered_at": r["discovered_at"]} for r in self.query(
             f"SELECT c.repo, c.sha, c.refs, c.meta, c.discovered_at FROM checkpoints c JOIN {keys} k "
             "ON c.repo = k.repo AND c.sha = k.sha "
             "QUALIFY row_number() OVER (PARTITION BY c.repo, c.sha ORDER BY c.id DESC) = 1",
             [repos, commits])} if runs else {}
         # where each run's prediction, once written, is placed (as `placed_predictions` joins it)
-        run_places = {r["run_id"]: {"refs": _decoded(r["refs"], []), "meta": _decoded(r["meta"], {}),
+        run_places = {r["run_id"]: {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                     "discovered_at": r["discovered_at"], "finished_at": r["finished_at"]}
                       for r in self.query(
             "SELECT r.run_id, r.finished_at, coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
