@@ -270,6 +270,34 @@ class PoolBuild:
     manifest: dict[str, Any]
 
 
+def check_empty_output(out: Path, what: str) -> None:
+    """`out` must not exist or be an empty folder: a built corpus is immutable."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CorpusError(f"{out} already exists and is not an empty folder",
+                          hint=f"{what} is immutable: choose a new output folder")
+
+
+def load_exclusions(exclude: Sequence[str | Path]) -> tuple[list[Corpus], CalibFilter]:
+    """The corpora a build must not overlap (in a fixed order), and their filter."""
+    if not exclude:
+        raise CorpusError("no corpus to exclude given", hint="pass the calibration corpora with --exclude")
+    excluded = sorted((load_corpus(Path(p)) for p in exclude), key=lambda c: (c.name, c.version, c.sha256))
+    return excluded, CalibFilter(excluded)
+
+
+def exclusion_manifest(excluded: Sequence[Corpus], counts: Counts) -> dict[str, Any]:
+    """The manifest's account of what the exclusion dropped, up to the units' shingle matches
+    (each build adds its own document counts after it)."""
+    return {"corpora": [{"name": c.name, "version": c.version, "sha256": c.sha256,
+                         "documents": len(c.documents)} for c in excluded],
+            "rule": SHINGLE_DEFINITION + "; a unit equal to one of their documents "
+                    "(up to whitespace) is dropped too",
+            "units_read": counts.units, "units_not_prose": counts.units_not_prose,
+            "units_duplicate": counts.units_duplicate,
+            "units_calib_exact": counts.units_calib_exact,
+            "units_calib_shingle": counts.units_calib_shingle}
+
+
 def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: str | Path,
                exclude: Sequence[str | Path], pins: str | Path | None = None,
                sample: bool = False, name: str = "lab-pool", version: str = "v1") -> PoolBuild:
@@ -281,9 +309,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
     the resulting corpora, so that a rebuild either reproduces the pool exactly or fails.
     """
     out, cache = Path(out_dir), Path(cache)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CorpusError(f"{out} already exists and is not an empty folder",
-                          hint="a pool is immutable: choose a new output folder")
+    check_empty_output(out, "a pool")
     pinned, pins_data = (load_pins(Path(pins)) if pins is not None else ({}, {}))
     names = sorted(set(packages or pinned))
     if not names:
@@ -293,11 +319,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
         if pins is not None and package not in pinned:
             raise CorpusError(f"package {package} is not pinned in {pins}",
                               hint=f"pinned packages: {', '.join(sorted(pinned))}")
-    if not exclude:
-        raise CorpusError("no corpus to exclude given", hint="pass the calibration corpora with --exclude")
-    excluded = [load_corpus(Path(p)) for p in exclude]
-    excluded.sort(key=lambda c: (c.name, c.version, c.sha256))
-    calib = CalibFilter(excluded)
+    excluded, calib = load_exclusions(exclude)
 
     debs, sources, units = _read_packages(names, cache, pinned, pins)
 
@@ -329,14 +351,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
                          "format characters removed, tabs as spaces, trailing spaces stripped, "
                          "at most one blank line in a row",
         "document_size_policy": SIZE_POLICY,
-        "excluded": {"corpora": [{"name": c.name, "version": c.version, "sha256": c.sha256,
-                                  "documents": len(c.documents)} for c in excluded],
-                     "rule": SHINGLE_DEFINITION + "; a unit equal to one of their documents "
-                             "(up to whitespace) is dropped too",
-                     "units_read": counts.units, "units_not_prose": counts.units_not_prose,
-                     "units_duplicate": counts.units_duplicate,
-                     "units_calib_exact": counts.units_calib_exact,
-                     "units_calib_shingle": counts.units_calib_shingle,
+        "excluded": {**exclusion_manifest(excluded, counts),
                      "units_calib_shingle_by_corpus": dict(sorted(counts.by_exclusion.items())),
                      "documents_duplicate": counts.documents_duplicate,
                      "documents_calib_shingle": counts.documents_calib_shingle,

@@ -23,11 +23,12 @@ from typing import Any
 
 from monitor.errors import CorpusError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
-from monitor.scoring.corpus import DOCUMENTS_FILE, MANIFEST_FILE, SOURCES_FILE, load_corpus
+from monitor.scoring.corpus import DOCUMENTS_FILE, MANIFEST_FILE, SOURCES_FILE
 from monitor.scoring.corpus_build import Piece, build_manifest, documents_jsonl, manifest_json, number_documents
 from monitor.scoring.debs import Deb, _cached, check_package_name, check_pin, fetch_deb, read_deb
-from monitor.scoring.pool_build import (SHINGLE_DEFINITION, SIZE_POLICY, CalibFilter, Counts, _filter_documents,
-                                        _filter_units, _source_entry, _write_file, pack_units, source_name)
+from monitor.scoring.pool_build import (SIZE_POLICY, Counts, _filter_documents, _filter_units, _source_entry,
+                                        _write_file, check_empty_output, exclusion_manifest, load_exclusions,
+                                        pack_units, source_name)
 from monitor.scoring.pool_text import Unit, clean_text, decode_text, dictd_units, rest_units
 
 SCHEMA = "lstar-register/1"
@@ -190,9 +191,7 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
     manifest) every other argument defaults to the pinned one and the rebuild must give the
     pinned corpus sha256."""
     out, cache = Path(out_dir), Path(cache)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CorpusError(f"{out} already exists and is not an empty folder",
-                          hint="a register corpus is immutable: choose a new output folder")
+    check_empty_output(out, "a register corpus")
     pinned = load_register_pins(Path(pins)) if pins is not None else {}
     register = register or pinned.get("register")
     if register not in REGISTERS:
@@ -209,10 +208,7 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
     n_docs = documents or (pinned.get("sample") or {}).get("documents") or DEFAULT_DOCUMENTS
     name = name or pinned.get("name") or f"register-{register}"
     version = version or pinned.get("version") or "v1"
-    if not exclude:
-        raise CorpusError("no corpus to exclude given", hint="pass the calibration corpora with --exclude")
-    excluded = sorted((load_corpus(Path(p)) for p in exclude), key=lambda c: (c.name, c.version, c.sha256))
-    calib = CalibFilter(excluded)
+    excluded, calib = load_exclusions(exclude)
 
     debs, sources, units = [], [], []
     for package in names:
@@ -248,14 +244,7 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
                     "rest": "as lstar-pool/1 (Sphinx reST sections, markup stripped, prose only)",
                     "dictd": "as lstar-pool/1 (one unit per dictionary entry)"},
         "document_size_policy": SIZE_POLICY,
-        "excluded": {"corpora": [{"name": c.name, "version": c.version, "sha256": c.sha256,
-                                  "documents": len(c.documents)} for c in excluded],
-                     "rule": SHINGLE_DEFINITION + "; a unit equal to one of their documents "
-                             "(up to whitespace) is dropped too",
-                     "units_read": counts.units, "units_not_prose": counts.units_not_prose,
-                     "units_duplicate": counts.units_duplicate,
-                     "units_calib_exact": counts.units_calib_exact,
-                     "units_calib_shingle": counts.units_calib_shingle,
+        "excluded": {**exclusion_manifest(excluded, counts),
                      "documents_duplicate": counts.documents_duplicate,
                      "documents_calib_shingle": counts.documents_calib_shingle,
                      "documents_before_sample": counts.documents},
