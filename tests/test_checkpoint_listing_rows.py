@@ -5,13 +5,11 @@ straight from the table."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +17,7 @@ from monitor.cli import main
 from monitor.service.api import ApiServer
 from monitor.store import Store
 from monitor.store.listings import checkpoint_detail, checkpoints_page
+from support.listing_daemon import ListingDaemon
 
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
 N = 6
@@ -76,20 +75,9 @@ def test_a_listing_row_carries_only_the_meta_keys_it_shows(db):
     assert [detail[r["id"]] for r in full] == full
 
 
-class _StubDaemon:
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.config = SimpleNamespace(state_dir=db.parent, policies_dir=db.parent)
-
-    @contextlib.contextmanager
-    def read_store(self):
-        with Store.open(self.db, read_only=True) as store:
-            yield store
-
-
 @pytest.fixture(scope="module")
 def api(db):
-    with ApiServer(_StubDaemon(db), port=0, token="t" * 32) as server:
+    with ApiServer(ListingDaemon(db), port=0, token="t" * 32) as server:
         yield server.url
 
 

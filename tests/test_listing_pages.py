@@ -5,13 +5,11 @@ in-process here over a stub daemon)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from monitor.cli import main
@@ -20,6 +18,7 @@ from monitor.service.api import ApiServer
 from monitor.store import Store
 from monitor.store.listings import alerts_page, checkpoints_page, runs_page, silences_page
 from monitor.store.pages import DEFAULT_LIMIT
+from support.listing_daemon import ListingDaemon
 
 N = 120
 T0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
@@ -180,22 +179,9 @@ def test_commands_page_and_say_how_to_see_more(db, command, key, capsys):
     assert code == 2 and "1 to 1,000" in err
 
 
-class _StubDaemon:
-    """What the API reads of a daemon to serve its listings."""
-
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.config = SimpleNamespace(state_dir=db.parent, policies_dir=db.parent)
-
-    @contextlib.contextmanager
-    def read_store(self):
-        with Store.open(self.db, read_only=True) as store:
-            yield store
-
-
 @pytest.fixture(scope="module")
 def api(db):
-    with ApiServer(_StubDaemon(db), port=0, token="t" * 32) as server:
+    with ApiServer(ListingDaemon(db), port=0, token="t" * 32) as server:
         yield server.url
 
 

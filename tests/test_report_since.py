@@ -9,7 +9,6 @@ straight from the tables, by plain loops."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import urllib.error
@@ -29,6 +28,7 @@ from monitor.reports.window import (WindowError, parse_duration_back, parse_mome
 from monitor.service.api import ApiServer
 from monitor.store import Store
 from support.report_state import T0, build_report_state
+from support.listing_daemon import ListingDaemon
 
 NOW = datetime(2026, 11, 4, 15, 30, tzinfo=timezone.utc)   # a Wednesday
 # The window: after pythia's first three runs (5.0, 5.1, 5.2 h after T0), through llama's
@@ -209,21 +209,6 @@ def test_the_command_reports_on_the_window_and_refuses_bad_values(state, capsys)
     assert code == 2 and "Invalid value for '--until': '2026-02-30' is not a time" in err
 
 
-class _StubDaemon:
-    def __init__(self, db: Path, policy) -> None:
-        self.db = db
-        self.policy = policy
-        self.config = SimpleNamespace(state_dir=db.parent, policies_dir=db.parent)
-
-    def policies(self):
-        return [self.policy]
-
-    @contextlib.contextmanager
-    def read_store(self):
-        with Store.open(self.db, read_only=True) as store:
-            yield store
-
-
 def get(url: str) -> tuple[int, object]:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
@@ -237,7 +222,7 @@ def test_the_api_reports_on_the_window(state):
         expected = json.loads(to_json(window_report(store, state.policy, start=START, end=END, now=NOW)))
     policy = load_policy(state.folder / "policy.yaml")
     window = urllib.parse.urlencode({"policy": "governance", "since": START.isoformat(), "until": END.isoformat()})
-    with ApiServer(_StubDaemon(state.db, policy), port=0, token="t" * 32) as server:
+    with ApiServer(ListingDaemon(state.db, [policy]), port=0, token="t" * 32) as server:
         status, body = get(f"{server.url}/report?{window}")
         assert status == 200
         (data,) = body

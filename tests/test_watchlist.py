@@ -9,7 +9,6 @@ rows read straight from the predictions and alerts tables by plain loops."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from monitor.service.api import ApiServer
 from monitor.reports.watchlist import watchlist_page
 from monitor.store import Store
 from support.report_state import BASELINE, MARGIN, build_report_state
+from support.listing_daemon import ListingDaemon
 
 LEVEL = BASELINE + MARGIN
 # The current checkpoint of each lineage, from the facts the state was built with: the
@@ -135,17 +135,6 @@ def test_the_command_prints_the_list_and_its_json(state, capsys):
     assert capsys.readouterr().out == "no watched lineage has a prediction with status clear, repo org/[\n"
 
 
-class _StubDaemon:
-    def __init__(self, db: Path) -> None:
-        self.db = db
-        self.config = SimpleNamespace(state_dir=db.parent, policies_dir=db.parent)
-
-    @contextlib.contextmanager
-    def read_store(self):
-        with Store.open(self.db, read_only=True) as store:
-            yield store
-
-
 def get(url: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
@@ -157,7 +146,7 @@ def get(url: str) -> tuple[int, dict]:
 def test_the_api_answers_the_watchlist_and_filters_alerts_by_state(state):
     expected = expected_items(state)
     alerts = rows(state.db, "SELECT id, state FROM alerts ORDER BY created_at DESC, id DESC")
-    with ApiServer(_StubDaemon(state.db), port=0, token="t" * 32) as server:
+    with ApiServer(ListingDaemon(state.db), port=0, token="t" * 32) as server:
         status, body = get(server.url + "/watchlist?status=at_risk&policy=governance&task=cloze&repo=org/*")
         assert status == 200
         assert [i["lineage"] for i in body["items"]] == [e["lineage"] for e in expected if e["state"] == "at_risk"]
