@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,7 +30,11 @@ def lstar_in_process(*args: str, env: Mapping[str, str | None] | None = None,
     from monitor.cli import main
 
     with contextlib.chdir(cwd), CliRunner().isolation(env=env) as (out, err, _both):
-        code = main([str(a) for a in args])
+        try:
+            code = main([str(a) for a in args])
+        finally:   # the text streams over the captured bytes buffer what was printed
+            sys.stdout.flush()
+            sys.stderr.flush()
     return subprocess.CompletedProcess(["lstar", *map(str, args)], code,
                                        out.getvalue().decode("utf-8", "replace"),
                                        err.getvalue().decode("utf-8", "replace"))
