@@ -59,3 +59,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
     with recorded(item.nodeid, os.environ.get(COSTS_ENV)):
         return (yield)
+
+
+@pytest.fixture(scope="session")
+def _store_template(tmp_path_factory: pytest.TempPathFactory):
+    from support.store_template import StoreTemplate
+
+    return StoreTemplate(tmp_path_factory.mktemp("store-template"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _migrated_store_from_template(request: pytest.FixtureRequest, _store_template):
+    """A test's first open of a new state file starts from a copy of one migrated file instead of
+    running every migration again (tests/support/store_template.py says when, and what still runs)."""
+    from support.store_template import FRESH_MIGRATION_MODULES, use_template
+
+    if request.module.__name__ in FRESH_MIGRATION_MODULES:
+        yield None
+        return
+    with use_template(_store_template) as template:
+        yield template

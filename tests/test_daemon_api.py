@@ -28,6 +28,7 @@ from monitor.demo.fakehub import FakeHub
 from monitor.errors import StoreError
 from monitor.service.api_guard import (RequestRefused, body_length, check_host_and_origin, create_api_token,
                                        read_api_token)
+from support.cli_run import lstar_in_process
 from support.daemon_harness import REPO_ROOT
 from support.daemon_harness import WATCHER_POLICY as POLICY
 from support.daemon_harness import DaemonProcess, wait_for
@@ -43,6 +44,13 @@ INTERNALS = ("Traceback", "Error:", "SELECT", "LIMIT", "duckdb", "Exception", "F
 
 
 def lstar(*args: str) -> subprocess.CompletedProcess[str]:
+    """A client command, run in this process (`support.cli_run`): what it prints and returns is
+    what is checked, and the daemon it asks is another process either way."""
+    return lstar_in_process(*args)
+
+
+def lstar_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """`lstar run` in a process of its own, as a user starts it."""
     return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120)
 
@@ -614,7 +622,7 @@ def _run_on_a_taken_port(tmp_path: Path, state: Path) -> tuple[subprocess.Comple
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        result = lstar("run", "--policies", str(tmp_path / "policies"), "--state", str(state),
+        result = lstar_process("run", "--policies", str(tmp_path / "policies"), "--state", str(state),
                        "--api-port", str(taken), "--once")
     return result, taken
 

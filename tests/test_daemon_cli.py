@@ -1,20 +1,24 @@
 """The CLI while a real daemon (`lstar run`, a subprocess) holds the database: reads and
 runtime-state writes (silences, retries) go through the daemon's API, with the output the
-direct database path prints, and the daemon's refusals as the usual one-line errors."""
+direct database path prints, and the daemon's refusals as the usual one-line errors.
+
+The commands run in this process (`support.cli_run`, the same `monitor.cli.main` the console
+script runs): the daemon is another process either way, and what is checked is what they print
+and return."""
 
 from __future__ import annotations
 
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from monitor.demo.fakehub import FakeHub
 from monitor.store import Store
-from support.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
+from support.cli_run import lstar_in_process
+from support.daemon_harness import WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +27,7 @@ CURVES = Path(__file__).resolve().parent / "fixtures" / "policies" / "curves"
 
 
 def lstar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120)
+    return lstar_in_process(*args)
 
 
 @pytest.fixture(scope="module")

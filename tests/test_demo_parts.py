@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from monitor.demo.history import SHIPPED_CURVE, curve_facts, shipped_curve
 from monitor.demo.run import (CURVE_FILE, EVALUATIONS_PER_DAY, POLICY, POLICY_WITHOUT_REPORTS, TASK_FILE,
                               WORKDIR_MARKER, _score_request, states_in_order)
 from monitor.errors import LstarError
+from support.cli_run import lstar_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = dict(org="demo-org", corpus="0" * 64, curve=CURVE_FILE, task_file=TASK_FILE, per_day=EVALUATIONS_PER_DAY,
@@ -104,8 +104,8 @@ def test_the_shipped_curve_refuses_another_corpus() -> None:
 
 
 def _demo(workdir: Path, shared_dir: Path) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--workdir", str(workdir), "--shared",
-                           str(shared_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """`lstar demo` in this process (`support.cli_run`): these calls are refused before any work."""
+    return lstar_in_process("demo", "--workdir", str(workdir), "--shared", str(shared_dir), cwd=ROOT)
 
 
 def test_a_folder_the_demo_did_not_make_is_refused_and_left_intact(tmp_path: Path, shared_dir: Path) -> None:
@@ -129,15 +129,12 @@ def test_a_folder_the_demo_did_not_make_is_refused_and_left_intact(tmp_path: Pat
     assert proc.returncode == 1 and "is not a folder" in proc.stderr
     assert (tmp_path / "file").read_text() == "x"
     # --save-history-curve inside the folder the next demo empties: refused before any work
-    proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--workdir", str(tmp_path / "new"),
-                           "--shared", str(shared_dir), "--fit-history", "--save-history-curve",
-                           str(tmp_path / "new" / "curve.json")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = lstar_in_process("demo", "--workdir", str(tmp_path / "new"), "--shared", str(shared_dir),
+                            "--fit-history", "--save-history-curve", str(tmp_path / "new" / "curve.json"), cwd=ROOT)
     assert proc.returncode == 1 and "inside the demo's folder" in proc.stderr
     assert not (tmp_path / "new").exists()
     # --save-history-curve without --fit-history: a usage error
-    proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--save-history-curve",
-                           str(tmp_path / "c.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = lstar_in_process("demo", "--save-history-curve", str(tmp_path / "c.json"), cwd=ROOT)
     assert proc.returncode == 2 and "--fit-history" in proc.stderr
 
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from monitor.policy import load_policy
 from monitor.reports.report import build_report, to_html, to_markdown
 from monitor.store.listings import checkpoints_page
 from monitor.store import Store
+from support.cli_run import lstar_in_process
 from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
 T0 = datetime(2025, 6, 1, 12, tzinfo=timezone.utc)
@@ -222,9 +221,8 @@ def test_a_derivative_waits_for_its_queued_base_and_the_listing_shows_both_coord
 
     # `lstar checkpoints` shows the base and the pair L*(base) → L*.
     store.close()
-    shown = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--db",
-                            str(tmp_path / "state" / "lstar.duckdb")], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": "400"}, timeout=120)
+    shown = lstar_in_process("checkpoints", "--db", str(tmp_path / "state" / "lstar.duckdb"),
+                             env={"COLUMNS": "400"})
     assert shown.returncode == 0, shown.stderr
     [line] = [ln for ln in shown.stdout.splitlines() if "org/ft " in ln]
     assert f"finetune of up/base@{b[:12]}" in line and "1.4000 → 1.0000" in line
@@ -389,8 +387,7 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
         for r, rel in (("org/ft", "finetune"), ("org/fp16", "quantized"), ("org/lora", "adapter"))}
     assert all(d["tasks"]["arith"]["coordinate"] == "base" for d in listed.values())
 
-    shown = subprocess.run([sys.executable, "-m", "monitor.cli", "checkpoints", "--db", str(db), "--json"],
-                           capture_output=True, text=True, env=daemon.env, timeout=120)
+    shown = lstar_in_process("checkpoints", "--db", str(db), "--json")
     assert shown.returncode == 0, shown.stderr
     items = {i["repo"]: i for i in json.loads(shown.stdout)["items"]}
     assert items["org/ft"]["coordinates"]["lstar_base"] == pytest.approx(runs["upstream/base"]["lstar"])

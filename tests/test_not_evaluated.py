@@ -7,9 +7,7 @@ operator alert per episode."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -20,7 +18,8 @@ from monitor.alerts import evaluate_pending
 from monitor.policy import load_policy
 from monitor.reports.report import build_report
 from monitor.store import Store
-from support.daemon_harness import REPO_ROOT, DaemonProcess, wait_for
+from support.cli_run import lstar_in_process
+from support.daemon_harness import DaemonProcess, wait_for
 from support.scores import CALIB_V0_SHA256, fake_sha, record_fake_score
 
 T0 = datetime(2025, 5, 1, 12, tzinfo=timezone.utc)
@@ -55,8 +54,8 @@ def write_policy(folder: Path, tasks: dict[str, str], *, watch: bool = False) ->
 
 
 def lstar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    """`lstar ARGS` in this process (`support.cli_run`), 400 columns wide."""
+    return lstar_in_process(*args, env={"COLUMNS": "400"})
 
 
 def meta_gap_alerts(store: Store) -> list[dict]:

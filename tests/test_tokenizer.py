@@ -136,7 +136,7 @@ def test_fingerprints_are_stable_and_distinct(handles, tokenizers_dir, tmp_path)
         assert load_tokenizer(copy).fingerprint == fingerprints[name]
 
 
-def test_fingerprint_includes_the_prefix_policy(tokenizers_dir, tmp_path) -> None:
+def test_fingerprint_includes_the_prefix_policy(handles, tokenizers_dir, tmp_path) -> None:
     # gpt2 with its BOS removed falls back to EOS: the same id (50256), a different policy.
     copy = tmp_path / "gpt2-eos"
     shutil.copytree(tokenizers_dir / "gpt2", copy)
@@ -145,7 +145,7 @@ def test_fingerprint_includes_the_prefix_policy(tokenizers_dir, tmp_path) -> Non
         del data["bos_token"]
         (copy / file).write_text(json.dumps(data), encoding="utf-8")
     handle = load_tokenizer(copy)
-    original = load_tokenizer(tokenizers_dir / "gpt2")
+    original = handles["gpt2"]                   # load_tokenizer(tokenizers_dir / "gpt2"), made once per module
     assert (handle.prefix_policy, handle.prefix_token_id) == ("eos", 50256)
     assert handle.fingerprint != original.fingerprint
 
