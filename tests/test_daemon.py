@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
+import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
 
+from monitor.cli import app
 from monitor.demo.fakehub import FakeHub
 from monitor.demo.hub_repos import add_lineage
 from monitor.store import Store
-from support.daemon_harness import REPO_ROOT, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
+from support.daemon_harness import WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,9 +35,13 @@ def score_args(tmp: Path, shared_dir: Path) -> list[str]:
             "--docs", "2", "--max-context", "64", "--n-boot", "10"]
 
 
-def lstar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "monitor.cli", *args], capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120)
+def lstar(*args: str) -> SimpleNamespace:
+    """`lstar ARGS` run in this process by typer's runner (returncode, stdout, stderr): the
+    command's path to the daemon's API is what is checked, and a `python -m monitor.cli`
+    child per call only added its imports."""
+    result = CliRunner().invoke(app, list(args))
+    error = "".join(traceback.format_exception(result.exception)) if result.exception else ""
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr + error)
 
 
 @pytest.fixture(scope="module")

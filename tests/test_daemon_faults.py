@@ -25,6 +25,16 @@ def hub():
         yield server
 
 
+@pytest.fixture
+def one_step_hub():
+    """A hub with a single checkpoint, for the scoring-child faults: each failed attempt costs
+    a fresh scoring worker (a torch import), and a second checkpoint only added attempts the
+    test never looks at, and a score still running when the daemon was stopped (20 s drain)."""
+    with FakeHub() as server:
+        add_lineage(server, "fake-org/tiny", steps=(1000,))
+        yield server
+
+
 def alerts_file(policies: Path) -> list[dict]:
     path = policies / "alerts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -76,8 +86,9 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
      "of 1.46 GiB"),
 ])
 @pytest.mark.slow
-def test_scoring_child_is_killed_and_the_daemon_goes_on(hub, tmp_path, failpoint, extra, reason):
+def test_scoring_child_is_killed_and_the_daemon_goes_on(one_step_hub, tmp_path, failpoint, extra, reason):
     """Row 17: a loader out of time or memory ends in its child; the daemon keeps running."""
+    hub = one_step_hub
     policies = write_policy(tmp_path / "policies")
     args = ["--cache-dir", str(tmp_path / "cache"), *extra]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args, start_timeout=240,
