@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
 import shutil
 from dataclasses import replace
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from monitor.reports import plots as report_plots
 from monitor.stress.storage import stress_flags_for_curve
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.json_text import iter_json, json_default, to_json, write_json
 from monitor.reports.summary import plotted, summarised
 from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import checkpoint_name, fmt, short
@@ -459,55 +459,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-# -- rendering -----------------------------------------------------------------------------------
-_JSON_CHUNK = 1 << 16   # characters handed on at a time while encoding
-
-
-def iter_json(value: Any, *, indent: int = 2) -> Iterator[str]:
-    """`value` (a report, or a list of them) encoded once, as pieces of about 64 K characters,
-    ending with a newline: what `to_json` returns, for writing to a file or a response as it
-    is produced instead of holding a second whole copy (times in ISO 8601, keys sorted, a
-    report's private `_` keys and plot bytes left out)."""
-    if isinstance(value, Mapping):
-        value = _public(value)
-    elif isinstance(value, list):
-        value = [_public(v) if isinstance(v, Mapping) else v for v in value]
-    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=json_default)
-    buffer: list[str] = []
-    size = 0
-    for piece in encoder.iterencode(value):
-        buffer.append(piece)
-        size += len(piece)
-        if size >= _JSON_CHUNK:
-            yield "".join(buffer)
-            buffer, size = [], 0
-    buffer.append("\n")
-    yield "".join(buffer)
-
-
-def _public(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if not k.startswith("_")}
-
-
-def to_json(data: Mapping[str, Any]) -> str:
-    """The report as JSON (times in ISO 8601, no plot bytes)."""
-    return "".join(iter_json(data))
-
-
-def write_json(data: Mapping[str, Any], path: Path) -> None:
-    """The report's JSON written to `path` as it is encoded (`iter_json`)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for chunk in iter_json(data):
-            f.write(chunk)
-
-
-def json_default(value: Any) -> Any:
-    """How a report's JSON spells what `json` cannot (times in ISO 8601)."""
-    if isinstance(value, datetime):
-        return _iso(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
+# -- rendering (the JSON text: json_text.py) ----------------------------------------------------
 def ref_name(row: Mapping[str, Any]) -> str:
     """The checkpoint of a report row as every table names it (`present.checkpoint_name`)."""
     return row.get("checkpoint") or checkpoint_name(row["repo"], row["commit"], row.get("refs") or [])
