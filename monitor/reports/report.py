@@ -24,7 +24,6 @@ import hashlib
 import os
 import re
 import shutil
-from dataclasses import replace
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -188,23 +187,40 @@ def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: da
     return by_lineage, history, before
 
 
-def with_details(store: Store, carried: Sequence[PredictionRow],
-                 order: Mapping[tuple[str, str], int]) -> list[PredictionRow]:
-    """`carried` (read without their detail) with the detail of those a report reads it from:
-    per (task, lineage), the latest in training order (the state carried in; ties: the later
-    evaluated) and the latest by (training order, evaluation time) (a lineage's current state
-    when the window predicted nothing newer). One query, whatever the history's length."""
-    rank = {id(p): (order.get((p.repo, p.commit_sha), -1), i) for i, p in enumerate(carried)}
-    chosen: dict[tuple[str, str], list[PredictionRow]] = {}
-    for p in carried:   # oldest first, as build_report walks them
-        group = chosen.setdefault((p.task, p.lineage), [p, p])
-        if rank[id(p)][0] >= rank[id(group[0])][0]:
-            group[0] = p
-        if (rank[id(p)][0], p.evaluated_at) > (rank[id(group[1])][0], group[1].evaluated_at):   # max(): the first
-            group[1] = p
-    wanted = {p.id for pair in chosen.values() for p in pair}
-    details = store.prediction_details(sorted(wanted))
-    return [replace(p, detail=details.get(p.id, {})) if p.id in wanted else p for p in carried]
+def carried_states(store: Store, policy: str, *, start: datetime, tasks: Iterable[str],
+                   order: Mapping[tuple[str, str], int],
+                   window: Sequence[PredictionRow]) -> list[PredictionRow]:
+    """The carried-in predictions (each (task, lineage, checkpoint)'s state at `start`, oldest
+    first) that a report reads, whole: per (task, lineage), the latest in training order (the
+    state carried in; ties: the later evaluated), those latest by (training order, evaluation
+    time) (a lineage's current state when the window predicted nothing newer), and those of a
+    checkpoint the window predicted again (it replaces them). The others can decide nothing:
+    they are chosen among by key (two queries, whatever the history's length), not read whole."""
+    tasks = set(tasks)
+    again = {(p.task, p.lineage, p.repo, p.commit_sha) for p in window}
+    best: dict[tuple[str, str], list[Any]] = {}   # (task, lineage): [rank, id, (rank, time), ids]
+    wanted: set[int] = set()
+    for ident, task, lineage, repo, commit, evaluated_at in store.report_carried_keys(
+            policy, start=start, skip_state=NOT_EVALUATED):   # oldest first per (task, lineage)
+        if task not in tasks:
+            continue
+        rank = order.get((repo, commit), -1)
+        group = best.get((task, lineage))
+        if group is None:
+            best[(task, lineage)] = [rank, ident, (rank, evaluated_at), [ident]]
+        else:
+            if rank >= group[0]:
+                group[0], group[1] = rank, ident
+            if (rank, evaluated_at) > group[2]:
+                group[2], group[3] = (rank, evaluated_at), [ident]
+            elif (rank, evaluated_at) == group[2]:
+                group[3].append(ident)
+        if (task, lineage, repo, commit) in again:
+            wanted.add(ident)
+    for _, ident, _, latest in best.values():
+        wanted.add(ident)
+        wanted.update(latest)
+    return store.predictions_by_id(sorted(wanted))
 
 
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
@@ -254,9 +270,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     # Per (task, lineage): each checkpoint's state at the window's start (the current one is
     # chosen in training order below), and the current one's (the latest in training order,
     # as the alert engine compares with), where the crossings start from.
-    carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
-                                                               skip_state=NOT_EVALUATED) if p.task in curves]
-    carried_all = with_details(store, carried_all, order)
+    carried_all = carried_states(store, policy.name, start=period_start, tasks=curves, order=order, window=window)
     carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
