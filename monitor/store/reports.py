@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
@@ -17,6 +18,7 @@ from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, R
 _PLACEMENT_META = ("json_object('gate', json_object('commit_date', {placed}[1]), "
                    "'listing', json_object('last_modified', {placed}[2]))").format(
     placed="json_extract({meta}, ['$.gate.commit_date', '$.listing.last_modified'])")
+_BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
 
 
 class ReportRows(StoreConnection):
@@ -54,14 +56,15 @@ class ReportRows(StoreConnection):
                           "ORDER BY r.finished_at, r.run_id", [start, end, *params])
         return [self._report_score_row(row) for row in rows]
 
-    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> list[ReportCarriedRow]:
+    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> Iterator[ReportCarriedRow]:
         """Each checkpoint scored by `start`: its newest score run finished by then, with 1 (the
         checkpoint, for counts) and its best L* (one row per (lineage, repo, commit): an aggregate
         over the history's key columns, then only the chosen runs are read whole). Which of them
         is a lineage's current checkpoint is decided by `monitor.reports.current`, in training
-        order, not here by time scored."""
+        order, not here by time scored. Yielded as they are fetched (the store's lock held
+        until the last): a report keeps what it makes of each, not a second copy of the history."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
-        rows = self.query(
+        rows = self._query_in_batches(
             "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
             "coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage FROM score_runs r "
             "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL "
@@ -71,11 +74,23 @@ class ReportRows(StoreConnection):
             "FROM history GROUP BY lineage, repo, model_sha) "
             f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
             "ON run.run_id = s.newest ORDER BY run.lineage, run.repo, run.commit_sha", [start, *params])
-        out = []
         for row in rows:
             counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))
-            out.append(ReportCarriedRow(self._report_score_row(row), counted, best))
-        return out
+            yield ReportCarriedRow(self._report_score_row(row), counted, best)
+
+    def _query_in_batches(self, sql: str, params: Sequence[Any]) -> Iterator[dict[str, Any]]:
+        """`query`'s rows, fetched a batch at a time: a caller that turns each into a smaller
+        object holds one copy of a 10^5-row history, not three (DuckDB's, the dicts, its own).
+        Holds the store's lock until the last row is read."""
+        with self._lock:
+            cur = self.conn.execute(sql, params)
+            if cur.description is None:
+                raise StoreError(f"{self.path} was closed while a query on it ran",
+                                 hint="the daemon is stopping; the job runs again on the next start")
+            columns = [d[0] for d in cur.description]
+            while batch := cur.fetchmany(_BATCH_ROWS):
+                for values in batch:
+                    yield dict(zip(columns, values))
 
     def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
         """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""
