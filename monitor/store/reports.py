@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from monitor.errors import StoreError
@@ -18,6 +18,7 @@ from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, R
 _PLACEMENT_META = ("json_object('gate', json_object('commit_date', {placed}[1]), "
                    "'listing', json_object('last_modified', {placed}[2]))").format(
     placed="json_extract({meta}, ['$.gate.commit_date', '$.listing.last_modified'])")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
 
 
@@ -30,8 +31,10 @@ class ReportRows(StoreConnection):
     _RUN_SELECT = (
         "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.tokenizer_fingerprint, "
         "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, "
-        "r.finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, coalesce(c1.rule, c2.rule) AS rule, "
-        "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at, "
+        # times as microseconds since the epoch, made datetimes in `_report_score_row`: DuckDB's
+        # zoned conversion of a 10^5-row history's times cost more than the query
+        "epoch_us(r.finished_at) AS finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, "
+        "coalesce(c1.rule, c2.rule) AS rule, epoch_us(coalesce(c1.discovered_at, c2.discovered_at)) AS discovered_at, "
         # The JSON columns as one array, decoded by one call per row (a 10^5-row history):
         # the tcb, the refs and, of the ~2 KB meta, only what places a checkpoint in training
         # order (`training_order.place`): decoding whole metas was most of a report's time.
@@ -45,6 +48,9 @@ class ReportRows(StoreConnection):
     @staticmethod
     def _report_score_row(row: dict[str, Any]) -> ReportScoreRow:
         tcb, refs, meta = json.loads(row.pop("json_columns"))
+        row["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])
+        if row["discovered_at"] is not None:
+            row["discovered_at"] = _EPOCH + timedelta(microseconds=row["discovered_at"])
         row["tcb"], row["refs"], row["meta"] = tcb, refs if refs is not None else [], meta or {}
         return ReportScoreRow.from_row(row)
 
@@ -99,15 +105,17 @@ class ReportRows(StoreConnection):
         return [PredictionRow.from_row(row) for row in rows]
 
     def report_carried_keys(self, policy: str, *, start: datetime,
-                            skip_state: str) -> list[tuple[int, str, str, str, str, datetime]]:
+                            skip_state: str) -> list[tuple[int, str, str, str, str, int]]:
         """Each (task, lineage, checkpoint)'s state at `start` as (id, task, lineage, repo,
-        commit_sha, evaluated_at): the policy's newest prediction of it evaluated by then whose
+        commit_sha, evaluated_at in microseconds since the epoch): the policy's newest prediction of it evaluated by then whose
         state is not `skip_state` (one row each; a window function), ordered by task, lineage,
         evaluated_at, id. Only keys: a report chooses the few it reads whole (`predictions_by_id`)
         in training order; building a row of each of the history's 10^5 states was most of its time."""
         with self._lock:
             return [tuple(row) for row in self.conn.execute(
-                "SELECT id, task, lineage, repo, commit_sha, evaluated_at FROM (SELECT id, task, lineage, repo, "
+                # the time as microseconds since the epoch: compared only, and a 10^5-row history's
+                # conversions to zoned datetimes cost more than the rest of the read
+                "SELECT id, task, lineage, repo, commit_sha, epoch_us(evaluated_at) FROM (SELECT id, task, lineage, repo, "
                 "commit_sha, evaluated_at, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
                 "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions "
                 "WHERE policy = ? AND evaluated_at <= ? AND state != ?) WHERE newest = 1 "
