@@ -177,7 +177,7 @@ def test_the_realistic_thousand_checkpoint_state_reports_as_the_per_row_code(tmp
     assert data["lstar_table"] and data["derivatives"]
 
 
-def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
+def test_json_is_encoded_once_and_decodes_to_the_whole_encoding(two_sizes):
     import json
 
     from monitor.reports.report import iter_json, json_default
@@ -187,11 +187,22 @@ def test_json_is_encoded_once_and_equals_the_whole_encoding(two_sizes):
     public = {k: v for k, v in data.items() if not k.startswith("_")}
     whole = json.dumps(public, indent=2, sort_keys=True, default=json_default) + "\n"
     chunks = list(iter_json(data))
-    assert "".join(chunks) == to_json(data) == whole
-    assert len(chunks) == len(whole) // 65536 + 1 or len(chunks) == -(-len(whole) // 65536)
-    # the API's list of reports: the bytes it sent before (decoded and encoded again), plus a newline
+    text = "".join(chunks)
+    assert text == to_json(data) and text.endswith("}\n")
+    # what the indenting encoder wrote before, decoded: the same value, in fewer bytes
+    assert json.loads(text) == json.loads(whole) and len(text) < len(whole)
+    assert all(len(c) >= 65536 for c in chunks[:-1]) and len(chunks) == -(-len(text) // 65536) or len(chunks) == 1
+    # the layout: the sections indented, each history row one compact line in key order
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[1].startswith('  "at_risk": ')
+    start = lines.index('  "lineage_history": [')
+    rows = lines[start + 1:start + 1 + len(data["lineage_history"])]
+    assert [json.loads(line.strip().rstrip(",")) for line in rows] == json.loads(whole)["lineage_history"]
+    assert all(line.startswith('    {"bits_per_byte": ') for line in rows) and lines[start + 1 + len(rows)] == "  ],"
+    # the API's list of reports: each report indented one level deeper, decoding as before
     before = json.dumps([json.loads(to_json(data))], indent=2, default=str)
-    assert "".join(iter_json([data])) == before + "\n"
+    listed = "".join(iter_json([data]))
+    assert json.loads(listed) == json.loads(before) and listed.startswith('[\n  {\n    "at_risk": ')
 
 
 def counted_page(store: Store) -> tuple[list[dict[str, Any]], list[str]]:

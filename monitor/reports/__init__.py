@@ -21,9 +21,9 @@ _EXPORTS = {  # name: the module that defines it, imported on first use
     "report_for_cli": "monitor.reports.report",
     "short": "monitor.reports.report",
     "to_html": "monitor.reports.report",
-    "to_json": "monitor.reports.report",
+    "to_json": "monitor.reports.json_text",
     "to_markdown": "monitor.reports.report",
-    "iter_json": "monitor.reports.report",
+    "iter_json": "monitor.reports.json_text",
 }
 
 

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
 import shutil
-from dataclasses import replace
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from monitor.reports import plots as report_plots
 from monitor.stress.storage import stress_flags_for_curve
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
+from monitor.reports.json_text import iter_json, json_default, to_json, write_json
 from monitor.reports.summary import plotted, summarised
 from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import checkpoint_name, fmt, short
@@ -188,23 +187,40 @@ def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: da
     return by_lineage, history, before
 
 
-def with_details(store: Store, carried: Sequence[PredictionRow],
-                 order: Mapping[tuple[str, str], int]) -> list[PredictionRow]:
-    """`carried` (read without their detail) with the detail of those a report reads it from:
-    per (task, lineage), the latest in training order (the state carried in; ties: the later
-    evaluated) and the latest by (training order, evaluation time) (a lineage's current state
-    when the window predicted nothing newer). One query, whatever the history's length."""
-    rank = {id(p): (order.get((p.repo, p.commit_sha), -1), i) for i, p in enumerate(carried)}
-    chosen: dict[tuple[str, str], list[PredictionRow]] = {}
-    for p in carried:   # oldest first, as build_report walks them
-        group = chosen.setdefault((p.task, p.lineage), [p, p])
-        if rank[id(p)][0] >= rank[id(group[0])][0]:
-            group[0] = p
-        if (rank[id(p)][0], p.evaluated_at) > (rank[id(group[1])][0], group[1].evaluated_at):   # max(): the first
-            group[1] = p
-    wanted = {p.id for pair in chosen.values() for p in pair}
-    details = store.prediction_details(sorted(wanted))
-    return [replace(p, detail=details.get(p.id, {})) if p.id in wanted else p for p in carried]
+def carried_states(store: Store, policy: str, *, start: datetime, tasks: Iterable[str],
+                   order: Mapping[tuple[str, str], int],
+                   window: Sequence[PredictionRow]) -> list[PredictionRow]:
+    """The carried-in predictions (each (task, lineage, checkpoint)'s state at `start`, oldest
+    first) that a report reads, whole: per (task, lineage), the latest in training order (the
+    state carried in; ties: the later evaluated), those latest by (training order, evaluation
+    time) (a lineage's current state when the window predicted nothing newer), and those of a
+    checkpoint the window predicted again (it replaces them). The others can decide nothing:
+    they are chosen among by key (two queries, whatever the history's length), not read whole."""
+    tasks = set(tasks)
+    again = {(p.task, p.lineage, p.repo, p.commit_sha) for p in window}
+    best: dict[tuple[str, str], list[Any]] = {}   # (task, lineage): [rank, id, (rank, time), ids]
+    wanted: set[int] = set()
+    for ident, task, lineage, repo, commit, evaluated_at in store.report_carried_keys(
+            policy, start=start, skip_state=NOT_EVALUATED):   # oldest first per (task, lineage)
+        if task not in tasks:
+            continue
+        rank = order.get((repo, commit), -1)
+        group = best.get((task, lineage))
+        if group is None:
+            best[(task, lineage)] = [rank, ident, (rank, evaluated_at), [ident]]
+        else:
+            if rank >= group[0]:
+                group[0], group[1] = rank, ident
+            if (rank, evaluated_at) > group[2]:
+                group[2], group[3] = (rank, evaluated_at), [ident]
+            elif (rank, evaluated_at) == group[2]:
+                group[3].append(ident)
+        if (task, lineage, repo, commit) in again:
+            wanted.add(ident)
+    for _, ident, _, latest in best.values():
+        wanted.add(ident)
+        wanted.update(latest)
+    return store.predictions_by_id(sorted(wanted))
 
 
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
@@ -254,9 +270,7 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     # Per (task, lineage): each checkpoint's state at the window's start (the current one is
     # chosen in training order below), and the current one's (the latest in training order,
     # as the alert engine compares with), where the crossings start from.
-    carried_all = [p for p in store.report_carried_predictions(policy.name, start=period_start,
-                                                               skip_state=NOT_EVALUATED) if p.task in curves]
-    carried_all = with_details(store, carried_all, order)
+    carried_all = carried_states(store, policy.name, start=period_start, tasks=curves, order=order, window=window)
     carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
@@ -459,55 +473,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)
 
 
-# -- rendering -----------------------------------------------------------------------------------
-_JSON_CHUNK = 1 << 16   # characters handed on at a time while encoding
-
-
-def iter_json(value: Any, *, indent: int = 2) -> Iterator[str]:
-    """`value` (a report, or a list of them) encoded once, as pieces of about 64 K characters,
-    ending with a newline: what `to_json` returns, for writing to a file or a response as it
-    is produced instead of holding a second whole copy (times in ISO 8601, keys sorted, a
-    report's private `_` keys and plot bytes left out)."""
-    if isinstance(value, Mapping):
-        value = _public(value)
-    elif isinstance(value, list):
-        value = [_public(v) if isinstance(v, Mapping) else v for v in value]
-    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=json_default)
-    buffer: list[str] = []
-    size = 0
-    for piece in encoder.iterencode(value):
-        buffer.append(piece)
-        size += len(piece)
-        if size >= _JSON_CHUNK:
-            yield "".join(buffer)
-            buffer, size = [], 0
-    buffer.append("\n")
-    yield "".join(buffer)
-
-
-def _public(data: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items() if not k.startswith("_")}
-
-
-def to_json(data: Mapping[str, Any]) -> str:
-    """The report as JSON (times in ISO 8601, no plot bytes)."""
-    return "".join(iter_json(data))
-
-
-def write_json(data: Mapping[str, Any], path: Path) -> None:
-    """The report's JSON written to `path` as it is encoded (`iter_json`)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for chunk in iter_json(data):
-            f.write(chunk)
-
-
-def json_default(value: Any) -> Any:
-    """How a report's JSON spells what `json` cannot (times in ISO 8601)."""
-    if isinstance(value, datetime):
-        return _iso(value)
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
+# -- rendering (the JSON text: json_text.py) ----------------------------------------------------
 def ref_name(row: Mapping[str, Any]) -> str:
     """The checkpoint of a report row as every table names it (`present.checkpoint_name`)."""
     return row.get("checkpoint") or checkpoint_name(row["repo"], row["commit"], row.get("refs") or [])

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
 
 # The meta keys `training_order.commit_date` reads, as a JSON object of the same shape (a key
-# whose value is absent is null, which it reads as absent too).
-_PLACEMENT_META = ("json_object('gate', json_object('commit_date', json_extract({meta}, '$.gate.commit_date')), "
-                   "'listing', json_object('last_modified', json_extract({meta}, '$.listing.last_modified')))")
+# whose value is absent is null, which it reads as absent too). Both are read by one extraction
+# of a list of paths: each extraction parses the ~2 KB meta, most of a 10^5-row history's query.
+_PLACEMENT_META = ("json_object('gate', json_object('commit_date', {placed}[1]), "
+                   "'listing', json_object('last_modified', {placed}[2]))").format(
+    placed="json_extract({meta}, ['$.gate.commit_date', '$.listing.last_modified'])")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
 
 
 class ReportRows(StoreConnection):
@@ -25,12 +30,16 @@ class ReportRows(StoreConnection):
     # window's start: its cost follows the window's activity, not the history.
     _RUN_SELECT = (
         "SELECT r.run_id, r.model_repo AS repo, r.model_sha AS commit_sha, r.tokenizer_fingerprint, "
-        "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, r.tcb, "
-        "r.finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, coalesce(c1.rule, c2.rule) AS rule, "
-        "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at, "
-        # of the ~2 KB meta, only what places a checkpoint in training order (`training_order.place`):
-        # decoding whole metas of every checkpoint ever scored was most of a report's time
-        f"{_PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta "
+        "r.corpus_sha256, r.n_tokens, r.ce, r.ce_unigram, r.lstar, r.se_ce, r.bits_per_byte, "
+        # times as microseconds since the epoch, made datetimes in `_report_score_row`: DuckDB's
+        # zoned conversion of a 10^5-row history's times cost more than the query
+        "epoch_us(r.finished_at) AS finished_at, coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage, "
+        "coalesce(c1.rule, c2.rule) AS rule, epoch_us(coalesce(c1.discovered_at, c2.discovered_at)) AS discovered_at, "
+        # The JSON columns as one array, decoded by one call per row (a 10^5-row history):
+        # the tcb, the refs and, of the ~2 KB meta, only what places a checkpoint in training
+        # order (`training_order.place`): decoding whole metas was most of a report's time.
+        "json_array(r.tcb, coalesce(c1.refs, c2.refs), "
+        f"{_PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')}) AS json_columns "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
         "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
@@ -38,9 +47,11 @@ class ReportRows(StoreConnection):
 
     @staticmethod
     def _report_score_row(row: dict[str, Any]) -> ReportScoreRow:
-        row["tcb"] = json.loads(row["tcb"]) if row["tcb"] else None
-        row["refs"] = json.loads(row["refs"]) if row["refs"] else []
-        row["meta"] = json.loads(row["meta"]) if row["meta"] else {}
+        tcb, refs, meta = json.loads(row.pop("json_columns"))
+        row["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])
+        if row["discovered_at"] is not None:
+            row["discovered_at"] = _EPOCH + timedelta(microseconds=row["discovered_at"])
+        row["tcb"], row["refs"], row["meta"] = tcb, refs if refs is not None else [], meta or {}
         return ReportScoreRow.from_row(row)
 
     def report_score_runs(self, corpus_sha256: str | None, *, start: datetime, end: datetime) -> list[ReportScoreRow]:
@@ -51,14 +62,15 @@ class ReportRows(StoreConnection):
                           "ORDER BY r.finished_at, r.run_id", [start, end, *params])
         return [self._report_score_row(row) for row in rows]
 
-    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> list[ReportCarriedRow]:
+    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> Iterator[ReportCarriedRow]:
         """Each checkpoint scored by `start`: its newest score run finished by then, with 1 (the
         checkpoint, for counts) and its best L* (one row per (lineage, repo, commit): an aggregate
         over the history's key columns, then only the chosen runs are read whole). Which of them
         is a lineage's current checkpoint is decided by `monitor.reports.current`, in training
-        order, not here by time scored."""
+        order, not here by time scored. Yielded as they are fetched (the store's lock held
+        until the last): a report keeps what it makes of each, not a second copy of the history."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
-        rows = self.query(
+        rows = self._query_in_batches(
             "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
             "coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage FROM score_runs r "
             "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL "
@@ -68,11 +80,23 @@ class ReportRows(StoreConnection):
             "FROM history GROUP BY lineage, repo, model_sha) "
             f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
             "ON run.run_id = s.newest ORDER BY run.lineage, run.repo, run.commit_sha", [start, *params])
-        out = []
         for row in rows:
             counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))
-            out.append(ReportCarriedRow(self._report_score_row(row), counted, best))
-        return out
+            yield ReportCarriedRow(self._report_score_row(row), counted, best)
+
+    def _query_in_batches(self, sql: str, params: Sequence[Any]) -> Iterator[dict[str, Any]]:
+        """`query`'s rows, fetched a batch at a time: a caller that turns each into a smaller
+        object holds one copy of a 10^5-row history, not three (DuckDB's, the dicts, its own).
+        Holds the store's lock until the last row is read."""
+        with self._lock:
+            cur = self.conn.execute(sql, params)
+            if cur.description is None:
+                raise StoreError(f"{self.path} was closed while a query on it ran",
+                                 hint="the daemon is stopping; the job runs again on the next start")
+            columns = [d[0] for d in cur.description]
+            while batch := cur.fetchmany(_BATCH_ROWS):
+                for values in batch:
+                    yield dict(zip(columns, values))
 
     def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
         """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""
@@ -80,19 +104,31 @@ class ReportRows(StoreConnection):
                                "ORDER BY evaluated_at, id", [policy, start, end], ("detail",))
         return [PredictionRow.from_row(row) for row in rows]
 
-    def report_carried_predictions(self, policy: str, *, start: datetime, skip_state: str) -> list[PredictionRow]:
-        """Each (task, lineage, checkpoint)'s state at `start`: the policy's newest prediction of
-        it evaluated by then whose state is not `skip_state` (one row each; a window function).
-        Their `detail` is left empty ({}): a report needs it for a few of them only, which
-        `prediction_details` reads in one query (decoding every carried detail of the history
-        cost more than the rest of the report)."""
-        rows = self.query(
-            "SELECT * EXCLUDE (newest, detail), '{}' AS detail FROM (SELECT *, row_number() OVER (PARTITION BY "
-            "task, lineage, repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions "
-            "WHERE policy = ? AND evaluated_at <= ? AND state != ?) WHERE newest = 1 "
-            "ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state])
-        for row in rows:
-            row["detail"] = {}
+    def report_carried_keys(self, policy: str, *, start: datetime,
+                            skip_state: str) -> list[tuple[int, str, str, str, str, int]]:
+        """Each (task, lineage, checkpoint)'s state at `start` as (id, task, lineage, repo,
+        commit_sha, evaluated_at in microseconds since the epoch): the policy's newest prediction of it evaluated by then whose
+        state is not `skip_state` (one row each; a window function), ordered by task, lineage,
+        evaluated_at, id. Only keys: a report chooses the few it reads whole (`predictions_by_id`)
+        in training order; building a row of each of the history's 10^5 states was most of its time."""
+        with self._lock:
+            return [tuple(row) for row in self.conn.execute(
+                # the time as microseconds since the epoch: compared only, and a 10^5-row history's
+                # conversions to zoned datetimes cost more than the rest of the read
+                "SELECT id, task, lineage, repo, commit_sha, epoch_us(evaluated_at) FROM (SELECT id, task, lineage, repo, "
+                "commit_sha, evaluated_at, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
+                "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions "
+                "WHERE policy = ? AND evaluated_at <= ? AND state != ?) WHERE newest = 1 "
+                "ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state]).fetchall()]
+
+    def predictions_by_id(self, ids: Sequence[int]) -> list[PredictionRow]:
+        """The predictions among `ids` (detail decoded), ordered by task, lineage, evaluated_at,
+        id (one query, whatever their number)."""
+        if not ids:
+            return []
+        rows = self.query_json("SELECT * FROM predictions WHERE id IN (SELECT unnest(?::BIGINT[])) "
+                               "ORDER BY task, lineage, evaluated_at, id", [sorted(set(int(i) for i in ids))],
+                               ("detail",))
         return [PredictionRow.from_row(row) for row in rows]
 
     def prediction_details(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:

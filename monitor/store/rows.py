@@ -27,6 +27,7 @@ EVALUATION_AXIS_COLUMNS = ("ce", "ce_unigram", "l_rel", "l_gain", "bits_per_byte
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}   # each row class's field names, read once
+_FIELD_SETS: dict[type, frozenset[str]] = {}     # the same, as a set
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,9 @@ class Row:
         names = _FIELD_NAMES.get(cls)
         if names is None:
             names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-        if len(row) == len(names) and all(n in row for n in names):  # the common case, checked cheaply
-            return cls(**{n: row[n] for n in names})
+            _FIELD_SETS[cls] = frozenset(names)
+        if row.keys() == _FIELD_SETS[cls]:  # the common case, compared as sets (a report reads 10^5 rows)
+            return cls(**row)
         missing = [n for n in names if n not in row]
         extra = [c for c in row if c not in names]
         if missing or extra:
