@@ -1,5 +1,6 @@
 """`lstar demo` end to end, as a subprocess: the shipped curve fitted on seed 0 of the demo's lab,
-seed 1 trained here and published on the fake Hub one checkpoint per daemon pass, the daemon's own
+seed 1 trained here and four of its twelve checkpoints (the first, the last, two between: clear,
+at risk, at risk, emerged; `--checkpoints 4`) published on the fake Hub one per daemon pass, the daemon's own
 evaluation of the task on checkpoints predicted at risk or emerged, local webhook and SMTP
 receivers, a report; then what it produced is checked in the files and the database, the
 observations' intervals against scipy's beta quantiles."""
@@ -27,8 +28,13 @@ ORDER = ("clear", "at_risk", "emerged")
 
 def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     workdir = tmp_path / "demo"
+    # Four checkpoints, not the default twelve: each daemon pass is nearly all one score of the 78
+    # documents, a checkpoint's score and prediction do not depend on the others published, and
+    # 95, 475, 760 and 1139 still go clear → at_risk → emerged with the last one past the edge.
+    # Every check below holds for any number of checkpoints (the demo's default shows all twelve).
     proc = subprocess.run([sys.executable, "-m", "monitor.cli", "demo", "--json", "--workdir", str(workdir),
-                           "--shared", str(shared_dir)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+                           "--shared", str(shared_dir), "--checkpoints", "4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)
     assert summary["ok"] is True and summary["history"] == "shipped"
@@ -59,7 +65,7 @@ def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir:
     # daemon pass, so discovery times follow the steps.
     steps = summary["lineage"]["states"]
     n = len(steps)
-    assert [s["step"] for s in steps] == sorted(s["step"] for s in steps) and n >= 4
+    assert [s["step"] for s in steps] == sorted(s["step"] for s in steps) and n == 4
     assert {r["model_repo"] for r in runs} == {REPO} and len(runs) == n
     by_sha = {r["sha"]: r for r in found}
     discovered = [by_sha[s["sha"]]["discovered_at"] for s in steps]
