@@ -19,13 +19,32 @@ import pytest
 from monitor.demo.run import EVALUATIONS_PER_DAY
 from monitor.store import Store
 
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "demo-org/gpt2-lab"
 ORDER = ("clear", "at_risk", "emerged")
 
 
+def test_checkpoints_publishes_evenly_spaced_steps_from_the_first_to_the_last(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from monitor.cli import app
+    from monitor.demo.run import published_steps
+    from monitor.errors import LstarError
+
+    steps = [95 * i for i in range(1, 12)] + [1139]         # the live lineage's twelve steps
+    # by hand: indices 0, 11/3 ≈ 3.67 → 4, 22/3 ≈ 7.33 → 7, 11
+    assert published_steps(steps, 4) == [95, 475, 760, 1139]
+    assert published_steps(steps, 2) == [95, 1139]
+    assert published_steps(steps) == published_steps(steps, 12) == published_steps(steps, 40) == steps
+    with pytest.raises(LstarError, match="at least the first and the last"):
+        published_steps(steps, 1)
+    # the command refuses it before anything is made
+    result = CliRunner().invoke(app, ["demo", "--workdir", str(tmp_path / "demo"), "--checkpoints", "1"])
+    assert result.exit_code == 2 and "--checkpoints" in result.output
+    assert not (tmp_path / "demo").exists()
+
+
+@pytest.mark.slow
 def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     workdir = tmp_path / "demo"
     # Four checkpoints, not the default twelve: each daemon pass is nearly all one score of the 78
