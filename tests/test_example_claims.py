@@ -139,7 +139,7 @@ def test_the_readmes_state_the_budget_checks_numbers() -> None:
 
 @pytest.mark.slow
 def test_the_bivariate_shift_bootstrap_uses_the_artifacts_resamples() -> None:
-    """The script's bivariate paired bootstrap (1000 refits, ~20 s) gives back the committed
+    """The script's bivariate paired bootstrap (1000 refits, a few CPU-seconds) gives back the committed
     numbers, and each level's crossing percentiles are the artifact's stored ones: the same
     resamples as the table's intervals."""
     spec = importlib.util.spec_from_file_location("budget_checks", POST / "budget_checks.py")

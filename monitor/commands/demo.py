@@ -125,6 +125,12 @@ def register(app: typer.Typer) -> None:
                                               "using the shipped one (about as long again as the demo itself)."),
         save_history_curve: Path = typer.Option(None, "--save-history-curve",
                                                  help="With --fit-history: also write the fitted curve here."),
+        checkpoints: int = typer.Option(None, "--checkpoints", min=2,
+                                        help="Publish only this many of the live lineage's twelve checkpoints, "
+                                             "evenly spaced from the first to the last (default: all twelve). "
+                                             "Each is one daemon pass, nearly all of it one score, so 4 takes "
+                                             "about a third of the passes' time and still shows clear, at risk "
+                                             "and emerged; the lineage is trained in full either way."),
     ) -> None:
         """Run discovery → gate → score → predict → evaluate → alert → report offline; exit 0 when
         the loop closed.
@@ -140,7 +146,8 @@ def register(app: typer.Typer) -> None:
                                   param_hint="--save-history-curve")
             # progress bars when stderr is a terminal; elsewhere a line per quarter of training and per pass
             summary = run_demo(workdir, shared_dir=shared, fit_history=fit_history,
-                               save_history_curve=save_history_curve, progress=console.is_terminal,
+                               save_history_curve=save_history_curve, checkpoints=checkpoints,
+                               progress=console.is_terminal,
                                log=lambda line: console.print(Text.assemble(("demo:", "dim"), f" {line}"),
                                                               soft_wrap=True))
         except DemoFailed as exc:  # a stage raised before the loop could run: nothing else to show

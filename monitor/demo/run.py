@@ -61,9 +61,23 @@ WORKDIR_MARKER = ".lstar-demo"
 DEMO_ENTRIES = frozenset({WORKDIR_MARKER, "state", "models", "policies", "received", "hf-cache"})
 
 
-def published_steps(steps: list[int]) -> list[int]:
-    """The live lineage's checkpoints the demo publishes, in order: all of them."""
-    return list(steps)
+def published_steps(steps: list[int], count: int | None = None) -> list[int]:
+    """The live lineage's checkpoints the demo publishes, in order: all of them, or `count` of
+    them evenly spaced from the first to the last (the last checkpoint, the one furthest past
+    the jump, is always published; rounding to the nearest index, halves to even).
+
+    Fewer checkpoints mean fewer daemon passes, each nearly all one score of the 78 documents:
+    a quicker run (the end-to-end test publishes four: 95, 475, 760 and 1139, clear, at risk,
+    at risk, emerged) that still shows the whole emergence, since each checkpoint's score and
+    prediction do not depend on the others published."""
+    steps = list(steps)
+    if count is None or count >= len(steps):
+        return steps
+    if count < 2:
+        raise LstarError(f"--checkpoints {count}: the demo publishes at least the first and the last checkpoint",
+                         hint=f"use --checkpoints 2 to {len(steps)} (4 or more show clear, at risk and emerged)")
+    last = len(steps) - 1
+    return [steps[round(i * last / (count - 1))] for i in range(count)]
 
 
 def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
@@ -277,14 +291,16 @@ def _evaluations(store: Any, repo: str, step_of: dict[str, int]) -> list[dict[st
 
 
 def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_history: bool = False,
-             save_history_curve: str | Path | None = None,
+             save_history_curve: str | Path | None = None, checkpoints: int | None = None,
              log: Callable[[str], None] = lambda _: None, progress: bool = False) -> dict[str, Any]:
     """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
 
     `summary["ok"]` is True when the loop closed: each local receiver got at least one
     alert and a report was written; when not, `failed_stage` and `failure` say where and why.
     `fit_history` fits the history curve here (seed 0) instead of using the shipped one;
-    `save_history_curve` then also writes it there. `progress` draws bars on stderr for training
+    `save_history_curve` then also writes it there. `checkpoints` publishes that many of the live
+    lineage's checkpoints, evenly spaced from the first to the last (`published_steps`; None:
+    all of them); the lineage is trained in full either way. `progress` draws bars on stderr for training
     and for the daemon passes (counts, elapsed, time left as measured); without it `log` gets a
     line at each quarter of training and after each pass, with the time left at the pace measured. Raises `DemoFailed` when a stage raised
     (preparing, the history, training, or a publication or daemon pass that could not run).
@@ -305,6 +321,10 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     named = Path(workdir).absolute()      # as given: `prepare_workdir` refuses a symbolic link
     workdir = named.resolve()
     with _stage("prepare"):
+        if checkpoints is not None:     # refused before minutes of training, not after
+            from monitor.lab.demo import DEMO_FRACTIONS
+
+            published_steps(list(range(len(DEMO_FRACTIONS))), checkpoints)
         if save_history_curve is not None:
             save_history_curve = check_save_path(Path(save_history_curve), workdir)
         prepare_workdir(named)
@@ -373,7 +393,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                           audit=str(workdir / "received" / "audit.jsonl"))
         config = DaemonConfig(policies_dir=policy_path.parent, state_dir=state, endpoint=hub.url, api_port=0,
                               once=True, once_summary=False, cache_dir=workdir / "hf-cache", template=request)
-        published = {step: folders[step] for step in published_steps(sorted(folders))}
+        published = {step: folders[step] for step in published_steps(sorted(folders), checkpoints)}
         log(f"fake Hub at {hub.url}; publishing {len(published)} checkpoints of {repo} one at a time, the "
             "daemon polling once after each (discover, gate, score, predict, evaluate, alert; the report "
             "after the last)")
