@@ -8,13 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from monitor.store.connection import StoreConnection
+from monitor.store.lineage_batch import PLACEMENT_META
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
-
-
-# The meta keys `training_order.commit_date` reads, as a JSON object of the same shape (a key
-# whose value is absent is null, which it reads as absent too).
-_PLACEMENT_META = ("json_object('gate', json_object('commit_date', json_extract({meta}, '$.gate.commit_date')), "
-                   "'listing', json_object('last_modified', json_extract({meta}, '$.listing.last_modified')))")
 
 
 class ReportRows(StoreConnection):
@@ -30,7 +25,7 @@ class ReportRows(StoreConnection):
         "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at, "
         # of the ~2 KB meta, only what places a checkpoint in training order (`training_order.place`):
         # decoding whole metas of every checkpoint ever scored was most of a report's time
-        f"{_PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta "
+        f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
         "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
