@@ -18,6 +18,22 @@ from monitor.store.lineage_batch import PLACEMENT_META, LineageBatch, decoded, p
 from monitor.training_order import current_checkpoint, lineage_order
 
 
+# What places the checkpoint of each run of a CTE `runs` (checkpoint_id, model_repo, model_sha) in
+# its lineage: refs, discovery time and, of the ~2 KB meta, only the keys training order reads
+# (reading and decoding whole metas was most of an evaluation tick's time). The checkpoints are
+# read for those runs only (a semi-join each), not joined whole: a run names its checkpoint by id,
+# or (recorded before ids) by repo and commit.
+_PLACE_COLUMNS = ("coalesce(c1.refs, c2.refs) AS refs, "
+                  f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta, "
+                  "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at")
+_RUN_CHECKPOINTS = (
+    "LEFT JOIN (SELECT id, refs, meta, discovered_at FROM checkpoints WHERE id IN "
+    "(SELECT checkpoint_id FROM runs)) c1 ON c1.id = runs.checkpoint_id "
+    "LEFT JOIN (SELECT repo, sha, refs, meta, discovered_at FROM checkpoints WHERE (repo, sha) IN "
+    "(SELECT model_repo, model_sha FROM runs WHERE checkpoint_id IS NULL)) c2 "
+    "ON runs.checkpoint_id IS NULL AND c2.repo = runs.model_repo AND c2.sha = runs.model_sha")
+
+
 def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
                        *, judged_only: bool = True, lineages: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Each checkpoint (policy, task) has judged (of `lineage`, or of every lineage; `task`
@@ -38,19 +54,17 @@ def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence
     if judged_only:
         where += " AND state != 'not_evaluated'"
     rows = store.query(
-        "SELECT p.id, p.policy, p.task, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, p.curve_id, "
-        "coalesce(json_extract_string(p.detail, '$.reason'), '') AS reason, p.evaluated_at, r.finished_at, "
-        "coalesce(c1.refs, c2.refs) AS refs, "
-        # of the ~2 KB meta, only what places the checkpoint (reading and decoding whole metas of
-        # every checkpoint of the lineages was most of an evaluation tick's time)
-        f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta, "
-        "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM "
-        "(SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
-        f"ORDER BY evaluated_at DESC, id DESC) AS n FROM predictions WHERE {where}) p "
-        "JOIN score_runs r ON r.run_id = p.run_id "
-        "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-        "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-        "WHERE p.n = 1 ORDER BY p.task, p.lineage, p.repo, p.commit_sha", params)
+        # the newest prediction of each checkpoint (only the columns used: a materialized CTE keeps
+        # what it is given) with its run, then the checkpoints of those runs only
+        "WITH runs AS MATERIALIZED (SELECT p.*, r.finished_at, r.checkpoint_id, r.model_repo, r.model_sha FROM "
+        "(SELECT id, policy, task, run_id, repo, commit_sha, lineage, state, threshold, curve_id, detail, evaluated_at, "
+        "row_number() OVER (PARTITION BY task, lineage, repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS n "
+        f"FROM predictions WHERE {where}) p JOIN score_runs r ON r.run_id = p.run_id WHERE p.n = 1) "
+        "SELECT runs.id, runs.policy, runs.task, runs.run_id, runs.repo, runs.commit_sha, runs.lineage, runs.state, "
+        "runs.threshold, runs.curve_id, coalesce(json_extract_string(runs.detail, '$.reason'), '') AS reason, "
+        "runs.evaluated_at, runs.finished_at, "
+        f"{_PLACE_COLUMNS} FROM runs {_RUN_CHECKPOINTS} "
+        "ORDER BY runs.task, runs.lineage, runs.repo, runs.commit_sha", params)
     for row in rows:
         row["refs"] = decoded(row["refs"], [])
         row["meta"] = decoded(row["meta"], {})
@@ -247,12 +261,10 @@ class AlertRows(StoreConnection):
         run_places = {r["run_id"]: {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                     "discovered_at": r["discovered_at"], "finished_at": r["finished_at"]}
                       for r in self.query(
-            "SELECT r.run_id, r.finished_at, coalesce(c1.refs, c2.refs) AS refs, "
-            f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta, "
-            "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM score_runs r "
-            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-            "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-            "WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))", [run_ids])} if runs else {}
+            "WITH runs AS MATERIALIZED (SELECT run_id, finished_at, checkpoint_id, model_repo, model_sha "
+            "FROM score_runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))) "
+            f"SELECT runs.run_id, runs.finished_at, {_PLACE_COLUMNS} FROM runs {_RUN_CHECKPOINTS}",
+            [run_ids])} if runs else {}
         scope = "policy = ? AND task = ? AND lineage IN (SELECT unnest(?::VARCHAR[]))"
         firing = self.query(
             f"SELECT id, lineage, labels, starts_at, state, commit_sha, created_at FROM alerts WHERE {scope} "
