@@ -261,8 +261,8 @@ class AlertRows(StoreConnection):
         run_places = {r["run_id"]: {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                     "discovered_at": r["discovered_at"], "finished_at": r["finished_at"]}
                       for r in self.query(
-            "WITH runs AS MATERIALIZED (SELECT run_id, finished_at, checkpoint_id, model_repo, model_sha "
-            "FROM score_runs WHERE run_id IN (SELECT unnest(?::VARCHAR[]))) "
+            "WITH runs AS MATERIALIZED (SELECT r.run_id, r.finished_at, r.checkpoint_id, r.model_repo, r.model_sha "
+            "FROM score_runs r WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))) "
             f"SELECT runs.run_id, runs.finished_at, {_PLACE_COLUMNS} FROM runs {_RUN_CHECKPOINTS}",
             [run_ids])} if runs else {}
         scope = "policy = ? AND task = ? AND lineage IN (SELECT unnest(?::VARCHAR[]))"
