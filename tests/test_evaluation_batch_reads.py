@@ -63,10 +63,10 @@ def test_placed_predictions_read_what_whole_rows_say(tmp_path: Path) -> None:
         expected = naive_placed(store, policy.name, task)
         got = placed_predictions(store, policy.name, task)
         assert len(got) == len(expected) > 20
+        in_order = sorted(got, key=lambda r: (r["lineage"], r["repo"], r["commit_sha"]))
         assert [{"id": r["id"], "run_id": r["run_id"], "state": r["state"], "finished_at": r["finished_at"],
                  "refs": r["refs"], "commit_date": commit_date(r["refs"], r["meta"]),
-                 "discovered_at": r["discovered_at"]} for r in sorted(got, key=lambda r: (r["lineage"], r["repo"],
-                                                                                           r["commit_sha"]))] == expected
+                 "discovered_at": r["discovered_at"]} for r in in_order] == expected
         assert all(r["commit_date"] is not None for r in expected)   # the meta's date came through
         # of the ~2 KB meta, only the keys that place a checkpoint are read
         assert all(set(r["meta"]) == {"gate", "listing"} for r in got)

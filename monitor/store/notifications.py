@@ -37,11 +37,12 @@ class NotificationRows(StoreConnection):
         keys = sorted(set(groups))
         if not keys:
             return {}
+        columns = [[k[i] for k in keys] for i in range(3)]
         rows = self.conn.execute(
             "SELECT g.policy, g.receiver, g.group_key, g.last_created_at FROM notification_groups g "
             "JOIN (SELECT unnest(?::VARCHAR[]) AS policy, unnest(?::VARCHAR[]) AS receiver, "
             "unnest(?::VARCHAR[]) AS group_key) k ON g.policy = k.policy AND g.receiver = k.receiver "
-            "AND g.group_key = k.group_key", [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]).fetchall()
+            "AND g.group_key = k.group_key", columns).fetchall()
         return {(r[0], r[1], r[2]): r[3] for r in rows}
 
     def create_notification(self, notification: Mapping[str, Any], delivery_ids: Sequence[int], *,
