@@ -10,10 +10,23 @@ knots and band, so a report's η̂ is always that of the level it prints.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import numpy as np
+
+
+@functools.lru_cache(maxsize=64)
+def two_sided_z(confidence: float) -> float:
+    """z with P(|Z| ≤ z) = `confidence` for a standard normal Z: the value
+    `scipy.stats.norm.ppf(0.5 + confidence / 2)` returns, from `scipy.special.ndtri`, which is
+    what that calls. Importing scipy.stats (about 0.7 CPU-s) was most of a fresh daemon's first
+    evaluation tick, and its per-call argument checks most of each prediction's arithmetic; the
+    answer is kept per confidence (a policy has one or two)."""
+    from scipy.special import ndtri  # imported here: this module stays numpy only at import time
+
+    return float(ndtri(0.5 + confidence / 2.0))
 
 
 def predicted_interval(lstar: float, se: float, z: float, band_x: Sequence[float], band_lower: Sequence[float],

@@ -38,6 +38,7 @@ from typing import Any
 
 from monitor.alerts.predict import TaskPrediction, make_prediction, predict_task
 from monitor.alerts.rules import ScoreView
+from monitor.bands import two_sided_z
 from monitor.curves import ScoringRef
 from monitor.curves.artifact import score_axis_value
 from monitor.errors import CurveError
@@ -60,9 +61,7 @@ class Judgement:
 
 
 def _z(confidence: float) -> float:
-    from scipy.stats import norm  # imported here: loading alerts must stay cheap
-
-    return float(norm.ppf(0.5 + confidence / 2.0))
+    return two_sided_z(confidence)
 
 
 def _spec(score: ScoreView) -> dict[str, Any]:

@@ -174,11 +174,10 @@ def disabled_delivery(store: Store, delivery: PendingDeliveryRow, now: datetime)
     return Stop()
 
 
-def group_throttle(store: Store, policy: str, receiver: str, key: str,
-                   members: Sequence[PendingDeliveryRow], now: datetime) -> Stop | None:
+def group_throttle(key: str, receiver: str, last: datetime | None, members: Sequence[PendingDeliveryRow],
+                   now: datetime) -> Stop | None:
     """Stage throttle for a group: it waits group_wait after its first alert and
-    group_interval after its previous notification."""
-    last = store.last_notification_at(policy, receiver, key)
+    group_interval after its previous notification (`last`: when that was created, or None)."""
     due = group_due_at(min(m.created_at for m in members), last,
                        group_wait=timedelta(seconds=min(m.group_wait_s for m in members)),
                        group_interval=timedelta(seconds=min(m.group_interval_s for m in members)))
@@ -366,9 +365,11 @@ class Dispatcher:
                 report.stopped(stop)
                 continue
             groups.setdefault((d.policy, d.receiver, d.group_key), []).append(d)
+        # each group's previous notification, read at once (forming one group changes only its own)
+        last_sent = self.store.last_notification_times(list(groups))
         for (policy_name, receiver, key), members in groups.items():
             policy = self.policies[policy_name]
-            stop = group_throttle(self.store, policy_name, receiver, key, members, now)
+            stop = group_throttle(key, receiver, last_sent.get((policy_name, receiver, key)), members, now)
             chunks = stop if stop is not None else group_chunks(policy, receiver, members)
             if isinstance(chunks, Stop):
                 report.stopped(chunks)

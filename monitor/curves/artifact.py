@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from monitor.bands import (extrapolation_distance, extrapolation_words, predicted_interval, threshold_crossing,
-                           widen_beyond)
+                           two_sided_z, widen_beyond)
 from monitor.curves.axes import AXES, axis_value
 from monitor.errors import CurveError, PolicyError
 from monitor.files import FileKind, NotJsonError, read_bounded_json
@@ -542,9 +542,7 @@ def predict(curve: CurveArtifact, x: float, se: float = 0.0, *,
     if not math.isfinite(se) or se < 0:
         raise CurveError(f"the standard error must be a finite number ≥ 0, got {se}")
     check_compatible(curve, corpus_sha256=corpus_sha256, scoring_spec=scoring_spec)
-    from scipy.stats import norm  # imported here: loading this module must stay cheap
-
-    z = float(norm.ppf(0.5 + curve.confidence / 2.0))
+    z = two_sided_z(curve.confidence)
     p_hat, lower, upper = predicted_interval(lstar, se, z, curve.band.x, curve.band.lower, curve.band.upper,
                                              curve.knots.x, curve.knots.y)
     p_hat, upper = _sigmoid_beyond_grid(curve, lstar, z * se, p_hat, upper)

@@ -14,8 +14,24 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
-from monitor.store.lineage_batch import LineageBatch, decoded, placement_of, tiebreak_of
+from monitor.store.lineage_batch import PLACEMENT_META, LineageBatch, decoded, placement_of, tiebreak_of
 from monitor.training_order import current_checkpoint, lineage_order
+
+
+# What places the checkpoint of each run of a CTE `runs` (checkpoint_id, model_repo, model_sha) in
+# its lineage: refs, discovery time and, of the ~2 KB meta, only the keys training order reads
+# (reading and decoding whole metas was most of an evaluation tick's time). The checkpoints are
+# read for those runs only (a semi-join each), not joined whole: a run names its checkpoint by id,
+# or (recorded before ids) by repo and commit.
+_PLACE_COLUMNS = ("coalesce(c1.refs, c2.refs) AS refs, "
+                  f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta, "
+                  "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at")
+_RUN_CHECKPOINTS = (
+    "LEFT JOIN (SELECT id, refs, meta, discovered_at FROM checkpoints WHERE id IN "
+    "(SELECT checkpoint_id FROM runs)) c1 ON c1.id = runs.checkpoint_id "
+    "LEFT JOIN (SELECT repo, sha, refs, meta, discovered_at FROM checkpoints WHERE (repo, sha) IN "
+    "(SELECT model_repo, model_sha FROM runs WHERE checkpoint_id IS NULL)) c2 "
+    "ON runs.checkpoint_id IS NULL AND c2.repo = runs.model_repo AND c2.sha = runs.model_sha")
 
 
 def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence[str], lineage: str | None = None,
@@ -38,16 +54,17 @@ def placed_predictions(store: StoreConnection, policy: str, task: str | Sequence
     if judged_only:
         where += " AND state != 'not_evaluated'"
     rows = store.query(
-        "SELECT p.id, p.policy, p.task, p.run_id, p.repo, p.commit_sha, p.lineage, p.state, p.threshold, p.curve_id, "
-        "coalesce(json_extract_string(p.detail, '$.reason'), '') AS reason, p.evaluated_at, r.finished_at, "
-        "coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
-        "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM "
-        "(SELECT *, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
-        f"ORDER BY evaluated_at DESC, id DESC) AS n FROM predictions WHERE {where}) p "
-        "JOIN score_runs r ON r.run_id = p.run_id "
-        "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-        "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-        "WHERE p.n = 1 ORDER BY p.task, p.lineage, p.repo, p.commit_sha", params)
+        # the newest prediction of each checkpoint (only the columns used: a materialized CTE keeps
+        # what it is given) with its run, then the checkpoints of those runs only
+        "WITH runs AS MATERIALIZED (SELECT p.*, r.finished_at, r.checkpoint_id, r.model_repo, r.model_sha FROM "
+        "(SELECT id, policy, task, run_id, repo, commit_sha, lineage, state, threshold, curve_id, detail, evaluated_at, "
+        "row_number() OVER (PARTITION BY task, lineage, repo, commit_sha ORDER BY evaluated_at DESC, id DESC) AS n "
+        f"FROM predictions WHERE {where}) p JOIN score_runs r ON r.run_id = p.run_id WHERE p.n = 1) "
+        "SELECT runs.id, runs.policy, runs.task, runs.run_id, runs.repo, runs.commit_sha, runs.lineage, runs.state, "
+        "runs.threshold, runs.curve_id, coalesce(json_extract_string(runs.detail, '$.reason'), '') AS reason, "
+        "runs.evaluated_at, runs.finished_at, "
+        f"{_PLACE_COLUMNS} FROM runs {_RUN_CHECKPOINTS} "
+        "ORDER BY runs.task, runs.lineage, runs.repo, runs.commit_sha", params)
     for row in rows:
         row["refs"] = decoded(row["refs"], [])
         row["meta"] = decoded(row["meta"], {})
@@ -145,7 +162,8 @@ class AlertRows(StoreConnection):
 
     def _checkpoint_place(self, repo: str, commit: str) -> dict[str, Any]:
         """What places a checkpoint no prediction names yet in its lineage (refs, meta, discovery)."""
-        found = self.query("SELECT refs, meta, discovered_at FROM checkpoints WHERE repo = ? AND sha = ? "
+        found = self.query(f"SELECT refs, {PLACEMENT_META.format(meta='meta')} AS meta, discovered_at "
+                           "FROM checkpoints WHERE repo = ? AND sha = ? "
                            "ORDER BY id DESC LIMIT 1", [repo, commit])
         row = found[0] if found else {"refs": None, "meta": None, "discovered_at": None}
         return {"refs": decoded(row["refs"], []), "meta": decoded(row["meta"], {}),
@@ -234,7 +252,8 @@ class AlertRows(StoreConnection):
         keys = "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha)"
         checkpoints = {(r["repo"], r["sha"]): {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                                "discovered_at": r["discovered_at"]} for r in self.query(
-            f"SELECT c.repo, c.sha, c.refs, c.meta, c.discovered_at FROM checkpoints c JOIN {keys} k "
+            f"SELECT c.repo, c.sha, c.refs, {PLACEMENT_META.format(meta='c.meta')} AS meta, c.discovered_at "
+            f"FROM checkpoints c JOIN {keys} k "
             "ON c.repo = k.repo AND c.sha = k.sha "
             "QUALIFY row_number() OVER (PARTITION BY c.repo, c.sha ORDER BY c.id DESC) = 1",
             [repos, commits])} if runs else {}
@@ -242,11 +261,10 @@ class AlertRows(StoreConnection):
         run_places = {r["run_id"]: {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                     "discovered_at": r["discovered_at"], "finished_at": r["finished_at"]}
                       for r in self.query(
-            "SELECT r.run_id, r.finished_at, coalesce(c1.refs, c2.refs) AS refs, coalesce(c1.meta, c2.meta) AS meta, "
-            "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at FROM score_runs r "
-            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-            "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha "
-            "WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))", [run_ids])} if runs else {}
+            "WITH runs AS MATERIALIZED (SELECT r.run_id, r.finished_at, r.checkpoint_id, r.model_repo, r.model_sha "
+            "FROM score_runs r WHERE r.run_id IN (SELECT unnest(?::VARCHAR[]))) "
+            f"SELECT runs.run_id, runs.finished_at, {_PLACE_COLUMNS} FROM runs {_RUN_CHECKPOINTS}",
+            [run_ids])} if runs else {}
         scope = "policy = ? AND task = ? AND lineage IN (SELECT unnest(?::VARCHAR[]))"
         firing = self.query(
             f"SELECT id, lineage, labels, starts_at, state, commit_sha, created_at FROM alerts WHERE {scope} "

@@ -60,7 +60,19 @@ class EvaluationGapRows(StoreConnection):
         """The `not_evaluated` records that are the newest prediction of their (task, lineage)'s
         current checkpoint (the latest in training order, `monitor.training_order`): while there
         is one, the policy cannot tell that lineage's state."""
-        current = current_rows(placed_predictions(self, policy, tasks, judged_only=False))
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        # Only a lineage with a `not_evaluated` record can have one as its current checkpoint's
+        # newest prediction: placing those lineages alone (their checkpoints' refs and meta) keeps
+        # the tick that follows new scores from reading every lineage's history.
+        marks = ", ".join("?" for _ in tasks)
+        lineages = [r["lineage"] for r in self.query(
+            f"SELECT DISTINCT lineage FROM predictions WHERE state = '{NOT_EVALUATED}' AND policy = ? "
+            f"AND task IN ({marks})", [policy, *tasks])]
+        if not lineages:
+            return []
+        current = current_rows(placed_predictions(self, policy, tasks, judged_only=False, lineages=lineages))
         rows = sorted((r for r in current if r["state"] == NOT_EVALUATED),
                       key=lambda r: (r["evaluated_at"], r["task"], r["lineage"]))
         return [NotEvaluatedRow.from_row({k: r[k] for k in _OPEN_COLUMNS}) for r in rows]

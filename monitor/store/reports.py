@@ -9,15 +9,10 @@ from typing import Any
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
+from monitor.store.lineage_batch import PLACEMENT_META
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
 
-# The meta keys `training_order.commit_date` reads, as a JSON object of the same shape (a key
-# whose value is absent is null, which it reads as absent too). Both are read by one extraction
-# of a list of paths: each extraction parses the ~2 KB meta, most of a 10^5-row history's query.
-_PLACEMENT_META = ("json_object('gate', json_object('commit_date', {placed}[1]), "
-                   "'listing', json_object('last_modified', {placed}[2]))").format(
-    placed="json_extract({meta}, ['$.gate.commit_date', '$.listing.last_modified'])")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
 
@@ -39,7 +34,7 @@ class ReportRows(StoreConnection):
         # the tcb, the refs and, of the ~2 KB meta, only what places a checkpoint in training
         # order (`training_order.place`): decoding whole metas was most of a report's time.
         "json_array(r.tcb, coalesce(c1.refs, c2.refs), "
-        f"{_PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')}) AS json_columns "
+        f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')}) AS json_columns "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
         "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
