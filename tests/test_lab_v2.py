@@ -223,13 +223,17 @@ def test_race_rows_refuse_a_version_1_record() -> None:
     assert "lstar-lab/2" in info.value.one_line()
 
 
+# Resuming is checked on less text: every 20th calib-v0 document and 40 cloze items (the lab's
+# own sizes are the module fixture's). Whether a finished lineage is reused and the lab.json
+# comes out byte for byte the same does not depend on how much text each checkpoint scores.
 RESUME = textwrap.dedent("""
     import sys
     from pathlib import Path
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
     if __name__ == "__main__":
-        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1))
+        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
+                                     calib_corpus=Path(sys.argv[4]), n_cloze=40)
         config = config.with_(sizes=config.sizes[:1])
         run_race(config, Path(sys.argv[1]), workers=1, progress=False)
 """)
@@ -237,15 +241,18 @@ RESUME = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path, shared_dir: Path) -> None:
+    from support.lab_calib import calib_subset
+
     script = tmp_path / "race.py"
     script.write_text(RESUME)
     pool = _pool()
+    calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=20)
 
     def run(out: Path, kill_after: int | None = None) -> subprocess.CompletedProcess:
         env = _env()
         if kill_after:
             env["LSTAR_LAB_KILL_AFTER_LINEAGES"] = str(kill_after)
-        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir)], cwd=REPO_ROOT,
+        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib)], cwd=REPO_ROOT,
                               env=env, capture_output=True, text=True, timeout=1800)
 
     whole = run(tmp_path / "whole")

@@ -139,9 +139,14 @@ def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_traini
 @pytest.mark.slow
 def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_set(
         families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
+    from support.lab_calib import shared_with_small_calib
+
     from monitor.lab.record_file import load_lab
 
     assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
+    # The secondary text is every 20th calib-v0 document: scoring the whole of it was half of each
+    # lineage's CPU, and which families are raced and recorded does not depend on its size.
+    shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
