@@ -37,22 +37,37 @@ def _env() -> dict[str, str]:
     return env
 
 
+# The module's race scores every 20th document of calib-v0 (11 documents) instead of all 216:
+# scoring the whole corpus at each of the 8 checkpoints was half of the race's CPU, and every
+# check below (the whole of the calib corpus given is scored, its unigram baseline, the rows)
+# holds for any calib corpus; the numbers are compared against that corpus's own files.
+CALIB_EVERY = 20
+
+
 @pytest.fixture(scope="module")
-def race_dir(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
+def race_shared(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> Path:
+    """A `--shared` folder: the real tokenizers, and every CALIB_EVERY-th calib-v0 document."""
+    from support.lab_calib import shared_with_small_calib
+
+    return shared_with_small_calib(shared_dir, tmp_path_factory.mktemp("race-shared") / "shared", every=CALIB_EVERY)
+
+
+@pytest.fixture(scope="module")
+def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Path:
     """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed. With
     LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained)."""
     out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
         else tmp_path_factory.mktemp("race") / "lab"
     proc = subprocess.run(
         [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
-         "--pool", str(_pool()), "--shared", str(shared_dir), "--workers", "2", "--json"],
+         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "2", "--json"],
         cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
 @pytest.mark.slow
-def test_reduced_race_record_and_rows(race_dir: Path) -> None:
+def test_reduced_race_record_and_rows(race_dir: Path, race_shared: Path) -> None:
     from monitor.lab.record_file import load_lab
     from monitor.lab.records import LabRecordV2, race_rows
 
@@ -65,6 +80,10 @@ def test_reduced_race_record_and_rows(race_dir: Path) -> None:
     assert config["calib_corpus"]["selection"] == "all"
     rows = race_rows(record)
     assert len(rows) == 2 * len(record.checkpoints)
+    # the bytes of the calib corpus's documents, read straight from its file
+    with open(race_shared / "corpus" / "calib-v0" / "documents.jsonl", encoding="utf-8") as fh:
+        calib_bytes = sum(len(json.loads(line)["text"].encode("utf-8")) for line in fh)
+    assert calib_bytes > 20_000
     for family in FAMILIES:
         for size in ("small", "large"):
             cks = sorted((c for c in record.checkpoints if c.family == family and c.size == size),
@@ -75,8 +94,8 @@ def test_reduced_race_record_and_rows(race_dir: Path) -> None:
                 assert add.n == 231 and cloze.n >= 300
                 assert add.baselines["acc"] == pytest.approx(1 / 21) and cloze.baselines["acc"] == 0.25
                 calib = ck.texts["calib"]
-                # the whole of calib-v0 is scored (no every:k selection)
-                assert calib.n_bytes == 606_511
+                # the whole of the calib corpus is scored (no every:k selection)
+                assert calib.n_bytes == calib_bytes
                 for scores in ck.texts.values():
                     assert scores.lstar == pytest.approx(scores.ce - scores.ce_uni)
                     assert scores.lstar_oos == pytest.approx(scores.ce - scores.ce_uni_oos)
@@ -137,7 +156,7 @@ def _naive_float64(checkpoint: Path, tokenizer_dir: Path, texts: list[str], wind
 
 
 @pytest.mark.slow
-def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir: Path, shared_dir: Path) -> None:
+def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir: Path, race_shared: Path) -> None:
     from monitor.lab.pool import heldout_texts, load_pool
     from monitor.lab.record_file import load_lab
     from monitor.scoring import load_corpus, load_tokenizer
@@ -146,6 +165,7 @@ def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir:
     record = load_lab(race_dir)
     config = record.config
     texts = heldout_texts(load_pool(config["pool"]["path"]), config["heldout_bytes"])
+    shared_dir = race_shared            # the race's calib corpus; its tokenizers are shared/'s
     calib = [d.text for d in load_corpus(shared_dir / "corpus" / "calib-v0").documents]
     for family in FAMILIES:
         ck = max((c for c in record.checkpoints if c.family == family and c.size == "small"), key=lambda c: c.step)
@@ -155,7 +175,7 @@ def test_one_checkpoint_per_family_matches_an_independent_float64_loop(race_dir:
         assert got.n_tokens == ref["n_tokens"]
         for key in ("ce", "ce_uni", "lstar", "bits_per_byte"):
             assert getattr(got, key) == pytest.approx(ref[key], abs=2e-5), (family, key)
-        # the baseline of calib-v0 is the in-sample unigram of the whole corpus
+        # the baseline of the calib text is the in-sample unigram of the whole corpus
         handle = load_tokenizer(shared_dir / "tokenizers" / family)
         c = np.bincount(np.concatenate([handle.tokenizer.encode(t, add_special_tokens=False).ids for t in calib]))
         assert ck.texts["calib"].ce_uni == pytest.approx(float(-(c[c > 0] / c.sum() * np.log(c[c > 0] / c.sum())).sum()),
@@ -223,13 +243,17 @@ def test_race_rows_refuse_a_version_1_record() -> None:
     assert "lstar-lab/2" in info.value.one_line()
 
 
+# Resuming is checked on less text: every 20th calib-v0 document and 40 cloze items (the lab's
+# own sizes are the module fixture's). Whether a finished lineage is reused and the lab.json
+# comes out byte for byte the same does not depend on how much text each checkpoint scores.
 RESUME = textwrap.dedent("""
     import sys
     from pathlib import Path
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
     if __name__ == "__main__":
-        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1))
+        config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
+                                     calib_corpus=Path(sys.argv[4]), n_cloze=40)
         config = config.with_(sizes=config.sizes[:1])
         run_race(config, Path(sys.argv[1]), workers=1, progress=False)
 """)
@@ -237,15 +261,18 @@ RESUME = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path, shared_dir: Path) -> None:
+    from support.lab_calib import calib_subset
+
     script = tmp_path / "race.py"
     script.write_text(RESUME)
     pool = _pool()
+    calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=20)
 
     def run(out: Path, kill_after: int | None = None) -> subprocess.CompletedProcess:
         env = _env()
         if kill_after:
             env["LSTAR_LAB_KILL_AFTER_LINEAGES"] = str(kill_after)
-        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir)], cwd=REPO_ROOT,
+        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib)], cwd=REPO_ROOT,
                               env=env, capture_output=True, text=True, timeout=1800)
 
     whole = run(tmp_path / "whole")

@@ -125,10 +125,15 @@ def test_the_record_keeps_the_set_and_refuses_a_raced_family_that_was_dropped() 
 
 def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_training(
         families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
+    from support.lab_calib import shared_with_small_calib
+
     from monitor.lab.config import race_v3_reduced_config
     from monitor.lab.race_v3 import run_race_v3
 
     assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
+    # every 20th calib-v0 document: the family set is checked on it before the refusal, and the
+    # refusal depends only on how many families are kept
+    shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
     config = race_v3_reduced_config(SAMPLE_POOL, shared_dir, families_dir=families_dir)
     with pytest.raises(LabError, match="2 of 4 families kept .* at least 20"):
         run_race_v3(config.with_(families=("gpt2", "smollm2", "pool-bpe-1k", "gpt2-merges-8k")), tmp_path / "lab",
@@ -139,9 +144,14 @@ def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_traini
 @pytest.mark.slow
 def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_set(
         families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
+    from support.lab_calib import shared_with_small_calib
+
     from monitor.lab.record_file import load_lab
 
     assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
+    # The secondary text is every 20th calib-v0 document: scoring the whole of it was half of each
+    # lineage's CPU, and which families are raced and recorded does not depend on its size.
+    shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"

@@ -309,10 +309,15 @@ def test_the_v3_config_has_one_size_and_keeps_v2s_validators(shared_dir: Path, t
 @pytest.mark.slow
 def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None:
     """`lstar lab run3 --size reduced`: two families, one tiny size, one seed; then a second
-    sitting reuses every lineage and writes the same lab.json byte for byte."""
+    sitting reuses every lineage and writes the same lab.json byte for byte. The secondary text
+    is every 20th calib-v0 document (`--shared` a folder with the real tokenizers): scoring the
+    whole of it was half of each lineage's CPU, and nothing here depends on its size."""
+    from support.lab_calib import shared_with_small_calib
+
     from monitor.lab.record_file import load_lab
     from monitor.lab.records_v3 import LabRecordV3, race_rows_v3
 
+    shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
