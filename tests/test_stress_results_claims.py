@@ -1,26 +1,55 @@
-"""docs/stress.md's table of the committed lab-lineage tokenization result, checked against the
-committed lstar-stress/1 document (benchmarks/results/stress/) and refitted with numpy."""
+"""docs/stress.md's Results tables, checked against the committed lstar-stress/1 documents
+(benchmarks/results/stress/): every number the tables quote is read from a document, and the
+derived ones (α/β, changes in L*, Kendall τ, format instability) are recomputed here with
+numpy/scipy or a plain loop rather than read back from the section that stored them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+from scipy.stats import kendalltau
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "stress" / "lab-v3-pilot-gpt2-s0-tokenization.json"
+RESULTS = ROOT / "benchmarks" / "results" / "stress"
+DOC = ROOT / "docs" / "stress.md"
+RESULT = RESULTS / "lab-v3-pilot-gpt2-s0-tokenization.json"
 NAMES = {"whitespace collapsed": "whitespace-collapsed", "BPE-dropout 0.05": "bpe-dropout-0.05",
-         "BPE-dropout 0.1": "bpe-dropout-0.1", "pruned merges 10 %": "pruned-merges-10%"}
+         "BPE-dropout 0.1": "bpe-dropout-0.1", "pruned merges 10 %": "pruned-merges-10%", "base": "base"}
+NUMBER = r"([−+-]?[0-9.]+)"
+
+
+def _number(text: str) -> float:
+    return float(text.replace("−", "-"))
+
+
+def _section(heading: str) -> str:
+    """The docs text from `heading` (a whole line) to the next heading of the same or higher level."""
+    text = DOC.read_text()
+    level = heading.split(" ")[0]
+    start = text.index("\n" + heading + "\n")
+    stop = re.search(rf"\n#{{1,{len(level)}}} ", text[start + 1:])
+    return text[start:start + 1 + stop.start()] if stop else text[start:]
+
+
+def _rows(text: str, first: str) -> list[list[str]]:
+    """Cells of the table rows whose first cell is `first` (a regex)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if re.match(rf"^\| ?{first} ?\|", line)]
 
 
 def test_the_docs_table_is_the_committed_result():
     section = json.loads(RESULT.read_text())["sections"]["tokenization"]
     lstar = {v["name"]: [next(x["lstar"] for x in c["variants"] if x["name"] == v["name"])
                          for c in section["checkpoints"]] for v in section["checkpoints"][0]["variants"]}
-    text = (ROOT / "docs" / "stress.md").read_text()
+    text = DOC.read_text()
     for label, name in NAMES.items():
+        if name == "base":
+            continue
         row = re.search(rf"^\| {re.escape(label)} \| ([0-9.]+) → ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|",
                         text, re.M)
         assert row, label
@@ -29,3 +58,68 @@ def test_the_docs_table_is_the_committed_result():
         assert float(row[4]) == round(alpha, 3), label
         fit = next(f for f in section["fits"] if f["variant"] == name)
         assert abs(fit["alpha"] - alpha) < 1e-9 and abs(fit["beta"] - beta) < 1e-9
+
+
+# --- the tokenization test on real models: one checkpoint each, so offsets only -------------
+
+REAL_TOKENIZATION = {"SmolLM2-135M": RESULTS / "smollm2-135m-tokenization.json",
+                     "Gemma 3 270M (Q4_K_M, dequantised)": RESULTS / "gemma3-270m-tokenization.json"}
+
+
+@pytest.mark.parametrize("model", sorted(REAL_TOKENIZATION))
+def test_real_model_tokenization_rows_are_the_committed_results(model):
+    path = REAL_TOKENIZATION[model]
+    if not path.exists():
+        pytest.fail(f"{path.name} is quoted in docs/stress.md but not committed")
+    variants = {v["name"]: v for v in json.loads(path.read_text())["sections"]["tokenization"]["checkpoints"][0]["variants"]}
+    rows = _rows(_section("### Tokenization on real models"), re.escape(model))
+    assert rows, model
+    assert {NAMES[r[1]] for r in rows} == set(variants)   # every measured variant is quoted, none invented
+    base = variants["base"]["lstar"]
+    for cells in rows:
+        v = variants[NAMES[cells[1]]]
+        assert _number(cells[2]) == round(v["ce"], 3)
+        assert _number(cells[3]) == round(v["ce_uni"], 3)
+        assert _number(cells[4]) == round(v["lstar"], 3)
+        assert abs(_number(cells[4]) - (v["ce"] - v["ce_uni"])) < 1e-3   # L* = CE − CE_uni
+        assert int(cells[5].replace(",", "")) == v["n_tokens"]
+        if cells[1] != "base":
+            assert _number(cells[6]) == round(v["lstar"] - base, 3)
+
+
+# --- the registers test -------------------------------------------------------------------
+
+REGISTER_COLUMNS = {"calib-v0": "lstar-calib-v0", "code": "code", "dictionary": "dictionary", "technical": "technical"}
+
+
+def _register_table(section: dict) -> dict[str, list[str]]:
+    """{checkpoint label: its row's cells} of the docs table quoting this registers section."""
+    text = DOC.read_text()
+    header = "| checkpoint | " + " | ".join(REGISTER_COLUMNS) + " |"
+    assert header in text
+    return {cells[0]: cells for label in section["lstar"] for cells in _rows(text, re.escape(label))}
+
+
+@pytest.mark.parametrize("name", ["registers-smollm2-135m.json", "registers-lab-gpt2-large-s0.json"])
+def test_register_tables_are_the_committed_lstar(name):
+    path = RESULTS / name
+    if not path.exists():
+        pytest.fail(f"{name} is quoted in docs/stress.md but not committed")
+    section = json.loads(path.read_text())["sections"]["registers"]
+    table = _register_table(section)
+    assert set(table) == set(section["lstar"])   # every checkpoint quoted
+    for label, cells in table.items():
+        for column, register in zip(REGISTER_COLUMNS.values(), cells[1:]):
+            score = section["scores"][label][column]
+            assert _number(register) == round(section["lstar"][label][column], 3)
+            assert abs(score["ce"] - score["ce_unigram"] - section["lstar"][label][column]) < 1e-9
+
+
+def test_smollm2_register_claims():
+    section = json.loads((RESULTS / "registers-smollm2-135m.json").read_text())["sections"]["registers"]
+    (row,) = section["lstar"].values()
+    assert all(t["tau"] is None for t in section["kendall_tau"])   # one checkpoint: no τ, as the docs say
+    text = " ".join(_section("## Registers").split())
+    assert f"up to {max(row.values()) - min(row.values()):.3f} nats per token" in text
+    tokens = sorted(int(s["n_tokens"]) for s in section["scores"]["builtin:smollm2-135m"].values())
+    assert f"{tokens[0]:,}–{tokens[-1]:,} tokens per register" in text
