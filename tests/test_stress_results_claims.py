@@ -123,3 +123,32 @@ def test_smollm2_register_claims():
     assert f"up to {max(row.values()) - min(row.values()):.3f} nats per token" in text
     tokens = sorted(int(s["n_tokens"]) for s in section["scores"]["builtin:smollm2-135m"].values())
     assert f"{tokens[0]:,}–{tokens[-1]:,} tokens per register" in text
+
+
+def test_lab_register_tau_table_is_recomputed_with_scipy():
+    section = json.loads((RESULTS / "registers-lab-gpt2-large-s0.json").read_text())["sections"]["registers"]
+    labels = list(section["lstar"])
+    assert len(labels) >= 3   # τ across checkpoints needs a lineage
+    text = _section("## Registers")
+    shown = {"lstar-calib-v0": "calib-v0"}
+    for a, b in itertools.combinations(["lstar-calib-v0", "code", "dictionary", "technical"], 2):
+        (cells,) = _rows(text, re.escape(f"{shown.get(a, a)} – {shown.get(b, b)}"))
+        tau = kendalltau([section["lstar"][k][a] for k in labels], [section["lstar"][k][b] for k in labels]).statistic
+        assert _number(cells[1]) == round(tau, 3)
+        stored = next(t for t in section["kendall_tau"] if {t["a"], t["b"]} == {a, b})
+        low, high = (_number(x) for x in cells[2].strip("[]").split(", "))
+        assert (low, high) == (round(stored["low"], 3), round(stored["high"], 3))
+        assert low <= tau <= high
+
+
+def test_lab_register_claims():
+    section = json.loads((RESULTS / "registers-lab-gpt2-large-s0.json").read_text())["sections"]["registers"]
+    text = " ".join(_section("## Registers").split())
+    spread = {r: np.ptp([row[r] for row in section["lstar"].values()]) for r in ("code", "dictionary", "technical")}
+    assert f"moves {spread['dictionary']:.3f} (dictionary) to {spread['code']:.3f} (code)" in text
+    assert min(spread, key=spread.get) == "dictionary" and max(spread, key=spread.get) == "code"
+    ce = [s["ce"] for row in section["scores"].values() for r, s in row.items() if r != "lstar-calib-v0"]
+    uni = [s["ce_unigram"] for row in section["scores"].values() for r, s in row.items() if r != "lstar-calib-v0"]
+    assert f"CE is {min(ce):.0f}–{max(ce):.0f} nats per token against a unigram CE of {min(uni):.1f}–{max(uni):.1f}" in text
+    calib = ", ".join(f"{row['lstar-calib-v0']:.3f}" for row in section["lstar"].values())
+    assert f"({calib})" in text
