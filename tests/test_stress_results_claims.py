@@ -152,3 +152,7 @@ def test_lab_register_claims():
     assert f"CE is {min(ce):.0f}–{max(ce):.0f} nats per token against a unigram CE of {min(uni):.1f}–{max(uni):.1f}" in text
     calib = ", ".join(f"{row['lstar-calib-v0']:.3f}" for row in section["lstar"].values())
     assert f"({calib})" in text
+    below = sum(t["low"] < 0 for t in section["kendall_tau"])
+    words = {5: "five", 6: "six", 4: "four", 3: "three"}
+    where = " ".join(_section("## Where L\\* should not be expected to work").split())
+    assert f"{words[below]} of {words[len(section['kendall_tau'])]} register pairs have a τ interval reaching below 0" in where
