@@ -156,3 +156,42 @@ def test_lab_register_claims():
     words = {5: "five", 6: "six", 4: "four", 3: "three"}
     where = " ".join(_section("## Where L\\* should not be expected to work").split())
     assert f"{words[below]} of {words[len(section['kendall_tau'])]} register pairs have a τ interval reaching below 0" in where
+
+
+# --- the task-format test -----------------------------------------------------------------
+
+TASK_FORMAT_RESULTS = ["task-format-lab-gpt2-large-s0.json"]
+
+
+def _naive_instability(table: dict[str, list[float]]) -> float:
+    """Mean over checkpoint pairs of the minority share of formats ordering the pair (ties ½)."""
+    formats = list(table)
+    n = len(table[formats[0]])
+    shares = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            wins = 0.0
+            for f in formats:
+                wins += 1.0 if table[f][i] > table[f][j] else 0.5 if table[f][i] == table[f][j] else 0.0
+            shares.append(min(wins, len(formats) - wins) / len(formats))
+    return sum(shares) / len(shares)
+
+
+@pytest.mark.parametrize("name", TASK_FORMAT_RESULTS)
+def test_task_format_tables_are_the_committed_results(name):
+    task = json.loads((RESULTS / name).read_text())["sections"]["task_format"]["tasks"][0]
+    text = _section("## Task format")
+    block = text[text.index(f"`{name}`"):]
+    values = {}
+    for fmt in task["formats"]:
+        cells = _rows(block, re.escape(fmt["name"]))[0]
+        for cell, row in zip(cells[1:], fmt["checkpoints"], strict=True):
+            value, stderr = (_number(x) for x in cell.split(" ± "))
+            assert (value, stderr) == (round(row["value"], 3), round(row["stderr"], 3))
+        values[fmt["name"]] = [row["value"] for row in fmt["checkpoints"]]
+    instability = _naive_instability(values)
+    assert abs(instability - task["instability"]) < 1e-12
+    flat = " ".join(block.split())
+    assert f"instability {instability:.3f} (accuracy bound {1 - instability:.3f})" in flat
+    flips = ", ".join(f"{f['item_flip_rate']:.2f}" for f in task["item_flips"])
+    assert f"item flip rates {flips}" in flat
