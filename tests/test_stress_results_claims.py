@@ -194,4 +194,17 @@ def test_task_format_tables_are_the_committed_results(name):
     flat = " ".join(block.split())
     assert f"instability {instability:.3f} (accuracy bound {1 - instability:.3f})" in flat
     flips = ", ".join(f"{f['item_flip_rate']:.2f}" for f in task["item_flips"])
-    assert f"item flip rates {flips}" in flat
+    assert f"item flip rates {flips}" in flat.lower()
+    original = next(f["checkpoints"] for f in task["formats"] if f["name"] == "original")
+    spread = max(r["value"] for r in original) - min(r["value"] for r in original)
+    errors = sorted(r["stderr"] for r in original)
+    assert f"differ by at most {spread:.3f}" in flat
+    assert f"standard error of {errors[0]:.3f}–{errors[-1]:.3f}" in flat
+    assert spread < errors[0]   # the docs' reading: the original format's order is within noise
+
+
+def test_where_lstar_fails_quotes_the_lab_instability():
+    task = json.loads((RESULTS / "task-format-lab-gpt2-large-s0.json").read_text())["sections"]["task_format"]["tasks"][0]
+    where = " ".join(_section("## Where L\\* should not be expected to work").split())
+    assert f"is {task['instability']:.3f} (bound {task['accuracy_upper_bound']:.3f})" in where
+    assert task["instability"] > 0.10   # the docs say the limit flags it
