@@ -41,14 +41,14 @@ def main() -> None:
     registers = tuple(sorted(p for p in args.registers.iterdir() if (p / "register.json").is_file()))
     options = StressOptions(seed=args.seed, max_documents=args.docs, register_corpora=registers,
                             curve_path=args.curve, extra={"device": "cpu", "dtype": "float32", "every": args.every})
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     section = register_stress(subject, options)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     document = {"schema": SCHEMA,
                 "subject": {"kind": subject.kind, "name": subject.name, "corpus": str(subject.corpus),
                             "checkpoints": [{"label": c.label, "ref": c.ref} for c in checkpoints]},
                 "sections": {"registers": section},
-                "run": {"wall_s": round(wall, 1), "documents_per_corpus": args.docs, "every": args.every, "device": "cpu",
+                "run": {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "documents_per_corpus": args.docs, "every": args.every, "device": "cpu",
                         "dtype": "float32", "machine": platform.machine(), "python": platform.python_version()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
