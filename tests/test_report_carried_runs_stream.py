@@ -51,3 +51,18 @@ def test_a_query_between_two_carried_runs_does_not_change_the_rest_of_the_walk(t
         assert walked == expected
     finally:
         store.close()
+
+
+def test_a_store_closed_during_the_walk_ends_it_with_an_error_naming_the_file(tmp_path, monkeypatch) -> None:
+    import pytest
+
+    from monitor.errors import StoreError
+    from monitor.store import reports
+
+    monkeypatch.setattr(reports, "_BATCH_ROWS", 1)
+    store, _ = write_state(tmp_path, 2)
+    walk = store.report_carried_runs(None, start=T_END)
+    next(walk)
+    store.close()                                   # a daemon stopping past its drain deadline
+    with pytest.raises(StoreError, match="lstar.duckdb was closed while a query on it ran"):
+        next(walk)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
@@ -88,19 +91,29 @@ class ReportRows(StoreConnection):
         caller works on the rows (other threads' reads wait for a report's whole walk
         otherwise), and a query the caller runs between two rows cannot replace the pending
         result set the next batch is fetched from."""
+        closed = StoreError(f"{self.path} was closed while a query on it ran",
+                            hint="the daemon is stopping; the job runs again on the next start")
         with self._lock:
             cur = self.conn.cursor()
         try:
             cur.execute(sql, params)
             if cur.description is None:
-                raise StoreError(f"{self.path} was closed while a query on it ran",
-                                 hint="the daemon is stopping; the job runs again on the next start")
+                raise closed
             columns = [d[0] for d in cur.description]
-            while batch := cur.fetchmany(_BATCH_ROWS):
+            while True:
+                try:
+                    batch = cur.fetchmany(_BATCH_ROWS)
+                except duckdb.Error as exc:   # the store closed its cursors with it
+                    if self._conn is None:
+                        raise closed from exc
+                    raise
+                if not batch:
+                    return
                 for values in batch:
                     yield dict(zip(columns, values))
         finally:
-            cur.close()
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
 
     def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
         """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""
