@@ -9,8 +9,8 @@ code's own, byte for byte what a fresh open writes; the open itself (connect, th
 unknown migrations, `migrate()` finding nothing pending, the CHECKPOINT) still runs as written.
 
 Only a plain first open is redirected: read-write, `migrate=True`, no file at the path yet (nor
-a WAL beside it), its folder already there and writable, and `monitor.store.migrations.MIGRATIONS` not replaced by
-the test. Everything else (`migrate=False` and a partial `migrate([...])`, read-only opens,
+a WAL beside it), its folder already there and writable, and
+`monitor.store.migrations.MIGRATIONS` not replaced by the test. Everything else (`migrate=False` and a partial `migrate([...])`, read-only opens,
 missing or read-only folders, the fault tests' own processes) takes the real path unchanged,
 and so does every module listed in `FRESH_MIGRATION_MODULES`, whose tests are about migrating.
 """
