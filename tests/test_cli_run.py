@@ -21,3 +21,15 @@ def test_in_process_output_and_exit_code_are_the_subprocesses(tmp_path) -> None:
         here = lstar_in_process(*args, env={"COLUMNS": "120"})
         assert (here.returncode, here.stdout, here.stderr) == (spawned.returncode, spawned.stdout, spawned.stderr)
         assert here.stdout or here.stderr
+
+
+def test_a_command_run_in_process_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch) -> None:
+    # `lstar` sets these for its own process (monitor.environment.harden_environment); a test
+    # process that ran one command in-process must not carry them into the next test
+    for name in ("DISABLE_SAFETENSORS_CONVERSION", "HF_HUB_DISABLE_TELEMETRY", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LSTAR_REVIEW_KEPT", "yes")
+    before = dict(os.environ)
+    proc = lstar_in_process("checkpoints", "--db", str(tmp_path / "missing.duckdb"), env={"COLUMNS": "99"})
+    assert proc.returncode != 0 and "missing.duckdb" in proc.stderr    # the command did run
+    assert dict(os.environ) == before

@@ -35,12 +35,20 @@ def test_checkpoints_publishes_evenly_spaced_steps_from_the_first_to_the_last(tm
     # by hand: indices 0, 11/3 ≈ 3.67 → 4, 22/3 ≈ 7.33 → 7, 11
     assert published_steps(steps, 4) == [95, 475, 760, 1139]
     assert published_steps(steps, 2) == [95, 1139]
-    assert published_steps(steps) == published_steps(steps, 12) == published_steps(steps, 40) == steps
+    assert published_steps(steps) == published_steps(steps, 12) == steps
     with pytest.raises(LstarError, match="at least the first and the last"):
         published_steps(steps, 1)
+    # more than the lineage has: refused, not quietly all twelve
+    with pytest.raises(LstarError, match="12 checkpoints"):
+        published_steps(steps, 13)
     # the command refuses it before anything is made
     result = CliRunner().invoke(app, ["demo", "--workdir", str(tmp_path / "demo"), "--checkpoints", "1"])
     assert result.exit_code == 2 and "--checkpoints" in result.output
+    assert not (tmp_path / "demo").exists()
+    from support.cli_run import lstar_in_process
+
+    proc = lstar_in_process("demo", "--workdir", str(tmp_path / "demo"), "--checkpoints", "40")
+    assert proc.returncode != 0 and "--checkpoints 40" in proc.stderr and "2 to 12" in proc.stderr
     assert not (tmp_path / "demo").exists()
 
 

@@ -100,3 +100,19 @@ def test_alert_detail_as_dict_is_the_columns_of_each_table(tmp_path):
                                        "notification_id": "msg_1"}]}]
     assert list(listed[0]) == ["id", "created_at", "kind", "policy", "task", "repo", "commit_sha", "state",
                                "status", "deliveries"]
+
+
+def test_from_row_holds_when_another_thread_is_half_way_through_its_first_call(monkeypatch) -> None:
+    # The state a first `from_row` of a class leaves between recording its field names and its
+    # field set: a second thread (the daemon's API beside a job) reading then must still work.
+    from dataclasses import dataclass, fields
+
+    from monitor.store import rows
+
+    @dataclass(frozen=True)
+    class Pair(rows.Row):
+        a: int
+        b: str
+
+    monkeypatch.setitem(rows._FIELD_NAMES, Pair, tuple(f.name for f in fields(Pair)))
+    assert Pair.from_row({"b": "x", "a": 1}) == Pair(1, "x")

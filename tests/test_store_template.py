@@ -60,3 +60,25 @@ def test_only_a_plain_first_open_starts_from_the_template(tmp_path: Path, monkey
         monkeypatch.undo()
         Store.open(tmp_path / "plain.duckdb").close()
         assert template.copies == 1
+
+
+def test_a_first_open_beside_a_left_over_wal_takes_the_real_path(tmp_path: Path) -> None:
+    # A WAL with no state file beside it (a file deleted without its WAL): the real open starts
+    # a new file; a template copied there would meet a WAL that is not its own and fail.
+    import duckdb
+
+    source = tmp_path / "source.duckdb"
+    Store.open(source).close()
+    conn = duckdb.connect(str(source))
+    conn.execute("PRAGMA disable_checkpoint_on_shutdown")
+    conn.execute("CREATE TABLE mine (x INTEGER)")
+    conn.close()
+    wal = Path(str(source) + ".wal")
+    assert wal.exists()
+    template = StoreTemplate(tmp_path / "template")
+    (tmp_path / "template").mkdir()
+    with use_template(template):
+        (tmp_path / "new.duckdb.wal").write_bytes(wal.read_bytes())
+        with Store.open(tmp_path / "new.duckdb") as store:
+            assert store.applied_migrations() == [m.name for m in MIGRATIONS]
+    assert template.copies == 0

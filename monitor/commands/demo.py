@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         save_history_curve: Path = typer.Option(None, "--save-history-curve",
                                                  help="With --fit-history: also write the fitted curve here."),
         checkpoints: int = typer.Option(None, "--checkpoints", min=2,
-                                        help="Publish only this many of the live lineage's twelve checkpoints, "
+                                        help="Publish only this many (2 to 12) of the live lineage's twelve checkpoints, "
                                              "evenly spaced from the first to the last (default: all twelve). "
                                              "Each is one daemon pass, nearly all of it one score, so 4 takes "
                                              "about a third of the passes' time and still shows clear, at risk "

@@ -63,19 +63,23 @@ DEMO_ENTRIES = frozenset({WORKDIR_MARKER, "state", "models", "policies", "receiv
 
 def published_steps(steps: list[int], count: int | None = None) -> list[int]:
     """The live lineage's checkpoints the demo publishes, in order: all of them, or `count` of
-    them evenly spaced from the first to the last (the last checkpoint, the one furthest past
-    the jump, is always published; rounding to the nearest index, halves to even).
+    them (2 to all; more is refused) evenly spaced from the first to the last (the last
+    checkpoint, the one furthest past the jump, is always published; rounding to the nearest
+    index, halves to even).
 
     Fewer checkpoints mean fewer daemon passes, each nearly all one score of the 78 documents:
     a quicker run (the end-to-end test publishes four: 95, 475, 760 and 1139, clear, at risk,
     at risk, emerged) that still shows the whole emergence, since each checkpoint's score and
     prediction do not depend on the others published."""
     steps = list(steps)
-    if count is None or count >= len(steps):
+    if count is None or count == len(steps):
         return steps
+    hint = f"use --checkpoints 2 to {len(steps)} (4 or more show clear, at risk and emerged)"
     if count < 2:
         raise LstarError(f"--checkpoints {count}: the demo publishes at least the first and the last checkpoint",
-                         hint=f"use --checkpoints 2 to {len(steps)} (4 or more show clear, at risk and emerged)")
+                         hint=hint)
+    if count > len(steps):   # refused: a run that quietly published fewer than asked would mislead
+        raise LstarError(f"--checkpoints {count}: the live lineage has {len(steps)} checkpoints", hint=hint)
     last = len(steps) - 1
     return [steps[round(i * last / (count - 1))] for i in range(count)]
 

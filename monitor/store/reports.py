@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
@@ -62,8 +65,8 @@ class ReportRows(StoreConnection):
         checkpoint, for counts) and its best L* (one row per (lineage, repo, commit): an aggregate
         over the history's key columns, then only the chosen runs are read whole). Which of them
         is a lineage's current checkpoint is decided by `monitor.reports.current`, in training
-        order, not here by time scored. Yielded as they are fetched (the store's lock held
-        until the last): a report keeps what it makes of each, not a second copy of the history."""
+        order, not here by time scored. Yielded as they are fetched (on a cursor of their own,
+        `_query_in_batches`): a report keeps what it makes of each, not a second copy of the history."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
         rows = self._query_in_batches(
             "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
@@ -82,16 +85,35 @@ class ReportRows(StoreConnection):
     def _query_in_batches(self, sql: str, params: Sequence[Any]) -> Iterator[dict[str, Any]]:
         """`query`'s rows, fetched a batch at a time: a caller that turns each into a smaller
         object holds one copy of a 10^5-row history, not three (DuckDB's, the dicts, its own).
-        Holds the store's lock until the last row is read."""
+
+        The query runs on a cursor of its own (a second DuckDB connection to the same file),
+        taken under the store's lock and closed with the walk: the lock is not held while the
+        caller works on the rows (other threads' reads wait for a report's whole walk
+        otherwise), and a query the caller runs between two rows cannot replace the pending
+        result set the next batch is fetched from."""
+        closed = StoreError(f"{self.path} was closed while a query on it ran",
+                            hint="the daemon is stopping; the job runs again on the next start")
         with self._lock:
-            cur = self.conn.execute(sql, params)
+            cur = self.conn.cursor()
+        try:
+            cur.execute(sql, params)
             if cur.description is None:
-                raise StoreError(f"{self.path} was closed while a query on it ran",
-                                 hint="the daemon is stopping; the job runs again on the next start")
+                raise closed
             columns = [d[0] for d in cur.description]
-            while batch := cur.fetchmany(_BATCH_ROWS):
+            while True:
+                try:
+                    batch = cur.fetchmany(_BATCH_ROWS)
+                except duckdb.Error as exc:   # the store closed its cursors with it
+                    if self._conn is None:
+                        raise closed from exc
+                    raise
+                if not batch:
+                    return
                 for values in batch:
                     yield dict(zip(columns, values))
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                cur.close()
 
     def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
         """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""

@@ -37,11 +37,12 @@ class Row:
     @classmethod
     def from_row(cls: type[_R], row: Mapping[str, Any]) -> _R:
         """The row of `cls` holding the columns of `row`, which must be exactly its fields."""
-        names = _FIELD_NAMES.get(cls)
-        if names is None:
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-            _FIELD_SETS[cls] = frozenset(names)
-        if row.keys() == _FIELD_SETS[cls]:  # the common case, compared as sets (a report reads 10^5 rows)
+        names, keys = _FIELD_NAMES.get(cls), _FIELD_SETS.get(cls)
+        if names is None or keys is None:   # the first call (or another thread's, half done)
+            names = tuple(f.name for f in fields(cls))
+            keys = _FIELD_SETS[cls] = frozenset(names)
+            _FIELD_NAMES[cls] = names
+        if row.keys() == keys:  # the common case, compared as sets (a report reads 10^5 rows)
             return cls(**row)
         missing = [n for n in names if n not in row]
         extra = [c for c in row if c not in names]

@@ -8,9 +8,9 @@ from a copy of a file the real `Store.open` migrated once in this process, so th
 code's own, byte for byte what a fresh open writes; the open itself (connect, the check for
 unknown migrations, `migrate()` finding nothing pending, the CHECKPOINT) still runs as written.
 
-Only a plain first open is redirected: read-write, `migrate=True`, no file at the path yet, its
-folder already there and writable, and `monitor.store.migrations.MIGRATIONS` not replaced by
-the test. Everything else (`migrate=False` and a partial `migrate([...])`, read-only opens,
+Only a plain first open is redirected: read-write, `migrate=True`, no file at the path yet (nor
+a WAL beside it), its folder already there and writable, and
+`monitor.store.migrations.MIGRATIONS` not replaced by the test. Everything else (`migrate=False` and a partial `migrate([...])`, read-only opens,
 missing or read-only folders, the fault tests' own processes) takes the real path unchanged,
 and so does every module listed in `FRESH_MIGRATION_MODULES`, whose tests are about migrating.
 """
@@ -50,6 +50,8 @@ class StoreTemplate:
     def seed(self, real_open: Any, cls: type, path: Path) -> None:
         """Copy the template to `path` when the open would otherwise create and migrate it."""
         if path.exists() or not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+            return
+        if Path(f"{path}.wal").exists():   # a left-over WAL: what the real open makes of it is the test's
             return
         template = self.path(real_open, cls)
         try:
