@@ -100,7 +100,8 @@ def _register_table(section: dict) -> dict[str, list[str]]:
     return {cells[0]: cells for label in section["lstar"] for cells in _rows(text, re.escape(label))}
 
 
-@pytest.mark.parametrize("name", ["registers-smollm2-135m.json", "registers-lab-gpt2-large-s0.json"])
+@pytest.mark.parametrize("name", ["registers-smollm2-135m.json", "registers-gemma3-270m.json",
+                                  "registers-lab-gpt2-large-s0.json"])
 def test_register_tables_are_the_committed_lstar(name):
     path = RESULTS / name
     if not path.exists():
@@ -160,7 +161,7 @@ def test_lab_register_claims():
 
 # --- the task-format test -----------------------------------------------------------------
 
-TASK_FORMAT_RESULTS = ["task-format-lab-gpt2-large-s0.json"]
+TASK_FORMAT_RESULTS = ["task-format-lab-gpt2-large-s0.json", "task-format-smollm2-gemma3.json"]
 
 
 def _naive_instability(table: dict[str, list[float]]) -> float:
@@ -208,3 +209,31 @@ def test_where_lstar_fails_quotes_the_lab_instability():
     where = " ".join(_section("## Where L\\* should not be expected to work").split())
     assert f"is {task['instability']:.3f} (bound {task['accuracy_upper_bound']:.3f})" in where
     assert task["instability"] > 0.10   # the docs say the limit flags it
+
+
+def test_gemma_register_claims_and_the_two_models_side_by_side():
+    gemma = json.loads((RESULTS / "registers-gemma3-270m.json").read_text())["sections"]["registers"]
+    smol = json.loads((RESULTS / "registers-smollm2-135m.json").read_text())["sections"]["registers"]
+    (g,) = gemma["lstar"].values()
+    (m,) = smol["lstar"].values()
+    assert all(t["tau"] is None for t in gemma["kendall_tau"])   # one checkpoint: no τ
+    text = " ".join(_section("## Registers").split())
+    assert f"moves Gemma's L\\* by up to {max(g.values()) - min(g.values()):.3f} nats per token" in text
+    assert max(g, key=g.get) == max(m, key=m.get) == "technical" and min(g, key=g.get) == min(m, key=m.get) == "lstar-calib-v0"
+    tokens = sorted(int(s["n_tokens"]) for s in gemma["scores"]["builtin:gemma3-270m"].values())
+    assert f"({tokens[0]:,}–{tokens[-1]:,} tokens per register)" in text
+    gaps = ", ".join(f"{abs(g[k] - m[k]):.3f} ({name})" for k, name in
+                     (("lstar-calib-v0", "calib-v0"), ("code", "code"), ("dictionary", "dictionary")))
+    assert gaps.replace(", 0.047 (dictionary)", " and 0.047 (dictionary)") in text or gaps in text
+    lower_gemma = [k for k in g if g[k] < m[k]]
+    assert lower_gemma == ["dictionary"]   # the docs: only on dictionary prose is Gemma's L* the lower
+    assert f"Gemma {g['dictionary']:.3f} against SmolLM2 {m['dictionary']:.3f}".replace("-", "−") in text
+
+
+def test_the_two_real_models_format_instability_is_one_pair_three_to_two():
+    task = json.loads((RESULTS / "task-format-smollm2-gemma3.json").read_text())["sections"]["task_format"]["tasks"][0]
+    order = [f["checkpoints"][0]["value"] > f["checkpoints"][1]["value"] for f in task["formats"]]
+    assert sorted(order) == [False, False, False, True, True]   # ordered 3 to 2, as the docs say
+    assert task["instability"] == pytest.approx(2 / 5)
+    where = " ".join(_section("## Where L\\* should not be expected to work").split())
+    assert f"(instability {task['instability']:.3f}, the most one pair allows)" in where

@@ -36,6 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +94,20 @@ def score_registers(subject: StressSubject, options: StressOptions,
 
 def kendall_with_interval(a: np.ndarray, b: np.ndarray, *, n_boot: int, seed: int) -> dict[str, float | None]:
     """τ-b of (a, b) over checkpoints and its percentile bootstrap interval over checkpoints."""
-    tau = kendalltau(a, b).statistic if len(a) >= 2 else float("nan")
+    if len(a) < 2:   # one checkpoint orders nothing: no τ, and no resample to draw
+        return {"tau": None, "low": None, "high": None, "resamples_used": 0}
+    tau = kendalltau(a, b).statistic
     rng = np.random.default_rng(seed)
     taus = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(a), len(a))
-        t = kendalltau(a[idx], b[idx]).statistic
-        if math.isfinite(t):
-            taus.append(t)
+    with warnings.catch_warnings():
+        # a resample that repeats one checkpoint has no τ (NaN, dropped and counted below);
+        # scipy warns about each, which says nothing the count does not
+        warnings.simplefilter("ignore")
+        for _ in range(n_boot):
+            idx = rng.integers(0, len(a), len(a))
+            t = kendalltau(a[idx], b[idx]).statistic
+            if math.isfinite(t):
+                taus.append(t)
     tail = (1.0 - CONFIDENCE) / 2.0
     low, high = (float(np.quantile(taus, tail)), float(np.quantile(taus, 1.0 - tail))) if taus else (None, None)
     return {"tau": float(tau) if math.isfinite(tau) else None, "low": low, "high": high,
