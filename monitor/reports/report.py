@@ -247,21 +247,27 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     for lineage in sorted(by_lineage):
         # One training order over every scored checkpoint of the lineage (training_order): the
         # table's rows, the current checkpoint and each task's current state all follow it.
-        every = lineage_order(history[lineage], _placement, lambda row: row["commit"])
+        # each row placed once (a 10^5-row history was placed five times a row)
+        placed = {id(row): _placement(row) for row in history[lineage]}
+
+        def placement(row: Mapping[str, Any], placed: dict[int, Placement] = placed) -> Placement:
+            return placed[id(row)]
+
+        every = lineage_order(history[lineage], placement, lambda row: row["commit"])
         scored += every
-        order.update(training_ranks(every, _placement, lambda row: (row["repo"], row["commit"]),
+        order.update(training_ranks(every, placement, lambda row: (row["repo"], row["commit"]),
                                     lambda row: row["commit"]))
         rows = sorted(by_lineage[lineage], key=lambda row: order[(row["repo"], row["commit"])])
         table += rows
         # the definition (`monitor.training_order`); by construction also the table's last row
-        current = current_checkpoint(history[lineage], _placement, lambda row: row["commit"]) or rows[-1]
+        current = current_checkpoint(history[lineage], placement, lambda row: row["commit"]) or rows[-1]
         earlier = before.get(lineage, {"checkpoints": 0, "best_lstar": None})
         best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
                                                       else []))
         families[lineage] = {
             "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
             "new_scores": sum(row["new"] for row in rows),
-            "order": "training step" if orders_by_step(map(_placement, history[lineage])) else "release time",
+            "order": "training step" if orders_by_step(placed.values()) else "release time",
             "current": current["checkpoint"], "latest_lstar": current["lstar"], "latest_se": current["se"],
             "best_lstar": best}
     names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}

@@ -12,12 +12,15 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
-from monitor.store.lineage_batch import PLACEMENT_META
+from monitor.store.lineage_batch import PLACEMENT_EXTRACT, PLACEMENT_OBJECT
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
+# what a report's score run reads of its checkpoint (`ReportRows._RUN_SELECT`)
+_CHECKPOINT_KEYS = (f"(SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
+                    f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints)")
 
 
 class ReportRows(StoreConnection):
@@ -37,11 +40,14 @@ class ReportRows(StoreConnection):
         # the tcb, the refs and, of the ~2 KB meta, only what places a checkpoint in training
         # order (`training_order.place`): decoding whole metas was most of a report's time.
         "json_array(r.tcb, coalesce(c1.refs, c2.refs), "
-        f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')}) AS json_columns "
+        f"{PLACEMENT_OBJECT.format(placed='coalesce(c1.placed, c2.placed)')}) AS json_columns "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
-        "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
-        "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha ")
+        # Each joins the checkpoints' key columns with the meta's two placing values extracted
+        # first: a hash table of whole ~2 KB metas was most of a 10^5 report's peak memory.
+        f"FROM score_runs r LEFT JOIN {_CHECKPOINT_KEYS} c1 ON c1.id = r.checkpoint_id "
+        f"LEFT JOIN {_CHECKPOINT_KEYS} c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo "
+        "AND c2.sha = r.model_sha ")
 
     @staticmethod
     def _report_score_row(row: dict[str, Any]) -> ReportScoreRow:
