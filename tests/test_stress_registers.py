@@ -104,6 +104,12 @@ def test_threshold_shift_of_a_refitted_curve(shared_dir, tmp_path) -> None:
     assert code["threshold_shift_lstar"] == pytest.approx(mapped - curve.threshold.estimate, abs=1e-12)
     crossed = np.array(ACCURACY) >= 0.45
     err = lambda x, t: float(np.mean((np.array(x) <= t) != crossed))  # noqa: E731
+    # crossed is the value at or above the level, whatever way the curve runs along L*: the
+    # primary threshold sits between 3.1 and 2.9 and splits the checkpoints as the values do
+    assert crossed.tolist() == [False] * 4 + [True] * 4
+    assert primary["crossing_error"] == pytest.approx(err(PRIMARY, curve.threshold.estimate), abs=1e-12)
+    assert primary["crossing_error"] == 0.0
+    assert code["crossing_error"] == pytest.approx(err(CODE, code["threshold_lstar"]), abs=1e-12)
     assert code["crossing_error_change"] == pytest.approx(err(CODE, code["threshold_lstar"])
                                                           - err(PRIMARY, curve.threshold.estimate), abs=1e-12)
 

@@ -237,3 +237,100 @@ def test_the_two_real_models_format_instability_is_one_pair_three_to_two():
     assert task["instability"] == pytest.approx(2 / 5)
     where = " ".join(_section("## Where L\\* should not be expected to work").split())
     assert f"(instability {task['instability']:.3f}, the most one pair allows)" in where
+
+
+# --- the registers test with a curve: the lab lineage's add-words curve refitted per register ----
+
+CURVE_RUN = RESULTS / "registers-curve-lab-gpt2-large-s0.json"
+CURVE_FILE = RESULTS / "curve-lab-gpt2-large-s0-add-words.json"
+LAB_RECORD = ROOT / "benchmarks" / "results" / "lab-v3" / "pilot" / "lab.json"
+CURVE_COLUMNS = {"calib-v0": "lstar-calib-v0", "code": "code", "dictionary": "dictionary", "technical": "technical"}
+
+
+def _lineage_add_words() -> tuple[dict[str, float], dict[str, float], float]:
+    """gpt2-large-s0's add-words logp_correct and calib-v0 L* by `step<N>`, and the metric's
+    baseline, read straight from the lab record's JSON (not through the lab's parser)."""
+    record = json.loads(LAB_RECORD.read_text())
+    rows = [c for c in record["checkpoints"] if (c["family"], c["size"], c["seed"]) == ("gpt2", "large", 0)]
+    values = {f"step{c['step']}": c["tasks"]["add-words"]["logp_correct"] for c in rows}
+    lstar = {f"step{c['step']}": c["texts"]["calib"]["lstar"] for c in rows}
+    (baseline,) = {c["tasks"]["add-words"]["baselines"]["logp_correct"] for c in rows}
+    return values, lstar, baseline
+
+
+def test_the_curve_file_is_the_lineage_add_words_curve():
+    curve = json.loads(CURVE_FILE.read_text())
+    values, lstar, baseline = _lineage_add_words()
+    assert [p["checkpoint"] for p in curve["points"]] == list(values) == [f"step{s}" for s in (144, 287, 431, 575, 718, 861)]
+    for p in curve["points"]:
+        assert p["value"] == values[p["checkpoint"]] and p["x"] == lstar[p["checkpoint"]]
+    assert curve["baseline"] == baseline == pytest.approx(np.log(1 / 21), abs=1e-12)
+    assert curve["margin"] == pytest.approx(np.log(1.5), abs=1e-12)
+    assert (curve["axis"], curve["metric"], curve["task"], curve["confidence"]) == ("lstar", "logp_correct", "add-words", 0.9)
+    text = " ".join(_section("## Registers").split())
+    t = curve["threshold"]
+    assert f"threshold is L\\* {t['estimate']:.3f} (interval [{t['lower']:.3f}, {t['upper']:.3f}])" in text
+    assert f"level {baseline + np.log(1.5):.3f}".replace("-", "−") in text
+    below = [k for k, v in values.items() if v < baseline + np.log(1.5)]
+    assert below == ["step144", "step287"]   # the docs: these two below the level, four above
+
+
+def test_the_curve_run_scored_the_committed_runs_lstar():
+    new = json.loads(CURVE_RUN.read_text())
+    old = json.loads((RESULTS / "registers-lab-gpt2-large-s0.json").read_text())
+    assert new["sections"]["registers"]["lstar"] == old["sections"]["registers"]["lstar"]   # to the last digit
+    assert new["subject"] == old["subject"]
+    text = " ".join(_section("## Registers").split())
+    assert f"{new['run']['wall_s']:,.0f} s wall, {new['run']['cpu_s']:,.0f} CPU-seconds" in text
+
+
+def test_register_curve_table_is_recomputed():
+    from monitor.curves.fit import fit_curve
+    from monitor.curves.labels import Label
+    from monitor.stress.limits import register_flags
+
+    section = json.loads(CURVE_RUN.read_text())["sections"]["registers"]
+    curve = json.loads(CURVE_FILE.read_text())
+    values, _, baseline = _lineage_add_words()
+    labels = list(values)
+    table = " ".join(_section("## Registers").split("**A curve refitted")[1:])
+    rows = {r["register"]: r for r in section["curves"]}
+    assert set(rows) == set(CURVE_COLUMNS.values()) and {r["curve_id"] for r in rows.values()} == {curve["curve_id"]}
+    x = {r: np.array([section["lstar"][k][r] for k in labels]) for r in CURVE_COLUMNS.values()}
+    crossed = [values[k] >= baseline + np.log(1.5) for k in labels]
+
+    def naive_error(xs, threshold):   # L* falls with progress: predicted crossed at or below the threshold
+        return sum((xv <= threshold) != c for xv, c in zip(xs, crossed)) / len(xs)
+
+    # the primary refit, reproduced: same points, calib-v0 L* of this run, the test's settings
+    fit = fit_curve([Label(checkpoint=k, value=values[k], family="gpt2", task="add-words", metric="logp_correct",
+                           lstar=float(x["lstar-calib-v0"][i])) for i, k in enumerate(labels)],
+                    task="add-words", metric="logp_correct", baseline=baseline, margin=curve["margin"],
+                    confidence=0.9, resamples=200, seed=0, lofo=False).threshold
+    primary = rows["lstar-calib-v0"]["threshold_lstar"]
+    assert primary == pytest.approx(fit.estimate, abs=1e-12)
+    width = fit.upper - fit.lower
+    shifts = {}
+    for shown, register in CURVE_COLUMNS.items():
+        row = rows[register]
+        (cells,) = _rows(table, re.escape(shown))
+        order = np.argsort(x[register])
+        mapped = float(np.interp(row["threshold_lstar"], x[register][order], x["lstar-calib-v0"][order]))
+        shifts[shown] = mapped - primary
+        error = naive_error(x[register], row["threshold_lstar"])
+        expected = [row["threshold_lstar"], mapped, mapped - primary, width, error,
+                    error - naive_error(x["lstar-calib-v0"], primary)]
+        assert [_number(c) for c in cells[1:]] == [round(v, 3) + 0.0 for v in expected]
+        assert row["threshold_interval_width"] == pytest.approx(width, abs=1e-12)
+    text = " ".join(_section("## Registers").split())
+    who = max(shifts, key=lambda k: abs(shifts[k]))
+    assert f"moves at most {abs(shifts[who]):.3f} calib-v0 L\\* units ({who})" in text
+    assert f"({width:.3f} wide)" in text
+    assert max(abs(s) for s in shifts.values()) < width and register_flags(section, curve["curve_id"]) == []
+    assert "`register_threshold_shift` does not flag the curve" in text
+    assert f"(L\\* {section['lstar']['step287']['lstar-calib-v0']:.3f}) on the crossed side" in text
+    spread = float(np.ptp(x["lstar-calib-v0"]))
+    assert f"spread of calib-v0 L\\* over the lineage ({spread:.3f} here)" in text
+    assert all(abs(s) <= spread for s in shifts.values())
+    assert naive_error(x["dictionary"], rows["dictionary"]["threshold_lstar"]) == 0.0
+    assert naive_error(x["technical"], rows["technical"]["threshold_lstar"]) == 0.0

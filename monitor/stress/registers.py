@@ -149,8 +149,10 @@ def curve_shifts(curve, lstar: dict[str, dict[str, float]], names: list[str], *,
                     "a refit needs 3"]
     family = "sigmoid" if getattr(curve, "sigmoid", None) is not None else "isotonic"
     lower = AXES["lstar"].lower_is_progress
-    crossed = np.array([p.value >= curve.baseline + curve.margin for p in points]) \
-        if curve.direction == "non-decreasing" else np.array([p.value <= curve.baseline - curve.margin for p in points])
+    # A curve's `direction` is how its value runs along the axis (non-increasing on L*, where
+    # lower is progress), not which side of the level is crossed: a curve's metric is always
+    # higher-is-better (`fit_curve` refuses the others), so crossed means value ≥ b_t + ε.
+    crossed = np.array([p.value >= curve.level for p in points])
     xs = {name: np.array([lstar[p.checkpoint][name] for p in points]) for name in names}
     fits = {}
     for name in names:
