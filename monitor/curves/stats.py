@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from scipy.special import expit, logit
 from scipy.stats import norm
-from sklearn.isotonic import isotonic_regression
+from scipy.optimize import isotonic_regression as scipy_isotonic
 
 from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.axes import AXES, Axis
@@ -98,6 +98,14 @@ def _merge_ties(t: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
     return t[starts], np.add.reduceat(w * y, starts) / wsum, wsum
 
 
+def _pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The weighted non-decreasing least-squares fit of y (pool adjacent violators): scipy's
+    PAVA called directly. scikit-learn's `isotonic_regression` is this same call behind argument
+    validation that costs more than the fit on a curve's few dozen points, and the axis choice
+    and the bands call it thousands of times."""
+    return scipy_isotonic(y, weights=w, increasing=True).x
+
+
 @dataclass(frozen=True)
 class IsotonicFit:
     """A weighted isotonic fit: fitted values at the distinct predictor values (ascending)."""
@@ -127,7 +135,7 @@ def isotonic_fit(x: Sequence[float], y: Sequence[float], weights: Sequence[float
     # In the progress coordinate t the fit is non-decreasing, whichever way x runs.
     t = x if increasing else -x
     tu, yu, wu = _merge_ties(t, y, w)
-    fitted = isotonic_regression(yu, sample_weight=wu, increasing=True)
+    fitted = _pava(yu, wu)
     xu = tu if increasing else -tu
     order = np.argsort(xu)
     return IsotonicFit(xu[order], fitted[order], wu[order], increasing)
@@ -168,7 +176,7 @@ def _bootstrap(t: np.ndarray, y: np.ndarray, w: np.ndarray, grid: np.ndarray, le
     col = np.nonzero(mask)[1]                     # checkpoint index of each kept row
     shift = float(np.ptp(y)) + 1.0
     ww = (counts * w)[mask]
-    fitted = isotonic_regression(y[col] + rep * shift, sample_weight=ww, increasing=True) - rep * shift
+    fitted = _pava(y[col] + rep * shift, ww) - rep * shift
     tt = t[col]
     starts = np.flatnonzero(np.r_[True, (np.diff(fitted) != 0) | (np.diff(rep) != 0)])
     wsum = np.add.reduceat(ww, starts)
@@ -238,7 +246,7 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
     if not (np.all(np.isfinite(gaps)) and float(gaps.min()) >= np.finfo(np.float64).tiny):
         raise LabelError(f"the {predictor.label} values ({float(np.min(x)):.3g} … {float(np.max(x)):.3g}) "
                          "are too close together or too far apart to fit a curve on")
-    fitted = isotonic_regression(yu, sample_weight=wu, increasing=True)
+    fitted = _pava(yu, wu)
     grid_t = np.linspace(t[0], t[-1], grid_size)
     rng = np.random.default_rng(seed)
     curves, crossings = _bootstrap(t, yu, wu, grid_t, level, resamples, rng)
