@@ -6,7 +6,7 @@ docs/measurement.md §2. Performance is non-increasing in L* (lower L* is more p
 - weights (`label_weights`): 1/stderr² where a standard error is reported, else the binomial
   n / (p̃(1-p̃)) with the add-one estimate p̃ = (k+1)/(n+2), so a 0 % or 100 % row does not get
   an infinite weight;
-- the fit (`isotonic_fit`): weighted isotonic regression by scikit-learn, non-increasing in L*;
+- the fit (`isotonic_fit`): weighted isotonic regression (scipy's PAVA), non-increasing in L*;
 - the curve g: *centred* isotonic regression (Oron & Flournoy 2017): each block of the
   isotonic fit becomes one knot at its weighted centroid, with straight lines between knots
   and flat ends. It has the isotonic block values but not the staircase, so the threshold
@@ -137,7 +137,7 @@ def isotonic_fit(x: Sequence[float], y: Sequence[float], weights: Sequence[float
                  *, increasing: bool = False) -> IsotonicFit:
     """Weighted isotonic regression of y on x (default non-increasing, as performance on L*).
 
-    Equal x values are pooled first; the pool-adjacent-violators step is scikit-learn's.
+    Equal x values are pooled first; the pool-adjacent-violators step is scipy's (`_pava`).
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
