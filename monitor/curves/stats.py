@@ -6,7 +6,7 @@ docs/measurement.md §2. Performance is non-increasing in L* (lower L* is more p
 - weights (`label_weights`): 1/stderr² where a standard error is reported, else the binomial
   n / (p̃(1-p̃)) with the add-one estimate p̃ = (k+1)/(n+2), so a 0 % or 100 % row does not get
   an infinite weight;
-- the fit (`isotonic_fit`): weighted isotonic regression by scikit-learn, non-increasing in L*;
+- the fit (`isotonic_fit`): weighted isotonic regression (scipy's PAVA), non-increasing in L*;
 - the curve g: *centred* isotonic regression (Oron & Flournoy 2017): each block of the
   isotonic fit becomes one knot at its weighted centroid, with straight lines between knots
   and flat ends. It has the isotonic block values but not the staircase, so the threshold
@@ -61,6 +61,9 @@ PREDICTORS: dict[str, Axis] = {name: AXES[name] for name in ("lstar", "raw_ce", 
 
 
 # -- weights and the isotonic fit ---------------------------------------------------------------
+MAX_WEIGHT = 1e100   # a label's inverse-variance weight, at most (label_weights)
+
+
 def label_weights(values: Sequence[float], n: Sequence[int | None] | None = None,
                   stderr: Sequence[float | None] | None = None) -> tuple[np.ndarray, bool]:
     """Inverse-variance weights per row, and whether they are on an absolute scale.
@@ -76,16 +79,25 @@ def label_weights(values: Sequence[float], n: Sequence[int | None] | None = None
     for i, value in enumerate(values):
         se = None if stderr is None else stderr[i]
         count = None if n is None else n[i]
-        if se is not None and math.isfinite(se) and se > 0:
-            weights[i] = 1.0 / se ** 2
-        elif count is not None and count > 0 and 0.0 <= value <= 1.0:
-            p = (value * count + 1.0) / (count + 2.0)
-            weights[i] = count / (p * (1.0 - p))
-        elif count is not None and count > 0:
-            weights[i] = float(count)
-            known = False
-        else:
-            known = False
+        try:
+            if se is not None and math.isfinite(se) and se > 0:
+                weights[i] = 1.0 / se ** 2
+            elif count is not None and count > 0 and 0.0 <= value <= 1.0:
+                p = (value * count + 1.0) / (count + 2.0)
+                weights[i] = count / (p * (1.0 - p))
+            elif count is not None and count > 0:
+                weights[i] = float(count)
+                known = False
+            else:
+                known = False
+        except (ZeroDivisionError, OverflowError):   # se² underflowed, or a count beyond a float
+            weights[i] = math.inf
+        # A weight the fits cannot sum (inf makes PAVA's pooled means NaN; counts times it in
+        # the bootstrap overflow) comes from a standard error or count no measurement has.
+        if not weights[i] <= MAX_WEIGHT:
+            raise LabelError(f"label {i + 1} of those fitted (value {float(value):g}): standard error {se!r} "
+                             f"and count {count!r} give a weight beyond {MAX_WEIGHT:g}",
+                             hint="give the metric's real standard error (or its count of items), or neither")
     return weights, known
 
 
@@ -125,7 +137,7 @@ def isotonic_fit(x: Sequence[float], y: Sequence[float], weights: Sequence[float
                  *, increasing: bool = False) -> IsotonicFit:
     """Weighted isotonic regression of y on x (default non-increasing, as performance on L*).
 
-    Equal x values are pooled first; the pool-adjacent-violators step is scikit-learn's.
+    Equal x values are pooled first; the pool-adjacent-violators step is scipy's (`_pava`).
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)

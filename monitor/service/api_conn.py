@@ -25,10 +25,14 @@ h11 parses every request (the framing authority); uvicorn runs the ASGI app. Wha
 - **A lifetime never cuts an answer the server is still producing.** The lifetime is there
   to drop clients that hold a connection, not to bound how long an answer takes (a week's
   report at 10^4 checkpoints on a loaded machine can take longer). When it ends during an
-  answer, the connection closes after that answer; until then it is checked every
-  `idle_timeout`, and aborted only when the client has not read what was already sent at the
-  previous check (it stalls, or reads slower than about 64 KiB, uvicorn's write buffer,
-  per `idle_timeout`). A server still computing, with nothing unread, is left to finish.
+  answer, the connection closes after that answer.
+- **A client must keep reading an answer in progress.** From the moment a request is
+  dispatched until its answer is whole, the connection is checked every `idle_timeout`, and
+  aborted when the client has not read what was already sent at the previous check (it
+  stalls, or reads slower than about 64 KiB, uvicorn's write buffer, per `idle_timeout`). A
+  streamed answer (`/report`) holds a handler slot and its data until it is written, so a
+  client that stops reading one must not keep them until the lifetime ends. A server still
+  computing, with nothing unread, is left to finish.
 - **An answer never leaves a body unread on an open connection.** An answer that starts
   before the request's body is read says `Connection: close` (`RequestGuard`), and the
   connection lingers as after a refusal: without this, a client announcing a body it never
@@ -224,6 +228,7 @@ class GuardedH11Protocol(H11Protocol):
         self.ends = time.monotonic() + limits.lifetime
         self.sent = 0                    # bytes of answers written to the transport
         self.read_mark = 0               # what the client must have read by the next check
+        self.reader_check: asyncio.TimerHandle | None = None   # while an answer is in progress
         if not limits.make_room():
             busy = _answer_bytes(503, "Service Unavailable", limits.busy_body(), {"Retry-After": "1"})
             # Counted too: a refused connection holds its descriptor while its answer lingers,
@@ -240,6 +245,8 @@ class GuardedH11Protocol(H11Protocol):
         self.limits.waiting.pop(self, None)
         if self.life is not None:
             self.life.cancel()
+        if self.reader_check is not None:
+            self.reader_check.cancel()
         self._cancel_timer()
         super().connection_lost(exc)
 
@@ -287,27 +294,38 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is None or self.cycle.response_complete:
             self._close_now()
             return
+        # The answer in progress is finished, however long the server takes to produce it
+        # (a client that stops reading it is dropped by `_check_reader`, running since the
+        # request was dispatched).
         self._close_after_answer()
-        # The answer in progress is finished, however long the server takes to produce it;
-        # an answer the client does not read must not hold the connection either.
-        self.read_mark = self.sent
-        self.loop.call_later(self.limits.idle_timeout, self._check_reader)
 
     def read_by_client(self) -> int:
         """Bytes of the answers written that have left our buffer (the client has taken them)."""
         return self.sent - self.transport.get_write_buffer_size()
 
+    def _watch_reader(self) -> None:
+        """A request was dispatched: from now until its answer is whole, check every
+        `idle_timeout` that the client reads it (`_check_reader`)."""
+        if self.reader_check is not None:
+            self.reader_check.cancel()
+        self.read_mark = self.sent
+        self.reader_check = self.loop.call_later(self.limits.idle_timeout, self._check_reader)
+
     def _check_reader(self) -> None:
-        """After the lifetime, during the last answer: abort if the client has not read what
-        was sent by the previous check, else look again in `idle_timeout`."""
+        """During an answer: abort if the client has not read what was sent by the previous
+        check, else look again in `idle_timeout`. Once the answer is whole, the deadline for
+        the next request (or the close after the last answer) drops an unread answer."""
+        self.reader_check = None
         if self.transport.is_closing() or self.draining:
+            return
+        if self.cycle is None or self.cycle.response_complete:
             return
         if self.read_by_client() < self.read_mark:
             log.info("API connection dropped: its client stopped reading the answer")
             self.transport.abort()
             return
         self.read_mark = self.sent
-        self.loop.call_later(self.limits.idle_timeout, self._check_reader)
+        self.reader_check = self.loop.call_later(self.limits.idle_timeout, self._check_reader)
 
     def _close_after_answer(self) -> None:
         if self.cycle is None:
@@ -387,6 +405,7 @@ class GuardedH11Protocol(H11Protocol):
         count it and frame its body."""
         self.limits.waiting.pop(self, None)
         self.cycle.transport = _CycleTransport(self)   # its task has not run yet
+        self._watch_reader()
         self.answered += 1
         length = dict(self.headers).get(b"content-length")
         self.body_left = int(length) if length is not None and length.isdigit() else None
