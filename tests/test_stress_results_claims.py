@@ -334,3 +334,26 @@ def test_register_curve_table_is_recomputed():
     assert all(abs(s) <= spread for s in shifts.values())
     assert naive_error(x["dictionary"], rows["dictionary"]["threshold_lstar"]) == 0.0
     assert naive_error(x["technical"], rows["technical"]["threshold_lstar"]) == 0.0
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("cli-*.json")), ids=lambda p: p.name)
+def test_one_stress_command_gave_all_three_tests(path):
+    document = json.loads(path.read_text())
+    assert document["schema"] == "lstar-stress/1"
+    sections = document["sections"]
+    assert set(sections) == {"tokenization", "registers", "task_format"}
+    for row in sections["tokenization"]["checkpoints"]:
+        for variant in row["variants"]:   # L* is CE minus the re-estimated unigram CE, per variant
+            assert abs(variant["ce"] - variant["ce_uni"] - variant["lstar"]) < 1e-9
+    for label, scores in sections["registers"]["scores"].items():
+        for name, score in scores.items():
+            assert abs(score["ce"] - score["ce_unigram"] - sections["registers"]["lstar"][label][name]) < 1e-9
+    labels = list(sections["registers"]["lstar"])
+    if len(labels) >= 2:
+        for t in sections["registers"]["kendall_tau"]:
+            tau = kendalltau([sections["registers"]["lstar"][k][t["a"]] for k in labels],
+                             [sections["registers"]["lstar"][k][t["b"]] for k in labels]).statistic
+            assert t["tau"] == pytest.approx(tau, abs=1e-12)
+    for task in sections["task_format"]["tasks"]:
+        table = {f["name"]: [c["value"] for c in f["checkpoints"]] for f in task["formats"]}
+        assert task["instability"] == pytest.approx(_naive_instability(table), abs=1e-12)
