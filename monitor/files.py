@@ -12,6 +12,7 @@ without importing each other. Small files are written the matching way, atomical
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -124,7 +125,7 @@ def read_bounded_text(path: Path, label: str, *, what: FileKind = POLICY_FILE) -
                           hint="save the file as UTF-8") from None
 
 
-__all__ = ["POLICY_FILE", "POLICY_MAX_BYTES", "TASK_FILE", "TASK_FILE_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
+__all__ = ["POLICY_FILE", "file_sha256", "POLICY_MAX_BYTES", "TASK_FILE", "TASK_FILE_MAX_BYTES", "FileKind", "NotJsonError", "read_bounded_bytes",
            "read_bounded_json", "read_bounded_text"]
 
 
@@ -141,3 +142,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file, read in 1 MiB blocks so a large wheel or model is never held whole."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

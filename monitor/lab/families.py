@@ -38,7 +38,7 @@ from typing import Any
 import logging
 
 from monitor.errors import LabError
-from monitor.files import atomic_write_text
+from monitor.files import atomic_write_text, file_sha256
 
 TRAIN_BYTES = 4_000_000          # text the trained families learn from (seconds per tokenizer)
 EOS = "<|endoftext|>"
@@ -132,13 +132,6 @@ MISTRAL_WHEEL_MAX_BYTES = 64 << 20      # the 1.13.1 wheel is 6.6 MB
 MISTRAL_FILE_MAX_BYTES = 64 << 20       # its largest vocabulary file (tekken) is 14.8 MB
 
 
-def _wheel_sha256(wheel: Path) -> str:
-    digest = hashlib.sha256()
-    with wheel.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def mistral_data_from_wheel(wheel: str | Path, dest: str | Path, *, sha256: str | None = None,
                             files: Sequence[str] | None = None) -> Path:
@@ -156,7 +149,7 @@ def mistral_data_from_wheel(wheel: str | Path, dest: str | Path, *, sha256: str 
         raise LabError(f"--mistral-wheel {wheel} is not a file", hint=hint)
     if wheel.stat().st_size > MISTRAL_WHEEL_MAX_BYTES:
         raise LabError(f"--mistral-wheel {wheel} is larger than {MISTRAL_WHEEL_MAX_BYTES} bytes", hint=hint)
-    actual = _wheel_sha256(wheel)
+    actual = file_sha256(wheel)
     if actual != sha256:
         raise LabError(f"--mistral-wheel {wheel} has sha256 {actual[:16]}…, the pinned {MISTRAL_WHEEL} has "
                        f"{sha256[:16]}…", hint=hint)

