@@ -20,6 +20,7 @@ from monitor.store.alerts import current_rows, placed_predictions
 from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.training_order import commit_date
 from test_tick_query_count import T0, build
+from support.notifications import notify_one
 
 
 def naive_placed(store: Store, policy: str, task: str) -> list[dict[str, Any]]:
@@ -109,13 +110,7 @@ def test_last_notification_times_equal_one_lookup_per_group(tmp_path: Path) -> N
         for i in range(24):
             receiver, key = f"r{i % 3}", f"g{i % 4}"
             now = T0 + timedelta(minutes=7 * i)
-            store.conn.execute(
-                "INSERT INTO deliveries (alert_id, policy, receiver, group_key, group_labels, group_wait_s, "
-                "group_interval_s, status, created_at, updated_at) VALUES (?, 'p', ?, ?, '{}', 0, 0, 'pending', ?, ?)",
-                [i, receiver, key, now, now])
-            did = store.query("SELECT max(id) AS id FROM deliveries")[0]["id"]
-            assert store.create_notification({"id": f"n{i}", "policy": "p", "receiver": receiver, "group_key": key,
-                                              "body": "{}", "n_alerts": 1, "is_meta": False}, [did], now=now)
+            notify_one(store, i, receiver, key, now)
             made[("p", receiver, key)] = max(made.get(("p", receiver, key), now), now)
         asked = [*made, ("p", "r0", "never"), ("q", "r1", "g1")]
         got = store.last_notification_times(asked)

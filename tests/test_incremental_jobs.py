@@ -18,6 +18,7 @@ from monitor.alerts.predict import TaskPrediction
 from monitor.errors import StoreError
 from monitor.policy.load import load_policy
 from monitor.store import Store
+from support.notifications import notify_one
 from support.scores import (
     CALIB_V0_SHA256,
     TEST_SPEC,
@@ -240,13 +241,7 @@ def test_grouping_reads_the_groups_own_row(tmp_path):
         for i in range(30):
             receiver, key = f"r{i % 3}", f"g{i % 5}"
             now = T0 + timedelta(minutes=7 * i)
-            store.conn.execute(
-                "INSERT INTO deliveries (alert_id, policy, receiver, group_key, group_labels, group_wait_s, "
-                "group_interval_s, status, created_at, updated_at) VALUES (?, 'p', ?, ?, '{}', 0, 0, 'pending', ?, ?)",
-                [i, receiver, key, now, now])
-            did = store.query("SELECT max(id) AS id FROM deliveries")[0]["id"]
-            assert store.create_notification({"id": f"n{i}", "policy": "p", "receiver": receiver, "group_key": key,
-                                              "body": "{}", "n_alerts": 1, "is_meta": False}, [did], now=now)
+            notify_one(store, i, receiver, key, now)
             made.setdefault((receiver, key), []).append(now)
         counter = counted(store)
         for (receiver, key), times in made.items():
