@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, TypeVar
 
 RULE = ("the latest scored checkpoint in training order: by training step when every checkpoint of the "
@@ -131,6 +131,26 @@ def lineage_order(items: Iterable[T], placement: Callable[[T], Placement],
     return [items[i] for i in keyed]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_FLOOR_US = -(2 ** 63)   # below every time, as `datetime.min` is in `lineage_order`
+
+
+def time_key(moment: datetime | None) -> int | None:
+    """A release time as whole microseconds since the epoch (what `order_by_keys` compares):
+    the same order as the datetimes (every placed time is zoned)."""
+    return None if moment is None else (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def order_by_keys(keys: Sequence[tuple[int | None, int | None, Any]]) -> list[int]:
+    """The rule of `lineage_order` for checkpoints placed elsewhere (a report's history, placed
+    by DuckDB: `monitor.store.placement_sql`): `keys` holds each checkpoint of ONE lineage as
+    (step, `time_key` of its release time, tiebreak); the answer is their indices in training
+    order, earliest first."""
+    by_step = bool(keys) and all(key[0] is not None for key in keys)
+    return sorted(range(len(keys)), key=lambda i: (keys[i][0] if by_step else 0,
+                                                   _FLOOR_US if keys[i][1] is None else keys[i][1], keys[i][2]))
+
+
 def training_ranks(items: Iterable[T], placement: Callable[[T], Placement], key: Callable[[T], Hashable],
                    tiebreak: Callable[[T], Any] = lambda item: "") -> dict[Hashable, int]:
     """Each checkpoint's position in its lineage's training order (0 = earliest), by `key`;
@@ -200,5 +220,5 @@ class LatestInOrder(Generic[T]):
         return self._by_step is None or by_step > self._by_step[0]
 
 
-__all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step",
+__all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step", "order_by_keys", "time_key",
            "commit_date", "place", "orders_by_step", "lineage_order", "training_ranks", "current_checkpoint", "LatestInOrder"]

@@ -68,7 +68,7 @@ def test_alerts_and_report_are_answered_through_the_api(daemon):
     report = lstar("report", "--policy", str(daemon.policies_dir), "--db", db, "--json")
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
-    assert (data["schema"], data["policy"], data["report"]) == ("lstar-report/1", "watcher", "adhoc")
+    assert (data["schema"], data["policy"], data["report"]) == ("lstar-report/2", "watcher", "adhoc")
     assert data["summary"] == {"new_checkpoints": 0, "new_scores": 0, "lineages": 0, "at_risk": 0,
                                "emerged": 0, "crossings": 0}
     assert data["period"]["end"] == data["generated_at"]

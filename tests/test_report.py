@@ -169,7 +169,7 @@ def test_due_reports_are_written_recorded_and_delivered(world) -> None:
     for name in ("report.md", "report.html", "report.json", "lstar_over_time.png", "ce_vs_lstar.png",
                  "curve_cloze.png"):
         assert (folder / name).stat().st_size > 0
-    assert json.loads((folder / "report.json").read_text())["schema"] == "lstar-report/1"
+    assert json.loads((folder / "report.json").read_text())["schema"] == "lstar-report/2"
     line = json.loads((tmp / "audit.jsonl").read_text().splitlines()[-1])
     assert line["message"]["report"] == "weekly" and line["message"]["summary"]["lineages"] == 2
     assert first[0]["deliveries"] == [{"receiver": "audit", "kind": "file", "outcome": "delivered", "error": None}]

@@ -102,9 +102,10 @@ def test_the_number_of_queries_does_not_grow_with_lineages_or_derivatives(two_si
     assert len(large_q) < 40
 
 
-def old_derivative_sections(store: Store, corpus: str | None, checkpoints, predictions, name_of):
+def old_derivative_sections(store: Store, corpus: str | None, checkpoints, predictions, name_of, prefetch=None):
     """The derivatives section as it was computed before issue 39: one lineage lookup and two
-    score lookups per derivative (the reference the batched version must equal)."""
+    score lookups per derivative (the reference the batched version must equal). The names'
+    refs are fetched per derivative (`prefetch` of its two checkpoints), as its lookups are."""
     from monitor.reports.derivatives import _task_states
 
     derived = store.derivative_keys()
@@ -117,6 +118,8 @@ def old_derivative_sections(store: Store, corpus: str | None, checkpoints, predi
         if base is None:
             continue
         key = (base["base_repo"] or " + ".join(base["bases"]) or "?", base["base_sha"])
+        if prefetch is not None:
+            prefetch([(repo, sha), *([(base["base_repo"], base["base_sha"])] if base["base_sha"] else [])])
         own = store.complete_score(repo, sha, corpus) if corpus else None
         theirs = (store.complete_score(base["base_repo"], base["base_sha"], corpus, own or None)
                   if corpus and base["base_sha"] else None)

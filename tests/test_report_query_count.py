@@ -11,6 +11,7 @@ this change wrote for the same state (`tests/fixtures/report_golden_30_lineages.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -25,6 +26,7 @@ import scale_state as ss
 
 from monitor.reports.delivery import report_body_text
 from monitor.reports.report import build_report, iter_json, to_json
+from monitor.reports.summary import PLOT_LINEAGES, plotted_lineages
 from monitor.store import Store
 
 T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
@@ -38,6 +40,11 @@ MACHINE_KEYS = ("policy_version",)
 slow_state = pytest.mark.slow
 
 
+def statement(sql: str) -> str:
+    """A statement's first 80 characters, its report's temporary table named alike in every report."""
+    return re.sub(r"report_ranks_\d+", "report_ranks_N", " ".join(sql.split()))[:80]
+
+
 class CountingConnection:
     """A DuckDB connection that counts the statements run through it."""
 
@@ -46,11 +53,11 @@ class CountingConnection:
         self.statements: list[str] = []
 
     def execute(self, sql: str, *args: Any) -> Any:
-        self.statements.append(" ".join(sql.split())[:80])
+        self.statements.append(statement(sql))
         return self._conn.execute(sql, *args)
 
     def cursor(self) -> Any:
-        """A cursor whose statements are counted too (the carried-in runs stream from one)."""
+        """A cursor whose statements are counted too (a report's ranks live in one)."""
         return CountingCursor(self, self._conn.cursor())
 
     def __getattr__(self, name: str) -> Any:
@@ -62,7 +69,7 @@ class CountingCursor:
         self._owner, self._cur = owner, cur
 
     def execute(self, sql: str, *args: Any) -> Any:
-        self._owner.statements.append(" ".join(sql.split())[:80])
+        self._owner.statements.append(statement(sql))
         return self._cur.execute(sql, *args)
 
     def __getattr__(self, name: str) -> Any:
@@ -103,12 +110,14 @@ def test_report_queries_do_not_grow_with_lineages_or_derivatives(states) -> None
     assert small["summary"]["lineages"] == 3 and large["summary"]["lineages"] == 30
     derivatives = [sum(len(g["derivatives"]) for g in data["derivatives"]) for data in (small, large)]
     assert derivatives[0] >= 1 and derivatives[1] >= 2 * derivatives[0]
-    assert len(large["lineage_history"]) == 10 * len(small["lineage_history"]) == 90
+    # the history holds the lineages the L*-over-time figure draws: all 3, then 14 of 30
+    assert len(small["lineage_history"]) == 3 * PER_LINEAGE
+    assert len(large["lineage_history"]) == PLOT_LINEAGES * PER_LINEAGE
     # the same statements, as many of each, and few
     assert Counter(small_queries) == Counter(large_queries)
-    assert len(large_queries) <= 16
-    # the carried-in runs, read on a cursor of their own, are among those counted
-    assert sum(q.startswith("WITH history AS") for q in large_queries) == 1, large_queries
+    assert len(large_queries) <= 24   # 22: the ranks (7, on their cursor), the rows, the sections
+    # every scored checkpoint is ranked by one statement, on the report's own cursor
+    assert sum(q.startswith("CREATE TEMP TABLE report_ranks_N AS") for q in large_queries) == 1, large_queries
 
 
 def _public(data: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +132,12 @@ def test_report_of_a_realistic_state_equals_the_previous_codes_row_for_row(state
     for task in [*now["tasks"], *before["tasks"]]:
         task.pop("curve_file")   # the policy's folder on this machine
     assert sorted(now) == sorted(before)
+    # The history now holds only the lineages the L*-over-time figure draws (schema 2): those
+    # rows are the previous code's, and every other section is as it was.
+    assert (before.pop("schema"), now.pop("schema")) == ("lstar-report/1", "lstar-report/2")
+    drawn = set(plotted_lineages(now))
+    assert len(drawn) == PLOT_LINEAGES and {r["lineage"] for r in now["lineage_history"]} == drawn
+    before["lineage_history"] = [r for r in before["lineage_history"] if r["lineage"] in drawn]
     for section, rows in before.items():
         if isinstance(rows, list):
             assert len(now[section]) == len(rows), section
@@ -130,7 +145,7 @@ def test_report_of_a_realistic_state_equals_the_previous_codes_row_for_row(state
                 assert got == want, f"{section}[{i}]"
         else:
             assert now[section] == rows, section
-    assert len(before["lineage_history"]) == 90 and before["crossings"] and before["derivatives"]
+    assert len(before["lineage_history"]) == PLOT_LINEAGES * PER_LINEAGE and before["crossings"] and before["derivatives"]
 
 
 @slow_state

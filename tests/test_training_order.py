@@ -22,9 +22,9 @@ HOME = "monitor.training_order"
 # The rule's functions: a definition of one of these names anywhere else is a second rule.
 RULE_NAMES = {"current_checkpoint", "training_order", "lineage_order", "training_ranks", "parse_step", "place",
               "orders_by_step", "commit_date"}
-# Each module that shows or acts on a lineage's current checkpoint (the report, the watchlist,
+# Each module that shows or acts on a lineage's current checkpoint (the report's rows, the watchlist,
 # the status page, a policy change's re-evaluation, the alert engine's lineage history).
-USERS = ("monitor.reports.report", "monitor.reports.watchlist", "monitor.service.status_page",
+USERS = ("monitor.reports.history", "monitor.reports.watchlist", "monitor.service.status_page",
          "monitor.service.policy_change", "monitor.store.alerts", "monitor.reports.plots")
 # One prediction per (task,) lineage chosen by a time order: "the newest" standing in for "current".
 NEWEST_PER_LINEAGE = re.compile(

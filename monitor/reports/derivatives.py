@@ -29,15 +29,20 @@ def _task_states(predictions: Iterable[Any]) -> dict[tuple[str, str], dict[str, 
 
 
 def derivative_sections(store: Store, corpus: str | None, checkpoints: Iterable[tuple[str, str]],
-                        predictions: Sequence[Any], name_of: Callable[[str, str], str]) -> list[dict[str, Any]]:
+                        predictions: Sequence[Any], name_of: Callable[[str, str], str],
+                        prefetch: Callable[[Sequence[tuple[str, str]]], None] | None = None) -> list[dict[str, Any]]:
     """One entry per base of the derivatives among `checkpoints` ((repo, commit) pairs the
     report mentions), each listing them with both coordinates on `corpus` and their states.
+    `prefetch`, when given, is told every checkpoint about to be named (`name_of`) first, so
+    that their refs are read in one lookup.
 
     Three queries whatever the number of derivatives: their lineages, their own complete
-    scores, their bases' complete scores (each a batch lookup by key)."""
+    scores, their bases' complete scores (each a batch lookup by key); and the prefetch's."""
     bases = store.hub_checkpoint_bases(sorted(set(checkpoints)))
     if not bases:
         return []
+    if prefetch is not None:
+        prefetch([*bases, *((b["base_repo"], b["base_sha"]) for b in bases.values() if b["base_sha"])])
     states = _task_states(p for p in predictions if (p.repo, p.commit_sha) in bases)
     owns = store.complete_scores(list(bases), corpus) if corpus else {}
     base_keys = [(b["base_repo"], b["base_sha"]) for b in bases.values() if b["base_sha"]]

@@ -39,16 +39,16 @@ from monitor.stress.storage import stress_flags_for_curve
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.json_text import iter_json, json_default, to_json, write_json
-from monitor.reports.summary import plotted, summarised
+from monitor.reports.history import history_rows, lineage_rows, ranked, watched_pairs
+from monitor.reports.summary import plotted, plotted_lineages, summarised
 from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import checkpoint_name, fmt, short
 from monitor.store import Store
 from monitor.store.evaluation_gaps import NOT_EVALUATED
-from monitor.store.rows import PredictionRow, ReportCarriedRow, ReportScoreRow
-from monitor.training_order import (Placement, current_checkpoint, lineage_order, orders_by_step, place,
-                                    training_ranks)
+from monitor.store.report_ranks import ReportRanks
+from monitor.store.rows import PredictionRow
 
-SCHEMA = "lstar-report/1"
+SCHEMA = "lstar-report/2"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 HTML_TEMPLATE = "report.html.j2"
 FIRING = ("at_risk", "emerged")
@@ -130,97 +130,19 @@ def _in_period(moment: datetime | None, start: datetime, end: datetime) -> bool:
     return moment is not None and start < moment <= end
 
 
-def _placement(row: Mapping[str, Any]) -> Placement:
-    return Placement(row["step"], row["released_at"], row["time_source"])
-
-
-def _table_row(r: ReportScoreRow, *, new: bool) -> dict[str, Any]:
-    """One row of the L* table: a checkpoint's newest run, placed in its lineage."""
-    tcb = r.tcb or {}
-    where = place(r.refs, r.meta, r.discovered_at, r.finished_at)
-    return {
-        "lineage": r.lineage, "repo": r.repo, "commit": r.commit_sha, "refs": r.refs,
-        "checkpoint": checkpoint_name(r.repo, r.commit_sha, r.refs),
-        "step": where.step, "released_at": where.time, "time_source": where.time_source,
-        "run_id": r.run_id, "tokenizer": r.tokenizer_fingerprint, "lstar": r.lstar,
-        "se": r.se_ce, "ce": r.ce, "ce_unigram": r.ce_unigram,
-        "bits_per_byte": r.bits_per_byte, "n_tokens": int(r.n_tokens),
-        "finished_at": r.finished_at, "new": new,
-        "stability": {k: tcb.get(k) for k in ("mean", "median", "p10", "v_eff_mean", "margin_mean",
-                                               "n_positions")} if tcb else None}
-
-
-def _lineage_rows(store: Store, policy: Policy, corpus: str | None, *, start: datetime,
-                  end: datetime) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]],
-                                          dict[str, dict[str, Any]]]:
-    """The L* table's rows by lineage: each checkpoint scored in the window (its newest run
-    there), and each lineage's current checkpoint at the window's start (training_order: the
-    latest in training order of those scored before it, `new` false) unless the window scored
-    that checkpoint again; every scored checkpoint of each lineage (its newest run), for the
-    training order and the L*-over-time plot; and, per lineage, how many checkpoints it had
-    scored before the window and its best L* then."""
-    from monitor.alerts import watches
-
-    latest: dict[tuple[str, str], ReportScoreRow] = {}
-    for r in store.report_score_runs(corpus, start=start, end=end):  # oldest first: the newest run wins
-        if watches(policy, r.repo, r.rule):
-            latest[(r.repo, r.commit_sha)] = r
-    earlier: dict[str, list[dict[str, Any]]] = {}
-    before: dict[str, dict[str, Any]] = {}
-    for c in store.report_carried_runs(corpus, start=start):   # one row per checkpoint
-        if not watches(policy, c.run.repo, c.run.rule):
-            continue
-        seen = before.setdefault(c.run.lineage, {"checkpoints": 0, "best_lstar": c.best_lstar_before})
-        seen["checkpoints"] += c.checkpoints_before
-        seen["best_lstar"] = min(seen["best_lstar"], c.best_lstar_before)
-        if (c.run.repo, c.run.commit_sha) not in latest:
-            earlier.setdefault(c.run.lineage, []).append(_table_row(c.run, new=False))
-    by_lineage: dict[str, list[dict[str, Any]]] = {}
-    for r in latest.values():
-        by_lineage.setdefault(r.lineage, []).append(_table_row(r, new=True))
-    history = {lineage: [*by_lineage.get(lineage, []), *earlier.get(lineage, [])]
-               for lineage in sorted({*by_lineage, *earlier})}
-    for lineage, rows in earlier.items():
-        # ordered with the window's checkpoints, so that one order (step or time) holds for all
-        ranks = training_ranks(history[lineage], _placement, id, lambda row: row["commit"])
-        by_lineage.setdefault(lineage, []).append(max(rows, key=lambda row: ranks[id(row)]))
-    return by_lineage, history, before
-
-
-def carried_states(store: Store, policy: str, *, start: datetime, tasks: Iterable[str],
-                   order: Mapping[tuple[str, str], int],
-                   window: Sequence[PredictionRow]) -> list[PredictionRow]:
-    """The carried-in predictions (each (task, lineage, checkpoint)'s state at `start`, oldest
-    first) that a report reads, whole: per (task, lineage), the latest in training order (the
-    state carried in; ties: the later evaluated), those latest by (training order, evaluation
-    time) (a lineage's current state when the window predicted nothing newer), and those of a
-    checkpoint the window predicted again (it replaces them). The others can decide nothing:
-    they are chosen among by key (two queries, whatever the history's length), not read whole."""
-    tasks = set(tasks)
-    again = {(p.task, p.lineage, p.repo, p.commit_sha) for p in window}
-    best: dict[tuple[str, str], list[Any]] = {}   # (task, lineage): [rank, id, (rank, time), ids]
-    wanted: set[int] = set()
-    for ident, task, lineage, repo, commit, evaluated_at in store.report_carried_keys(
-            policy, start=start, skip_state=NOT_EVALUATED):   # oldest first per (task, lineage)
-        if task not in tasks:
-            continue
-        rank = order.get((repo, commit), -1)
-        group = best.get((task, lineage))
-        if group is None:
-            best[(task, lineage)] = [rank, ident, (rank, evaluated_at), [ident]]
-        else:
-            if rank >= group[0]:
-                group[0], group[1] = rank, ident
-            if (rank, evaluated_at) > group[2]:
-                group[2], group[3] = (rank, evaluated_at), [ident]
-            elif (rank, evaluated_at) == group[2]:
-                group[3].append(ident)
-        if (task, lineage, repo, commit) in again:
-            wanted.add(ident)
-    for _, ident, _, latest in best.values():
-        wanted.add(ident)
-        wanted.update(latest)
-    return store.predictions_by_id(sorted(wanted))
+def carried_states(store: Store, ranks: ReportRanks, policy: str, *, start: datetime, tasks: Iterable[str],
+                   window: Sequence[PredictionRow]) -> tuple[list[PredictionRow], dict[tuple[str, str], int]]:
+    """The carried-in predictions (each (task, lineage, checkpoint)'s state at `start`) that a
+    report reads, whole and oldest first, with the rank of each one's checkpoint: per (task,
+    lineage), the latest by (training order, evaluation time) (the state carried in, and a
+    lineage's current state when the window predicted nothing newer), and those of a checkpoint
+    the window predicted again (it replaces them). The others can decide nothing: DuckDB chooses
+    among them by key (`ReportRanks.carried_predictions`), whatever the history's length."""
+    again = sorted({(p.task, p.lineage, p.repo, p.commit_sha) for p in window})
+    chosen = ranks.carried_predictions(policy, start=start, tasks=list(tasks), skip_state=NOT_EVALUATED, again=again)
+    rank_of = dict(chosen)
+    rows = store.predictions_by_id([ident for ident, _ in chosen])
+    return rows, {(p.repo, p.commit_sha): int(rank_of[p.id]) for p in rows if rank_of[p.id] >= 0}
 
 
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
@@ -235,39 +157,42 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     `training_order.current_checkpoint` names (the latest in training order, never in scoring order),
     and each task's state of a lineage is that checkpoint's.
     """
-    from monitor.alerts import public_corpus, watches
+    from monitor.alerts import public_corpus
+
+    curves, problems = load_policy_curves(policy)
+    corpus = public_corpus(policy, curves.values())
+    watched = watched_pairs(store, policy, corpus, end=now)
+    with store.report_ranks(corpus, start=period_start, end=now, watched=watched) as ranks:
+        return _build_report(store, policy, ranks, curves, problems, corpus, now=now, period_start=period_start,
+                             name=name)
+
+
+def _build_report(store: Store, policy: Policy, ranks: ReportRanks, curves: dict[str, Any], problems: list[str],
+                  corpus: str | None, *, now: datetime, period_start: datetime, name: str) -> dict[str, Any]:
+    """`build_report`'s body, with the ranks of every scored checkpoint held by DuckDB (`ranks`)."""
+    from monitor.alerts import watches
     from monitor.alerts.predict import margin_in_force
     from monitor.curves import curve_warnings
     from monitor.curves.artifact import threshold_at
 
-    curves, problems = load_policy_curves(policy)
-    corpus = public_corpus(policy, curves.values())
-    by_lineage, history, before = _lineage_rows(store, policy, corpus, start=period_start, end=now)
-    table, families, order, scored = [], {}, {}, []
-    for lineage in sorted(by_lineage):
+    lineages = lineage_rows(store, ranks)
+    order = lineages.order
+    table, families = [], {}
+    for lineage in sorted(lineages.table):
         # One training order over every scored checkpoint of the lineage (training_order): the
         # table's rows, the current checkpoint and each task's current state all follow it.
-        # each row placed once (a 10^5-row history was placed five times a row)
-        placed = {id(row): _placement(row) for row in history[lineage]}
-
-        def placement(row: Mapping[str, Any], placed: dict[int, Placement] = placed) -> Placement:
-            return placed[id(row)]
-
-        every = lineage_order(history[lineage], placement, lambda row: row["commit"])
-        scored += every
-        order.update(training_ranks(every, placement, lambda row: (row["repo"], row["commit"]),
-                                    lambda row: row["commit"]))
-        rows = sorted(by_lineage[lineage], key=lambda row: order[(row["repo"], row["commit"])])
+        rows = ranked(lineages.table[lineage], order)
         table += rows
-        # the definition (`monitor.training_order`); by construction also the table's last row
-        current = current_checkpoint(history[lineage], placement, lambda row: row["commit"]) or rows[-1]
-        earlier = before.get(lineage, {"checkpoints": 0, "best_lstar": None})
+        # the definition (`monitor.training_order`): the latest in training order is the
+        # window's latest or, when the window scored none later, the one carried in
+        current = rows[-1]
+        earlier = lineages.before.get(lineage, {"checkpoints": 0, "best_lstar": None})
         best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
                                                       else []))
         families[lineage] = {
             "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
             "new_scores": sum(row["new"] for row in rows),
-            "order": "training step" if orders_by_step(placed.values()) else "release time",
+            "order": "training step" if lineages.by_step[lineage] else "release time",
             "current": current["checkpoint"], "latest_lstar": current["lstar"], "latest_se": current["se"],
             "best_lstar": best}
     names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
@@ -276,7 +201,10 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     # Per (task, lineage): each checkpoint's state at the window's start (the current one is
     # chosen in training order below), and the current one's (the latest in training order,
     # as the alert engine compares with), where the crossings start from.
-    carried_all = carried_states(store, policy.name, start=period_start, tasks=curves, order=order, window=window)
+    carried_all, carried_ranks = carried_states(store, ranks, policy.name, start=period_start, tasks=curves,
+                                                window=window)
+    order.update(carried_ranks)
+    order.update(ranks.ranks_of([(p.repo, p.commit_sha) for p in window]))
     carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
     carried_in: dict[tuple[str, str], PredictionRow] = {}
     for p in carried_all:   # oldest first
@@ -288,9 +216,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
         names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
-    # Every scored checkpoint's refs came with the history; only a prediction's checkpoint with
-    # no score run on the corpus is looked up (one query). `names` stays what the report shows.
-    known_refs = {(row["repo"], row["commit"]): row["refs"] for row in scored}
+    # The table's checkpoints came with their refs; the others a prediction names are looked up
+    # (one query). `names` stays what the report shows.
+    known_refs = {(row["repo"], row["commit"]): row["refs"] for row in table}
     unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_all]} - set(names) - set(known_refs)
     refs = {**known_refs, **store.checkpoint_refs(sorted(unnamed))}
 
@@ -382,12 +310,17 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
     problems += [r["problem"] for r in record if r.get("problem")]
     crossings.sort(key=lambda c: (c["at"], c["task"], c["lineage"]))
     mentioned = [*names, *((p.repo, p.commit_sha) for p in window)]
-    derivatives = derivative_sections(store, corpus, mentioned, [*predictions, *carried_in.values()], name_of)
+
+    def prefetch(pairs: Sequence[tuple[str, str]]) -> None:
+        refs.update(store.checkpoint_refs(sorted(set(pairs) - set(names) - set(refs))))
+
+    derivatives = derivative_sections(store, corpus, mentioned, [*predictions, *carried_in.values()], name_of,
+                                      prefetch)
     # An observed state supersedes the prediction: observed_unresolved counts as at risk,
     # observed_emerged as emerged, observed_clear as neither.
     at_risk = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "at_risk"]
     emerged = [{"task": t["task"], **x} for t in tasks for x in t["lineages"] if _in_force(x) == "emerged"]
-    return {
+    data = {
         "schema": SCHEMA, "policy": policy.name, "report": name, "generated_at": now,
         "policy_version": policy_version(policy, curves),
         "period": {"start": period_start, "end": now}, "corpus_sha256": corpus, "problems": problems,
@@ -398,8 +331,9 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                              "checkpoint": name_of(c.repo, c.sha), "status": c.status,
                              "reason": c.reason, "discovered_at": c.discovered_at} for c in discovered],
         "families": list(families.values()), "lstar_table": table, "tasks": tasks, "derivatives": derivatives,
-        # every scored checkpoint of each lineage, in training order (the L*-over-time plot)
-        "lineage_history": scored,
+        # every scored checkpoint of each lineage the L*-over-time figure draws, in training
+        # order (filled below, once the figure's lineages are known)
+        "lineage_history": [],
         "at_risk": at_risk, "emerged": emerged, "crossings": crossings,
         "track_record": record,
         "superseded_evaluations": superseded_section(store, policy, since=period_start, until=now),
@@ -408,6 +342,8 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
         "plots": [],
         "_curves": curves,
     }
+    data["lineage_history"] = history_rows(store, ranks, plotted_lineages(data))
+    return data
 
 
 def report_figures(data: Mapping[str, Any]) -> dict[str, Any]:

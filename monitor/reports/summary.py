@@ -86,10 +86,16 @@ def summarised(data: Mapping[str, Any], top: int = TOP_ROWS) -> dict[str, Any]:
     return out
 
 
+def plotted_lineages(data: Mapping[str, Any]) -> list[str]:
+    """The lineages the figures draw: the shown ones (`summarised`), at most `PLOT_LINEAGES`."""
+    view = summarised(data)
+    return shown_lineages(view, room=len(view["lstar_table"]))[:PLOT_LINEAGES]
+
+
 def plotted(data: Mapping[str, Any]) -> dict[str, Any]:
     """The report data the figures draw: the shown lineages, at most `PLOT_LINEAGES` of them."""
     view = summarised(data)
-    keep = set(shown_lineages(view, room=len(view["lstar_table"]))[:PLOT_LINEAGES])
+    keep = set(plotted_lineages(data))
     if len(keep) == len({r["lineage"] for r in view["lstar_table"]}):
         return view
     out = dict(view)
@@ -100,4 +106,4 @@ def plotted(data: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["TOP_ROWS", "PLOT_LINEAGES", "shown_lineages", "summarised", "plotted"]
+__all__ = ["TOP_ROWS", "PLOT_LINEAGES", "shown_lineages", "summarised", "plotted", "plotted_lineages"]

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
-
-import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.store.lineage_batch import PLACEMENT_EXTRACT, PLACEMENT_OBJECT
-from monitor.store.rows import CheckpointRow, PredictionRow, ReportCarriedRow, ReportRow, ReportScoreRow
+from monitor.store.report_ranks import ReportRanks
+from monitor.store.rows import CheckpointRow, PredictionRow, ReportRow, ReportScoreRow
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_BATCH_ROWS = 4096   # rows fetched at a time by `_query_in_batches`
 # what a report's score run reads of its checkpoint (`ReportRows._RUN_SELECT`)
 _CHECKPOINT_KEYS = (f"(SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
                     f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints)")
@@ -58,91 +55,57 @@ class ReportRows(StoreConnection):
         row["tcb"], row["refs"], row["meta"] = tcb, refs if refs is not None else [], meta or {}
         return ReportScoreRow.from_row(row)
 
-    def report_score_runs(self, corpus_sha256: str | None, *, start: datetime, end: datetime) -> list[ReportScoreRow]:
-        """The score runs that finished in (start, end] (on one corpus, or all), oldest first, with
-        their checkpoint's lineage, rule, refs, discovery time and meta (JSON columns decoded)."""
+    def report_repo_rules(self, corpus_sha256: str | None, *, end: datetime) -> list[tuple[str, str | None]]:
+        """Each (repo, rule) of the checkpoints scored by `end` (on one corpus, or all): what a
+        policy's watch rules decide on (`monitor.alerts.watches`) before a report ranks them."""
         where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
-        rows = self.query(f"{self._RUN_SELECT} WHERE r.finished_at > ? AND r.finished_at <= ? {where} "
-                          "ORDER BY r.finished_at, r.run_id", [start, end, *params])
-        return [self._report_score_row(row) for row in rows]
+        with self._lock:
+            return [tuple(row) for row in self.conn.execute(
+                "SELECT DISTINCT r.model_repo, coalesce(c1.rule, c2.rule) FROM score_runs r "
+                "LEFT JOIN (SELECT id, rule FROM checkpoints) c1 ON c1.id = r.checkpoint_id "
+                "LEFT JOIN (SELECT repo, sha, rule FROM checkpoints) c2 ON r.checkpoint_id IS NULL "
+                f"AND c2.repo = r.model_repo AND c2.sha = r.model_sha WHERE r.finished_at <= ? {where}",
+                [end, *params]).fetchall()]
 
-    def report_carried_runs(self, corpus_sha256: str | None, *, start: datetime) -> Iterator[ReportCarriedRow]:
-        """Each checkpoint scored by `start`: its newest score run finished by then, with 1 (the
-        checkpoint, for counts) and its best L* (one row per (lineage, repo, commit): an aggregate
-        over the history's key columns, then only the chosen runs are read whole). Which of them
-        is a lineage's current checkpoint is decided by `monitor.reports.current`, in training
-        order, not here by time scored. Yielded as they are fetched (on a cursor of their own,
-        `_query_in_batches`): a report keeps what it makes of each, not a second copy of the history."""
-        where, params = ("AND r.corpus_sha256 = ?", [corpus_sha256]) if corpus_sha256 else ("", [])
-        rows = self._query_in_batches(
-            "WITH history AS (SELECT r.run_id, r.model_sha, r.lstar, r.finished_at, r.model_repo AS repo, "
-            "coalesce(c1.lineage, c2.lineage, r.model_repo) AS lineage FROM score_runs r "
-            "LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL "
-            f"AND c2.repo = r.model_repo AND c2.sha = r.model_sha WHERE r.finished_at <= ? {where}), "
-            "state AS (SELECT lineage, repo, arg_max(run_id, (finished_at, run_id)) AS newest, "
-            "count(DISTINCT model_sha) AS checkpoints_before, min(lstar) AS best_lstar_before "
-            "FROM history GROUP BY lineage, repo, model_sha) "
-            f"SELECT s.checkpoints_before, s.best_lstar_before, run.* FROM state s JOIN ({self._RUN_SELECT}) run "
-            "ON run.run_id = s.newest ORDER BY run.lineage, run.repo, run.commit_sha", [start, *params])
-        for row in rows:
-            counted, best = int(row.pop("checkpoints_before")), float(row.pop("best_lstar_before"))
-            yield ReportCarriedRow(self._report_score_row(row), counted, best)
-
-    def _query_in_batches(self, sql: str, params: Sequence[Any]) -> Iterator[dict[str, Any]]:
-        """`query`'s rows, fetched a batch at a time: a caller that turns each into a smaller
-        object holds one copy of a 10^5-row history, not three (DuckDB's, the dicts, its own).
-
-        The query runs on a cursor of its own (a second DuckDB connection to the same file),
-        taken under the store's lock and closed with the walk: the lock is not held while the
-        caller works on the rows (other threads' reads wait for a report's whole walk
-        otherwise), and a query the caller runs between two rows cannot replace the pending
-        result set the next batch is fetched from."""
-        closed = StoreError(f"{self.path} was closed while a query on it ran",
-                            hint="the daemon is stopping; the job runs again on the next start")
+    def report_ranks(self, corpus_sha256: str | None, *, start: datetime, end: datetime,
+                     watched: Sequence[tuple[str, str | None]] | None) -> ReportRanks:
+        """The training-order rank of every checkpoint scored by `end` whose (repo, rule) is
+        among `watched` (None: all), held by DuckDB for a report of the window (start, end]
+        (`monitor.store.report_ranks`); close it (or use `with`) when the report is built."""
         with self._lock:
             cur = self.conn.cursor()
+        closed = StoreError(f"{self.path} was closed while a query on it ran",
+                            hint="the daemon is stopping; the job runs again on the next start")
         try:
-            cur.execute(sql, params)
-            if cur.description is None:
-                raise closed
-            columns = [d[0] for d in cur.description]
-            while True:
-                try:
-                    batch = cur.fetchmany(_BATCH_ROWS)
-                except duckdb.Error as exc:   # the store closed its cursors with it
-                    if self._conn is None:
-                        raise closed from exc
-                    raise
-                if not batch:
-                    return
-                for values in batch:
-                    yield dict(zip(columns, values))
-        finally:
-            with contextlib.suppress(duckdb.Error):
-                cur.close()
+            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched,
+                               closed=lambda: closed if self._conn is None else None)
+        except BaseException:
+            cur.close()
+            raise
+
+    def report_runs_by_id(self, run_ids: Sequence[str]) -> list[ReportScoreRow]:
+        """The score runs among `run_ids` as a report reads them (each with its checkpoint's
+        lineage, rule, refs, discovery time and placing meta), ordered by run id: one query
+        whatever their number, which reads (and extracts the meta of) only their checkpoints."""
+        if not run_ids:
+            return []
+        # the runs first, then only their checkpoints (by id, or by repo and commit for runs
+        # recorded before ids): joining the whole table would extract every checkpoint's meta
+        picked = ("WITH picked AS MATERIALIZED (SELECT * FROM score_runs WHERE run_id IN "
+                  "(SELECT unnest(?::VARCHAR[]))), "
+                  "near AS MATERIALIZED (SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
+                  f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints c WHERE c.id IN "
+                  "(SELECT checkpoint_id FROM picked) OR EXISTS (SELECT 1 FROM picked p WHERE p.checkpoint_id IS NULL "
+                  "AND p.model_repo = c.repo AND p.model_sha = c.sha)) ")
+        select = self._RUN_SELECT.replace("FROM score_runs r", "FROM picked r").replace(_CHECKPOINT_KEYS, "near")
+        rows = self.query(f"{picked}{select} ORDER BY r.run_id", [sorted(set(run_ids))])
+        return [self._report_score_row(row) for row in rows]
 
     def report_predictions(self, policy: str, *, start: datetime, end: datetime) -> list[PredictionRow]:
         """The policy's predictions evaluated in (start, end], oldest first (detail decoded)."""
         rows = self.query_json("SELECT * FROM predictions WHERE policy = ? AND evaluated_at > ? AND evaluated_at <= ? "
                                "ORDER BY evaluated_at, id", [policy, start, end], ("detail",))
         return [PredictionRow.from_row(row) for row in rows]
-
-    def report_carried_keys(self, policy: str, *, start: datetime,
-                            skip_state: str) -> list[tuple[int, str, str, str, str, int]]:
-        """Each (task, lineage, checkpoint)'s state at `start` as (id, task, lineage, repo,
-        commit_sha, evaluated_at in microseconds since the epoch): the policy's newest prediction of it evaluated by then whose
-        state is not `skip_state` (one row each; a window function), ordered by task, lineage,
-        evaluated_at, id. Only keys: a report chooses the few it reads whole (`predictions_by_id`)
-        in training order; building a row of each of the history's 10^5 states was most of its time."""
-        with self._lock:
-            return [tuple(row) for row in self.conn.execute(
-                # the time as microseconds since the epoch: compared only, and a 10^5-row history's
-                # conversions to zoned datetimes cost more than the rest of the read
-                "SELECT id, task, lineage, repo, commit_sha, epoch_us(evaluated_at) FROM (SELECT id, task, lineage, repo, "
-                "commit_sha, evaluated_at, row_number() OVER (PARTITION BY task, lineage, repo, commit_sha "
-                "ORDER BY evaluated_at DESC, id DESC) AS newest FROM predictions "
-                "WHERE policy = ? AND evaluated_at <= ? AND state != ?) WHERE newest = 1 "
-                "ORDER BY task, lineage, evaluated_at, id", [policy, start, skip_state]).fetchall()]
 
     def predictions_by_id(self, ids: Sequence[int]) -> list[PredictionRow]:
         """The predictions among `ids` (detail decoded), ordered by task, lineage, evaluated_at,

@@ -111,16 +111,6 @@ class ReportScoreRow(Row):
 
 
 @dataclass(frozen=True)
-class ReportCarriedRow(Row):
-    """A (lineage, repo)'s state at a report window's start: its newest score run before the
-    window, how many checkpoints it had scored by then and its best L* by then."""
-
-    run: ReportScoreRow
-    checkpoints_before: int
-    best_lstar_before: float
-
-
-@dataclass(frozen=True)
 class PredictionRow(Row):
     """One evaluation of a policy's task on a score run (`predictions` table; detail decoded)."""
 
