@@ -17,8 +17,11 @@ The rule:
     2. otherwise by release time, from the best source known for each checkpoint: the Hub
        commit date (recorded by the gate, or the listing's lastModified for the `main` head),
        else the time the poller first saw it on the Hub, else the time it was scored (`place`);
-    3. equal keys are settled by a tiebreak (the commit sha), so the answer never depends on
-       the order the scores arrived in.
+    3. equal keys are settled by a tiebreak (the commit sha, then the repo), so the answer never
+       depends on the order the scores arrived in.
+
+A report ranks a long history in DuckDB with the same rule (`monitor.store.placement_sql` and
+`monitor.store.report_ranks`, checked against this module by `tests/test_placement_sql.py`).
 
 A re-score of an old checkpoint, or scoring step2000 before step1000, does not change which
 checkpoint is current. Token counts are not parsed from ref names: a lineage without steps is

@@ -152,7 +152,7 @@ def _current_runs(store: Store, policy: Policy, task: Task) -> list[dict[str, An
     def placement(row: dict[str, Any]) -> Any:
         return place(row["refs"], row["meta"], row["discovered_at"], row["finished_at"])
 
-    picked = [current_checkpoint(rows, placement, lambda row: row["commit_sha"]) for rows in by_lineage.values()]
+    picked = [current_checkpoint(rows, placement, lambda row: (row["commit_sha"], row["repo"])) for rows in by_lineage.values()]
     return [row for row in picked if row is not None]
 
 

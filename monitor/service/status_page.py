@@ -202,8 +202,8 @@ def lineage_rows(candidates: Sequence[Candidate], *, limit: int = MAX_ROWS) -> t
     rows = []
     for key, members in groups.items():
         # the project's one rule (monitor.training_order): the sparkline's order and "current"
-        ordered = lineage_order(members, placement, lambda c: c.commit)
-        current = current_checkpoint(members, placement, lambda c: c.commit)
+        ordered = lineage_order(members, placement, lambda c: (c.commit, c.repo))
+        current = current_checkpoint(members, placement, lambda c: (c.commit, c.repo))
         if current is None:   # a group holds at least one candidate; kept for the type checker
             continue
         distance = distance_to_level(current)
