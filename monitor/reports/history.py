@@ -14,7 +14,7 @@ whole and ranked again from `training_order.place`, so its order is Python's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any
@@ -110,9 +110,29 @@ def history_rows(store: Store, ranks: ReportRanks, names: Iterable[str]) -> list
     return [table_row(runs[run], new=bool(new)) for _, run, new in rows if run in runs]
 
 
-def ranked(rows: Iterable[Mapping[str, Any]], order: Mapping[tuple[str, str], int]) -> list[Mapping[str, Any]]:
-    """Table rows of one lineage in training order."""
-    return sorted(rows, key=lambda row: order[(row["repo"], row["commit"])])
+def table_and_families(lineages: LineageRows) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The L* table (lineage by lineage in name order, each in training order) and, by
+    lineage, its family row: its current checkpoint, counts and best L*."""
+    table: list[dict[str, Any]] = []
+    families: dict[str, dict[str, Any]] = {}
+    for lineage in sorted(lineages.table):
+        # One training order over every scored checkpoint of the lineage (training_order): the
+        # table's rows, the current checkpoint and each task's current state all follow it.
+        rows = sorted(lineages.table[lineage], key=lambda row: lineages.order[(row["repo"], row["commit"])])
+        table += rows
+        # the definition (`monitor.training_order`): the latest in training order is the
+        # window's latest or, when the window scored none later, the one carried in
+        current = rows[-1]
+        earlier = lineages.before.get(lineage, {"checkpoints": 0, "best_lstar": None})
+        best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
+                                                      else []))
+        families[lineage] = {
+            "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
+            "new_scores": sum(row["new"] for row in rows),
+            "order": "training step" if lineages.by_step[lineage] else "release time",
+            "current": current["checkpoint"], "latest_lstar": current["lstar"], "latest_se": current["se"],
+            "best_lstar": best}
+    return table, families
 
 
-__all__ = ["LineageRows", "history_rows", "lineage_rows", "ranked", "table_row", "watched_pairs"]
+__all__ = ["LineageRows", "history_rows", "lineage_rows", "table_and_families", "table_row", "watched_pairs"]

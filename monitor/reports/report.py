@@ -39,7 +39,7 @@ from monitor.stress.storage import stress_flags_for_curve
 from monitor.reports.derivatives import derivative_sections, derivatives_markdown
 from monitor.reports.explain import HOW_TO_READ
 from monitor.reports.json_text import iter_json, json_default, to_json, write_json
-from monitor.reports.history import history_rows, lineage_rows, ranked, watched_pairs
+from monitor.reports.history import history_rows, lineage_rows, table_and_families, watched_pairs
 from monitor.reports.summary import plotted, plotted_lineages, summarised
 from monitor.reports.version import describe_version, policy_version
 from monitor.reports.present import checkpoint_name, fmt, short
@@ -145,6 +145,102 @@ def carried_states(store: Store, ranks: ReportRanks, policy: str, *, start: date
     return rows, {(p.repo, p.commit_sha): int(rank_of[p.id]) for p in rows if rank_of[p.id] >= 0}
 
 
+def _lineage_state(task: str, lineage: str, preds: Sequence[PredictionRow], carried: Sequence[PredictionRow],
+                   order: Mapping[tuple[str, str], int], name_of: Callable[[str, str], str], unit: str, *,
+                   start: datetime, end: datetime) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One lineage's current state for `task` and the state changes (crossings) in the window.
+
+    `preds` are its state carried in (first) and the window's predictions, oldest first;
+    `carried` every carried-in prediction read of it; `order` the checkpoints' training ranks."""
+    crossings, previous, latest = [], None, -1
+    for p in preds:  # crossings are the alerts' state changes, in the order they were seen
+        rank = order.get((p.repo, p.commit_sha), -1)
+        if rank < latest:   # an earlier checkpoint scored late: the lineage's state stays
+            continue
+        latest = rank
+        if p.state != previous and _in_period(p.evaluated_at, start, end):
+            crossings.append({"task": task, "lineage": lineage, "repo": p.repo,
+                              "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),
+                              "from": previous, "to": p.state, "lstar": p.lstar,
+                              "value": _axis_value(p)[0], "at": p.evaluated_at})
+        previous = p.state
+    # The current state is that of the lineage's current checkpoint (training_order: the
+    # latest in training order; its newest prediction), not of whichever checkpoint
+    # happened to be scored or evaluated last.
+    newest = {(p.repo, p.commit_sha): p for p in [*carried, *preds]}
+    last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1), p.evaluated_at))
+    derived = (last.detail or {}).get("derivative")
+    state = {"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
+             "level": _judged_level(last),
+             "checkpoint": name_of(last.repo, last.commit_sha),
+             "state": last.state, "lstar": last.lstar, "se": last.se,
+             # a derivative's state may rest on its base's coordinate (derivatives.py)
+             "coordinate": derived.get("coordinate", "own") if derived else "own",
+             "rho_measured": bool(derived.get("rho_measured")) if derived else None,
+             "lstar_base": derived.get("lstar_base") if derived else None,
+             "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
+             "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
+             "threshold": last.threshold, "evaluated_at": last.evaluated_at,
+             # beyond the curve's references: how far (the stored prediction's own)
+             "extrapolation": extrapolation_words((last.detail or {}).get("extrapolation"), unit)}
+    return state, crossings
+
+
+def _task_section(store: Store, policy: Policy, task: Any, curve: Any, rows: Sequence[PredictionRow],
+                  carried_in: Mapping[tuple[str, str], PredictionRow],
+                  carried_by: Mapping[tuple[str, str], Sequence[PredictionRow]], order: Mapping[tuple[str, str], int],
+                  name_of: Callable[[str, str], str], *, start: datetime,
+                  end: datetime) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """One task's section (its curve, level, η̂ and each lineage's current state), the task's
+    crossings in the window, and the problems it raises. `rows` are the window's judged
+    predictions of the task, oldest first."""
+    from monitor.alerts.predict import margin_in_force
+    from monitor.curves import curve_warnings
+    from monitor.curves.artifact import threshold_at
+
+    crossings: list[dict[str, Any]] = []
+    preds_by_lineage: dict[str, list[PredictionRow]] = {}
+    for (carried_task, lineage), p in carried_in.items():
+        if carried_task == task.name:
+            preds_by_lineage[lineage] = [p]
+    for p in rows:
+        preds_by_lineage.setdefault(p.lineage, []).append(p)
+    current = []
+    for lineage, preds in sorted(preds_by_lineage.items()):
+        state, seen = _lineage_state(task.name, lineage, preds, carried_by.get((task.name, lineage), []), order,
+                                     name_of, AXES[curve.axis].unit, start=start, end=end)
+        current.append(state)
+        crossings += seen
+    margin = margin_in_force(curve, task)
+    eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
+    problems = stale_level_problems(task.name, eta.level, current)
+    warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
+    unresolved = [w["message"] for w in warnings if w["unresolved"]]
+    if unresolved:
+        problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
+                                           unresolved))
+    problems += [f"task {task.name}: curve {curve.curve_id[:12]} is flagged by a stress limit: {flag.message}"
+                 for flag in stress_flags_for_curve(store, curve.curve_id)]
+    section = {
+        "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
+        "axis": curve.axis, "axis_label": curve.axis_label,
+        # the evidence behind the axis: the reviewed curve file the policy points at, and how
+        # many of its points a labels file gave directly instead of a score run of this store
+        "curve_file": str(policy.resolve_path(task.curve)), "curve_points": len(curve.points),
+        "imported_points": sum(1 for point in curve.points if point.imported),
+        "baseline": curve.baseline, "margin": margin, "level": eta.level,
+        "confidence": curve.confidence, "eta": eta.estimate,
+        "eta_lower": eta.lower, "eta_upper": eta.upper,
+        "threshold_resolved": not unresolved, "curve_warnings": warnings,
+        "lineages": current,
+        "new_points": [{"lstar": p.lstar, "value": _axis_value(p)[0], "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
+                        "state": p.state, "lineage": p.lineage, "repo": p.repo,
+                        "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha)}
+                       for p in rows if _in_period(p.evaluated_at, start, end)
+                       and p.p_hat is not None]}
+    return section, crossings, problems
+
+
 def build_report(store: Store, policy: Policy, *, now: datetime, period_start: datetime,
                  name: str = "adhoc") -> dict[str, Any]:
     """Everything a report says, as JSON-ready data (plots are added by `render_plots`).
@@ -171,30 +267,10 @@ def _build_report(store: Store, policy: Policy, ranks: ReportRanks, curves: dict
                   corpus: str | None, *, now: datetime, period_start: datetime, name: str) -> dict[str, Any]:
     """`build_report`'s body, with the ranks of every scored checkpoint held by DuckDB (`ranks`)."""
     from monitor.alerts import watches
-    from monitor.alerts.predict import margin_in_force
-    from monitor.curves import curve_warnings
-    from monitor.curves.artifact import threshold_at
 
     lineages = lineage_rows(store, ranks)
     order = lineages.order
-    table, families = [], {}
-    for lineage in sorted(lineages.table):
-        # One training order over every scored checkpoint of the lineage (training_order): the
-        # table's rows, the current checkpoint and each task's current state all follow it.
-        rows = ranked(lineages.table[lineage], order)
-        table += rows
-        # the definition (`monitor.training_order`): the latest in training order is the
-        # window's latest or, when the window scored none later, the one carried in
-        current = rows[-1]
-        earlier = lineages.before.get(lineage, {"checkpoints": 0, "best_lstar": None})
-        best = min([row["lstar"] for row in rows] + ([earlier["best_lstar"]] if earlier["best_lstar"] is not None
-                                                      else []))
-        families[lineage] = {
-            "lineage": lineage, "checkpoints": len(rows), "checkpoints_before": earlier["checkpoints"],
-            "new_scores": sum(row["new"] for row in rows),
-            "order": "training step" if lineages.by_step[lineage] else "release time",
-            "current": current["checkpoint"], "latest_lstar": current["lstar"], "latest_se": current["se"],
-            "best_lstar": best}
+    table, families = table_and_families(lineages)
     names = {(row["repo"], row["commit"]): row["checkpoint"] for row in table}
 
     window = [p for p in store.report_predictions(policy.name, start=period_start, end=now) if p.task in curves]
@@ -234,76 +310,12 @@ def _build_report(store: Store, policy: Policy, ranks: ReportRanks, curves: dict
         curve = curves.get(task.name)
         if curve is None:
             continue
-        rows = [p for p in predictions if p.task == task.name]
-        preds_by_lineage: dict[str, list[PredictionRow]] = {}
-        for (carried_task, lineage), p in carried_in.items():
-            if carried_task == task.name:
-                preds_by_lineage[lineage] = [p]
-        for p in rows:
-            preds_by_lineage.setdefault(p.lineage, []).append(p)
-        current = []
-        for lineage, preds in sorted(preds_by_lineage.items()):
-            previous, latest = None, -1
-            for p in preds:  # crossings are the alerts' state changes, in the order they were seen
-                rank = order.get((p.repo, p.commit_sha), -1)
-                if rank < latest:   # an earlier checkpoint scored late: the lineage's state stays
-                    continue
-                latest = rank
-                if p.state != previous and _in_period(p.evaluated_at, period_start, now):
-                    crossings.append({"task": task.name, "lineage": lineage, "repo": p.repo,
-                                      "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha),
-                                      "from": previous, "to": p.state, "lstar": p.lstar,
-                                      "value": _axis_value(p)[0], "at": p.evaluated_at})
-                previous = p.state
-            # The current state is that of the lineage's current checkpoint (training_order: the
-            # latest in training order; its newest prediction), not of whichever checkpoint
-            # happened to be scored or evaluated last.
-            newest = {(p.repo, p.commit_sha): p for p in [*carried_by.get((task.name, lineage), []), *preds]}
-            last = max(newest.values(), key=lambda p: (order.get((p.repo, p.commit_sha), -1),
-                                                        p.evaluated_at))
-            derived = (last.detail or {}).get("derivative")
-            judged = _judged_level(last)
-            current.append({"lineage": lineage, "repo": last.repo, "commit": last.commit_sha,
-                            "level": judged,
-                            "checkpoint": name_of(last.repo, last.commit_sha),
-                            "state": last.state, "lstar": last.lstar, "se": last.se,
-                            # a derivative's state may rest on its base's coordinate (derivatives.py)
-                            "coordinate": derived.get("coordinate", "own") if derived else "own",
-                            "rho_measured": bool(derived.get("rho_measured")) if derived else None,
-                            "lstar_base": derived.get("lstar_base") if derived else None,
-                            "value": _axis_value(last)[0], "value_se": _axis_value(last)[1],
-                            "p_hat": last.p_hat, "lo": last.lo, "hi": last.hi,
-                            "threshold": last.threshold, "evaluated_at": last.evaluated_at,
-                            # beyond the curve's references: how far (the stored prediction's own)
-                            "extrapolation": extrapolation_words((last.detail or {}).get("extrapolation"),
-                                                                 AXES[curve.axis].unit)})
-        margin = margin_in_force(curve, task)
-        eta = threshold_at(curve, margin)   # η̂ of the level this report prints, not the curve's own
-        problems += stale_level_problems(task.name, eta.level, current)
-        warnings = [w.as_dict() for w in curve_warnings(curve, margin)]
-        unresolved = [w["message"] for w in warnings if w["unresolved"]]
-        if unresolved:
-            problems.append(unresolved_problem(task.name, curve.curve_id, [x["lineage"] for x in current],
-                                               unresolved))
-        problems += [f"task {task.name}: curve {curve.curve_id[:12]} is flagged by a stress limit: {flag.message}"
-                     for flag in stress_flags_for_curve(store, curve.curve_id)]
-        tasks.append({
-            "task": task.name, "metric": curve.metric, "curve_id": curve.curve_id,
-            "axis": curve.axis, "axis_label": curve.axis_label,
-            # the evidence behind the axis: the reviewed curve file the policy points at, and how
-            # many of its points a labels file gave directly instead of a score run of this store
-            "curve_file": str(policy.resolve_path(task.curve)), "curve_points": len(curve.points),
-            "imported_points": sum(1 for point in curve.points if point.imported),
-            "baseline": curve.baseline, "margin": margin, "level": eta.level,
-            "confidence": curve.confidence, "eta": eta.estimate,
-            "eta_lower": eta.lower, "eta_upper": eta.upper,
-            "threshold_resolved": not unresolved, "curve_warnings": warnings,
-            "lineages": current,
-            "new_points": [{"lstar": p.lstar, "value": _axis_value(p)[0], "p_hat": p.p_hat, "lo": p.lo, "hi": p.hi,
-                            "state": p.state, "lineage": p.lineage, "repo": p.repo,
-                            "commit": p.commit_sha, "checkpoint": name_of(p.repo, p.commit_sha)}
-                           for p in rows if _in_period(p.evaluated_at, period_start, now)
-                           and p.p_hat is not None]})
+        section, seen, task_problems = _task_section(
+            store, policy, task, curve, [p for p in predictions if p.task == task.name], carried_in, carried_by,
+            order, name_of, start=period_start, end=now)
+        tasks.append(section)
+        crossings += seen
+        problems += task_problems
 
     observe_checked(store, policy, tasks, until=now)
     record = track_record_section(store, policy)
