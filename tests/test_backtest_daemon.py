@@ -1,7 +1,7 @@
 """The backtest's replay against a real daemon watching the same lineage on the fake Hub.
 
-A daemon (`monitor.service.Daemon`, one `--once` pass after each publication, as `lstar demo`
-runs it) watches one lineage of five tiny checkpoints published one at a time as step branches,
+A daemon (`monitor.service.Daemon`, one `--once` pass after each publication, the passes
+sharing one warm scoring worker, as `lstar demo` runs it) watches one lineage of five tiny checkpoints published one at a time as step branches,
 with a hand-built L* curve whose level the lineage crosses (clear, clear, at_risk, at_risk,
 emerged). From the daemon's own store (its score runs in order: L* and SE) a history CSV is
 written and replayed by `run_backtest` with the same curve and the same policy. Per checkpoint
@@ -44,9 +44,10 @@ from monitor.errors import CurveError
 from monitor.scoring import ScoreRequest
 from monitor.scoring.scoring_driver import corpus_selection
 from monitor.service import DaemonConfig
+from monitor.service.daemon import make_scoring_backend
 from monitor.store import Store
 
-pytestmark = pytest.mark.slow   # five daemon passes, each scoring a tiny checkpoint in a child (~15 s each)
+pytestmark = pytest.mark.slow   # five daemon passes, each scoring a tiny checkpoint in a warm child
 
 REPO = "fake-org/tiny"
 STEPS = (1000, 2000, 3000, 4000, 5000)
@@ -128,18 +129,23 @@ def daemon_run(tmp_path_factory, calib_v0) -> dict[str, Any]:
         (policies / "equal.yaml").write_text(POLICY.format(margin=0.25, hook=hook.url, smtp=smtp.port))
         config = DaemonConfig(policies_dir=policies, state_dir=state, endpoint=hub.url, api_port=0, once=True,
                               once_summary=False, cache_dir=tmp / "hf-cache", template=template)
-        for i, step in enumerate(STEPS):   # published one at a time, the daemon polling once after each
-            std = INIT_STD[0] + (INIT_STD[1] - INIT_STD[0]) * i / (len(STEPS) - 1)
-            files = tiny_model_files("gpt-neox", seed=1000 + i, init_std=round(std, 4))
-            when = BASE_TIME + timedelta(hours=i)
-            if i == 0:
-                sha_of[step] = hub.add_repo(REPO, files, branch=f"step{step}", last_modified=when,
-                                            pipeline_tag="text-generation")
-            else:
-                sha_of[step] = hub.add_commit(REPO, files, branch=f"step{step}", replace=True, date=when)
-            hub.add_branch(REPO, "main", revision=f"step{step}")
-            code, errors = run_daemon_once(config)
-            assert (code, errors) == (0, {}), errors
+        backend = make_scoring_backend(config)   # lent to every pass, as the demo does
+        try:
+            for i, step in enumerate(STEPS):   # published one at a time, the daemon polling once after each
+                std = INIT_STD[0] + (INIT_STD[1] - INIT_STD[0]) * i / (len(STEPS) - 1)
+                files = tiny_model_files("gpt-neox", seed=1000 + i, init_std=round(std, 4))
+                when = BASE_TIME + timedelta(hours=i)
+                if i == 0:
+                    sha_of[step] = hub.add_repo(REPO, files, branch=f"step{step}", last_modified=when,
+                                                pipeline_tag="text-generation")
+                else:
+                    sha_of[step] = hub.add_commit(REPO, files, branch=f"step{step}", replace=True, date=when)
+                hub.add_branch(REPO, "main", revision=f"step{step}")
+                code, errors = run_daemon_once(config, backend)
+                assert (code, errors) == (0, {}), errors
+        finally:
+            backend.close()
+        assert backend.started == 1   # one worker scored all five: torch imported once
         webhook_posts = sum(1 for r in hook.requests if r.method == "POST")
         mails = len(smtp.mails)
     with Store.open(state / "lstar.duckdb", read_only=True) as store:

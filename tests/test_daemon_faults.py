@@ -35,13 +35,22 @@ def one_step_hub():
         yield server
 
 
+# The checkpoints these daemons discover are scored (the poll asks for a score), though no test
+# here but the scoring-child faults looks at a score: on the default corpus the score ran for the
+# whole test and was still running at the stop (a 20 s drain). Two documents of 64 tokens
+# finish in seconds; what the tests check (polls, disk and database faults, pruning) is the same.
+@pytest.fixture
+def small_score(calib_v0) -> list[str]:
+    return ["--corpus", str(calib_v0), "--docs", "2", "--max-context", "64", "--n-boot", "10"]
+
+
 def alerts_file(policies: Path) -> list[dict]:
     path = policies / "alerts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.mark.slow
-def test_rate_limit_and_long_outage(hub, tmp_path):
+def test_rate_limit_and_long_outage(hub, tmp_path, small_score):
     """Row 6: no request before Retry-After, watermark kept, one meta-alert per outage."""
     policies = write_policy(tmp_path / "policies")
     hub.reset_log()
@@ -49,7 +58,7 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
     # A failing listing costs ~23 s of huggingface_hub's own retries (1, 2, 4, 8, 8 s), so the
     # circuit opens after one failed poll here rather than the default five.
     args = ["--cache-dir", str(tmp_path / "cache"), "--hub-max-wait", "0s", "--hub-cooldown", "3s",
-            "--hub-circuit-threshold", "1", "--score-every", "1h"]
+            "--hub-circuit-threshold", "1", "--score-every", "1h", *small_score]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
         rows = wait_for(lambda: daemon.get_json("/checkpoints")["items"], timeout=60, what="discovery after the 429")
         assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]  # watermark was kept
@@ -102,11 +111,11 @@ def test_scoring_child_is_killed_and_the_daemon_goes_on(one_step_hub, tmp_path, 
 
 
 @pytest.mark.slow
-def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path):
+def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path, small_score):
     """Row 19: writes fail with ENOSPC, the next ticks retry, the operator is told."""
     policies = write_policy(tmp_path / "policies")
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
                        env={"LSTAR_FAILPOINT": "enospc_writes=5"}) as daemon:
         wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="discovery after the disk frees")
         status = wait_for(lambda: (s := daemon.status())["disk"]["history"] and s, timeout=30,
@@ -134,7 +143,7 @@ def _runs(daemon: DaemonProcess) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path):
+def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path, small_score):
     """Row 19 without flapping: while the disk stays full, jobs that write nothing go on
     succeeding and /health stays 503 on one episode; freeing the disk ends it after a job's
     write commits, and the operator gets one alert for the whole episode."""
@@ -142,7 +151,7 @@ def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_
     full = tmp_path / "the-disk-is-full"
     full.touch()
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
                        env={"LSTAR_FAILPOINT": f"enospc_while={full}"}) as daemon:
         code, body = wait_for(lambda: (h := _health(daemon))[0] == 503 and h, timeout=60,
                               what=f"/health to report the full disk\n{daemon.log()}")
@@ -177,14 +186,14 @@ def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_
 
 
 @pytest.mark.slow
-def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path):
+def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path, small_score):
     """After a DuckDB FatalException the connection is invalidated: /health says so for as long
     as re-opening fails, jobs pause, and once the file opens again everything committed before
     is there and writes work."""
     policies = write_policy(tmp_path / "policies")
     fatal = tmp_path / "the-database-is-invalidated"
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
                        env={"LSTAR_FAILPOINT": f"fatal_while={fatal}"}) as daemon:
         wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="the first discovery")
         fatal.touch()  # the next poll's write hits the fatal error
@@ -214,7 +223,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
 
 
 @pytest.mark.slow
-def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
+def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path, small_score):
     """Disk use stays bounded: the prune job deletes poll-log rows older than --retention and
     keeps the recent ones (and each rule's newest)."""
     state = tmp_path / "state"
@@ -224,7 +233,8 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
             store.record_hub_poll("old-rule", "old-rule", now=now - timedelta(days=age_days), ok=True, listed=0,
                                   new=0, requests=1)
     with DaemonProcess(write_policy(tmp_path / "policies"), state, endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", "--retention", "30d"]
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", "--retention", "30d",
+                             *small_score]
                        ) as daemon:
         result = wait_for(lambda: daemon.status()["jobs"]["prune"]["last_result"], timeout=60,
                           what=f"the prune job\n{daemon.log()}")

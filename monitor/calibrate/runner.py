@@ -122,13 +122,19 @@ def score_job(campaign: Campaign, work: ScoreWork, store: Store, corpus_sha256: 
                     memory_bytes=memory, baselines=tuple(store.baselines_for_corpus(corpus_sha256)), key=work.key)
 
 
-def make_campaign_backend(campaign: Campaign) -> ScoringBackend:
-    """The campaign's scoring backend (`scoring.backend`), configured as the daemon configures it."""
+def make_campaign_backend(campaign: Campaign, jobs: int = 2) -> ScoringBackend:
+    """The campaign's scoring backend (`scoring.backend`) for `jobs` score jobs, configured as
+    the daemon configures it."""
     s = campaign.scoring
     memory = default_memory_limit(s.device)
     if s.backend == "local":
-        return make_backend("local", memory_bytes=memory, workdir=_scratch(campaign),
-                            log_path=campaign.output_dir / "scoring.log")
+        # Several jobs: one warm scoring worker, as the daemon's default (`--scoring-workers
+        # 1`), so torch and transformers are imported once for the campaign, not once per
+        # checkpoint (about 5 CPU-seconds each); a warm worker scores exactly what a fresh
+        # child does. One job: a fresh child, which imports them only if the checkpoint gets
+        # as far as loading (a warm worker imports them before it takes the job).
+        return make_backend("local", workers=1 if jobs > 1 else 0, memory_bytes=memory,
+                            workdir=_scratch(campaign), log_path=campaign.output_dir / "scoring.log")
     try:  # an address-space limit breaks CUDA's start-up; on a CPU job it still bounds the child
         return make_backend("ray", address=s.ray_address, memory_bytes=memory if s.device == "cpu" else None)
     except CampaignError:
@@ -150,7 +156,7 @@ def score_checkpoints(campaign: Campaign, works: list[ScoreWork], store: Store,
             jobs.append(score_job(campaign, work, store, corpus_sha256))
         except LstarError as exc:  # a Hub checkpoint that cannot be fetched
             yield work, exc
-    backend = make_campaign_backend(campaign)
+    backend = make_campaign_backend(campaign, len(jobs))
     try:
         for outcome in backend.run(jobs):
             work = by_key[outcome.job.key]

@@ -84,8 +84,10 @@ def published_steps(steps: list[int], count: int | None = None) -> list[int]:
     return [steps[round(i * last / (count - 1))] for i in range(count)]
 
 
-def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
-    """One pass of the daemon (`config.once`) against the demo's fake Hub on this machine.
+def run_daemon_once(config: Any, backend: Any = None) -> tuple[int, dict[str, str]]:
+    """One pass of the daemon (`config.once`) against the demo's fake Hub on this machine
+    (`backend`: a scoring backend lent for the pass, kept open after it; None: the pass makes
+    its own and closes it).
 
     huggingface_hub's offline mode (`HF_HUB_OFFLINE`, common where the demo is run for want of
     a network) is lifted in this process for that loopback endpoint; child processes keep it.
@@ -94,7 +96,7 @@ def run_daemon_once(config: Any) -> tuple[int, dict[str, str]]:
     from monitor.environment import local_hub_online
     from monitor.service import Daemon
 
-    daemon = Daemon(config)
+    daemon = Daemon(config, backend=backend)
     with local_hub_online(config.endpoint):
         exit_code = daemon.run()
     return exit_code, {name: job.last_error for name, job in daemon.jobs.items() if job.last_error}
@@ -318,6 +320,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
     from monitor.lab.demo import demo_task_file, train_demo_lineages
     from monitor.service import DaemonConfig
+    from monitor.service.daemon import make_scoring_backend
     from monitor.store import Store
 
     started = time.perf_counter()
@@ -404,6 +407,10 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
         refs: dict[str, str] = {}
         step_of: dict[str, int] = {}
         passes = Pace(len(published))
+        # One scoring backend for every pass: its warm worker imports torch and transformers
+        # once for the demo, not once per pass (about 5 CPU-seconds each).
+        backend = make_scoring_backend(config)
+        stack.callback(backend.close)
         bar = stack.enter_context(progress_bar(progress))
         bar_task = bar.add_task("checkpoints published and polled", total=len(published))
         for index, (step, folder) in enumerate(published.items()):
@@ -413,7 +420,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                 step_of[sha] = step
                 policy_path.write_text((POLICY if last else POLICY_WITHOUT_REPORTS).format(**fields))
             with _stage("daemon"):
-                code, errors = run_daemon_once(config)
+                code, errors = run_daemon_once(config, backend)
             exit_code = exit_code or code
             job_errors = {**errors, **job_errors}
             with _stage("collect"), Store.open(db, read_only=True) as store:

@@ -19,7 +19,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from monitor.hub.client import HubClient, describe_error, refusal_reason
 from monitor.hub.adapter import (ADAPTER_CONFIG, ADAPTER_CONFIG_MAX_BYTES, ADAPTER_WEIGHTS, adapter_base,
                                  check_adapter_config, check_adapter_shapes)
 from monitor.hub.lineage import DeclaredBase, Lineage, declared_base
+from monitor.hub.model_types import known_model_types
 from monitor.hub.config_budget import ConfigBudgetError, ConfigShape, check_against_weights, config_shape
 from monitor.hub.rules import Budgets, WatchRule
 from monitor.hub.safetensors_layout import LayoutError, SafetensorsHeader, check_file_size, tensor_layout
@@ -52,14 +52,6 @@ FILE_BYTE_LIMITS = {CONFIG_FILE: CONFIG_MAX_BYTES, TOKENIZER_FILE: TOKENIZER_MAX
                     "tokenizer_config.json": 16 << 20, "special_tokens_map.json": 1 << 20,
                     "added_tokens.json": 16 << 20, "adapter_config.json": 1 << 20}
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-
-
-@cache
-def known_model_types() -> frozenset[str]:
-    """Model types transformers implements itself (their code never comes from a repo)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return frozenset(CONFIG_MAPPING_NAMES)
 
 
 def unsafe_name_reason(name: str) -> str | None:

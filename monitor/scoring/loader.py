@@ -32,6 +32,7 @@ from monitor.errors import (HubError, ModelLoadError, SpecError, UnsafeCheckpoin
 from monitor.hub import (Budgets, ConfigBudgetError, HubClient, LayoutError, check_against_weights,
                          check_file_size, config_shape, fetch_pinned, read_local_header, tensor_layout)
 from monitor.hub.gate import gate_checkpoint
+from monitor.hub.model_types import causal_model_types, known_model_types
 from monitor.scoring.memory_limit import is_memory_failure
 
 disable_safetensors_conversion()
@@ -107,13 +108,6 @@ def _check_inside(path: Path, root: Path) -> None:
                                         hint="copy the checkpoint into one folder without links out of it")
 
 
-def _known_model_types() -> tuple[set[str], set[str]]:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return set(CONFIG_MAPPING_NAMES), set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
 def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
@@ -147,7 +141,7 @@ def _inspect_checkpoint_dir(path: Path, allowed_root: Path | None = None) -> dic
 
     config = _read_json(config_path, "config")
     model_type = config.get("model_type")
-    known, causal = _known_model_types()
+    known, causal = known_model_types(), causal_model_types()
     if model_type not in known:
         if config.get("auto_map") or any(n.endswith(".py") for n in names):
             raise UnsafeCheckpointError(

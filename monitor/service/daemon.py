@@ -169,10 +169,25 @@ class JobState:
     last_result: Any = None
 
 
+def make_scoring_backend(cfg: DaemonConfig) -> ScoringBackend:
+    """The scoring backend `cfg` asks for (`--scoring-backend`, `--scoring-workers`, the limits)."""
+    options: dict[str, Any] = {"timeout_s": cfg.score_timeout, "memory_bytes": cfg.score_memory}
+    if cfg.scoring_backend == "local":
+        options.update(workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log",
+                       workers=cfg.scoring_workers, max_jobs=cfg.worker_max_jobs,
+                       max_rss_bytes=cfg.worker_max_rss)
+    else:
+        # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
+        # scoring child on whichever node runs it.
+        options.update(address=cfg.ray_address, gpu_bytes=cfg.ray_gpu_bytes,
+                       memory_bytes=cfg.score_memory if cfg.template.device == "cpu" else None)
+    return make_backend(cfg.scoring_backend, **options)
+
+
 class Daemon:
     """The running watcher: lock, store, policies, scheduler, API. Use `run()`."""
 
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, *, backend: ScoringBackend | None = None) -> None:
         from monitor.service.metrics import DaemonMetrics
 
         self.config = config
@@ -210,7 +225,10 @@ class Daemon:
         self.api_socket: Any = None   # its listening socket, made before anything is written
         self.started_at = utcnow()
         self.report_fn = report.report_function()
-        self.backend: ScoringBackend | None = None    # made on the first scoring run
+        # made on the first scoring run, unless the caller lends one (which it closes itself:
+        # `lstar demo` keeps one warm worker for all its passes)
+        self.backend: ScoringBackend | None = backend
+        self.owns_backend = backend is None
         self.pin_problems: list[str] = []             # tasks these scoring settings can never evaluate
         self.job_memory: dict[str, Any] = {}          # what the jobs keep between runs (monitor.jobs.context)
 
@@ -397,7 +415,7 @@ class Daemon:
         left = self._running_jobs()
         if left:
             log.warning("jobs still running after the %.0f s drain: %s", self.config.drain, ", ".join(left))
-        if self.backend is not None:
+        if self.backend is not None and self.owns_backend:
             with contextlib.suppress(Exception):   # a cluster already gone has nothing to release
                 self.backend.close()
         if self.api is not None:
@@ -750,18 +768,7 @@ class Daemon:
         """The backend scoring runs on (`--scoring-backend`), made on first use: connecting
         to a Ray cluster waits until there is something to score."""
         if self.backend is None:
-            cfg = self.config
-            options: dict[str, Any] = {"timeout_s": cfg.score_timeout, "memory_bytes": cfg.score_memory}
-            if cfg.scoring_backend == "local":
-                options.update(workdir=cfg.state_dir / "tmp", log_path=cfg.state_dir / "scoring.log",
-                               workers=cfg.scoring_workers, max_jobs=cfg.worker_max_jobs,
-                               max_rss_bytes=cfg.worker_max_rss)
-            else:
-                # An address-space limit breaks CUDA's start-up; on a CPU job it still bounds the
-                # scoring child on whichever node runs it.
-                options.update(address=cfg.ray_address, gpu_bytes=cfg.ray_gpu_bytes,
-                               memory_bytes=cfg.score_memory if cfg.template.device == "cpu" else None)
-            self.backend = make_backend(cfg.scoring_backend, **options)
+            self.backend = make_scoring_backend(self.config)
         return self.backend
 
     def job_score(self) -> list[dict[str, Any]]:
@@ -910,5 +917,5 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-__all__ = ["DaemonConfig", "Daemon", "StateLock", "run_daemon", "build_scheduler", "add_interval_job",
+__all__ = ["DaemonConfig", "Daemon", "make_scoring_backend", "StateLock", "run_daemon", "build_scheduler", "add_interval_job",
            "DaemonStore", "is_disk_full"]
