@@ -68,8 +68,8 @@ def published_steps(steps: list[int], count: int | None = None) -> list[int]:
     index, halves to even).
 
     Fewer checkpoints mean fewer daemon passes, each nearly all one score of the 78 documents:
-    a quicker run (the end-to-end test publishes four: 95, 475, 760 and 1139, clear, at risk,
-    at risk, emerged) that still shows the whole emergence, since each checkpoint's score and
+    a quicker run (the end-to-end test publishes three: 95, 665 and 1139, clear, at risk,
+    emerged) that still shows the whole emergence, since each checkpoint's score and
     prediction do not depend on the others published."""
     steps = list(steps)
     if count is None or count == len(steps):
