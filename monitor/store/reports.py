@@ -84,9 +84,15 @@ class ReportRows(StoreConnection):
             cur = self.conn.cursor()
         closed = StoreError(f"{self.path} was closed while a query on it ran",
                             hint="the daemon is stopping; the job runs again on the next start")
+
+        def is_closed() -> StoreError | None:
+            # under the store's lock: a close in progress (DuckDB's connection closed, the store
+            # not yet marked closed) is finished first
+            with self._lock:
+                return closed if self._conn is None else None
+
         try:
-            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched,
-                               closed=lambda: closed if self._conn is None else None)
+            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched, closed=is_closed)
         except BaseException:
             cur.close()
             raise
