@@ -118,3 +118,18 @@ def test_a_read_while_the_store_is_closing(tmp_path) -> None:
     finally:
         finish.set()
         closer.join()
+
+
+def test_a_job_store_on_a_cursor_of_the_daemon_store(tmp_path) -> None:
+    """The daemon's jobs and API requests read through a Store on a cursor of its store: when
+    the daemon closes its store, a report running in a job fails with the store's error too,
+    though the job's Store was never closed itself."""
+    path = tmp_path / "lstar.duckdb"
+    main = Store.open(path)
+    _one_run(main, "run1", "org/m", END - timedelta(days=1))
+    job = Store(main.cursor(), path, read_only=False)
+    ranks = job.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+    assert [row[3] for row in ranks.shown()] == ["run1"]
+    main.close()
+    with pytest.raises(StoreError, match="was closed while a query on it ran"):
+        ranks.shown()

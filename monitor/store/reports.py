@@ -8,6 +8,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import duckdb
+
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.store.lineage_batch import PLACEMENT_EXTRACT, PLACEMENT_OBJECT
@@ -86,10 +88,14 @@ class ReportRows(StoreConnection):
                             hint="the daemon is stopping; the job runs again on the next start")
 
         def is_closed() -> StoreError | None:
-            # under the store's lock: a close in progress (DuckDB's connection closed, the store
-            # not yet marked closed) is finished first
-            with self._lock:
-                return closed if self._conn is None else None
+            # Asked of the ranks' own cursor: DuckDB closes it with the connection it came from,
+            # which may be this store's, or the daemon's store whose cursor this store is (a job
+            # or an API request), even while the closing store has not yet marked itself closed.
+            try:
+                cur.execute("SELECT 1").fetchall()
+            except duckdb.Error:
+                return closed
+            return None
 
         try:
             return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched, closed=is_closed)
