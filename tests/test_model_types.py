@@ -51,3 +51,27 @@ def test_literal_shapes_are_read_and_others_refused(tmp_path) -> None:
                  'M = OrderedDict([(1, "A")])\n', 'M.update(make())\n'):
         (tmp_path / "odd.py").write_text(body)
         assert mapping_keys_in_source([first, tmp_path / "odd.py"], "M") is None, body
+
+
+def test_shapes_whose_keys_the_literals_do_not_say_are_refused(tmp_path) -> None:
+    """Each body below gives the import a set of keys that differs from the string keys of its
+    literals: a keyword argument's name is a key, a key computed by an expression is one, and a
+    conditional update may or may not run. The reader must refuse them (fall back to the
+    import), never answer a different set."""
+    first = tmp_path / "first.py"
+    first.write_text('from collections import OrderedDict\nM = OrderedDict([("a", "A"), ("b", "B")])\n')
+    imported = {   # what importing each body after `first` leaves in M, worked by hand
+        'M.update(c="C")\n': {"a", "b", "c"},
+        'M = OrderedDict(c="C", **M)\n': {"a", "b", "c"},
+        'M.update([("c" + "d", "CD")])\n': {"a", "b", "cd"},
+        'M.update({"c" "d": "CD", f"{1}": "F"})\n': {"a", "b", "cd", "1"},
+        'if False:\n    M.update({"c": "C"})\n': {"a", "b"},
+        'M.update({"c": "C"}) if False else None\n': {"a", "b"},
+    }
+    for body, keys in imported.items():
+        namespace: dict = {}
+        exec(first.read_text() + body, namespace)   # the import's answer, to keep the table honest
+        assert set(namespace["M"]) == keys, body
+        (tmp_path / "odd.py").write_text(body)
+        read = mapping_keys_in_source([first, tmp_path / "odd.py"], "M")
+        assert read is None or read == keys, (body, read)

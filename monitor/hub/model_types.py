@@ -63,8 +63,10 @@ def model_types_from_source() -> tuple[frozenset[str], frozenset[str]] | None:
 def mapping_keys_in_source(files: list[Path], name: str) -> set[str] | None:
     """The keys of the module-level mapping `name` as `files` (in import order; a missing file
     is skipped) build it from literals: `NAME = OrderedDict([("key", "Class"), ...])`,
-    `NAME = OrderedDict(**{...}, **NAME)` and `NAME.update({...})`. None for any other
-    module-level change of it (an item assigned or deleted, a call that may mutate it)."""
+    `NAME = OrderedDict(**{...}, **NAME)` and `NAME.update({...})` as a statement of its own
+    (keyword arguments are keys too). None for any other module-level change of it (an item
+    assigned or deleted, a call that may mutate it, an update under a condition, a key that is
+    not a string literal)."""
     keys: set[str] = set()
     for file in files:
         if not file.is_file():
@@ -87,7 +89,10 @@ def mapping_keys_in_source(files: list[Path], name: str) -> set[str] | None:
                         if node.func.attr not in _READ_ONLY_CALLS:
                             return None
                         continue
-                    literal = _literal_keys(node, name)
+                    # only a statement of its own: one inside a condition or an expression may
+                    # not run at import
+                    literal = _literal_keys(node, name) if isinstance(statement, ast.Expr) \
+                        and statement.value is node else None
                     if literal is None:
                         return None
                     keys |= literal
@@ -97,12 +102,23 @@ def mapping_keys_in_source(files: list[Path], name: str) -> set[str] | None:
     return keys
 
 
+# what a literal mapping is written with: anything else (a key computed by an operator or an
+# f-string, a comprehension, a conditional) may make keys the literals do not say
+_LITERAL_NODES = (ast.Call, ast.Attribute, ast.Name, ast.List, ast.Tuple, ast.Dict, ast.Constant, ast.keyword,
+                  ast.Load)
+
+
 def _literal_keys(node: ast.AST, name: str) -> set[str] | None:
-    """The string keys of the (key, value) pairs and dict literals in `node`; None if it holds
-    anything but those, `OrderedDict`/`dict` calls, `.update` of `name` and `name` itself."""
+    """The string keys of the (key, value) pairs, dict literals and keyword arguments in `node`;
+    None if it holds anything but those, `OrderedDict`/`dict` calls, `.update` of `name` and
+    `name` itself."""
     keys: set[str] = set()
     for child in ast.walk(node):
-        if isinstance(child, ast.Tuple) and len(child.elts) == 2 and isinstance(child.elts[0], ast.Constant):
+        if not isinstance(child, _LITERAL_NODES):
+            return None
+        if isinstance(child, ast.keyword) and child.arg is not None:   # `update(key="Class")`
+            keys.add(child.arg)
+        elif isinstance(child, ast.Tuple) and len(child.elts) == 2 and isinstance(child.elts[0], ast.Constant):
             if not isinstance(child.elts[0].value, str):
                 return None
             keys.add(child.elts[0].value)

@@ -88,10 +88,14 @@ class ReportRanks:
             params["watched_rules"] = [rule for _, rule in watched]
         self._execute(_ranks_sql(self._table, corpus_sha256, watched), params)
 
-    def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> duckdb.DuckDBPyConnection:
+    def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
+                 fetch: bool = False) -> list[tuple[Any, ...]]:
+        """Run a statement (and fetch its rows): the store closing its cursors with it (a daemon
+        stopping), before the statement or between it and its rows, is the store's error."""
         try:
-            return self._cur.execute(sql, params)
-        except duckdb.Error as exc:   # the store closed its cursors with it (a daemon stopping)
+            cur = self._cur.execute(sql, params)
+            return [tuple(row) for row in cur.fetchall()] if fetch else []
+        except duckdb.Error as exc:
             error = self._closed()
             if error is not None:
                 raise error from exc
@@ -108,7 +112,7 @@ class ReportRanks:
         self.close()
 
     def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        return [tuple(row) for row in self._execute(sql.format(t=self._table), params).fetchall()]
+        return self._execute(sql.format(t=self._table), params, fetch=True)
 
     def inexact(self) -> list[tuple[str, str]]:
         """(lineage, run id) of every checkpoint of the lineages DuckDB could not place exactly."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
@@ -18,6 +21,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # what a report's score run reads of its checkpoint (`ReportRows._RUN_SELECT`)
 _CHECKPOINT_KEYS = (f"(SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
                     f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints)")
+
+
+def _string_refs(refs: Any) -> list[str]:
+    """A stored refs value as the alert engine reads it (`lineage_batch.decoded`, then
+    `training_order.place`): the strings of a JSON array; any other JSON value names no ref (an
+    object's keys are not refs, and a number among them would stop the names being sorted)."""
+    return [ref for ref in refs if isinstance(ref, str)] if isinstance(refs, list) else []
 
 
 class ReportRows(StoreConnection):
@@ -52,7 +62,7 @@ class ReportRows(StoreConnection):
         row["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])
         if row["discovered_at"] is not None:
             row["discovered_at"] = _EPOCH + timedelta(microseconds=row["discovered_at"])
-        row["tcb"], row["refs"], row["meta"] = tcb, refs if refs is not None else [], meta or {}
+        row["tcb"], row["refs"], row["meta"] = tcb, _string_refs(refs), meta or {}
         return ReportScoreRow.from_row(row)
 
     def report_repo_rules(self, corpus_sha256: str | None, *, end: datetime) -> list[tuple[str, str | None]]:
@@ -76,9 +86,19 @@ class ReportRows(StoreConnection):
             cur = self.conn.cursor()
         closed = StoreError(f"{self.path} was closed while a query on it ran",
                             hint="the daemon is stopping; the job runs again on the next start")
+
+        def is_closed() -> StoreError | None:
+            # Asked of the ranks' own cursor: DuckDB closes it with the connection it came from,
+            # which may be this store's, or the daemon's store whose cursor this store is (a job
+            # or an API request), even while the closing store has not yet marked itself closed.
+            try:
+                cur.execute("SELECT 1").fetchall()
+            except duckdb.Error:
+                return closed
+            return None
+
         try:
-            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched,
-                               closed=lambda: closed if self._conn is None else None)
+            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched, closed=is_closed)
         except BaseException:
             cur.close()
             raise
@@ -130,7 +150,7 @@ class ReportRows(StoreConnection):
         rows = self.query("SELECT id, repo, sha, source, refs, lineage, rule, discovered_at, updated_at, status, "
                           "reason, attempts, lease_owner, lease_expires_at, meta FROM checkpoints "
                           "WHERE discovered_at > ? AND discovered_at <= ? ORDER BY discovered_at, id", [start, end])
-        return [self._decode_checkpoint(row) for row in rows]
+        return [replace(c, refs=_string_refs(c.refs)) for c in map(self._decode_checkpoint, rows)]
 
     def checkpoint_refs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
         """The refs of each known (repo, sha) among `pairs` (one query, whatever their number)."""
@@ -140,7 +160,7 @@ class ReportRows(StoreConnection):
         rows = self.query("SELECT c.repo, c.sha, c.refs FROM checkpoints c JOIN (SELECT unnest(?::VARCHAR[]) AS repo, "
                           "unnest(?::VARCHAR[]) AS sha) k ON k.repo = c.repo AND k.sha = c.sha",
                           [[repo for repo, _ in pairs], [sha for _, sha in pairs]])
-        return {(row["repo"], row["sha"]): json.loads(row["refs"]) if row["refs"] else [] for row in rows}
+        return {(row["repo"], row["sha"]): _string_refs(json.loads(row["refs"]) if row["refs"] else []) for row in rows}
 
     def last_report(self, policy: str, name: str) -> ReportRow | None:
         """The newest recorded report of (policy, report name), or None."""
