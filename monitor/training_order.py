@@ -63,6 +63,13 @@ class Placement:
     time_source: str
 
 
+def string_refs(refs: Any) -> list[str]:
+    """A stored refs value as every reader takes it: the strings of a JSON array; any other
+    value names no ref (an object's keys are not refs, and a number among them would stop the
+    names being sorted)."""
+    return [ref for ref in refs if isinstance(ref, str)] if isinstance(refs, (list, tuple)) else []
+
+
 def parse_step(refs: Iterable[str]) -> int | None:
     """The training step named by a checkpoint's branches or tags, or None.
 
@@ -106,7 +113,7 @@ def commit_date(refs: Sequence[str], meta: Mapping[str, Any] | None) -> datetime
 def place(refs: Sequence[str] | None, meta: Mapping[str, Any] | None, discovered_at: datetime | None,
           scored_at: datetime | None) -> Placement:
     """A checkpoint's step and release time, from the best source known."""
-    refs = [r for r in (refs or []) if isinstance(r, str)]
+    refs = string_refs(refs)
     step = parse_step(refs)
     for moment, source in ((commit_date(refs, meta), HUB_COMMIT), (_parse_time(discovered_at), FIRST_SEEN),
                            (_parse_time(scored_at), SCORED)):
@@ -223,5 +230,5 @@ class LatestInOrder(Generic[T]):
         return self._by_step is None or by_step > self._by_step[0]
 
 
-__all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step", "order_by_keys", "time_key",
+__all__ = ["RULE", "STEP_PATTERN", "HUB_COMMIT", "FIRST_SEEN", "SCORED", "TIME_SOURCES", "Placement", "parse_step", "order_by_keys", "time_key", "string_refs",
            "commit_date", "place", "orders_by_step", "lineage_order", "training_ranks", "current_checkpoint", "LatestInOrder"]

@@ -14,7 +14,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
-import pytest
 
 from monitor.store.lineage_batch import PLACEMENT_EXTRACT
 from monitor.store.placement_sql import canonical_sql, placed_time_sql, refs_list_sql, step_sql
@@ -135,7 +134,6 @@ def test_generated_inputs_agree_wherever_duckdb_says_it_is_exact() -> None:
     assert exact > 600   # a good share compared (869 with this seed), not flagged
 
 
-@pytest.mark.slow
 def test_a_report_orders_a_lineage_duckdb_cannot_place_by_python(tmp_path) -> None:
     """Two checkpoints of one lineage whose steps are unnamed: the later by commit date is
     current. Its date is written as a date alone, which only Python reads (as midnight UTC),

@@ -133,3 +133,79 @@ def test_a_job_store_on_a_cursor_of_the_daemon_store(tmp_path) -> None:
     main.close()
     with pytest.raises(StoreError, match="was closed while a query on it ran"):
         ranks.shown()
+
+
+def test_the_ranks_cursor_is_handed_to_the_daemon_while_the_report_reads_it(tmp_path) -> None:
+    """A job's or request's store (`DaemonStore`) hands the ranks' own cursor to the daemon, so
+    its drain deadline interrupts the ranks' statements as it does the job's; the report
+    forgets it when done, and interrupting it stops a statement running on it."""
+    from monitor.service.daemon_store import DaemonStore
+
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        _one_run(store, "run-1", "org/a", END - timedelta(days=1))
+        job = DaemonStore(store.cursor(), store.path, read_only=True)
+        handed: list[Any] = []
+        forgotten: list[Any] = []
+
+        def tracker(cursor: Any) -> Any:
+            handed.append(cursor)
+            return lambda: forgotten.append(cursor)
+
+        job.cursor_tracker = tracker
+        with job.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None) as ranks:
+            assert len(handed) == 1 and forgotten == []
+            assert [row[0] for row in ranks.lineages()] == ["org/a"]
+            # what the daemon's drain does with a cursor it was handed
+            stopped: list[BaseException] = []
+
+            def long_statement() -> None:
+                try:
+                    handed[0].execute("SELECT count(*) FROM range(10000000000) a, range(10) b").fetchall()
+                except BaseException as exc:   # noqa: BLE001 - the interruption is what is checked
+                    stopped.append(exc)
+
+            worker = threading.Thread(target=long_statement)
+            worker.start()
+            import time
+            time.sleep(0.5)
+            handed[0].interrupt()
+            worker.join(timeout=30)
+            assert not worker.is_alive() and stopped and "interrupt" in str(stopped[0]).lower()
+        assert forgotten == handed
+        job.conn.close()
+
+
+def test_the_daemon_drain_interrupts_a_statement_on_a_report_s_ranks(tmp_path) -> None:
+    """A report job whose ranks' statement outlives the drain deadline is interrupted like any
+    job's query: the job fails with DuckDB's interrupt and no cursor is left registered."""
+    from monitor.service.daemon import Daemon, DaemonConfig
+
+    (tmp_path / "policies").mkdir()
+    daemon = Daemon(DaemonConfig(policies_dir=tmp_path / "policies", state_dir=tmp_path / "state", drain=0.5))
+    daemon.store = Store.open(tmp_path / "state" / "lstar.duckdb")
+    started = threading.Event()
+
+    def endless_report() -> dict:
+        with daemon.job_store() as store:
+            with store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None) as ranks:
+                assert len(daemon.live_cursors) == 2   # the job's cursor and the ranks'
+                started.set()
+                ranks._rows("SELECT sum(a.i * b.j) FROM range(100000000) a(i), range(100000000) b(j)")
+        return {}
+
+    daemon.job_report = endless_report  # type: ignore[method-assign]
+    job = threading.Thread(target=daemon._run_job, args=("report",), daemon=True)
+    job.start()
+    assert started.wait(30)
+    try:
+        daemon.stopping.set()
+        assert daemon._shutdown() == 0
+        job.join(30)
+        assert not job.is_alive()
+        state = daemon.jobs["report"]
+        assert state.failures == 1 and "Interrupt" in (state.last_error or "")
+        assert daemon.live_cursors == set()
+    finally:
+        for cursor in list(getattr(daemon, "live_cursors", ())):
+            cursor.interrupt()
+        job.join(5)

@@ -28,7 +28,7 @@ from monitor.policy.vocabulary import STATES
 from monitor.reports.present import checkpoint_name
 from monitor.store.evaluation_gaps import NOT_EVALUATED
 from monitor.store.pages import Key, Page, check_limit
-from monitor.training_order import Placement, current_checkpoint, place
+from monitor.training_order import Placement, current_checkpoint, place, string_refs
 
 # The states a row can be in (the state in force: an observed state maps onto these).
 STATUSES = STATES
@@ -70,7 +70,7 @@ def _candidates(store: Any, *, policy: str | None, task: str | None, repo: str |
                        "p.policy, p.task, p.lineage, p.repo, p.commit_sha ORDER BY p.evaluated_at DESC, p.id DESC) = 1",
                        params)
     for row in rows:
-        row["refs"] = json.loads(row["refs"]) if row["refs"] else []
+        row["refs"] = string_refs(json.loads(row["refs"]) if row["refs"] else [])
     return rows
 
 

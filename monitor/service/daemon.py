@@ -61,7 +61,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -474,6 +474,7 @@ class Daemon:
         cursor = self._cursor()
         store = DaemonStore(cursor, self.config.db_path, read_only=read_only)
         store.faults = self.faults
+        store.cursor_tracker = self._track_cursor
         if not read_only:
             store.on_write = self._wrote
         with self.jobs_lock:
@@ -485,6 +486,17 @@ class Daemon:
                 self.live_cursors.discard(cursor)
             with contextlib.suppress(Exception):
                 store.conn.close()
+
+    def _track_cursor(self, cursor: Any) -> Callable[[], None]:
+        """Interrupt `cursor` at the drain deadline too (a cursor a job's read opened of its own,
+        such as a report's ranks); returns the call that forgets it."""
+        with self.jobs_lock:
+            self.live_cursors.add(cursor)
+
+        def forget() -> None:
+            with self.jobs_lock:
+                self.live_cursors.discard(cursor)
+        return forget
 
     def job_store(self) -> contextlib.AbstractContextManager[DaemonStore]:
         """A writable store on a fresh cursor (DuckDB connections are not thread-safe)."""

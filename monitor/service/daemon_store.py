@@ -103,6 +103,13 @@ class DaemonStore(Store):
 
     faults: StoreFailpoints | None = None
     on_write: Callable[[], None] | None = None
+    # the daemon's record of the cursors its drain interrupts (`Daemon._cursor_store`)
+    cursor_tracker: Callable[[Any], Callable[[], None]] | None = None
+
+    def track_cursor(self, cursor: Any) -> Callable[[], None]:
+        if self.cursor_tracker is None:
+            return lambda: None
+        return self.cursor_tracker(cursor)
 
     def _file_marks(self) -> tuple[Any, ...]:
         marks = []

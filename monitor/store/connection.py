@@ -13,7 +13,7 @@ import contextlib
 import errno
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -194,6 +194,13 @@ class StoreConnection:
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for another thread (a DuckDB connection is not thread-safe)."""
         return self.conn.cursor()
+
+    def track_cursor(self, cursor: duckdb.DuckDBPyConnection) -> Callable[[], None]:
+        """Tell whoever may have to stop this store's queries about a cursor a read opened of its
+        own (a report's ranks); returns the call that forgets it. Here nobody is told; the
+        daemon's job and request stores hand it to the daemon, which interrupts it at its drain
+        deadline as it does their own cursor."""
+        return lambda: None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:

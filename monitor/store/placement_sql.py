@@ -16,6 +16,13 @@ the order a report shows never depends on which engine placed a checkpoint
 (`tests/test_placement_sql.py` compares the two over hand-written and generated hostile inputs).
 The SQL text comes from `monitor.training_order` (the step pattern is STEP_PATTERN's, rewritten
 for RE2, which has no look-behind).
+
+One reading is DuckDB's on both sides: a meta holding a key twice gives the first value to
+DuckDB's `json_extract` and the last to Python's `json.loads`. The report, like the alert
+engine, extracts the two placing values with DuckDB (`lineage_batch.PLACEMENT_EXTRACT`), and
+the Python path re-places from those extracted values, so the two paths agree; the status page
+and a policy change's re-evaluation decode the whole meta and would read the other value. No
+writer of this project writes a key twice (metas are `json.dumps` of dicts).
 """
 
 from __future__ import annotations

@@ -76,9 +76,11 @@ class ReportRanks:
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, corpus_sha256: str | None, *, start: datetime,
                  end: datetime, watched: Sequence[tuple[str, str | None]] | None,
-                 closed: Callable[[], StoreError | None] = lambda: None) -> None:
+                 closed: Callable[[], StoreError | None] = lambda: None,
+                 on_close: Callable[[], None] = lambda: None) -> None:
         self._cur = conn
         self._closed = closed
+        self._on_close = on_close
         self._table = f"report_ranks_{next(_NAMES)}"
         params: dict[str, Any] = {"start": start, "end": end}
         if corpus_sha256:
@@ -102,6 +104,7 @@ class ReportRanks:
             raise
 
     def close(self) -> None:
+        self._on_close()
         with contextlib.suppress(duckdb.Error):
             self._cur.close()
 

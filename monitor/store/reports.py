@@ -12,6 +12,7 @@ import duckdb
 
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
+from monitor.training_order import string_refs
 from monitor.store.lineage_batch import PLACEMENT_EXTRACT, PLACEMENT_OBJECT
 from monitor.store.report_ranks import ReportRanks
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportRow, ReportScoreRow
@@ -21,13 +22,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # what a report's score run reads of its checkpoint (`ReportRows._RUN_SELECT`)
 _CHECKPOINT_KEYS = (f"(SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
                     f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints)")
-
-
-def _string_refs(refs: Any) -> list[str]:
-    """A stored refs value as the alert engine reads it (`lineage_batch.decoded`, then
-    `training_order.place`): the strings of a JSON array; any other JSON value names no ref (an
-    object's keys are not refs, and a number among them would stop the names being sorted)."""
-    return [ref for ref in refs if isinstance(ref, str)] if isinstance(refs, list) else []
 
 
 class ReportRows(StoreConnection):
@@ -62,7 +56,7 @@ class ReportRows(StoreConnection):
         row["finished_at"] = _EPOCH + timedelta(microseconds=row["finished_at"])
         if row["discovered_at"] is not None:
             row["discovered_at"] = _EPOCH + timedelta(microseconds=row["discovered_at"])
-        row["tcb"], row["refs"], row["meta"] = tcb, _string_refs(refs), meta or {}
+        row["tcb"], row["refs"], row["meta"] = tcb, string_refs(refs), meta or {}
         return ReportScoreRow.from_row(row)
 
     def report_repo_rules(self, corpus_sha256: str | None, *, end: datetime) -> list[tuple[str, str | None]]:
@@ -97,9 +91,12 @@ class ReportRows(StoreConnection):
                 return closed
             return None
 
+        forget = self.track_cursor(cur)   # so that a daemon stopping can interrupt its statements
         try:
-            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched, closed=is_closed)
+            return ReportRanks(cur, corpus_sha256, start=start, end=end, watched=watched, closed=is_closed,
+                               on_close=forget)
         except BaseException:
+            forget()
             cur.close()
             raise
 
@@ -150,7 +147,7 @@ class ReportRows(StoreConnection):
         rows = self.query("SELECT id, repo, sha, source, refs, lineage, rule, discovered_at, updated_at, status, "
                           "reason, attempts, lease_owner, lease_expires_at, meta FROM checkpoints "
                           "WHERE discovered_at > ? AND discovered_at <= ? ORDER BY discovered_at, id", [start, end])
-        return [replace(c, refs=_string_refs(c.refs)) for c in map(self._decode_checkpoint, rows)]
+        return [replace(c, refs=string_refs(c.refs)) for c in map(self._decode_checkpoint, rows)]
 
     def checkpoint_refs(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
         """The refs of each known (repo, sha) among `pairs` (one query, whatever their number)."""
@@ -160,7 +157,7 @@ class ReportRows(StoreConnection):
         rows = self.query("SELECT c.repo, c.sha, c.refs FROM checkpoints c JOIN (SELECT unnest(?::VARCHAR[]) AS repo, "
                           "unnest(?::VARCHAR[]) AS sha) k ON k.repo = c.repo AND k.sha = c.sha",
                           [[repo for repo, _ in pairs], [sha for _, sha in pairs]])
-        return {(row["repo"], row["sha"]): _string_refs(json.loads(row["refs"]) if row["refs"] else []) for row in rows}
+        return {(row["repo"], row["sha"]): string_refs(json.loads(row["refs"]) if row["refs"] else []) for row in rows}
 
     def last_report(self, policy: str, name: str) -> ReportRow | None:
         """The newest recorded report of (policy, report name), or None."""
