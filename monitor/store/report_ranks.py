@@ -125,10 +125,10 @@ class ReportRanks:
     def set_ranks(self, ranks: Sequence[tuple[str, int, bool]]) -> None:
         """Replace ranks (run id, rank, whether its lineage is ordered by step) computed by the caller."""
         if ranks:
-            self._execute("UPDATE {t} SET rank = r.rank, by_step = r.by_step FROM (SELECT unnest(?::VARCHAR[]) AS run_id, "
-                              "unnest(?::BIGINT[]) AS rank, unnest(?::BOOLEAN[]) AS by_step) r "
-                              "WHERE {t}.run_id = r.run_id".format(t=self._table),
-                              [[r for r, _, _ in ranks], [k for _, k, _ in ranks], [s for _, _, s in ranks]])
+            self._execute("UPDATE {t} SET rank = r.rank, by_step = r.by_step FROM (SELECT unnest(?::VARCHAR[]) "
+                          "AS run_id, unnest(?::BIGINT[]) AS rank, unnest(?::BOOLEAN[]) AS by_step) r "
+                          "WHERE {t}.run_id = r.run_id".format(t=self._table),
+                          [[r for r, _, _ in ranks], [k for _, k, _ in ranks], [s for _, _, s in ranks]])
 
     def shown(self) -> list[tuple[str, str, str, str, int, bool]]:
         """(lineage, repo, commit, run id, rank, new) of the rows a report's table shows: every
