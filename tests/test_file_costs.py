@@ -112,7 +112,9 @@ def test_the_table_is_summed_printed_and_merged_into_the_committed_file(tmp_path
     import support.file_costs as file_costs
 
     table = tmp_path / "file_costs.json"
-    table.write_text('{"files": {"test_old.py": {"cpu_s": 7.0}, "test_a.py": {"cpu_s": 1.0}}}')
+    table.write_text('{"files": {"test_old.py": {"cpu_s": 7.0}, "test_a.py": {"cpu_s": 1.0}, '
+                     '"test_gone.py": {"cpu_s": 3.0}}}')
+    (tmp_path / "test_old.py").write_text("")   # still a test file beside the table; test_gone.py is not
     monkeypatch.setattr(file_costs, "COSTS_FILE", table)
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -124,5 +126,6 @@ def test_the_table_is_summed_printed_and_merged_into_the_committed_file(tmp_path
     # a: 120.5 on one worker, b: 50 on the other -> 120.5 s = 2.0 min; floor 170.5 / 2 = 85 s = 1.4 min
     assert "3 tests, 170 CPU-s; estimated wall on 2 idle cores: 2.0 min (floor 1.4 min)" in out
     assert out.index("test_a.py") < out.index("test_b.py")
-    # measured files replace their old cost, files not measured this time keep theirs
+    # measured files replace their old cost, files not measured this time keep theirs, and files
+    # that no longer exist are dropped
     assert load_costs(table) == {"test_a.py": 120.5, "test_b.py": 50.0, "test_old.py": 7.0}

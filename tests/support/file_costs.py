@@ -128,7 +128,9 @@ def _main(argv: list[str]) -> int:
     print(f"{len(rows)} tests, {total:.0f} CPU-s; estimated wall on 2 idle cores: {estimate / 60:.1f} min "
           f"(floor {total / 2 / 60:.1f} min)")
     if "--write" in argv[1:]:
-        merged = {**{n: {"cpu_s": c} for n, c in load_costs(COSTS_FILE).items()},
+        # files not measured keep their cost; files that no longer exist are dropped
+        present = {p.name for p in COSTS_FILE.parent.glob("test_*.py")}
+        merged = {**{n: {"cpu_s": c} for n, c in load_costs(COSTS_FILE).items() if n in present},
                   **{n: {"cpu_s": round(f["cpu_s"], 1)} for n, f in files.items()}}
         lines = [f" {json.dumps(name)}: {json.dumps(row)}" for name, row in sorted(merged.items())]
         COSTS_FILE.write_text('{\n "unit": "CPU-seconds per test file (tests/support/file_costs.py)",\n "files": {\n '
