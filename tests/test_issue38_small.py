@@ -85,7 +85,18 @@ def test_poll_reaches_a_loopback_hub_with_hf_hub_offline_set(tmp_path: Path) -> 
 
 
 # -- item 9 ---------------------------------------------------------------------------------
-def test_show_completion_prints_a_script_for_lstar(capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_completion_prints_a_script_for_lstar(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shell is named, not detected: with detection on, typer reads the shell from the
+    # process's ancestors (shellingham) and ignores the name, so the test would depend on what
+    # started pytest (a pytest-xdist worker under `timeout` found none).
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
+    import shellingham
+
+    def no_shell() -> None:
+        raise shellingham.ShellDetectionFailure()
+
+    monkeypatch.setattr(shellingham, "detect_shell", no_shell)
     assert main(["--show-completion", "bash"]) == 0
     script = capsys.readouterr().out
     assert "complete -o default -F _lstar_completion lstar" in script
