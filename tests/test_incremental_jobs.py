@@ -325,37 +325,14 @@ def test_shutdown_past_the_drain_interrupts_a_running_query_and_exits_cleanly(tm
     """A job whose query outlives the drain deadline (a tick over a huge backlog) is
     interrupted: the job fails with DuckDB's interrupt, the database is checkpointed and
     closed, and nothing is left running."""
-    import threading
+    from support.daemon_drain import assert_the_drain_interrupts
 
-    from monitor.service.daemon import Daemon, DaemonConfig
-
-    (tmp_path / "policies").mkdir()
-    daemon = Daemon(DaemonConfig(policies_dir=tmp_path / "policies", state_dir=tmp_path / "state", drain=0.5))
-    daemon.store = Store.open(tmp_path / "state" / "lstar.duckdb")
-    started = threading.Event()
-
-    def endless() -> dict:
+    def endless(daemon, started) -> None:
         with daemon.job_store() as store:
             started.set()
             store.query("SELECT sum(a.i * b.j) FROM range(100000000) a(i), range(100000000) b(j)")
-        return {}
 
-    daemon.job_evaluate = endless  # type: ignore[method-assign]
-    job = threading.Thread(target=daemon._run_job, args=("evaluate",), daemon=True)
-    job.start()
-    assert started.wait(30)
-    try:
-        daemon.stopping.set()
-        assert daemon._shutdown() == 0
-        job.join(30)
-        assert not job.is_alive()
-        state = daemon.jobs["evaluate"]
-        assert state.failures == 1 and "Interrupt" in (state.last_error or "")
-        assert daemon.live_cursors == set()
-    finally:
-        for cursor in list(getattr(daemon, "live_cursors", ())):
-            cursor.interrupt()
-        job.join(5)
+    assert_the_drain_interrupts(tmp_path, "evaluate", endless)
 
 
 def test_a_task_dropped_from_the_configuration_does_not_hold_the_queue(tmp_path):

@@ -27,10 +27,15 @@ def _one_run(store: Store, run: str, repo: str, finished: datetime) -> None:
         [run, repo, "a" * 40, finished])
 
 
+def _week_ranks(store: Any) -> Any:
+    """The ranks a report of the week before END reads (every repo watched)."""
+    return store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+
+
 def test_the_store_closed_before_a_read_of_the_ranks(tmp_path) -> None:
     store = Store.open(tmp_path / "lstar.duckdb")
     _one_run(store, "run1", "org/m", END - timedelta(days=1))
-    ranks = store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+    ranks = _week_ranks(store)
     assert [row[3] for row in ranks.shown()] == ["run1"]
     store.close()
     with pytest.raises(StoreError, match="was closed while a query on it ran"):
@@ -42,7 +47,7 @@ def test_the_store_closed_between_a_statement_and_its_rows(tmp_path) -> None:
     statement ran and before its rows are fetched."""
     store = Store.open(tmp_path / "lstar.duckdb")
     _one_run(store, "run1", "org/m", END - timedelta(days=1))
-    ranks = store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+    ranks = _week_ranks(store)
 
     class ClosesParent:
         def __init__(self, conn: Any) -> None:
@@ -92,7 +97,7 @@ def test_a_read_while_the_store_is_closing(tmp_path) -> None:
     marked itself closed when the report reads: still the store's error, not DuckDB's."""
     store = Store.open(tmp_path / "lstar.duckdb")
     _one_run(store, "run1", "org/m", END - timedelta(days=1))
-    ranks = store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+    ranks = _week_ranks(store)
     closed, finish = threading.Event(), threading.Event()
 
     class SlowClose:
@@ -128,7 +133,7 @@ def test_a_job_store_on_a_cursor_of_the_daemon_store(tmp_path) -> None:
     main = Store.open(path)
     _one_run(main, "run1", "org/m", END - timedelta(days=1))
     job = Store(main.cursor(), path, read_only=False)
-    ranks = job.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None)
+    ranks = _week_ranks(job)
     assert [row[3] for row in ranks.shown()] == ["run1"]
     main.close()
     with pytest.raises(StoreError, match="was closed while a query on it ran"):
@@ -152,7 +157,7 @@ def test_the_ranks_cursor_is_handed_to_the_daemon_while_the_report_reads_it(tmp_
             return lambda: forgotten.append(cursor)
 
         job.cursor_tracker = tracker
-        with job.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None) as ranks:
+        with _week_ranks(job) as ranks:
             assert len(handed) == 1 and forgotten == []
             assert [row[0] for row in ranks.lineages()] == ["org/a"]
             # what the daemon's drain does with a cursor it was handed
@@ -178,34 +183,13 @@ def test_the_ranks_cursor_is_handed_to_the_daemon_while_the_report_reads_it(tmp_
 def test_the_daemon_drain_interrupts_a_statement_on_a_report_s_ranks(tmp_path) -> None:
     """A report job whose ranks' statement outlives the drain deadline is interrupted like any
     job's query: the job fails with DuckDB's interrupt and no cursor is left registered."""
-    from monitor.service.daemon import Daemon, DaemonConfig
+    from support.daemon_drain import assert_the_drain_interrupts
 
-    (tmp_path / "policies").mkdir()
-    daemon = Daemon(DaemonConfig(policies_dir=tmp_path / "policies", state_dir=tmp_path / "state", drain=0.5))
-    daemon.store = Store.open(tmp_path / "state" / "lstar.duckdb")
-    started = threading.Event()
-
-    def endless_report() -> dict:
+    def endless_report(daemon: Any, started: threading.Event) -> None:
         with daemon.job_store() as store:
-            with store.report_ranks(None, start=END - timedelta(days=7), end=END, watched=None) as ranks:
+            with _week_ranks(store) as ranks:
                 assert len(daemon.live_cursors) == 2   # the job's cursor and the ranks'
                 started.set()
                 ranks._rows("SELECT sum(a.i * b.j) FROM range(100000000) a(i), range(100000000) b(j)")
-        return {}
 
-    daemon.job_report = endless_report  # type: ignore[method-assign]
-    job = threading.Thread(target=daemon._run_job, args=("report",), daemon=True)
-    job.start()
-    assert started.wait(30)
-    try:
-        daemon.stopping.set()
-        assert daemon._shutdown() == 0
-        job.join(30)
-        assert not job.is_alive()
-        state = daemon.jobs["report"]
-        assert state.failures == 1 and "Interrupt" in (state.last_error or "")
-        assert daemon.live_cursors == set()
-    finally:
-        for cursor in list(getattr(daemon, "live_cursors", ())):
-            cursor.interrupt()
-        job.join(5)
+    assert_the_drain_interrupts(tmp_path, "report", endless_report)

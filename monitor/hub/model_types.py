@@ -19,26 +19,25 @@ from pathlib import Path
 _READ_ONLY_CALLS = {"items", "keys", "values", "get", "copy"}
 
 
+def _model_types(which: int, module: str, mapping: str) -> frozenset[str]:
+    """The keys of one of transformers' auto mappings: read from the source (`which` of
+    `model_types_from_source`), else imported."""
+    from_source = model_types_from_source()
+    if from_source is not None:
+        return from_source[which]
+    return frozenset(getattr(importlib.import_module(module), mapping))
+
+
 @cache
 def known_model_types() -> frozenset[str]:
     """Model types transformers implements itself (their code never comes from a repo)."""
-    from_source = model_types_from_source()
-    if from_source is not None:
-        return from_source[0]
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return frozenset(CONFIG_MAPPING_NAMES)
+    return _model_types(0, "transformers.models.auto.configuration_auto", "CONFIG_MAPPING_NAMES")
 
 
 @cache
 def causal_model_types() -> frozenset[str]:
     """The model types with a causal language model class (`AutoModelForCausalLM`)."""
-    from_source = model_types_from_source()
-    if from_source is not None:
-        return from_source[1]
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return _model_types(1, "transformers.models.auto.modeling_auto", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
 
 
 @cache

@@ -95,7 +95,7 @@ def plotted_lineages(data: Mapping[str, Any]) -> list[str]:
 def plotted(data: Mapping[str, Any]) -> dict[str, Any]:
     """The report data the figures draw: the shown lineages, at most `PLOT_LINEAGES` of them."""
     view = summarised(data)
-    keep = set(plotted_lineages(data))
+    keep = set(plotted_lineages(view))   # summarised once: `summarised` of a view is a copy
     if len(keep) == len({r["lineage"] for r in view["lstar_table"]}):
         return view
     out = dict(view)
