@@ -27,7 +27,8 @@ from monitor.scoring.corpus import DOCUMENTS_FILE, MANIFEST_FILE, SOURCES_FILE
 from monitor.scoring.corpus_build import Piece, build_manifest, documents_jsonl, manifest_json, number_documents
 from monitor.scoring.debs import Deb, _cached, check_package_name, check_pin, fetch_deb, read_deb
 from monitor.scoring.pool_build import (SIZE_POLICY, Counts, _filter_documents, _filter_units, _source_entry,
-                                        _write_file, check_empty_output, exclusion_manifest, load_exclusions,
+                                        _write_file, check_empty_output, checked_package_names,
+                                        exclusion_manifest, load_exclusions,
                                         pack_units, source_name)
 from monitor.scoring.pool_text import Unit, clean_text, decode_text, dictd_units, rest_units
 
@@ -183,21 +184,6 @@ class RegisterBuild:
     manifest: dict[str, Any]
 
 
-def _checked_package_names(packages: Sequence[str] | None, versions: dict[str, tuple[str, str]],
-                           pins: str | Path | None) -> list[str]:
-    """The packages to build from (given, else the pinned ones), sorted; each a valid name and,
-    with `pins`, pinned there."""
-    names = sorted(set(packages or versions))
-    if not names:
-        raise CorpusError("no package to build the register from", hint="pass --packages or --pins")
-    for package in names:
-        check_package_name(package)
-        if pins is not None and package not in versions:
-            raise CorpusError(f"package {package} is not pinned in {pins}",
-                              hint=f"pinned packages: {', '.join(sorted(versions))}")
-    return names
-
-
 def _read_packages(names: list[str], register: str, *, cache: Path, pins: str | Path | None,
                    versions: dict[str, tuple[str, str]]) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
     """Each package's .deb (the pinned version checked, else the newest) read into the
@@ -272,7 +258,7 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
     if register not in REGISTERS:
         raise CorpusError(f"unknown register {register!r}", hint=f"registers: {', '.join(REGISTERS)}")
     versions = {e["package"]: (e["version"], e["deb_sha256"]) for e in pinned.get("packages", [])}
-    names = _checked_package_names(packages, versions, pins)
+    names = checked_package_names(packages, versions, pins, building="register")
     n_docs = documents or (pinned.get("sample") or {}).get("documents") or DEFAULT_DOCUMENTS
     name = name or pinned.get("name") or f"register-{register}"
     version = version or pinned.get("version") or "v1"
