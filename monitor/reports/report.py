@@ -32,7 +32,7 @@ from typing import Any
 from monitor.bands import extrapolation_words
 from monitor.curves.axes import AXES
 from monitor.errors import CurveError
-from monitor.escape import markdown_code, markdown_text, template_value
+from monitor.escape import html_environment, markdown_code, markdown_text
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.stress.storage import stress_flags_for_curve
@@ -722,12 +722,7 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
 
 def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     """The report as one self-contained HTML page (PNG figures embedded as data URIs)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-                             autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             finalize=template_value)   # control and bidi characters made visible
+    env = html_environment(TEMPLATE_DIR)
     env.filters["fmt"] = fmt
     env.filters["short"] = short
     env.globals["ref_name"] = ref_name
