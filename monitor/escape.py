@@ -86,6 +86,18 @@ def template_value(value: Any) -> Any:
     return value
 
 
+def html_environment(template_dir: Any) -> Any:
+    """The Jinja environment of a self-contained HTML page (the governance and the lab reports):
+    templates from `template_dir`, HTML autoescaped, an undefined value an error, and every
+    string passed through `template_value` (control and bidi characters made visible)."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)),
+                              autoescape=jinja2.select_autoescape(["html", "html.j2"]),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              finalize=template_value)
+
+
 def markdown_code(value: Any) -> str:
     """`value` as a Markdown code span (for paths and file names outside tables, where a `|`
     needs no escape): fenced by one backtick more than its longest run of them, padded with a

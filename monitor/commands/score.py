@@ -215,7 +215,6 @@ def register(app: typer.Typer) -> None:
                                        "partial score of this checkpoint is recorded."),
     ) -> None:
         """Score a checkpoint on a pinned corpus: CE, CE_uni, L* and variants, bits/byte, TCB."""
-        from monitor.scoring import ScoreRequest
         from monitor.store import refuse_if_held
 
         db = db_file(state, db)
@@ -223,28 +222,45 @@ def register(app: typer.Typer) -> None:
             refuse_if_held(db)   # a daemon's state: refuse now, not after loading the model
         if quiet or as_json:  # the Hub client's download bars too, not only ours
             quiet_hub_progress()
-        if stride is not None and disjoint:
-            raise SpecError("--stride and --disjoint contradict each other",
-                            hint="--disjoint means stride = window; give one of them")
-        corpora = corpus_list(corpus)
-        request = ScoreRequest(
-            model=model, corpus_dir=corpora[0], max_context=max_context, stride=stride,
-            disjoint=disjoint, docs=docs, every=every, resume_partial=not no_resume,
-            slices=[s.strip() for s in slices.split(",") if s.strip()] if slices else None,
-            dtype=dtype.value, device=device.value, batch_size=batch_size,
-            tokenizer_dir=tokenizer, reference_tokenizer=reference_tokenizer,
-            with_tcb=not no_tcb, progress=not (quiet or as_json) and sys.stderr.isatty(),
-            endpoint=endpoint, hub_cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
-        if (endpoint is not None or cache_dir is not None) and not pending and not is_hub_model(model):
-            raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
-                            "one (a local folder or a builtin model)",
-                            hint="drop them, or name the checkpoint as org/name@revision")
+        request, corpora = _score_request(
+            model, corpus, max_context=max_context, stride=stride, disjoint=disjoint, docs=docs, every=every,
+            slices=slices, dtype=dtype, device=device, batch_size=batch_size, tokenizer=tokenizer,
+            reference_tokenizer=reference_tokenizer, no_tcb=no_tcb, no_resume=no_resume,
+            show_progress=not (quiet or as_json), endpoint=endpoint, cache_dir=cache_dir, pending=pending)
         # The Hub the checkpoint comes from is reached even with HF_HUB_OFFLINE set when it is on
         # this machine (the guide's fake Hub); any other Hub is refused now, in one line.
         with (hub_reachable("lstar score", endpoint) if pending or is_hub_model(model) else nullcontext()):
             _score(request, corpora=corpora, model=model, db=db, no_db=no_db, pending=pending, limit=limit, endpoint=endpoint,
                    cache_dir=cache_dir, until_settled=until_settled, delta=delta, block_docs=block_docs,
                    order_seed=order_seed, as_json=as_json, quiet=quiet)
+
+
+def _score_request(model: str, corpus: str, *, max_context: int | None, stride: int | None, disjoint: bool,
+                   docs: int | None, every: int | None, slices: str | None, dtype: DType, device: Device,
+                   batch_size: int, tokenizer: Path | None, reference_tokenizer: Path | None, no_tcb: bool,
+                   no_resume: bool, show_progress: bool, endpoint: str | None, cache_dir: Path | None,
+                   pending: bool) -> tuple[ScoreRequest, list[Path]]:
+    """`lstar score`'s options as the request for the first corpus, and every corpus folder;
+    options that contradict each other are refused, before anything is loaded."""
+    from monitor.scoring import ScoreRequest
+
+    if stride is not None and disjoint:
+        raise SpecError("--stride and --disjoint contradict each other",
+                        hint="--disjoint means stride = window; give one of them")
+    corpora = corpus_list(corpus)
+    request = ScoreRequest(
+        model=model, corpus_dir=corpora[0], max_context=max_context, stride=stride,
+        disjoint=disjoint, docs=docs, every=every, resume_partial=not no_resume,
+        slices=[s.strip() for s in slices.split(",") if s.strip()] if slices else None,
+        dtype=dtype.value, device=device.value, batch_size=batch_size,
+        tokenizer_dir=tokenizer, reference_tokenizer=reference_tokenizer,
+        with_tcb=not no_tcb, progress=show_progress and sys.stderr.isatty(),
+        endpoint=endpoint, hub_cache_dir=cache_dir.expanduser() if cache_dir is not None else None)
+    if (endpoint is not None or cache_dir is not None) and not pending and not is_hub_model(model):
+        raise SpecError(f"--endpoint and --cache-dir say where a Hub checkpoint comes from; {model} is not "
+                        "one (a local folder or a builtin model)",
+                        hint="drop them, or name the checkpoint as org/name@revision")
+    return request, corpora
 
 
 def score_checkpoint(request: ScoreRequest, *, db_path: Path | None) -> dict[str, Any]:

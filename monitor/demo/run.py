@@ -26,6 +26,7 @@ fails says at which stage and why (`DemoFailed`, or `failed_stage` and `failure`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -296,37 +297,25 @@ def _evaluations(store: Any, repo: str, step_of: dict[str, int]) -> list[dict[st
     return sorted(out, key=lambda r: r["step"])
 
 
-def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_history: bool = False,
-             save_history_curve: str | Path | None = None, checkpoints: int | None = None,
-             log: Callable[[str], None] = lambda _: None, progress: bool = False) -> dict[str, Any]:
-    """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
+@dataclasses.dataclass
+class _LivePasses:
+    """What publishing the live lineage and polling the daemon after each checkpoint left."""
+    hub_url: str
+    steps: list[dict[str, Any]]
+    refs: dict[str, str]
+    step_of: dict[str, int]
+    exit_code: int
+    job_errors: dict[str, str]
+    alerts: list[dict[str, Any]]
+    mails: list[Any]
+    alert_mails: list[Any]
+    report_mails: list[Any]
 
-    `summary["ok"]` is True when the loop closed: each local receiver got at least one
-    alert and a report was written; when not, `failed_stage` and `failure` say where and why.
-    `fit_history` fits the history curve here (seed 0) instead of using the shipped one;
-    `save_history_curve` then also writes it there. `checkpoints` publishes that many of the live
-    lineage's checkpoints, evenly spaced from the first to the last (`published_steps`; None:
-    all of them); the lineage is trained in full either way. `progress` draws bars on stderr for training
-    and for the daemon passes (counts, elapsed, time left as measured); without it `log` gets a
-    line at each quarter of training and after each pass, with the time left at the pace measured. Raises `DemoFailed` when a stage raised
-    (preparing, the history, training, or a publication or daemon pass that could not run).
-    """
-    from monitor.environment import harden_environment
 
-    harden_environment()
-    from monitor.curves import save_curve
-    from monitor.demo.fakehub import FakeHub
-    from monitor.demo.history import curve_facts, emerged_margin
-    from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
-    from monitor.lab.demo import demo_task_file, train_demo_lineages
-    from monitor.service import DaemonConfig
-    from monitor.service.daemon import make_scoring_backend
-    from monitor.store import Store
-
-    started = time.perf_counter()
-    shared = Path(shared_dir).resolve() if shared_dir else Path(__file__).resolve().parents[3] / "shared"
-    named = Path(workdir).absolute()      # as given: `prepare_workdir` refuses a symbolic link
-    workdir = named.resolve()
+def _prepare(named: Path, workdir: Path, shared: Path, *, checkpoints: int | None,
+             save_history_curve: str | Path | None) -> tuple[Any, Path | None]:
+    """The `prepare` stage: the arguments refused before minutes of training, the demo's
+    folder emptied, the score request built. Returns the request and the checked save path."""
     with _stage("prepare"):
         if checkpoints is not None:     # refused before minutes of training, not after
             from monitor.lab.demo import DEMO_FRACTIONS
@@ -336,18 +325,22 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
             save_history_curve = check_save_path(Path(save_history_curve), workdir)
         prepare_workdir(named)
         request = _score_request(shared / "corpus" / "calib-v0")
-    state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
-    db = state / "lstar.duckdb"
+    return request, save_history_curve
 
-    curve = _history_curve(request, fit_history=fit_history, models=models, db=db, shared=shared, log=log,
-                           progress=progress)
-    curve_path = policies / CURVE_FILE
+
+def _save_history_curve(curve: Any, curve_path: Path, save_history_curve: Path | None) -> None:
+    """The history curve written beside the policy (and where `--save-history-curve` asked)."""
+    from monitor.curves import save_curve
+
     with _stage("history"):
         save_curve(curve, curve_path)
         if save_history_curve is not None:
             save_curve(curve, save_history_curve)
-    facts = curve_facts(curve)
-    fit, threshold = facts["fit"], facts["threshold"]
+
+
+def _log_curve_fit(fit: dict[str, Any], threshold: dict[str, Any], *, fit_history: bool,
+                   log: Callable[[str], None]) -> None:
+    """The curve's level, and whether its threshold is resolved, told before training."""
     log(f"the {TASK} curve ({'fitted here' if fit_history else 'shipped'}, on seed {HISTORY_SEED}): "
         f"level b + ε = {fit['chance']:.4f} + {fit['margin']:.4f} = {fit['level']:.4f}")
     if fit["unresolved_warnings"]:
@@ -357,6 +350,13 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     else:
         log(f"the curve's threshold is resolved: L* = {threshold['estimate']:.3f} "
             f"[{threshold['lower']:.3f}, {threshold['upper']:.3f}] ({threshold['confidence']:.0%})")
+
+
+def _train_live_lineage(models: Path, policies: Path, shared: Path, *, progress: bool,
+                        log: Callable[[str], None]) -> tuple[str, dict[int, Path], Path]:
+    """The `train` stage: the live seed trained with its pace told, and the task file copied
+    beside the policy. Returns the family, its checkpoint folders by step, and the task file."""
+    from monitor.lab.demo import demo_task_file, train_demo_lineages
 
     # No duration is promised: it is measured as the steps are done (a bar on a terminal, a line
     # at each quarter elsewhere), as the daemon passes below are.
@@ -380,12 +380,44 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
         task_path = policies / TASK_FILE
         task_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(demo_task_file(models), task_path)   # what the daemon evaluates, beside the policy
+    return family, folders, task_path
 
-    summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
-                               "policy": str(policies / "demo.yaml"), "curve": str(curve_path),
-                               "history": "fitted" if fit_history else "shipped",
-                               "task_file": str(task_path), "fit": fit, "threshold": threshold}
-    repo = f"{ORG}/{family}-lab"
+
+def _checkpoint_record(curve: Any, repo: str, step: int, sha: str, row: dict[str, Any] | None) -> dict[str, Any]:
+    """One published checkpoint's prediction as the summary lists it (None values: no prediction)."""
+    from monitor.demo.history import emerged_margin
+
+    # how far from the edge of `emerged` (the demo's outcome must not rest on a hair)
+    margin = emerged_margin(curve, row["lstar"], row["se"]) if row else {"lstar": None, "se_units": None}
+    return {"checkpoint": f"{repo}@step{step}", "step": step, "sha": sha,
+            "lstar": row["lstar"] if row else None, "lstar_se": row["se"] if row else None,
+            "p_hat": row["p_hat"] if row else None, "lo": row["lo"] if row else None,
+            "hi": row["hi"] if row else None, "state": row["state"] if row else None,
+            "emerged_margin": margin["lstar"], "emerged_margin_se": margin["se_units"]}
+
+
+def _checkpoint_line(step: int, row: dict[str, Any] | None, observed: list[dict[str, Any]]) -> str:
+    """The log line of one daemon pass: the prediction, then each evaluation that ran."""
+    return (f"  step{step}: " + (f"L* {row['lstar']:.3f} ± {row['se']:.3f}, predicted {METRIC} "
+                                 f"{row['p_hat']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] -> {row['state']}"
+                                 if row else "no prediction")
+            + "".join(f"; evaluated: {METRIC} {o['observed']:.2f} [{o['observed_lo']:.2f}, "
+                      f"{o['observed_hi']:.2f}] -> {o['observed_state']} ({o['verdict']})"
+                      for o in observed if o["status"] == "done"))
+
+
+def _publish_and_poll(*, workdir: Path, state: Path, db: Path, policies: Path, request: Any, fit: dict[str, Any],
+                      curve: Any, repo: str, folders: dict[int, Path], checkpoints: int | None,
+                      progress: bool, log: Callable[[str], None]) -> _LivePasses:
+    """The `publish`, `daemon` and `collect` stages of the live loop: the fake Hub and the two
+    receivers up, each chosen checkpoint published then one daemon pass, until the last or the
+    first pass that failed; then what the receivers got, read before they close."""
+    from monitor.demo.fakehub import FakeHub
+    from monitor.demo.receivers import SmtpReceiver, WebhookReceiver
+    from monitor.service import DaemonConfig
+    from monitor.service.daemon import make_scoring_backend
+    from monitor.store import Store
+
     steps: list[dict[str, Any]] = []
     job_errors: dict[str, str] = {}
     exit_code = 0
@@ -429,19 +461,8 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
                                    [TASK, repo, sha])
                 observed = [o for o in _evaluations(store, repo, step_of) if o["step"] == step]
             row = rows[0] if rows else None
-            # how far from the edge of `emerged` (the demo's outcome must not rest on a hair)
-            margin = emerged_margin(curve, row["lstar"], row["se"]) if row else {"lstar": None, "se_units": None}
-            steps.append({"checkpoint": f"{repo}@step{step}", "step": step, "sha": sha,
-                          "lstar": row["lstar"] if row else None, "lstar_se": row["se"] if row else None,
-                          "p_hat": row["p_hat"] if row else None, "lo": row["lo"] if row else None,
-                          "hi": row["hi"] if row else None, "state": row["state"] if row else None,
-                          "emerged_margin": margin["lstar"], "emerged_margin_se": margin["se_units"]})
-            log(f"  step{step}: " + (f"L* {row['lstar']:.3f} ± {row['se']:.3f}, predicted {METRIC} "
-                                     f"{row['p_hat']:.2f} [{row['lo']:.2f}, {row['hi']:.2f}] -> {row['state']}"
-                                     if row else "no prediction")
-                + "".join(f"; evaluated: {METRIC} {o['observed']:.2f} [{o['observed_lo']:.2f}, "
-                          f"{o['observed_hi']:.2f}] -> {o['observed_state']} ({o['verdict']})"
-                          for o in observed if o["status"] == "done"))
+            steps.append(_checkpoint_record(curve, repo, step, sha, row))
+            log(_checkpoint_line(step, row, observed))
             passes.advance_to(index + 1)
             bar.update(bar_task, completed=index + 1)
             if not last:
@@ -455,38 +476,99 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
             mails = list(smtp.mails)
             alert_mails = [m for m in mails if m.message["X-Lstar-Report"] is None]
             report_mails = [m for m in mails if m.message["X-Lstar-Report"] is not None]
-        summary["hub"] = {"url": hub.url, "lineages": {repo: refs}}
-    states = [s["state"] for s in steps]
-    with _stage("collect"), Store.open(db, read_only=True) as store:
-        summary["evaluation"] = _evaluations(store, repo, step_of)
-    summary["lineage"] = {"repo": repo, "seed": LIVE_SEED, "states": steps, "in_order": states_in_order(states)}
+    return _LivePasses(hub_url=hub.url, steps=steps, refs=refs, step_of=step_of, exit_code=exit_code,
+                       job_errors=job_errors, alerts=alerts, mails=mails, alert_mails=alert_mails,
+                       report_mails=report_mails)
+
+
+def _collect_outcome(summary: dict[str, Any], live: _LivePasses, *, workdir: Path, db: Path,
+                     started: float) -> None:
+    """The `collect` stage's end: what the receivers got written under `received/`, the store's
+    totals, and whether the loop closed (else the failed stage and why), into `summary`."""
+    from monitor.store import Store
+
     with _stage("collect"):
         received = workdir / "received"
         received.mkdir(parents=True, exist_ok=True)
-        (received / "webhook.json").write_text(json.dumps(alerts, indent=2))
-        for i, m in enumerate(mails):
+        (received / "webhook.json").write_text(json.dumps(live.alerts, indent=2))
+        for i, m in enumerate(live.mails):
             (received / f"mail-{i}.eml").write_bytes(m.raw)
         with Store.open(db, read_only=True) as store:
             scores = store.query("SELECT count(*) AS n FROM score_runs WHERE model_repo LIKE ?", [f"{ORG}/%"])[0]["n"]
             predictions = store.query("SELECT state, count(*) AS n FROM predictions GROUP BY state ORDER BY state")
             reports = store.reports()
             checkpoints = store.checkpoint_counts()
-            failed = diagnose(store, org=ORG, exit_code=exit_code, job_errors=job_errors, alerts=len(alerts),
-                              alert_mails=len(alert_mails), reports=len(reports))
+            failed = diagnose(store, org=ORG, exit_code=live.exit_code, job_errors=live.job_errors,
+                              alerts=len(live.alerts), alert_mails=len(live.alert_mails), reports=len(reports))
     summary.update({
-        "daemon_exit_code": exit_code, "checkpoints": checkpoints, "hub_scores": int(scores),
+        "daemon_exit_code": live.exit_code, "checkpoints": checkpoints, "hub_scores": int(scores),
         "predictions": {r["state"]: int(r["n"]) for r in predictions},
-        "webhook": {"alert_messages": len(alerts), "lineages": sorted({a["groupLabels"].get("lineage", "")
-                                                                       for a in alerts}),
+        "webhook": {"alert_messages": len(live.alerts), "lineages": sorted({a["groupLabels"].get("lineage", "")
+                                                                            for a in live.alerts}),
                     "file": str(received / "webhook.json")},
-        "email": {"alert_messages": len(alert_mails), "report_messages": len(report_mails),
-                  "files": [str(received / f"mail-{i}.eml") for i in range(len(mails))]},
+        "email": {"alert_messages": len(live.alert_mails), "report_messages": len(live.report_mails),
+                  "files": [str(received / f"mail-{i}.eml") for i in range(len(live.mails))]},
         "reports": [{"folder": r.folder, "summary": r.summary, "deliveries": r.deliveries} for r in reports],
         "audit_log": str(received / "audit.jsonl"),
         "wall_s": round(time.perf_counter() - started, 1),
     })
-    summary["ok"] = bool(alerts) and bool(alert_mails) and bool(reports) and exit_code == 0
+    summary["ok"] = bool(live.alerts) and bool(live.alert_mails) and bool(reports) and live.exit_code == 0
     if not summary["ok"]:  # `diagnose` names a stage whenever one of these checks fails
         assert failed is not None
         summary["failed_stage"], summary["failure"] = failed
+
+
+def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_history: bool = False,
+             save_history_curve: str | Path | None = None, checkpoints: int | None = None,
+             log: Callable[[str], None] = lambda _: None, progress: bool = False) -> dict[str, Any]:
+    """Run the demo in `workdir` (emptied first) and return a summary of every artefact.
+
+    `summary["ok"]` is True when the loop closed: each local receiver got at least one
+    alert and a report was written; when not, `failed_stage` and `failure` say where and why.
+    `fit_history` fits the history curve here (seed 0) instead of using the shipped one;
+    `save_history_curve` then also writes it there. `checkpoints` publishes that many of the live
+    lineage's checkpoints, evenly spaced from the first to the last (`published_steps`; None:
+    all of them); the lineage is trained in full either way. `progress` draws bars on stderr for training
+    and for the daemon passes (counts, elapsed, time left as measured); without it `log` gets a
+    line at each quarter of training and after each pass, with the time left at the pace measured. Raises `DemoFailed` when a stage raised
+    (preparing, the history, training, or a publication or daemon pass that could not run).
+    """
+    from monitor.environment import harden_environment
+
+    harden_environment()
+    from monitor.demo.history import curve_facts
+    from monitor.store import Store
+
+    started = time.perf_counter()
+    shared = Path(shared_dir).resolve() if shared_dir else Path(__file__).resolve().parents[3] / "shared"
+    named = Path(workdir).absolute()      # as given: `prepare_workdir` refuses a symbolic link
+    workdir = named.resolve()
+    request, save_history_curve = _prepare(named, workdir, shared, checkpoints=checkpoints,
+                                           save_history_curve=save_history_curve)
+    state, models, policies = workdir / "state", workdir / "models", workdir / "policies"
+    db = state / "lstar.duckdb"
+
+    curve = _history_curve(request, fit_history=fit_history, models=models, db=db, shared=shared, log=log,
+                           progress=progress)
+    curve_path = policies / CURVE_FILE
+    _save_history_curve(curve, curve_path, save_history_curve)
+    facts = curve_facts(curve)
+    fit, threshold = facts["fit"], facts["threshold"]
+    _log_curve_fit(fit, threshold, fit_history=fit_history, log=log)
+
+    family, folders, task_path = _train_live_lineage(models, policies, shared, progress=progress, log=log)
+    summary: dict[str, Any] = {"workdir": str(workdir), "state": str(state), "db": str(db),
+                               "policy": str(policies / "demo.yaml"), "curve": str(curve_path),
+                               "history": "fitted" if fit_history else "shipped",
+                               "task_file": str(task_path), "fit": fit, "threshold": threshold}
+    repo = f"{ORG}/{family}-lab"
+    live = _publish_and_poll(workdir=workdir, state=state, db=db, policies=policies, request=request, fit=fit,
+                             curve=curve, repo=repo, folders=folders, checkpoints=checkpoints, progress=progress,
+                             log=log)
+    summary["hub"] = {"url": live.hub_url, "lineages": {repo: live.refs}}
+    states = [s["state"] for s in live.steps]
+    with _stage("collect"), Store.open(db, read_only=True) as store:
+        summary["evaluation"] = _evaluations(store, repo, live.step_of)
+    summary["lineage"] = {"repo": repo, "seed": LIVE_SEED, "states": live.steps, "in_order": states_in_order(states)}
+    _collect_outcome(summary, live, workdir=workdir, db=db, started=started)
     return summary

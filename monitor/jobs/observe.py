@@ -148,57 +148,82 @@ def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *,
             value, n, k = float(source["observed"]), int(source["n"]), int(source["k"])
             eval_run, extra = None, {"linked_from": int(source["id"]), "eval_run_id": source["eval_run_id"]}
         else:
-            from monitor.curves.eval_child import EvalSpec, run_evaluation_child
-
-            model_dir = materialize_snapshot(snapshot, workdir / "model")
-            event("observation_started", **ids, kind=settings["kind"])
-            spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
-                            file=task_file, task=settings.get("task"), device=device, dtype=dtype)
-            if ray is not None:   # `--scoring-backend ray`: on a node of the cluster, like a score
-                from monitor.curves.eval_child import evaluate_on_ray
-
-                result = evaluate_on_ray(ray, spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                         workdir=state_dir / "tmp")
-            else:
-                result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                              workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
-            if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
-                # cannot happen with the verified copy; were it to, the job waits, not fails
-                raise TaskFileNotAsScheduled(f"the evaluation of task file {settings['file']} read sha256 "
-                                             f"{str(result['task_sha256'])[:12]}, not the "
-                                             f"{settings['task_sha256'][:12]} it was scheduled with")
-            value, n, k = float(result["value"]), int(result["n"]), int(result["k"])
-            run_id = f"eval-{uuid.uuid4().hex[:16]}"
-            eval_run = {"run_id": run_id, "model_repo": job["repo"], "model_sha": job["commit_sha"],
-                        "task": settings.get("task") or job["task"], "task_sha256": result.get("task_sha256"),
-                        "n_items": n, "tokenizer_fingerprint": result["tokenizer_fingerprint"],
-                        "dtype": result["dtype"], "device": result["device"], "metrics": result["metrics"],
-                        "model": {**(result.get("model") or {}), "observation_id": job["id"],
-                                  "weights_digest": digests.get("weights_digest")},
-                        "wall_s": result["wall_s"]}
-            extra = {"eval_run_id": run_id}
-    except TaskFileNotAsScheduled as exc:   # waits, pending, without using an attempt
+            value, n, k, eval_run, extra = _evaluate(job, ids, snapshot, digests, task_file, workdir,
+                                                     state_dir=state_dir, timeout_s=timeout_s,
+                                                     memory_bytes=memory_bytes, device=device, dtype=dtype, ray=ray)
+    except Exception as exc:
         shutil.rmtree(workdir, ignore_errors=True)
+        return _not_observed(store, job, ids, exc, owner=owner, now_fn=now_fn)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return _record_observation(store, job, policy, ids, value, n, k, eval_run, extra, owner=owner, now_fn=now_fn)
+
+
+def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests: dict[str, Any],
+              task_file: str | None, workdir: Path, *, state_dir: Path, timeout_s: float,
+              memory_bytes: int | None, device: str, dtype: str,
+              ray: Any) -> tuple[float, int, int, dict[str, Any], dict[str, Any]]:
+    """Evaluate the checkpoint here in a child process (or on a Ray node): the observed value,
+    n, k, the evaluation run to record, and the fields that name it."""
+    from monitor.curves.eval_child import EvalSpec, run_evaluation_child
+
+    settings = job["settings"]
+    model_dir = materialize_snapshot(snapshot, workdir / "model")
+    event("observation_started", **ids, kind=settings["kind"])
+    spec = EvalSpec(model_dir=str(model_dir), kind=settings["kind"], metric=settings["metric"],
+                    file=task_file, task=settings.get("task"), device=device, dtype=dtype)
+    if ray is not None:   # `--scoring-backend ray`: on a node of the cluster, like a score
+        from monitor.curves.eval_child import evaluate_on_ray
+
+        result = evaluate_on_ray(ray, spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                 workdir=state_dir / "tmp")
+    else:
+        result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
+                                      workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
+    if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
+        # cannot happen with the verified copy; were it to, the job waits, not fails
+        raise TaskFileNotAsScheduled(f"the evaluation of task file {settings['file']} read sha256 "
+                                     f"{str(result['task_sha256'])[:12]}, not the "
+                                     f"{settings['task_sha256'][:12]} it was scheduled with")
+    value, n, k = float(result["value"]), int(result["n"]), int(result["k"])
+    run_id = f"eval-{uuid.uuid4().hex[:16]}"
+    eval_run = {"run_id": run_id, "model_repo": job["repo"], "model_sha": job["commit_sha"],
+                "task": settings.get("task") or job["task"], "task_sha256": result.get("task_sha256"),
+                "n_items": n, "tokenizer_fingerprint": result["tokenizer_fingerprint"],
+                "dtype": result["dtype"], "device": result["device"], "metrics": result["metrics"],
+                "model": {**(result.get("model") or {}), "observation_id": job["id"],
+                          "weights_digest": digests.get("weights_digest")},
+                "wall_s": result["wall_s"]}
+    return value, n, k, eval_run, {"eval_run_id": run_id}
+
+
+def _not_observed(store: ObserveStore, job: dict[str, Any], ids: dict[str, Any], exc: Exception, *, owner: str,
+                  now_fn: Callable[[], datetime]) -> dict[str, Any]:
+    """What an evaluation that raised does to its job, decided by the error (first match wins):
+    a task file not as scheduled waits without using an attempt; a permanent or skipping error
+    fails it; the Hub down waits and stops the run; anything else is retried (attempts decide)."""
+    if isinstance(exc, TaskFileNotAsScheduled):   # waits, pending, without using an attempt
         store.release_observation(job["id"], owner, f"waiting for its task file: {_reason(exc)}", now=now_fn(),
                                   refund=True)
         event("observation_waiting", **ids, reason=_reason(exc))
         return {**ids, "status": "pending", "reason": _reason(exc), "waiting": True}
-    except SKIP_ERRORS + PERMANENT_ERRORS + (LabelError,) as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
+    if isinstance(exc, SKIP_ERRORS + PERMANENT_ERRORS + (LabelError,)):
         held = store.complete_observation(job["id"], owner, status="failed", reason=_reason(exc), now=now_fn())
         event("observation_failed", **ids, reason=_reason(exc))
         return {**ids, "status": "failed", "reason": _reason(exc), "lease_lost": not held}
-    except HubError as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
+    if isinstance(exc, HubError):
         store.release_observation(job["id"], owner, f"waiting for the Hub: {_reason(exc)}", now=now_fn(), refund=True)
         return {**ids, "status": "pending", "reason": _reason(exc), "hub_down": True}
-    except Exception as exc:  # retryable: the lease goes back, attempts decide
-        shutil.rmtree(workdir, ignore_errors=True)
-        interrupted = type(exc).__name__ == "ScoringInterrupted"
-        store.release_observation(job["id"], owner, _reason(exc), now=now_fn(), refund=interrupted)
-        log.warning("evaluation %s (attempt %d) failed: %s", job["id"], job["attempts"], _reason(exc))
-        return {**ids, "status": "pending", "reason": _reason(exc)}
-    shutil.rmtree(workdir, ignore_errors=True)
+    # retryable: the lease goes back, attempts decide
+    interrupted = type(exc).__name__ == "ScoringInterrupted"
+    store.release_observation(job["id"], owner, _reason(exc), now=now_fn(), refund=interrupted)
+    log.warning("evaluation %s (attempt %d) failed: %s", job["id"], job["attempts"], _reason(exc))
+    return {**ids, "status": "pending", "reason": _reason(exc)}
+
+
+def _record_observation(store: ObserveStore, job: dict[str, Any], policy: Policy | None, ids: dict[str, Any],
+                        value: float, n: int, k: int, eval_run: dict[str, Any] | None, extra: dict[str, Any], *,
+                        owner: str, now_fn: Callable[[], datetime]) -> dict[str, Any]:
+    """Complete the job with its observation and the policy's alert on it, in one write."""
     now = now_fn()
     fields = {**observation_fields(job, value, n, k), **extra}
     alert = observation_alert(policy, job, fields, now=now) if policy is not None else None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.errors import LabError, PolicyError
-from monitor.escape import markdown_code, markdown_text, template_value
+from monitor.escape import html_environment, markdown_code, markdown_text
 from monitor.files import FileKind, NotJsonError, read_bounded_json
 from monitor.lab.analysis import AXES, PRIMARY, REFERENCE, RaceConfig, race
 
@@ -288,12 +288,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
 
 def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     """One self-contained HTML page (figures embedded as data URIs)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-                             autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             finalize=template_value)   # control and bidi characters made visible
+    env = html_environment(TEMPLATE_DIR)
     images = [{"title": p["title"], "uri": "data:image/png;base64," + base64.b64encode(figures[p["file"]]).decode()}
               for p in data["plots"]]
     return env.get_template(HTML_TEMPLATE).render(data=data, images=images, sections=sections(data),

@@ -32,7 +32,7 @@ from typing import Any
 from monitor.bands import extrapolation_words
 from monitor.curves.axes import AXES
 from monitor.errors import CurveError
-from monitor.escape import markdown_code, markdown_text, template_value
+from monitor.escape import html_environment, markdown_code, markdown_text
 from monitor.policy import Policy
 from monitor.reports import plots as report_plots
 from monitor.stress.storage import stress_flags_for_curve
@@ -263,6 +263,62 @@ def build_report(store: Store, policy: Policy, *, now: datetime, period_start: d
                              name=name)
 
 
+def _carried_by_lineage(carried_all: list[PredictionRow], order: dict[tuple[str, str], int]
+                        ) -> tuple[dict[tuple[str, str], list[PredictionRow]], dict[tuple[str, str], PredictionRow]]:
+    """Per (task, lineage): every state carried into the window (oldest first), and the one in
+    force at its start: the latest in training order (`order`), the later one on a tie."""
+    carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
+    carried_in: dict[tuple[str, str], PredictionRow] = {}
+    for p in carried_all:   # oldest first
+        carried_by.setdefault((p.task, p.lineage), []).append(p)
+        held = carried_in.get((p.task, p.lineage))
+        if held is None or order.get((p.repo, p.commit_sha), -1) >= order.get((held.repo, held.commit_sha), -1):
+            carried_in[(p.task, p.lineage)] = p
+    return carried_by, carried_in
+
+
+def _checkpoint_refs(store: Store, table: list[dict[str, Any]], names: dict[tuple[str, str], str],
+                     predictions: list[PredictionRow]) -> dict[tuple[str, str], list[str]]:
+    """The refs of each checkpoint the report may name: the table's came with their refs; the
+    others a prediction names and `names` lacks are looked up (one query)."""
+    known_refs = {(row["repo"], row["commit"]): row["refs"] for row in table}
+    unnamed = {(p.repo, p.commit_sha) for p in predictions} - set(names) - set(known_refs)
+    return {**known_refs, **store.checkpoint_refs(sorted(unnamed))}
+
+
+def _checkpoint_namer(names: dict[tuple[str, str], str], refs: dict[tuple[str, str], list[str]]
+                      ) -> Callable[[str, str], str]:
+    """`name_of(repo, commit)`: the name the report shows, made from `refs` the first time and
+    kept in `names` (which stays what the report shows)."""
+    def name_of(repo: str, commit: str) -> str:
+        if (repo, commit) not in names:
+            names[(repo, commit)] = checkpoint_name(repo, commit, refs.get((repo, commit), []))
+        return names[(repo, commit)]
+
+    return name_of
+
+
+def _task_sections(store: Store, policy: Policy, curves: dict[str, Any], predictions: list[PredictionRow],
+                   carried_in: dict[tuple[str, str], PredictionRow],
+                   carried_by: dict[tuple[str, str], list[PredictionRow]], order: dict[tuple[str, str], int],
+                   name_of: Callable[[str, str], str], problems: list[str], *, start: datetime, end: datetime
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The section of each policy task that has a curve, in the policy's order, and the
+    crossings they saw; each task's problems are appended to `problems`."""
+    tasks, crossings = [], []
+    for task in policy.tasks:
+        curve = curves.get(task.name)
+        if curve is None:
+            continue
+        section, seen, task_problems = _task_section(
+            store, policy, task, curve, [p for p in predictions if p.task == task.name], carried_in, carried_by,
+            order, name_of, start=start, end=end)
+        tasks.append(section)
+        crossings += seen
+        problems += task_problems
+    return tasks, crossings
+
+
 def _build_report(store: Store, policy: Policy, ranks: ReportRanks, curves: dict[str, Any], problems: list[str],
                   corpus: str | None, *, now: datetime, period_start: datetime, name: str) -> dict[str, Any]:
     """`build_report`'s body, with the ranks of every scored checkpoint held by DuckDB (`ranks`)."""
@@ -281,41 +337,17 @@ def _build_report(store: Store, policy: Policy, ranks: ReportRanks, curves: dict
                                                 window=window)
     order.update(carried_ranks)
     order.update(ranks.ranks_of([(p.repo, p.commit_sha) for p in window]))
-    carried_by: dict[tuple[str, str], list[PredictionRow]] = {}
-    carried_in: dict[tuple[str, str], PredictionRow] = {}
-    for p in carried_all:   # oldest first
-        carried_by.setdefault((p.task, p.lineage), []).append(p)
-        held = carried_in.get((p.task, p.lineage))
-        if held is None or order.get((p.repo, p.commit_sha), -1) >= order.get((held.repo, held.commit_sha), -1):
-            carried_in[(p.task, p.lineage)] = p
+    carried_by, carried_in = _carried_by_lineage(carried_all, order)
     discovered = [c for c in store.report_new_checkpoints(start=period_start, end=now)
                   if watches(policy, c.repo, c.rule)]
     for c in discovered:
         names.setdefault((c.repo, c.sha), checkpoint_name(c.repo, c.sha, c.refs))
-    # The table's checkpoints came with their refs; the others a prediction names are looked up
-    # (one query). `names` stays what the report shows.
-    known_refs = {(row["repo"], row["commit"]): row["refs"] for row in table}
-    unnamed = {(p.repo, p.commit_sha) for p in [*window, *carried_all]} - set(names) - set(known_refs)
-    refs = {**known_refs, **store.checkpoint_refs(sorted(unnamed))}
-
-    def name_of(repo: str, commit: str) -> str:
-        if (repo, commit) not in names:
-            names[(repo, commit)] = checkpoint_name(repo, commit, refs.get((repo, commit), []))
-        return names[(repo, commit)]
-
+    refs = _checkpoint_refs(store, table, names, [*window, *carried_all])
+    name_of = _checkpoint_namer(names, refs)
     problems += not_evaluated_problems(window, name_of)
     predictions = [p for p in window if p.state != NOT_EVALUATED]
-    tasks, crossings = [], []
-    for task in policy.tasks:
-        curve = curves.get(task.name)
-        if curve is None:
-            continue
-        section, seen, task_problems = _task_section(
-            store, policy, task, curve, [p for p in predictions if p.task == task.name], carried_in, carried_by,
-            order, name_of, start=period_start, end=now)
-        tasks.append(section)
-        crossings += seen
-        problems += task_problems
+    tasks, crossings = _task_sections(store, policy, curves, predictions, carried_in, carried_by, order, name_of,
+                                      problems, start=period_start, end=now)
 
     observe_checked(store, policy, tasks, until=now)
     record = track_record_section(store, policy)
@@ -543,23 +575,23 @@ def superseded_markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return out + [""]
 
 
-def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
-    """The report as Markdown (plots as links to the PNG files next to it). Every value that
-    comes from the Hub, a policy, curve or task file or the store is written with
-    `markdown_text` (a path with `markdown_code`), so it renders as the literal text it is."""
-    s = data["summary"]
-    data = summarised(data)
-    omitted = data["omitted"]
+def _how_to_read(section: str) -> list[str]:
+    """The italic line that tells how to read a section (`explain.HOW_TO_READ`)."""
+    return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
 
-    def how(section: str) -> list[str]:
-        return [f"*How to read this:* {HOW_TO_READ[section]}", ""]
 
-    def note(section: str) -> list[str]:
-        return [f"*{omitted[section]}.*", ""] if section in omitted else []   # counts, no names
+def _omitted_note(omitted: Mapping[str, str], section: str) -> list[str]:
+    """The line saying how many rows a summarised section leaves out (counts, no names)."""
+    return [f"*{omitted[section]}.*", ""] if section in omitted else []
 
-    def name(row: Mapping[str, Any]) -> str:
-        return markdown_text(ref_name(row))
 
+def _name_cell(row: Mapping[str, Any]) -> str:
+    """A checkpoint's name as a Markdown table cell."""
+    return markdown_text(ref_name(row))
+
+
+def _summary_markdown(data: Mapping[str, Any], s: Mapping[str, Any]) -> list[str]:
+    """The title, period, policy version, counts (`s`) and problems."""
     out = [f"# Governance report: {markdown_text(data['policy'])} ({markdown_text(data['report'])})", "",
            f"Period {fmt(data['period']['start'])} → {fmt(data['period']['end'])}; corpus "
            f"`{(data['corpus_sha256'] or 'unknown')[:12]}`.", "",
@@ -569,84 +601,128 @@ def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
            f"- crossings (state changes): {s['crossings']}", ""]
     for problem in data["problems"]:
         out.append(f"> problem: {markdown_text(problem)}")
-    out += ["## L* by family", "", *how("lstar"), *note("lstar_table"),
-            "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
-            "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+    return out
+
+
+def _lstar_markdown(data: Mapping[str, Any], omitted: Mapping[str, str]) -> list[str]:
+    """The L* table by family, then each lineage's current checkpoint."""
+    out = ["## L* by family", "", *_how_to_read("lstar"), *_omitted_note(omitted, "lstar_table"),
+           "| lineage | checkpoint | step | released | L* | SE | CE | CE_uni | tokenizer | new |",
+           "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     for r in data["lstar_table"]:
-        out.append(f"| {markdown_text(r['lineage'])} | {name(r)} | {fmt(r['step'])} | {fmt(r['released_at'])} | "
-                   f"{fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
+        out.append(f"| {markdown_text(r['lineage'])} | {_name_cell(r)} | {fmt(r['step'])} | "
+                   f"{fmt(r['released_at'])} | {fmt(r['lstar'])} | {fmt(r['se'])} | {fmt(r['ce'])} | "
                    f"{fmt(r['ce_unigram'])} | {markdown_code(r['tokenizer'][:12])} | {'yes' if r['new'] else ''} |")
     out += ["", "Current checkpoint per lineage (the latest in training order, not the last scored):", ""]
     out += [f"- {markdown_text(f['lineage'])}: {markdown_text(f['current'])} (ordered by {f['order']}), "
             f"L* {fmt(f['latest_lstar'])}"
             for f in data["families"]]
-    out += ["", "## Tasks", "", *how("tasks")]
-    for t in data["tasks"]:
-        out += [f"### {markdown_text(t['task'])} ({markdown_text(t['metric'])})", "",
-                f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
-                f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
-                + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
-        label = markdown_text(t.get("axis_label", "L*"))
-        if "curve_file" in t:
-            imported = (f", {t['imported_points']} of them imported from a labels file (not scored here)"
-                        if t["imported_points"] else "")
-            out += [f"Progress axis: {label}, from the curve {markdown_code(t['curve_file'])} "
-                    f"({t['curve_points']} labelled points{imported}).", ""]
-        out += [f"- curve warning ({markdown_text(w['code'])}): {markdown_text(w['message'])}"
-                for w in t["curve_warnings"]]
-        out += ([""] if t["curve_warnings"] else []) + note(f"task:{t['task']}") + [
-                f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
-                "|---|---|---|---:|---:|---|---:|"]
-        for x in t["lineages"]:
-            rho = "measured" if x.get("rho_measured") else "unmeasured"
-            via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
-            state = (f"**{x['observed_state']}** (predicted {x['state']}){via}" if x.get("observed_state")
-                     else f"**{x['state']}**{via}")
-            beyond = f" ({markdown_text(x['extrapolation'])})" if x.get("extrapolation") else ""
-            out.append(f"| {markdown_text(x['lineage'])} | {name(x)} | {state} | {fmt(x.get('value', x['lstar']))} | "
-                       f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}]{beyond} | {fmt(x['threshold'])} |")
-        out.append("")
-    out += policy_changes_markdown(data.get("policy_changes") or [])
-    out += track_record_markdown(data.get("track_record") or [])
-    out += superseded_markdown(data.get("superseded_evaluations") or [])
-    out += derivatives_markdown(data.get("derivatives") or [])
-    out += ["## Crossings", "", *how("crossings"), *note("crossings")]
+    return out
+
+
+def _task_markdown(t: Mapping[str, Any], omitted: Mapping[str, str]) -> list[str]:
+    """One task's section: its level and threshold, progress axis, curve warnings and the
+    state of each lineage (observed before predicted)."""
+    out = [f"### {markdown_text(t['task'])} ({markdown_text(t['metric'])})", "",
+           f"Level b + ε = {fmt(t['baseline'])} + {fmt(t['margin'])} = {fmt(t['level'])}; threshold η̂ = "
+           f"{fmt(t['eta'])} [{fmt(t['eta_lower'])}, {fmt(t['eta_upper'])}] at {t['confidence']:.0%}"
+           + ("." if t["threshold_resolved"] else " — **unresolved**."), ""]
+    label = markdown_text(t.get("axis_label", "L*"))
+    if "curve_file" in t:
+        imported = (f", {t['imported_points']} of them imported from a labels file (not scored here)"
+                    if t["imported_points"] else "")
+        out += [f"Progress axis: {label}, from the curve {markdown_code(t['curve_file'])} "
+                f"({t['curve_points']} labelled points{imported}).", ""]
+    out += [f"- curve warning ({markdown_text(w['code'])}): {markdown_text(w['message'])}"
+            for w in t["curve_warnings"]]
+    out += ([""] if t["curve_warnings"] else []) + _omitted_note(omitted, f"task:{t['task']}") + [
+            f"| lineage | current checkpoint | state | {label} | P̂ | interval | threshold |",
+            "|---|---|---|---:|---:|---|---:|"]
+    for x in t["lineages"]:
+        rho = "measured" if x.get("rho_measured") else "unmeasured"
+        via = f" (from L*(base) {fmt(x.get('lstar_base'))}; ρ {rho})" if x.get("coordinate") == "base" else ""
+        state = (f"**{x['observed_state']}** (predicted {x['state']}){via}" if x.get("observed_state")
+                 else f"**{x['state']}**{via}")
+        beyond = f" ({markdown_text(x['extrapolation'])})" if x.get("extrapolation") else ""
+        out.append(f"| {markdown_text(x['lineage'])} | {_name_cell(x)} | {state} | "
+                   f"{fmt(x.get('value', x['lstar']))} | "
+                   f"{fmt(x['p_hat'])} | [{fmt(x['lo'])}, {fmt(x['hi'])}]{beyond} | {fmt(x['threshold'])} |")
+    out.append("")
+    return out
+
+
+def _crossings_markdown(data: Mapping[str, Any], omitted: Mapping[str, str]) -> list[str]:
+    """The state changes in the period (or a line saying there were none)."""
+    out = ["## Crossings", "", *_how_to_read("crossings"), *_omitted_note(omitted, "crossings")]
     if data["crossings"]:
         out += ["| task | lineage | checkpoint | from | to | L* |", "|---|---|---|---|---|---:|"]
         for c in data["crossings"]:
-            out.append(f"| {markdown_text(c['task'])} | {markdown_text(c['lineage'])} | {name(c)} | "
+            out.append(f"| {markdown_text(c['task'])} | {markdown_text(c['lineage'])} | {_name_cell(c)} | "
                        f"{c['from'] or 'new'} | "
                        f"{c['to']} | {fmt(c['lstar'])} |")
     else:
         out.append("No state changed in this period.")
-    out += ["", "## Stability diagnostics", "", *how("stability"),
-            "| checkpoint | TCB mean | TCB median | TCB p10 | V_eff (tokens) | logit margin (nats) |",
-            "|---|---:|---:|---:|---:|---:|"]
+    return out
+
+
+def _stability_markdown(data: Mapping[str, Any]) -> list[str]:
+    """The tokenizer-confidence and margin diagnostics of each checkpoint in the L* table."""
+    out = ["", "## Stability diagnostics", "", *_how_to_read("stability"),
+           "| checkpoint | TCB mean | TCB median | TCB p10 | V_eff (tokens) | logit margin (nats) |",
+           "|---|---:|---:|---:|---:|---:|"]
     for r in data["lstar_table"]:
         st = r["stability"] or {}
-        out.append(f"| {name(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
+        out.append(f"| {_name_cell(r)} | {fmt(st.get('mean'))} | {fmt(st.get('median'))} | {fmt(st.get('p10'))} | "
                    f"{fmt(st.get('v_eff_mean'), 1)} | {fmt(st.get('margin_mean'))} |")
-    out += ["", "## New checkpoints", "", *note("new_checkpoints")]
+    return out
+
+
+def _new_checkpoints_markdown(data: Mapping[str, Any], omitted: Mapping[str, str]) -> list[str]:
+    """The checkpoints discovered in the period, each with its status."""
+    out = ["", "## New checkpoints", "", *_omitted_note(omitted, "new_checkpoints")]
     for c in data["new_checkpoints"]:
-        out.append(f"- {name(c)}: {c['status']}" + (f" ({markdown_text(c['reason'])})" if c["reason"] else ""))
+        out.append(f"- {_name_cell(c)}: {c['status']}" + (f" ({markdown_text(c['reason'])})" if c["reason"] else ""))
     if not data["new_checkpoints"]:
         out.append("None.")
-    out += ["", "## Plots", "", *how("plots")]
+    return out
+
+
+def _plots_markdown(data: Mapping[str, Any], image_prefix: str) -> list[str]:
+    """Links to the plot files (or a line saying where they are written)."""
+    out = ["", "## Plots", "", *_how_to_read("plots")]
     for p in data["plots"]:
         out.append(f"![{markdown_text(p['title'])}]({image_prefix}{p['file']})")
     if not data["plots"]:  # rendered without its files (printed, not written as a folder)
         out.append("*The plots are files: `lstar report --out DIR` writes them beside this report.*")
+    return out
+
+
+def to_markdown(data: Mapping[str, Any], *, image_prefix: str = "") -> str:
+    """The report as Markdown (plots as links to the PNG files next to it). Every value that
+    comes from the Hub, a policy, curve or task file or the store is written with
+    `markdown_text` (a path with `markdown_code`), so it renders as the literal text it is."""
+    s = data["summary"]
+    data = summarised(data)
+    omitted = data["omitted"]
+    out = _summary_markdown(data, s)
+    out += _lstar_markdown(data, omitted)
+    out += ["", "## Tasks", "", *_how_to_read("tasks")]
+    for t in data["tasks"]:
+        out += _task_markdown(t, omitted)
+    out += policy_changes_markdown(data.get("policy_changes") or [])
+    out += track_record_markdown(data.get("track_record") or [])
+    out += superseded_markdown(data.get("superseded_evaluations") or [])
+    out += derivatives_markdown(data.get("derivatives") or [])
+    out += _crossings_markdown(data, omitted)
+    out += _stability_markdown(data)
+    out += _new_checkpoints_markdown(data, omitted)
+    out += _plots_markdown(data, image_prefix)
     return "\n".join(out) + "\n"
 
 
 def to_html(data: Mapping[str, Any], figures: Mapping[str, bytes]) -> str:
     """The report as one self-contained HTML page (PNG figures embedded as data URIs)."""
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-                             autoescape=jinja2.select_autoescape(["html", "html.j2"]),
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             finalize=template_value)   # control and bidi characters made visible
+    env = html_environment(TEMPLATE_DIR)
     env.filters["fmt"] = fmt
     env.filters["short"] = short
     env.globals["ref_name"] = ref_name

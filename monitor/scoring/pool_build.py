@@ -298,6 +298,21 @@ def exclusion_manifest(excluded: Sequence[Corpus], counts: Counts) -> dict[str, 
             "units_calib_shingle": counts.units_calib_shingle}
 
 
+def checked_package_names(packages: Sequence[str] | None, pinned: Mapping[str, Any], pins: str | Path | None,
+                          *, building: str) -> list[str]:
+    """The packages to build the pool or a register (`building`) from: those given, else the
+    pinned ones, sorted; each a valid Debian name and, with `pins`, pinned there."""
+    names = sorted(set(packages or pinned))
+    if not names:
+        raise CorpusError(f"no package to build the {building} from", hint="pass --packages or --pins")
+    for package in names:
+        check_package_name(package)
+        if pins is not None and package not in pinned:
+            raise CorpusError(f"package {package} is not pinned in {pins}",
+                              hint=f"pinned packages: {', '.join(sorted(pinned))}")
+    return names
+
+
 def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: str | Path,
                exclude: Sequence[str | Path], pins: str | Path | None = None,
                sample: bool = False, name: str = "lab-pool", version: str = "v1") -> PoolBuild:
@@ -311,14 +326,7 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
     out, cache = Path(out_dir), Path(cache)
     check_empty_output(out, "a pool")
     pinned, pins_data = (load_pins(Path(pins)) if pins is not None else ({}, {}))
-    names = sorted(set(packages or pinned))
-    if not names:
-        raise CorpusError("no package to build the pool from", hint="pass --packages or --pins")
-    for package in names:
-        check_package_name(package)
-        if pins is not None and package not in pinned:
-            raise CorpusError(f"package {package} is not pinned in {pins}",
-                              hint=f"pinned packages: {', '.join(sorted(pinned))}")
+    names = checked_package_names(packages, pinned, pins, building="pool")
     excluded, calib = load_exclusions(exclude)
 
     debs, sources, units = _read_packages(names, cache, pinned, pins)

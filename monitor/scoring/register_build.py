@@ -27,7 +27,8 @@ from monitor.scoring.corpus import DOCUMENTS_FILE, MANIFEST_FILE, SOURCES_FILE
 from monitor.scoring.corpus_build import Piece, build_manifest, documents_jsonl, manifest_json, number_documents
 from monitor.scoring.debs import Deb, _cached, check_package_name, check_pin, fetch_deb, read_deb
 from monitor.scoring.pool_build import (SIZE_POLICY, Counts, _filter_documents, _filter_units, _source_entry,
-                                        _write_file, check_empty_output, exclusion_manifest, load_exclusions,
+                                        _write_file, check_empty_output, checked_package_names,
+                                        exclusion_manifest, load_exclusions,
                                         pack_units, source_name)
 from monitor.scoring.pool_text import Unit, clean_text, decode_text, dictd_units, rest_units
 
@@ -183,33 +184,11 @@ class RegisterBuild:
     manifest: dict[str, Any]
 
 
-def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, register: str | None = None,
-                   cache: str | Path, exclude: Sequence[str | Path], pins: str | Path | None = None,
-                   documents: int | None = None, name: str | None = None,
-                   version: str | None = None) -> RegisterBuild:
-    """Build one register corpus at `out_dir` (new or empty). With `pins` (a register
-    manifest) every other argument defaults to the pinned one and the rebuild must give the
-    pinned corpus sha256."""
-    out, cache = Path(out_dir), Path(cache)
-    check_empty_output(out, "a register corpus")
-    pinned = load_register_pins(Path(pins)) if pins is not None else {}
-    register = register or pinned.get("register")
-    if register not in REGISTERS:
-        raise CorpusError(f"unknown register {register!r}", hint=f"registers: {', '.join(REGISTERS)}")
-    versions = {e["package"]: (e["version"], e["deb_sha256"]) for e in pinned.get("packages", [])}
-    names = sorted(set(packages or versions))
-    if not names:
-        raise CorpusError("no package to build the register from", hint="pass --packages or --pins")
-    for package in names:
-        check_package_name(package)
-        if pins is not None and package not in versions:
-            raise CorpusError(f"package {package} is not pinned in {pins}",
-                              hint=f"pinned packages: {', '.join(sorted(versions))}")
-    n_docs = documents or (pinned.get("sample") or {}).get("documents") or DEFAULT_DOCUMENTS
-    name = name or pinned.get("name") or f"register-{register}"
-    version = version or pinned.get("version") or "v1"
-    excluded, calib = load_exclusions(exclude)
-
+def _read_packages(names: list[str], register: str, *, cache: Path, pins: str | Path | None,
+                   versions: dict[str, tuple[str, str]]) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """Each package's .deb (the pinned version checked, else the newest) read into the
+    register's units: the packages' manifest rows, the source files used, and the units with
+    the source they came from."""
     debs, sources, units = [], [], []
     for package in names:
         if pins is not None:
@@ -223,15 +202,15 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
         sources += used
         debs.append({"package": deb.package, "version": deb.version, "deb_sha256": deb.sha256,
                      "deb_bytes": deb.path.stat().st_size, "links_skipped": len(files.skipped_links)})
+    return debs, sources, units
 
-    counts = Counts()
-    pieces = _filter_documents(pack_units(_filter_units(units, calib, counts)), calib, counts)
-    pieces = _sample(pieces, n_docs)
-    if not pieces:
-        raise CorpusError(f"the {register} register is empty", hint="the packages gave too little text")
-    docs = number_documents(pieces)
-    corpus_manifest = build_manifest(name, version, docs, SIZE_POLICY)
-    manifest = {
+
+def _register_manifest(register: str, name: str, version: str, debs: list[dict[str, Any]], sources: list[Any],
+                       excluded: Any, counts: Counts, n_docs: int,
+                       corpus_manifest: dict[str, Any]) -> dict[str, Any]:
+    """The register's manifest: its packages and sources, how they were read, normalised,
+    excluded and sampled, and the corpus they made."""
+    return {
         "schema": SCHEMA, "register": register, "name": name, "version": version,
         "built_by": "lstar corpus build-registers",
         "rebuild": "lstar corpus build-registers OUT (pins: data/registers/*.json; see docs/stress.md)",
@@ -252,18 +231,55 @@ def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, regis
         "corpus": {"name": name, "version": version, "sha256": corpus_manifest["sha256"],
                    **corpus_manifest["total"]},
     }
-    want = (pinned.get("corpus") or {}).get("sha256") if pins is not None else None
-    if want is not None and pinned.get("name") == name and pinned.get("version") == version \
-            and want != manifest["corpus"]["sha256"]:
-        raise CorpusError(f"the rebuilt {register} register differs from {pins}: corpus sha256 "
-                          f"{manifest['corpus']['sha256'][:16]}… vs pinned {want[:16]}…",
-                          hint="the build code or the excluded corpora changed since the pins were written")
+
+
+def _write_register(out: Path, docs: Any, corpus_manifest: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """The corpus folder: documents, corpus manifest, a SOURCES note and the register manifest."""
+    name, version, register = manifest["name"], manifest["version"], manifest["register"]
     out.mkdir(parents=True, exist_ok=True)
     _write_file(out / DOCUMENTS_FILE, documents_jsonl(docs))
     _write_file(out / MANIFEST_FILE, manifest_json(corpus_manifest))
     _write_file(out / SOURCES_FILE, f"# {name} {version}\n\nThe {register} register corpus; its packages, "
                                     f"versions and build rules are in `{REGISTER_FILE}`.\n")
     _write_file(out / REGISTER_FILE, manifest_json(manifest))
+
+
+def build_register(out_dir: str | Path, packages: Sequence[str] | None, *, register: str | None = None,
+                   cache: str | Path, exclude: Sequence[str | Path], pins: str | Path | None = None,
+                   documents: int | None = None, name: str | None = None,
+                   version: str | None = None) -> RegisterBuild:
+    """Build one register corpus at `out_dir` (new or empty). With `pins` (a register
+    manifest) every other argument defaults to the pinned one and the rebuild must give the
+    pinned corpus sha256."""
+    out, cache = Path(out_dir), Path(cache)
+    check_empty_output(out, "a register corpus")
+    pinned = load_register_pins(Path(pins)) if pins is not None else {}
+    register = register or pinned.get("register")
+    if register not in REGISTERS:
+        raise CorpusError(f"unknown register {register!r}", hint=f"registers: {', '.join(REGISTERS)}")
+    versions = {e["package"]: (e["version"], e["deb_sha256"]) for e in pinned.get("packages", [])}
+    names = checked_package_names(packages, versions, pins, building="register")
+    n_docs = documents or (pinned.get("sample") or {}).get("documents") or DEFAULT_DOCUMENTS
+    name = name or pinned.get("name") or f"register-{register}"
+    version = version or pinned.get("version") or "v1"
+    excluded, calib = load_exclusions(exclude)
+
+    debs, sources, units = _read_packages(names, register, cache=cache, pins=pins, versions=versions)
+    counts = Counts()
+    pieces = _filter_documents(pack_units(_filter_units(units, calib, counts)), calib, counts)
+    pieces = _sample(pieces, n_docs)
+    if not pieces:
+        raise CorpusError(f"the {register} register is empty", hint="the packages gave too little text")
+    docs = number_documents(pieces)
+    corpus_manifest = build_manifest(name, version, docs, SIZE_POLICY)
+    manifest = _register_manifest(register, name, version, debs, sources, excluded, counts, n_docs, corpus_manifest)
+    want = (pinned.get("corpus") or {}).get("sha256") if pins is not None else None
+    if want is not None and pinned.get("name") == name and pinned.get("version") == version \
+            and want != manifest["corpus"]["sha256"]:
+        raise CorpusError(f"the rebuilt {register} register differs from {pins}: corpus sha256 "
+                          f"{manifest['corpus']['sha256'][:16]}… vs pinned {want[:16]}…",
+                          hint="the build code or the excluded corpora changed since the pins were written")
+    _write_register(out, docs, corpus_manifest, manifest)
     return RegisterBuild(path=out, manifest=manifest)
 
 

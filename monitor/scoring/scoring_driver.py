@@ -31,7 +31,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -288,6 +288,113 @@ def _give_back(store: Store, job: CheckpointRow, owner: str, reason: str,
     return JobResult(job.id, job.repo, job.sha, job.attempts, status, why, lease_lost=not held, refunded=True)
 
 
+@dataclass
+class _Batch:
+    """One call's leased jobs on their way through: built and handed to the backend (`ready`
+    by checkpoint id, `jobs` in order), or waiting on an earlier job of this batch with the same
+    content (`followers`, by their `leaders`); `results` holds each job's result as it settles."""
+    store: Store
+    owner: str
+    now_fn: Callable[[], datetime]
+    results: list[JobResult] = field(default_factory=list)
+    ready: dict[int, tuple[CheckpointRow, Path, dict[str, str] | None]] = field(default_factory=dict)
+    jobs: list[ScoreJob] = field(default_factory=list)
+    leaders: dict[tuple[str, ...], int] = field(default_factory=dict)
+    followers: list[tuple[CheckpointRow, dict[str, str], int]] = field(default_factory=list)
+
+    def settle_with(self, job: CheckpointRow, work: Callable[[], Outcome]) -> bool:
+        """Complete the job with what `work` returns (or raises); True when the Hub is down."""
+        result, down = settle(self.store, job, self.owner, work, now_fn=self.now_fn)
+        self.results.append(result)
+        return down
+
+    def give_back(self, job: CheckpointRow, reason: str) -> None:
+        self.results.append(_give_back(self.store, job, self.owner, reason, self.now_fn))
+
+    def link(self, job: CheckpointRow, source: ScoredRunRef, key: dict[str, str]) -> None:
+        """Complete the job as a copy of `source`, a score of the same content: no forward pass."""
+        self.settle_with(job, lambda: linked_outcome(self.store, job, source, key, self.now_fn))
+
+    def prepare(self, claimed: list[CheckpointRow], builder: JobBuilder, *, client: HubClient | None,
+                cache_dir: Path | None, stopping: Callable[[], bool] | None) -> None:
+        """Fetch each claimed job, then link it to an earlier score of the same content, set it
+        to follow an earlier job of this batch, or build it for the backend. Once the Hub is down
+        or the daemon stops, the jobs not started go back."""
+        hub_down = False
+        for job in claimed:
+            if hub_down or (stopping is not None and stopping()):
+                why = "the Hub is down" if hub_down else "the daemon stopped before this job started"
+                self.give_back(job, f"waiting: {why}")
+                continue
+            try:
+                snapshot = fetch_job(self.store, job, owner=self.owner, client=client, cache_dir=cache_dir,
+                                     now_fn=self.now_fn)
+                key = builder.content_key(job.id)
+                source = self.store.scored_run_with(key) if key is not None else None
+                if source is None and key is not None and tuple(key.values()) in self.leaders:
+                    self.followers.append((job, key, self.leaders[tuple(key.values())]))
+                    continue
+                if source is None:
+                    score_job, flat = builder.build(job, snapshot)
+            except Exception as exc:  # settle classifies it: retry, fail, skip, or the Hub is down
+                hub_down = self.settle_with(job, _raising(exc))
+                continue
+            if source is not None:   # the same content was scored before: link, no forward pass
+                self.link(job, source, key)
+                continue
+            if key is not None:
+                self.leaders[tuple(key.values())] = job.id
+            self.ready[job.id] = (job, flat, key)
+            self.jobs.append(score_job)
+
+    def score_ready(self, backend: ScoringBackend) -> None:
+        """Score the built jobs together, each outcome written as it arrives; when the backend
+        itself fails (a lost cluster: not the jobs' fault) the jobs still waiting go back."""
+        try:
+            for outcome in backend.run(self.jobs):
+                job, flat, key = self.ready.pop(outcome.job.checkpoint_id)  # type: ignore[arg-type]
+                shutil.rmtree(flat, ignore_errors=True)
+                self.settle_with(job, lambda outcome=outcome, key=key: outcome_to_queue(self.store, outcome, key))
+        except Exception as exc:
+            reason = f"the scoring backend failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            log.warning("%s; %d job(s) go back to the queue", reason, len(self.ready))
+            for job, flat, _ in list(self.ready.values()):
+                shutil.rmtree(flat, ignore_errors=True)
+                self.give_back(job, reason)
+            self.ready.clear()
+
+    def link_followers(self) -> None:
+        """Link each follower to its leader's new score; one whose leader was not scored waits
+        and runs on its own next time."""
+        for job, key, leader in self.followers:
+            source = self.store.scored_run_with(key)
+            if source is None:
+                self.give_back(job, f"waiting: checkpoint {leader} has the same weights and was not scored in "
+                               "this run")
+            else:
+                self.link(job, source, key)
+
+    def remove_flat_copies(self) -> None:
+        """The flat copies of jobs never scored (an interrupted call): no job will remove them."""
+        for _, flat, _ in self.ready.values():
+            shutil.rmtree(flat, ignore_errors=True)
+
+
+def _wait_for_corpus(store: Store, builder: JobBuilder, claimed: list[CheckpointRow], owner: str,
+                     now_fn: Callable[[], datetime]) -> list[JobResult] | None:
+    """None when the daemon's scoring corpus reads; else every claimed job given back with why.
+
+    The daemon's own corpus (an unmounted share, a file edited in place) is not the jobs'
+    fault: they wait, attempts untouched, with the reason, until it is mended."""
+    try:
+        builder.corpus_sha256()
+    except (LstarError, OSError) as exc:
+        reason = f"waiting: the daemon's scoring corpus is unusable: {' '.join(str(exc).split())[:300]}"
+        log.error("%s; %d job(s) go back to the queue", reason, len(claimed))
+        return [_give_back(store, job, owner, reason, now_fn) for job in claimed]
+    return None
+
+
 def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBackend, template: ScoreRequest,
                    *, owner: str, state_dir: Path, cache_dir: Path | None = None,
                    lease_s: float = DEFAULT_LEASE_S, limit: int | None = None,
@@ -306,79 +413,19 @@ def score_queue_on(store: Store, client: HubClient | None, backend: ScoringBacke
     claimed = claim_batch(store, owner, now_fn=now_fn, lease_s=lease_s, limit=limit)
     builder = JobBuilder(store, template, state_dir, plan_for,
                          workers_here=getattr(backend, "name", "local") == "local")
-    results: list[JobResult] = []
     if claimed:
-        try:
-            builder.corpus_sha256()
-        except (LstarError, OSError) as exc:
-            # The daemon's own corpus (an unmounted share, a file edited in place) is not the
-            # jobs' fault: they wait, attempts untouched, with the reason, until it is mended.
-            reason = f"waiting: the daemon's scoring corpus is unusable: {' '.join(str(exc).split())[:300]}"
-            log.error("%s; %d job(s) go back to the queue", reason, len(claimed))
-            return [_give_back(store, job, owner, reason, now_fn) for job in claimed]
-    ready: dict[int, tuple[CheckpointRow, Path, dict[str, str] | None]] = {}
-    jobs: list[ScoreJob] = []
-    # Jobs whose content an earlier job of this batch scores: linked to it once it is done.
-    leaders: dict[tuple[str, ...], int] = {}
-    followers: list[tuple[CheckpointRow, dict[str, str], int]] = []
-    hub_down = False
-
-    def settle_with(job: CheckpointRow, work: Callable[[], Outcome]) -> bool:
-        result, down = settle(store, job, owner, work, now_fn=now_fn)
-        results.append(result)
-        return down
-
+        waiting = _wait_for_corpus(store, builder, claimed, owner, now_fn)
+        if waiting is not None:
+            return waiting
+    batch = _Batch(store, owner, now_fn)
     try:
-        for job in claimed:
-            if hub_down or (stopping is not None and stopping()):
-                why = "the Hub is down" if hub_down else "the daemon stopped before this job started"
-                results.append(_give_back(store, job, owner, f"waiting: {why}", now_fn))
-                continue
-            try:
-                snapshot = fetch_job(store, job, owner=owner, client=client, cache_dir=cache_dir, now_fn=now_fn)
-                key = builder.content_key(job.id)
-                source = store.scored_run_with(key) if key is not None else None
-                if source is None and key is not None and tuple(key.values()) in leaders:
-                    followers.append((job, key, leaders[tuple(key.values())]))
-                    continue
-                if source is None:
-                    score_job, flat = builder.build(job, snapshot)
-            except Exception as exc:  # settle classifies it: retry, fail, skip, or the Hub is down
-                hub_down = settle_with(job, _raising(exc))
-                continue
-            if source is not None:   # the same content was scored before: link, no forward pass
-                settle_with(job, lambda job=job, source=source, key=key: linked_outcome(store, job, source, key,
-                                                                                         now_fn))
-                continue
-            if key is not None:
-                leaders[tuple(key.values())] = job.id
-            ready[job.id] = (job, flat, key)
-            jobs.append(score_job)
-        try:
-            for outcome in backend.run(jobs):
-                job, flat, key = ready.pop(outcome.job.checkpoint_id)  # type: ignore[arg-type]
-                shutil.rmtree(flat, ignore_errors=True)
-                settle_with(job, lambda outcome=outcome, key=key: outcome_to_queue(store, outcome, key))
-        except Exception as exc:  # the backend itself failed (a lost cluster): not the jobs' fault
-            reason = f"the scoring backend failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-            log.warning("%s; %d job(s) go back to the queue", reason, len(ready))
-            for job, flat, _ in list(ready.values()):
-                shutil.rmtree(flat, ignore_errors=True)
-                results.append(_give_back(store, job, owner, reason, now_fn))
-            ready.clear()
-        for job, key, leader in followers:
-            source = store.scored_run_with(key)
-            if source is None:   # its leader was not scored: it runs on its own next time
-                results.append(_give_back(store, job, owner, f"waiting: checkpoint {leader} has the same weights "
-                                          "and was not scored in this run", now_fn))
-            else:
-                settle_with(job, lambda job=job, source=source, key=key: linked_outcome(store, job, source, key,
-                                                                                         now_fn))
+        batch.prepare(claimed, builder, client=client, cache_dir=cache_dir, stopping=stopping)
+        batch.score_ready(backend)
+        batch.link_followers()
     finally:
-        for _, flat, _ in ready.values():
-            shutil.rmtree(flat, ignore_errors=True)
+        batch.remove_flat_copies()
     store.checkpoint()
-    return results
+    return batch.results
 
 
 def prune_after_scoring(store: Store, *, cache_dir: Path | None, keep_last: int | None,

@@ -333,28 +333,27 @@ class ApiApp:
         served again for a second (`api_cache.SharedRender`)."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        try:
-            _Query(request.scope["path"], request.scope["query_string"].decode("latin-1"))
-            body = await self.metrics_render.get()
-        except RequestRefused as exc:
-            return Response(refusal_body(exc), status_code=exc.status, media_type="application/json")
-        except Exception:
-            log.exception("API GET /metrics failed")
-            return _json({"error": INTERNAL_ERROR}, 500)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return await self._shared_page(request, self.metrics_render, path="/metrics", media_type=CONTENT_TYPE_LATEST)
 
     async def _status_page(self, request: Request) -> Response:
         """The live status page (`monitor.service.status_page`), rendered once for every
         request that comes while it renders and served again for two seconds."""
+        return await self._shared_page(request, self.status_page_render, path="/",
+                                       media_type="text/html; charset=utf-8", headers=STATUS_PAGE_HEADERS)
+
+    async def _shared_page(self, request: Request, render: SharedRender, *, path: str, media_type: str,
+                           headers: dict[str, str] | None = None) -> Response:
+        """A page one `SharedRender` renders for every request that comes while it renders: the
+        query checked first (a refused one answered in JSON), a failed render logged and a 500."""
         try:
             _Query(request.scope["path"], request.scope["query_string"].decode("latin-1"))
-            body = await self.status_page_render.get()
+            body = await render.get()
         except RequestRefused as exc:
             return Response(refusal_body(exc), status_code=exc.status, media_type="application/json")
         except Exception:
-            log.exception("API GET / failed")
+            log.exception("API GET %s failed", path)
             return _json({"error": INTERNAL_ERROR}, 500)
-        return Response(body, media_type="text/html; charset=utf-8", headers=STATUS_PAGE_HEADERS)
+        return Response(body, media_type=media_type, headers=headers)
 
     def _checkpoints(self, request: Request, query: _Query) -> Response:
         limit = query.limit()
