@@ -343,6 +343,7 @@ def bulk_state(store: Any, template_db: Path, *, n_lineages: int, t_end: datetim
     import time
 
     from monitor.alerts.rules import fingerprint
+    from monitor.store.placing import PLACEMENT_EXTRACT
 
     conn = store.conn
     conn.execute(f"ATTACH '{template_db}' AS tpl (READ_ONLY)")
@@ -374,7 +375,8 @@ def bulk_state(store: Any, template_db: Path, *, n_lineages: int, t_end: datetim
         # the score facts in a row's meta name its run id, which hashes the repo
         meta = ("replace(replace(t.meta::VARCHAR, m.src_repo, m.repo), substr(sha256(m.src_repo || '@' || t.sha), 1, 32), "
                 "substr(sha256(m.repo || '@' || t.sha), 1, 32))")
-        timed("checkpoints", _copy_sql(conn, "checkpoints", {"id": None, "meta": meta},
+        placing = PLACEMENT_EXTRACT.format(meta=f"CAST({meta} AS JSON)")   # from the copy's meta, as every writer does
+        timed("checkpoints", _copy_sql(conn, "checkpoints", {"id": None, "meta": meta, "placing_values": placing},
                                        "JOIN lineage_map m ON m.src_repo = t.repo", "ORDER BY m.j, t.id"))
         # A fine-tune's base is the lineage before it: its repo is renamed to that lineage's copy.
         timed("checkpoint_bases", _copy_sql(

@@ -16,6 +16,7 @@ import pytest
 from monitor.cli import main
 from monitor.service.api import ApiServer
 from monitor.store import Store
+from monitor.store.placing import META_COLUMNS, META_VALUES
 from monitor.store.listings import checkpoint_detail, checkpoints_page
 from support.listing_daemon import ListingDaemon
 
@@ -42,10 +43,11 @@ def db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("rows") / "state.duckdb"
     with Store.open(path) as store, store.transaction() as conn:
         for i in range(N):
+            meta = json.dumps(_meta(i))
             conn.execute("INSERT INTO checkpoints (id, repo, sha, source, refs, lineage, discovered_at, updated_at, "
-                         "status, meta) VALUES (?, 'org/m', ?, 'hub', ?, 'org/m', ?, ?, 'scored', ?)",
+                         f"status, {META_COLUMNS}) VALUES (?, 'org/m', ?, 'hub', ?, 'org/m', ?, ?, 'scored', {META_VALUES})",
                          [i + 1, f"{i:040x}", json.dumps([f"step{i}"]), T0 + timedelta(hours=i),
-                          T0 + timedelta(hours=i), json.dumps(_meta(i))])
+                          T0 + timedelta(hours=i), meta, meta])
     return path
 
 

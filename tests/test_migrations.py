@@ -32,6 +32,7 @@ RECORDED = {
     "0014_superseded_observations": "c58253dda0187325c5a1f47655dcb20b380189747c14021bad8063be9b226db0",
     "0015_policy_changes": "0eed4f20ad7624af42fdfe3fa83ebff674bae630ee0e169397a9d6c06e2397f8",
     "0016_stress_results": "f7e91be728e758e498c2b7c489f01edc1117667f84a3e0746bc4586d6d43de2a",
+    "0017_placing_values": "82a47096ce48890220dcbc7a63fe8c5da457034207f019be73f6949db6583aaa",
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import duckdb
 
-from monitor.store.lineage_batch import PLACEMENT_EXTRACT
+from monitor.store.placing import META_COLUMNS, META_SET, META_VALUES, PLACEMENT_EXTRACT
 from monitor.store.placement_sql import canonical_sql, placed_time_sql, refs_list_sql, step_sql
 from monitor.training_order import lineage_order, place, time_key
 
@@ -152,10 +152,10 @@ def test_a_report_orders_a_lineage_duckdb_cannot_place_by_python(tmp_path) -> No
             ss.record_checkpoint(store, policy, repo, i, ss.lstar_of(0, i, 2), end - timedelta(days=30 - i))
         with store.transaction() as conn:
             conn.execute("UPDATE checkpoints SET refs = '[\"release\"]'")
-            conn.execute("UPDATE checkpoints SET meta = json_object('gate', json_object('commit_date', ?)) "
-                         "WHERE sha = ?", ["2026-05-20", ss.commit_sha(repo, 0)])   # the first scored, released later
-            conn.execute("UPDATE checkpoints SET meta = json_object('gate', json_object('commit_date', ?)) "
-                         "WHERE sha = ?", ["2026-05-10T00:00:00Z", ss.commit_sha(repo, 1)])
+            first, second = meta_with("2026-05-20"), meta_with("2026-05-10T00:00:00Z")
+            conn.execute(f"UPDATE checkpoints SET {META_SET} WHERE sha = ?",
+                         [first, first, ss.commit_sha(repo, 0)])   # the first scored, released later
+            conn.execute(f"UPDATE checkpoints SET {META_SET} WHERE sha = ?", [second, second, ss.commit_sha(repo, 1)])
         data = build_report(store, policy, now=end, period_start=end - timedelta(days=7))
     family = data["families"][0]
     assert family["order"] == "release time"
@@ -194,8 +194,9 @@ def test_duckdb_ranks_follow_the_rule_over_generated_lineages(tmp_path) -> None:
                     if (repo, sha) in {(r, s) for r, s, *_ in rows}:
                         continue
                     conn.execute("INSERT INTO checkpoints (id, repo, sha, source, refs, lineage, rule, discovered_at, "
-                                 "updated_at, status, attempts, meta) VALUES (?, ?, ?, 'hub', ?, ?, 'r', ?, ?, "
-                                 "'scored', 0, ?)", [ident, repo, sha, json.dumps(refs), lineage, DISCOVERED, end, meta])
+                                 f"updated_at, status, attempts, {META_COLUMNS}) VALUES (?, ?, ?, 'hub', ?, ?, 'r', ?, ?, "
+                                 f"'scored', 0, {META_VALUES})",
+                                 [ident, repo, sha, json.dumps(refs), lineage, DISCOVERED, end, meta, meta])
                     conn.execute("INSERT INTO score_runs (run_id, checkpoint_id, model_repo, model_sha, model_source, "
                                  "tokenizer_fingerprint, corpus_sha256, spec_version, window_len, stride, prefix_policy, "
                                  "dtype, device, n_tokens, n_bytes, nll_sum, ce, ce_unigram, lstar, l_rel, l_gain, "

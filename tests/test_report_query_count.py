@@ -171,7 +171,7 @@ def test_batch_lookups_are_one_query_whatever_their_number(tmp_path, n_pairs) ->
         with store.transaction() as conn:
             for i in range(3):
                 conn.execute("INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, "
-                             "updated_at, status, attempts, meta) VALUES (?, ?, 'hub', ?, ?, 'r', ?, ?, 'scored', 0, '{}')",
+                             "updated_at, status, attempts) VALUES (?, ?, 'hub', ?, ?, 'r', ?, ?, 'scored', 0)",
                              [f"org/m{i}", f"{i:040x}", json.dumps([f"step{i}"]), f"org/m{i}", T_END, T_END])
         pairs = [(f"org/m{i}", f"{i:040x}") for i in range(n_pairs)]
         counting = CountingConnection(store._conn)

@@ -15,15 +15,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import scale_state as ss
 
 from monitor.store import Store
-from monitor.store.lineage_batch import PLACEMENT_META
+from monitor.store.placing import META_SET, PLACEMENT_EXTRACT, PLACEMENT_OBJECT
 from monitor.store.reports import ReportRows
 
 T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
 
-# the query before the change: whole checkpoints joined, the meta's values extracted after
+# the query before the change: whole checkpoints joined, the placing values extracted from the
+# whole meta after the join (not read from `placing_values`)
 REFERENCE_SELECT = ReportRows._RUN_SELECT.split("json_array(")[0] + (
     "json_array(r.tcb, coalesce(c1.refs, c2.refs), "
-    f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')}) AS json_columns "
+    f"{PLACEMENT_OBJECT.format(placed=PLACEMENT_EXTRACT.format(meta='coalesce(c1.meta, c2.meta)'))}) AS json_columns "
     "FROM score_runs r LEFT JOIN checkpoints c1 ON c1.id = r.checkpoint_id "
     "LEFT JOIN checkpoints c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo AND c2.sha = r.model_sha ")
 
@@ -41,8 +42,8 @@ def test_the_run_query_reads_what_the_whole_meta_join_read(tmp_path):
         # lineage 1's runs recorded before ids; lineage 2's first checkpoint with an empty meta; its
         # second checkpoint's row gone (the run keeps its repo as its lineage)
         conn.execute("UPDATE score_runs SET checkpoint_id = NULL WHERE model_repo = ?", [ss.repo_name(1)])
-        conn.execute("UPDATE checkpoints SET meta = '{}' WHERE repo = ? AND sha = ?",
-                     [ss.repo_name(2), ss.commit_sha(ss.repo_name(2), 0)])
+        conn.execute(f"UPDATE checkpoints SET {META_SET} WHERE repo = ? AND sha = ?",
+                     ["{}", "{}", ss.repo_name(2), ss.commit_sha(ss.repo_name(2), 0)])
         conn.execute("DELETE FROM checkpoints WHERE repo = ? AND sha = ?",
                      [ss.repo_name(2), ss.commit_sha(ss.repo_name(2), 1)])
         order = " ORDER BY r.finished_at, r.run_id"

@@ -14,6 +14,7 @@ import pytest
 
 from monitor.reports.report import build_report, to_json, to_markdown
 from monitor.reports.summary import TOP_ROWS
+from monitor.store.placing import META_COLUMNS, META_VALUES
 from support.report_state import T0, build_report_state
 
 CORPUS = "c" * 64
@@ -56,9 +57,10 @@ def add_old_history(store, runs: list[dict]) -> None:
         for r in runs:
             meta = json.dumps({"gate": {"verdict": "passed", "commit_date": r["at"].isoformat()}})
             conn.execute("INSERT INTO checkpoints (id, repo, sha, source, refs, lineage, rule, discovered_at, "
-                         "updated_at, status, meta) VALUES (?, ?, ?, 'hub', ?, ?, 'watch', ?, ?, 'scored', ?)",
+                         f"updated_at, status, {META_COLUMNS}) VALUES (?, ?, ?, 'hub', ?, ?, 'watch', ?, ?, 'scored', "
+                         f"{META_VALUES})",
                          [r["id"], r["lineage"], r["sha"], json.dumps([r["ref"]]), r["lineage"], r["at"], r["at"],
-                          meta])
+                          meta, meta])
             conn.execute(RUN, [r["run_id"], r["id"], r["lineage"], r["sha"], CORPUS, r["lstar"] + 7.0, r["lstar"],
                                r["at"]])
             conn.execute(PREDICTION, [r["run_id"], r["lineage"], r["sha"], r["lineage"], CORPUS, r["lstar"],

@@ -27,7 +27,9 @@ from typing import Any
 from monitor.policy.vocabulary import STATES
 from monitor.reports.present import checkpoint_name
 from monitor.store.evaluation_gaps import NOT_EVALUATED
+from monitor.store.lineage_batch import decoded
 from monitor.store.pages import Key, Page, check_limit
+from monitor.store.placing import PLACEMENT_OBJECT
 from monitor.training_order import Placement, current_checkpoint, place, string_refs
 
 # The states a row can be in (the state in force: an observed state maps onto these).
@@ -37,19 +39,18 @@ WATCHLIST = Key("watchlist", ("missing", "closeness", "policy", "task", "lineage
                 ("int", "float", "str", "str", "str"))
 MAX_GLOB_CHARS = 200
 
-# Only the columns shown, and those that place a checkpoint in its lineage.
+# Only the columns shown, and those that place a checkpoint in its lineage (of the meta, the two
+# values stored beside it: `monitor.store.placing`).
 _CANDIDATES = (
     "SELECT p.id, p.policy, p.task, p.lineage, p.repo, p.commit_sha, p.state, p.lstar, p.se, p.p_hat, p.lo, "
     "p.hi, p.threshold, p.evaluated_at, r.finished_at, c.refs, c.discovered_at, "
-    "json_extract_string(c.meta, '$.gate.commit_date') AS gate_date, "
-    "json_extract_string(c.meta, '$.listing.last_modified') AS listed_date "
+    f"{PLACEMENT_OBJECT.format(placed='c.placing_values')} AS placing_meta "
     "FROM predictions p LEFT JOIN score_runs r ON r.run_id = p.run_id "
     "LEFT JOIN checkpoints c ON c.repo = p.repo AND c.sha = p.commit_sha ")
 
 
 def _placement(row: dict[str, Any]) -> Placement:
-    meta = {"gate": {"commit_date": row["gate_date"]}, "listing": {"last_modified": row["listed_date"]}}
-    return place(row["refs"], meta, row["discovered_at"], row["finished_at"] or row["evaluated_at"])
+    return place(row["refs"], decoded(row["placing_meta"], {}), row["discovered_at"], row["finished_at"] or row["evaluated_at"])
 
 
 def _candidates(store: Any, *, policy: str | None, task: str | None, repo: str | None) -> list[dict[str, Any]]:

@@ -82,8 +82,9 @@ def record_local_derivative(conn: Any, run_row: Mapping[str, Any], *, now: datet
         return None
     repo, sha = run_row["model_repo"], run_row["model_sha"]
     row = conn.execute(
-        "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, updated_at, status, reason, "
-        "meta) VALUES (?, ?, 'local', '[]', ?, NULL, ?, ?, 'scored', NULL, '{}') "
+        # no meta: the column's default, '{}', which places nothing (nor does `placing_values`'s)
+        "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, updated_at, status, reason) "
+        "VALUES (?, ?, 'local', '[]', ?, NULL, ?, ?, 'scored', NULL) "
         "ON CONFLICT (repo, sha) DO UPDATE SET updated_at = excluded.updated_at RETURNING id",
         [repo, sha, repo, now, now]).fetchone()
     checkpoint_id = int(row[0])

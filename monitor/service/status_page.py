@@ -40,6 +40,7 @@ from monitor.escape import template_value
 from monitor.reports.present import checkpoint_name, fmt
 from monitor.reports.watchlist import last_alerts as watchlist_last_alerts
 from monitor.reports.watchlist import with_states_in_force
+from monitor.store.placing import PLACEMENT_OBJECT
 from monitor.training_order import Placement, current_checkpoint, lineage_order, place
 
 MAX_ROWS = 50            # lineage × task rows shown, closest to their level first
@@ -145,7 +146,9 @@ def read_candidates(store: Any, watched: Mapping[str, Sequence[str]], *,
         "p.commit_sha ORDER BY p.evaluated_at DESC, p.id DESC) AS n FROM predictions p "
         f"WHERE (p.policy, p.task) IN (SELECT * FROM (VALUES {marks})) AND p.state != 'not_evaluated') "
         "SELECT n.policy, n.task, n.lineage, n.repo, n.commit_sha, n.state, n.p_hat, n.lo, n.hi, n.threshold, "
-        "n.evaluated_at, r.lstar AS score_lstar, n.lstar AS axis_value, r.finished_at AS scored_at, c.refs, c.meta, "
+        "n.evaluated_at, r.lstar AS score_lstar, n.lstar AS axis_value, r.finished_at AS scored_at, c.refs, "
+        # of the meta, the two values that place a checkpoint (`monitor.store.placing`)
+        f"{PLACEMENT_OBJECT.format(placed='c.placing_values')} AS meta, "
         "c.discovered_at, count(*) OVER () AS total FROM newest n "
         "LEFT JOIN score_runs r ON r.run_id = n.run_id "
         "LEFT JOIN checkpoints c ON c.repo = n.repo AND c.sha = n.commit_sha "

@@ -14,22 +14,24 @@ from monitor.store.connection import StoreConnection
 from monitor.store.rows import (AlertDetailRow, AlertRow, AlertSummaryRow, DeliveryRow, DeliverySummaryRow,
                                 FiringAlertRow, LatestScoreRow, LineageHistory,
                                 NotificationAttemptsRow, PendingDeliveryRow, PredictionRow, ReceiverSends)
-from monitor.store.lineage_batch import PLACEMENT_META, LineageBatch, decoded, placement_of, tiebreak_of
+from monitor.store.lineage_batch import LineageBatch, decoded, placement_of, tiebreak_of
+from monitor.store.placing import PLACEMENT_OBJECT
 from monitor.training_order import current_checkpoint, lineage_order
 
 
 # What places the checkpoint of each run of a CTE `runs` (checkpoint_id, model_repo, model_sha) in
-# its lineage: refs, discovery time and, of the ~2 KB meta, only the keys training order reads
-# (reading and decoding whole metas was most of an evaluation tick's time). The checkpoints are
+# its lineage: refs, discovery time and, of the ~2 KB meta, only the two values training order
+# reads, as stored beside it (`monitor.store.placing`; reading and decoding whole metas was most of
+# an evaluation tick's time). The checkpoints are
 # read for those runs only (a semi-join each), not joined whole: a run names its checkpoint by id,
 # or (recorded before ids) by repo and commit.
 _PLACE_COLUMNS = ("coalesce(c1.refs, c2.refs) AS refs, "
-                  f"{PLACEMENT_META.format(meta='coalesce(c1.meta, c2.meta)')} AS meta, "
+                  f"{PLACEMENT_OBJECT.format(placed='coalesce(c1.placing_values, c2.placing_values)')} AS meta, "
                   "coalesce(c1.discovered_at, c2.discovered_at) AS discovered_at")
 _RUN_CHECKPOINTS = (
-    "LEFT JOIN (SELECT id, refs, meta, discovered_at FROM checkpoints WHERE id IN "
+    "LEFT JOIN (SELECT id, refs, placing_values, discovered_at FROM checkpoints WHERE id IN "
     "(SELECT checkpoint_id FROM runs)) c1 ON c1.id = runs.checkpoint_id "
-    "LEFT JOIN (SELECT repo, sha, refs, meta, discovered_at FROM checkpoints WHERE (repo, sha) IN "
+    "LEFT JOIN (SELECT repo, sha, refs, placing_values, discovered_at FROM checkpoints WHERE (repo, sha) IN "
     "(SELECT model_repo, model_sha FROM runs WHERE checkpoint_id IS NULL)) c2 "
     "ON runs.checkpoint_id IS NULL AND c2.repo = runs.model_repo AND c2.sha = runs.model_sha")
 
@@ -162,7 +164,7 @@ class AlertRows(StoreConnection):
 
     def _checkpoint_place(self, repo: str, commit: str) -> dict[str, Any]:
         """What places a checkpoint no prediction names yet in its lineage (refs, meta, discovery)."""
-        found = self.query(f"SELECT refs, {PLACEMENT_META.format(meta='meta')} AS meta, discovered_at "
+        found = self.query(f"SELECT refs, {PLACEMENT_OBJECT.format(placed='placing_values')} AS meta, discovered_at "
                            "FROM checkpoints WHERE repo = ? AND sha = ? "
                            "ORDER BY id DESC LIMIT 1", [repo, commit])
         row = found[0] if found else {"refs": None, "meta": None, "discovered_at": None}
@@ -252,7 +254,7 @@ class AlertRows(StoreConnection):
         keys = "(SELECT unnest(?::VARCHAR[]) AS repo, unnest(?::VARCHAR[]) AS sha)"
         checkpoints = {(r["repo"], r["sha"]): {"refs": decoded(r["refs"], []), "meta": decoded(r["meta"], {}),
                                                "discovered_at": r["discovered_at"]} for r in self.query(
-            f"SELECT c.repo, c.sha, c.refs, {PLACEMENT_META.format(meta='c.meta')} AS meta, c.discovered_at "
+            f"SELECT c.repo, c.sha, c.refs, {PLACEMENT_OBJECT.format(placed='c.placing_values')} AS meta, c.discovered_at "
             f"FROM checkpoints c JOIN {keys} k "
             "ON c.repo = k.repo AND c.sha = k.sha "
             "QUALIFY row_number() OVER (PARTITION BY c.repo, c.sha ORDER BY c.id DESC) = 1",

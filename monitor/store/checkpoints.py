@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
+from monitor.store.placing import META_SET
 from monitor.store.rows import CheckpointRow, ReclaimedLease
 
 
@@ -76,9 +77,9 @@ class CheckpointRows(StoreConnection):
         with self.transaction() as conn:
             merged = self._merged_meta(conn, checkpoint_id, meta)
             n = conn.execute(
-                "UPDATE checkpoints SET status = ?, reason = ?, meta = ?, updated_at = ? "
+                f"UPDATE checkpoints SET status = ?, reason = ?, {META_SET}, updated_at = ? "
                 "WHERE id = ? AND status = ? AND lease_owner IS NULL",
-                [status, reason, merged, now, checkpoint_id, expect_status]).fetchone()[0]
+                [status, reason, merged, merged, now, checkpoint_id, expect_status]).fetchone()[0]
             if n == 1 and base is not None:
                 conn.execute(
                     "INSERT OR REPLACE INTO checkpoint_bases (checkpoint_id, base_repo, base_sha, relation, "
@@ -176,11 +177,11 @@ class CheckpointRows(StoreConnection):
                 meta["interrupted"] = [*meta.get("interrupted", []), lost]
                 reason = (f"{previous} died during attempt {attempts} (started {started_at.isoformat()}); "
                           f"its lease was reclaimed by {owner} at start")
+                text = json.dumps(meta, sort_keys=True, default=str)
                 conn.execute("UPDATE checkpoints SET lease_owner = NULL, lease_expires_at = NULL, "
-                             "lease_started_at = NULL, reason = ?, meta = ?, updated_at = ? "
+                             f"lease_started_at = NULL, reason = ?, {META_SET}, updated_at = ? "
                              "WHERE id = ? AND lease_owner = ?",
-                             [reason, json.dumps(meta, sort_keys=True, default=str), now, checkpoint_id,
-                              previous])
+                             [reason, text, text, now, checkpoint_id, previous])
                 freed.append(ReclaimedLease("checkpoints", str(checkpoint_id), previous, attempts,
                                             started_at))
         return freed
@@ -190,9 +191,9 @@ class CheckpointRows(StoreConnection):
         """Record progress (e.g. gated -> fetched) while keeping the lease; CAS on the owner."""
         with self.transaction() as conn:
             merged = self._merged_meta(conn, checkpoint_id, meta)
-            n = conn.execute("UPDATE checkpoints SET status = ?, meta = ?, updated_at = ? "
+            n = conn.execute(f"UPDATE checkpoints SET status = ?, {META_SET}, updated_at = ? "
                              "WHERE id = ? AND lease_owner = ?",
-                             [status, merged, now, checkpoint_id, owner]).fetchone()[0]
+                             [status, merged, merged, now, checkpoint_id, owner]).fetchone()[0]
         return n == 1
 
     def complete_checkpoint(self, checkpoint_id: int, owner: str, *, status: str,
@@ -210,10 +211,10 @@ class CheckpointRows(StoreConnection):
             if held is None:
                 return False
             merged = self._merged_meta(conn, checkpoint_id, meta)
-            conn.execute("UPDATE checkpoints SET status = ?, reason = ?, meta = ?, lease_owner = NULL,"
+            conn.execute(f"UPDATE checkpoints SET status = ?, reason = ?, {META_SET}, lease_owner = NULL,"
                          " lease_expires_at = NULL, lease_started_at = NULL, updated_at = ? "
                          "WHERE id = ? AND lease_owner = ?",
-                         [status, reason, merged, now, checkpoint_id, owner])
+                         [status, reason, merged, merged, now, checkpoint_id, owner])
             if write is not None:
                 write(conn)
         self.checkpoint()

@@ -139,6 +139,10 @@ class StoreConnection:
             raise storage_error(path, exc, doing="opening") from exc
         except duckdb.Error as exc:
             raise storage_error(path, exc, doing="opening") from exc
+        # DuckDB draws a progress bar on standard output for a statement running past two
+        # seconds (a migration, a 10^5-row report): bytes inside a `--json` answer or a log
+        with contextlib.suppress(duckdb.Error):
+            conn.execute("SET enable_progress_bar = false")
         store = cls(conn, path, read_only)
         try:
             if read_only:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.store.connection import StoreConnection
+from monitor.store.placing import META_COLUMNS, META_VALUES
 from monitor.store.rows import EVALUATION_AXIS_COLUMNS
 
 # What a complete score run carries to be read on any curve axis and checked against a curve's
@@ -58,9 +59,9 @@ class DerivativeRows(StoreConnection):
         meta = json.dumps({"reference_base": dict(why)}, sort_keys=True, default=str)
         with self.transaction() as conn:
             got = conn.execute(
-                "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, updated_at, "
-                "status, reason, meta) VALUES (?, ?, 'hub', '[]', ?, ?, ?, ?, 'discovered', NULL, ?) "
-                "ON CONFLICT DO NOTHING RETURNING id", [repo, sha, repo, rule, now, now, meta]).fetchone()
+                f"INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at, updated_at, "
+                f"status, reason, {META_COLUMNS}) VALUES (?, ?, 'hub', '[]', ?, ?, ?, ?, 'discovered', NULL, "
+                f"{META_VALUES}) ON CONFLICT DO NOTHING RETURNING id", [repo, sha, repo, rule, now, now, meta, meta]).fetchone()
         return int(got[0]) if got else None
 
     # -- the two coordinates -----------------------------------------------------------------

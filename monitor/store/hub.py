@@ -10,6 +10,7 @@ from typing import Any
 import duckdb
 
 from monitor.store.connection import StoreConnection
+from monitor.store.placing import META_COLUMNS, META_VALUES
 from monitor.store.rows import HubOutageRow, HubPollRow, HubStateRow, WatermarkRow
 
 
@@ -54,12 +55,13 @@ class HubRows(StoreConnection):
             for c in candidates:
                 row = known.get((c.repo, c.sha))
                 if row is None:
+                    meta = json.dumps(c.meta, sort_keys=True)
                     new_id = conn.execute(
-                        "INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at,"
-                        " updated_at, status, reason, meta) VALUES (?, ?, 'hub', ?, ?, ?, ?, ?, ?, ?, ?)"
-                        " RETURNING id",
+                        f"INSERT INTO checkpoints (repo, sha, source, refs, lineage, rule, discovered_at,"
+                        f" updated_at, status, reason, {META_COLUMNS}) VALUES (?, ?, 'hub', ?, ?, ?, ?, ?, ?, ?, "
+                        f"{META_VALUES}) RETURNING id",
                         [c.repo, c.sha, json.dumps(sorted(c.refs)), c.repo, rule_name, now, now,
-                         c.status, c.reason, json.dumps(c.meta, sort_keys=True)]).fetchone()[0]
+                         c.status, c.reason, meta, meta]).fetchone()[0]
                     new_rows.append((int(new_id), c))
                     known[(c.repo, c.sha)] = (int(new_id), json.dumps(sorted(c.refs)))
                     inserted += 1

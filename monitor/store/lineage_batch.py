@@ -24,17 +24,6 @@ from monitor.store.rows import FiringAlertRow, LineageHistory, ReceiverSends
 from monitor.training_order import LatestInOrder, Placement, place
 
 
-# The meta keys `training_order.commit_date` reads, as a JSON object of the same shape (a key
-# whose value is absent is null, which it reads as absent too): what a query selects in place of
-# a checkpoint's ~2 KB meta when the meta only places the checkpoint in its lineage. Both keys
-# come from one extraction of a list of paths: each extraction parses the whole meta, most of a
-# 10^5-row history's query.
-PLACEMENT_EXTRACT = "json_extract({meta}, ['$.gate.commit_date', '$.listing.last_modified'])"
-# the object built from that extraction (`{placed}`, a list of the two values or NULL), for a
-# query that extracts before a join and builds after it
-PLACEMENT_OBJECT = ("json_object('gate', json_object('commit_date', {placed}[1]), "
-                    "'listing', json_object('last_modified', {placed}[2]))")
-PLACEMENT_META = PLACEMENT_OBJECT.format(placed=PLACEMENT_EXTRACT)
 
 
 def decoded(text: Any, default: Any) -> Any:
@@ -166,4 +155,4 @@ class LineageBatch:
 _NO_PLACE: dict[str, Any] = {"refs": [], "meta": {}, "discovered_at": None}
 
 
-__all__ = ["PLACEMENT_EXTRACT", "PLACEMENT_META", "PLACEMENT_OBJECT", "LineageBatch", "decoded", "placement_of", "tiebreak_of"]
+__all__ = ["LineageBatch", "decoded", "placement_of", "tiebreak_of"]

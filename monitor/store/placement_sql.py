@@ -18,11 +18,11 @@ The SQL text comes from `monitor.training_order` (the step pattern is STEP_PATTE
 for RE2, which has no look-behind).
 
 One reading is DuckDB's on both sides: a meta holding a key twice gives the first value to
-DuckDB's `json_extract` and the last to Python's `json.loads`. The report, like the alert
-engine, extracts the two placing values with DuckDB (`lineage_batch.PLACEMENT_EXTRACT`), and
-the Python path re-places from those extracted values, so the two paths agree; the status page
-and a policy change's re-evaluation decode the whole meta and would read the other value. No
-writer of this project writes a key twice (metas are `json.dumps` of dicts).
+DuckDB's `json_extract` and the last to Python's `json.loads`. Every reader that places a
+checkpoint (the report, the alert engine, a policy change's re-evaluation, the watchlist and the
+status page) reads the two placing values DuckDB extracted when the meta was written
+(`monitor.store.placing`), and the Python path re-places from those values, so every path reads
+the same one. No writer of this project writes a key twice (metas are `json.dumps` of dicts).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def step_sql(refs_list: str) -> str:
 def placed_time_sql(refs_list: str, placed: str, discovered_at: str, scored_at: str) -> str:
     """A checkpoint's release time (`training_order.place`): the gate's commit date, else the
     listing's last-modified when the checkpoint is the `main` head, else first seen, else scored.
-    `placed` is `lineage_batch.PLACEMENT_EXTRACT`'s list of the two meta values."""
+    `placed` is the list of the two meta values (`checkpoints.placing_values`)."""
     return (f"coalesce({time_sql(f'{placed}[1]')}, CASE WHEN {refs_list} = ['main'] THEN "
             f"{time_sql(f'{placed}[2]')} END, {discovered_at}, {scored_at})")
 

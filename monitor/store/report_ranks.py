@@ -27,7 +27,6 @@ from typing import Any
 import duckdb
 
 from monitor.errors import StoreError
-from monitor.store.lineage_batch import PLACEMENT_EXTRACT
 from monitor.store.placement_sql import canonical_sql, placed_time_sql, refs_list_sql, step_sql
 
 _NAMES = itertools.count()
@@ -59,7 +58,7 @@ def _ranks_sql(table: str, corpus_sha256: str | None, watched: Sequence[tuple[st
         f"epoch_us({placed_time_sql(refs_list, 'c.placed', 'c.discovered_at', 'n.scored_at')}) AS time_us, "
         f"coalesce({canonical_sql('c.refs', 'c.placed')}, true) AS canonical "
         "FROM watched n LEFT JOIN (SELECT id, refs, discovered_at, "
-        f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints) c ON c.id = n.checkpoint_id), "
+        "placing_values AS placed FROM checkpoints) c ON c.id = n.checkpoint_id), "
         "lineages AS (SELECT lineage, bool_and(step IS NOT NULL) AS by_step, bool_and(canonical) AS exact "
         "FROM placed GROUP BY lineage) "
         "SELECT p.lineage, p.repo, p.commit_sha, p.run_id, p.in_window, p.best_before, l.by_step, l.exact, "

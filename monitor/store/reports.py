@@ -13,7 +13,7 @@ import duckdb
 from monitor.errors import StoreError
 from monitor.store.connection import StoreConnection
 from monitor.training_order import string_refs
-from monitor.store.lineage_batch import PLACEMENT_EXTRACT, PLACEMENT_OBJECT
+from monitor.store.placing import PLACEMENT_OBJECT
 from monitor.store.report_ranks import ReportRanks
 from monitor.store.rows import CheckpointRow, PredictionRow, ReportRow, ReportScoreRow
 
@@ -21,7 +21,7 @@ from monitor.store.rows import CheckpointRow, PredictionRow, ReportRow, ReportSc
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # what a report's score run reads of its checkpoint (`ReportRows._RUN_SELECT`)
 _CHECKPOINT_KEYS = (f"(SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
-                    f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints)")
+                    "placing_values AS placed FROM checkpoints)")
 
 
 class ReportRows(StoreConnection):
@@ -44,8 +44,9 @@ class ReportRows(StoreConnection):
         f"{PLACEMENT_OBJECT.format(placed='coalesce(c1.placed, c2.placed)')}) AS json_columns "
         # A run names its checkpoint by id, or (recorded before ids) by repo and commit: two
         # equi-joins, which DuckDB hashes, where one OR condition would compare every pair.
-        # Each joins the checkpoints' key columns with the meta's two placing values extracted
-        # first: a hash table of whole ~2 KB metas was most of a 10^5 report's peak memory.
+        # Each joins the checkpoints' key columns with the two placing values stored beside the
+        # meta (`monitor.store.placing`): a hash table of whole ~2 KB metas was most of a 10^5
+        # report's peak memory.
         f"FROM score_runs r LEFT JOIN {_CHECKPOINT_KEYS} c1 ON c1.id = r.checkpoint_id "
         f"LEFT JOIN {_CHECKPOINT_KEYS} c2 ON r.checkpoint_id IS NULL AND c2.repo = r.model_repo "
         "AND c2.sha = r.model_sha ")
@@ -102,16 +103,16 @@ class ReportRows(StoreConnection):
 
     def report_runs_by_id(self, run_ids: Sequence[str]) -> list[ReportScoreRow]:
         """The score runs among `run_ids` as a report reads them (each with its checkpoint's
-        lineage, rule, refs, discovery time and placing meta), ordered by run id: one query
-        whatever their number, which reads (and extracts the meta of) only their checkpoints."""
+        lineage, rule, refs, discovery time and placing values), ordered by run id: one query
+        whatever their number, which reads only their checkpoints."""
         if not run_ids:
             return []
         # the runs first, then only their checkpoints (by id, or by repo and commit for runs
-        # recorded before ids): joining the whole table would extract every checkpoint's meta
+        # recorded before ids), not a join of the whole table
         picked = ("WITH picked AS MATERIALIZED (SELECT * FROM score_runs WHERE run_id IN "
                   "(SELECT unnest(?::VARCHAR[]))), "
                   "near AS MATERIALIZED (SELECT id, repo, sha, lineage, rule, discovered_at, refs, "
-                  f"{PLACEMENT_EXTRACT.format(meta='meta')} AS placed FROM checkpoints c WHERE c.id IN "
+                  "placing_values AS placed FROM checkpoints c WHERE c.id IN "
                   "(SELECT checkpoint_id FROM picked) OR EXISTS (SELECT 1 FROM picked p WHERE p.checkpoint_id IS NULL "
                   "AND p.model_repo = c.repo AND p.model_sha = c.sha)) ")
         select = self._RUN_SELECT.replace("FROM score_runs r", "FROM picked r").replace(_CHECKPOINT_KEYS, "near")

@@ -1,0 +1,169 @@
+"""`checkpoints.placing_values` is always `PLACEMENT_EXTRACT` of the row's meta.
+
+Every reader that places a checkpoint in its lineage reads the stored values instead of parsing
+the meta (`monitor.store.placing`), so a write of a meta that left them behind would misplace a
+checkpoint silently. Two checks: every SQL statement in the code that writes a checkpoint's meta
+writes the column in the same statement (read from the source), and after the store's own
+writers (discovery, the gate's verdict, a lease's progress, completion and reclaim, a reference
+base) the column equals DuckDB's extraction from the meta, row by row."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from monitor.hub.poll import Candidate
+from monitor.store import Store
+from monitor.store.placing import PLACEMENT_EXTRACT
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
+# a statement that writes the checkpoints table
+_WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE)\s+checkpoints\b", re.IGNORECASE)
+# ... and writes its meta: an INSERT's column list or an UPDATE's SET names it
+_WRITES_META = re.compile(r"\(\s*[^()]*\bmeta\b[^()]*\)\s*(?:VALUES|SELECT)|\bSET\b.*\bmeta\s*=|\{META_(?:SET|COLUMNS)\}",
+                          re.IGNORECASE | re.DOTALL)
+# ... and the placing values with it
+_WRITES_PLACING = re.compile(r"\bplacing_values\b|\{META_SET\}|\{META_COLUMNS\}")
+
+
+def _text(node: ast.AST) -> str | None:
+    """A string literal's text; an f-string's with each `{name}` kept as written."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        parts = []
+        for part in node.values:
+            if isinstance(part, ast.Constant):
+                parts.append(str(part.value))
+            else:
+                parts.append("{" + ast.unparse(part.value) + "}")   # type: ignore[attr-defined]
+        return "".join(parts)
+    return None
+
+
+def meta_writes(paths: list[Path]) -> list[tuple[str, int, str]]:
+    """(file, line, statement) of every string literal that writes a checkpoint's meta."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        inner = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+        for node in ast.walk(tree):
+            if id(node) in inner:       # a piece of an f-string, read with the whole
+                continue
+            text = _text(node)
+            if text and _WRITE.match(text) and _WRITES_META.search(text):
+                found.append((str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), node.lineno, text))
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for folder in ("monitor", "benchmarks", "tests") for p in (ROOT / folder).rglob("*.py")
+                  if p.name != Path(__file__).name)
+
+
+def test_every_statement_that_writes_a_meta_writes_the_placing_values() -> None:
+    writes = meta_writes(_sources())
+    # the store's own writers are seen (a scan that found nothing would pass for the wrong reason)
+    seen = {file for file, _, _ in writes}
+    assert {"monitor/store/checkpoints.py", "monitor/store/hub.py", "monitor/store/derivatives.py"} <= seen, seen
+    missing = [(file, line) for file, line, text in writes if not _WRITES_PLACING.search(text)]
+    assert missing == [], f"these statements write checkpoints.meta without placing_values: {missing}"
+
+
+def test_the_scan_sees_a_statement_that_forgets_them(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('SQL = ("UPDATE checkpoints SET status = ?, "\n       "meta = ? WHERE id = ?")\n'
+                   'INS = f"INSERT INTO checkpoints (repo, sha, meta) VALUES (?, ?, {x})"\n'
+                   'OK = f"UPDATE checkpoints SET {META_SET} WHERE id = ?"\n'
+                   'REFS = "UPDATE checkpoints SET refs = ? WHERE id = ?"\n')
+    flagged = [text for _, _, text in meta_writes([bad])]
+    assert len(flagged) == 3                                   # the refs-only update is not a meta write
+    assert [bool(_WRITES_PLACING.search(t)) for t in flagged] == [False, False, True]
+
+
+def _mismatches(store: Store) -> list[tuple]:
+    return store.conn.execute(
+        f"SELECT id, meta, placing_values FROM checkpoints WHERE placing_values IS DISTINCT FROM "
+        f"{PLACEMENT_EXTRACT.format(meta='meta')} ORDER BY id").fetchall()
+
+
+def test_the_store_writers_keep_the_placing_values_equal_to_the_meta(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        listed = {"listing": {"last_modified": "2026-05-30T10:00:00.000Z"}, "size": 3}
+        cands = [Candidate("org/a", "a" * 40, ("main",), meta=listed),
+                 Candidate("org/b", "b" * 40, ("step100",)),                                  # no meta
+                 Candidate("org/c", "c" * 40, ("main",), meta={"listing": {"last_modified": 17}})]   # not a string
+        store.record_discoveries("key", "watch", "http://hub.invalid", cands, watermark=None, boundary=[],
+                                 now=T0, requests=1, listed=3)
+        ids = {r.repo: r.id for r in store.list_checkpoints()}
+        assert _mismatches(store) == []
+        placed = dict(store.conn.execute("SELECT repo, placing_values FROM checkpoints").fetchall())
+        assert placed["org/a"] == [None, '"2026-05-30T10:00:00.000Z"'] and placed["org/b"] == [None, None]
+
+        # the gate's verdict merges its facts into the meta
+        assert store.set_checkpoint_verdict(ids["org/a"], expect_status="discovered", status="gated", reason=None,
+                                            meta={"gate": {"commit_date": "2026-05-29T08:00:00Z", "ok": True}},
+                                            now=T0)
+        assert store.set_checkpoint_verdict(ids["org/b"], expect_status="discovered", status="gated", reason=None,
+                                            meta={"gate": {"commit_date": None}}, now=T0)
+        assert _mismatches(store) == []
+        # a lease's progress and its completion
+        row = store.claim_checkpoint("w1", now=T0, lease_s=60, statuses=["gated"], max_attempts=3)
+        assert row is not None
+        assert store.advance_checkpoint(row.id, "w1", status="fetched",
+                                        meta={"gate": {"commit_date": "2026-05-01T00:00:00+02:00"}}, now=T0)
+        assert _mismatches(store) == []
+        assert store.complete_checkpoint(row.id, "w1", status="scored", reason=None,
+                                         meta={"listing": {"last_modified": "2026-06-01T00:00:00Z"}, "score": {}},
+                                         now=T0 + timedelta(minutes=1))
+        # a lease of a dead holder reclaimed: the attempt appended to the meta
+        held = store.claim_checkpoint("dead", now=T0, lease_s=60, statuses=["gated"], max_attempts=3)
+        assert held is not None and [r.owner for r in store.reclaim_checkpoint_leases("w2", now=T0)] == ["dead"]
+        assert _mismatches(store) == []
+        # a reference base queued as a checkpoint of its own
+        assert store.add_reference_base("org/base", "d" * 40, why={"for": "org/a"}, now=T0, rule="~base") is not None
+        assert _mismatches(store) == []
+        after = dict(store.conn.execute("SELECT repo, placing_values FROM checkpoints").fetchall())
+        assert after[row.repo] == ['"2026-05-01T00:00:00+02:00"', '"2026-06-01T00:00:00Z"']
+        assert after["org/base"] == [None, None]
+
+
+def test_the_migration_fills_the_column_from_the_meta(tmp_path: Path) -> None:
+    """A state written before the column existed gets it filled from each row's meta."""
+    import duckdb
+
+    from monitor.store.migrations import MIGRATIONS
+
+    db = tmp_path / "old.duckdb"
+    conn = duckdb.connect(str(db))
+    conn.execute("CREATE TABLE schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL)")
+    before = [m for m in MIGRATIONS if m.name < "0017"]
+    assert before and MIGRATIONS[len(before)].name == "0017_placing_values"
+    for m in before:
+        conn.execute(m.sql)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, now())", [m.name])
+    metas = [json.dumps({"gate": {"commit_date": "2026-01-01T00:00:00Z"}, "x": "y" * 50}),
+             '{"gate": {"commit_date": "2026-01-01"}, "gate": {"commit_date": "2026-02-02"}}',   # a key twice
+             json.dumps({"listing": {"last_modified": [1, 2]}}), "{}"]
+    for i, meta in enumerate(metas):
+        conn.execute("INSERT INTO checkpoints (repo, sha, source, lineage, discovered_at, updated_at, status, meta) "
+                     "VALUES (?, ?, 'hub', ?, ?, ?, 'scored', ?)", [f"org/m{i}", f"{i:040x}", f"org/m{i}", T0, T0, meta])
+    conn.close()
+    with Store.open(db) as store:
+        assert _mismatches(store) == []
+        got = [r[0] for r in store.conn.execute("SELECT placing_values FROM checkpoints ORDER BY id").fetchall()]
+    assert got == [['"2026-01-01T00:00:00Z"', None], ['"2026-01-01"', None], [None, "[1,2]"], [None, None]]
+
+
+def test_a_row_inserted_without_a_meta_has_no_placing_values(tmp_path: Path) -> None:
+    """A row inserted without a meta gets the column's default, which equals the extraction
+    from the default meta `{}`."""
+    with Store.open(tmp_path / "lstar.duckdb") as store:
+        store.conn.execute("INSERT INTO checkpoints (repo, sha, source, lineage, discovered_at, updated_at, status) "
+                           "VALUES ('local:x', ?, 'local', 'local:x', ?, ?, 'scored')", ["e" * 64, T0, T0])
+        assert _mismatches(store) == []
+        assert store.conn.execute("SELECT placing_values FROM checkpoints").fetchone()[0] == [None, None]

@@ -1,0 +1,37 @@
+"""`plotting.png` draws a figure once and saves the pixels the two-draw path saved."""
+
+from __future__ import annotations
+
+import io
+
+from monitor.plotting import guard_ticks, png, pyplot
+
+
+def _figure():
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
+    for k in range(4):
+        ax.plot(range(200), [((i * (k + 3)) % 17) / 17 for i in range(200)], label=f"lineage {k}")
+    ax.set_title("L* over time")
+    ax.legend(fontsize=7, loc="best")      # "best" places itself at draw time, from the data
+    return fig
+
+
+def test_one_draw_and_the_same_pixels(monkeypatch) -> None:
+    plt = pyplot()
+    from matplotlib.figure import Figure
+
+    # the previous path: laid out, then saved with the layout engine tight_layout leaves behind
+    old = _figure()
+    guard_ticks(old)
+    old.tight_layout()
+    buf = io.BytesIO()
+    old.savefig(buf, format="png")
+    plt.close(old)
+
+    draws = []
+    original = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), original(self, renderer))[1])
+    new = png(_figure())
+    assert len(draws) == 1
+    assert new == buf.getvalue()
