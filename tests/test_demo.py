@@ -58,7 +58,7 @@ def test_checkpoints_publishes_evenly_spaced_steps_from_the_first_to_the_last(tm
 def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     workdir = tmp_path / "demo"
     # Three checkpoints, not the default twelve: each daemon pass is nearly all one score of the 78
-    # documents (about 70 CPU-seconds), a checkpoint's score and prediction do not depend on the
+    # documents (about 40 CPU-seconds), a checkpoint's score and prediction do not depend on the
     # others published, and 95, 665 and 1139 still go clear → at_risk → emerged with the last one
     # past the edge (docs/lab.md: 665 is at risk, its interval [0.36, 0.90] around the level
     # 0.44). Every check below holds for any number of checkpoints that shows the three states
