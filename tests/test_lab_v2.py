@@ -243,18 +243,22 @@ def test_race_rows_refuse_a_version_1_record() -> None:
     assert "lstar-lab/2" in info.value.one_line()
 
 
-# Resuming is checked on less text: every 20th calib-v0 document and 40 cloze items (the lab's
-# own sizes are the module fixture's). Whether a finished lineage is reused and the lab.json
-# comes out byte for byte the same does not depend on how much text each checkpoint scores.
+# Resuming is checked on less work: one family and size, every 20th calib-v0 document, 10 cloze
+# items, 5,000 held-out bytes, a 20,000-byte unigram slice and a 20,000-byte training budget (two
+# checkpoints); the lab's own sizes are the module fixture's. Whether a finished lineage is
+# reused and the lab.json comes out byte for byte the same does not depend on how much text each
+# lineage trains on or each checkpoint scores.
 RESUME = textwrap.dedent("""
+    import dataclasses
     import sys
     from pathlib import Path
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
     if __name__ == "__main__":
         config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
-                                     calib_corpus=Path(sys.argv[4]), n_cloze=40)
-        config = config.with_(sizes=config.sizes[:1])
+                                     calib_corpus=Path(sys.argv[4]), n_cloze=10, heldout_bytes=5_000,
+                                     oos_unigram_bytes=20_000)
+        config = config.with_(sizes=(dataclasses.replace(config.sizes[0], byte_budget=20_000),))
         run_race(config, Path(sys.argv[1]), workers=1, progress=False)
 """)
 
