@@ -135,7 +135,8 @@ def _select_step(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.nda
                  p_h: np.ndarray, d: np.ndarray, Delta: float, lb: np.ndarray, ub: np.ndarray,
                  theta: float) -> tuple[np.ndarray, np.ndarray, float]:
     """scipy's `select_step` of the trust-region-reflective method."""
-    if ((x + p >= lb) & (x + p <= ub)).all():
+    x_p = x + p
+    if ((x_p >= lb) & (x_p <= ub)).all():
         return p, p_h, -_quadratic(J_h, g_h, p_h, diag_h)
     p_stride, hits = step_size_to_bound(x, p, lb, ub)
     r_h = np.copy(p_h)
@@ -184,9 +185,11 @@ def _select_step(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.nda
 def _nudged_inside(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
     """scipy's `make_strictly_feasible(x, lb, ub, rstep=0)`: a coordinate on or past a bound is
     moved to the next float inside it."""
-    x_new = x.copy()
     upper_mask = x >= ub                    # as find_active_constraints(rtol=0) marks them:
     lower_mask = (x <= lb) & ~upper_mask    # the upper test is applied last
+    if not (upper_mask.any() or lower_mask.any()):
+        return x                            # strictly inside already: scipy's copy, unchanged
+    x_new = x.copy()
     x_new[lower_mask] = np.nextafter(lb[lower_mask], ub[lower_mask])
     x_new[upper_mask] = np.nextafter(ub[upper_mask], lb[upper_mask])
     tight_bounds = (x_new < lb) | (x_new > ub)
