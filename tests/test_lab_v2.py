@@ -55,12 +55,17 @@ def race_shared(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> P
 @pytest.fixture(scope="module")
 def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Path:
     """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed. With
-    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained)."""
+    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained).
+
+    One worker: the lineages train in this one process. With two, each lineage is a spawned
+    process that imports torch again (about 5 CPU-seconds each); that path is taken by the
+    uninterrupted race of the split-sittings test below, whose lab.json must equal the one a
+    single process resumes."""
     out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
         else tmp_path_factory.mktemp("race") / "lab"
     proc = subprocess.run(
         [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
-         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "2", "--json"],
+         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "1", "--json"],
         cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -259,7 +264,7 @@ RESUME = textwrap.dedent("""
                                      calib_corpus=Path(sys.argv[4]), n_cloze=10, heldout_bytes=5_000,
                                      oos_unigram_bytes=20_000)
         config = config.with_(sizes=(dataclasses.replace(config.sizes[0], byte_budget=20_000),))
-        run_race(config, Path(sys.argv[1]), workers=1, progress=False)
+        run_race(config, Path(sys.argv[1]), workers=int(sys.argv[5]), progress=False)
 """)
 
 
@@ -272,14 +277,16 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     pool = _pool()
     calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=20)
 
-    def run(out: Path, kill_after: int | None = None) -> subprocess.CompletedProcess:
+    def run(out: Path, kill_after: int | None = None, workers: int = 1) -> subprocess.CompletedProcess:
         env = _env()
         if kill_after:
             env["LSTAR_LAB_KILL_AFTER_LINEAGES"] = str(kill_after)
-        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib)], cwd=REPO_ROOT,
-                              env=env, capture_output=True, text=True, timeout=1800)
+        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib),
+                               str(workers)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
-    whole = run(tmp_path / "whole")
+    # The uninterrupted race on two workers (a spawned process per lineage), the split one in one
+    # process (the kill between lineages needs that): the lab.json must not depend on either.
+    whole = run(tmp_path / "whole", workers=2)
     assert whole.returncode == 0, whole.stderr[-2000:]
     first = run(tmp_path / "split", kill_after=1)
     assert first.returncode == -9, first.stderr[-2000:]
