@@ -5,7 +5,10 @@ axis values, and the published-data example through `lstar curves validate --axe
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import importlib.util
+import io
 import itertools
 import json
 import math
@@ -16,6 +19,7 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
+from monitor.curves import axis_choice
 from monitor.curves.axis_choice import ChoiceConfig, axis_values, choose_axis, parse_axes, sign_flip_pvalue
 from monitor.curves.labels import Label, read_labels_csv
 from monitor.errors import CurveError, LabelError
@@ -159,6 +163,38 @@ def _make_labels(shared_dir: Path, out: Path) -> None:
     assert module.main(["--data", str(shared_dir / "data" / "public-evals"), "--out", str(out)]) == 0
 
 
+@pytest.fixture(scope="module")
+def public_labels(shared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example's labels CSVs, written once for the module by its own script."""
+    out = tmp_path_factory.mktemp("public-evals")
+    with contextlib.redirect_stdout(io.StringIO()):   # the script's own "wrote ..." lines
+        _make_labels(shared_dir, out)
+    return out
+
+
+VALIDATE = ["--baseline", "0", "--margin", "0.1", "--family-resamples", "20", "--bootstrap", "50", "--json"]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_run(public_labels: Path) -> tuple[int, dict[str, Any], list[tuple[list[Label], dict[str, Any], dict[str, Any]]]]:
+    """`lstar curves validate --task gsm8k --axes all --json` on the example's labels, run once
+    for the module: its exit code, its JSON, and each `choose_axis` call it made (labels,
+    keyword arguments, result), which the every-task test reuses for gsm8k."""
+    calls: list[tuple[list[Label], dict[str, Any], dict[str, Any]]] = []
+    real = axis_choice.choose_axis
+
+    def recording(labels: Any, **kwargs: Any) -> dict[str, Any]:
+        result = real(labels, **kwargs)
+        calls.append((list(labels), kwargs, copy.deepcopy(result)))
+        return result
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+        patch.setattr(axis_choice, "choose_axis", recording)
+        code = main(["curves", "validate", "--labels", str(public_labels / "obsscaling-hkust.csv"),
+                     "--task", "gsm8k", "--axes", "all", *VALIDATE])
+    return code, json.loads(out.getvalue()), calls
+
+
 def _check_choice(choice: dict[str, Any], reference: str) -> None:
     """Structure and finiteness of one task's axis choice, and its p-value recomputed by a
     naive loop over all 2^F sign patterns of the per-family differences it reports."""
@@ -182,18 +218,12 @@ def _check_choice(choice: dict[str, Any], reference: str) -> None:
             assert cmp["rmse"]["difference"] == pytest.approx(sum(d) / len(d), abs=1e-12)
 
 
-def test_the_public_evals_example_gives_an_axis_for_gsm8k(shared_dir: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    _make_labels(shared_dir, tmp_path)
-    capsys.readouterr()   # the script's own "wrote ..." lines
-    csv_text = (tmp_path / "obsscaling-hkust.csv").read_text()
+def test_the_public_evals_example_gives_an_axis_for_gsm8k(public_labels: Path, gsm8k_run: Any) -> None:
+    csv_text = (public_labels / "obsscaling-hkust.csv").read_text()
     # Llama-2-7b's MMLU from ObsScaling, beside its Common Crawl bits per character from hkust.
     assert "Llama-2-7b,llama,mmlu,acc,0.4379609636092418,14042,0.612,7e+09,8.4e+22," in csv_text
-    code = main(["curves", "validate", "--labels", str(tmp_path / "obsscaling-hkust.csv"), "--task", "gsm8k",
-                 "--baseline", "0", "--margin", "0.1", "--axes", "all", "--family-resamples", "20",
-                 "--bootstrap", "50", "--json"])
-    data = json.loads(capsys.readouterr().out)
-    assert code == 0 and [c["task"] for c in data["tasks"]] == ["gsm8k"]
+    code, data, calls = gsm8k_run
+    assert code == 0 and [c["task"] for c in data["tasks"]] == ["gsm8k"] and len(calls) == 1
     choice = data["tasks"][0]
     assert choice["families"] == ["deepseek", "falcon", "llama", "llama-3", "mistral", "qwen", "yi"]
     rows = {r["axis"]: r for r in choice["axes"] if r["available"]}
@@ -205,20 +235,33 @@ def test_the_public_evals_example_gives_an_axis_for_gsm8k(shared_dir: Path, tmp_
 
 
 @pytest.mark.slow
-def test_every_public_evals_task_gets_a_recommended_axis(shared_dir: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    _make_labels(shared_dir, tmp_path)
+def test_every_public_evals_task_gets_a_recommended_axis(public_labels: Path, gsm8k_run: Any,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # gsm8k's choice is the one `gsm8k_run` computed: the same labels and keyword arguments (both
+    # checked here), and `choose_axis` is a function of them (every draw seeded by the config), so
+    # it is taken from there rather than computed twice; every other task is computed here.
+    (gsm8k_labels, gsm8k_kwargs, gsm8k_choice), = gsm8k_run[2]
+    real, reused = axis_choice.choose_axis, []
+
+    def reusing(labels: Any, **kwargs: Any) -> dict[str, Any]:
+        if kwargs == gsm8k_kwargs and list(labels) == gsm8k_labels:
+            reused.append(kwargs["task"])
+            return copy.deepcopy(gsm8k_choice)
+        return real(labels, **kwargs)
+
+    monkeypatch.setattr(axis_choice, "choose_axis", reusing)
     capsys.readouterr()
-    code = main(["curves", "validate", "--labels", str(tmp_path / "obsscaling-hkust.csv"), "--baseline", "0",
-                 "--margin", "0.1", "--axes", "all", "--family-resamples", "20", "--bootstrap", "50", "--json"])
+    code = main(["curves", "validate", "--labels", str(public_labels / "obsscaling-hkust.csv"), "--axes", "all",
+                 *VALIDATE])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and [c["task"] for c in data["tasks"]] == ["arc_challenge", "gsm8k", "humaneval", "mmlu"]
+    assert reused == ["gsm8k"]
     for choice in data["tasks"]:
         assert len(choice["families"]) in (6, 7)   # ObsScaling lacks ARC-C of Llama-3, HumanEval of Falcon
         _check_choice(choice, "bits_per_byte")
-    code = main(["curves", "validate", "--labels", str(tmp_path / "pythia-lambada.csv"), "--baseline", "0",
-                 "--margin", "0.1", "--axes", "raw_ce,log_params,log_flops", "--family-resamples", "20",
-                 "--bootstrap", "50", "--json"])
+    code = main(["curves", "validate", "--labels", str(public_labels / "pythia-lambada.csv"),
+                 "--axes", "raw_ce,log_params,log_flops", *VALIDATE])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and len(data["tasks"][0]["families"]) == 15
     _check_choice(data["tasks"][0], "raw_ce")

@@ -55,12 +55,17 @@ def race_shared(tmp_path_factory: pytest.TempPathFactory, shared_dir: Path) -> P
 @pytest.fixture(scope="module")
 def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Path:
     """`lstar lab run --size reduced`: gpt2 and smollm2, two sizes, one seed. With
-    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained)."""
+    LSTAR_LAB_RACE_OUT the lab goes there (and a finished one there is resumed, not retrained).
+
+    One worker: the lineages train in this one process. With two, each lineage is a spawned
+    process that imports torch again (about 5 CPU-seconds each); that path is taken by the
+    uninterrupted race of the split-sittings test below, whose lab.json must equal the one a
+    single process resumes."""
     out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
         else tmp_path_factory.mktemp("race") / "lab"
     proc = subprocess.run(
         [sys.executable, "-m", "monitor.cli", "lab", "run", "--size", "reduced", "--out", str(out),
-         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "2", "--json"],
+         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "1", "--json"],
         cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -243,19 +248,23 @@ def test_race_rows_refuse_a_version_1_record() -> None:
     assert "lstar-lab/2" in info.value.one_line()
 
 
-# Resuming is checked on less text: every 20th calib-v0 document and 40 cloze items (the lab's
-# own sizes are the module fixture's). Whether a finished lineage is reused and the lab.json
-# comes out byte for byte the same does not depend on how much text each checkpoint scores.
+# Resuming is checked on less work: one family and size, every 20th calib-v0 document, 10 cloze
+# items, 5,000 held-out bytes, a 20,000-byte unigram slice and a 20,000-byte training budget (two
+# checkpoints); the lab's own sizes are the module fixture's. Whether a finished lineage is
+# reused and the lab.json comes out byte for byte the same does not depend on how much text each
+# lineage trains on or each checkpoint scores.
 RESUME = textwrap.dedent("""
+    import dataclasses
     import sys
     from pathlib import Path
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
     if __name__ == "__main__":
         config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
-                                     calib_corpus=Path(sys.argv[4]), n_cloze=40)
-        config = config.with_(sizes=config.sizes[:1])
-        run_race(config, Path(sys.argv[1]), workers=1, progress=False)
+                                     calib_corpus=Path(sys.argv[4]), n_cloze=10, heldout_bytes=5_000,
+                                     oos_unigram_bytes=20_000)
+        config = config.with_(sizes=(dataclasses.replace(config.sizes[0], byte_budget=20_000),))
+        run_race(config, Path(sys.argv[1]), workers=int(sys.argv[5]), progress=False)
 """)
 
 
@@ -268,14 +277,16 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     pool = _pool()
     calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=20)
 
-    def run(out: Path, kill_after: int | None = None) -> subprocess.CompletedProcess:
+    def run(out: Path, kill_after: int | None = None, workers: int = 1) -> subprocess.CompletedProcess:
         env = _env()
         if kill_after:
             env["LSTAR_LAB_KILL_AFTER_LINEAGES"] = str(kill_after)
-        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib)], cwd=REPO_ROOT,
-                              env=env, capture_output=True, text=True, timeout=1800)
+        return subprocess.run([sys.executable, str(script), str(out), str(pool), str(shared_dir), str(calib),
+                               str(workers)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
-    whole = run(tmp_path / "whole")
+    # The uninterrupted race on two workers (a spawned process per lineage), the split one in one
+    # process (the kill between lineages needs that): the lab.json must not depend on either.
+    whole = run(tmp_path / "whole", workers=2)
     assert whole.returncode == 0, whole.stderr[-2000:]
     first = run(tmp_path / "split", kill_after=1)
     assert first.returncode == -9, first.stderr[-2000:]

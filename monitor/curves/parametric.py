@@ -39,8 +39,10 @@ try:   # scipy's trust-region-reflective core: the solver `least_squares(method=
     from scipy.optimize._lsq.common import make_strictly_feasible
     from scipy.optimize._lsq.least_squares import TERMINATION_MESSAGES
     from scipy.optimize._lsq.trf import trf as _trf_core
+
+    from monitor.curves.small_trf import trf_bounds as _small_trf
 except ImportError:   # a scipy that moved it: the public wrapper, same numbers, slower
-    _trf_core = None
+    _trf_core = _small_trf = None
 
 from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.axes import Axis
@@ -94,6 +96,8 @@ class _Problem:
         self.u = (t - self.centre) / self.span
         self.y, self.bottom, self.top = y, bottom, top
         self.set_weights(w)
+        self._last_theta: np.ndarray | None = None
+        self._last_e = np.empty(0)
         self.lower = np.array([bottom, 0.0, _K_MIN, float(self.u.min()) - 10.0])
         self.upper = np.array([top, 1.0, _K_MAX, float(self.u.max()) + 10.0])
 
@@ -105,11 +109,16 @@ class _Problem:
         return floor + h * (self.top - floor) * expit(k * (u - u0))
 
     def residuals(self, theta: np.ndarray) -> np.ndarray:
-        return self.sw * (self.curve(theta, self.u) - self.y)
+        floor, h, k, u0 = theta
+        e = expit(k * (self.u - u0))
+        # The solver asks for the Jacobian at the point whose residuals it accepted: keep the
+        # logistic there (the same array `curve` computes) rather than evaluate it again.
+        self._last_theta, self._last_e = theta, e
+        return self.sw * (floor + h * (self.top - floor) * e - self.y)
 
     def jacobian(self, theta: np.ndarray) -> np.ndarray:
         floor, h, k, u0 = theta
-        e = expit(k * (self.u - u0))
+        e = self._last_e if theta is self._last_theta else expit(k * (self.u - u0))
         de = e * (1.0 - e)
         room = self.top - floor
         jac = np.empty((len(self.u), 4))
@@ -135,33 +144,54 @@ class _Problem:
 
     def solve(self, start: np.ndarray) -> Any:
         """One bounded trust-region-reflective solve from `start`: scipy's `least_squares`
-        (method "trf", x_scale "jac", at most 400 evaluations), its core called directly.
+        (method "trf", x_scale "jac", at most 400 evaluations), its loop run by
+        `monitor.curves.small_trf.trf_bounds`.
 
-        Why directly: a fit is 12 starts plus one warm-started solve per band resample, each of
-        a few dozen iterations on 4 parameters, where the public wrapper's per-evaluation
-        bookkeeping (argument checks, copies, evaluation counters) costs about half the
-        solve. The core gets what the wrapper would give it for these arguments (the start
-        moved strictly inside the bounds, the residuals and Jacobian there, the default
-        tolerances, no loss), so the result is the same to the bit
-        (tests/test_parametric_solver.py checks it against `least_squares`)."""
-        if _trf_core is None:
+        Why not the public call: a fit is 12 starts plus one warm-started solve per band
+        resample, each of a few dozen iterations on 4 parameters, where the wrapper's
+        per-evaluation bookkeeping (argument checks, copies, evaluation counters) and the
+        generic loop's helpers (norms, the SVD's wrapper) cost most of the solve. The loop gets
+        what the wrapper would give it for these arguments (the start moved strictly inside the
+        bounds, the residuals and Jacobian there, the default tolerances, no loss), and does
+        the same arithmetic, so the result is the same to the bit (tests/test_parametric_solver.py
+        checks it against `least_squares` and against scipy's own core, `solve_with_scipy_core`)."""
+        if _small_trf is None:
             return solve_with_least_squares(self, start)
-        x0 = make_strictly_feasible(np.atleast_1d(start).astype(float), self.lower, self.upper)
-        f0 = self.residuals(x0)
-        if not np.all(np.isfinite(f0)):   # least_squares' own check, with its message
-            raise ValueError("Residuals are not finite in the initial point.")
-        result = _trf_core(self.residuals, lambda theta, _f=None: self.jacobian(theta), x0, f0,
-                           self.jacobian(x0), self.lower, self.upper, _TOLERANCE, _TOLERANCE, _TOLERANCE,
-                           _MAX_EVALUATIONS, "jac", None, "exact", {}, 0)
+        x0, f0 = self._feasible_start(start)
+        result = _small_trf(self.residuals, self.jacobian, x0, f0, self.jacobian(x0), self.lower, self.upper,
+                            _TOLERANCE, _TOLERANCE, _TOLERANCE, _MAX_EVALUATIONS)
         result.message = TERMINATION_MESSAGES[result.status]
         result.success = result.status > 0
         return result
+
+    def _feasible_start(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The start moved strictly inside the bounds and the residuals there, with
+        least_squares' own check and message where they are not finite."""
+        x0 = make_strictly_feasible(np.atleast_1d(start).astype(float), self.lower, self.upper)
+        f0 = self.residuals(x0)
+        if not np.all(np.isfinite(f0)):
+            raise ValueError("Residuals are not finite in the initial point.")
+        return x0, f0
 
     def params(self, theta: np.ndarray, sign: float) -> SigmoidParams:
         floor, h, k_u, u0 = (float(v) for v in theta)
         ceiling = floor + h * (self.top - floor)
         t0 = self.centre + u0 * self.span
         return SigmoidParams(floor=floor, ceiling=ceiling, k=k_u / self.span, x0=sign * t0, sign=sign)
+
+
+def solve_with_scipy_core(problem: _Problem, start: np.ndarray) -> Any:
+    """`_Problem.solve` through scipy's own trust-region-reflective core (`trf`), called as
+    `least_squares` calls it: the reference `small_trf` must match step for step."""
+    if _trf_core is None:
+        return solve_with_least_squares(problem, start)
+    x0, f0 = problem._feasible_start(start)
+    result = _trf_core(problem.residuals, lambda theta, _f=None: problem.jacobian(theta), x0, f0,
+                       problem.jacobian(x0), problem.lower, problem.upper, _TOLERANCE, _TOLERANCE, _TOLERANCE,
+                       _MAX_EVALUATIONS, "jac", None, "exact", {}, 0)
+    result.message = TERMINATION_MESSAGES[result.status]
+    result.success = result.status > 0
+    return result
 
 
 def solve_with_least_squares(problem: _Problem, start: np.ndarray) -> Any:
