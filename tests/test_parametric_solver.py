@@ -76,3 +76,18 @@ def test_a_band_fit_is_the_same_with_scipys_core(monkeypatch: pytest.MonkeyPatch
     assert got.dispersion == ref.dispersion and got.failed_resamples == ref.failed_resamples
     for name in ("knots_x", "knots_y", "grid_fit", "lower", "upper"):
         assert np.array_equal(getattr(got, name), getattr(ref, name)), name
+
+
+def test_the_jacobian_is_the_one_at_the_point_it_is_given() -> None:
+    """The Jacobian reuses the logistic of the last residuals only at that same point: a point
+    changed in place after its residuals (same array, new values) gets its own."""
+    problem = _problems()[0]
+    theta = np.array([problem.bottom, 0.5, 2.0, float(np.median(problem.u))])
+    at_theta = problem.jacobian(theta.copy())            # computed fresh, nothing cached for it
+    moved = theta.copy()
+    moved[2] = 3.0
+    problem.residuals(moved)
+    moved[:] = theta                                     # the same array, back at theta
+    np.testing.assert_array_equal(problem.jacobian(moved), at_theta)
+    problem.residuals(theta)
+    np.testing.assert_array_equal(problem.jacobian(theta), at_theta)

@@ -96,7 +96,7 @@ class _Problem:
         self.u = (t - self.centre) / self.span
         self.y, self.bottom, self.top = y, bottom, top
         self.set_weights(w)
-        self._last_theta: np.ndarray | None = None
+        self._last_theta = b""          # the bytes of the point whose logistic `_last_e` holds
         self._last_e = np.empty(0)
         self.lower = np.array([bottom, 0.0, _K_MIN, float(self.u.min()) - 10.0])
         self.upper = np.array([top, 1.0, _K_MAX, float(self.u.max()) + 10.0])
@@ -112,13 +112,15 @@ class _Problem:
         floor, h, k, u0 = theta
         e = expit(k * (self.u - u0))
         # The solver asks for the Jacobian at the point whose residuals it accepted: keep the
-        # logistic there (the same array `curve` computes) rather than evaluate it again.
-        self._last_theta, self._last_e = theta, e
+        # logistic there (the same array `curve` computes) rather than evaluate it again. Keyed
+        # by the point's value, not its identity: an array changed in place is a new point.
+        self._last_theta, self._last_e = np.asarray(theta, dtype=float).tobytes(), e
         return self.sw * (floor + h * (self.top - floor) * e - self.y)
 
     def jacobian(self, theta: np.ndarray) -> np.ndarray:
         floor, h, k, u0 = theta
-        e = self._last_e if theta is self._last_theta else expit(k * (self.u - u0))
+        same = np.asarray(theta, dtype=float).tobytes() == self._last_theta
+        e = self._last_e if same else expit(k * (self.u - u0))
         de = e * (1.0 - e)
         room = self.top - floor
         jac = np.empty((len(self.u), 4))
