@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -139,30 +141,58 @@ def address_space_limit(pid: int) -> str:
     raise AssertionError(f"no address-space line in /proc/{pid}/limits")
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of process `pid` (/proc/PID/stat's fourth field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
+    """Wait for process `pid` to end (or be a zombie); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs {timeout:g} s after its template was killed")
+
+
 @pytest.mark.slow
 def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
     """Row 50 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
-    one, which starts under the same address-space limit."""
+    one, which starts under the same address-space limit. Both are forked from the pool's one
+    template process (which imported torch once), and die with it."""
     limit = 64 << 30
     pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
     try:
         outcomes = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2, 3)]))
         pids = [pid_of(o) for o in outcomes]
         assert address_space_limit(pids[2]) == str(limit)     # the replacement, alive and idle
+        template_pid = pool._template.proc.pid
+        assert parent_pid(pids[2]) == template_pid != os.getpid()
+        assert address_space_limit(template_pid) == str(limit)
+        os.kill(template_pid, signal.SIGKILL)   # the template's death takes its idle worker with it
+        wait_until_gone(pids[2])
     finally:
         pool.close()
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert pids[0] == pids[1] != pids[2]
     assert pool.recycled[0] == (pids[0], "2 jobs done")
-    assert pool.started == 2
+    assert pool.started == 2 and pool.templates_started == 1
     assert {o.scored.result["lstar"] for o in outcomes} == {outcomes[0].scored.result["lstar"]}
 
 
 @pytest.mark.slow
 def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, calib_v0, tiny_dir):
     """Row 50 (memory): a worker resident above --worker-max-rss after a job is replaced
-    before the next one (a threshold of 64 MiB: torch alone is resident above it)."""
-    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work")
+    before the next one (a threshold of 64 MiB: torch alone is resident above it). Without a
+    template: the workers that import on their own (what a pool falls back to when its
+    template cannot fork) are covered here."""
+    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work",
+                       use_template=False)
     try:
         first, second = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2)]))
     finally:
@@ -171,6 +201,7 @@ def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, cal
     assert pid_of(first) != pid_of(second)
     pid, why = pool.recycled[0]
     assert pid == pid_of(first) and why.startswith("resident memory ") and why.endswith("past 64 MiB")
+    assert pool.templates_started == 0
 
 
 @pytest.mark.slow

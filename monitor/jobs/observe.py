@@ -98,7 +98,7 @@ def _reason(exc: BaseException) -> str:
 def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: str, state_dir: Path,
                      client: Any = None, cache_dir: Path | None = None, timeout_s: float = 3600.0,
                      memory_bytes: int | None = None, lease_s: float = 4200.0, limit: int | None = None,
-                     device: str = "cpu", dtype: str = "float32", ray: Any = None,
+                     device: str = "cpu", dtype: str = "float32", ray: Any = None, template: Any = None,
                      now_fn: Callable[[], datetime] = utcnow,
                      stopping: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Run pending evaluation jobs until none is left (or `limit` ran, or the daemon stops);
@@ -117,7 +117,7 @@ def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: 
         tried.append(int(job["id"]))
         outcome = _run_one(store, job, by_name.get(job["policy"]), owner=owner, state_dir=state_dir,
                            client=client, cache_dir=cache_dir, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                           device=device, dtype=dtype, ray=ray, now_fn=now_fn)
+                           device=device, dtype=dtype, ray=ray, template=template, now_fn=now_fn)
         done.append(outcome)
         if outcome.get("hub_down"):
             break
@@ -126,7 +126,8 @@ def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: 
 
 def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
              client: Any, cache_dir: Path | None, timeout_s: float, memory_bytes: int | None,
-             device: str, dtype: str, ray: Any, now_fn: Callable[[], datetime]) -> dict[str, Any]:
+             device: str, dtype: str, ray: Any, template: Any,
+             now_fn: Callable[[], datetime]) -> dict[str, Any]:
     ids = {"observation": job["id"], "policy": job["policy"], "task": job["task"], "repo": job["repo"],
            "commit": job["commit_sha"], "attempt": job["attempts"]}
     settings = job["settings"]
@@ -161,7 +162,8 @@ def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *,
                                          workdir=state_dir / "tmp")
             else:
                 result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                              workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
+                                              workdir=state_dir / "tmp", log_path=state_dir / "scoring.log",
+                                              template=template)
             if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
                 # cannot happen with the verified copy; were it to, the job waits, not fails
                 raise TaskFileNotAsScheduled(f"the evaluation of task file {settings['file']} read sha256 "
@@ -213,6 +215,17 @@ def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *,
             "linked_from": extra.get("linked_from")}
 
 
+def _evaluation_template(ctx: JobContext) -> Any:
+    """The warm scoring pool's template process when one is running (it imported torch once):
+    evaluations are forked from it instead of importing torch in a new child. Never started
+    here: a template dies with the thread that started it, and a pool's slot thread lives as
+    long as the pool."""
+    if ctx.config.scoring_backend == "ray":
+        return None
+    live = getattr(ctx.scoring_backend(), "live_template", None)
+    return live() if callable(live) else None
+
+
 def log_new_task_file_problems(ctx: JobContext, checks: Any) -> list[str]:
     """Log each task-file problem when it appears (an error line naming the file and the
     fix) and when it is mended; returns the problems of this tick."""
@@ -249,6 +262,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
                                timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
                                lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
                                ray=ctx.scoring_backend() if cfg.scoring_backend == "ray" else None,
+                               template=_evaluation_template(ctx),
                                stopping=ctx.stopping.is_set)
         miscalibrated = check_calibration(store, policies, now=utcnow())
         if ran:

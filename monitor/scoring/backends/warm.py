@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import select
@@ -41,6 +42,9 @@ from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_er
                                    error_from_payload, physical_memory, scored_from_payload)
 from monitor.scoring.engine import ScoredRun
 from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child, proc_status_bytes
+from monitor.scoring.template import ForkedWorker, TemplateUnavailable, WorkerTemplate
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_JOBS = 20
 # Without a given threshold, a worker is replaced once its resident memory passes this share
@@ -68,14 +72,19 @@ def default_max_rss(memory_bytes: int | None) -> int | None:
 class WarmWorker:
     """One warm scoring child (`python -m monitor.scoring.warm`) and its status pipe."""
 
-    def __init__(self, *, memory_bytes: int | None, log_path: Path | None) -> None:
+    def __init__(self, *, memory_bytes: int | None, log_path: Path | None,
+                 template: WorkerTemplate | None = None) -> None:
         self.memory_bytes = memory_bytes
         read_end, write_end = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "monitor.scoring.warm", str(write_end)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
-                pass_fds=(write_end,), preexec_fn=lambda: limit_child(memory_bytes))
+            self.proc: subprocess.Popen | ForkedWorker
+            if template is not None:   # forked ready from the pool's template (same limits)
+                self.proc = template.fork(write_end)
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "monitor.scoring.warm", str(write_end)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
+                    pass_fds=(write_end,), preexec_fn=lambda: limit_child(memory_bytes))
         except BaseException:
             os.close(read_end)
             raise
@@ -195,7 +204,8 @@ class WarmBackend:
 
     def __init__(self, *, workers: int = 1, max_jobs: int = DEFAULT_MAX_JOBS, max_rss_bytes: int | None = None,
                  timeout_s: float = 3600.0, memory_bytes: int | None = None,
-                 workdir: str | Path | None = None, log_path: str | Path | None = None) -> None:
+                 workdir: str | Path | None = None, log_path: str | Path | None = None,
+                 use_template: bool = True) -> None:
         if workers < 1 or max_jobs < 1:
             raise ValueError("a warm pool needs at least one worker and one job per worker")
         self.concurrency = workers
@@ -212,6 +222,11 @@ class WarmBackend:
         self._closed = threading.Event()
         self.started = 0                               # workers started so far
         self.recycled: list[tuple[int, str]] = []      # (pid, why) of each worker replaced
+        # Workers are forked from one process that imported the scoring libraries once
+        # (`monitor.scoring.template`), so a replacement does not import torch again.
+        self.use_template = use_template
+        self._template: WorkerTemplate | None = None
+        self.templates_started = 0
 
     def _start(self) -> None:
         with self._lock:
@@ -222,8 +237,40 @@ class WarmBackend:
                 thread.start()
                 self._threads.append(thread)
 
+    def _template_for_spawn(self) -> WorkerTemplate | None:
+        """The pool's template process, started on first use (from a slot thread, which lives
+        as long as the pool: the template dies with it); None when templates are off."""
+        if not self.use_template:
+            return None
+        with self._lock:
+            if self._template is not None and not self._template.alive():
+                log.warning("the scoring workers' template process (pid %d) stopped (exit code %s); starting "
+                            "another", self._template.proc.pid, self._template.proc.poll())
+                self._template.close()
+                self._template = None
+            if self._template is None and not self._closed.is_set():
+                self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S)
+                self.templates_started += 1
+            return self._template
+
+    def live_template(self) -> WorkerTemplate | None:
+        """The pool's template process if one is running (None otherwise; never starts one),
+        for other children under the same limits to be forked from (active evaluations)."""
+        with self._lock:
+            template = self._template
+        return template if template is not None and template.alive() else None
+
     def _spawn(self) -> WarmWorker:
-        worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        worker = None
+        template = self._template_for_spawn()
+        if template is not None:
+            try:
+                worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path, template=template)
+            except TemplateUnavailable as exc:
+                log.warning("%s; starting a scoring worker on its own", exc)
+                worker = None   # a worker that imports on its own, as without a template
+        if worker is None:
+            worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
         with self._lock:
             self.started += 1
         return worker
@@ -346,3 +393,7 @@ class WarmBackend:
         for thread in self._threads:
             thread.join(timeout=STOP_WAIT_S + 35)
         self._threads.clear()
+        with self._lock:
+            template, self._template = self._template, None
+        if template is not None:
+            template.close()
