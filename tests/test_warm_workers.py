@@ -1,4 +1,5 @@
-"""Warm scoring workers: a pool of scoring children kept alive between jobs.
+"""Warm scoring workers: a pool of scoring children kept alive between jobs, forked from one
+template process that imported torch once.
 
 A worker killed mid-job loses the job's attempt but never its result (the queue retries it
 and it is scored once); a worker is replaced after its quota of jobs; a job over its time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.curves.eval_child import EvalSpec, evaluation_payload, run_evaluation_child
 from monitor.hub.poll import Candidate
 from monitor.hub.queue import process_pending
 from monitor.lab.tiny_models import build_tiny_model
@@ -141,6 +143,14 @@ def address_space_limit(pid: int) -> str:
     raise AssertionError(f"no address-space line in /proc/{pid}/limits")
 
 
+def mc_task(path: Path) -> Path:
+    """A two-option task of eight items (an untrained model's log-likelihoods pick either)."""
+    lines = [json.dumps({"id": f"q{i}", "context": f"Question {i}:", "choices": [" yes", " no" * (1 + i % 3)],
+                         "answer": i % 2}) for i in range(8)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def parent_pid(pid: int) -> int:
     """The parent of process `pid` (/proc/PID/stat's fourth field)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
@@ -174,6 +184,18 @@ def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_d
         template_pid = pool._template.proc.pid
         assert parent_pid(pids[2]) == template_pid != os.getpid()
         assert address_space_limit(template_pid) == str(limit)
+        # An active evaluation forked from the running template (as the daemon's observe job
+        # does) gives what the evaluation gives in this process; the template reaped it.
+        template = pool.live_template()
+        forked_before = len(template._exits)
+        spec = EvalSpec(model_dir=str(tiny_dir), kind="multiple_choice", metric="acc",
+                        file=str(mc_task(tmp_path / "mc.jsonl")))
+        forked = run_evaluation_child(spec, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "eval",
+                                      template=template)
+        assert len(template._exits) == forked_before + 1
+        here = evaluation_payload(spec)
+        assert here["ok"] and (forked["value"], forked["n"], forked["k"]) == (here["value"], here["n"], here["k"])
+        assert forked["metrics"] == here["metrics"] and forked["task_sha256"] == here["task_sha256"]
         os.kill(template_pid, signal.SIGKILL)   # the template's death takes its idle worker with it
         wait_until_gone(pids[2])
     finally:
