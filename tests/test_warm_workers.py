@@ -196,8 +196,17 @@ def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_d
         here = evaluation_payload(spec)
         assert here["ok"] and (forked["value"], forked["n"], forked["k"]) == (here["value"], here["n"], here["k"])
         assert forked["metrics"] == here["metrics"] and forked["task_sha256"] == here["task_sha256"]
-        os.kill(template_pid, signal.SIGKILL)   # the template's death takes its idle worker with it
+        # One more worker forked here, its stdin held open: nothing but the parent-death signal
+        # can end it when the template dies (the pool's own worker is stopped by the pool).
+        status_read, status_write = os.pipe()
+        extra = template.fork(status_write)
+        os.close(status_write)
+        os.kill(template_pid, signal.SIGKILL)   # the template's death takes its workers with it
+        wait_until_gone(extra.pid)
         wait_until_gone(pids[2])
+        os.close(status_read)
+        extra.stdin.close()
+        extra.stdout.close()
     finally:
         pool.close()
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
