@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -286,7 +287,10 @@ class WorkerTemplate:
         combined output piped to this process, `extra_fd` passed on (the caller keeps and closes
         its copy). Raises TemplateUnavailable when the template cannot fork one."""
         with self._fork_lock:
-            if not self._ready.wait(self.start_timeout_s) or not self.alive():
+            deadline = time.monotonic() + self.start_timeout_s
+            while not self._ready.wait(0.2) and self.alive() and time.monotonic() < deadline:
+                pass
+            if not self._ready.is_set() or not self.alive():
                 raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) is not "
                                           f"running (exit code {self.proc.poll()})")
             stdin_r, stdin_w = os.pipe()
@@ -296,7 +300,7 @@ class WorkerTemplate:
                 fds = (stdin_r, out_w) if extra_fd is None else (stdin_r, out_w, extra_fd)
                 self._send({"fork": {"module": module, "args": list(args), "env": dict(os.environ),
                                      "cwd": os.getcwd()}}, fds)
-                pid = self._forked.get(timeout=self.start_timeout_s)
+                pid = self._forked.get(timeout=self.start_timeout_s)   # None: the template ended
             except OSError as exc:
                 pid, why = None, f"{type(exc).__name__}: {exc}"
             except queue.Empty:
@@ -310,6 +314,12 @@ class WorkerTemplate:
                 raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
                                           f"forked no child: {why}")
         return ForkedWorker(self, int(pid), os.fdopen(stdin_w, "wb"), os.fdopen(out_r, "rb"))
+
+    def abort(self) -> None:
+        """SIGKILL the template (the shutdown): a fork waiting for it fails at once, and its
+        children die with it."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
 
     def close(self) -> None:
         """End the template (its workers should be stopped first: they die with it)."""

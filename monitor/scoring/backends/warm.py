@@ -227,6 +227,8 @@ class WarmBackend:
         self.use_template = use_template
         self._template: WorkerTemplate | None = None
         self.templates_started = 0
+        self._spawning = 0       # slots waiting for a worker to be forked (the template may still import)
+        self._interrupts = 0     # interrupt() calls that ended such a wait
 
     def _start(self) -> None:
         with self._lock:
@@ -261,16 +263,28 @@ class WarmBackend:
         return template if template is not None and template.alive() else None
 
     def _spawn(self) -> WarmWorker:
-        worker = None
-        template = self._template_for_spawn()
-        if template is not None:
-            try:
-                worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path, template=template)
-            except TemplateUnavailable as exc:
-                log.warning("%s; starting a scoring worker on its own", exc)
-                worker = None   # a worker that imports on its own, as without a template
-        if worker is None:
-            worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        with self._lock:
+            generation = self._interrupts
+            self._spawning += 1
+        try:
+            worker = None
+            template = self._template_for_spawn()
+            if template is not None:
+                try:
+                    worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path, template=template)
+                except TemplateUnavailable as exc:
+                    with self._lock:
+                        interrupted = self._interrupts != generation
+                    if interrupted:   # the shutdown ended the template while this waited for it
+                        raise ScoringInterrupted("a scoring worker was still starting when the shutdown "
+                                                 "stopped the score") from None
+                    log.warning("%s; starting a scoring worker on its own", exc)
+                    worker = None   # a worker that imports on its own, as without a template
+            if worker is None:
+                worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        finally:
+            with self._lock:
+                self._spawning -= 1
         with self._lock:
             self.started += 1
         return worker
@@ -294,7 +308,7 @@ class WarmBackend:
                 if worker is None:
                     try:
                         worker = self._spawn()
-                    except OSError:
+                    except (OSError, ScoringInterrupted):
                         worker = None     # the job below says why, from a cold attempt of its own
                 try:
                     item = self._queue.get(timeout=0.5)
@@ -326,7 +340,7 @@ class WarmBackend:
         try:
             if worker is None:
                 worker = self._spawn()
-        except OSError as exc:
+        except (OSError, ScoringInterrupted) as exc:
             return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
         where = f"{socket.gethostname()}:{worker.pid}"
         with self._lock:
@@ -379,11 +393,18 @@ class WarmBackend:
         many. Their jobs end `ScoringInterrupted`: the jobs were not at fault."""
         with self._lock:
             busy = list(self._busy.values())
+            spawning, template = self._spawning, self._template
+            if spawning:
+                self._interrupts += 1
         for worker in busy:
             worker.interrupted = True
             with contextlib.suppress(OSError):
                 worker.proc.kill()
-        return len(busy)
+        if spawning and template is not None:
+            # A slot still waits for the template (importing torch) to fork its worker: ending
+            # the template ends the wait, and that job ends ScoringInterrupted too.
+            template.abort()
+        return len(busy) + spawning
 
     def close(self) -> None:
         """Stop every worker and the pool's threads."""
