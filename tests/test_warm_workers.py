@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -256,6 +257,33 @@ def test_a_job_over_its_time_limit_kills_only_its_worker(tmp_path, calib_v0, tin
     assert pid_of(after) != pid_of(timed_out[0])
     assert pool.recycled == [(pid_of(timed_out[0]), "killed at the time limit")]
     assert after.scored.result["lstar"] == scored[0].scored.result["lstar"]
+
+
+def test_a_shutdown_while_a_worker_waits_for_its_template_interrupts_the_job(tmp_path, calib_v0, tiny_dir,
+                                                                            monkeypatch):
+    """The daemon's shutdown after its drain (`interrupt`) while a slot still waits for the
+    template to fork its worker: the template ends, the job ends ScoringInterrupted (its attempt
+    is given back), and the pool closes at once, with no worker started on its own."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    outcomes: list = []
+    runner = threading.Thread(target=lambda: outcomes.extend(pool.run([job_for(tiny_dir, calib_v0)])))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while pool._spawning == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)   # the job is queued behind the slot's wait
+    try:
+        assert pool.interrupt() == 1
+        runner.join(timeout=60)
+        assert not runner.is_alive()
+    finally:
+        started = time.monotonic()
+        pool.close()
+    assert time.monotonic() - started < 30
+    [outcome] = outcomes
+    assert outcome.error.error_class == "ScoringInterrupted", outcome.error
+    assert pool.started == 0 and pool.templates_started >= 1
 
 
 def test_the_cache_keys_tokenizers_by_content_and_hands_out_copies(tmp_path, shared_dir):

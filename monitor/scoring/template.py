@@ -30,7 +30,8 @@ child's stdin, its combined stdout and stderr, and a third the child is given as
 argument: a warm worker's status pipe); the child runs `module.main([*args, FD])` and exits.
 It is answered `{"forked": PID}`; `{"kill": PID}`
 SIGKILLs a worker not yet reaped; `{"exit": PID, "returncode": N}` is sent when a worker
-has exited (N negative: the signal). End of the socket ends the template.
+has exited (N negative: the signal). End of the socket ends the template. Fail point
+(`LSTAR_FAILPOINT`): `hang_worker_template` sleeps for ever before the imports.
 """
 
 from __future__ import annotations
@@ -119,11 +120,15 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_closed: list[in
 def main(argv: list[str] | None = None) -> int:
     """Template entry point: import the scoring libraries, then fork workers on request."""
     from monitor.environment import harden_environment
+    from monitor.failpoints import failpoint_values
 
     args = sys.argv[1:] if argv is None else argv
     control = socket.socket(fileno=int(args[0]))
     faulthandler.enable()
     harden_environment()
+    if "hang_worker_template" in failpoint_values():   # crash tests: a template that never gets ready
+        while True:
+            time.sleep(3600)
     try:
         for name in PROBE_MODULES:     # imports only: no torch operation, so no OpenMP threads yet
             importlib.import_module(name)

@@ -275,7 +275,7 @@ class WarmBackend:
                 except TemplateUnavailable as exc:
                     with self._lock:
                         interrupted = self._interrupts != generation
-                    if interrupted:   # the shutdown ended the template while this waited for it
+                    if interrupted or self._closed.is_set():   # the shutdown ended the template meanwhile
                         raise ScoringInterrupted("a scoring worker was still starting when the shutdown "
                                                  "stopped the score") from None
                     log.warning("%s; starting a scoring worker on its own", exc)
@@ -316,8 +316,15 @@ class WarmBackend:
                     continue
                 if item is None:
                     break
-                job, out, cancelled = item
+                job, out, cancelled, generation = item
                 if cancelled.is_set():
+                    continue
+                with self._lock:
+                    interrupted = generation != self._interrupts
+                if interrupted:   # queued behind a worker start the shutdown ended: not started
+                    out.put(ScoreOutcome(job, error=ScoreError.from_exception(ScoringInterrupted(
+                        "the shutdown stopped the score before its scoring worker had started")),
+                        worker=socket.gethostname()))
                     continue
                 try:
                     outcome, worker, why = self._run_one(slot, worker, job)
@@ -380,8 +387,10 @@ class WarmBackend:
         self._start()
         out: queue.Queue = queue.Queue()
         cancelled = threading.Event()
+        with self._lock:
+            generation = self._interrupts
         for job in todo:
-            self._queue.put((job, out, cancelled))
+            self._queue.put((job, out, cancelled, generation))
         try:
             for _ in todo:
                 yield out.get()
@@ -409,6 +418,10 @@ class WarmBackend:
     def close(self) -> None:
         """Stop every worker and the pool's threads."""
         self._closed.set()
+        with self._lock:
+            spawning, template = self._spawning, self._template
+        if spawning and template is not None:
+            template.abort()   # a slot waiting for the template to fork would hold the close up
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
