@@ -1,4 +1,5 @@
-"""Warm scoring workers: a pool of scoring children kept alive between jobs.
+"""Warm scoring workers: a pool of scoring children kept alive between jobs, forked from one
+template process that imported torch once.
 
 A worker killed mid-job loses the job's attempt but never its result (the queue retries it
 and it is scored once); a worker is replaced after its quota of jobs; a job over its time
@@ -12,12 +13,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
+from monitor.curves.eval_child import EvalSpec, evaluation_payload, run_evaluation_child
 from monitor.hub.poll import Candidate
 from monitor.hub.queue import process_pending
 from monitor.lab.tiny_models import build_tiny_model
@@ -139,30 +144,87 @@ def address_space_limit(pid: int) -> str:
     raise AssertionError(f"no address-space line in /proc/{pid}/limits")
 
 
+def mc_task(path: Path) -> Path:
+    """A two-option task of eight items (an untrained model's log-likelihoods pick either)."""
+    lines = [json.dumps({"id": f"q{i}", "context": f"Question {i}:", "choices": [" yes", " no" * (1 + i % 3)],
+                         "answer": i % 2}) for i in range(8)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of process `pid` (/proc/PID/stat's fourth field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
+    """Wait for process `pid` to end (or be a zombie); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs {timeout:g} s after its template was killed")
+
+
 @pytest.mark.slow
 def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
     """Row 50 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
-    one, which starts under the same address-space limit."""
+    one, which starts under the same address-space limit. Both are forked from the pool's one
+    template process (which imported torch once), and die with it."""
     limit = 64 << 30
     pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
     try:
         outcomes = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2, 3)]))
         pids = [pid_of(o) for o in outcomes]
         assert address_space_limit(pids[2]) == str(limit)     # the replacement, alive and idle
+        template_pid = pool._template.proc.pid
+        assert parent_pid(pids[2]) == template_pid != os.getpid()
+        assert address_space_limit(template_pid) == str(limit)
+        # An active evaluation forked from the running template (as the daemon's observe job
+        # does) gives what the evaluation gives in this process; the template reaped it.
+        template = pool.live_template()
+        forked_before = len(template._exits)
+        spec = EvalSpec(model_dir=str(tiny_dir), kind="multiple_choice", metric="acc",
+                        file=str(mc_task(tmp_path / "mc.jsonl")))
+        forked = run_evaluation_child(spec, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "eval",
+                                      template=template)
+        assert len(template._exits) == forked_before + 1
+        here = evaluation_payload(spec)
+        assert here["ok"] and (forked["value"], forked["n"], forked["k"]) == (here["value"], here["n"], here["k"])
+        assert forked["metrics"] == here["metrics"] and forked["task_sha256"] == here["task_sha256"]
+        # One more worker forked here, its stdin held open: nothing but the parent-death signal
+        # can end it when the template dies (the pool's own worker is stopped by the pool).
+        status_read, status_write = os.pipe()
+        extra = template.fork(status_write)
+        os.close(status_write)
+        os.kill(template_pid, signal.SIGKILL)   # the template's death takes its workers with it
+        wait_until_gone(extra.pid)
+        wait_until_gone(pids[2])
+        os.close(status_read)
+        extra.stdin.close()
+        extra.stdout.close()
     finally:
         pool.close()
     assert all(o.ok for o in outcomes), [o.error for o in outcomes]
     assert pids[0] == pids[1] != pids[2]
     assert pool.recycled[0] == (pids[0], "2 jobs done")
-    assert pool.started == 2
+    assert pool.started == 2 and pool.templates_started == 1
     assert {o.scored.result["lstar"] for o in outcomes} == {outcomes[0].scored.result["lstar"]}
 
 
 @pytest.mark.slow
 def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, calib_v0, tiny_dir):
     """Row 50 (memory): a worker resident above --worker-max-rss after a job is replaced
-    before the next one (a threshold of 64 MiB: torch alone is resident above it)."""
-    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work")
+    before the next one (a threshold of 64 MiB: torch alone is resident above it). Without a
+    template: the workers that import on their own (what a pool falls back to when its
+    template cannot fork) are covered here."""
+    pool = WarmBackend(workers=1, max_jobs=10, max_rss_bytes=64 << 20, timeout_s=300, workdir=tmp_path / "work",
+                       use_template=False)
     try:
         first, second = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2)]))
     finally:
@@ -171,6 +233,7 @@ def test_a_worker_whose_memory_grew_past_the_threshold_is_replaced(tmp_path, cal
     assert pid_of(first) != pid_of(second)
     pid, why = pool.recycled[0]
     assert pid == pid_of(first) and why.startswith("resident memory ") and why.endswith("past 64 MiB")
+    assert pool.templates_started == 0
 
 
 @pytest.mark.slow
@@ -194,6 +257,33 @@ def test_a_job_over_its_time_limit_kills_only_its_worker(tmp_path, calib_v0, tin
     assert pid_of(after) != pid_of(timed_out[0])
     assert pool.recycled == [(pid_of(timed_out[0]), "killed at the time limit")]
     assert after.scored.result["lstar"] == scored[0].scored.result["lstar"]
+
+
+def test_a_shutdown_while_a_worker_waits_for_its_template_interrupts_the_job(tmp_path, calib_v0, tiny_dir,
+                                                                            monkeypatch):
+    """The daemon's shutdown after its drain (`interrupt`) while a slot still waits for the
+    template to fork its worker: the template ends, the job ends ScoringInterrupted (its attempt
+    is given back), and the pool closes at once, with no worker started on its own."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    outcomes: list = []
+    runner = threading.Thread(target=lambda: outcomes.extend(pool.run([job_for(tiny_dir, calib_v0)])))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while pool._spawning == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)   # the job is queued behind the slot's wait
+    try:
+        assert pool.interrupt() == 1
+        runner.join(timeout=60)
+        assert not runner.is_alive()
+    finally:
+        started = time.monotonic()
+        pool.close()
+    assert time.monotonic() - started < 30
+    [outcome] = outcomes
+    assert outcome.error.error_class == "ScoringInterrupted", outcome.error
+    assert pool.started == 0 and pool.templates_started >= 1
 
 
 def test_the_cache_keys_tokenizers_by_content_and_hands_out_copies(tmp_path, shared_dir):

@@ -116,8 +116,10 @@ def evaluation_payload(spec: EvalSpec) -> dict[str, Any]:
 
 
 def run_evaluation_child(spec: EvalSpec, *, timeout_s: float, memory_bytes: int | None, workdir: Path,
-                         log_path: Path | None = None) -> dict[str, Any]:
+                         log_path: Path | None = None, template: Any = None) -> dict[str, Any]:
     """Run `spec` in a child process; return its result object (nothing is written here).
+    With `template` (the warm pool's running template process, under the same memory limit)
+    the child is forked from it, torch already imported.
 
     Raises what `monitor.scoring.child.run_score_child` raises for the same failures: a
     timeout, an interruption by the shutdown, the child's own error class, running out of
@@ -125,7 +127,7 @@ def run_evaluation_child(spec: EvalSpec, *, timeout_s: float, memory_bytes: int 
     """
     return run_child_module("monitor.curves.eval_child", json.dumps(dataclasses.asdict(spec)),
                             what="evaluation child", prefix="eval-", timeout_s=timeout_s,
-                            memory_bytes=memory_bytes, workdir=workdir, log_path=log_path)
+                            memory_bytes=memory_bytes, workdir=workdir, log_path=log_path, template=template)
 
 
 def evaluate_on_worker(spec_data: dict[str, Any], timeout_s: float, memory_bytes: int | None,

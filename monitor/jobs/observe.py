@@ -98,7 +98,7 @@ def _reason(exc: BaseException) -> str:
 def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: str, state_dir: Path,
                      client: Any = None, cache_dir: Path | None = None, timeout_s: float = 3600.0,
                      memory_bytes: int | None = None, lease_s: float = 4200.0, limit: int | None = None,
-                     device: str = "cpu", dtype: str = "float32", ray: Any = None,
+                     device: str = "cpu", dtype: str = "float32", ray: Any = None, template: Any = None,
                      now_fn: Callable[[], datetime] = utcnow,
                      stopping: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Run pending evaluation jobs until none is left (or `limit` ran, or the daemon stops);
@@ -117,7 +117,7 @@ def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: 
         tried.append(int(job["id"]))
         outcome = _run_one(store, job, by_name.get(job["policy"]), owner=owner, state_dir=state_dir,
                            client=client, cache_dir=cache_dir, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                           device=device, dtype=dtype, ray=ray, now_fn=now_fn)
+                           device=device, dtype=dtype, ray=ray, template=template, now_fn=now_fn)
         done.append(outcome)
         if outcome.get("hub_down"):
             break
@@ -126,7 +126,8 @@ def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: 
 
 def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *, owner: str, state_dir: Path,
              client: Any, cache_dir: Path | None, timeout_s: float, memory_bytes: int | None,
-             device: str, dtype: str, ray: Any, now_fn: Callable[[], datetime]) -> dict[str, Any]:
+             device: str, dtype: str, ray: Any, template: Any,
+             now_fn: Callable[[], datetime]) -> dict[str, Any]:
     ids = {"observation": job["id"], "policy": job["policy"], "task": job["task"], "repo": job["repo"],
            "commit": job["commit_sha"], "attempt": job["attempts"]}
     settings = job["settings"]
@@ -150,7 +151,8 @@ def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *,
         else:
             value, n, k, eval_run, extra = _evaluate(job, ids, snapshot, digests, task_file, workdir,
                                                      state_dir=state_dir, timeout_s=timeout_s,
-                                                     memory_bytes=memory_bytes, device=device, dtype=dtype, ray=ray)
+                                                     memory_bytes=memory_bytes, device=device, dtype=dtype, ray=ray,
+                                                     template=template)
     except Exception as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         return _not_observed(store, job, ids, exc, owner=owner, now_fn=now_fn)
@@ -160,8 +162,8 @@ def _run_one(store: ObserveStore, job: dict[str, Any], policy: Policy | None, *,
 
 def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests: dict[str, Any],
               task_file: str | None, workdir: Path, *, state_dir: Path, timeout_s: float,
-              memory_bytes: int | None, device: str, dtype: str,
-              ray: Any) -> tuple[float, int, int, dict[str, Any], dict[str, Any]]:
+              memory_bytes: int | None, device: str, dtype: str, ray: Any,
+              template: Any) -> tuple[float, int, int, dict[str, Any], dict[str, Any]]:
     """Evaluate the checkpoint here in a child process (or on a Ray node): the observed value,
     n, k, the evaluation run to record, and the fields that name it."""
     from monitor.curves.eval_child import EvalSpec, run_evaluation_child
@@ -178,7 +180,8 @@ def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests:
                                  workdir=state_dir / "tmp")
     else:
         result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
-                                      workdir=state_dir / "tmp", log_path=state_dir / "scoring.log")
+                                      workdir=state_dir / "tmp", log_path=state_dir / "scoring.log",
+                                      template=template)
     if settings.get("task_sha256") and result.get("task_sha256") not in (None, settings["task_sha256"]):
         # cannot happen with the verified copy; were it to, the job waits, not fails
         raise TaskFileNotAsScheduled(f"the evaluation of task file {settings['file']} read sha256 "
@@ -238,6 +241,17 @@ def _record_observation(store: ObserveStore, job: dict[str, Any], policy: Policy
             "linked_from": extra.get("linked_from")}
 
 
+def _evaluation_template(ctx: JobContext) -> Any:
+    """The warm scoring pool's template process when one is running (it imported torch once):
+    evaluations are forked from it instead of importing torch in a new child. Never started
+    here: a template dies with the thread that started it, and a pool's slot thread lives as
+    long as the pool."""
+    if ctx.config.scoring_backend == "ray":
+        return None
+    live = getattr(ctx.scoring_backend(), "live_template", None)
+    return live() if callable(live) else None
+
+
 def log_new_task_file_problems(ctx: JobContext, checks: Any) -> list[str]:
     """Log each task-file problem when it appears (an error line naming the file and the
     fix) and when it is mended; returns the problems of this tick."""
@@ -274,6 +288,7 @@ def run(ctx: JobContext) -> dict[str, Any]:
                                timeout_s=cfg.score_timeout, memory_bytes=cfg.score_memory,
                                lease_s=cfg.lease_s, device=here.device, dtype=here.dtype,
                                ray=ctx.scoring_backend() if cfg.scoring_backend == "ray" else None,
+                               template=_evaluation_template(ctx),
                                stopping=ctx.stopping.is_set)
         miscalibrated = check_calibration(store, policies, now=utcnow())
         if ran:

@@ -329,9 +329,14 @@ def run_score_child(request: ScoreRequest, *, timeout_s: float, memory_bytes: in
 
 
 def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, timeout_s: float,
-                     memory_bytes: int | None, workdir: Path, log_path: Path | None = None) -> dict[str, Any]:
+                     memory_bytes: int | None, workdir: Path, log_path: Path | None = None,
+                     template: Any = None) -> dict[str, Any]:
     """Run `python -m module RESULT_FILE` under the address-space limit with `stdin_text` on its
     standard input, and return the `{"ok": true, ...}` object it wrote to RESULT_FILE.
+
+    With `template` (a running `monitor.scoring.template.WorkerTemplate`, started under the
+    same `memory_bytes`), the child is forked from it with the scoring libraries imported,
+    instead of a new interpreter importing them again; if it cannot fork, a new one starts.
 
     The one child protocol of scoring and of active evaluation: the child is registered for
     `kill_active_children`, killed at `timeout_s`, its output's tail kept for the reason of a
@@ -343,10 +348,12 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     result_path = Path(result_name)
     result_path.unlink()
     try:
-        child = subprocess.Popen(
-            [sys.executable, "-m", module, str(result_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
-            preexec_fn=lambda: limit_child(memory_bytes))
+        child = _forked_child(template, module, result_path)
+        if child is None:
+            child = subprocess.Popen(
+                [sys.executable, "-m", module, str(result_path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
+                preexec_fn=lambda: limit_child(memory_bytes))
         output = _OutputTail(child.stdout, log_path)
         output.start()
         with _ACTIVE_LOCK:
@@ -378,6 +385,18 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     if not payload.get("ok"):
         raise error_from_payload(payload, memory_bytes)
     return payload
+
+
+def _forked_child(template: Any, module: str, result_path: Path) -> Any:
+    """`module`'s child forked from `template` (None without one, or when it cannot fork)."""
+    if template is None:
+        return None
+    from monitor.scoring.template import TemplateUnavailable
+
+    try:
+        return template.fork_module(module, (str(result_path),))
+    except TemplateUnavailable:
+        return None
 
 
 def _envelope(request: ScoreRequest, baselines: Sequence[KnownBaseline]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import select
@@ -41,6 +42,9 @@ from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_er
                                    error_from_payload, physical_memory, scored_from_payload)
 from monitor.scoring.engine import ScoredRun
 from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child, proc_status_bytes
+from monitor.scoring.template import ForkedWorker, TemplateUnavailable, WorkerTemplate
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_JOBS = 20
 # Without a given threshold, a worker is replaced once its resident memory passes this share
@@ -68,14 +72,19 @@ def default_max_rss(memory_bytes: int | None) -> int | None:
 class WarmWorker:
     """One warm scoring child (`python -m monitor.scoring.warm`) and its status pipe."""
 
-    def __init__(self, *, memory_bytes: int | None, log_path: Path | None) -> None:
+    def __init__(self, *, memory_bytes: int | None, log_path: Path | None,
+                 template: WorkerTemplate | None = None) -> None:
         self.memory_bytes = memory_bytes
         read_end, write_end = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "monitor.scoring.warm", str(write_end)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
-                pass_fds=(write_end,), preexec_fn=lambda: limit_child(memory_bytes))
+            self.proc: subprocess.Popen | ForkedWorker
+            if template is not None:   # forked ready from the pool's template (same limits)
+                self.proc = template.fork(write_end)
+            else:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "monitor.scoring.warm", str(write_end)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=True,
+                    pass_fds=(write_end,), preexec_fn=lambda: limit_child(memory_bytes))
         except BaseException:
             os.close(read_end)
             raise
@@ -195,7 +204,8 @@ class WarmBackend:
 
     def __init__(self, *, workers: int = 1, max_jobs: int = DEFAULT_MAX_JOBS, max_rss_bytes: int | None = None,
                  timeout_s: float = 3600.0, memory_bytes: int | None = None,
-                 workdir: str | Path | None = None, log_path: str | Path | None = None) -> None:
+                 workdir: str | Path | None = None, log_path: str | Path | None = None,
+                 use_template: bool = True) -> None:
         if workers < 1 or max_jobs < 1:
             raise ValueError("a warm pool needs at least one worker and one job per worker")
         self.concurrency = workers
@@ -212,6 +222,13 @@ class WarmBackend:
         self._closed = threading.Event()
         self.started = 0                               # workers started so far
         self.recycled: list[tuple[int, str]] = []      # (pid, why) of each worker replaced
+        # Workers are forked from one process that imported the scoring libraries once
+        # (`monitor.scoring.template`), so a replacement does not import torch again.
+        self.use_template = use_template
+        self._template: WorkerTemplate | None = None
+        self.templates_started = 0
+        self._spawning = 0       # slots waiting for a worker to be forked (the template may still import)
+        self._interrupts = 0     # interrupt() calls that ended such a wait
 
     def _start(self) -> None:
         with self._lock:
@@ -222,8 +239,52 @@ class WarmBackend:
                 thread.start()
                 self._threads.append(thread)
 
+    def _template_for_spawn(self) -> WorkerTemplate | None:
+        """The pool's template process, started on first use (from a slot thread, which lives
+        as long as the pool: the template dies with it); None when templates are off."""
+        if not self.use_template:
+            return None
+        with self._lock:
+            if self._template is not None and not self._template.alive():
+                log.warning("the scoring workers' template process (pid %d) stopped (exit code %s); starting "
+                            "another", self._template.proc.pid, self._template.proc.poll())
+                self._template.close()
+                self._template = None
+            if self._template is None and not self._closed.is_set():
+                self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S)
+                self.templates_started += 1
+            return self._template
+
+    def live_template(self) -> WorkerTemplate | None:
+        """The pool's template process if one is running (None otherwise; never starts one),
+        for other children under the same limits to be forked from (active evaluations)."""
+        with self._lock:
+            template = self._template
+        return template if template is not None and template.alive() else None
+
     def _spawn(self) -> WarmWorker:
-        worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        with self._lock:
+            generation = self._interrupts
+            self._spawning += 1
+        try:
+            worker = None
+            template = self._template_for_spawn()
+            if template is not None:
+                try:
+                    worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path, template=template)
+                except TemplateUnavailable as exc:
+                    with self._lock:
+                        interrupted = self._interrupts != generation
+                    if interrupted or self._closed.is_set():   # the shutdown ended the template meanwhile
+                        raise ScoringInterrupted("a scoring worker was still starting when the shutdown "
+                                                 "stopped the score") from None
+                    log.warning("%s; starting a scoring worker on its own", exc)
+                    worker = None   # a worker that imports on its own, as without a template
+            if worker is None:
+                worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
+        finally:
+            with self._lock:
+                self._spawning -= 1
         with self._lock:
             self.started += 1
         return worker
@@ -247,7 +308,7 @@ class WarmBackend:
                 if worker is None:
                     try:
                         worker = self._spawn()
-                    except OSError:
+                    except (OSError, ScoringInterrupted):
                         worker = None     # the job below says why, from a cold attempt of its own
                 try:
                     item = self._queue.get(timeout=0.5)
@@ -255,8 +316,15 @@ class WarmBackend:
                     continue
                 if item is None:
                     break
-                job, out, cancelled = item
+                job, out, cancelled, generation = item
                 if cancelled.is_set():
+                    continue
+                with self._lock:
+                    interrupted = generation != self._interrupts
+                if interrupted:   # queued behind a worker start the shutdown ended: not started
+                    out.put(ScoreOutcome(job, error=ScoreError.from_exception(ScoringInterrupted(
+                        "the shutdown stopped the score before its scoring worker had started")),
+                        worker=socket.gethostname()))
                     continue
                 try:
                     outcome, worker, why = self._run_one(slot, worker, job)
@@ -279,7 +347,7 @@ class WarmBackend:
         try:
             if worker is None:
                 worker = self._spawn()
-        except OSError as exc:
+        except (OSError, ScoringInterrupted) as exc:
             return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
         where = f"{socket.gethostname()}:{worker.pid}"
         with self._lock:
@@ -319,8 +387,10 @@ class WarmBackend:
         self._start()
         out: queue.Queue = queue.Queue()
         cancelled = threading.Event()
+        with self._lock:
+            generation = self._interrupts
         for job in todo:
-            self._queue.put((job, out, cancelled))
+            self._queue.put((job, out, cancelled, generation))
         try:
             for _ in todo:
                 yield out.get()
@@ -332,17 +402,32 @@ class WarmBackend:
         many. Their jobs end `ScoringInterrupted`: the jobs were not at fault."""
         with self._lock:
             busy = list(self._busy.values())
+            spawning, template = self._spawning, self._template
+            if spawning:
+                self._interrupts += 1
         for worker in busy:
             worker.interrupted = True
             with contextlib.suppress(OSError):
                 worker.proc.kill()
-        return len(busy)
+        if spawning and template is not None:
+            # A slot still waits for the template (importing torch) to fork its worker: ending
+            # the template ends the wait, and that job ends ScoringInterrupted too.
+            template.abort()
+        return len(busy) + spawning
 
     def close(self) -> None:
         """Stop every worker and the pool's threads."""
         self._closed.set()
+        with self._lock:
+            spawning, template = self._spawning, self._template
+        if spawning and template is not None:
+            template.abort()   # a slot waiting for the template to fork would hold the close up
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
             thread.join(timeout=STOP_WAIT_S + 35)
         self._threads.clear()
+        with self._lock:
+            template, self._template = self._template, None
+        if template is not None:
+            template.close()
