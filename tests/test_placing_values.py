@@ -22,7 +22,9 @@ from monitor.store.placing import PLACEMENT_EXTRACT
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
 # a statement that writes the checkpoints table
-_WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE)\s+checkpoints\b", re.IGNORECASE)
+# (anywhere in it: after a WITH clause too; the table named plainly, quoted or with its schema)
+_WRITE = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|MERGE\s+INTO)\s+(?:\w+\.)?\"?checkpoints\b",
+                    re.IGNORECASE)
 # ... and writes its meta: an INSERT's column list or an UPDATE's SET names it
 _WRITES_META = re.compile(r"\(\s*[^()]*\bmeta\b[^()]*\)\s*(?:VALUES|SELECT)|\bSET\b.*\bmeta\s*=|\{META_(?:SET|COLUMNS)\}",
                           re.IGNORECASE | re.DOTALL)
@@ -86,7 +88,7 @@ def meta_writes(paths: list[Path]) -> list[tuple[str, int, str]]:
             if id(node) in inner:
                 continue
             text = _text(node)
-            if text and _WRITE.match(text) and _WRITES_META.search(text):
+            if text and _WRITE.search(text) and _WRITES_META.search(text):
                 found.append((str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), node.lineno, text))
     return found
 
@@ -113,10 +115,12 @@ def test_the_scan_sees_a_statement_that_forgets_them(tmp_path: Path) -> None:
                    'REFS = "UPDATE checkpoints SET refs = ? WHERE id = ?"\n'
                    # a statement built with `+`: its meta column in the second piece
                    'CAT = ("INSERT INTO checkpoints (repo, sha, " + f"{cols}" + "meta) VALUES (?, ?, ?)")\n'
-                   'FMT = "UPDATE checkpoints SET {} WHERE id = ?".format("meta = ?")\n')
+                   'FMT = "UPDATE checkpoints SET {} WHERE id = ?".format("meta = ?")\n'
+                   # after a WITH clause, and the table quoted with its schema
+                   'CTE = "WITH m AS (SELECT 1) UPDATE main.\\"checkpoints\\" SET meta = ? WHERE id = ?"\n')
     flagged = [text for _, _, text in meta_writes([bad])]
-    assert len(flagged) == 5                                   # the refs-only update is not a meta write
-    assert [bool(_WRITES_PLACING.search(t)) for t in flagged] == [False, False, True, False, False]
+    assert len(flagged) == 6                                   # the refs-only update is not a meta write
+    assert [bool(_WRITES_PLACING.search(t)) for t in flagged] == [False, False, True, False, False, False]
 
 
 def _mismatches(store: Store) -> list[tuple]:
