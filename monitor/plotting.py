@@ -90,8 +90,14 @@ def png(fig: Any) -> bytes:
         fig.tight_layout()
         # tight_layout leaves a placeholder layout engine behind, for which savefig draws the
         # whole figure once more before the drawing it saves; the layout is done, so none is kept
-        # (the same pixels, one draw: a tenth of a 10^5 report's four figures)
-        fig.set_layout_engine(None)
+        # (the same pixels, one draw: a tenth of a 10^5 report's four figures). `None` alone
+        # means "the rcParams' engine": a matplotlibrc with figure.autolayout or
+        # figure.constrained_layout.use would put one back and lay the figure out again on save
+        # (constrained layout moving the axes), so those two are off while it is dropped.
+        import matplotlib
+
+        with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         return buf.getvalue()

@@ -91,3 +91,61 @@ def test_the_jacobian_is_the_one_at_the_point_it_is_given() -> None:
     np.testing.assert_array_equal(problem.jacobian(moved), at_theta)
     problem.residuals(theta)
     np.testing.assert_array_equal(problem.jacobian(theta), at_theta)
+
+
+def test_the_loop_matches_scipys_core_on_problems_the_sigmoid_never_poses() -> None:
+    """`small_trf.trf_bounds` against scipy's `trf` on generic bounded problems: residuals that
+    turn infinite past a point (the radius cut to a quarter), more parameters than residuals (no
+    Gauss-Newton step), a zero Jacobian column, an unbounded side, and evaluation caps of 2 to
+    60. The same result to the bit, or the same error."""
+    from scipy.optimize._lsq.common import make_strictly_feasible
+    from scipy.optimize._lsq.trf import trf as scipy_trf
+
+    from monitor.curves.small_trf import trf_bounds
+
+    rng = np.random.default_rng(5)
+    compared, cut_short = 0, 0
+    for case in range(150):
+        m, n = int(rng.integers(1, 8)), int(rng.integers(1, 5))
+        a = rng.normal(size=(m, n)) * (rng.uniform(size=(m, n)) < 0.7)
+        if case % 5 == 0:
+            a[:, 0] = 0.0
+        b, wall = rng.normal(size=m), rng.uniform(0.1, 2.0)
+
+        def fun(x, a=a, b=b, wall=wall, infinite=case % 3 == 0):
+            r = a @ x - b + 0.3 * np.sin(3.0 * x).sum()
+            return r * np.inf if infinite and x[0] > wall else r
+
+        def jac(x, _f=None, a=a):
+            return a + 0.9 * np.cos(3.0 * x)[None, :]
+
+        lb = rng.uniform(-3.0, 0.0, n)
+        ub = lb + rng.uniform(0.0, 4.0, n)
+        if case % 7 == 0:
+            lb[0] = -np.inf
+        if case % 11 == 0:
+            ub[-1] = np.inf
+        x0 = make_strictly_feasible(rng.uniform(lb.clip(-5.0), ub.clip(None, 5.0)), lb, ub)
+        f0 = fun(x0)
+        if not np.isfinite(f0).all():
+            continue
+        cap = int(rng.integers(2, 60))
+        outcomes = []
+        for solve in (lambda: scipy_trf(fun, jac, x0, f0, jac(x0), lb, ub, 1e-8, 1e-8, 1e-8, cap, "jac", None,
+                                        "exact", {}, 0),
+                      lambda: trf_bounds(fun, jac, x0, f0, jac(x0), lb, ub, 1e-8, 1e-8, 1e-8, cap)):
+            try:
+                outcomes.append(solve())
+            except (ValueError, np.linalg.LinAlgError) as exc:
+                outcomes.append(f"{type(exc).__name__}: {exc}")
+        ref, got = outcomes
+        if isinstance(ref, str) or isinstance(got, str):
+            assert got == ref
+            continue
+        compared += 1
+        cut_short += ref.status == 0
+        assert got.status == ref.status and got.nfev == ref.nfev and got.njev == ref.njev, case
+        for name in ("x", "fun", "jac", "grad", "active_mask"):
+            assert np.array_equal(getattr(got, name), getattr(ref, name)), (case, name)
+        assert got.cost == ref.cost and got.optimality == ref.optimality, case
+    assert compared > 100 and cut_short > 10      # most compared, many stopped by the cap

@@ -22,7 +22,9 @@ from monitor.store.placing import PLACEMENT_EXTRACT
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
 # a statement that writes the checkpoints table
-_WRITE = re.compile(r"^\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE)\s+checkpoints\b", re.IGNORECASE)
+# (anywhere in it: after a WITH clause too; the table named plainly, quoted or with its schema)
+_WRITE = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|MERGE\s+INTO)\s+(?:\w+\.)?\"?checkpoints\b",
+                    re.IGNORECASE)
 # ... and writes its meta: an INSERT's column list or an UPDATE's SET names it
 _WRITES_META = re.compile(r"\(\s*[^()]*\bmeta\b[^()]*\)\s*(?:VALUES|SELECT)|\bSET\b.*\bmeta\s*=|\{META_(?:SET|COLUMNS)\}",
                           re.IGNORECASE | re.DOTALL)
@@ -31,7 +33,9 @@ _WRITES_PLACING = re.compile(r"\bplacing_values\b|\{META_SET\}|\{META_COLUMNS\}"
 
 
 def _text(node: ast.AST) -> str | None:
-    """A string literal's text; an f-string's with each `{name}` kept as written."""
+    """A string literal's text; an f-string's with each `{name}` kept as written; a statement
+    built with `+` or `.format` from literals, the pieces joined (a piece that is not a literal
+    kept as `{expression}`), so a meta column in any piece is seen."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
@@ -42,7 +46,35 @@ def _text(node: ast.AST) -> str | None:
             else:
                 parts.append("{" + ast.unparse(part.value) + "}")   # type: ignore[attr-defined]
         return "".join(parts)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        if left is None and right is None:
+            return None
+        return "".join(t if t is not None else "{" + ast.unparse(n) + "}"
+                       for t, n in ((left, node.left), (right, node.right)))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+            and not node.keywords):
+        template = _text(node.func.value)
+        if template is None:
+            return None
+        args = [_text(a) if _text(a) is not None else "{" + ast.unparse(a) + "}" for a in node.args]
+        try:
+            return template.format(*args)
+        except (IndexError, KeyError, ValueError):
+            return " ".join([template, *args])
     return None
+
+
+def _pieces(node: ast.AST) -> list[ast.AST]:
+    """The nodes `_text` read to give `node`'s text (each is not a statement of its own)."""
+    if isinstance(node, ast.JoinedStr):
+        return list(node.values)
+    if isinstance(node, ast.BinOp):
+        return [node.left, node.right, *_pieces(node.left), *_pieces(node.right)]
+    if isinstance(node, ast.Call):
+        inner = [node.func, node.func.value, *node.args] if isinstance(node.func, ast.Attribute) else []
+        return [*inner, *(p for n in inner for p in _pieces(n))]
+    return []
 
 
 def meta_writes(paths: list[Path]) -> list[tuple[str, int, str]]:
@@ -50,12 +82,13 @@ def meta_writes(paths: list[Path]) -> list[tuple[str, int, str]]:
     found = []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        inner = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+        # a piece of a larger statement (an f-string's, a `+`'s, a `.format`'s), read with the whole
+        inner = {id(part) for node in ast.walk(tree) if _text(node) is not None for part in _pieces(node)}
         for node in ast.walk(tree):
-            if id(node) in inner:       # a piece of an f-string, read with the whole
+            if id(node) in inner:
                 continue
             text = _text(node)
-            if text and _WRITE.match(text) and _WRITES_META.search(text):
+            if text and _WRITE.search(text) and _WRITES_META.search(text):
                 found.append((str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), node.lineno, text))
     return found
 
@@ -79,10 +112,15 @@ def test_the_scan_sees_a_statement_that_forgets_them(tmp_path: Path) -> None:
     bad.write_text('SQL = ("UPDATE checkpoints SET status = ?, "\n       "meta = ? WHERE id = ?")\n'
                    'INS = f"INSERT INTO checkpoints (repo, sha, meta) VALUES (?, ?, {x})"\n'
                    'OK = f"UPDATE checkpoints SET {META_SET} WHERE id = ?"\n'
-                   'REFS = "UPDATE checkpoints SET refs = ? WHERE id = ?"\n')
+                   'REFS = "UPDATE checkpoints SET refs = ? WHERE id = ?"\n'
+                   # a statement built with `+`: its meta column in the second piece
+                   'CAT = ("INSERT INTO checkpoints (repo, sha, " + f"{cols}" + "meta) VALUES (?, ?, ?)")\n'
+                   'FMT = "UPDATE checkpoints SET {} WHERE id = ?".format("meta = ?")\n'
+                   # after a WITH clause, and the table quoted with its schema
+                   'CTE = "WITH m AS (SELECT 1) UPDATE main.\\"checkpoints\\" SET meta = ? WHERE id = ?"\n')
     flagged = [text for _, _, text in meta_writes([bad])]
-    assert len(flagged) == 3                                   # the refs-only update is not a meta write
-    assert [bool(_WRITES_PLACING.search(t)) for t in flagged] == [False, False, True]
+    assert len(flagged) == 6                                   # the refs-only update is not a meta write
+    assert [bool(_WRITES_PLACING.search(t)) for t in flagged] == [False, False, True, False, False, False]
 
 
 def _mismatches(store: Store) -> list[tuple]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import warnings
+
+import pytest
 
 from monitor.plotting import guard_ticks, png, pyplot
 
@@ -33,5 +36,31 @@ def test_one_draw_and_the_same_pixels(monkeypatch) -> None:
     original = Figure.draw
     monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), original(self, renderer))[1])
     new = png(_figure())
+    assert len(draws) == 1
+    assert new == buf.getvalue()
+
+
+@pytest.mark.parametrize("rc", [{"figure.autolayout": True}, {"figure.constrained_layout.use": True}])
+def test_an_operators_layout_setting_adds_no_second_layout(monkeypatch, rc) -> None:
+    """A matplotlibrc that asks every figure for a layout engine (`figure.autolayout`,
+    `figure.constrained_layout.use`) must not put one back after `tight_layout`: the figure
+    would be laid out again when saved (a second draw; constrained layout moves the axes)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    plt = pyplot()
+    with matplotlib.rc_context(rc), warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # "The figure layout has changed to tight"
+        old = _figure()
+        guard_ticks(old)
+        old.tight_layout()
+        buf = io.BytesIO()
+        old.savefig(buf, format="png")
+        plt.close(old)
+
+        draws = []
+        original = Figure.draw
+        monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), original(self, renderer))[1])
+        new = png(_figure())
     assert len(draws) == 1
     assert new == buf.getvalue()
