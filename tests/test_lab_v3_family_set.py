@@ -2,15 +2,14 @@
 a lossy family and a near-duplicate are dropped with their reasons, the Jaccard values recorded
 are the boundary Jaccard counted by hand, the cut-off and minimum are the pre-registration's, a
 chosen family that is not kept and a full race below the minimum are refused in one line, and the
-record keeps the set (slow: the reduced lab from such a folder)."""
+record keeps the set. The reduced lab from such a folder (slow) is the third sitting of
+`test_lab_v3_runner.py`'s end to end, where it reuses the lineages that test's first sitting
+trained (the same tokenizer files, so the same lineage keys) instead of training them again."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,23 +23,21 @@ TEXTS = ["The cat sat on the mat.\nIt was 1234 degrees!", "naïve café — déj
          "  indented\ttabs and CAPS"]
 
 
-def _copy(shared_dir: Path, source: str, folder: Path, name: str) -> None:
-    (folder / name).mkdir(parents=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (shared_dir / "tokenizers" / source / f).is_file():
-            shutil.copy(shared_dir / "tokenizers" / source / f, folder / name / f)
+def candidate_families(shared_dir: Path, folder: Path) -> Path:
+    """Candidates under their pre-registered names, each a copy of every file of a folder of
+    shared/tokenizers: gpt2 and smollm2 as they are, a byte-for-byte copy of gpt2 named
+    gpt2-merges-8k (a near-duplicate), and the lossy bert-base-uncased (it lower-cases) named
+    pool-bpe-1k. Whole folders, so a lineage of gpt2 or smollm2 raced from here has the key
+    (`lineage_key_v3`: the tokenizer's files by content) of one raced from shared/tokenizers."""
+    for source, name in (("gpt2", "gpt2"), ("smollm2", "smollm2"), ("gpt2", "gpt2-merges-8k"),
+                         ("bert-base-uncased", "pool-bpe-1k")):
+        shutil.copytree(shared_dir / "tokenizers" / source, folder / name)
+    return folder
 
 
 @pytest.fixture()
 def families_dir(shared_dir: Path, tmp_path: Path) -> Path:
-    """Candidates under their pre-registered names: gpt2 and smollm2 as they are, a byte-for-byte
-    copy of gpt2 named gpt2-merges-8k (a near-duplicate), and the lossy bert-base-uncased (it
-    lower-cases) named pool-bpe-1k."""
-    folder = tmp_path / "families"
-    for source, name in (("gpt2", "gpt2"), ("smollm2", "smollm2"), ("gpt2", "gpt2-merges-8k"),
-                         ("bert-base-uncased", "pool-bpe-1k")):
-        _copy(shared_dir, source, folder, name)
-    return folder
+    return candidate_families(shared_dir, tmp_path / "families")
 
 
 def _ends_by_hand(tokenizer_dir: Path, texts: list[str]) -> set[tuple[int, int]]:
@@ -139,31 +136,6 @@ def test_a_run_from_a_folder_refuses_a_full_race_below_the_minimum_before_traini
         run_race_v3(config.with_(families=("gpt2", "smollm2", "pool-bpe-1k", "gpt2-merges-8k")), tmp_path / "lab",
                     workers=1, progress=False, family_set=FamilySetRule.preregistered(chosen=None, full_race=True))
     assert not any((tmp_path / "lab").glob("*-large-s*"))          # no lineage started
-
-
-@pytest.mark.slow
-def test_the_reduced_lab_from_a_folder_races_the_kept_families_and_records_the_set(
-        families_dir: Path, shared_dir: Path, tmp_path: Path) -> None:
-    from support.lab_calib import shared_with_small_calib
-
-    from monitor.lab.record_file import load_lab
-
-    assert (SAMPLE_POOL / "train" / "manifest.json").is_file(), "data/lab-pool-sample is committed: restore it"
-    # The secondary text is every 20th calib-v0 document: scoring the whole of it was half of each
-    # lineage's CPU, and which families are raced and recorded does not depend on its size.
-    shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
-    out = tmp_path / "lab"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
-    env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
-    cmd = [sys.executable, "-m", "monitor.cli", "lab", "run3", "--size", "reduced", "--out", str(out),
-           "--pool", str(SAMPLE_POOL), "--shared", str(shared_dir), "--families-dir", str(families_dir),
-           "--workers", "2", "--json"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = load_lab(out)
-    assert record.family_names() == ["gpt2", "smollm2"]
-    assert record.family_set is not None and record.family_set.kept == ["gpt2", "smollm2"]
-    assert set(record.family_set.dropped) == {"pool-bpe-1k", "gpt2-merges-8k"} and record.family_set.cutoff == 0.96
 
 
 @pytest.mark.parametrize("file,size", [("tokenizer.json", (64 << 20) + 1), ("tokenizer_config.json", (1 << 20) + 1)])

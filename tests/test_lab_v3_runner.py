@@ -2,7 +2,7 @@
 once, the unigram slice excluded, a budget the pool cannot give refused), `logp_correct`
 against a naive loop over items, the `lstar-lab/3` record and its race rows (the contract's
 keys), the one-size config, the pre-registration's sha256, and the reduced lab end to end
-through the CLI (slow)."""
+through the CLI (slow), resumed, then raced from a folder of candidate families."""
 
 from __future__ import annotations
 
@@ -309,10 +309,23 @@ def test_the_v3_config_has_one_size_and_keeps_v2s_validators(shared_dir: Path, t
 @pytest.mark.slow
 def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None:
     """`lstar lab run3 --size reduced`: two families, one tiny size, one seed; then a second
-    sitting reuses every lineage and writes the same lab.json byte for byte. The secondary text
-    is every 20th calib-v0 document (`--shared` a folder with the real tokenizers): scoring the
-    whole of it was half of each lineage's CPU, and nothing here depends on its size."""
+    sitting reuses every lineage and writes the same lab.json byte for byte; then a third, from a
+    folder of candidate families (`--families-dir`), drops the lossy one and the near-duplicate,
+    races the kept gpt2 and smollm2 and records the set. The secondary text is every 20th
+    calib-v0 document (`--shared` a folder with the real tokenizers): scoring the whole of it was
+    half of each lineage's CPU, and nothing here depends on its size.
+
+    The first sitting is a `python -m monitor.cli` process with two spawned workers, as a lab is
+    run. The second and third run the same command line in this process with one worker (the
+    lineages run in the command's own process: every one is reused, and each spawned worker only
+    imported torch to find its scores.json); the byte-for-byte lab.json shows the worker count
+    changes nothing. The third sitting's candidate gpt2 and smollm2 are copies of every file of
+    shared/tokenizers' folders, so their lineages have the first sitting's keys (the tokenizer's
+    files by content, the settings without where the inputs are) and are reused, not trained
+    again: that reuse by content is part of what it checks."""
+    from support.cli_run import lstar_in_process
     from support.lab_calib import shared_with_small_calib
+    from test_lab_v3_family_set import candidate_families
 
     from monitor.lab.record_file import load_lab
     from monitor.lab.records_v3 import LabRecordV3, race_rows_v3
@@ -321,8 +334,9 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
-    cmd = [sys.executable, "-m", "monitor.cli", "lab", "run3", "--size", "reduced", "--out", str(out),
-           "--pool", str(_pool()), "--shared", str(shared_dir), "--workers", "2", "--json"]
+    args = ["lab", "run3", "--size", "reduced", "--out", str(out), "--pool", str(_pool()), "--shared", str(shared_dir),
+            "--json"]
+    cmd = [sys.executable, "-m", "monitor.cli", *args, "--workers", "2"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = (out / "lab.json").read_bytes()
@@ -353,9 +367,27 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     # bytes seen differ between families at the same step (their own data)
     last = {r["family"]: r["bytes_seen"] for r in rows if r["step"] == max(x["step"] for x in rows if x["family"] == r["family"])}
     assert len(set(last.values())) == 2
-    # the second sitting reuses every lineage
-    for lineage in ("gpt2-large-s0", "smollm2-large-s0"):
+    # the second sitting reuses every lineage: none is trained or scored again
+    lineages = ("gpt2-large-s0", "smollm2-large-s0")
+    for lineage in lineages:
         assert (out / lineage / "timing.json").is_file()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    written = {p: (p.stat().st_mtime_ns, p.read_bytes()) for name in lineages
+               for p in (out / name / "scores.json", out / name / "timing.json")}
+    unset = {k: None for k in os.environ if k.startswith("LSTAR_LAB_KILL")}
+    proc = lstar_in_process(*args, "--workers", "1", env={**unset, "DISABLE_SAFETENSORS_CONVERSION": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "lab.json").read_bytes() == first
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in written} == written
+
+    # a third sitting from a folder of candidates: the family set is checked first, the kept
+    # families are raced (their lineages reused by content) and the record keeps the set
+    families_dir = candidate_families(shared_dir, tmp_path / "families")
+    proc = lstar_in_process(*args, "--families-dir", str(families_dir), "--workers", "1",
+                            env={**unset, "DISABLE_SAFETENSORS_CONVERSION": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in written} == written
+    record = load_lab(out)
+    assert record.family_names() == ["gpt2", "smollm2"]
+    assert record.family_set is not None and record.family_set.kept == ["gpt2", "smollm2"]
+    assert set(record.family_set.dropped) == {"pool-bpe-1k", "gpt2-merges-8k"} and record.family_set.cutoff == 0.96
+    assert json.loads(proc.stdout) == race_rows_v3(record)
