@@ -25,10 +25,11 @@ template when its pool has one, under the same bounds.
 
 Protocol: `python -m monitor.scoring.template CONTROL_FD`, CONTROL_FD one end of a
 `SOCK_SEQPACKET` socket pair. The template says `{"ready": PID}` once imported. A request
-`{"fork": {"module", "args", "env", "cwd"}}` comes with two or three file descriptors (the
+`{"fork": {"module", "args", "env", "cwd"}, "id": ID}` comes with two or three file descriptors (the
 child's stdin, its combined stdout and stderr, and a third the child is given as its last
 argument: a warm worker's status pipe); the child runs `module.main([*args, FD])` and exits.
-It is answered `{"forked": PID}`; `{"kill": PID}`
+It is answered `{"forked": PID, "id": ID}` (ID: the request's own `id`, so that an answer
+that comes after its fork gave up is never taken for another's); `{"kill": PID}`
 SIGKILLs a worker not yet reaped; `{"exit": PID, "returncode": N}` is sent when a worker
 has exited (N negative: the signal). End of the socket ends the template. Fail point
 (`LSTAR_FAILPOINT`): `hang_worker_template` sleeps for ever before the imports.
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if len(fds) not in (2, 3) or request.get("fork", {}).get("module") not in CHILD_MODULES:
             for fd in fds:
                 os.close(fd)
-            control.send(json.dumps({"forked": None, "error": "not a fork request this template runs"}).encode())
+            control.send(json.dumps({"forked": None, "id": request.get("id"),
+                                     "error": "not a fork request this template runs"}).encode())
             continue
         pid = os.fork()
         if pid == 0:
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         for fd in fds:
             os.close(fd)
         live.add(pid)
-        control.send(json.dumps({"forked": pid}).encode())
+        control.send(json.dumps({"forked": pid, "id": request.get("id")}).encode())
     return 0
 
 
@@ -219,12 +221,17 @@ class WorkerTemplate:
             raise
         finally:
             theirs.close()
-        self._control = ours
+        self._attach(ours)
+
+    def _attach(self, control: socket.socket) -> None:
+        """Start reading the template's messages from `control` (its end of the pair)."""
+        self._control = control
         self._send_lock = threading.Lock()
         self._fork_lock = threading.Lock()
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
-        self._forked: queue.Queue = queue.Queue()
+        self._forked: queue.Queue = queue.Queue()    # (request id, PID or None) of each answer
+        self._requests = 0
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._reader = threading.Thread(target=self._read, name="worker-template", daemon=True)
@@ -244,7 +251,12 @@ class WorkerTemplate:
                 if "ready" in data:
                     self._ready.set()
                 elif "forked" in data:
-                    self._forked.put(data.get("forked"))
+                    if data.get("forked") is not None:
+                        # PIDs wrap: a new child may have the PID of one reaped before, whose
+                        # exit status must not make the new one look dead (or unkillable).
+                        with self._changed:
+                            self._exits.pop(int(data["forked"]), None)
+                    self._forked.put((data.get("id"), data.get("forked")))
                 elif "exit" in data:
                     with self._changed:
                         self._exits[int(data["exit"])] = int(data["returncode"])
@@ -256,7 +268,7 @@ class WorkerTemplate:
             with self._changed:
                 self._gone.set()
                 self._changed.notify_all()
-            self._forked.put(None)
+            self._forked.put((None, None))
 
     def alive(self) -> bool:
         return not self._gone.is_set() and self.proc.poll() is None
@@ -301,11 +313,13 @@ class WorkerTemplate:
             stdin_r, stdin_w = os.pipe()
             out_r, out_w = os.pipe()
             why = "it stopped"
+            self._requests += 1
+            request_id = self._requests
             try:
                 fds = (stdin_r, out_w) if extra_fd is None else (stdin_r, out_w, extra_fd)
                 self._send({"fork": {"module": module, "args": list(args), "env": dict(os.environ),
-                                     "cwd": os.getcwd()}}, fds)
-                pid = self._forked.get(timeout=self.start_timeout_s)   # None: the template ended
+                                     "cwd": os.getcwd()}, "id": request_id}, fds)
+                pid = self._answer(request_id)
             except OSError as exc:
                 pid, why = None, f"{type(exc).__name__}: {exc}"
             except queue.Empty:
@@ -319,6 +333,21 @@ class WorkerTemplate:
                 raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
                                           f"forked no child: {why}")
         return ForkedWorker(self, int(pid), os.fdopen(stdin_w, "wb"), os.fdopen(out_r, "rb"))
+
+    def _answer(self, request_id: int) -> int | None:
+        """The PID the template forked for request `request_id` (None: it forked none, or it
+        ended). An answer to an earlier request that gave up waiting is dropped: it would
+        otherwise name another child. Raises queue.Empty past the start timeout."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            answer_id, pid = self._forked.get(timeout=max(0.0, deadline - time.monotonic()))
+            if answer_id is None and pid is None:   # the template ended
+                self._forked.put((None, None))      # for any later fork too
+                return None
+            if answer_id == request_id:
+                return None if pid is None else int(pid)
+            if pid is not None:   # a late answer: its child got no pipes of ours; make sure it ends
+                self.kill(int(pid))
 
     def abort(self) -> None:
         """SIGKILL the template (the shutdown): a fork waiting for it fails at once, and its

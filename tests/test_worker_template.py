@@ -1,0 +1,205 @@
+"""The warm pool's template process (`monitor.scoring.template`): its protocol as the daemon
+reads it, and what the pool does when the template cannot fork.
+
+The protocol tests play the template's side of the SOCK_SEQPACKET pair by hand (no torch
+import: seconds); the fallback tests run the real template under the `hang_worker_template`
+fail point, which never gets ready.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from monitor.scoring.backends import warm
+from monitor.scoring.backends.warm import WarmBackend
+from monitor.scoring.template import TemplateUnavailable, WorkerTemplate
+
+
+class FakeTemplate:
+    """The template's end of the control socket, answered by the test."""
+
+    def __init__(self, start_timeout_s: float = 5.0) -> None:
+        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # A stand-in for the template process: alive until the test ends it.
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        self.template = WorkerTemplate.__new__(WorkerTemplate)
+        self.template.start_timeout_s = start_timeout_s
+        self.template.proc = self.proc
+        self.template._attach(ours)
+        self.say({"ready": self.proc.pid})
+
+    def say(self, data: dict) -> None:
+        self.theirs.send(json.dumps(data).encode())
+
+    def request(self) -> tuple[dict, list[int]]:
+        """The next request the daemon sent (its file descriptors closed here)."""
+        message, fds, _, _ = socket.recv_fds(self.theirs, 1 << 20, 3)
+        for fd in fds:
+            os.close(fd)
+        return json.loads(message), fds
+
+    def close(self) -> None:
+        self.theirs.close()
+        self.proc.kill()
+        self.proc.wait()
+        self.template._reader.join(timeout=5)
+        self.template._control.close()
+
+
+@pytest.fixture
+def fake():
+    template = FakeTemplate()
+    try:
+        yield template
+    finally:
+        template.close()
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.01)
+
+
+def fork_answered(fake: FakeTemplate, pid: int):
+    """A fork through `fake`, answered `forked: pid` with the request's own id."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(fake.template.fork_module, "monitor.curves.eval_child", ("result.json",))
+        request, fds = fake.request()
+        assert len(fds) == 2 and request["fork"]["module"] == "monitor.curves.eval_child"
+        fake.say({"forked": pid, "id": request.get("id")})
+        return future.result(timeout=5)
+
+
+def test_a_worker_given_the_pid_of_one_reaped_earlier_is_alive_and_can_be_killed(fake):
+    """PIDs wrap: a worker forked with the PID of one the template reaped before is not dead
+    from the start, and a kill of it reaches the template."""
+    first = fork_answered(fake, 4242)
+    fake.say({"exit": 4242, "returncode": 0})
+    wait_for(lambda: first.poll() is not None)
+    assert first.returncode == 0
+    second = fork_answered(fake, 4242)       # the same PID, a new process
+    assert second.poll() is None
+    second.kill()
+    request, _ = fake.request()
+    assert request == {"kill": 4242}
+    with pytest.raises(subprocess.TimeoutExpired):
+        second.wait(timeout=0.2)
+    fake.say({"exit": 4242, "returncode": -9})
+    assert second.wait(timeout=5) == -9
+    for worker in (first, second):
+        worker.stdin.close()
+        worker.stdout.close()
+
+
+def test_an_answer_that_came_after_its_fork_gave_up_goes_to_no_other_fork():
+    """A fork that gave up waiting (no answer within the start timeout) leaves its late answer
+    behind: the next fork must get its own child's PID, not the stale one."""
+    fake = FakeTemplate(start_timeout_s=0.5)
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(fake.template.fork_module, "monitor.curves.eval_child", ("a.json",))
+            late, _ = fake.request()
+            with pytest.raises(TemplateUnavailable):
+                future.result(timeout=5)
+        fake.say({"forked": 1111, "id": late.get("id")})     # the template answers at last
+        time.sleep(0.2)
+        worker = fork_answered(fake, 2222)
+        assert worker.pid == 2222
+        worker.stdin.close()
+        worker.stdout.close()
+    finally:
+        fake.close()
+
+
+def test_a_fork_closes_its_pipes_when_the_template_forked_nothing(fake):
+    """Every path of a failed fork closes the two pipes it made (a template that refuses
+    thousands of forks must not leak descriptors)."""
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = open_fds()
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(20):
+            future = pool.submit(fake.template.fork_module, "monitor.curves.eval_child", ("a.json",))
+            request, _ = fake.request()
+            fake.say({"forked": None, "id": request.get("id"), "error": "refused"})
+            with pytest.raises(TemplateUnavailable):
+                future.result(timeout=5)
+    assert open_fds() <= before + 1     # the executor's thread may hold one
+
+
+def test_a_template_that_never_gets_ready_is_given_up_once_not_per_worker(tmp_path, monkeypatch, caplog):
+    """A template that does not get ready within the start timeout is ended, and the pool's
+    workers start on their own from then on: the next worker does not wait for the template
+    again, no second template is started, and that is logged once."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    monkeypatch.setattr(warm, "START_TIMEOUT_S", 1.0)
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    workers = []
+    caplog.set_level(logging.WARNING, logger="monitor.scoring.backends.warm")
+    try:
+        workers.append(pool._spawn())            # waits the start timeout, then starts on its own
+        started = time.monotonic()
+        workers.append(pool._spawn())
+        assert time.monotonic() - started < 0.9, "the second worker waited for the template again"
+        assert pool.templates_started == 1
+        assert pool.live_template() is None
+        warnings = [r for r in caplog.records if "template" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    finally:
+        for worker in workers:
+            worker.kill()
+        pool.close()
+    assert all(w.proc.returncode is not None for w in workers)
+
+
+def test_a_template_that_cannot_start_leaves_workers_starting_on_their_own(tmp_path, monkeypatch, caplog):
+    """The template's own start failing (here: no process can be made) is not the job's
+    failure: the worker starts on its own, and that is logged once."""
+    def refuse(**_kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(warm, "WorkerTemplate", refuse)
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    workers = []
+    caplog.set_level(logging.WARNING, logger="monitor.scoring.backends.warm")
+    try:
+        workers.append(pool._spawn())
+        workers.append(pool._spawn())
+        warnings = [r for r in caplog.records if "template" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert pool.started == 2
+    finally:
+        for worker in workers:
+            worker.kill()
+        pool.close()
+
+
+def test_an_evaluation_is_not_handed_a_template_still_importing(tmp_path, monkeypatch):
+    """`live_template` (what the daemon's evaluations are forked from) gives only a template
+    that is ready: one still importing (or hung) would hold the evaluation up to the start
+    timeout before it starts on its own."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    try:
+        template = pool._template_for_spawn()
+        assert template is not None and template.alive()
+        assert pool.live_template() is None
+    finally:
+        pool.close()
