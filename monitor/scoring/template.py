@@ -232,6 +232,8 @@ class WorkerTemplate:
         self._exits: dict[int, int] = {}
         self._forked: queue.Queue = queue.Queue()    # (request id, PID or None) of each answer
         self._requests = 0
+        self.forks = 0          # children forked so far
+        self.aborted = False    # ended by `abort` (the pool's shutdown), not by a failure
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._reader = threading.Thread(target=self._read, name="worker-template", daemon=True)
@@ -272,6 +274,10 @@ class WorkerTemplate:
 
     def alive(self) -> bool:
         return not self._gone.is_set() and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """Running and done importing: a fork is answered at once."""
+        return self._ready.is_set() and self.alive()
 
     def returncode(self, pid: int) -> int | None:
         with self._changed:
@@ -332,6 +338,7 @@ class WorkerTemplate:
                 os.close(out_r)
                 raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
                                           f"forked no child: {why}")
+            self.forks += 1
         return ForkedWorker(self, int(pid), os.fdopen(stdin_w, "wb"), os.fdopen(out_r, "rb"))
 
     def _answer(self, request_id: int) -> int | None:
@@ -352,6 +359,7 @@ class WorkerTemplate:
     def abort(self) -> None:
         """SIGKILL the template (the shutdown): a fork waiting for it fails at once, and its
         children die with it."""
+        self.aborted = True
         with contextlib.suppress(OSError):
             self.proc.kill()
 
