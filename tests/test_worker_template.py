@@ -203,3 +203,28 @@ def test_an_evaluation_is_not_handed_a_template_still_importing(tmp_path, monkey
         assert pool.live_template() is None
     finally:
         pool.close()
+
+
+def test_the_shutdown_that_ends_the_template_marks_its_evaluations_interrupted(fake, tmp_path, monkeypatch):
+    """`interrupt` ends a template a slot still waits for; an evaluation forked from that
+    template dies with it, and must end ScoringInterrupted (its attempt given back), not as a
+    child killed by SIGKILL: it is marked before the template is ended, not after."""
+    from monitor.scoring import child as child_module
+    from monitor.scoring.template import ForkedWorker
+
+    evaluation = ForkedWorker(fake.template, 5151, None, None)
+    marked_when_ended: list[set[int]] = []
+    monkeypatch.setattr(fake.template, "abort", lambda: marked_when_ended.append(set(child_module._INTERRUPTED)))
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    with child_module._ACTIVE_LOCK:
+        child_module._ACTIVE.add(evaluation)
+    try:
+        pool._template, pool._spawning = fake.template, 1     # a slot waits for it to fork
+        assert pool.interrupt() == 1
+        assert marked_when_ended and 5151 in marked_when_ended[0]
+    finally:
+        with child_module._ACTIVE_LOCK:
+            child_module._ACTIVE.discard(evaluation)
+            child_module._INTERRUPTED.discard(5151)
+        pool._template, pool._spawning = None, 0
+        pool.close()

@@ -94,6 +94,16 @@ def kill_active_children() -> int:
     return len(children)
 
 
+def mark_children_interrupted(template: Any) -> int:
+    """Mark the active children forked from `template` as stopped by the shutdown, before the
+    shutdown ends the template (they die with it); how many. Their `run_child_module` then
+    raises ScoringInterrupted (the attempt is given back) instead of describing a SIGKILL."""
+    with _ACTIVE_LOCK:
+        pids = [child.pid for child in _ACTIVE if getattr(child, "template", None) is template]
+        _INTERRUPTED.update(pids)
+    return len(pids)
+
+
 class ScoringTimeout(TimeoutError):
     """The scoring child ran past its time limit and was killed (retryable)."""
 

@@ -39,7 +39,8 @@ from typing import Any
 from monitor.scoring.backends.base import ScoreError, ScoreJob, ScoreOutcome, workdir_default
 from monitor.scoring.backends.local import check_corpus
 from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_error, _envelope, _OutputTail,
-                                   error_from_payload, physical_memory, scored_from_payload)
+                                   error_from_payload, mark_children_interrupted, physical_memory,
+                                   scored_from_payload)
 from monitor.scoring.engine import ScoredRun
 from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child, proc_status_bytes
 from monitor.scoring.template import ForkedWorker, TemplateUnavailable, WorkerTemplate
@@ -445,7 +446,9 @@ class WarmBackend:
                 worker.proc.kill()
         if spawning and template is not None:
             # A slot still waits for the template (importing torch) to fork its worker: ending
-            # the template ends the wait, and that job ends ScoringInterrupted too.
+            # the template ends the wait, and that job ends ScoringInterrupted too, as do the
+            # evaluations forked from it (marked first: they die with it).
+            mark_children_interrupted(template)
             template.abort()
         return len(busy) + spawning
 
@@ -455,6 +458,7 @@ class WarmBackend:
         with self._lock:
             spawning, template = self._spawning, self._template
         if spawning and template is not None:
+            mark_children_interrupted(template)
             template.abort()   # a slot waiting for the template to fork would hold the close up
         for _ in self._threads:
             self._queue.put(None)
