@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +229,61 @@ def test_the_shutdown_that_ends_the_template_marks_its_evaluations_interrupted(f
             child_module._INTERRUPTED.discard(5151)
         pool._template, pool._spawning = None, 0
         pool.close()
+
+
+def open_fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.slow
+def test_a_hundred_forks_from_a_real_template_leak_no_descriptor_and_leave_no_child(tmp_path):
+    """The real template (torch imported once) forks 100 children that fail at once (an empty
+    stdin): each is reaped and reported with its exit status, and neither this process nor
+    the template holds one descriptor more after them than before."""
+    template = WorkerTemplate(memory_bytes=None, start_timeout_s=300)
+    try:
+        first = template.fork_module("monitor.curves.eval_child", (str(tmp_path / "r.json"),))
+        first.stdin.close()
+        assert first.wait(timeout=60) == 1
+        first.stdout.read()
+        first.stdout.close()
+        ours, theirs = open_fds(), open_fds(template.proc.pid)
+        for i in range(100):
+            child = template.fork_module("monitor.curves.eval_child", (str(tmp_path / f"r{i}.json"),))
+            child.stdin.close()
+            assert child.wait(timeout=60) == 1       # json.loads("") in the child: exit code 1
+            assert b"JSONDecodeError" in child.stdout.read()
+            child.stdout.close()
+        assert (open_fds(), open_fds(template.proc.pid)) == (ours, theirs)
+        assert template.forks == 101
+        children = Path(f"/proc/{template.proc.pid}/task/{template.proc.pid}/children").read_text().split()
+        assert children == []        # every child reaped, none left a zombie
+    finally:
+        template.close()
+    assert template.proc.returncode == 0
+
+
+def test_a_template_dies_with_the_daemon_that_started_it(tmp_path):
+    """A daemon killed with SIGKILL (no close, no end of the socket read) takes its template
+    with it: the parent-death signal set before the template's interpreter started."""
+    script = ("import os, sys, time\n"
+              "from monitor.scoring.template import WorkerTemplate\n"
+              "t = WorkerTemplate(memory_bytes=None, start_timeout_s=5)\n"
+              "print(t.proc.pid, flush=True)\n"
+              "time.sleep(120)\n")
+    env = {**os.environ, "LSTAR_FAILPOINT": "hang_worker_template", "PYTHONPATH": os.getcwd()}
+    daemon = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        template_pid = int(daemon.stdout.readline())
+        assert Path(f"/proc/{template_pid}/cmdline").read_bytes().split(b"\0")[2] == b"monitor.scoring.template"
+    finally:
+        daemon.kill()
+        daemon.wait()
+        daemon.stdout.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{template_pid}").exists():
+        state = Path(f"/proc/{template_pid}/stat").read_text().rpartition(")")[2].split()[0]
+        if state in ("Z", "X"):
+            break
+        assert time.monotonic() < deadline, f"template {template_pid} outlived its daemon"
+        time.sleep(0.05)
