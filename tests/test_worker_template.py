@@ -287,3 +287,46 @@ def test_a_template_dies_with_the_daemon_that_started_it(tmp_path):
             break
         assert time.monotonic() < deadline, f"template {template_pid} outlived its daemon"
         time.sleep(0.05)
+
+
+def test_a_forked_child_past_its_time_limit_ends_the_wait_even_if_the_template_ignores_the_kill(
+        fake, tmp_path, monkeypatch):
+    """A cold child SIGKILLed at its time limit is always reaped; a forked one is killed by
+    a message to its template. A template that does not act on it (hung) must not hang the
+    daemon's evaluation for ever: after the kill's wait the template is ended (its children
+    die with it) and the evaluation ends ScoringTimeout."""
+    import threading
+
+    from monitor.scoring import child as child_module
+
+    monkeypatch.setattr(child_module, "KILL_WAIT_S", 0.5)
+    original_abort = fake.template.abort
+
+    def abort_closes_its_socket() -> None:     # as a real template's death does
+        original_abort()
+        fake.theirs.close()
+
+    monkeypatch.setattr(fake.template, "abort", abort_closes_its_socket)
+
+    def answer() -> None:
+        request, _ = fake.request()
+        fake.say({"forked": 6262, "id": request.get("id")})
+
+    threading.Thread(target=answer, daemon=True).start()
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(_run_catching(child_module, tmp_path, fake.template)),
+                              daemon=True)
+    runner.start()
+    runner.join(timeout=20)
+    assert not runner.is_alive(), "the evaluation still waits for a child its template never killed"
+    assert type(result[0]).__name__ == "ScoringTimeout", result
+    assert fake.proc.wait(timeout=5) == -9     # the template that ignored the kill was ended
+
+
+def _run_catching(child_module, tmp_path, template):
+    try:
+        return child_module.run_child_module("monitor.curves.eval_child", "{}", what="evaluation child",
+                                             prefix="eval-", timeout_s=0.3, memory_bytes=None,
+                                             workdir=tmp_path / "eval", template=template)
+    except Exception as exc:  # noqa: BLE001 - the test reads its class
+        return exc

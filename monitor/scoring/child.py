@@ -39,6 +39,7 @@ import dataclasses
 import faulthandler
 import importlib.util
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -58,6 +59,8 @@ from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compu
 from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
 from monitor.scoring.process_cache import PrepareCache
 
+log = logging.getLogger(__name__)
+
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root", "adapter", "adapter_root", "hub_cache_dir")
 # The default address-space limit: this share of the machine's memory, and at least
 # MIN_MEMORY_LIMIT (torch alone maps a few GiB of address space it never touches).
@@ -74,6 +77,10 @@ REGEX_MARKERS = ("retry-limit-in-match", "match-stack limit", "regex engine", "C
 _MAYBE_MEMORY = ("ImportError", "ModuleNotFoundError", "OSError", "RuntimeError")
 _NOTABLE = ("Error", "error", "panicked", "Fatal", "Killed", "limit", "abort", "Exception")
 
+
+# How long a child SIGKILLed at its time limit may take to be reaped. A cold child always is;
+# a forked one is killed by its template, which, if it does not within this, is ended itself.
+KILL_WAIT_S = 30.0
 
 _ACTIVE: set[subprocess.Popen] = set()
 _INTERRUPTED: set[int] = set()
@@ -376,7 +383,7 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+            _wait_killed(child)
             raise ScoringTimeout(f"{what} (pid {child.pid}) killed after the {timeout_s:g} s "
                                  "time limit") from None
         finally:
@@ -395,6 +402,23 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     if not payload.get("ok"):
         raise error_from_payload(payload, memory_bytes)
     return payload
+
+
+def _wait_killed(child: Any) -> None:
+    """Reap a child just SIGKILLed, within KILL_WAIT_S. A forked child is killed by its
+    template: one that has not within the bound is not acting on messages (hung), and is
+    ended, which ends its children and the wait. A cold child still unreaped is left."""
+    try:
+        child.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        template = getattr(child, "template", None)
+        if template is None:
+            return
+        log.warning("template %d did not kill its child %d within %g s; ending the template", template.proc.pid,
+                    child.pid, KILL_WAIT_S)
+        template.abort()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=KILL_WAIT_S)
 
 
 def _forked_child(template: Any, module: str, result_path: Path) -> Any:
