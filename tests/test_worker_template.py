@@ -33,6 +33,7 @@ class FakeTemplate:
         self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         self.template = WorkerTemplate.__new__(WorkerTemplate)
         self.template.start_timeout_s = start_timeout_s
+        self.template.memory_bytes = None
         self.template.proc = self.proc
         self.template._attach(ours)
         self.say({"ready": self.proc.pid})
@@ -330,3 +331,15 @@ def _run_catching(child_module, tmp_path, template):
                                              workdir=tmp_path / "eval", template=template)
     except Exception as exc:  # noqa: BLE001 - the test reads its class
         return exc
+
+
+def test_an_evaluation_under_another_memory_limit_is_not_forked_from_the_template(fake, tmp_path):
+    """A forked child inherits the template's address-space limit; an evaluation asked to run
+    under another one (`--score-memory` changed since the pool started) starts on its own."""
+    from monitor.scoring.child import _forked_child
+
+    fake.template.memory_bytes = 8 << 30
+    fake.theirs.setblocking(False)
+    assert _forked_child(fake.template, "monitor.curves.eval_child", tmp_path / "r.json", 4 << 30) is None
+    with pytest.raises(BlockingIOError):
+        fake.theirs.recv(1 << 16)           # no fork was asked for

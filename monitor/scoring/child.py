@@ -365,7 +365,7 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     result_path = Path(result_name)
     result_path.unlink()
     try:
-        child = _forked_child(template, module, result_path)
+        child = _forked_child(template, module, result_path, memory_bytes)
         if child is None:
             child = subprocess.Popen(
                 [sys.executable, "-m", module, str(result_path)],
@@ -421,9 +421,10 @@ def _wait_killed(child: Any) -> None:
             child.wait(timeout=KILL_WAIT_S)
 
 
-def _forked_child(template: Any, module: str, result_path: Path) -> Any:
-    """`module`'s child forked from `template` (None without one, or when it cannot fork)."""
-    if template is None:
+def _forked_child(template: Any, module: str, result_path: Path, memory_bytes: int | None) -> Any:
+    """`module`'s child forked from `template` (None without one, when it runs under another
+    address-space limit than `memory_bytes`, which its children inherit, or when it cannot fork)."""
+    if template is None or getattr(template, "memory_bytes", None) != memory_bytes:
         return None
     from monitor.scoring.template import TemplateUnavailable
 

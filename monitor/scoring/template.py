@@ -210,6 +210,7 @@ class WorkerTemplate:
 
     def __init__(self, *, memory_bytes: int | None, start_timeout_s: float) -> None:
         self.start_timeout_s = start_timeout_s
+        self.memory_bytes = memory_bytes       # the address-space limit its children inherit
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
