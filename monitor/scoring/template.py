@@ -63,6 +63,10 @@ _MESSAGE_BYTES = 1 << 20
 CHILD_MODULES = {"monitor.scoring.warm": "monitor.scoring.warm", "monitor.curves.eval_child": "monitor.curves.eval_child"}
 
 
+# What the reader queues for a fork waiting on an answer once the template has ended.
+_ENDED = ("ended", None)
+
+
 class TemplateUnavailable(OSError):
     """The template process could not fork a worker (it died, or did not start in time)."""
 
@@ -271,7 +275,7 @@ class WorkerTemplate:
             with self._changed:
                 self._gone.set()
                 self._changed.notify_all()
-            self._forked.put((None, None))
+            self._forked.put(_ENDED)
 
     def alive(self) -> bool:
         return not self._gone.is_set() and self.proc.poll() is None
@@ -349,8 +353,8 @@ class WorkerTemplate:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             answer_id, pid = self._forked.get(timeout=max(0.0, deadline - time.monotonic()))
-            if answer_id is None and pid is None:   # the template ended
-                self._forked.put((None, None))      # for any later fork too
+            if (answer_id, pid) == _ENDED:          # the template ended
+                self._forked.put(_ENDED)            # for any later fork too
                 return None
             if answer_id == request_id:
                 return None if pid is None else int(pid)
@@ -358,8 +362,8 @@ class WorkerTemplate:
                 self.kill(int(pid))
 
     def abort(self) -> None:
-        """SIGKILL the template (the shutdown): a fork waiting for it fails at once, and its
-        children die with it."""
+        """SIGKILL the template (the shutdown, or the pool giving it up): a fork waiting for it
+        fails at once, and its children die with it."""
         self.aborted = True
         with contextlib.suppress(OSError):
             self.proc.kill()
