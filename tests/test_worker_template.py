@@ -204,7 +204,10 @@ def test_an_evaluation_is_not_handed_a_template_still_importing(tmp_path, monkey
         assert template is not None and template.alive()
         assert pool.live_template() is None
     finally:
+        started = time.monotonic()
         pool.close()
+    # One not ready reads no end of its socket: it is killed at once, not after a 10 s wait.
+    assert time.monotonic() - started < 5
 
 
 def test_the_shutdown_that_ends_the_template_marks_its_evaluations_interrupted(fake, tmp_path, monkeypatch):
@@ -343,3 +346,21 @@ def test_an_evaluation_under_another_memory_limit_is_not_forked_from_the_templat
     assert _forked_child(fake.template, "monitor.curves.eval_child", tmp_path / "r.json", 4 << 30) is None
     with pytest.raises(BlockingIOError):
         fake.theirs.recv(1 << 16)           # no fork was asked for
+
+
+def test_what_the_template_writes_goes_to_the_scoring_log(tmp_path, monkeypatch):
+    """A template that crashes says why on its standard error (faulthandler's trace, a
+    traceback); it goes to the pool's scoring log, as a worker's output does, not to
+    /dev/null. Here the interpreter's own warning about a bad -W option stands for it."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    monkeypatch.setenv("PYTHONWARNINGS", "nonsense::NoSuchWarningClass")
+    log_path = tmp_path / "scoring.log"
+    template = WorkerTemplate(memory_bytes=None, start_timeout_s=5, log_path=log_path)
+    try:
+        deadline = time.monotonic() + 30
+        while b"Invalid -W option" not in (log_path.read_bytes() if log_path.exists() else b""):
+            assert time.monotonic() < deadline, "nothing of the template's output reached the log"
+            time.sleep(0.05)
+    finally:
+        template.abort()
+        template.close()

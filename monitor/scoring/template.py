@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from monitor.scoring.memory_limit import PROBE_MODULES, limit_child
@@ -212,20 +213,26 @@ class WorkerTemplate:
     Start it from a thread that lives as long as the pool: the template dies with the thread
     that forked it (`PR_SET_PDEATHSIG`), and its workers die with it."""
 
-    def __init__(self, *, memory_bytes: int | None, start_timeout_s: float) -> None:
+    def __init__(self, *, memory_bytes: int | None, start_timeout_s: float, log_path: Path | None = None) -> None:
         self.start_timeout_s = start_timeout_s
         self.memory_bytes = memory_bytes       # the address-space limit its children inherit
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its output (a crash's trace, a traceback) goes where the workers' does: the scoring log.
+        output: Any = subprocess.DEVNULL
         try:
+            if log_path is not None:
+                output = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "monitor.scoring.template", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                stdin=subprocess.DEVNULL, stdout=output, stderr=output, close_fds=True,
                 pass_fds=(theirs.fileno(),), preexec_fn=lambda: limit_child(memory_bytes))
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
+            if output is not subprocess.DEVNULL:
+                output.close()
         self._attach(ours)
 
     def _attach(self, control: socket.socket) -> None:
@@ -369,7 +376,10 @@ class WorkerTemplate:
             self.proc.kill()
 
     def close(self) -> None:
-        """End the template (its workers should be stopped first: they die with it)."""
+        """End the template (its workers should be stopped first: they die with it). One not
+        ready yet (importing, or hung) reads no end of its socket: it is killed at once."""
+        if not self._ready.is_set():
+            self.abort()
         with contextlib.suppress(OSError):
             self._control.shutdown(socket.SHUT_RDWR)
         try:

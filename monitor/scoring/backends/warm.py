@@ -257,7 +257,8 @@ class WarmBackend:
         with self._lock:
             if self._template is None and self.use_template and not self._closed.is_set():
                 try:
-                    self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S)
+                    self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S,
+                                                    log_path=self.log_path)
                 except OSError as exc:   # not the job's failure: its worker starts on its own
                     self.use_template = False
                     failed = f"the scoring workers' template process could not start ({type(exc).__name__}: {exc})"
