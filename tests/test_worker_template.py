@@ -364,3 +364,42 @@ def test_what_the_template_writes_goes_to_the_scoring_log(tmp_path, monkeypatch)
     finally:
         template.abort()
         template.close()
+
+
+FORK_FAILS_ONCE = """
+import errno, os, sys
+import monitor.scoring.template as template
+template.PROBE_MODULES = ()          # no torch here: the protocol is what is tested
+real_fork, calls = os.fork, []
+def fork():
+    calls.append(1)
+    if len(calls) == 1:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real_fork()
+os.fork = fork
+sys.exit(template.main([sys.argv[1]]))
+"""
+
+
+def test_a_fork_that_fails_in_the_template_does_not_end_the_template(tmp_path):
+    """fork() failing once in the template (EAGAIN: a process limit, memory) is answered
+    "forked no child"; the template goes on, with its other children, and the next fork
+    succeeds. (Before: the template died of it, and every worker and evaluation with it.)"""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-c", FORK_FAILS_ONCE, str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    theirs.close()
+    template = WorkerTemplate.__new__(WorkerTemplate)
+    template.start_timeout_s, template.memory_bytes, template.proc = 30.0, None, proc
+    template._attach(ours)
+    try:
+        with pytest.raises(TemplateUnavailable, match="Resource temporarily unavailable"):
+            template.fork_module("monitor.curves.eval_child", (str(tmp_path / "a.json"),))
+        assert template.ready()
+        child = template.fork_module("monitor.curves.eval_child", (str(tmp_path / "b.json"),))
+        child.stdin.close()
+        assert child.wait(timeout=60) == 1 and b"JSONDecodeError" in child.stdout.read()
+        child.stdout.close()
+    finally:
+        template.close()
+    assert proc.returncode == 0

@@ -170,7 +170,14 @@ def main(argv: list[str] | None = None) -> int:
             control.send(json.dumps({"forked": None, "id": request.get("id"),
                                      "error": "not a fork request this template runs"}).encode())
             continue
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:   # a process limit, memory: this child, not the template, fails
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"forked": None, "id": request.get("id"),
+                                     "error": f"fork failed: {type(exc).__name__}: {exc}"}).encode())
+            continue
         if pid == 0:
             _become_worker(request["fork"], fds, [control.fileno(), wake_r, wake_w])
         for fd in fds:
@@ -242,7 +249,7 @@ class WorkerTemplate:
         self._fork_lock = threading.Lock()
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
-        self._forked: queue.Queue = queue.Queue()    # (request id, PID or None) of each answer
+        self._forked: queue.Queue = queue.Queue()    # (request id, PID or why none) of each answer
         self._requests = 0
         self.forks = 0          # children forked so far
         self.aborted = False    # ended by `abort` (the pool's shutdown), not by a failure
@@ -264,13 +271,13 @@ class WorkerTemplate:
                     continue
                 if "ready" in data:
                     self._ready.set()
-                elif "forked" in data:
+                elif "forked" in data:   # (request id, PID, or why it forked none)
                     if data.get("forked") is not None:
                         # PIDs wrap: a new child may have the PID of one reaped before, whose
                         # exit status must not make the new one look dead (or unkillable).
                         with self._changed:
                             self._exits.pop(int(data["forked"]), None)
-                    self._forked.put((data.get("id"), data.get("forked")))
+                    self._forked.put((data.get("id"), data.get("forked") or data.get("error")))
                 elif "exit" in data:
                     with self._changed:
                         self._exits[int(data["exit"])] = int(data["returncode"])
@@ -338,6 +345,10 @@ class WorkerTemplate:
                 self._send({"fork": {"module": module, "args": list(args), "env": dict(os.environ),
                                      "cwd": os.getcwd()}, "id": request_id}, fds)
                 pid = self._answer(request_id)
+            except TemplateUnavailable:
+                os.close(stdin_w)
+                os.close(out_r)
+                raise
             except OSError as exc:
                 pid, why = None, f"{type(exc).__name__}: {exc}"
             except queue.Empty:
@@ -354,8 +365,8 @@ class WorkerTemplate:
         return ForkedWorker(self, int(pid), os.fdopen(stdin_w, "wb"), os.fdopen(out_r, "rb"))
 
     def _answer(self, request_id: int) -> int | None:
-        """The PID the template forked for request `request_id` (None: it forked none, or it
-        ended). An answer to an earlier request that gave up waiting is dropped: it would
+        """The PID the template forked for request `request_id` (None: it ended; it raises
+        TemplateUnavailable with the template's reason when it forked none). An answer to an earlier request that gave up waiting is dropped: it would
         otherwise name another child. Raises queue.Empty past the start timeout."""
         deadline = time.monotonic() + self.start_timeout_s
         while True:
@@ -364,9 +375,12 @@ class WorkerTemplate:
                 self._forked.put(_ENDED)            # for any later fork too
                 return None
             if answer_id == request_id:
-                return None if pid is None else int(pid)
-            if pid is not None:   # a late answer: its child got no pipes of ours; make sure it ends
-                self.kill(int(pid))
+                if not isinstance(pid, int):   # it forked none: why, in its words
+                    raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
+                                              f"forked no child: {pid or 'no reason given'}")
+                return pid
+            if isinstance(pid, int):   # a late answer: its child got no pipes of ours; make sure it ends
+                self.kill(pid)
 
     def abort(self) -> None:
         """SIGKILL the template (the shutdown, or the pool giving it up): a fork waiting for it

@@ -269,7 +269,20 @@ class WarmBackend:
             log.warning("%s; the pool's scoring workers start on their own from now on", failed)
         return template
 
-    def _give_up_template(self, template: WorkerTemplate, why: str) -> None:
+    def _template_failed(self, template: WorkerTemplate, why: str) -> None:
+        """A fork from `template` failed. A template still running and ready (its fork()
+        failed: a process limit, memory) is kept, with its other children, until the
+        MAX_TEMPLATE_FAILURES-th failure; any other is given up."""
+        if template.ready():
+            with self._lock:
+                self._template_failures += 1
+                keep = self._template_failures < MAX_TEMPLATE_FAILURES
+            if keep:
+                log.warning("%s; this scoring worker starts on its own", why)
+                return
+        self._give_up_template(template, why, counted=template.ready())
+
+    def _give_up_template(self, template: WorkerTemplate, why: str, *, counted: bool = False) -> None:
         """End a template that stopped or could not fork (its children die with it), and log
         it once. A template that never forked a child (it cannot start: hung, or crashed in
         its imports), or the MAX_TEMPLATE_FAILURES-th, turns templates off for this pool: a
@@ -280,7 +293,7 @@ class WarmBackend:
             self._template = None
             failed = not template.aborted          # aborted: ended by this pool's shutdown, not a failure
             if failed:
-                self._template_failures += 1
+                self._template_failures += 0 if counted else 1
                 if template.forks == 0 or self._template_failures >= MAX_TEMPLATE_FAILURES:
                     self.use_template = False
             then = "another starts with the next worker" if self.use_template else \
@@ -314,7 +327,7 @@ class WarmBackend:
                     if interrupted or self._closed.is_set():   # the shutdown ended the template meanwhile
                         raise ScoringInterrupted("a scoring worker was still starting when the shutdown "
                                                  "stopped the score") from None
-                    self._give_up_template(template, str(exc))
+                    self._template_failed(template, str(exc))
                     worker = None   # a worker that imports on its own, as without a template
             if worker is None:
                 worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
