@@ -403,3 +403,27 @@ def test_a_fork_that_fails_in_the_template_does_not_end_the_template(tmp_path):
     finally:
         template.close()
     assert proc.returncode == 0
+
+
+def test_a_worker_start_failing_with_an_unexpected_error_fails_the_job_not_the_pool(tmp_path, monkeypatch):
+    """A slot whose worker cannot start for a reason that is not an OSError (no thread left
+    for its output reader, a SubprocessError from the limits set before exec, a template
+    that would not die) must not lose its thread: with one slot, the pool's jobs would wait
+    for ever. The job ends with the error instead."""
+    def cannot_start(**_kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(warm, "WarmWorker", cannot_start)
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work", use_template=False)
+    outcomes: list = []
+    import threading
+
+    runner = threading.Thread(target=lambda: outcomes.extend(pool.run(["job-1"])), daemon=True)
+    runner.start()
+    runner.join(timeout=20)
+    try:
+        assert not runner.is_alive(), "the job waits for a slot whose thread died"
+        [outcome] = outcomes
+        assert outcome.error is not None and "can't start new thread" in outcome.error.message
+    finally:
+        pool.close()

@@ -357,8 +357,8 @@ class WarmBackend:
                 if worker is None:
                     try:
                         worker = self._spawn()
-                    except (OSError, ScoringInterrupted):
-                        worker = None     # the job below says why, from a cold attempt of its own
+                    except Exception:  # noqa: BLE001 - not only OSError: a slot that lost its thread
+                        worker = None     # would leave its jobs waiting for ever; the job below says why
                 try:
                     item = self._queue.get(timeout=0.5)
                 except queue.Empty:
@@ -396,7 +396,7 @@ class WarmBackend:
         try:
             if worker is None:
                 worker = self._spawn()
-        except (OSError, ScoringInterrupted) as exc:
+        except Exception as exc:  # noqa: BLE001 - the job's error, whatever kept its worker from starting
             return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
         where = f"{socket.gethostname()}:{worker.pid}"
         with self._lock:
