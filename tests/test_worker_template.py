@@ -427,3 +427,39 @@ def test_a_worker_start_failing_with_an_unexpected_error_fails_the_job_not_the_p
         assert outcome.error is not None and "can't start new thread" in outcome.error.message
     finally:
         pool.close()
+
+
+NO_IMPORTS = """
+import sys
+import monitor.scoring.template as template
+template.PROBE_MODULES = ()          # no torch here: the protocol is what is tested
+sys.exit(template.main([sys.argv[1]]))
+"""
+
+
+def test_a_malformed_request_is_refused_and_the_template_goes_on(tmp_path):
+    """A request that is not JSON, not an object, or a kill of no PID is refused (its
+    descriptors closed), not the end of the template and of every child it forked."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-c", NO_IMPORTS, str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    theirs.close()
+    template = WorkerTemplate.__new__(WorkerTemplate)
+    template.start_timeout_s, template.memory_bytes, template.proc = 30.0, None, proc
+    template._attach(ours)
+    try:
+        wait_for(template.ready, timeout=30)
+        for raw in (b"not json", b"[1, 2]", b'{"kill": "x"}', b'{"fork": 3, "id": 9}'):
+            read_end, write_end = os.pipe()
+            socket.send_fds(ours, [raw], [read_end, write_end])
+            os.close(read_end)
+            os.close(write_end)
+        child = template.fork_module("monitor.curves.eval_child", (str(tmp_path / "b.json"),))
+        child.stdin.close()
+        assert child.wait(timeout=60) == 1
+        child.stdout.close()
+        assert template.ready()
+        assert open_fds(proc.pid) <= 4 + 3    # stdio, the socket, the wake pipe: none of the refused fds
+    finally:
+        template.close()
+    assert proc.returncode == 0

@@ -158,13 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         message, fds, _, _ = socket.recv_fds(control, _MESSAGE_BYTES, 3)
         if not message:
             break
-        request = json.loads(message)
+        try:
+            request = json.loads(message)
+        except ValueError:
+            request = None
+        if not isinstance(request, dict):
+            request = {}     # refused below: one bad message must not end every child of this template
         if "kill" in request:
-            if int(request["kill"]) in live:      # not reaped: the pid is still this worker's
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(TypeError, ValueError, OSError):
+                if int(request["kill"]) in live:      # not reaped: the pid is still this worker's
                     os.kill(int(request["kill"]), signal.SIGKILL)
+            for fd in fds:
+                os.close(fd)
             continue
-        if len(fds) not in (2, 3) or request.get("fork", {}).get("module") not in CHILD_MODULES:
+        fork = request.get("fork")
+        if len(fds) not in (2, 3) or not isinstance(fork, dict) or fork.get("module") not in CHILD_MODULES:
             for fd in fds:
                 os.close(fd)
             control.send(json.dumps({"forked": None, "id": request.get("id"),
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "error": f"fork failed: {type(exc).__name__}: {exc}"}).encode())
             continue
         if pid == 0:
-            _become_worker(request["fork"], fds, [control.fileno(), wake_r, wake_w])
+            _become_worker(fork, fds, [control.fileno(), wake_r, wake_w])
         for fd in fds:
             os.close(fd)
         live.add(pid)
