@@ -39,6 +39,7 @@ import dataclasses
 import faulthandler
 import importlib.util
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -58,6 +59,8 @@ from monitor.scoring.engine import KnownBaseline, ScoredRun, ScoreRequest, compu
 from monitor.scoring.memory_limit import is_memory_failure, limit_child, size_text
 from monitor.scoring.process_cache import PrepareCache
 
+log = logging.getLogger(__name__)
+
 _PATH_FIELDS = ("corpus_dir", "tokenizer_dir", "reference_tokenizer", "model_root", "adapter", "adapter_root", "hub_cache_dir")
 # The default address-space limit: this share of the machine's memory, and at least
 # MIN_MEMORY_LIMIT (torch alone maps a few GiB of address space it never touches).
@@ -74,6 +77,10 @@ REGEX_MARKERS = ("retry-limit-in-match", "match-stack limit", "regex engine", "C
 _MAYBE_MEMORY = ("ImportError", "ModuleNotFoundError", "OSError", "RuntimeError")
 _NOTABLE = ("Error", "error", "panicked", "Fatal", "Killed", "limit", "abort", "Exception")
 
+
+# How long a child SIGKILLed at its time limit may take to be reaped. A cold child always is;
+# a forked one is killed by its template, which, if it does not within this, is ended itself.
+KILL_WAIT_S = 30.0
 
 _ACTIVE: set[subprocess.Popen] = set()
 _INTERRUPTED: set[int] = set()
@@ -92,6 +99,16 @@ def kill_active_children() -> int:
         with contextlib.suppress(OSError):
             child.kill()
     return len(children)
+
+
+def mark_children_interrupted(template: Any) -> int:
+    """Mark the active children forked from `template` as stopped by the shutdown, before the
+    shutdown ends the template (they die with it); how many. Their `run_child_module` then
+    raises ScoringInterrupted (the attempt is given back) instead of describing a SIGKILL."""
+    with _ACTIVE_LOCK:
+        pids = [child.pid for child in _ACTIVE if getattr(child, "template", None) is template]
+        _INTERRUPTED.update(pids)
+    return len(pids)
 
 
 class ScoringTimeout(TimeoutError):
@@ -348,7 +365,7 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     result_path = Path(result_name)
     result_path.unlink()
     try:
-        child = _forked_child(template, module, result_path)
+        child = _forked_child(template, module, result_path, memory_bytes)
         if child is None:
             child = subprocess.Popen(
                 [sys.executable, "-m", module, str(result_path)],
@@ -366,7 +383,7 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
             child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             child.kill()
-            child.wait()
+            _wait_killed(child)
             raise ScoringTimeout(f"{what} (pid {child.pid}) killed after the {timeout_s:g} s "
                                  "time limit") from None
         finally:
@@ -387,9 +404,27 @@ def run_child_module(module: str, stdin_text: str, *, what: str, prefix: str, ti
     return payload
 
 
-def _forked_child(template: Any, module: str, result_path: Path) -> Any:
-    """`module`'s child forked from `template` (None without one, or when it cannot fork)."""
-    if template is None:
+def _wait_killed(child: Any) -> None:
+    """Reap a child just SIGKILLed, within KILL_WAIT_S. A forked child is killed by its
+    template: one that has not within the bound is not acting on messages (hung), and is
+    ended, which ends its children and the wait. A cold child still unreaped is left."""
+    try:
+        child.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        template = getattr(child, "template", None)
+        if template is None:
+            return
+        log.warning("template %d did not kill its child %d within %g s; ending the template", template.proc.pid,
+                    child.pid, KILL_WAIT_S)
+        template.abort()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=KILL_WAIT_S)
+
+
+def _forked_child(template: Any, module: str, result_path: Path, memory_bytes: int | None) -> Any:
+    """`module`'s child forked from `template` (None without one, when it runs under another
+    address-space limit than `memory_bytes`, which its children inherit, or when it cannot fork)."""
+    if template is None or getattr(template, "memory_bytes", None) != memory_bytes:
         return None
     from monitor.scoring.template import TemplateUnavailable
 

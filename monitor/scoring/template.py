@@ -25,10 +25,11 @@ template when its pool has one, under the same bounds.
 
 Protocol: `python -m monitor.scoring.template CONTROL_FD`, CONTROL_FD one end of a
 `SOCK_SEQPACKET` socket pair. The template says `{"ready": PID}` once imported. A request
-`{"fork": {"module", "args", "env", "cwd"}}` comes with two or three file descriptors (the
+`{"fork": {"module", "args", "env", "cwd"}, "id": ID}` comes with two or three file descriptors (the
 child's stdin, its combined stdout and stderr, and a third the child is given as its last
 argument: a warm worker's status pipe); the child runs `module.main([*args, FD])` and exits.
-It is answered `{"forked": PID}`; `{"kill": PID}`
+It is answered `{"forked": PID, "id": ID}` (ID: the request's own `id`, so that an answer
+that comes after its fork gave up is never taken for another's); `{"kill": PID}`
 SIGKILLs a worker not yet reaped; `{"exit": PID, "returncode": N}` is sent when a worker
 has exited (N negative: the signal). End of the socket ends the template. Fail point
 (`LSTAR_FAILPOINT`): `hang_worker_template` sleeps for ever before the imports.
@@ -51,6 +52,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from monitor.scoring.memory_limit import PROBE_MODULES, limit_child
@@ -60,6 +62,10 @@ log = logging.getLogger(__name__)
 _MESSAGE_BYTES = 1 << 20
 # What a forked child may run (its `main(argv)`): a warm worker, or one active evaluation.
 CHILD_MODULES = {"monitor.scoring.warm": "monitor.scoring.warm", "monitor.curves.eval_child": "monitor.curves.eval_child"}
+
+
+# What the reader queues for a fork waiting on an answer once the template has ended.
+_ENDED = ("ended", None)
 
 
 class TemplateUnavailable(OSError):
@@ -152,24 +158,40 @@ def main(argv: list[str] | None = None) -> int:
         message, fds, _, _ = socket.recv_fds(control, _MESSAGE_BYTES, 3)
         if not message:
             break
-        request = json.loads(message)
+        try:
+            request = json.loads(message)
+        except ValueError:
+            request = None
+        if not isinstance(request, dict):
+            request = {}     # refused below: one bad message must not end every child of this template
         if "kill" in request:
-            if int(request["kill"]) in live:      # not reaped: the pid is still this worker's
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(TypeError, ValueError, OSError):
+                if int(request["kill"]) in live:      # not reaped: the pid is still this worker's
                     os.kill(int(request["kill"]), signal.SIGKILL)
-            continue
-        if len(fds) not in (2, 3) or request.get("fork", {}).get("module") not in CHILD_MODULES:
             for fd in fds:
                 os.close(fd)
-            control.send(json.dumps({"forked": None, "error": "not a fork request this template runs"}).encode())
             continue
-        pid = os.fork()
+        fork = request.get("fork")
+        if len(fds) not in (2, 3) or not isinstance(fork, dict) or fork.get("module") not in CHILD_MODULES:
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"forked": None, "id": request.get("id"),
+                                     "error": "not a fork request this template runs"}).encode())
+            continue
+        try:
+            pid = os.fork()
+        except OSError as exc:   # a process limit, memory: this child, not the template, fails
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"forked": None, "id": request.get("id"),
+                                     "error": f"fork failed: {type(exc).__name__}: {exc}"}).encode())
+            continue
         if pid == 0:
-            _become_worker(request["fork"], fds, [control.fileno(), wake_r, wake_w])
+            _become_worker(fork, fds, [control.fileno(), wake_r, wake_w])
         for fd in fds:
             os.close(fd)
         live.add(pid)
-        control.send(json.dumps({"forked": pid}).encode())
+        control.send(json.dumps({"forked": pid, "id": request.get("id")}).encode())
     return 0
 
 
@@ -206,25 +228,39 @@ class WorkerTemplate:
     Start it from a thread that lives as long as the pool: the template dies with the thread
     that forked it (`PR_SET_PDEATHSIG`), and its workers die with it."""
 
-    def __init__(self, *, memory_bytes: int | None, start_timeout_s: float) -> None:
+    def __init__(self, *, memory_bytes: int | None, start_timeout_s: float, log_path: Path | None = None) -> None:
         self.start_timeout_s = start_timeout_s
+        self.memory_bytes = memory_bytes       # the address-space limit its children inherit
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its output (a crash's trace, a traceback) goes where the workers' does: the scoring log.
+        output: Any = subprocess.DEVNULL
         try:
+            if log_path is not None:
+                output = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "monitor.scoring.template", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+                stdin=subprocess.DEVNULL, stdout=output, stderr=output, close_fds=True,
                 pass_fds=(theirs.fileno(),), preexec_fn=lambda: limit_child(memory_bytes))
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        self._control = ours
+            if output is not subprocess.DEVNULL:
+                output.close()
+        self._attach(ours)
+
+    def _attach(self, control: socket.socket) -> None:
+        """Start reading the template's messages from `control` (its end of the pair)."""
+        self._control = control
         self._send_lock = threading.Lock()
         self._fork_lock = threading.Lock()
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
-        self._forked: queue.Queue = queue.Queue()
+        self._forked: queue.Queue = queue.Queue()    # (request id, PID or why none) of each answer
+        self._requests = 0
+        self.forks = 0          # children forked so far
+        self.aborted = False    # ended by `abort` (the pool's shutdown), not by a failure
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._reader = threading.Thread(target=self._read, name="worker-template", daemon=True)
@@ -243,8 +279,13 @@ class WorkerTemplate:
                     continue
                 if "ready" in data:
                     self._ready.set()
-                elif "forked" in data:
-                    self._forked.put(data.get("forked"))
+                elif "forked" in data:   # (request id, PID, or why it forked none)
+                    if data.get("forked") is not None:
+                        # PIDs wrap: a new child may have the PID of one reaped before, whose
+                        # exit status must not make the new one look dead (or unkillable).
+                        with self._changed:
+                            self._exits.pop(int(data["forked"]), None)
+                    self._forked.put((data.get("id"), data.get("forked") or data.get("error")))
                 elif "exit" in data:
                     with self._changed:
                         self._exits[int(data["exit"])] = int(data["returncode"])
@@ -256,10 +297,14 @@ class WorkerTemplate:
             with self._changed:
                 self._gone.set()
                 self._changed.notify_all()
-            self._forked.put(None)
+            self._forked.put(_ENDED)
 
     def alive(self) -> bool:
         return not self._gone.is_set() and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """Running and done importing: a fork is answered at once."""
+        return self._ready.is_set() and self.alive()
 
     def returncode(self, pid: int) -> int | None:
         with self._changed:
@@ -301,11 +346,17 @@ class WorkerTemplate:
             stdin_r, stdin_w = os.pipe()
             out_r, out_w = os.pipe()
             why = "it stopped"
+            self._requests += 1
+            request_id = self._requests
             try:
                 fds = (stdin_r, out_w) if extra_fd is None else (stdin_r, out_w, extra_fd)
                 self._send({"fork": {"module": module, "args": list(args), "env": dict(os.environ),
-                                     "cwd": os.getcwd()}}, fds)
-                pid = self._forked.get(timeout=self.start_timeout_s)   # None: the template ended
+                                     "cwd": os.getcwd()}, "id": request_id}, fds)
+                pid = self._answer(request_id)
+            except TemplateUnavailable:
+                os.close(stdin_w)
+                os.close(out_r)
+                raise
             except OSError as exc:
                 pid, why = None, f"{type(exc).__name__}: {exc}"
             except queue.Empty:
@@ -318,16 +369,39 @@ class WorkerTemplate:
                 os.close(out_r)
                 raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
                                           f"forked no child: {why}")
+            self.forks += 1
         return ForkedWorker(self, int(pid), os.fdopen(stdin_w, "wb"), os.fdopen(out_r, "rb"))
 
+    def _answer(self, request_id: int) -> int | None:
+        """The PID the template forked for request `request_id` (None: it ended; it raises
+        TemplateUnavailable with the template's reason when it forked none). An answer to an earlier request that gave up waiting is dropped: it would
+        otherwise name another child. Raises queue.Empty past the start timeout."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            answer_id, pid = self._forked.get(timeout=max(0.0, deadline - time.monotonic()))
+            if (answer_id, pid) == _ENDED:          # the template ended
+                self._forked.put(_ENDED)            # for any later fork too
+                return None
+            if answer_id == request_id:
+                if not isinstance(pid, int):   # it forked none: why, in its words
+                    raise TemplateUnavailable(f"the scoring workers' template process (pid {self.proc.pid}) "
+                                              f"forked no child: {pid or 'no reason given'}")
+                return pid
+            if isinstance(pid, int):   # a late answer: its child got no pipes of ours; make sure it ends
+                self.kill(pid)
+
     def abort(self) -> None:
-        """SIGKILL the template (the shutdown): a fork waiting for it fails at once, and its
-        children die with it."""
+        """SIGKILL the template (the shutdown, or the pool giving it up): a fork waiting for it
+        fails at once, and its children die with it."""
+        self.aborted = True
         with contextlib.suppress(OSError):
             self.proc.kill()
 
     def close(self) -> None:
-        """End the template (its workers should be stopped first: they die with it)."""
+        """End the template (its workers should be stopped first: they die with it). One not
+        ready yet (importing, or hung) reads no end of its socket: it is killed at once."""
+        if not self._ready.is_set():
+            self.abort()
         with contextlib.suppress(OSError):
             self._control.shutdown(socket.SHUT_RDWR)
         try:

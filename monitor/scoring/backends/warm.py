@@ -39,7 +39,8 @@ from typing import Any
 from monitor.scoring.backends.base import ScoreError, ScoreJob, ScoreOutcome, workdir_default
 from monitor.scoring.backends.local import check_corpus
 from monitor.scoring.child import (ScoringInterrupted, ScoringTimeout, _death_error, _envelope, _OutputTail,
-                                   error_from_payload, physical_memory, scored_from_payload)
+                                   error_from_payload, mark_children_interrupted, physical_memory,
+                                   scored_from_payload)
 from monitor.scoring.engine import ScoredRun
 from monitor.scoring.memory_limit import PROBE_TIMEOUT_S, limit_child, proc_status_bytes
 from monitor.scoring.template import ForkedWorker, TemplateUnavailable, WorkerTemplate
@@ -56,6 +57,9 @@ STOP_WAIT_S = 5.0
 START_TIMEOUT_S = PROBE_TIMEOUT_S
 # How long a slot waits before replacing a worker that died with no job.
 IDLE_RESTART_WAIT_S = 5.0
+# After this many templates that stopped or could not fork, the pool's workers start on their
+# own (a template that never forked a child is not tried again at all).
+MAX_TEMPLATE_FAILURES = 3
 
 
 def resident_bytes(pid: int) -> int | None:
@@ -227,6 +231,7 @@ class WarmBackend:
         self.use_template = use_template
         self._template: WorkerTemplate | None = None
         self.templates_started = 0
+        self._template_failures = 0
         self._spawning = 0       # slots waiting for a worker to be forked (the template may still import)
         self._interrupts = 0     # interrupt() calls that ended such a wait
 
@@ -241,26 +246,70 @@ class WarmBackend:
 
     def _template_for_spawn(self) -> WorkerTemplate | None:
         """The pool's template process, started on first use (from a slot thread, which lives
-        as long as the pool: the template dies with it); None when templates are off."""
-        if not self.use_template:
-            return None
+        as long as the pool: the template dies with it); None when templates are off, or
+        given up (`_give_up_template`)."""
         with self._lock:
-            if self._template is not None and not self._template.alive():
-                log.warning("the scoring workers' template process (pid %d) stopped (exit code %s); starting "
-                            "another", self._template.proc.pid, self._template.proc.poll())
-                self._template.close()
-                self._template = None
-            if self._template is None and not self._closed.is_set():
-                self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S)
-                self.templates_started += 1
-            return self._template
+            dead = self._template if self._template is not None and not self._template.alive() else None
+        if dead is not None:
+            self._give_up_template(dead, f"the scoring workers' template process (pid {dead.proc.pid}) stopped "
+                                         f"(exit code {dead.proc.poll()})")
+        failed: str | None = None
+        with self._lock:
+            if self._template is None and self.use_template and not self._closed.is_set():
+                try:
+                    self._template = WorkerTemplate(memory_bytes=self.memory_bytes, start_timeout_s=START_TIMEOUT_S,
+                                                    log_path=self.log_path)
+                except OSError as exc:   # not the job's failure: its worker starts on its own
+                    self.use_template = False
+                    failed = f"the scoring workers' template process could not start ({type(exc).__name__}: {exc})"
+                else:
+                    self.templates_started += 1
+            template = self._template if self.use_template else None
+        if failed is not None:
+            log.warning("%s; the pool's scoring workers start on their own from now on", failed)
+        return template
+
+    def _template_failed(self, template: WorkerTemplate, why: str) -> None:
+        """A fork from `template` failed. A template still running and ready (its fork()
+        failed: a process limit, memory) is kept, with its other children, until the
+        MAX_TEMPLATE_FAILURES-th failure; any other is given up."""
+        if template.ready():
+            with self._lock:
+                self._template_failures += 1
+                keep = self._template_failures < MAX_TEMPLATE_FAILURES
+            if keep:
+                log.warning("%s; this scoring worker starts on its own", why)
+                return
+        self._give_up_template(template, why, counted=template.ready())
+
+    def _give_up_template(self, template: WorkerTemplate, why: str, *, counted: bool = False) -> None:
+        """End a template that stopped or could not fork (its children die with it), and log
+        it once. A template that never forked a child (it cannot start: hung, or crashed in
+        its imports), or the MAX_TEMPLATE_FAILURES-th, turns templates off for this pool: a
+        new one would cost every worker the start timeout again, or the imports for nothing."""
+        with self._lock:
+            if self._template is not template:     # another slot gave it up already
+                return
+            self._template = None
+            failed = not template.aborted          # aborted: ended by this pool's shutdown, not a failure
+            if failed:
+                self._template_failures += 0 if counted else 1
+                if template.forks == 0 or self._template_failures >= MAX_TEMPLATE_FAILURES:
+                    self.use_template = False
+            then = "another starts with the next worker" if self.use_template else \
+                "the pool's scoring workers start on their own from now on"
+        if failed:
+            log.warning("%s; %s", why, then)
+        template.abort()
+        template.close()
 
     def live_template(self) -> WorkerTemplate | None:
-        """The pool's template process if one is running (None otherwise; never starts one),
-        for other children under the same limits to be forked from (active evaluations)."""
+        """The pool's template process if one is running and ready (None otherwise; never
+        starts one), for other children under the same limits to be forked from (active
+        evaluations): one still importing would hold an evaluation up to the start timeout."""
         with self._lock:
             template = self._template
-        return template if template is not None and template.alive() else None
+        return template if template is not None and template.ready() else None
 
     def _spawn(self) -> WarmWorker:
         with self._lock:
@@ -278,7 +327,7 @@ class WarmBackend:
                     if interrupted or self._closed.is_set():   # the shutdown ended the template meanwhile
                         raise ScoringInterrupted("a scoring worker was still starting when the shutdown "
                                                  "stopped the score") from None
-                    log.warning("%s; starting a scoring worker on its own", exc)
+                    self._template_failed(template, str(exc))
                     worker = None   # a worker that imports on its own, as without a template
             if worker is None:
                 worker = WarmWorker(memory_bytes=self.memory_bytes, log_path=self.log_path)
@@ -308,8 +357,8 @@ class WarmBackend:
                 if worker is None:
                     try:
                         worker = self._spawn()
-                    except (OSError, ScoringInterrupted):
-                        worker = None     # the job below says why, from a cold attempt of its own
+                    except Exception:  # noqa: BLE001 - not only OSError: a slot that lost its thread
+                        worker = None     # would leave its jobs waiting for ever; the job below says why
                 try:
                     item = self._queue.get(timeout=0.5)
                 except queue.Empty:
@@ -347,7 +396,7 @@ class WarmBackend:
         try:
             if worker is None:
                 worker = self._spawn()
-        except (OSError, ScoringInterrupted) as exc:
+        except Exception as exc:  # noqa: BLE001 - the job's error, whatever kept its worker from starting
             return ScoreOutcome(job, error=ScoreError.from_exception(exc), worker=socket.gethostname()), None, None
         where = f"{socket.gethostname()}:{worker.pid}"
         with self._lock:
@@ -411,7 +460,9 @@ class WarmBackend:
                 worker.proc.kill()
         if spawning and template is not None:
             # A slot still waits for the template (importing torch) to fork its worker: ending
-            # the template ends the wait, and that job ends ScoringInterrupted too.
+            # the template ends the wait, and that job ends ScoringInterrupted too, as do the
+            # evaluations forked from it (marked first: they die with it).
+            mark_children_interrupted(template)
             template.abort()
         return len(busy) + spawning
 
@@ -421,6 +472,7 @@ class WarmBackend:
         with self._lock:
             spawning, template = self._spawning, self._template
         if spawning and template is not None:
+            mark_children_interrupted(template)
             template.abort()   # a slot waiting for the template to fork would hold the close up
         for _ in self._threads:
             self._queue.put(None)
