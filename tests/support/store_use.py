@@ -13,6 +13,7 @@ attribute>`, is not followed, and neither is a call whose function is chosen at 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -155,6 +156,8 @@ def follow(target: Any, place: int | str, seen: set[tuple[str, str]]) -> set[str
         if param is None:
             return set()
         tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+        if dataclasses.is_dataclass(target):   # its generated __init__ has no source: a field keeps its name
+            return _uses(tree, param, module, seen, on_self=param)
         init_tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
         return _uses(tree, param, module, seen, on_self=_kept_as(init_tree, param))
     param = _param(target, place, bound=False)
