@@ -346,6 +346,9 @@ class WarmBackend:
     def _slot(self, slot: int) -> None:
         """One worker's life: start it (warming while idle), run jobs, replace it when due."""
         worker: WarmWorker | None = None
+        # Start a worker while idle, except after a shutdown interrupted a start: the daemon is
+        # stopping, and a job that still comes starts its own (`_run_one`).
+        warm = True
         try:
             while not self._closed.is_set():
                 if worker is not None and not worker.alive():
@@ -354,9 +357,11 @@ class WarmBackend:
                     # Not at once: a worker that cannot start would otherwise be restarted in a loop.
                     if self._closed.wait(IDLE_RESTART_WAIT_S):
                         break
-                if worker is None:
+                if worker is None and warm:
                     try:
                         worker = self._spawn()
+                    except ScoringInterrupted:
+                        warm = False
                     except Exception:  # noqa: BLE001 - not only OSError: a slot that lost its thread
                         worker = None     # would leave its jobs waiting for ever; the job below says why
                 try:
@@ -375,6 +380,7 @@ class WarmBackend:
                         "the shutdown stopped the score before its scoring worker had started")),
                         worker=socket.gethostname()))
                     continue
+                warm = True
                 try:
                     outcome, worker, why = self._run_one(slot, worker, job)
                 except Exception as exc:  # a fault of the pool, not the job: it goes back to the queue
