@@ -20,24 +20,33 @@ def _figure():
     return fig
 
 
-def test_one_draw_and_the_same_pixels(monkeypatch) -> None:
-    plt = pyplot()
-    from matplotlib.figure import Figure
-
-    # the previous path: laid out, then saved with the layout engine tight_layout leaves behind
+def _two_draw_png() -> bytes:
+    """The previous path: laid out, then saved with the layout engine tight_layout leaves behind."""
     old = _figure()
     guard_ticks(old)
     old.tight_layout()
     buf = io.BytesIO()
     old.savefig(buf, format="png")
-    plt.close(old)
+    pyplot().close(old)
+    return buf.getvalue()
 
-    draws = []
+
+def _count_draws(monkeypatch) -> list[int]:
+    """A list that gains an item each time a figure is drawn from now on."""
+    from matplotlib.figure import Figure
+
+    draws: list[int] = []
     original = Figure.draw
     monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), original(self, renderer))[1])
+    return draws
+
+
+def test_one_draw_and_the_same_pixels(monkeypatch) -> None:
+    old = _two_draw_png()
+    draws = _count_draws(monkeypatch)
     new = png(_figure())
     assert len(draws) == 1
-    assert new == buf.getvalue()
+    assert new == old
 
 
 @pytest.mark.parametrize("rc", [{"figure.autolayout": True}, {"figure.constrained_layout.use": True}])
@@ -46,21 +55,11 @@ def test_an_operators_layout_setting_adds_no_second_layout(monkeypatch, rc) -> N
     `figure.constrained_layout.use`) must not put one back after `tight_layout`: the figure
     would be laid out again when saved (a second draw; constrained layout moves the axes)."""
     import matplotlib
-    from matplotlib.figure import Figure
 
-    plt = pyplot()
     with matplotlib.rc_context(rc), warnings.catch_warnings():
         warnings.simplefilter("ignore")          # "The figure layout has changed to tight"
-        old = _figure()
-        guard_ticks(old)
-        old.tight_layout()
-        buf = io.BytesIO()
-        old.savefig(buf, format="png")
-        plt.close(old)
-
-        draws = []
-        original = Figure.draw
-        monkeypatch.setattr(Figure, "draw", lambda self, renderer: (draws.append(1), original(self, renderer))[1])
+        old = _two_draw_png()
+        draws = _count_draws(monkeypatch)
         new = png(_figure())
     assert len(draws) == 1
-    assert new == buf.getvalue()
+    assert new == old

@@ -56,6 +56,19 @@ class FakeTemplate:
         self.template._control.close()
 
 
+def template_running(script: str) -> tuple[WorkerTemplate, subprocess.Popen, socket.socket]:
+    """A real template process running `script` (its control socket's descriptor as its
+    argument), attached to as the pool attaches: the template, its process, our socket end."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(theirs.fileno())],
+                            pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    theirs.close()
+    template = WorkerTemplate.__new__(WorkerTemplate)
+    template.start_timeout_s, template.memory_bytes, template.proc = 30.0, None, proc
+    template._attach(ours)
+    return template, proc, ours
+
+
 @pytest.fixture
 def fake():
     template = FakeTemplate()
@@ -385,13 +398,7 @@ def test_a_fork_that_fails_in_the_template_does_not_end_the_template(tmp_path):
     """fork() failing once in the template (EAGAIN: a process limit, memory) is answered
     "forked no child"; the template goes on, with its other children, and the next fork
     succeeds. (Before: the template died of it, and every worker and evaluation with it.)"""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = subprocess.Popen([sys.executable, "-c", FORK_FAILS_ONCE, str(theirs.fileno())],
-                            pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": os.getcwd()})
-    theirs.close()
-    template = WorkerTemplate.__new__(WorkerTemplate)
-    template.start_timeout_s, template.memory_bytes, template.proc = 30.0, None, proc
-    template._attach(ours)
+    template, proc, _ = template_running(FORK_FAILS_ONCE)
     try:
         with pytest.raises(TemplateUnavailable, match="Resource temporarily unavailable"):
             template.fork_module("monitor.curves.eval_child", (str(tmp_path / "a.json"),))
@@ -440,13 +447,7 @@ sys.exit(template.main([sys.argv[1]]))
 def test_a_malformed_request_is_refused_and_the_template_goes_on(tmp_path):
     """A request that is not JSON, not an object, or a kill of no PID is refused (its
     descriptors closed), not the end of the template and of every child it forked."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = subprocess.Popen([sys.executable, "-c", NO_IMPORTS, str(theirs.fileno())],
-                            pass_fds=(theirs.fileno(),), env={**os.environ, "PYTHONPATH": os.getcwd()})
-    theirs.close()
-    template = WorkerTemplate.__new__(WorkerTemplate)
-    template.start_timeout_s, template.memory_bytes, template.proc = 30.0, None, proc
-    template._attach(ours)
+    template, proc, ours = template_running(NO_IMPORTS)
     try:
         wait_for(template.ready, timeout=30)
         for raw in (b"not json", b"[1, 2]", b'{"kill": "x"}', b'{"fork": 3, "id": 9}'):
