@@ -378,6 +378,7 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "lab.json").read_bytes() == first
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in written} == written
+    _check_a_sitting_elsewhere_reuses_the_record(args, out, first, lineages, shared_dir, tmp_path)
 
     # a third sitting from a folder of candidates: the family set is checked first, the kept
     # families are raced (their lineages reused by content) and the record keeps the set
@@ -391,3 +392,42 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     assert record.family_set is not None and record.family_set.kept == ["gpt2", "smollm2"]
     assert set(record.family_set.dropped) == {"pool-bpe-1k", "gpt2-merges-8k"} and record.family_set.cutoff == 0.96
     assert json.loads(proc.stdout) == race_rows_v3(record)
+
+
+def _check_a_sitting_elsewhere_reuses_the_record(args: list[str], out: Path, first: bytes, lineages: tuple[str, ...],
+                                                 shared_dir: Path, tmp_path: Path) -> None:
+    """A sitting on another machine: an empty folder given the first sitting's lab.json
+    (`--reuse`) takes every lineage from it, writing the first sitting's scores.json byte for
+    byte (its key recomputed from this run's inputs) and the same lab.json, and trains and
+    scores nothing (no timing.json). A record whose lineage differs from this run in a setting,
+    the tokenizer's files or the data assignment gives that lineage nothing."""
+    from support.cli_run import lstar_in_process
+
+    from monitor.lab.config import race_v3_reduced_config
+    from monitor.lab.race_v3 import lineage_key_v3, prepare_race_v3
+    from monitor.lab.reuse_v3 import read_reusable_record, reuse_lineages
+
+    elsewhere = tmp_path / "elsewhere"
+    moved = [str(elsewhere) if a == str(out) else a for a in args]
+    proc = lstar_in_process(*moved, "--reuse", str(out / "lab.json"), "--workers", "1",
+                            env={"DISABLE_SAFETENSORS_CONVERSION": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (elsewhere / "lab.json").read_bytes() == first
+    for lineage in lineages:
+        assert (elsewhere / lineage / "scores.json").read_bytes() == (out / lineage / "scores.json").read_bytes()
+        assert not (elsewhere / lineage / "timing.json").exists()
+
+    config = race_v3_reduced_config(_pool(), shared_dir).validate()
+    inputs = prepare_race_v3(config, tmp_path / "inputs")
+    record = read_reusable_record(out / "lab.json")
+    record["config"]["lr"] = record["config"]["lr"] * 2
+    target = tmp_path / "tampered"
+    outcome = reuse_lineages(config, inputs, record, target, lambda f, s: lineage_key_v3(config, f, s, inputs))
+    assert outcome == {name: "not reused: setting lr differs" for name in lineages}
+    record = read_reusable_record(out / "lab.json")
+    record["families"][0]["tokenizer_sha256"] = "0" * 64
+    record["data"][1]["order_sha256"] = "0" * 64
+    outcome = reuse_lineages(config, inputs, record, target, lambda f, s: lineage_key_v3(config, f, s, inputs))
+    assert outcome == {lineages[0]: "not reused: tokenizer files differ",
+                       lineages[1]: "not reused: data assignment differs"}
+    assert not target.exists() or not any(target.glob("*/scores.json"))

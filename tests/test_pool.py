@@ -381,6 +381,26 @@ def test_a_changed_build_is_refused_against_its_pins(world: dict, tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
+def test_a_rebuild_takes_its_label_from_the_pins_so_the_check_runs(world: dict, tmp_path: Path) -> None:
+    """Pins of a pool labelled v2: a rebuild given no --version is labelled v2 (the same manifest
+    as the pins), and a changed split is refused. Labelled v1 by default, the rebuild's label
+    differed from the pins' and the split check was skipped."""
+    manifest = json.loads((world["pool"] / "manifest.json").read_text())
+    manifest["version"] = "v2"
+    for info in manifest["splits"].values():
+        info["version"] = "v2"
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps(manifest))
+    built = build_pool(tmp_path / "out", None, cache=world["cache"], exclude=world["exclude"], pins=pins)
+    assert built.manifest == manifest
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text()) == manifest
+    manifest["splits"]["tasks"]["sha256"] = "f" * 64
+    pins.write_text(json.dumps(manifest))
+    with pytest.raises(CorpusError, match=r"differs from .*pins\.json in split\(s\) tasks"):
+        build_pool(tmp_path / "again", None, cache=world["cache"], exclude=world["exclude"], pins=pins)
+    assert not (tmp_path / "again").exists()
+
+
 def test_load_pool_verifies_against_its_manifest(world: dict, tmp_path: Path) -> None:
     train, heldout, tasks = load_pool(world["pool"], pins=world["pool"] / "manifest.json")
     assert (train.name, heldout.name, tasks.name) == ("lab-pool-train", "lab-pool-heldout", "lab-pool-tasks")

@@ -111,8 +111,9 @@ def _build_pool_command(corpus_app: typer.Typer) -> None:
                 help="Corpus folder whose documents the pool must not contain (repeatable)."),
             sample: bool = typer.Option(False, "--sample", help="Keep a small deterministic sample "
                                         "(about 340 kB of text) in the same layout."),
-            name: str = typer.Option("lab-pool", "--name", help="Pool name (corpora are NAME-train, ...)."),
-            version: str = typer.Option("v1", "--version", help="Pool version."),
+            name: str = typer.Option(None, "--name", help="Pool name (corpora are NAME-train, ...; "
+                                     "default: that of --pins, else lab-pool)."),
+            version: str = typer.Option(None, "--version", help="Pool version (default: that of --pins, else v1)."),
             as_json: bool = json_option("Print the pool manifest's summary as JSON."),
     ) -> None:
         """Build the lab's text pool from Debian packages: train / heldout / tasks corpora."""

@@ -230,6 +230,9 @@ def _run3_command(lab: typer.Typer) -> None:
              families: str = typer.Option(None, "--families", help="Comma-separated families (default: all of them; "
                                                                    "with --families-dir, every kept one)."),
              seeds: str = SEEDS_OPTION, workers: int = WORKERS_OPTION,
+             reuse: list[Path] = typer.Option(None, "--reuse", help="A v3 lab.json of an earlier sitting (another "
+                                              "machine's): its lineages whose settings, inputs, tokenizer and data "
+                                              "are this run's by content are reused. Repeatable."),
              as_json: bool = json_option("Print the race rows (race_rows_v3) as JSON.")) -> None:
         """Lab v3: train and score every (family, seed) lineage of one size, each on its own pinned data.
 
@@ -241,17 +244,20 @@ def _run3_command(lab: typer.Typer) -> None:
         races every kept family, and a full-size race with fewer than 20 kept is refused; with
         --families (the pilot) each one named must be kept.
 
-        Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage. --size reduced: the CI size.
+        Writes OUT/lab.json (lstar-lab/3); a rerun resumes per lineage, and --reuse takes the
+        lineages of a lab.json written elsewhere. --size reduced: the CI size.
         docs/lab.md, "Lab v3", has the details and the commands of the pilot and the race."""
         from monitor.lab.family_set import FamilySetRule
         from monitor.lab.race_v3 import run_race_v3
         from monitor.lab.records_v3 import race_rows_v3
+        from monitor.lab.reuse_v3 import read_reusable_record
 
         config = _config_v3(size, shared, pool, families_dir, families, seeds)
+        earlier = [read_reusable_record(path) for path in reuse or ()]
         rule = None if families_dir is None else FamilySetRule.preregistered(
             chosen=None if families is None else config.families, full_race=size == "full",
             at_most=len(config.families) if size == "reduced" else None)
-        record = run_race_v3(config, out, workers=workers, progress=not as_json, family_set=rule)
+        record = run_race_v3(config, out, workers=workers, progress=not as_json, family_set=rule, reuse=earlier)
         if as_json:
             print(json.dumps(race_rows_v3(record), indent=1, allow_nan=False))
         else:

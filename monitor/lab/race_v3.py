@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from monitor.lab.race import (LOCATION_SETTINGS, OOS_ALPHA, ROUND_TRIP_TRAIN_CHU
                               tokenizer_sha256)
 from monitor.lab.records import write_lab
 from monitor.lab.records_v3 import LAB_SCHEMA_V3, PRIMARY_TEXT, SECONDARY_TEXT, LabRecordV3
+from monitor.lab.reuse_v3 import reuse_lineages
 from monitor.lab.tasks import ADD_TASK, POOL_CLOZE_TASK, addition_items, pool_cloze_items, write_task
 from monitor.lab.text import problems_to_twenty
 
@@ -228,10 +230,13 @@ def family_set_v3(config: RaceConfigV3, inputs: RaceInputsV3, rule: FamilySetRul
 
 
 def run_race_v3(config: RaceConfigV3, out: str | Path, *, workers: int = 2, progress: bool = True,
-                preregistration: Path = PREREGISTRATION, family_set: FamilySetRule | None = None) -> LabRecordV3:
+                preregistration: Path = PREREGISTRATION, family_set: FamilySetRule | None = None,
+                reuse: Sequence[dict[str, Any]] = ()) -> LabRecordV3:
     """Run (or resume) lab v3 into `out` and write `out/lab.json`. With `family_set` the
     families of `config.tokenizers_dir` are checked first (`family_set_v3`) and the run races
-    the families it keeps (or those chosen, each of them kept)."""
+    the families it keeps (or those chosen, each of them kept). Each record of `reuse` (a v3
+    lab.json as read by `reuse_v3.read_reusable_record`) gives the folder the lineages whose
+    inputs are this run's by content (`reuse_v3.reuse_lineages`): a sitting on another machine."""
     config.validate()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,6 +252,11 @@ def run_race_v3(config: RaceConfigV3, out: str | Path, *, workers: int = 2, prog
         if progress:
             print(f"family set: {len(checked['kept'])} kept of {len(checked['candidates'])} at cut-off "
                   f"{checked['cutoff']:g}; racing {', '.join(checked['raced'])}", flush=True)
+    for earlier in reuse:
+        outcome = reuse_lineages(config, inputs, earlier, out, lambda f, s: lineage_key_v3(config, f, s, inputs))
+        if progress:
+            for name, what in outcome.items():
+                print(f"{name}: {what}", flush=True)
     families = family_checks_v3(config, inputs)
     jobs = race_v3_jobs(config)
     results = run_lineage_jobs(jobs, _worker, lambda job: (config, *job, out, inputs),

@@ -315,18 +315,21 @@ def checked_package_names(packages: Sequence[str] | None, pinned: Mapping[str, A
 
 def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: str | Path,
                exclude: Sequence[str | Path], pins: str | Path | None = None,
-               sample: bool = False, name: str = "lab-pool", version: str = "v1") -> PoolBuild:
+               sample: bool = False, name: str | None = None, version: str | None = None) -> PoolBuild:
     """Build a pool folder at `out_dir` (which must not exist or be empty) from `packages`.
 
     `cache` holds the .debs (missing ones are fetched with `apt-get download`); `exclude`
     names corpus folders whose documents the pool must not contain; `pins` (a pool
     manifest) fixes each package's version and sha256 and, for a build of the same kind,
     the resulting corpora, so that a rebuild either reproduces the pool exactly or fails.
+    `name` and `version` default to those of `pins` (a rebuild labelled otherwise would hash
+    differently and escape the check), else lab-pool v1.
     """
     out, cache = Path(out_dir), Path(cache)
     check_empty_output(out, "a pool")
     pinned, pins_data = (load_pins(Path(pins)) if pins is not None else ({}, {}))
     names = checked_package_names(packages, pinned, pins, building="pool")
+    name, version = _label(name, version, pins_data)
     excluded, calib = load_exclusions(exclude)
 
     debs, sources, units = _read_packages(names, cache, pinned, pins)
@@ -371,6 +374,12 @@ def build_pool(out_dir: str | Path, packages: Sequence[str] | None, *, cache: st
         _check_rebuild(split_info, pins_data, pins)
     _write(out, texts, manifest_json(manifest))
     return PoolBuild(path=out, manifest=manifest)
+
+
+def _label(name: str | None, version: str | None, pins_data: Mapping[str, Any]) -> tuple[str, str]:
+    """The pool's name and version: as given, else the pins' (a sample's pins name NAME-sample)."""
+    pinned_name = str(pins_data.get("name") or "lab-pool").removesuffix("-sample")
+    return name or pinned_name, version or str(pins_data.get("version") or "v1")
 
 
 def _read_packages(names: Sequence[str], cache: Path, pinned: Mapping[str, Any],
