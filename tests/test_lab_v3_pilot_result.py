@@ -65,3 +65,28 @@ def test_the_docs_quote_the_gate():
         assert float(row[2]) == round(axis["always_above_error"], 3)
         assert float(row[3]) == round(axis["shuffled_mean_error"], 3)
         assert (row[4] == "yes") == axis["passed"]
+
+
+def test_the_rerun_on_another_machine_is_what_the_docs_say():
+    """gpt2 seed 0 trained again on another machine (benchmarks/results/lab-v3/race/rerun/): the
+    same data, the held-out L* apart by the amounts docs/lab.md quotes, checkpoint by checkpoint,
+    and the same checkpoints above the gate's level."""
+    record = json.loads((PILOT / "lab.json").read_text())
+    rerun = json.loads((ROOT / "benchmarks/results/lab-v3/race/rerun/gpt2-large-s0.json").read_text())
+    pilot = [c for c in record["checkpoints"] if (c["family"], c["seed"]) == ("gpt2", 0)]
+    data = [d for d in record["data"] if (d["family"], d["seed"]) == ("gpt2", 0)]
+    assert rerun["data"] == data[0]
+    assert [c["bytes_seen"] for c in pilot] == [c["bytes_seen"] for c in rerun["checkpoints"]]
+    gaps = [abs(b["texts"]["heldout"]["lstar"] - a["texts"]["heldout"]["lstar"])
+            for a, b in zip(pilot, rerun["checkpoints"], strict=True)]
+    assert [f"{g:.1e}" for g in gaps] == ["1.6e-06", "1.3e-05", "1.0e-04", "2.2e-04", "4.0e-04", "2.7e-03"]
+    last = (pilot[-1]["tasks"]["add-words"], rerun["checkpoints"][-1]["tasks"]["add-words"])
+    assert [f"{t['logp_correct']:.3f}" for t in last] == ["-1.671", "-1.511"]
+    assert [f"{t['acc']:.3f}" for t in last] == ["0.368", "0.390"]
+    level = json.loads((PILOT / "pilot-gate.json").read_text())["pilot_gate"]["level"]
+    assert f"{level:.3f}" == "-2.639"
+    above = [[c["tasks"]["add-words"]["logp_correct"] > level for c in run] for run in (pilot, rerun["checkpoints"])]
+    assert above[0] == above[1] == [False, False, True, True, True, True]
+    text = (ROOT / "docs" / "lab.md").read_text()
+    for quoted in ("1.6e-6", "2.7e-3", "−1.511 against −1.671", "0.390 against 0.368", "(−2.639)"):
+        assert quoted in text
