@@ -1,5 +1,5 @@
 """Gemma 3 270M (`builtin:gemma3-270m`, dequantised from Q4_K_M, from the PyPI chunk packages):
-the conversion, and two calib-v0 documents scored by the engine against lm-eval's rolling
+the conversion, and two short calib-v0 documents scored by the engine against lm-eval's rolling
 loglikelihood computed by the independent loop of test_smollm2."""
 
 from __future__ import annotations
@@ -19,11 +19,17 @@ from tests.test_smollm2 import lm_eval_rolling_loglikelihood
 # Needs PyPI once (about 240 MB of wheels), then the cached conversion.
 pytestmark = pytest.mark.slow
 
-# Two documents (2,006 Gemma tokens; the first alone spans 13 windows of 128) check the engine
-# against the loop as well as five (5,371 tokens) did: every token costs two forward passes of
-# a 270M model with a 262k-id output layer, most of this file's CPU time.
-N_DOCS = 2
+# Every token costs two forward passes of a 270M model with a 262k-id output layer (the
+# engine's and the loop's), most of this file's CPU time. Two short encyclopedic documents, the
+# first and third of that slice (238 and 315 Gemma tokens, 553 in all), have every kind of
+# window the comparison needs: each a full first window of 128 and a last one that scores fewer
+# than 128 tokens, the second a full window between them. In batches of 4 the first batch holds
+# windows of both documents and the second document's last window is in the next batch, as
+# with the first two calib-v0 documents (2,006 tokens, 16 windows in batches of 8) before.
+SELECTION = {"slices": ["encyclopedic"], "every": 2, "docs": 2}
+N_WINDOWS = 5
 MAX_LENGTH = 128
+BATCH_SIZE = 4
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +54,20 @@ def test_converted_checkpoint_says_it_is_dequantised(gemma3_dir):
 
 
 def test_two_documents_score_as_lm_eval_rolling_loglikelihood(gemma3_dir, calib_v0):
-    result = score_checkpoint(ScoreRequest(model="builtin:gemma3-270m", corpus_dir=calib_v0, docs=N_DOCS,
-                                           max_context=MAX_LENGTH, disjoint=True, dtype="float32", device="cpu",
-                                           with_tcb=False, n_boot=10, progress=False), db_path=None)
+    result = score_checkpoint(ScoreRequest(model="builtin:gemma3-270m", corpus_dir=calib_v0, **SELECTION,
+                                           max_context=MAX_LENGTH, disjoint=True, batch_size=BATCH_SIZE,
+                                           dtype="float32", device="cpu", with_tcb=False, n_boot=10,
+                                           progress=False), db_path=None)
     assert result["model"]["note"] == "dequantised from Q4_K_M"
     handle = load_tokenizer(gemma3_dir)
-    corpus = load_corpus(calib_v0).select(first=N_DOCS)
+    corpus = load_corpus(calib_v0).select(slices=SELECTION["slices"], every=SELECTION["every"],
+                                          first=SELECTION["docs"])
+    assert result["corpus"]["sha256"] == corpus.sha256 and len(corpus.documents) == 2
     model = load_checkpoint(str(gemma3_dir), dtype="float32", device="cpu").model
     seqs = handle.encode_documents(corpus)
+    # every document spans windows, and a last window is partial (disjoint windows of 128)
+    assert all(len(s) > MAX_LENGTH and len(s) % MAX_LENGTH for s in seqs)
+    assert sum(-(-len(s) // MAX_LENGTH) for s in seqs) == N_WINDOWS > BATCH_SIZE
     total = sum(lm_eval_rolling_loglikelihood(model, list(ids), handle.prefix_token_id, MAX_LENGTH) for ids in seqs)
     assert result["n_tokens"] == sum(len(s) for s in seqs)
     assert result["nll_sum"] == pytest.approx(-total, rel=1e-4)
