@@ -135,6 +135,9 @@ def test_an_at_risk_checkpoint_is_evaluated_once_through_a_sigkill_within_the_bu
     assert obs["attempts"] == 2 and len(obs["meta"]["interrupted"]) == 1
     assert len(eval_runs) == 1 and obs["eval_run_id"] == eval_runs[0]["run_id"]
     assert json.loads(eval_runs[0]["metrics"])["acc"]["value"] == 1.0
+    # the child's thread count is kept: float32 sums differ in the last places between counts
+    threads = json.loads(eval_runs[0]["model"])["threads"]
+    assert isinstance(threads, int) and threads >= 1
     # every item right: Clopper-Pearson at 0.9 gives [0.05 ** (1/20), 1]
     assert (obs["observed"], obs["n"], obs["k"]) == (1.0, ITEMS, ITEMS)
     assert obs["observed_lo"] == pytest.approx(0.05 ** (1 / ITEMS), rel=1e-9) and obs["observed_hi"] == 1.0

@@ -286,9 +286,10 @@ def test_an_address_nothing_answers_on_is_refused_at_once():
     check_reachable("auto")           # left to Ray
 
 
-def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, backend):
+def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, backend, monkeypatch):
     """The daemon's evaluations go to the cluster with `--scoring-backend ray`
-    (`RayBackend.call`): the same child, the same numbers as the local one."""
+    (`RayBackend.call`): the same child, the same numbers as the local one at the same thread
+    count."""
     from monitor.curves.eval_child import EvalSpec, evaluate_on_ray, run_evaluation_child
     from tests.test_daemon_observe import mc_task
 
@@ -299,9 +300,20 @@ def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, ba
     task = mc_task(tmp_path / "mc.jsonl", right=True, items=6)
     spec = EvalSpec(model_dir=str(model), kind="multiple_choice", metric="acc", file=str(task))
     remote = evaluate_on_ray(backend, spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
-    local = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
     assert (remote["value"], remote["n"], remote["k"]) == (1.0, 6, 6)
+    # Ray gives a task reserving one CPU one thread (OMP_NUM_THREADS); float32 sums depend on
+    # the thread count, so the local child is run with the count the remote one reports
+    assert remote["threads"] == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", str(remote["threads"]))
+    local = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
+    assert local["threads"] == remote["threads"]
     assert remote["metrics"] == local["metrics"] and remote["task_sha256"] == local["task_sha256"]
+    # with two threads the same sums come out in another order: equal to float32 rounding
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    two = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
+    assert two["threads"] == 2
+    for name, entry in remote["metrics"].items():
+        assert two["metrics"][name]["value"] == pytest.approx(entry["value"], rel=1e-6, abs=1e-7), name
     # a task file that does not load comes back as the evaluator's own error, not a crash
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

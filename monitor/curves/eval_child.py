@@ -9,8 +9,11 @@ completion in one transaction.
 
 Protocol: `python -m monitor.curves.eval_child RESULT_FILE` reads `EvalSpec` as JSON on stdin
 and writes `{"ok": true, "value", "n", "k", "metrics", "n_params", "dtype", "device",
-"tokenizer_fingerprint", "model", "wall_s"}` or the scoring child's error object to
-RESULT_FILE. Fail point (`LSTAR_FAILPOINT`): `hang_eval_child` sleeps forever before loading.
+"tokenizer_fingerprint", "model", "wall_s", "threads"}` or the scoring child's error object to
+RESULT_FILE. `threads` is torch's intra-op thread count in the child: float32 sums are reduced
+in a different order with a different count, so the same checkpoint evaluated with 1 and with 2
+threads (a Ray task reserving one CPU, a local child on two cores) agrees to about 1e-8, not
+bit for bit; with the same count it agrees exactly. Fail point (`LSTAR_FAILPOINT`): `hang_eval_child` sleeps forever before loading.
 """
 
 from __future__ import annotations
@@ -110,7 +113,9 @@ def evaluation_payload(spec: EvalSpec) -> dict[str, Any]:
             while True:
                 time.sleep(3600)
         out = _mc(spec) if spec.kind == "multiple_choice" else _lm_eval(spec)
-        return {"ok": True, **out}
+        import torch
+
+        return {"ok": True, **out, "threads": torch.get_num_threads()}
     except Exception as exc:  # reported to the parent, which decides whether to retry
         return failure_payload(exc)
 

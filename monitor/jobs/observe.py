@@ -194,7 +194,7 @@ def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests:
                 "n_items": n, "tokenizer_fingerprint": result["tokenizer_fingerprint"],
                 "dtype": result["dtype"], "device": result["device"], "metrics": result["metrics"],
                 "model": {**(result.get("model") or {}), "observation_id": job["id"],
-                          "weights_digest": digests.get("weights_digest")},
+                          "weights_digest": digests.get("weights_digest"), "threads": result.get("threads")},
                 "wall_s": result["wall_s"]}
     return value, n, k, eval_run, {"eval_run_id": run_id}
 
