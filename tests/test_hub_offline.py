@@ -19,7 +19,6 @@ import pytest
 from monitor.demo.failure import diagnose
 from monitor.demo.fakehub import FakeHub
 from monitor.demo.hub_repos import add_lineage
-from monitor.demo.receivers import free_port
 from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
 from monitor.store import Store
 
@@ -138,11 +137,15 @@ def test_hf_hub_offline_0_polls_as_usual(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_failed_poll_is_the_demos_diagnosis(tmp_path: Path) -> None:
-    """Nothing listens at the endpoint: the poll row's error is what the demo says."""
+    """The Hub is down (every request answered 503): the poll row's error is what the demo says.
+
+    huggingface_hub retries a failing listing page five times on its own; the outage's
+    `Retry-After: 0` makes each of those waits 1 s instead of 1, 2, 4, 8 and 8 s (as it did for an
+    endpoint where nothing listens: 23 s of the test's time, in which nothing it checks happens)."""
     rule = WatchRule(name="demo-steps", author="demo-org", revisions={"branches": r"step\d+"})
-    with Store.open(tmp_path / "lstar.duckdb") as store:
-        client = HubClient(f"http://127.0.0.1:{free_port()}", store=store, policy=RetryPolicy(attempts=1),
-                           sleep=lambda _s: None)
+    with Store.open(tmp_path / "lstar.duckdb") as store, FakeHub() as hub:
+        hub.set_outage(True, retry_after=0)
+        client = HubClient(hub.url, store=store, policy=RetryPolicy(attempts=1), sleep=lambda _s: None)
         poll_once(store, client, [rule])
         stage, reason = diagnose(store, org="demo-org", exit_code=0, job_errors={}, alerts=0, alert_mails=0,
                                  reports=0)

@@ -100,7 +100,10 @@ class WebhookReceiver(ServedInThread):
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
-        super().__init__(server, name="webhook-receiver")
+        # `stop()` returns once the serving loop has seen the shutdown, up to a poll interval
+        # later: a receiver is started and stopped once per test, so 0.05 s (as the fake Hub's)
+        # rather than socketserver's 0.5 s.
+        super().__init__(server, name="webhook-receiver", poll_interval=0.05)
 
     def script(self, replies: Iterable[Reply]) -> None:
         """Answer the next requests with `replies`, in order (then `default`)."""
