@@ -17,16 +17,16 @@ from monitor.cli import app
 from monitor.demo.fakehub import FakeHub
 from monitor.demo.hub_repos import add_lineage
 from monitor.store import Store
-from support.daemon_harness import WATCHER_POLICY as POLICY, DaemonProcess, wait_for
+from support.daemon_harness import UNSCORED_WATCHER_POLICY, WATCHER_POLICY as POLICY, DaemonProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
 SECRET = "hub-webhook-secret-for-tests"
 
 
-def write_policy(folder: Path) -> Path:
+def write_policy(folder: Path, policy: str = POLICY) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "watcher.yaml").write_text(POLICY)
+    (folder / "watcher.yaml").write_text(policy)
     return folder
 
 
@@ -53,9 +53,11 @@ def hub():
 
 @pytest.fixture(scope="module")
 def running(hub, tmp_path_factory, shared_dir):
-    """One daemon that polls hourly (so only the start-up poll and the webhook poll run)."""
+    """One daemon that polls hourly (so only the start-up poll and the webhook poll run). Its
+    gate refuses what it discovers: these tests look at the lock, the API, the webhook and the
+    stop, and a score only started a scoring worker that imports torch."""
     tmp = tmp_path_factory.mktemp("daemon")
-    daemon = DaemonProcess(write_policy(tmp / "policies"), tmp / "state", endpoint=hub.url,
+    daemon = DaemonProcess(write_policy(tmp / "policies", UNSCORED_WATCHER_POLICY), tmp / "state", endpoint=hub.url,
                            args=["--poll-every", "1h", "--score-every", "1h", *score_args(tmp, shared_dir)],
                            env={"LSTAR_HUB_WEBHOOK_SECRET": SECRET})
     with daemon:

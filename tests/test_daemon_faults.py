@@ -13,7 +13,7 @@ import pytest
 from monitor.demo.fakehub import FakeHub
 from monitor.demo.hub_repos import add_lineage
 from monitor.store import Store
-from support.daemon_harness import DaemonProcess, wait_for
+from support.daemon_harness import UNSCORED_WATCHER_POLICY, DaemonProcess, wait_for
 from tests.test_daemon import write_policy
 
 
@@ -35,13 +35,12 @@ def one_step_hub():
         yield server
 
 
-# The checkpoints these daemons discover are scored (the poll asks for a score), though no test
-# here but the scoring-child faults looks at a score: on the default corpus the score ran for the
-# whole test and was still running at the stop (a 20 s drain). Two documents of 64 tokens
-# finish in seconds; what the tests check (polls, disk and database faults, pruning) is the same.
-@pytest.fixture
-def small_score(calib_v0) -> list[str]:
-    return ["--corpus", str(calib_v0), "--docs", "2", "--max-context", "64", "--n-boot", "10"]
+# No test here but the scoring-child faults looks at a score, yet the poll asks for one of what
+# it gated: those daemons run UNSCORED_WATCHER_POLICY, whose gate refuses every checkpoint
+# (nothing fetched, no scoring worker importing torch). What the tests check (polls, disk and
+# database faults, pruning) is the same.
+def unscored_policy(folder: Path) -> Path:
+    return write_policy(folder, UNSCORED_WATCHER_POLICY)
 
 
 def alerts_file(policies: Path) -> list[dict]:
@@ -50,15 +49,18 @@ def alerts_file(policies: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_rate_limit_and_long_outage(hub, tmp_path, small_score):
+def test_rate_limit_and_long_outage(hub, tmp_path):
     """Row 6: no request before Retry-After, watermark kept, one meta-alert per outage."""
-    policies = write_policy(tmp_path / "policies")
+    policies = unscored_policy(tmp_path / "policies")
     hub.reset_log()
-    hub.fail_next(1, 429, retry_after=4, path_prefix="/api/models/fake-org/tiny/refs")
-    # A failing listing costs ~23 s of huggingface_hub's own retries (1, 2, 4, 8, 8 s), so the
-    # circuit opens after one failed poll here rather than the default five.
+    # A daemon that ignored Retry-After would ask again at the next poll, a second later.
+    hub.fail_next(1, 429, retry_after=2, path_prefix="/api/models/fake-org/tiny/refs")
+    # huggingface_hub retries a failing listing page itself, five times, so the circuit opens
+    # after one failed poll here rather than the default five; the outage's 503s say
+    # `Retry-After: 0`, so those retries wait 1 s each instead of 1, 2, 4, 8 and 8 s (23 s of
+    # the test's time, in which nothing it checks happens).
     args = ["--cache-dir", str(tmp_path / "cache"), "--hub-max-wait", "0s", "--hub-cooldown", "3s",
-            "--hub-circuit-threshold", "1", "--score-every", "1h", *small_score]
+            "--hub-circuit-threshold", "1", "--score-every", "1h"]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args) as daemon:
         rows = wait_for(lambda: daemon.get_json("/checkpoints")["items"], timeout=60, what="discovery after the 429")
         assert sorted(r["refs"][0] for r in rows) == ["step1000", "step2000"]  # watermark was kept
@@ -66,9 +68,9 @@ def test_rate_limit_and_long_outage(hub, tmp_path, small_score):
         limited = [r for r in log if r.status == 429]
         assert len(limited) == 1
         after = [r for r in log if r.time > limited[0].time]
-        assert after and min(r.time for r in after) - limited[0].time >= 4.0
+        assert after and min(r.time for r in after) - limited[0].time >= 2.0
 
-        hub.set_outage(True)
+        hub.set_outage(True, retry_after=0)
         try:
             outage = wait_for(lambda: daemon.status()["hub_outages"], timeout=120, what="the outage row")
             assert len(outage) == 1
@@ -88,11 +90,17 @@ def test_rate_limit_and_long_outage(hub, tmp_path, small_score):
 
 
 @pytest.mark.parametrize("failpoint, extra, reason", [
-    ("hang_score_child", ["--score-timeout", "2s"], "killed after the 2 s time limit"),
+    # Each of the 3 attempts waits out the limit (it runs once the worker is ready): the least
+    # the setting takes.
+    ("hang_score_child", ["--score-timeout", "1s"], "killed after the 1 s time limit"),
     # Out of memory is retried (a larger --score-memory would score it): failed after 3 tries.
-    ("oom_score_child", ["--score-memory", "1500M"],
+    # The fail point allocates until any limit stops it. At start the daemon measures what
+    # importing torch needs (a probe child, about 1.1 GiB of address space here) and tries a
+    # limit under 1.5 times that in a second probe: 2 GiB is clear of it, so torch is imported
+    # by one probe, not two (both probes: 17.6 CPU-seconds, measured under load).
+    ("oom_score_child", ["--score-memory", "2G"],
      "gave up after 3 attempts: ScoringMemoryError: scoring ran out of memory under the --score-memory limit "
-     "of 1.46 GiB"),
+     "of 2.00 GiB"),
 ])
 @pytest.mark.slow
 def test_scoring_child_is_killed_and_the_daemon_goes_on(one_step_hub, tmp_path, failpoint, extra, reason):
@@ -111,11 +119,11 @@ def test_scoring_child_is_killed_and_the_daemon_goes_on(one_step_hub, tmp_path, 
 
 
 @pytest.mark.slow
-def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path, small_score):
+def test_disk_full_is_retried_reported_and_leaves_the_database_intact(hub, tmp_path):
     """Row 19: writes fail with ENOSPC, the next ticks retry, the operator is told."""
-    policies = write_policy(tmp_path / "policies")
+    policies = unscored_policy(tmp_path / "policies")
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
                        env={"LSTAR_FAILPOINT": "enospc_writes=5"}) as daemon:
         wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="discovery after the disk frees")
         status = wait_for(lambda: (s := daemon.status())["disk"]["history"] and s, timeout=30,
@@ -143,15 +151,15 @@ def _runs(daemon: DaemonProcess) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path, small_score):
+def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_once(hub, tmp_path):
     """Row 19 without flapping: while the disk stays full, jobs that write nothing go on
     succeeding and /health stays 503 on one episode; freeing the disk ends it after a job's
     write commits, and the operator gets one alert for the whole episode."""
-    policies = write_policy(tmp_path / "policies")
+    policies = unscored_policy(tmp_path / "policies")
     full = tmp_path / "the-disk-is-full"
     full.touch()
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
                        env={"LSTAR_FAILPOINT": f"enospc_while={full}"}) as daemon:
         code, body = wait_for(lambda: (h := _health(daemon))[0] == 503 and h, timeout=60,
                               what=f"/health to report the full disk\n{daemon.log()}")
@@ -186,14 +194,14 @@ def test_disk_full_keeps_health_false_until_a_real_write_and_tells_the_operator_
 
 
 @pytest.mark.slow
-def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path, small_score):
+def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub, tmp_path):
     """After a DuckDB FatalException the connection is invalidated: /health says so for as long
     as re-opening fails, jobs pause, and once the file opens again everything committed before
     is there and writes work."""
-    policies = write_policy(tmp_path / "policies")
+    policies = unscored_policy(tmp_path / "policies")
     fatal = tmp_path / "the-database-is-invalidated"
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", *small_score],
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h"],
                        env={"LSTAR_FAILPOINT": f"fatal_while={fatal}"}) as daemon:
         wait_for(lambda: len(daemon.get_json("/checkpoints")["items"]) == 2, timeout=60, what="the first discovery")
         fatal.touch()  # the next poll's write hits the fatal error
@@ -223,7 +231,7 @@ def test_a_fatal_database_error_is_unhealthy_until_the_database_is_reopened(hub,
 
 
 @pytest.mark.slow
-def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path, small_score):
+def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path):
     """Disk use stays bounded: the prune job deletes poll-log rows older than --retention and
     keeps the recent ones (and each rule's newest)."""
     state = tmp_path / "state"
@@ -232,9 +240,8 @@ def test_the_daemon_prunes_old_hub_polls_and_keeps_recent_ones(hub, tmp_path, sm
         for age_days in (400, 45, 2):
             store.record_hub_poll("old-rule", "old-rule", now=now - timedelta(days=age_days), ok=True, listed=0,
                                   new=0, requests=1)
-    with DaemonProcess(write_policy(tmp_path / "policies"), state, endpoint=hub.url,
-                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", "--retention", "30d",
-                             *small_score]
+    with DaemonProcess(unscored_policy(tmp_path / "policies"), state, endpoint=hub.url,
+                       args=["--cache-dir", str(tmp_path / "cache"), "--score-every", "1h", "--retention", "30d"]
                        ) as daemon:
         result = wait_for(lambda: daemon.status()["jobs"]["prune"]["last_result"], timeout=60,
                           what=f"the prune job\n{daemon.log()}")

@@ -30,6 +30,23 @@ receivers:
     file: {path: alerts.jsonl}
 """
 
+# WATCHER_POLICY with a budget of one parameter: the gate refuses every checkpoint it discovers
+# (skipped, "over budget"), so nothing is fetched or scored. For daemons whose tests look at
+# polls, the API or faults, never at a score: a score starts a scoring worker, which imports
+# torch and transformers for nothing.
+UNSCORED_WATCHER_POLICY = """\
+name: watcher
+watch:
+  - name: tiny
+    author: fake-org
+    revisions: {branches: "step\\\\d+"}
+    budgets: {max_params: 1}
+route: {receiver: log, group_wait: 0s, group_interval: 0s}
+receivers:
+  - name: log
+    file: {path: alerts.jsonl}
+"""
+
 FAST_FLAGS = ("--poll-every", "1s", "--score-every", "1s", "--outbox-every", "1s", "--reload-every", "1s",
               "--watchdog-every", "1s", "--report-every", "2s", "--drain", "20s")
 
