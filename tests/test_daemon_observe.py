@@ -25,7 +25,10 @@ from tests.test_daemon_events import SECRET_ENV, fit_arith_curve
 
 pytestmark = pytest.mark.slow  # daemons score and evaluate tiny checkpoints in child processes
 
-DOCS = 20
+# Documents scored per checkpoint: every check here is on predictions, evaluations and alerts,
+# none on how precise an L* is. The steps of a lineage land near the curve's level with 4 as
+# with 20 (a quarter of the forward passes through gpt-neox's 50,277-id output layer).
+DOCS = 4
 ITEMS = 20
 
 
