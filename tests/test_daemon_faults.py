@@ -53,8 +53,9 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
     """Row 6: no request before Retry-After, watermark kept, one meta-alert per outage."""
     policies = unscored_policy(tmp_path / "policies")
     hub.reset_log()
-    # A daemon that ignored Retry-After would ask again at the next poll, a second later.
-    hub.fail_next(1, 429, retry_after=2, path_prefix="/api/models/fake-org/tiny/refs")
+    # A daemon that ignored Retry-After would ask again at the next poll, a second later (on a
+    # loaded machine perhaps two): 3 s keeps a margin over that.
+    hub.fail_next(1, 429, retry_after=3, path_prefix="/api/models/fake-org/tiny/refs")
     # huggingface_hub retries a failing listing page itself, five times, so the circuit opens
     # after one failed poll here rather than the default five; the outage's 503s say
     # `Retry-After: 0`, so those retries wait 1 s each instead of 1, 2, 4, 8 and 8 s (23 s of
@@ -68,7 +69,7 @@ def test_rate_limit_and_long_outage(hub, tmp_path):
         limited = [r for r in log if r.status == 429]
         assert len(limited) == 1
         after = [r for r in log if r.time > limited[0].time]
-        assert after and min(r.time for r in after) - limited[0].time >= 2.0
+        assert after and min(r.time for r in after) - limited[0].time >= 3.0
 
         hub.set_outage(True, retry_after=0)
         try:

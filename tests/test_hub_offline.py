@@ -19,6 +19,7 @@ import pytest
 from monitor.demo.failure import diagnose
 from monitor.demo.fakehub import FakeHub
 from monitor.demo.hub_repos import add_lineage
+from monitor.demo.receivers import free_port
 from monitor.hub import HubClient, RetryPolicy, WatchRule, poll_once
 from monitor.store import Store
 
@@ -136,16 +137,27 @@ def test_hf_hub_offline_0_polls_as_usual(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_failed_poll_is_the_demos_diagnosis(tmp_path: Path) -> None:
-    """The Hub is down (every request answered 503): the poll row's error is what the demo says.
+@pytest.mark.parametrize("hub_down", ["nothing listens", "every request answered 503"])
+def test_a_failed_poll_is_the_demos_diagnosis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              hub_down: str) -> None:
+    """The Hub cannot be reached, or answers 503 to everything: the poll row's error is what the
+    demo says.
 
-    huggingface_hub retries a failing listing page five times on its own; the outage's
-    `Retry-After: 0` makes each of those waits 1 s instead of 1, 2, 4, 8 and 8 s (as it did for an
-    endpoint where nothing listens: 23 s of the test's time, in which nothing it checks happens)."""
+    huggingface_hub retries a failing listing page five times on its own, waiting 1, 2, 4, 8 and
+    8 s (23 s of the test's time, in which nothing it checks happens): where nothing listens its
+    waits are skipped (`time.sleep` is a no-op for this test, which runs the poll in-process),
+    and the outage's `Retry-After: 0` makes each wait 1 s."""
     rule = WatchRule(name="demo-steps", author="demo-org", revisions={"branches": r"step\d+"})
     with Store.open(tmp_path / "lstar.duckdb") as store, FakeHub() as hub:
-        hub.set_outage(True, retry_after=0)
-        client = HubClient(hub.url, store=store, policy=RetryPolicy(attempts=1), sleep=lambda _s: None)
+        if hub_down == "nothing listens":
+            import huggingface_hub.utils._http as hub_http
+
+            monkeypatch.setattr(hub_http.time, "sleep", lambda _s: None)
+            endpoint = f"http://127.0.0.1:{free_port()}"
+        else:
+            hub.set_outage(True, retry_after=0)
+            endpoint = hub.url
+        client = HubClient(endpoint, store=store, policy=RetryPolicy(attempts=1), sleep=lambda _s: None)
         poll_once(store, client, [rule])
         stage, reason = diagnose(store, org="demo-org", exit_code=0, job_errors={}, alerts=0, alert_mails=0,
                                  reports=0)

@@ -10,6 +10,7 @@ reason. One cluster serves the whole module.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -301,17 +302,22 @@ def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, ba
     spec = EvalSpec(model_dir=str(model), kind="multiple_choice", metric="acc", file=str(task))
     remote = evaluate_on_ray(backend, spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
     assert (remote["value"], remote["n"], remote["k"]) == (1.0, 6, 6)
-    # Ray gives a task reserving one CPU one thread (OMP_NUM_THREADS); float32 sums depend on
-    # the thread count, so the local child is run with the count the remote one reports
-    assert remote["threads"] == 1
-    monkeypatch.setenv("OMP_NUM_THREADS", str(remote["threads"]))
+    # Ray gives a task reserving one CPU one thread (it sets OMP_NUM_THREADS where the cluster's
+    # environment does not); float32 sums depend on the thread count, so the local child is run
+    # with the count the remote one reports (torch reads MKL_NUM_THREADS first, so both are set)
+    if not {"OMP_NUM_THREADS", "MKL_NUM_THREADS"} & set(os.environ):
+        assert remote["threads"] == 1
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, str(remote["threads"]))
     local = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
     assert local["threads"] == remote["threads"]
     assert remote["metrics"] == local["metrics"] and remote["task_sha256"] == local["task_sha256"]
-    # with two threads the same sums come out in another order: equal to float32 rounding
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    # with another thread count the same sums come out in another order: equal to float32 rounding
+    other = 2 if remote["threads"] != 2 else 1
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, str(other))
     two = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
-    assert two["threads"] == 2
+    assert two["threads"] == other
     for name, entry in remote["metrics"].items():
         assert two["metrics"][name]["value"] == pytest.approx(entry["value"], rel=1e-6, abs=1e-7), name
     # a task file that does not load comes back as the evaluator's own error, not a crash

@@ -162,7 +162,7 @@ class FakeHub(HubState):
         self._sorted: dict[str, tuple[int, list[tuple[int, int]], list[Repo]]] = {}
         self._faults: list[_Fault] = []
         self._outage = False
-        self._outage_retry_after: float | None = None
+        self._outage_retry_after: int | None = None
         self._log: list[RequestRecord] = []
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -219,10 +219,10 @@ class FakeHub(HubState):
         with self._lock:
             self._faults.append(_Fault(n, status, retry_after, rate_limit_header, path_prefix))
 
-    def set_outage(self, on: bool = True, *, retry_after: float | None = None) -> None:
+    def set_outage(self, on: bool = True, *, retry_after: int | None = None) -> None:
         """While on, every request is answered 503, with `Retry-After: N` when `retry_after` is
-        given (huggingface_hub then waits N + 1 s between its own retries of a listing page,
-        instead of 1, 2, 4, 8 and 8 s)."""
+        given (whole seconds: huggingface_hub reads only digits there, and then waits N + 1 s
+        between its own retries of a listing page, instead of 1, 2, 4, 8 and 8 s)."""
         with self._lock:
             self._outage = on
             self._outage_retry_after = retry_after if on else None
@@ -276,7 +276,7 @@ class FakeHub(HubState):
 
     def _take_fault(self, raw_path: str) -> _Response | None:
         if self._outage:
-            headers = [] if self._outage_retry_after is None else [("Retry-After", f"{self._outage_retry_after:g}")]
+            headers = [] if self._outage_retry_after is None else [("Retry-After", str(int(self._outage_retry_after)))]
             return _HttpError(503, "Service Unavailable (fake Hub outage)", headers=headers).response()
         for fault in self._faults:
             if fault.path_prefix is None or unquote(raw_path).startswith(fault.path_prefix):
