@@ -14,7 +14,8 @@ RESULT_FILE. `threads` is torch's intra-op thread count in the child (set by OMP
 MKL_NUM_THREADS, else the physical cores; Ray sets OMP_NUM_THREADS to a task's CPUs where the
 cluster's environment does not): float32 sums are reduced in a different order with a different
 count, so the same checkpoint evaluated with 1 and with 2 threads agrees to about 1e-8, not bit
-for bit; with the same count on the same kind of CPU it agrees exactly. Fail point (`LSTAR_FAILPOINT`): `hang_eval_child` sleeps forever before loading.
+for bit; with the same count on the same kind of CPU it agrees exactly.
+Fail point (`LSTAR_FAILPOINT`): `hang_eval_child` sleeps forever before loading.
 """
 
 from __future__ import annotations
