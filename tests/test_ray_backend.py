@@ -316,10 +316,10 @@ def test_an_active_evaluation_on_the_cluster_equals_the_local_child(tmp_path, ba
     other = 2 if remote["threads"] != 2 else 1
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.setenv(name, str(other))
-    two = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
-    assert two["threads"] == other
+    other_run = run_evaluation_child(spec, timeout_s=300, memory_bytes=None, workdir=tmp_path / "work")
+    assert other_run["threads"] == other
     for name, entry in remote["metrics"].items():
-        assert two["metrics"][name]["value"] == pytest.approx(entry["value"], rel=1e-6, abs=1e-7), name
+        assert other_run["metrics"][name]["value"] == pytest.approx(entry["value"], rel=1e-6, abs=1e-7), name
     # a task file that does not load comes back as the evaluator's own error, not a crash
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -276,7 +276,7 @@ class FakeHub(HubState):
 
     def _take_fault(self, raw_path: str) -> _Response | None:
         if self._outage:
-            headers = [] if self._outage_retry_after is None else [("Retry-After", str(int(self._outage_retry_after)))]
+            headers = [] if self._outage_retry_after is None else [("Retry-After", str(self._outage_retry_after))]
             return _HttpError(503, "Service Unavailable (fake Hub outage)", headers=headers).response()
         for fault in self._faults:
             if fault.path_prefix is None or unquote(raw_path).startswith(fault.path_prefix):

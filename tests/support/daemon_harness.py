@@ -34,18 +34,9 @@ receivers:
 # (skipped, "over budget"), so nothing is fetched or scored. For daemons whose tests look at
 # polls, the API or faults, never at a score: a score starts a scoring worker, which imports
 # torch and transformers for nothing.
-UNSCORED_WATCHER_POLICY = """\
-name: watcher
-watch:
-  - name: tiny
-    author: fake-org
-    revisions: {branches: "step\\\\d+"}
-    budgets: {max_params: 1}
-route: {receiver: log, group_wait: 0s, group_interval: 0s}
-receivers:
-  - name: log
-    file: {path: alerts.jsonl}
-"""
+_REVISIONS_LINE = '    revisions: {branches: "step\\\\d+"}\n'
+UNSCORED_WATCHER_POLICY = WATCHER_POLICY.replace(_REVISIONS_LINE, _REVISIONS_LINE + "    budgets: {max_params: 1}\n")
+assert UNSCORED_WATCHER_POLICY != WATCHER_POLICY
 
 FAST_FLAGS = ("--poll-every", "1s", "--score-every", "1s", "--outbox-every", "1s", "--reload-every", "1s",
               "--watchdog-every", "1s", "--report-every", "2s", "--drain", "20s")
