@@ -9,7 +9,9 @@ floor), h in [0, 1]); for proportions floor and ceiling lie in [0, 1]. Weighted 
 (scipy's `least_squares`, analytic Jacobian) with the label weights of
 `monitor.curves.stats.label_weights`, from several starting points (the midpoint inside and
 beyond the data, three steepnesses); the best converged start wins, and a fit that no start
-brings to convergence is a CurveError naming the solver's message.
+brings to convergence is a CurveError naming the solver's message. The solves of one fit (its
+starts, then its band's resamples) run together in lock step (`monitor.curves.batch_trf`):
+the steps of scipy's solver, taken for every problem of the batch at once.
 
 Why a parametric family: an isotonic curve is flat beyond its data, so a release better than
 every reference is predicted at the best reference's level, confidently and too low. A sigmoid
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,9 +43,10 @@ try:   # scipy's trust-region-reflective core: the solver `least_squares(method=
     from scipy.optimize._lsq.least_squares import TERMINATION_MESSAGES
     from scipy.optimize._lsq.trf import trf as _trf_core
 
+    from monitor.curves.batch_trf import trf_bounds_batch
     from monitor.curves.small_trf import trf_bounds as _small_trf
 except ImportError:   # a scipy that moved it: the public wrapper, same numbers, slower
-    _trf_core = _small_trf = None
+    _trf_core = _small_trf = trf_bounds_batch = None
 
 from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.axes import Axis
@@ -58,6 +62,9 @@ _K_MIN, _K_MAX = 1e-3, 1e3
 _MAX_FAILED_SHARE = 0.1
 # The solver's settings: least_squares' default ftol = xtol = gtol, and its evaluation cap.
 _TOLERANCE, _MAX_EVALUATIONS = 1e-8, 400
+# Fewer solves than this run one at a time (`_Problem.solve`): below it the batch's per-round
+# bookkeeping costs more than the solves it shares (measured on the axis-choice workload).
+_SMALLEST_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,17 @@ def _value_bounds(y: np.ndarray, proportion: bool) -> tuple[float, float]:
     return float(np.min(y)) - spread, float(np.max(y)) + spread
 
 
+@dataclass
+class _Solves:
+    """Per solve of a batch: the point reached, its cost, scipy's status (> 0 converged, 0 the
+    evaluation cap, −1 could not start) and, where it did not converge, why."""
+
+    x: np.ndarray
+    cost: np.ndarray
+    status: np.ndarray
+    reasons: list[str | None]
+
+
 class _Problem:
     """The least-squares problem in normalised coordinates u = (t − centre)/span, so the solver
     sees parameters of order one whatever the axis's units. θ = (floor, h, k_u, u0)."""
@@ -98,11 +116,12 @@ class _Problem:
         self.set_weights(w)
         self._last_theta = b""          # the bytes of the point whose logistic `_last_e` holds
         self._last_e = np.empty(0)
+        self._batch_sw = np.empty((0, len(self.u)))   # the square-root weights of `solve_batch`'s problems
         self.lower = np.array([bottom, 0.0, _K_MIN, float(self.u.min()) - 10.0])
         self.upper = np.array([top, 1.0, _K_MAX, float(self.u.max()) + 10.0])
 
     def set_weights(self, w: np.ndarray) -> None:
-        self.sw = np.sqrt(w)
+        self.w, self.sw = w, np.sqrt(w)
 
     def curve(self, theta: np.ndarray, u: np.ndarray) -> np.ndarray:
         floor, h, k, u0 = theta
@@ -130,6 +149,66 @@ class _Problem:
         jac[:, 3] = -h * room * de * k
         return jac * self.sw[:, None]
 
+    def batch_residuals(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The residuals of problems `rows` of a batch (`solve_batch`) at their points `thetas`."""
+        floor, h, k, u0 = (thetas[:, i:i + 1] for i in range(4))
+        e = expit(k * (self.u - u0))
+        return self._batch_sw[rows] * (floor + h * (self.top - floor) * e - self.y)
+
+    def batch_jacobian(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Their Jacobians (k, m, 4), as `jacobian` computes one."""
+        floor, h, k, u0 = (thetas[:, i:i + 1] for i in range(4))
+        e = expit(k * (self.u - u0))
+        de = e * (1.0 - e)
+        room = self.top - floor
+        jac = np.empty((len(thetas), len(self.u), 4))
+        jac[:, :, 0] = 1.0 - h * e
+        jac[:, :, 1] = room * e
+        jac[:, :, 2] = h * room * de * (self.u - u0)
+        jac[:, :, 3] = -h * room * de * k
+        return jac * self._batch_sw[rows][:, :, None]
+
+    def solve_batch(self, starts: np.ndarray, weights: np.ndarray) -> _Solves:
+        """One solve from each row of `starts` (B, 4) with the row weights of `weights` (B, m),
+        all at once (`monitor.curves.batch_trf`; where scipy's core cannot be imported, one
+        `least_squares` call each). A solve that cannot start (residuals not finite at its start:
+        least_squares' own message) has status −1 and its reason."""
+        starts = np.atleast_2d(np.asarray(starts, dtype=float))
+        out = _Solves(x=starts.copy(), cost=np.full(len(starts), np.inf),
+                      status=np.full(len(starts), -1, dtype=np.int64), reasons=[None] * len(starts))
+        if trf_bounds_batch is None or len(starts) < _SMALLEST_BATCH:
+            # one at a time: scipy's public call where its core moved; a batch too small to
+            # repay the lock step's bookkeeping
+            solve = self.solve if trf_bounds_batch is not None else partial(solve_with_least_squares, self)
+            kept = self.w
+            for i, (start, w) in enumerate(zip(starts, weights)):
+                self.set_weights(w)
+                try:
+                    result = solve(start)
+                except ValueError as exc:
+                    out.reasons[i] = str(exc).splitlines()[0]
+                    continue
+                out.x[i], out.cost[i], out.status[i] = result.x, result.cost, result.status
+                out.reasons[i] = None if result.status > 0 else str(result.message)
+            self.set_weights(kept)
+            return out
+        x0 = np.array([make_strictly_feasible(s, self.lower, self.upper) for s in starts])
+        self._batch_sw = np.sqrt(np.asarray(weights, dtype=float))
+        f0 = self.batch_residuals(x0, np.arange(len(x0)))
+        ok = np.isfinite(f0).all(axis=1)
+        for i in np.flatnonzero(~ok):
+            out.reasons[i] = "Residuals are not finite in the initial point."
+        if ok.any():
+            rows = np.flatnonzero(ok)
+            self._batch_sw = self._batch_sw[rows]
+            solved = trf_bounds_batch(self.batch_residuals, self.batch_jacobian, x0[rows], f0[rows],
+                                      self.lower, self.upper, _TOLERANCE, _MAX_EVALUATIONS)
+            out.x[rows], out.cost[rows], out.status[rows] = solved.x, solved.cost, solved.status
+            for i, status in zip(rows, solved.status):
+                if status <= 0:
+                    out.reasons[i] = TERMINATION_MESSAGES[int(status)]
+        return out
+
     def starts(self) -> list[np.ndarray]:
         lo, hi = float(np.min(self.y)), float(np.max(self.y))
         floor0 = min(max(lo, self.bottom), self.top)
@@ -147,10 +226,10 @@ class _Problem:
     def solve(self, start: np.ndarray) -> Any:
         """One bounded trust-region-reflective solve from `start`: scipy's `least_squares`
         (method "trf", x_scale "jac", at most 400 evaluations), its loop run by
-        `monitor.curves.small_trf.trf_bounds`.
+        `monitor.curves.small_trf.trf_bounds`. A fit uses it for batches too small to share
+        (`solve_batch`); the batch follows it step for step.
 
-        Why not the public call: a fit is 12 starts plus one warm-started solve per band
-        resample, each of a few dozen iterations on 4 parameters, where the wrapper's
+        Why not the public call: a solve is a few dozen iterations on 4 parameters, where the wrapper's
         per-evaluation bookkeeping (argument checks, copies, evaluation counters) and the
         generic loop's helpers (norms, the SVD's wrapper) cost most of the solve. The loop gets
         what the wrapper would give it for these arguments (the start moved strictly inside the
@@ -229,22 +308,14 @@ def _problem(t: np.ndarray, y: np.ndarray, w: np.ndarray, proportion: bool,
 
 
 def _best_start(problem: _Problem, starts: list[np.ndarray]) -> np.ndarray:
-    best, best_cost, messages = None, math.inf, []
-    for start in starts:
-        try:
-            result = problem.solve(start)
-        except (ValueError, FloatingPointError) as exc:
-            messages.append(str(exc).splitlines()[0])
-            continue
-        if result.status > 0 and result.cost < best_cost:
-            best, best_cost = result.x, float(result.cost)
-        elif result.status <= 0:
-            messages.append(str(result.message))
-    if best is None:
-        reason = messages[0] if messages else "no starting point"
+    """The converged solve of least cost among those from `starts` (the first on a tie)."""
+    solves = problem.solve_batch(np.array(starts), np.broadcast_to(problem.w, (len(starts), len(problem.u))))
+    converged = np.flatnonzero(solves.status > 0)
+    if not len(converged):
+        reason = next((r for r in solves.reasons if r), "no starting point")
         raise CurveError(f"the sigmoid fit did not converge from any of {len(starts)} starting points ({reason})",
                          hint="fit the isotonic family (--fit-family isotonic), or check the labels")
-    return best
+    return solves.x[converged[int(np.argmin(solves.cost[converged]))]].copy()
 
 
 @dataclass(frozen=True)
@@ -297,20 +368,11 @@ def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[f
     rng = np.random.default_rng(seed)
     m = len(t)
     counts = rng.multinomial(m, np.full(m, 1.0 / m), size=resamples)
-    curves = np.empty((resamples, grid_size))
-    failed = np.zeros(resamples, dtype=bool)
-    for b in range(resamples):
-        problem.set_weights(counts[b] * wu)
-        try:
-            result = problem.solve(theta)
-        except (ValueError, FloatingPointError):
-            failed[b] = True
-            continue
-        if result.status <= 0:
-            failed[b] = True
-            continue
-        curves[b] = problem.curve(result.x, grid_u)
-    problem.set_weights(wu)
+    # Every resample's refit at once, each warm-started at the full fit.
+    solves = problem.solve_batch(np.broadcast_to(theta, (resamples, 4)), counts * wu)
+    failed = solves.status <= 0
+    floor, h, k, u0 = (solves.x[:, i:i + 1] for i in range(4))
+    curves = floor + h * (problem.top - floor) * expit(k * (grid_u - u0))
     if failed.mean() > _MAX_FAILED_SHARE:
         raise CurveError(f"{int(failed.sum())} of {resamples} bootstrap refits of the sigmoid did not converge",
                          hint="the data do not pin a sigmoid down; fit the isotonic family")
