@@ -9,11 +9,16 @@ batched SVD, and each problem stops where `monitor.curves.small_trf.trf_bounds` 
 unchanged until the last one stops.
 
 The arithmetic is the scalar loop's, but sums over rows are taken along an axis of a
-batch rather than by BLAS's dot, so the iterates agree with the scalar solve to rounding, not
-to the bit; both stop by the same tolerances (ftol = xtol = gtol = 1e-8) at the same optimum.
+batch rather than by BLAS's dot, and the SVD is numpy's, so the iterates agree with the scalar
+solve to rounding, not to the bit. Both stop by the same tolerances (ftol = xtol = gtol =
+1e-8); where a decision sits on a rounding boundary (a reduction of one ulp, a gradient norm at
+the tolerance, a singular value that is 0 in one LAPACK and 1e-17 in another) a solve can end a
+few steps apart, with another status (about 1 solve in 300 on generic problems).
 `tests/test_parametric_solver.py` compares them problem by problem. The rare step that
-leaves the bounds (a reflection, about one step in sixteen of a fit) is taken per problem by
-the scalar loop's own `_select_step`.
+leaves the bounds (a reflection: a few steps in a hundred from a fit's starts, fewer in a band)
+is taken per problem by the scalar loop's own `_select_step`. An error the single solve would
+raise (a Jacobian that is not finite, an SVD that does not converge) ends that problem alone,
+with the single solve's message.
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ _RUNNING = -1   # the scalar loop's `termination_status is None`
 @dataclass
 class BatchResult:
     """Per problem: the solution, its cost, scipy's termination status (> 0 converged, 0 the
-    evaluation cap), and the number of residual evaluations."""
+    evaluation cap, −1 stopped by an error), the number of residual evaluations, and the error
+    the single solve would have raised (None where there was none)."""
 
     x: np.ndarray
     cost: np.ndarray
     status: np.ndarray
     nfev: np.ndarray
+    errors: list[str | None]
 
 
 def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -154,6 +161,7 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
     V = np.zeros((B, n, n))
     uf = np.zeros((B, n))
     theta = np.zeros(B)
+    errors: list[str | None] = [None] * B
     while True:
         top = np.flatnonzero(at_top & ~done)
         if len(top):
@@ -174,7 +182,13 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
                 augmented = np.zeros((len(go), m + n, n))
                 augmented[:, :m] = J_h[go]
                 augmented[:, m + np.arange(n), np.arange(n)] = diag_h[go] ** 0.5
-                U, s[go], Vt = np.linalg.svd(augmented, full_matrices=False)
+                U, s_go, Vt, failed = _svd_rows(augmented)
+                good = np.ones(len(go), dtype=bool)
+                for i, error in enumerate(failed):
+                    if error:                  # the single solve raises here: this problem ends
+                        errors[go[i]], done[go[i]], good[i] = str(error), True, False
+                go, U, Vt, g_norm = go[good], U[good], Vt[good], g_norm[good]
+                s[go] = s_go[good]
                 V[go] = np.swapaxes(Vt, 1, 2)
                 uf[go] = np.einsum("bmn,bm->bn", U[:, :m], f[go])
                 theta[go] = np.maximum(0.995, 1 - g_norm)
@@ -223,7 +237,31 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
             g[rows] = np.einsum("bmn,bm->bn", J[rows], f[rows])
             scale[rows], scale_inv[rows] = _jac_scale(J[rows], scale_inv[rows])
         at_top[trial[leave]] = True
-    return BatchResult(x=x, cost=cost, status=np.where(status == _RUNNING, 0, status), nfev=nfev)
+    status = np.where(status == _RUNNING, 0, status)
+    status[[i for i, e in enumerate(errors) if e is not None]] = -1
+    return BatchResult(x=x, cost=cost, status=status, nfev=nfev, errors=errors)
+
+
+def _svd_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | bool]]:
+    """The thin SVD of every matrix of `a` (k, r, n), and per matrix False or the error the
+    single solve's SVD raises for it (a matrix that is not finite, or one LAPACK cannot
+    decompose), so that one bad problem ends itself, not the batch."""
+    k, r, n = a.shape
+    failed: list[str | bool] = [False] * k
+    finite = np.isfinite(a).all(axis=(1, 2))
+    for i in np.flatnonzero(~finite):
+        failed[i] = "array must not contain infs or NaNs"
+    U, s, Vt = np.zeros((k, r, n)), np.ones((k, n)), np.zeros((k, n, n))
+    rows = np.flatnonzero(finite)
+    try:
+        U[rows], s[rows], Vt[rows] = np.linalg.svd(a[rows], full_matrices=False)
+    except np.linalg.LinAlgError:
+        for i in rows:
+            try:
+                U[i], s[i], Vt[i] = np.linalg.svd(a[i], full_matrices=False)
+            except np.linalg.LinAlgError:
+                failed[i] = "SVD did not converge"
+    return U, s, Vt, failed
 
 
 def _select_steps(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.ndarray, p: np.ndarray,

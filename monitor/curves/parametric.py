@@ -62,6 +62,8 @@ _K_MIN, _K_MAX = 1e-3, 1e3
 _MAX_FAILED_SHARE = 0.1
 # The solver's settings: least_squares' default ftol = xtol = gtol, and its evaluation cap.
 _TOLERANCE, _MAX_EVALUATIONS = 1e-8, 400
+# Start costs this close (relative) to the least are a tie, won by the earliest start (`_best_start`).
+_TIED_COST = 1e-10
 # Fewer solves than this run one at a time (`_Problem.solve`): below it the batch's per-round
 # bookkeeping costs more than the solves it shares (measured on the axis-choice workload).
 _SMALLEST_BATCH = 4
@@ -181,16 +183,18 @@ class _Problem:
             # repay the lock step's bookkeeping
             solve = self.solve if trf_bounds_batch is not None else partial(solve_with_least_squares, self)
             kept = self.w
-            for i, (start, w) in enumerate(zip(starts, weights)):
-                self.set_weights(w)
-                try:
-                    result = solve(start)
-                except ValueError as exc:
-                    out.reasons[i] = str(exc).splitlines()[0]
-                    continue
-                out.x[i], out.cost[i], out.status[i] = result.x, result.cost, result.status
-                out.reasons[i] = None if result.status > 0 else str(result.message)
-            self.set_weights(kept)
+            try:
+                for i, (start, w) in enumerate(zip(starts, weights)):
+                    self.set_weights(w)
+                    try:
+                        result = solve(start)
+                    except (ValueError, FloatingPointError) as exc:
+                        out.reasons[i] = str(exc).splitlines()[0]
+                        continue
+                    out.x[i], out.cost[i], out.status[i] = result.x, result.cost, result.status
+                    out.reasons[i] = None if result.status > 0 else str(result.message)
+            finally:
+                self.set_weights(kept)
             return out
         x0 = np.array([make_strictly_feasible(s, self.lower, self.upper) for s in starts])
         self._batch_sw = np.sqrt(np.asarray(weights, dtype=float))
@@ -201,11 +205,16 @@ class _Problem:
         if ok.any():
             rows = np.flatnonzero(ok)
             self._batch_sw = self._batch_sw[rows]
-            solved = trf_bounds_batch(self.batch_residuals, self.batch_jacobian, x0[rows], f0[rows],
-                                      self.lower, self.upper, _TOLERANCE, _MAX_EVALUATIONS)
+            try:
+                solved = trf_bounds_batch(self.batch_residuals, self.batch_jacobian, x0[rows], f0[rows],
+                                          self.lower, self.upper, _TOLERANCE, _MAX_EVALUATIONS)
+            finally:
+                self._batch_sw = np.empty((0, len(self.u)))
             out.x[rows], out.cost[rows], out.status[rows] = solved.x, solved.cost, solved.status
-            for i, status in zip(rows, solved.status):
-                if status <= 0:
+            for i, status, error in zip(rows, solved.status, solved.errors):
+                if error is not None:           # the solve's own error, as the single solve raises it
+                    out.status[i], out.reasons[i] = -1, error
+                elif status <= 0:
                     out.reasons[i] = TERMINATION_MESSAGES[int(status)]
         return out
 
@@ -308,14 +317,20 @@ def _problem(t: np.ndarray, y: np.ndarray, w: np.ndarray, proportion: bool,
 
 
 def _best_start(problem: _Problem, starts: list[np.ndarray]) -> np.ndarray:
-    """The converged solve of least cost among those from `starts` (the first on a tie)."""
+    """The converged solve of least cost among those from `starts`. Costs within
+    `_TIED_COST` (relative) of the least are a tie, won by the earliest start: starts that reach
+    the same optimum, or optima the data cannot tell apart (alike at every checkpoint, apart
+    beyond them), differ in cost only by rounding, which must not choose the curve."""
     solves = problem.solve_batch(np.array(starts), np.broadcast_to(problem.w, (len(starts), len(problem.u))))
     converged = np.flatnonzero(solves.status > 0)
     if not len(converged):
         reason = next((r for r in solves.reasons if r), "no starting point")
         raise CurveError(f"the sigmoid fit did not converge from any of {len(starts)} starting points ({reason})",
                          hint="fit the isotonic family (--fit-family isotonic), or check the labels")
-    return solves.x[converged[int(np.argmin(solves.cost[converged]))]].copy()
+    costs = solves.cost[converged]
+    least = float(np.min(costs))
+    tied = converged[costs <= least + _TIED_COST * abs(least)]
+    return solves.x[tied[0]].copy()
 
 
 @dataclass(frozen=True)
