@@ -183,12 +183,13 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
                 augmented[:, :m] = J_h[go]
                 augmented[:, m + np.arange(n), np.arange(n)] = diag_h[go] ** 0.5
                 U, s_go, Vt, failed = _svd_rows(augmented)
-                good = np.ones(len(go), dtype=bool)
-                for i, error in enumerate(failed):
-                    if error:                  # the single solve raises here: this problem ends
-                        errors[go[i]], done[go[i]], good[i] = str(error), True, False
-                go, U, Vt, g_norm = go[good], U[good], Vt[good], g_norm[good]
-                s[go] = s_go[good]
+                if any(failed):
+                    good = np.ones(len(go), dtype=bool)
+                    for i, error in enumerate(failed):
+                        if error:              # the single solve raises here: this problem ends
+                            errors[go[i]], done[go[i]], good[i] = str(error), True, False
+                    go, U, s_go, Vt, g_norm = go[good], U[good], s_go[good], Vt[good], g_norm[good]
+                s[go] = s_go
                 V[go] = np.swapaxes(Vt, 1, 2)
                 uf[go] = np.einsum("bmn,bm->bn", U[:, :m], f[go])
                 theta[go] = np.maximum(0.995, 1 - g_norm)
@@ -249,6 +250,12 @@ def _svd_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[s
     k, r, n = a.shape
     failed: list[str | bool] = [False] * k
     finite = np.isfinite(a).all(axis=(1, 2))
+    if finite.all():                        # the usual case: one call, no copies
+        try:
+            U, s, Vt = np.linalg.svd(a, full_matrices=False)
+            return U, s, Vt, failed
+        except np.linalg.LinAlgError:
+            pass                            # find the matrix that fails, one at a time below
     for i in np.flatnonzero(~finite):
         failed[i] = "array must not contain infs or NaNs"
     U, s, Vt = np.zeros((k, r, n)), np.ones((k, n)), np.zeros((k, n, n))

@@ -98,7 +98,8 @@ def _value_bounds(y: np.ndarray, proportion: bool) -> tuple[float, float]:
 @dataclass
 class _Solves:
     """Per solve of a batch: the point reached, its cost, scipy's status (> 0 converged, 0 the
-    evaluation cap, −1 could not start) and, where it did not converge, why."""
+    evaluation cap, −1 could not start or stopped by the single solve's error) and, where it
+    did not converge, why."""
 
     x: np.ndarray
     cost: np.ndarray
@@ -174,7 +175,8 @@ class _Problem:
         """One solve from each row of `starts` (B, 4) with the row weights of `weights` (B, m),
         all at once (`monitor.curves.batch_trf`; where scipy's core cannot be imported, one
         `least_squares` call each). A solve that cannot start (residuals not finite at its start:
-        least_squares' own message) has status −1 and its reason."""
+        least_squares' own message), or that stops on an error the single solve raises, has status
+        −1 and its reason."""
         starts = np.atleast_2d(np.asarray(starts, dtype=float))
         out = _Solves(x=starts.copy(), cost=np.full(len(starts), np.inf),
                       status=np.full(len(starts), -1, dtype=np.int64), reasons=[None] * len(starts))
