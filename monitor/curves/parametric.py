@@ -95,6 +95,14 @@ def _value_bounds(y: np.ndarray, proportion: bool) -> tuple[float, float]:
     return float(np.min(y)) - spread, float(np.max(y)) + spread
 
 
+def _columns(theta: np.ndarray) -> tuple[Any, Any, Any, Any]:
+    """floor, h, k, u0 of one point θ (4,) as numbers, or of a batch (B, 4) as (B, 1) columns."""
+    theta = np.asarray(theta)
+    if theta.ndim == 1:
+        return tuple(theta)   # type: ignore[return-value]
+    return tuple(theta[:, i:i + 1] for i in range(4))   # type: ignore[return-value]
+
+
 @dataclass
 class _Solves:
     """Per solve of a batch: the point reached, its cost, scipy's status (> 0 converged, 0 the
@@ -127,7 +135,8 @@ class _Problem:
         self.w, self.sw = w, np.sqrt(w)
 
     def curve(self, theta: np.ndarray, u: np.ndarray) -> np.ndarray:
-        floor, h, k, u0 = theta
+        """The sigmoid at u for one point θ (4,), or for a batch of points (B, 4): (B, len(u))."""
+        floor, h, k, u0 = _columns(theta)
         return floor + h * (self.top - floor) * expit(k * (u - u0))
 
     def residuals(self, theta: np.ndarray) -> np.ndarray:
@@ -143,33 +152,28 @@ class _Problem:
         floor, h, k, u0 = theta
         same = np.asarray(theta, dtype=float).tobytes() == self._last_theta
         e = self._last_e if same else expit(k * (self.u - u0))
+        return self._jacobian_at(e, floor, h, k, u0) * self.sw[:, None]
+
+    def _jacobian_at(self, e: np.ndarray, floor: Any, h: Any, k: Any, u0: Any) -> np.ndarray:
+        """The unweighted Jacobian (…, m, 4) given the logistic e at the rows: parameters scalars
+        for one point, (B, 1) columns for a batch."""
         de = e * (1.0 - e)
         room = self.top - floor
-        jac = np.empty((len(self.u), 4))
-        jac[:, 0] = 1.0 - h * e
-        jac[:, 1] = room * e
-        jac[:, 2] = h * room * de * (self.u - u0)
-        jac[:, 3] = -h * room * de * k
-        return jac * self.sw[:, None]
+        jac = np.empty((*e.shape, 4))
+        jac[..., 0] = 1.0 - h * e
+        jac[..., 1] = room * e
+        jac[..., 2] = h * room * de * (self.u - u0)
+        jac[..., 3] = -h * room * de * k
+        return jac
 
     def batch_residuals(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The residuals of problems `rows` of a batch (`solve_batch`) at their points `thetas`."""
-        floor, h, k, u0 = (thetas[:, i:i + 1] for i in range(4))
-        e = expit(k * (self.u - u0))
-        return self._batch_sw[rows] * (floor + h * (self.top - floor) * e - self.y)
+        return self._batch_sw[rows] * (self.curve(thetas, self.u) - self.y)
 
     def batch_jacobian(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Their Jacobians (k, m, 4), as `jacobian` computes one."""
-        floor, h, k, u0 = (thetas[:, i:i + 1] for i in range(4))
-        e = expit(k * (self.u - u0))
-        de = e * (1.0 - e)
-        room = self.top - floor
-        jac = np.empty((len(thetas), len(self.u), 4))
-        jac[:, :, 0] = 1.0 - h * e
-        jac[:, :, 1] = room * e
-        jac[:, :, 2] = h * room * de * (self.u - u0)
-        jac[:, :, 3] = -h * room * de * k
-        return jac * self._batch_sw[rows][:, :, None]
+        floor, h, k, u0 = _columns(thetas)
+        return self._jacobian_at(expit(k * (self.u - u0)), floor, h, k, u0) * self._batch_sw[rows][:, :, None]
 
     def solve_batch(self, starts: np.ndarray, weights: np.ndarray) -> _Solves:
         """One solve from each row of `starts` (B, 4) with the row weights of `weights` (B, m),
@@ -388,8 +392,7 @@ def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[f
     # Every resample's refit at once, each warm-started at the full fit.
     solves = problem.solve_batch(np.broadcast_to(theta, (resamples, 4)), counts * wu)
     failed = solves.status <= 0
-    floor, h, k, u0 = (solves.x[:, i:i + 1] for i in range(4))
-    curves = floor + h * (problem.top - floor) * expit(k * (grid_u - u0))
+    curves = problem.curve(solves.x, grid_u)
     if failed.mean() > _MAX_FAILED_SHARE:
         raise CurveError(f"{int(failed.sum())} of {resamples} bootstrap refits of the sigmoid did not converge",
                          hint="the data do not pin a sigmoid down; fit the isotonic family")
