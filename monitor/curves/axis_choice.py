@@ -39,7 +39,7 @@ import numpy as np
 from monitor.curves.axes import AXES as AXIS_REGISTRY, label_point
 from monitor.curves.labels import Label
 from monitor.curves.stats import Predictor, label_weights
-from monitor.curves.validation import lofo_axes
+from monitor.curves.validation import lofo_axes, sigmoid_fold_requests
 from monitor.errors import CurveError, LabelError
 
 REFERENCE = "lstar"
@@ -226,23 +226,29 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
     difference to the reference ("<error>_diff"), families weighted by how often they were
     drawn; and the number of draws left out (fewer than two distinct families). A family drawn
     k times is one fold whose rows weigh by their multiplicity (the same isotonic fit as that
-    many copies), so it is never in its own training set.
+    many copies), so it is never in its own training set. With the sigmoid, the folds of every
+    draw are fitted in one call (`_sigmoid_refits`) before the draws are scored.
     """
     rng = np.random.default_rng([*seed, 7])
     out: dict[str, dict[str, list[float]]] = {a: {k: [] for e in ERRORS for k in (e, f"{e}_diff")} for a in xs}
     degenerate = 0
+    draws = []
     for b in range(resamples):
         mult, counts = cluster_draw(families, rng, sizes=sizes, seeds=seeds)
         if len(counts) < 2:
             degenerate += 1
             continue
         rows = np.flatnonzero(mult > 0)
-        stderr = (1.0 / np.sqrt(weights[rows] * mult[rows])).tolist()
         # The band is not needed for RMSE and crossing error: one resample per fold.
-        lofo = lofo_axes(values[rows], families[rows].tolist(),
-                         {a: (predictors[a], x[rows]) for a, x in xs.items()}, baseline=baseline,
-                         margin=margin, stderr=stderr, confidence=confidence, resamples=1,
-                         seed=fold_seed + b, fit_family=fit_family)
+        data = (values[rows], families[rows].tolist(), {a: (predictors[a], x[rows]) for a, x in xs.items()})
+        stderr = (1.0 / np.sqrt(weights[rows] * mult[rows])).tolist()
+        options = {"baseline": baseline, "margin": margin, "stderr": stderr, "confidence": confidence,
+                   "resamples": 1, "seed": fold_seed + b}
+        draws.append((mult, counts, rows, data, options))
+    fits = _sigmoid_refits([(data, options) for *_, data, options in draws]) if fit_family == "sigmoid" \
+        else [None] * len(draws)
+    for (mult, counts, rows, data, options), fitted in zip(draws, fits):
+        lofo = lofo_axes(*data, **options, fit_family=fit_family, fits=fitted)
         if seeds is None:   # every row of a family weighs alike: its plain LOFO errors
             per = {a: _family_errors(lofo.per_family, a) for a in xs}
         else:
@@ -260,6 +266,16 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
                 out[axis][f"{e}_diff"].append(
                     float(np.average([mine[f][e] - ref[f][e] for f in both], weights=w)) if both else math.nan)
     return out, degenerate
+
+
+def _sigmoid_refits(draws: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[dict[tuple[str, int], Any]]:
+    """The sigmoid folds of every draw's validation (`lofo_axes` arguments), fitted together so
+    that their solves share batches (`fit_sigmoid_bands`); per draw its fits by (axis, family)."""
+    from monitor.curves.parametric import fit_sigmoid_bands
+
+    keyed = [sigmoid_fold_requests(*data, **options) for data, options in draws]
+    fitted = iter(fit_sigmoid_bands([request for pairs in keyed for _, request in pairs]))
+    return [{key: next(fitted) for key, _ in pairs} for pairs in keyed]
 
 
 # -- the choice ----------------------------------------------------------------------------------

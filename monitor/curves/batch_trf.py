@@ -83,13 +83,14 @@ def _nudged_inside(x: np.ndarray, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
     return np.where(tight, 0.5 * (lbb + ubb), out)
 
 
-def _trust_region_steps(m: int, uf: np.ndarray, s: np.ndarray, V: np.ndarray, Delta: np.ndarray,
+def _trust_region_steps(m: np.ndarray, uf: np.ndarray, s: np.ndarray, V: np.ndarray, Delta: np.ndarray,
                         alpha0: np.ndarray, rtol: float = 0.01, max_iter: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """scipy's `solve_lsq_trust_region` per row (Moré's method on the row's SVD): the step in the
-    scaled variables and the new Levenberg-Marquardt parameter."""
+    scaled variables and the new Levenberg-Marquardt parameter. `m` (k,): each row's number of
+    residuals (its rank test)."""
     n = s.shape[1]
     suf = s * uf
-    full_rank = (s[:, -1] > _EPS * m * s[:, 0]) if m >= n else np.zeros(len(s), dtype=bool)
+    full_rank = (s[:, -1] > _EPS * m * s[:, 0]) & (m >= n)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         p_gn = -np.einsum("bij,bj->bi", V, uf / s)
         inside = full_rank & (np.sqrt(_rowdot(p_gn, p_gn)) <= Delta)
@@ -131,12 +132,18 @@ def _quadratic(J_h: np.ndarray, g_h: np.ndarray, s: np.ndarray, diag: np.ndarray
 
 def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
                      jac: Callable[[np.ndarray, np.ndarray], np.ndarray], x0: np.ndarray, f0: np.ndarray,
-                     lb: np.ndarray, ub: np.ndarray, tol: float, max_nfev: int) -> BatchResult:
+                     lb: np.ndarray, ub: np.ndarray, tol: float, max_nfev: int,
+                     sizes: np.ndarray | None = None) -> BatchResult:
     """B solves of `small_trf.trf_bounds` (ftol = xtol = gtol = `tol`) at once. `x0` (B, n)
-    strictly inside the bounds (n,), `f0` (B, m) the residuals there; `fun(X, rows)` and
-    `jac(X, rows)` give the residuals (k, m) and Jacobians (k, m, n) of problems `rows` at X."""
+    strictly inside the bounds (lb, ub: (n,) shared, or (B, n) one pair per problem), `f0` (B, m)
+    the residuals there; `fun(X, rows)` and `jac(X, rows)` give the residuals (k, m) and
+    Jacobians (k, m, n) of problems `rows` at X. `sizes` (B,): each problem's own number of
+    residuals where problems of different sizes share the batch, padded to m with residuals
+    and Jacobian rows that are 0 (they change no sum; the size enters the rank test)."""
     B, n = x0.shape
     m = f0.shape[1]
+    lb, ub = np.broadcast_to(lb, (B, n)), np.broadcast_to(ub, (B, n))
+    m_of = np.full(B, m, dtype=np.int64) if sizes is None else np.asarray(sizes, dtype=np.int64)
     x, f = x0.copy(), f0.copy()
     J = jac(x, np.arange(B))
     nfev = np.ones(B, dtype=np.int64)
@@ -165,7 +172,7 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
     while True:
         top = np.flatnonzero(at_top & ~done)
         if len(top):
-            v, dv = _cl_scaling(x[top], g[top], lb, ub)
+            v, dv = _cl_scaling(x[top], g[top], lb[top], ub[top])
             g_norm = np.abs(g[top] * v).max(axis=1)
             status[top[g_norm < tol]] = 1
             stop = (status[top] != _RUNNING) | (nfev[top] == max_nfev)
@@ -199,10 +206,10 @@ def trf_bounds_batch(fun: Callable[[np.ndarray, np.ndarray], np.ndarray],
             if done.all():
                 break
             continue
-        p_h, alpha[trial] = _trust_region_steps(m, uf[trial], s[trial], V[trial], Delta[trial], alpha[trial])
+        p_h, alpha[trial] = _trust_region_steps(m_of[trial], uf[trial], s[trial], V[trial], Delta[trial], alpha[trial])
         step, step_h, predicted = _select_steps(x[trial], J_h[trial], diag_h[trial], g_h[trial], d[trial] * p_h,
-                                                p_h, d[trial], Delta[trial], lb, ub, theta[trial])
-        x_new = _nudged_inside(x[trial] + step, lb, ub)
+                                                p_h, d[trial], Delta[trial], lb[trial], ub[trial], theta[trial])
+        x_new = _nudged_inside(x[trial] + step, lb[trial], ub[trial])
         f_new = fun(x_new, trial)
         nfev[trial] += 1
         step_h_norm = np.sqrt(_rowdot(step_h, step_h))
@@ -282,6 +289,6 @@ def _select_steps(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.nd
     predicted = -_quadratic(J_h, g_h, p_h, diag_h)
     for i in np.flatnonzero(~inside):
         step[i], step_h[i], predicted[i] = _select_step(x[i], J_h[i], diag_h[i], g_h[i], p[i].copy(),
-                                                        p_h[i].copy(), d[i], float(Delta[i]), lb, ub,
+                                                        p_h[i].copy(), d[i], float(Delta[i]), lb[i], ub[i],
                                                         float(theta[i]))
     return step, step_h, predicted

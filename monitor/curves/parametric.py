@@ -11,7 +11,8 @@ floor), h in [0, 1]); for proportions floor and ceiling lie in [0, 1]. Weighted 
 beyond the data, three steepnesses); the best converged start wins, and a fit that no start
 brings to convergence is a CurveError naming the solver's message. The solves of one fit (its
 starts, then its band's resamples) run together in lock step (`monitor.curves.batch_trf`):
-the steps of scipy's solver, taken for every problem of the batch at once.
+the steps of scipy's solver, taken for every problem of the batch at once; many fits
+(`fit_sigmoid_bands`: a validation's folds) share their batches, each on its own rows.
 
 Why a parametric family: an isotonic curve is flat beyond its data, so a release better than
 every reference is predicted at the best reference's level, confidently and too low. A sigmoid
@@ -67,6 +68,9 @@ _TIED_COST = 1e-10
 # Fewer solves than this run one at a time (`_Problem.solve`): below it the batch's per-round
 # bookkeeping costs more than the solves it shares (measured on the axis-choice workload).
 _SMALLEST_BATCH = 4
+# At most about this many solves share one batch (`fit_sigmoid_bands`): their Jacobians and SVDs
+# are held together, a few kilobytes per solve.
+_MOST_SOLVES_AT_ONCE = 4096
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,26 @@ def _columns(theta: np.ndarray) -> tuple[Any, Any, Any, Any]:
     return tuple(theta[:, i:i + 1] for i in range(4))   # type: ignore[return-value]
 
 
+def _sigmoid(theta: np.ndarray, u: np.ndarray, top: Any) -> np.ndarray:
+    """The sigmoid in normalised coordinates: one point θ (4,) at u, or a batch (B, 4) at u
+    (its own row of u (B, m) per problem, or one u for all: (B, len(u)))."""
+    floor, h, k, u0 = _columns(theta)
+    return floor + h * (top - floor) * expit(k * (u - u0))
+
+
+def _jacobian_of(e: np.ndarray, u: np.ndarray, top: Any, floor: Any, h: Any, k: Any, u0: Any) -> np.ndarray:
+    """The unweighted Jacobian (…, m, 4) given the logistic e at the rows u: parameters scalars
+    for one point, (B, 1) columns for a batch."""
+    de = e * (1.0 - e)
+    room = top - floor
+    jac = np.empty((*e.shape, 4))
+    jac[..., 0] = 1.0 - h * e
+    jac[..., 1] = room * e
+    jac[..., 2] = h * room * de * (u - u0)
+    jac[..., 3] = -h * room * de * k
+    return jac
+
+
 @dataclass
 class _Solves:
     """Per solve of a batch: the point reached, its cost, scipy's status (> 0 converged, 0 the
@@ -127,7 +151,6 @@ class _Problem:
         self.set_weights(w)
         self._last_theta = b""          # the bytes of the point whose logistic `_last_e` holds
         self._last_e = np.empty(0)
-        self._batch_sw = np.empty((0, len(self.u)))   # the square-root weights of `solve_batch`'s problems
         self.lower = np.array([bottom, 0.0, _K_MIN, float(self.u.min()) - 10.0])
         self.upper = np.array([top, 1.0, _K_MAX, float(self.u.max()) + 10.0])
 
@@ -136,8 +159,7 @@ class _Problem:
 
     def curve(self, theta: np.ndarray, u: np.ndarray) -> np.ndarray:
         """The sigmoid at u for one point θ (4,), or for a batch of points (B, 4): (B, len(u))."""
-        floor, h, k, u0 = _columns(theta)
-        return floor + h * (self.top - floor) * expit(k * (u - u0))
+        return _sigmoid(theta, u, self.top)
 
     def residuals(self, theta: np.ndarray) -> np.ndarray:
         floor, h, k, u0 = theta
@@ -155,74 +177,13 @@ class _Problem:
         return self._jacobian_at(e, floor, h, k, u0) * self.sw[:, None]
 
     def _jacobian_at(self, e: np.ndarray, floor: Any, h: Any, k: Any, u0: Any) -> np.ndarray:
-        """The unweighted Jacobian (…, m, 4) given the logistic e at the rows: parameters scalars
-        for one point, (B, 1) columns for a batch."""
-        de = e * (1.0 - e)
-        room = self.top - floor
-        jac = np.empty((*e.shape, 4))
-        jac[..., 0] = 1.0 - h * e
-        jac[..., 1] = room * e
-        jac[..., 2] = h * room * de * (self.u - u0)
-        jac[..., 3] = -h * room * de * k
-        return jac
-
-    def batch_residuals(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The residuals of problems `rows` of a batch (`solve_batch`) at their points `thetas`."""
-        return self._batch_sw[rows] * (self.curve(thetas, self.u) - self.y)
-
-    def batch_jacobian(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Their Jacobians (k, m, 4), as `jacobian` computes one."""
-        floor, h, k, u0 = _columns(thetas)
-        return self._jacobian_at(expit(k * (self.u - u0)), floor, h, k, u0) * self._batch_sw[rows][:, :, None]
+        """The unweighted Jacobian (m, 4) at one point, given the logistic e at the rows."""
+        return _jacobian_of(e, self.u, self.top, floor, h, k, u0)
 
     def solve_batch(self, starts: np.ndarray, weights: np.ndarray) -> _Solves:
         """One solve from each row of `starts` (B, 4) with the row weights of `weights` (B, m),
-        all at once (`monitor.curves.batch_trf`; where scipy's core cannot be imported, one
-        `least_squares` call each). A solve that cannot start (residuals not finite at its start:
-        least_squares' own message), or that stops on an error the single solve raises, has status
-        −1 and its reason."""
-        starts = np.atleast_2d(np.asarray(starts, dtype=float))
-        out = _Solves(x=starts.copy(), cost=np.full(len(starts), np.inf),
-                      status=np.full(len(starts), -1, dtype=np.int64), reasons=[None] * len(starts))
-        if trf_bounds_batch is None or len(starts) < _SMALLEST_BATCH:
-            # one at a time: scipy's public call where its core moved; a batch too small to
-            # repay the lock step's bookkeeping
-            solve = self.solve if trf_bounds_batch is not None else partial(solve_with_least_squares, self)
-            kept = self.w
-            try:
-                for i, (start, w) in enumerate(zip(starts, weights)):
-                    self.set_weights(w)
-                    try:
-                        result = solve(start)
-                    except (ValueError, FloatingPointError) as exc:
-                        out.reasons[i] = str(exc).splitlines()[0]
-                        continue
-                    out.x[i], out.cost[i], out.status[i] = result.x, result.cost, result.status
-                    out.reasons[i] = None if result.status > 0 else str(result.message)
-            finally:
-                self.set_weights(kept)
-            return out
-        x0 = np.array([make_strictly_feasible(s, self.lower, self.upper) for s in starts])
-        self._batch_sw = np.sqrt(np.asarray(weights, dtype=float))
-        f0 = self.batch_residuals(x0, np.arange(len(x0)))
-        ok = np.isfinite(f0).all(axis=1)
-        for i in np.flatnonzero(~ok):
-            out.reasons[i] = "Residuals are not finite in the initial point."
-        if ok.any():
-            rows = np.flatnonzero(ok)
-            self._batch_sw = self._batch_sw[rows]
-            try:
-                solved = trf_bounds_batch(self.batch_residuals, self.batch_jacobian, x0[rows], f0[rows],
-                                          self.lower, self.upper, _TOLERANCE, _MAX_EVALUATIONS)
-            finally:
-                self._batch_sw = np.empty((0, len(self.u)))
-            out.x[rows], out.cost[rows], out.status[rows] = solved.x, solved.cost, solved.status
-            for i, status, error in zip(rows, solved.status, solved.errors):
-                if error is not None:           # the solve's own error, as the single solve raises it
-                    out.status[i], out.reasons[i] = -1, error
-                elif status <= 0:
-                    out.reasons[i] = TERMINATION_MESSAGES[int(status)]
-        return out
+        all at once (`solve_stacked` with this one problem)."""
+        return solve_stacked([self], np.zeros(len(np.atleast_2d(starts)), dtype=np.int64), starts, weights)
 
     def starts(self) -> list[np.ndarray]:
         lo, hi = float(np.min(self.y)), float(np.max(self.y))
@@ -297,6 +258,95 @@ def solve_with_least_squares(problem: _Problem, start: np.ndarray) -> Any:
                          method="trf", x_scale="jac", max_nfev=_MAX_EVALUATIONS)
 
 
+class _Stacked:
+    """The solves of a batch, each on its problem's rows (`solve_stacked`): per solve its
+    problem's u, y and top, padded to the longest problem with rows of weight 0."""
+
+    def __init__(self, problems: Sequence[_Problem], owners: np.ndarray, weights: Sequence[np.ndarray]):
+        sizes = np.array([len(p.u) for p in problems], dtype=np.int64)
+        width = int(sizes.max())
+        if len(problems) == 1:       # one problem: its own arrays, broadcast, nothing padded
+            only = problems[0]
+            self.u, self.y = only.u[None, :], only.y[None, :]
+            self.top = np.array([[only.top]])
+        else:
+            self.u, self.y = np.zeros((len(problems), width)), np.zeros((len(problems), width))
+            for i, p in enumerate(problems):
+                self.u[i, :len(p.u)], self.y[i, :len(p.y)] = p.u, p.y
+            self.top = np.array([[p.top] for p in problems])
+        self.u, self.y, self.top = self.u[owners], self.y[owners], self.top[owners]
+        self.sizes = sizes[owners]
+        self.sw = np.zeros((len(owners), width))
+        for i, w in enumerate(weights):
+            self.sw[i, :len(w)] = np.sqrt(np.asarray(w, dtype=float))
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.u, self.y, self.top, self.sw, self.sizes = (self.u[rows], self.y[rows], self.top[rows],
+                                                         self.sw[rows], self.sizes[rows])
+
+    def residuals(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The residuals of solves `rows` at their points `thetas` (k, 4)."""
+        return self.sw[rows] * (_sigmoid(thetas, self.u[rows], self.top[rows]) - self.y[rows])
+
+    def jacobian(self, thetas: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Their Jacobians (k, m, 4), as `_Problem.jacobian` computes one."""
+        floor, h, k, u0 = _columns(thetas)
+        u = self.u[rows]
+        return _jacobian_of(expit(k * (u - u0)), u, self.top[rows], floor, h, k, u0) * self.sw[rows][:, :, None]
+
+
+def solve_stacked(problems: Sequence[_Problem], owners: np.ndarray, starts: np.ndarray,
+                  weights: Sequence[np.ndarray]) -> _Solves:
+    """One solve from each row of `starts` (B, 4), on problem `problems[owners[i]]` with the row
+    weights `weights[i]` (its problem's length), all at once (`monitor.curves.batch_trf`; where
+    scipy's core cannot be imported, one `least_squares` call each). The problems may differ in
+    data, length and bounds (the folds of a validation, each with its band). A solve that cannot
+    start (residuals not finite at its start: least_squares' own message), or that stops on an
+    error the single solve raises, has status −1 and its reason."""
+    starts = np.atleast_2d(np.asarray(starts, dtype=float))
+    owners = np.asarray(owners, dtype=np.int64)
+    out = _Solves(x=starts.copy(), cost=np.full(len(starts), np.inf),
+                  status=np.full(len(starts), -1, dtype=np.int64), reasons=[None] * len(starts))
+    if trf_bounds_batch is None or len(starts) < _SMALLEST_BATCH:
+        # one at a time: scipy's public call where its core moved; a batch too small to
+        # repay the lock step's bookkeeping
+        for i, (start, owner, w) in enumerate(zip(starts, owners, weights)):
+            problem = problems[owner]
+            solve = problem.solve if trf_bounds_batch is not None else partial(solve_with_least_squares, problem)
+            kept = problem.w
+            problem.set_weights(np.asarray(w, dtype=float))
+            try:
+                result = solve(start)
+            except (ValueError, FloatingPointError) as exc:
+                out.reasons[i] = str(exc).splitlines()[0]
+                continue
+            finally:
+                problem.set_weights(kept)
+            out.x[i], out.cost[i], out.status[i] = result.x, result.cost, result.status
+            out.reasons[i] = None if result.status > 0 else str(result.message)
+        return out
+    lower = np.array([problems[o].lower for o in owners])
+    upper = np.array([problems[o].upper for o in owners])
+    x0 = np.array([make_strictly_feasible(s, lo, hi) for s, lo, hi in zip(starts, lower, upper)])
+    stack = _Stacked(problems, owners, weights)
+    f0 = stack.residuals(x0, np.arange(len(x0)))
+    ok = np.isfinite(f0).all(axis=1)
+    for i in np.flatnonzero(~ok):
+        out.reasons[i] = "Residuals are not finite in the initial point."
+    if ok.any():
+        rows = np.flatnonzero(ok)
+        stack.keep(rows)
+        solved = trf_bounds_batch(stack.residuals, stack.jacobian, x0[rows], f0[rows], lower[rows], upper[rows],
+                                  _TOLERANCE, _MAX_EVALUATIONS, sizes=stack.sizes)
+        out.x[rows], out.cost[rows], out.status[rows] = solved.x, solved.cost, solved.status
+        for i, status, error in zip(rows, solved.status, solved.errors):
+            if error is not None:           # the solve's own error, as the single solve raises it
+                out.status[i], out.reasons[i] = -1, error
+            elif status <= 0:
+                out.reasons[i] = TERMINATION_MESSAGES[int(status)]
+    return out
+
+
 def fit_sigmoid(x: Sequence[float], y: Sequence[float], weights: Sequence[float], *, predictor: Axis,
                 proportion: bool) -> SigmoidParams:
     """Weighted least-squares sigmoid of y on x, monotone toward progress (see the module
@@ -328,15 +378,20 @@ def _best_start(problem: _Problem, starts: list[np.ndarray]) -> np.ndarray:
     the same optimum, or optima the data cannot tell apart (alike at every checkpoint, apart
     beyond them), differ in cost only by rounding, which must not choose the curve."""
     solves = problem.solve_batch(np.array(starts), np.broadcast_to(problem.w, (len(starts), len(problem.u))))
-    converged = np.flatnonzero(solves.status > 0)
+    return _pick_start(solves.x, solves.cost, solves.status, solves.reasons)
+
+
+def _pick_start(x: np.ndarray, cost: np.ndarray, status: np.ndarray, reasons: Sequence[str | None]) -> np.ndarray:
+    """`_best_start`'s choice among one fit's solves (one per start, in the starts' order)."""
+    converged = np.flatnonzero(status > 0)
     if not len(converged):
-        reason = next((r for r in solves.reasons if r), "no starting point")
-        raise CurveError(f"the sigmoid fit did not converge from any of {len(starts)} starting points ({reason})",
+        reason = next((r for r in reasons if r), "no starting point")
+        raise CurveError(f"the sigmoid fit did not converge from any of {len(status)} starting points ({reason})",
                          hint="fit the isotonic family (--fit-family isotonic), or check the labels")
-    costs = solves.cost[converged]
+    costs = cost[converged]
     least = float(np.min(costs))
     tied = converged[costs <= least + _TIED_COST * abs(least)]
-    return solves.x[tied[0]].copy()
+    return x[tied[0]].copy()
 
 
 @dataclass(frozen=True)
@@ -366,6 +421,23 @@ class SigmoidFit:
         return np.interp(x, self.grid_x, self.lower), np.interp(x, self.grid_x, self.upper)
 
 
+@dataclass(frozen=True)
+class BandRequest:
+    """One sigmoid-with-band fit (`fit_sigmoid_band`'s arguments), for `fit_sigmoid_bands`."""
+
+    x: Sequence[float]
+    y: Sequence[float]
+    weights: Sequence[float]
+    predictor: Axis
+    level: float
+    confidence: float = 0.9
+    resamples: int = 1000
+    seed: int = 0
+    grid_size: int = 101
+    proportion: bool = True
+    extend: float = EXTRAPOLATION_SPAN
+
+
 def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[float], *, predictor: Axis,
                      level: float, confidence: float = 0.9, resamples: int = 1000, seed: int = 0,
                      grid_size: int = 101, proportion: bool = True,
@@ -373,38 +445,124 @@ def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[f
     """The sigmoid, its bootstrap percentile band on a grid reaching `extend` × the data span
     beyond the most advanced checkpoint, and the threshold for `level` from the shared rule
     (`monitor.bands.threshold_crossing`)."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    sign = -1.0 if predictor.lower_is_progress else 1.0
-    problem, (t, yu, wu) = _problem(sign * x, y, w, proportion, predictor)
-    theta = _best_start(problem, problem.starts())
-    params = problem.params(theta, sign)
+    (fit,) = fit_sigmoid_bands([BandRequest(x, y, weights, predictor, level, confidence, resamples, seed,
+                                            grid_size, proportion, extend)])
+    if isinstance(fit, Exception):
+        raise fit
+    return fit
 
+
+@dataclass
+class _Pending:
+    """A request on its way through `fit_sigmoid_bands`."""
+
+    request: BandRequest
+    sign: float
+    problem: _Problem
+    t: np.ndarray
+    yu: np.ndarray
+    wu: np.ndarray
+    theta: np.ndarray | None = None
+
+
+def fit_sigmoid_bands(requests: Sequence[BandRequest]) -> list[SigmoidFit | LabelError | CurveError]:
+    """`fit_sigmoid_band` for each request, its result or the error it raises (LabelError,
+    CurveError), in order. The fits' solves share batches: every fit's starts in one, then every
+    band's resamples in one, so the many small fits of a validation (axes × folds, and a family
+    bootstrap's refits of it) pay the lock step's per-round cost once instead of once per fit.
+    Each fit's arithmetic is its own; only the order of sums over padded rows, and so the last
+    bits, can differ from fitting it alone. Requests are taken in groups of about
+    `_MOST_SOLVES_AT_ONCE` solves, which bounds the batch's memory."""
+    out: list[Any] = []
+    group: list[BandRequest] = []
+    solves = 0
+    for request in requests:
+        cost = 12 + request.resamples
+        if group and solves + cost > _MOST_SOLVES_AT_ONCE:
+            out.extend(_fit_group(group))
+            group, solves = [], 0
+        group.append(request)
+        solves += cost
+    if group:
+        out.extend(_fit_group(group))
+    return out
+
+
+def _fit_group(requests: Sequence[BandRequest]) -> list[SigmoidFit | LabelError | CurveError]:
+    out: list[Any] = [None] * len(requests)
+    pending: dict[int, _Pending] = {}
+    for i, r in enumerate(requests):
+        sign = -1.0 if r.predictor.lower_is_progress else 1.0
+        try:
+            problem, (t, yu, wu) = _problem(sign * np.asarray(r.x, dtype=np.float64), np.asarray(r.y, dtype=np.float64),
+                                            np.asarray(r.weights, dtype=np.float64), r.proportion, r.predictor)
+        except LabelError as exc:
+            out[i] = exc
+            continue
+        pending[i] = _Pending(r, sign, problem, t, yu, wu)
+    order = list(pending)
+    problems = [pending[i].problem for i in order]
+    # every fit's starts, in one batch
+    starts = [problem.starts() for problem in problems]
+    owners = np.repeat(np.arange(len(problems)), [len(s) for s in starts])
+    solves = solve_stacked(problems, owners, np.array([s for group in starts for s in group]).reshape(-1, 4),
+                           [problems[o].w for o in owners]) if len(order) else None
+    at = 0
+    for j, i in enumerate(order):
+        n = len(starts[j])
+        part = slice(at, at + n)
+        at += n
+        try:
+            pending[i].theta = _pick_start(solves.x[part], solves.cost[part], solves.status[part], solves.reasons[part])
+        except CurveError as exc:
+            out[i] = exc
+    fitted = [i for i in order if pending[i].theta is not None]
+    # every band's resamples, in one batch, each warm-started at its fit
+    counts = {}
+    for i in fitted:
+        r, m = pending[i].request, len(pending[i].t)
+        counts[i] = np.random.default_rng(r.seed).multinomial(m, np.full(m, 1.0 / m), size=r.resamples)
+    index = {i: k for k, i in enumerate(order)}
+    owners = np.repeat([index[i] for i in fitted], [len(counts[i]) for i in fitted]).astype(np.int64)
+    band_starts = np.concatenate([np.broadcast_to(pending[i].theta, (len(counts[i]), 4)) for i in fitted]) \
+        if fitted else np.empty((0, 4))
+    band_weights = [row for i in fitted for row in counts[i] * pending[i].wu]
+    band = solve_stacked(problems, owners, band_starts, band_weights) if len(band_starts) else None
+    at = 0
+    for i in fitted:
+        n = len(counts[i])
+        part = slice(at, at + n)
+        at += n
+        try:
+            out[i] = _finish_band(pending[i], band.x[part], band.status[part])
+        except CurveError as exc:
+            out[i] = exc
+    return out
+
+
+def _finish_band(fit: _Pending, refits: np.ndarray, status: np.ndarray) -> SigmoidFit:
+    """The band, threshold and dispersion of one fit from its resamples' refits."""
+    r, problem, t, theta, sign = fit.request, fit.problem, fit.t, fit.theta, fit.sign
+    params = problem.params(theta, sign)
     span = float(t[-1] - t[0])
-    grid_t = np.linspace(t[0], t[-1] + extend * span, grid_size)
+    grid_t = np.linspace(t[0], t[-1] + r.extend * span, r.grid_size)
     grid_u = (grid_t - problem.centre) / problem.span
     est = problem.curve(theta, grid_u)
-
-    rng = np.random.default_rng(seed)
-    m = len(t)
-    counts = rng.multinomial(m, np.full(m, 1.0 / m), size=resamples)
-    # Every resample's refit at once, each warm-started at the full fit.
-    solves = problem.solve_batch(np.broadcast_to(theta, (resamples, 4)), counts * wu)
-    failed = solves.status <= 0
-    curves = problem.curve(solves.x, grid_u)
+    failed = status <= 0
+    curves = problem.curve(refits, grid_u)
     if failed.mean() > _MAX_FAILED_SHARE:
-        raise CurveError(f"{int(failed.sum())} of {resamples} bootstrap refits of the sigmoid did not converge",
+        raise CurveError(f"{int(failed.sum())} of {r.resamples} bootstrap refits of the sigmoid did not converge",
                          hint="the data do not pin a sigmoid down; fit the isotonic family")
     curves = curves[~failed]
-    alpha = 1.0 - confidence
+    alpha = 1.0 - r.confidence
     lo, hi = np.quantile(curves, [alpha / 2.0, 1.0 - alpha / 2.0], axis=0)
     lo, hi = np.minimum(lo, est), np.maximum(hi, est)
-    if proportion:
+    if r.proportion:
         lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
     lo = np.minimum.accumulate(lo[::-1])[::-1]
     hi = np.maximum.accumulate(hi)
 
+    level = r.level
     crossing = threshold_crossing(level, sign=sign, t_first=float(t[0]), knots_t=grid_t, knots_y=est,
                                   grid_t=grid_t, lower=lo, upper=hi)
     crossings = np.array([grid_t[0] if c[0] >= level else first_reach(grid_t, c, level) for c in curves])
@@ -413,14 +571,15 @@ def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[f
     boot = {name: (None if not math.isfinite(v) else float(sign * v))
             for name, v in zip(("early", "median", "late"), q)}
     threshold = {"estimate": crossing["estimate"], "lower": crossing["lower"], "upper": crossing["upper"],
-                 "never_share": float(np.mean(np.isnan(crossings))), "confidence": confidence,
+                 "never_share": float(np.mean(np.isnan(crossings))), "confidence": r.confidence,
                  "status": crossing["status"], "level": level, "bootstrap": boot}
-    resid = yu - problem.curve(theta, problem.u)
+    m = len(t)
+    resid = fit.yu - problem.curve(theta, problem.u)
     dof = m - 4
-    dispersion = float(np.sum(wu * resid ** 2) / dof) if dof > 0 else 0.0
+    dispersion = float(np.sum(fit.wu * resid ** 2) / dof) if dof > 0 else 0.0
     order = np.argsort(sign * grid_t)
     gx = (sign * grid_t)[order]
-    return SigmoidFit(params=params, predictor=predictor, level=level, confidence=confidence,
+    return SigmoidFit(params=params, predictor=r.predictor, level=level, confidence=r.confidence,
                       knots_x=gx, knots_y=est[order], grid_x=gx, grid_fit=est[order], lower=lo[order],
                       upper=hi[order], threshold=threshold, dispersion=dispersion,
                       failed_resamples=int(failed.sum()))

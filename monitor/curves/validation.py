@@ -179,6 +179,42 @@ def _fit_fold(fit_family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, *, p
                         seed=seed, known_variance=known_variance, bounds=(0.0, 1.0) if proportion else None)
 
 
+def sigmoid_fold_requests(values: Sequence[float], families: Sequence[str],
+                          axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float,
+                          margin: float, n: Sequence[int | None] | None = None,
+                          stderr: Sequence[float | None] | None = None, confidence: float = 0.9,
+                          resamples: int = 200, seed: int = 0) -> list[tuple[tuple[str, int], Any]]:
+    """The sigmoid fits `lofo_axes(..., fit_family="sigmoid")` makes, as (key, BandRequest)
+    pairs keyed by (axis, family index), so that a caller running many validations (a family
+    bootstrap's refits) can fit them all in one `fit_sigmoid_bands` call and hand each
+    validation its fits (`lofo_axes(fits=...)`)."""
+    fam = np.asarray(list(families), dtype=object)
+    values = np.asarray(values, dtype=np.float64)
+    weights, _ = label_weights(values, n, stderr)
+    proportion = bool(np.all((values >= 0) & (values <= 1)))
+    return _fold_requests(axes, values, weights, fam, sorted(set(fam.tolist())), level=baseline + margin,
+                          confidence=confidence, resamples=resamples, seed=seed, proportion=proportion)
+
+
+def _fold_requests(axes: Mapping[str, tuple[Predictor, np.ndarray | None]], values: np.ndarray, weights: np.ndarray,
+                   fam: np.ndarray, names: Sequence[str], *, level: float, confidence: float, resamples: int,
+                   seed: int, proportion: bool) -> list[tuple[tuple[str, int], Any]]:
+    """Every fold's sigmoid request, keyed by (axis, family index), as `_fit_fold` would fit them."""
+    from monitor.curves.parametric import BandRequest
+
+    out = []
+    for name, (predictor, x) in axes.items():
+        if x is None:
+            continue
+        x = np.asarray(x, dtype=np.float64)
+        for k, family in enumerate(names):
+            train = fam != family
+            out.append(((name, k), BandRequest(x[train], values[train], weights[train], predictor=predictor,
+                                               level=level, confidence=confidence, resamples=resamples,
+                                               seed=seed + k, proportion=proportion)))
+    return out
+
+
 def _probability_reaching(fit: Any, x: np.ndarray, p_hat: np.ndarray, weights: np.ndarray, *, level: float,
                           z: float) -> np.ndarray:
     """P(value ≥ level) of held-out rows: the fold's prediction with the spread of its band
@@ -196,7 +232,7 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
               axes: Mapping[str, tuple[Predictor, np.ndarray | None]], *, baseline: float, margin: float,
               n: Sequence[int | None] | None = None, stderr: Sequence[float | None] | None = None,
               confidence: float = 0.9, resamples: int = 200, seed: int = 0,
-              fit_family: str = "isotonic") -> LofoResult:
+              fit_family: str = "isotonic", fits: Mapping[tuple[str, int], Any] | None = None) -> LofoResult:
     """Leave-one-family-out validation on any set of x-axes (name -> (predictor, x per row);
     x None: the axis is missing on some rows and skipped).
 
@@ -204,7 +240,8 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
     fitted in each fold, isotonic (`fit_monotone`) or the sigmoid (`fit_sigmoid_band`; its band
     bootstrap uses the same `resamples`). `LofoResult.points` keeps
     each held-out row's prediction per axis (row index, g(x), P(value ≥ b_t + ε), observed),
-    so differences between axes can be bootstrapped over the same checkpoints.
+    so differences between axes can be bootstrapped over the same checkpoints. `fits`: the
+    sigmoid folds' fits already made (`sigmoid_fold_requests`), by (axis, family index).
     """
     fam = np.asarray(list(families), dtype=object)
     names = sorted(set(fam.tolist()))
@@ -221,6 +258,16 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
     per_family: list[dict[str, Any]] = []
     points: dict[str, dict[str, np.ndarray]] = {}
     skipped: dict[str, str] = {}
+    # The sigmoid's folds are fitted together, every axis's and family's in one call, so their
+    # solves share batches (`fit_sigmoid_bands`); the isotonic fits are cheap and fitted in turn.
+    if fits is not None or fit_family != "sigmoid":
+        fitted = dict(fits or {})
+    else:
+        from monitor.curves.parametric import fit_sigmoid_bands
+
+        pairs = _fold_requests(axes, values, weights, fam, names, level=level, confidence=confidence,
+                               resamples=resamples, seed=seed, proportion=proportion)
+        fitted = dict(zip([key for key, _ in pairs], fit_sigmoid_bands([request for _, request in pairs])))
     for name, (predictor, x) in axes.items():
         if x is None:
             skipped[name] = f"column {predictor.column!r} missing on some rows"
@@ -231,9 +278,12 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
             test = fam == family
             train = ~test
             try:
-                fit = _fit_fold(fit_family, x[train], values[train], weights[train], predictor=predictor,
-                                level=level, confidence=confidence, resamples=resamples, seed=seed + k,
-                                known_variance=known, proportion=proportion)
+                fit = fitted[(name, k)] if (name, k) in fitted else _fit_fold(
+                    fit_family, x[train], values[train], weights[train], predictor=predictor, level=level,
+                    confidence=confidence, resamples=resamples, seed=seed + k, known_variance=known,
+                    proportion=proportion)
+                if isinstance(fit, Exception):
+                    raise fit
             except (LabelError, CurveError) as exc:
                 skipped[f"{name}:{family}"] = exc.message
                 continue
