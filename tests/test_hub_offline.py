@@ -41,38 +41,37 @@ def _env(**overrides: str) -> dict[str, str]:
 
 # The demo's daemon pass, in a process that imported huggingface_hub with HF_HUB_OFFLINE=1: once
 # through `run_daemon_once` (what the demo runs), once through the daemon alone (what it ran before).
+# The fake Hub and its lineage's tiny models are the test's (served from its process on 127.0.0.1,
+# as the demo's own is on the same machine): building the models imported transformers' model
+# code and torch in this child only for that, which nothing here checks.
 DAEMON_PASS = """\
 import json, sys
 from pathlib import Path
 from huggingface_hub import constants
 from monitor.demo.failure import diagnose
 from monitor.demo.run import run_daemon_once
-from monitor.demo.fakehub import FakeHub
-from monitor.demo.hub_repos import add_lineage
 from monitor.scoring import ScoreRequest
 from monitor.service import Daemon, DaemonConfig
 from monitor.store import Store
 
-tmp, corpus, policy = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+tmp, corpus, policy, hub_url = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 (tmp / "policies").mkdir()
 (tmp / "policies" / "offline.yaml").write_text(policy)
 out = {"offline_at_import": constants.HF_HUB_OFFLINE}
 template = ScoreRequest(corpus_dir=corpus, docs=2, max_context=32, device="cpu", dtype="float32",
                         with_tcb=False, n_boot=10, progress=False)
-with FakeHub() as hub:
-    out["refs"] = add_lineage(hub, "demo-org/tiny-lab", steps=(1000, 2000), build_dir=tmp / "build")
-    for name in ("demo", "daemon_alone"):
-        config = DaemonConfig(policies_dir=tmp / "policies", state_dir=tmp / name, endpoint=hub.url, api_port=0,
-                              once=True, cache_dir=tmp / name / "cache", template=template)
-        if name == "demo":
-            code, errors = run_daemon_once(config)
-        else:
-            code, errors = Daemon(config).run(), {}
-        with Store.open(tmp / name / "lstar.duckdb", read_only=True) as store:
-            out[name] = {"code": code, "errors": errors, "polls": [[p.ok, p.error] for p in store.hub_polls()],
-                         "rows": store.query("SELECT sha, status, reason FROM checkpoints ORDER BY id"),
-                         "diagnosis": diagnose(store, org="demo-org", exit_code=code, job_errors=errors,
-                                               alerts=0, alert_mails=0, reports=0)}
+for name in ("demo", "daemon_alone"):
+    config = DaemonConfig(policies_dir=tmp / "policies", state_dir=tmp / name, endpoint=hub_url, api_port=0,
+                          once=True, cache_dir=tmp / name / "cache", template=template)
+    if name == "demo":
+        code, errors = run_daemon_once(config)
+    else:
+        code, errors = Daemon(config).run(), {}
+    with Store.open(tmp / name / "lstar.duckdb", read_only=True) as store:
+        out[name] = {"code": code, "errors": errors, "polls": [[p.ok, p.error] for p in store.hub_polls()],
+                     "rows": store.query("SELECT sha, status, reason FROM checkpoints ORDER BY id"),
+                     "diagnosis": diagnose(store, org="demo-org", exit_code=code, job_errors=errors,
+                                           alerts=0, alert_mails=0, reports=0)}
 out["offline_after"] = constants.HF_HUB_OFFLINE
 print(json.dumps(out, default=str))
 """
@@ -80,14 +79,17 @@ print(json.dumps(out, default=str))
 
 @pytest.mark.slow
 def test_the_demo_reaches_its_fake_hub_with_hf_hub_offline_set(tmp_path: Path, calib_v0: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", DAEMON_PASS, str(tmp_path), str(calib_v0), POLICY],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=_env(HF_HUB_OFFLINE="1"))
+    with FakeHub() as hub:
+        refs = add_lineage(hub, "demo-org/tiny-lab", steps=(1000, 2000), build_dir=tmp_path / "build")
+        proc = subprocess.run([sys.executable, "-c", DAEMON_PASS, str(tmp_path), str(calib_v0), POLICY, hub.url],
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                              env=_env(HF_HUB_OFFLINE="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["offline_at_import"] is True and out["offline_after"] is True   # lifted only for the pass
 
     demo = out["demo"]
-    steps = {sha for ref, sha in out["refs"].items() if ref.startswith("step")}
+    steps = {sha for ref, sha in refs.items() if ref.startswith("step")}
     assert demo["polls"] and all(ok and error is None for ok, error in demo["polls"]), demo["polls"]
     assert {r["sha"] for r in demo["rows"]} == steps and len(demo["rows"]) == 2
     # scored too: the scoring child, which keeps HF_HUB_OFFLINE, loads the fetched files locally
