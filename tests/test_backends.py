@@ -127,10 +127,26 @@ def test_error_classes_survive_the_trip():
 
 
 @pytest.mark.slow
-def test_a_score_of_another_corpus_selection_is_refused(tiny_dir, calib_v0, tmp_path):
+def test_a_score_of_another_corpus_selection_is_refused(local_outcome, tiny_dir, calib_v0, tmp_path, monkeypatch):
+    """The refusal is the backend's, in this process, of what the child returned. The child's
+    answer to this job's request is the one `local_outcome`'s child gave (the same request; a
+    child scores what the engine does, checked above), so that real answer is handed back
+    instead of a second child importing torch to compute it again (about 10 CPU-seconds);
+    the job's expected corpus selection is the only difference."""
+    from monitor.scoring.backends import local as local_module
+
+    assert local_outcome.ok, local_outcome.error
     job = replace(job_for(tiny_dir, calib_v0), corpus_sha256="f" * 64)
+    asked = []
+
+    def child(request, **_):
+        asked.append(request)
+        return local_outcome.scored
+
+    monkeypatch.setattr(local_module, "run_score_child", child)
     [outcome] = list(LocalBackend(timeout_s=300, workdir=tmp_path).run([job]))
-    assert outcome.error.error_class == "CorpusError"
+    assert asked == [local_outcome.job.request] == [job.request]
+    assert outcome.scored is None and outcome.error.error_class == "CorpusError"
     assert "ffffffffffff" in outcome.error.message
 
 
