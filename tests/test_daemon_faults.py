@@ -111,8 +111,11 @@ def test_scoring_child_is_killed_and_the_daemon_goes_on(one_step_hub, tmp_path, 
     args = ["--cache-dir", str(tmp_path / "cache"), *extra]
     with DaemonProcess(policies, tmp_path / "state", endpoint=hub.url, args=args, start_timeout=240,
                        env={"LSTAR_FAILPOINT": failpoint}) as daemon:
+        # polled each second, not every 0.2 s: the three attempts take tens of seconds, each
+        # request builds a new httpx client (about 34 ms of CPU for its SSL context) and the
+        # daemon answers it; a failed row stays failed, so a later look sees it as well
         rows = wait_for(lambda: [r for r in daemon.get_json("/checkpoints?status=failed")["items"]],
-                        timeout=180, what=f"a failed row\n{daemon.log()}")
+                        timeout=180, every=1.0, what=f"a failed row\n{daemon.log()}")
         assert reason in rows[0]["reason"]
         assert daemon.proc.poll() is None
         assert daemon.request("/health")[0] == 200

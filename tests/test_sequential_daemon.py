@@ -18,7 +18,13 @@ from tests.test_daemon_events import SECRET_ENV, fit_arith_curve
 
 pytestmark = pytest.mark.slow  # two daemons score a lineage in subprocesses
 
-DOCS = 20
+# Documents in the selection. The claim (the sequential daemon stops early, with fewer tokens,
+# at the alerts and states of the full one) needs a selection larger than the sequential floor:
+# with 8 documents a block is 1 document and the first look comes after 2 (min_blocks), as with
+# 20, every document in the one slice `code`. The full daemon scores all of them, twice: 8
+# documents (about 8,000 tokens a checkpoint) instead of 20 (18,971) is less than half of those
+# forward passes through gpt-neox's 50,277-id output layer.
+DOCS = 8
 
 
 def _run(mode: str, hub: FakeHub, hook_url: str, root, corpus_dir, arith, far) -> dict:
