@@ -376,3 +376,107 @@ def test_curves_fit_from_lm_eval_results_and_the_store(tmp_path, capsys):
                  "--baseline", "0.25", "--margin", "0.03", "--out", str(out)])
     err = capsys.readouterr().err
     assert code != 0 and err.startswith("error: unknown task 'hellaswag'") and err.count("\n") == 1
+
+
+def test_the_output_layer_runs_on_the_continuation_positions_alone_and_gives_the_full_answer(tiny_model_dir, cloze,
+                                                                                            monkeypatch):
+    """`option_loglikelihoods` asks the model for the continuation positions' logits alone
+    (`logits_to_keep`, a mask of the positions); the answer is the one indexed out of every
+    position's logits: equal in float64, and to float32 rounding in float32. A model whose forward
+    does not take the argument, or takes it and answers every position, is indexed as before."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.curves import evaluator
+    from monitor.scoring.tokenizer import load_tokenizer
+
+    handle = load_tokenizer(tiny_model_dir)
+    requests = []
+    for item in cloze.items:
+        for choice in item.choices:
+            ctx, cont = encode_pair(handle.tokenizer, item.context, choice)
+            requests.append(([handle.prefix_token_id, *ctx], cont))
+    seen = []
+
+    class Counting(torch.nn.Module):
+        """Takes `logits_to_keep` and records the shape of the logits the model answered."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep)
+            seen.append(tuple(out.logits.shape))
+            return out
+
+    class Plain(torch.nn.Module):
+        """A forward without the argument."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    class Ignoring(Counting):
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):
+            return super().forward(input_ids, attention_mask, logits_to_keep=0)
+
+    for dtype, rtol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=dtype).eval()
+        seen.clear()
+        kept = evaluator.option_loglikelihoods(Counting(model), requests, batch_size=5)
+        n_cont = sum(len(cont) for _, cont in requests)
+        assert sum(s[0] for s in seen) == n_cont and all(len(s) == 2 for s in seen)   # [P, V] per batch
+        full = evaluator.option_loglikelihoods(Plain(model), requests, batch_size=5)
+        np.testing.assert_allclose(kept, full, rtol=rtol, atol=rtol)
+        seen.clear()
+        ignored = evaluator.option_loglikelihoods(Ignoring(model), requests, batch_size=5)
+        assert all(len(s) == 3 for s in seen) and len(seen) == math.ceil(len(requests) / 5)   # one forward a batch
+        np.testing.assert_array_equal(ignored, full)
+        for ours, ref in zip(kept[:4], requests[:4]):   # and the naive loop, one option at a time
+            naive = naive_option_loglik(model, ref[0][0], list(ref[0][1:]), list(ref[1]))
+            assert ours == pytest.approx(naive, rel=rtol, abs=rtol)
+
+
+def test_greedy_decoding_asks_for_the_last_positions_logits_alone_and_decodes_the_same(tiny_model_dir, cloze):
+    """`greedy_exact_match_items` takes each next token from the last position's logits, which it
+    asks the model for alone (`logits_to_keep=1`): the same tokens, and so the same hits, as
+    taking them from every position's logits, at every decoding step of every cloze item."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.lab.tasks import greedy_exact_match_items
+    from monitor.scoring.tokenizer import load_tokenizer
+
+    handle = load_tokenizer(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    shapes, decoded = [], []
+
+    class Recording(torch.nn.Module):
+        def __init__(self, inner, keep_all: bool):
+            super().__init__()
+            self.inner, self.keep_all = inner, keep_all
+
+        def parameters(self, recurse: bool = True):
+            return self.inner.parameters(recurse)
+
+        def forward(self, input_ids, logits_to_keep=0):
+            out = self.inner(input_ids=input_ids, logits_to_keep=0 if self.keep_all else logits_to_keep)
+            shapes.append(tuple(out.logits.shape[:2]))
+            decoded.append(int(out.logits[0, -1].argmax()))
+            return out
+
+    items = [(it.context, it.choices[it.answer].strip()) for it in cloze.items]
+    runs = {}
+    for keep_all in (True, False):
+        shapes.clear()
+        decoded.clear()
+        hits = greedy_exact_match_items(Recording(model, keep_all), handle.tokenizer, items,
+                                        prefix_token_id=handle.prefix_token_id)
+        runs[keep_all] = (hits, list(decoded), list(shapes))
+    (hits_all, tokens_all, shapes_all), (hits_last, tokens_last, shapes_last) = runs[True], runs[False]
+    assert all(n == 1 for _, n in shapes_last) and any(n > 1 for _, n in shapes_all)
+    assert tokens_last == tokens_all and hits_last == hits_all

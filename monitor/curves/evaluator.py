@@ -24,6 +24,7 @@ Its results become labels (`monitor.curves.labels`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ def option_loglikelihoods(model: Any, requests: Sequence[tuple[Sequence[int], Se
     out = np.zeros(len(seqs), dtype=np.float64)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     device = next(model.parameters()).device
+    keep = _takes_logits_to_keep(model)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
@@ -186,13 +188,44 @@ def option_loglikelihoods(model: Any, requests: Sequence[tuple[Sequence[int], Se
                     cols.append(pos - 1)          # position pos is predicted from pos - 1
                     targets.append(seq[pos])
                     owner.append(i)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [b, T, V]
-            picked = logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]  # [P, V]
+            picked = _continuation_logits(model, ids.to(device), mask.to(device), rows, cols, keep)  # [P, V]
             picked = picked.to(torch.promote_types(picked.dtype, torch.float32))
             logp = torch.log_softmax(picked, dim=-1)
             token_lp = logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
             np.add.at(out, np.asarray(owner), token_lp.double().cpu().numpy())
     return out
+
+
+def _takes_logits_to_keep(model: Any) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _continuation_logits(model: Any, ids: Any, mask: Any, rows: list[int], cols: list[int], keep: bool) -> Any:
+    """The logits [P, V] of the positions (rows[k], cols[k]), in that order (row-major, as the
+    caller lists them). Where the model takes `logits_to_keep`, a boolean mask of those positions
+    makes it apply its output layer to them alone: the continuation is a few of a request's
+    positions, and the output layer over the whole vocabulary at every position is most of an
+    evaluation's arithmetic. A model that answers with every position's logits anyway is indexed."""
+    import torch
+
+    index = (torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device))
+    if keep:
+        wanted = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        wanted[index] = True
+        try:
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=wanted).logits
+        except (TypeError, IndexError):     # a model that takes only a count of last positions
+            logits = None
+        if logits is not None and logits.ndim == 2 and logits.shape[0] == len(rows):
+            return logits
+        if logits is not None and logits.ndim == 3 and tuple(logits.shape[:2]) == tuple(ids.shape):
+            return logits[index]            # the argument taken but every position answered
+    logits = model(input_ids=ids, attention_mask=mask).logits   # [b, T, V]
+    return logits[index]
 
 
 @dataclass(frozen=True)

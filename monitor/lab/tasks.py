@@ -172,8 +172,13 @@ def greedy_exact_match_items(model: Any, tokenizer: Any, items: Sequence[tuple[s
     prompt (the model's context)."""
     import torch
 
+    from monitor.curves.evaluator import _takes_logits_to_keep
+
     hits: list[bool] = []
     device = next(model.parameters()).device
+    # the next token needs the last position's logits alone: the output layer over the whole
+    # vocabulary at every position would be most of a decode step's arithmetic
+    last_only = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
     with torch.inference_mode():
         for prompt, answer in items:
             ids = ([prefix_token_id] if prefix_token_id is not None else []) \
@@ -183,7 +188,7 @@ def greedy_exact_match_items(model: Any, tokenizer: Any, items: Sequence[tuple[s
             new: list[int] = []
             for _ in range(max_new_tokens):
                 x = torch.tensor([ids + new], device=device)
-                new.append(int(model(input_ids=x).logits[0, -1].argmax()))
+                new.append(int(model(input_ids=x, **last_only).logits[0, -1].argmax()))
                 text = tokenizer.decode(new, skip_special_tokens=False)
                 if text.strip() and (text.strip() != text.lstrip() or len(text.split()) > 1):
                     break                    # a whole word is out: nothing more can change it
