@@ -147,12 +147,15 @@ def _naive_float64(checkpoint: Path, tokenizer_dir: Path, texts: list[str], wind
                 if q > end:                       # the next window: L tokens ending stride later
                     end = min(end + stride, last)
                     start = end - window
-                logits = model(input_ids=torch.tensor([seq[start:end]])).logits[0]
-                while q <= end:
-                    row = logits[q - 1 - start]
-                    nll -= float(row[seq[q]] - torch.logsumexp(row, dim=0))
-                    n_tok += 1
-                    q += 1
+                # positions q..end are predicted from the window's last end - q + 1 rows (tokens
+                # q-1..end-1): only those rows go through the output layer, and each row's
+                # log-softmax normaliser is taken in one call over them (a call per position over
+                # the full vocabulary in float64 was most of this test's CPU)
+                logits = model(input_ids=torch.tensor([seq[start:end]]), logits_to_keep=end - q + 1).logits[0]
+                targets = torch.tensor(seq[q:end + 1])
+                nll -= float((logits.gather(1, targets[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)).sum())
+                n_tok += end - q + 1
+                q = end + 1
     c = np.array(list(counts.values()), dtype=np.float64)
     ce_uni = float(-(c / c.sum() * np.log(c / c.sum())).sum())
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -249,17 +252,24 @@ def test_race_rows_refuse_a_version_1_record() -> None:
 
 
 # Resuming is checked on less work: one family and size, every 20th calib-v0 document, 10 cloze
-# items, 5,000 held-out bytes, a 20,000-byte unigram slice and a 20,000-byte training budget (two
-# checkpoints); the lab's own sizes are the module fixture's. Whether a finished lineage is
-# reused and the lab.json comes out byte for byte the same does not depend on how much text each
-# lineage trains on or each checkpoint scores.
+# items, every 10th of the 231 addition items (24), 5,000 held-out bytes, a 20,000-byte unigram
+# slice and a 20,000-byte training budget (two checkpoints); the lab's own sizes are the module
+# fixture's. Whether a finished lineage is reused and the lab.json comes out byte for byte the
+# same does not depend on how much text each lineage trains on or each checkpoint scores. The
+# additions are cut where the race builds them (`prepare_race`, in the process that runs
+# `run_race`; spawned workers get the items with the race's inputs): the race has no setting for
+# their number, and scoring all 231 x 21 options and 231 greedy decodes at each of the 8
+# checkpoints this test scores was most of its CPU.
 RESUME = textwrap.dedent("""
     import dataclasses
     import sys
     from pathlib import Path
+    import monitor.lab.race
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import run_race
+    from monitor.lab.tasks import addition_items
     if __name__ == "__main__":
+        monitor.lab.race.addition_items = lambda problems: addition_items(problems)[::10]
         config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
                                      calib_corpus=Path(sys.argv[4]), n_cloze=10, heldout_bytes=5_000,
                                      oos_unigram_bytes=20_000)
@@ -299,6 +309,8 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     # the finished lineage was reused, not retrained or rescored
     assert (tmp_path / "split" / done[0] / "scores.json").stat().st_mtime_ns == kept
     assert (tmp_path / "split" / "lab.json").read_bytes() == (tmp_path / "whole" / "lab.json").read_bytes()
+    # the race scored the cut addition task (the script's cut took effect in the race's inputs)
+    assert json.loads((tmp_path / "whole" / "lab.json").read_text())["config"]["tasks"]["add-words"]["items"] == 24
 
 
 @pytest.mark.slow
