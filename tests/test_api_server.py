@@ -376,6 +376,28 @@ def test_the_client_raises_the_error_the_daemon_names(api, tmp_path):
         api_get("http://127.0.0.1:9", "/status")
 
 
+def test_the_client_builds_its_tls_context_once_for_all_its_requests(api, monkeypatch):
+    """Each request opens its own httpx client; building a client's TLS context (its trust
+    store) costs about 35 ms of CPU, which a command or test polling the daemon would pay every
+    time. The clients share one context, built once, with verification on."""
+    import ssl
+
+    import httpx
+
+    import monitor.service.client as client_module
+
+    client_module._tls_context.cache_clear()
+    built, given = [], []
+    real_context, real_client = httpx.create_ssl_context, httpx.Client
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda **kw: built.append(kw) or real_context(**kw))
+    monkeypatch.setattr(httpx, "Client", lambda **kw: given.append(kw["verify"]) or real_client(**kw))
+    for _ in range(5):
+        assert api_get(api.url, "/status") == {"ok": 1}
+    assert len(built) == 1 and len(given) == 5 and all(v is given[0] for v in given)
+    assert isinstance(given[0], ssl.SSLContext) and given[0].verify_mode == ssl.CERT_REQUIRED
+    client_module._tls_context.cache_clear()
+
+
 def _imported_modules(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
