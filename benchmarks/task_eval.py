@@ -2,7 +2,7 @@
 (transformers' `logits_to_keep`) beside the same evaluation with every position's logits, in
 one run.
 
-A model of the lab's shape (a 50,257-id GPT-2 vocabulary, hidden size 64, 2 layers: the output
+A small model with GPT-2's full vocabulary (50,257 ids, hidden size 64, 2 layers: the output
 layer is most of its arithmetic) evaluates the pinned cloze task (300 items, 4 options) both
 ways, alternately, `--repeats` times each; the script prints CPU seconds (this process's user +
 system) and wall seconds per side, their ratio, the largest difference between the two sides'

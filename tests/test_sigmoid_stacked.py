@@ -109,7 +109,7 @@ def test_fits_made_together_are_the_fits_made_alone_and_an_error_stays_with_its_
 def test_a_large_set_of_fits_is_taken_in_groups_with_the_same_results(monkeypatch: pytest.MonkeyPatch) -> None:
     requests = _requests(4)
     whole = parametric.fit_sigmoid_bands(requests)
-    monkeypatch.setattr(parametric, "_MOST_SOLVES_AT_ONCE", 50)      # one fit (12 + 30 solves) per group
+    monkeypatch.setattr(parametric, "_MOST_SOLVE_ROWS_AT_ONCE", 100)   # under one fit's (12 + 30) × rows: one a group
     groups = []
     real = parametric._fit_group
     monkeypatch.setattr(parametric, "_fit_group", lambda g: groups.append(len(g)) or real(g))

@@ -424,6 +424,15 @@ def test_the_output_layer_runs_on_the_continuation_positions_alone_and_gives_the
         def forward(self, input_ids, attention_mask, logits_to_keep=0):
             return super().forward(input_ids, attention_mask, logits_to_keep=0)
 
+    class Refusing(Counting):
+        """Takes the argument but, as an older slicing does, fails on a mask of positions."""
+
+        def forward(self, input_ids, attention_mask, logits_to_keep=0):
+            if isinstance(logits_to_keep, torch.Tensor):
+                seen.append("refused")
+                raise IndexError("too many indices for tensor of dimension 3")
+            return super().forward(input_ids, attention_mask, logits_to_keep=0)
+
     for dtype, rtol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=dtype).eval()
         seen.clear()
@@ -436,6 +445,10 @@ def test_the_output_layer_runs_on_the_continuation_positions_alone_and_gives_the
         ignored = evaluator.option_loglikelihoods(Ignoring(model), requests, batch_size=5)
         assert all(len(s) == 3 for s in seen) and len(seen) == math.ceil(len(requests) / 5)   # one forward a batch
         np.testing.assert_array_equal(ignored, full)
+        seen.clear()
+        refused = evaluator.option_loglikelihoods(Refusing(model), requests, batch_size=5)
+        assert seen.count("refused") == 1 and len(seen) == 1 + math.ceil(len(requests) / 5)   # asked once
+        np.testing.assert_array_equal(refused, full)
         for ours, ref in zip(kept[:4], requests[:4]):   # and the naive loop, one option at a time
             naive = naive_option_loglik(model, ref[0][0], list(ref[0][1:]), list(ref[1]))
             assert ours == pytest.approx(naive, rel=rtol, abs=rtol)

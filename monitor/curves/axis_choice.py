@@ -268,14 +268,22 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
     return out, degenerate
 
 
+# Draws whose sigmoid refits are fitted in one call (`_sigmoid_refits`): enough to fill the
+# batches, few enough that their fitted curves (axes × families per draw) stay small.
+_REFIT_DRAWS_AT_ONCE = 20
+
+
 def _sigmoid_refits(draws: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[dict[tuple[str, int], Any]]:
     """The sigmoid folds of every draw's validation (`lofo_axes` arguments), fitted together so
     that their solves share batches (`fit_sigmoid_bands`); per draw its fits by (axis, family)."""
     from monitor.curves.parametric import fit_sigmoid_bands
 
-    keyed = [sigmoid_fold_requests(*data, **options) for data, options in draws]
-    fitted = iter(fit_sigmoid_bands([request for pairs in keyed for _, request in pairs]))
-    return [{key: next(fitted) for key, _ in pairs} for pairs in keyed]
+    out = []
+    for first in range(0, len(draws), _REFIT_DRAWS_AT_ONCE):   # the fits of a few draws held at once
+        keyed = [sigmoid_fold_requests(*data, **options) for data, options in draws[first:first + _REFIT_DRAWS_AT_ONCE]]
+        fitted = iter(fit_sigmoid_bands([request for pairs in keyed for _, request in pairs]))
+        out.extend({key: next(fitted) for key, _ in pairs} for pairs in keyed)
+    return out
 
 
 # -- the choice ----------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ def option_loglikelihoods(model: Any, requests: Sequence[tuple[Sequence[int], Se
                     cols.append(pos - 1)          # position pos is predicted from pos - 1
                     targets.append(seq[pos])
                     owner.append(i)
-            picked = _continuation_logits(model, ids.to(device), mask.to(device), rows, cols, keep)  # [P, V]
+            picked, keep = _continuation_logits(model, ids.to(device), mask.to(device), rows, cols, keep)  # [P, V]
             picked = picked.to(torch.promote_types(picked.dtype, torch.float32))
             logp = torch.log_softmax(picked, dim=-1)
             token_lp = logp.gather(1, torch.tensor(targets, device=device)[:, None]).squeeze(1)
@@ -197,19 +197,27 @@ def option_loglikelihoods(model: Any, requests: Sequence[tuple[Sequence[int], Se
 
 
 def _takes_logits_to_keep(model: Any) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do)."""
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs do). Not a
+    model spread over several devices: a mask of positions made beside the inputs would index
+    hidden states on another device."""
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        return False
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
 
 
-def _continuation_logits(model: Any, ids: Any, mask: Any, rows: list[int], cols: list[int], keep: bool) -> Any:
+def _continuation_logits(model: Any, ids: Any, mask: Any, rows: list[int], cols: list[int],
+                         keep: bool) -> tuple[Any, bool]:
     """The logits [P, V] of the positions (rows[k], cols[k]), in that order (row-major, as the
-    caller lists them). Where the model takes `logits_to_keep`, a boolean mask of those positions
-    makes it apply its output layer to them alone: the continuation is a few of a request's
-    positions, and the output layer over the whole vocabulary at every position is most of an
-    evaluation's arithmetic. A model that answers with every position's logits anyway is indexed."""
+    caller lists them), and whether to ask the same way next time. Where the model takes
+    `logits_to_keep`, a boolean mask of those positions makes it apply its output layer to them
+    alone: the continuation is a few of a request's positions, and the output layer over the
+    whole vocabulary at every position is most of an evaluation's arithmetic. A model that
+    answers with every position's logits anyway is indexed; one that refuses the mask (a
+    transformers whose slicing takes only a count of last positions) is asked for every
+    position, then and for the rest of the evaluation."""
     import torch
 
     index = (torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device))
@@ -218,14 +226,14 @@ def _continuation_logits(model: Any, ids: Any, mask: Any, rows: list[int], cols:
         wanted[index] = True
         try:
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=wanted).logits
-        except (TypeError, IndexError):     # a model that takes only a count of last positions
+        except (TypeError, IndexError, RuntimeError):
             logits = None
         if logits is not None and logits.ndim == 2 and logits.shape[0] == len(rows):
-            return logits
+            return logits, True
         if logits is not None and logits.ndim == 3 and tuple(logits.shape[:2]) == tuple(ids.shape):
-            return logits[index]            # the argument taken but every position answered
+            return logits[index], True      # the argument taken but every position answered
     logits = model(input_ids=ids, attention_mask=mask).logits   # [b, T, V]
-    return logits[index]
+    return logits[index], False
 
 
 @dataclass(frozen=True)

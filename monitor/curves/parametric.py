@@ -68,9 +68,10 @@ _TIED_COST = 1e-10
 # Fewer solves than this run one at a time (`_Problem.solve`): below it the batch's per-round
 # bookkeeping costs more than the solves it shares (measured on the axis-choice workload).
 _SMALLEST_BATCH = 4
-# At most about this many solves share one batch (`fit_sigmoid_bands`): their Jacobians and SVDs
-# are held together, a few kilobytes per solve.
-_MOST_SOLVES_AT_ONCE = 4096
+# At most about this many solves × rows share one batch (`fit_sigmoid_bands`): each solve holds
+# its residuals, Jacobians and SVD at the batch's longest row count, about 250 bytes a row, so
+# this bounds a batch near 65 MB (4,096 solves of 64 rows).
+_MOST_SOLVE_ROWS_AT_ONCE = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -471,14 +472,16 @@ def fit_sigmoid_bands(requests: Sequence[BandRequest]) -> list[SigmoidFit | Labe
     band's resamples in one, so the many small fits of a validation (axes × folds, and a family
     bootstrap's refits of it) pay the lock step's per-round cost once instead of once per fit.
     Each fit's arithmetic is its own; only the order of sums over padded rows, and so the last
-    bits, can differ from fitting it alone. Requests are taken in groups of about
-    `_MOST_SOLVES_AT_ONCE` solves, which bounds the batch's memory."""
+    bits, can differ from fitting it alone (and, rarely, a solve that sits on a rounding
+    boundary ends with another status, as in one fit's batch). Requests are taken in groups of
+    about `_MOST_SOLVE_ROWS_AT_ONCE` solves × rows, which bounds the batch's memory. An error
+    other than those two (inputs of mismatched lengths) is raised, as fitting alone raises it."""
     out: list[Any] = []
     group: list[BandRequest] = []
     solves = 0
     for request in requests:
-        cost = 12 + request.resamples
-        if group and solves + cost > _MOST_SOLVES_AT_ONCE:
+        cost = (12 + request.resamples) * max(len(request.x), 1)
+        if group and solves + cost > _MOST_SOLVE_ROWS_AT_ONCE:
             out.extend(_fit_group(group))
             group, solves = [], 0
         group.append(request)
