@@ -2,8 +2,9 @@
 files have the same LFS sha256 set, with the same config and tokenizer files, give one scoring
 job and two score rows, the second linked to the first. Different files are scored again.
 
-The real poll, gate and verified fetch into a real DuckDB file; the real local backend runs
-the scoring child; the backend is wrapped only to count the jobs handed to it.
+The real poll, gate and verified fetch into a real DuckDB file; the local backend's warm
+worker (the daemon's `--scoring-workers 1`) scores, one pool for the module; the backend is
+wrapped only to count the jobs handed to it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from monitor.hub.client import HubClient
 from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
-from monitor.scoring.backends import LocalBackend
+from monitor.scoring.backends import WarmBackend
 from monitor.scoring.engine import ScoreRequest
 from monitor.scoring.scoring_driver import score_queue_on
 from monitor.store import Store
@@ -30,17 +31,37 @@ from monitor.store.listings import list_score_runs
 pytestmark = pytest.mark.slow
 
 
-class CountingBackend(LocalBackend):
-    """The local backend, counting the jobs it is handed."""
+class CountingBackend:
+    """The module's warm pool, counting the jobs one test hands it."""
 
-    def __init__(self, **options) -> None:
-        super().__init__(**options)
+    name = "local"
+
+    def __init__(self, pool: WarmBackend) -> None:
+        self.pool = pool
         self.handed: list[str] = []
 
     def run(self, jobs):
         jobs = list(jobs)
         self.handed.extend(job.repo for job in jobs)
-        return super().run(jobs)
+        return self.pool.run(jobs)
+
+    def interrupt(self) -> int:
+        return self.pool.interrupt()
+
+    def close(self) -> None:   # the pool outlives a test
+        pass
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    """One warm worker for the module's four jobs. A cold child per job imported torch and
+    transformers again for each (about 5 CPU-seconds): the file took 55.5 CPU-seconds with
+    them. Which jobs the backend is handed, what is deduplicated and linked, is decided
+    before the backend (`score_queue_on`), and a warm worker scores what a cold child does
+    (tests/test_warm_workers.py)."""
+    backend = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path_factory.mktemp("warm"))
+    yield backend
+    backend.close()
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +102,8 @@ def runs_by_repo(db: Path) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("limit", [4, 1], ids=["one-batch", "one-job-per-run"])
-def test_two_repos_with_the_same_weights_are_scored_once_and_linked(tmp_path, files, calib_v0, limit):
-    backend = CountingBackend(timeout_s=300, workdir=tmp_path / "tmp")
+def test_two_repos_with_the_same_weights_are_scored_once_and_linked(tmp_path, files, calib_v0, pool, limit):
+    backend = CountingBackend(pool)
     with FakeHub() as hub:
         first_sha = hub.add_repo("acme/original", files)
         mirror_sha = hub.add_repo("acme/mirror", files)
@@ -124,10 +145,10 @@ def test_two_repos_with_the_same_weights_are_scored_once_and_linked(tmp_path, fi
     assert f"same weights as checkpoint {first['checkpoint_id']} (run {first['run_id'][:8]})" in out.output
 
 
-def test_the_same_weights_under_another_config_are_scored_again(tmp_path, files, calib_v0):
+def test_the_same_weights_under_another_config_are_scored_again(tmp_path, files, calib_v0, pool):
     config = json.loads(files["config.json"])
     other = {**files, "config.json": json.dumps({**config, "rms_norm_eps": 1e-3}).encode()}
-    backend = CountingBackend(timeout_s=300, workdir=tmp_path / "tmp")
+    backend = CountingBackend(pool)
     with FakeHub() as hub:
         hub.add_repo("acme/original", files)
         hub.add_repo("acme/retuned", other)
