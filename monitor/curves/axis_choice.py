@@ -247,12 +247,20 @@ def refit_bootstrap(values: np.ndarray, families: np.ndarray, weights: np.ndarra
         draws.append((mult, counts, rows, data, options))
     fits = _sigmoid_refits([(data, options) for *_, data, options in draws]) if fit_family == "sigmoid" \
         else [None] * len(draws)
+    # An isotonic fold's prediction depends only on its rows and their weights (its seed moves
+    # only the band, which RMSE and crossing error do not read), so draws with the same row
+    # multiplicities have the same errors and are validated once. Few families make most draws
+    # alike: with two, every draw that holds both is the same one.
+    validated: dict[bytes, dict[str, dict[str, dict[str, float]]]] = {}
     for (mult, counts, rows, data, options), fitted in zip(draws, fits):
-        lofo = lofo_axes(*data, **options, fit_family=fit_family, fits=fitted)
-        if seeds is None:   # every row of a family weighs alike: its plain LOFO errors
-            per = {a: _family_errors(lofo.per_family, a) for a in xs}
-        else:
-            per = {a: _weighted_family_errors(p, families[rows], mult[rows]) for a, p in lofo.points.items()}
+        per = validated.get(mult.tobytes()) if fit_family == "isotonic" else None
+        if per is None:
+            lofo = lofo_axes(*data, **options, fit_family=fit_family, fits=fitted)
+            if seeds is None:   # every row of a family weighs alike: its plain LOFO errors
+                per = {a: _family_errors(lofo.per_family, a) for a in xs}
+            else:
+                per = {a: _weighted_family_errors(p, families[rows], mult[rows]) for a, p in lofo.points.items()}
+            validated[mult.tobytes()] = per
         ref = per.get(reference, {})
         for axis in xs:
             mine = per.get(axis, {})
