@@ -45,8 +45,13 @@ def tiny_dir(tmp_path_factory, shared_dir) -> Path:
 
 
 def request_for(model: Path, corpus: Path) -> ScoreRequest:
-    return ScoreRequest(model=str(model), corpus_dir=corpus, docs=2, max_context=32, device="cpu",
-                        dtype="float32", with_tcb=False, n_boot=10, progress=False)
+    # Two short documents (220 and 322 tokens, in windows of 32): what a worker must get right
+    # (the same ids, per-document NLLs and baseline as a cold child) does not grow with their
+    # length. The first two of calib-v0 (3,547 tokens through gpt2's 50,257-id head) cost
+    # about 2 CPU-seconds a job, and the file scores about a dozen.
+    return ScoreRequest(model=str(model), corpus_dir=corpus, slices=["encyclopedic"], every=2, docs=2,
+                        max_context=32, device="cpu", dtype="float32", with_tcb=False, n_boot=10,
+                        progress=False)
 
 
 def job_for(model: Path, corpus: Path, checkpoint_id: int | None = 7) -> ScoreJob:
@@ -242,7 +247,7 @@ def test_a_job_over_its_time_limit_kills_only_its_worker(tmp_path, calib_v0, tin
     next job on a fresh worker are scored."""
     marker = tmp_path / "hung-once"
     monkeypatch.setenv("LSTAR_FAILPOINT", f"hang_warm_worker={marker}")
-    # The test waits out the limit once. A job here takes a second or two of CPU on a worker
+    # The test waits out the limit once. A job here takes under a second of CPU on a worker
     # that is ready (the limit starts then, not at the template's imports): 20 s leaves room
     # for a loaded machine without waiting a minute for the hung one.
     pool = WarmBackend(workers=2, max_jobs=10, timeout_s=20, workdir=tmp_path / "work")
