@@ -1,4 +1,4 @@
-"""Lab v2: the reduced race trained for real (CLI subprocess), one checkpoint of every family
+"""Lab v2: the reduced race trained for real (through the CLI), one checkpoint of every family
 against an independent float64 computation over its saved safetensors checkpoint, the
 losslessness refusal, resuming a lab split over two sittings to the same lab.json, the
 pool's reading order, and the record's rows."""
@@ -68,16 +68,24 @@ def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Pat
     uninterrupted race of the split-sittings test below, whose lab.json must equal the one a
     single process resumes.
 
-    The command runs with the tests' cut (`support/lab_cut.py`): 24 of the 231 additions and 30
-    cloze items (about 60 of this fixture's 99 CPU-seconds; the reduced race's own item counts
-    are checked on its inputs in the record test), and HELDOUT_BYTES of held-out text."""
+    The command runs in this process (`lstar_in_process`, then torch's settings put back):
+    nothing here reads how a process starts, and a child imported torch, its compiler stack and
+    transformers again, which the tests below import here anyway. It runs with the tests' cut
+    (`support/lab_cut.py`): 24 of the 231 additions and 30 cloze items (about 60 of this
+    fixture's 99 CPU-seconds; the reduced race's own item counts are checked on its inputs in
+    the record test), and HELDOUT_BYTES of held-out text."""
+    from support.cli_run import lstar_in_process
+    from support.lab_cut import cut_lab
+    from support.script_run import torch_settings_kept
+
     out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
         else tmp_path_factory.mktemp("race") / "lab"
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tests" / "support" / "lab_cut.py"),
-         json.dumps({"heldout_bytes": HELDOUT_BYTES}), "lab", "run", "--size", "reduced", "--out", str(out),
-         "--pool", str(_pool()), "--shared", str(race_shared), "--workers", "1", "--json"],
-        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
+    with pytest.MonkeyPatch.context() as patch, torch_settings_kept():
+        cut_lab(patch.setattr, heldout_bytes=HELDOUT_BYTES)
+        proc = lstar_in_process("lab", "run", "--size", "reduced", "--out", out, "--pool", _pool(),
+                                "--shared", race_shared, "--workers", "1", "--json",
+                                env={**{k: None for k in os.environ if k.startswith("LSTAR_LAB_KILL")},
+                                     "DISABLE_SAFETENSORS_CONVERSION": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

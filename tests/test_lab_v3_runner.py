@@ -342,7 +342,7 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path, monkeyp
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
     args = ["lab", "run3", "--size", "reduced", "--out", str(out), "--pool", str(_pool()), "--shared", str(shared_dir),
             "--json"]
-    cmd = [sys.executable, str(REPO_ROOT / "tests" / "support" / "lab_cut.py"), "{}", *args, "--workers", "2"]
+    cmd = [sys.executable, str(REPO_ROOT / "tests" / "support" / "lab_cut.py"), *args, "--workers", "2"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = (out / "lab.json").read_bytes()

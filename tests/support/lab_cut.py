@@ -11,14 +11,12 @@ process that prepares the race; spawned workers get the items with the inputs), 
 count is the reduced configs' own `n_cloze`, so lab.json records both numbers as they were.
 A test may change further settings of the reduced configs the same way (`changes`).
 
-`python tests/support/lab_cut.py CHANGES ARGS` is `lstar ARGS` with the cut, CHANGES a JSON
-object of further settings (`{}` for none).
+`python tests/support/lab_cut.py ARGS` is `lstar ARGS` with the cut.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +56,7 @@ def cut_lab(setattr_: Callable[[Any, str, Any], None] = setattr, **changes: Any)
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))    # this checkout's package, as `-m` from its root
-    cut_lab(**json.loads(sys.argv[1]))
+    cut_lab()
     from monitor.cli import main
 
-    sys.exit(main(sys.argv[2:]))
+    sys.exit(main(sys.argv[1:]))
