@@ -319,7 +319,8 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path, monkeyp
     tasks' chance levels, that both texts' rows share them and that a resumed record is the
     same, none of which depends on how many items there are.
 
-    The first sitting is a `python -m monitor.cli` process with two spawned workers, as a lab is
+    The first sitting is a process of its own running the CLI's `main` (`python
+    tests/support/lab_cut.py`, which makes the cut first) with two spawned workers, as a lab is
     run. The second and third run the same command line in this process with one worker (the
     lineages run in the command's own process: every one is reused, and each spawned worker only
     imported torch to find its scores.json); the byte-for-byte lab.json shows the worker count
