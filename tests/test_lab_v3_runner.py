@@ -307,15 +307,20 @@ def test_the_v3_config_has_one_size_and_keeps_v2s_validators(shared_dir: Path, t
 
 # -- end to end -------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None:
+def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`lstar lab run3 --size reduced`: two families, one tiny size, one seed; then a second
     sitting reuses every lineage and writes the same lab.json byte for byte; then a third, from a
     folder of candidate families (`--families-dir`), drops the lossy one and the near-duplicate,
     races the kept gpt2 and smollm2 and records the set. The secondary text is every 20th
     calib-v0 document (`--shared` a folder with the real tokenizers): scoring the whole of it was
-    half of each lineage's CPU, and nothing here depends on its size.
+    half of each lineage's CPU, and nothing here depends on its size. Every sitting scores the
+    tests' cut of the task items (`support/lab_cut.py`: 24 of the 231 additions, 30 cloze
+    items; the tasks were 19 of a lineage's 24-28 CPU-seconds): the checks below read the
+    tasks' chance levels, that both texts' rows share them and that a resumed record is the
+    same, none of which depends on how many items there are.
 
-    The first sitting is a `python -m monitor.cli` process with two spawned workers, as a lab is
+    The first sitting is a process of its own running the CLI's `main` (`python
+    tests/support/lab_cut.py`, which makes the cut first) with two spawned workers, as a lab is
     run. The second and third run the same command line in this process with one worker (the
     lineages run in the command's own process: every one is reused, and each spawned worker only
     imported torch to find its scores.json); the byte-for-byte lab.json shows the worker count
@@ -325,18 +330,20 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     again: that reuse by content is part of what it checks."""
     from support.cli_run import lstar_in_process
     from support.lab_calib import shared_with_small_calib
+    from support.lab_cut import ADD_EVERY, N_CLOZE, cut_lab
     from test_lab_v3_family_set import candidate_families
 
     from monitor.lab.record_file import load_lab
     from monitor.lab.records_v3 import LabRecordV3, race_rows_v3
 
     shared_dir = shared_with_small_calib(shared_dir, tmp_path / "shared", every=20)
+    cut_lab(monkeypatch.setattr)          # for the sittings in this process
     out = tmp_path / "lab"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LSTAR_LAB_KILL")}
     env["DISABLE_SAFETENSORS_CONVERSION"] = "1"
     args = ["lab", "run3", "--size", "reduced", "--out", str(out), "--pool", str(_pool()), "--shared", str(shared_dir),
             "--json"]
-    cmd = [sys.executable, "-m", "monitor.cli", *args, "--workers", "2"]
+    cmd = [sys.executable, str(REPO_ROOT / "tests" / "support" / "lab_cut.py"), *args, "--workers", "2"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first = (out / "lab.json").read_bytes()
@@ -350,6 +357,9 @@ def test_the_reduced_v3_lab_end_to_end(tmp_path: Path, shared_dir: Path) -> None
     assert record.preregistration_sha256 is None or len(record.preregistration_sha256) == 64
     assert record.config["version"] == 3 and record.config["texts"]["heldout"].startswith("primary")
     assert record.config["heldout_text"]["selection"].startswith("stratified by source")
+    # the cut took effect in the first sitting's process
+    assert record.config["tasks"]["add-words"]["items"] == len(range(0, 231, ADD_EVERY)) == 24
+    assert record.config["tasks"]["cloze"]["items"] == N_CLOZE
     rows = race_rows_v3(record)
     assert json.loads(proc.stdout) == rows
     assert len(rows) == 2 * len(record.checkpoints) == 2 * 2 * 2
