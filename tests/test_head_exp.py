@@ -48,6 +48,10 @@ def test_exp_in_place_gives_exp_s_own_values_to_the_bit(dtype: torch.dtype) -> N
     # the subnormal results are computed, not dropped
     assert (expected[z < cutoff] == 0).all() and not torch.signbit(got[z < cutoff]).any()
     assert (expected[(z > cutoff + 8.5) & (z < cutoff + 30)] > 0).all()
+    # where nothing underflows (the live rows of a lab head) it is exp_() itself, no masks
+    ordinary = parts[0].clone()
+    assert bool(ordinary.amin() >= cutoff)
+    assert torch.equal(exp_in_place(ordinary.clone()), ordinary.exp_())
 
 
 def _lab_shaped_head(vocab: int, width: int, dtype: torch.dtype) -> OutputHead:

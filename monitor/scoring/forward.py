@@ -59,7 +59,13 @@ def exp_in_place(z: torch.Tensor) -> torch.Tensor:
     such slow path, and the two fills would only add memory traffic: there it is `exp_()`."""
     if z.device.type != "cpu":
         return z.exp_()
-    underflows = z < exp_underflow_cutoff(z.dtype)
+    cutoff = exp_underflow_cutoff(z.dtype)
+    if z.numel() and bool(z.amin() >= cutoff):
+        # nothing underflows (a NaN makes the minimum NaN and takes the masks): the masks
+        # would change nothing, and building them cost three passes to the exp's one; the
+        # live rows of the demo's heads (`_nll_live`) have gaps of -20 at most
+        return z.exp_()
+    underflows = z < cutoff
     return z.masked_fill_(underflows, 0.0).exp_().masked_fill_(underflows, 0.0)
 
 
@@ -317,10 +323,15 @@ def find_live_rows(head: OutputHead) -> _LiveRows | None:
     if (bias is None or weight.device.type != "cpu" or weight.dtype != torch.float32 or dtype != torch.float32
             or head.scale != 1.0 or head.softcap or weight.dim() != 2):
         return None
-    bias = bias.detach()
-    dead = (weight == 0).all(dim=1) & (bias < exp_underflow_cutoff(dtype))
+    bias, vocab = bias.detach(), weight.shape[0]
+    # the bias first: a model whose biases are ordinary stops here, its weights unread
+    dead = bias < exp_underflow_cutoff(dtype)
+    if int(dead.sum()) < LIVE_ROWS_MIN_DEAD * vocab:
+        return None
+    for lo in range(0, vocab, 4096):    # a block of rows at a time: no [V, d] temporary
+        dead[lo:lo + 4096] &= ~(weight[lo:lo + 4096] != 0).any(dim=1)
     n_dead = int(dead.sum())
-    if n_dead < LIVE_ROWS_MIN_DEAD * weight.shape[0] or n_dead == weight.shape[0]:
+    if n_dead < LIVE_ROWS_MIN_DEAD * vocab or n_dead == vocab:
         return None
     index = torch.nonzero(~dead).squeeze(1)
     position = torch.full((weight.shape[0],), -1, dtype=torch.int64)
@@ -342,8 +353,8 @@ def _nll_live(live: _LiveRows, hidden: torch.Tensor, targets: torch.Tensor, buff
     order. A hidden state that is not finite, or a target on a dead row, takes the full path.
     The demo's score of its 78 documents (62,788 tokens; 16,242 of gpt2's 50,257 ids live),
     measured on a loaded 2-core machine for checkpoints 95, 665 and 1139: 47.0, 48.2 and 48.1
-    CPU-seconds whole, 20.3, 23.1 and 22.8 on the live rows, the NLLs and TCB values
-    bit-identical."""
+    CPU-seconds whole, 20.3, 23.1 and 22.8 on the live rows (17.7 to 19.4 with the unmasked
+    exp of `exp_in_place`), the NLLs and TCB values bit-identical."""
     c = hidden.shape[0]
     position = live.position[targets]
     if bool((position < 0).any()) or not bool(torch.isfinite(hidden).all()):
