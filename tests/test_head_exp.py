@@ -48,6 +48,10 @@ def test_exp_in_place_gives_exp_s_own_values_to_the_bit(dtype: torch.dtype) -> N
     # the subnormal results are computed, not dropped
     assert (expected[z < cutoff] == 0).all() and not torch.signbit(got[z < cutoff]).any()
     assert (expected[(z > cutoff + 8.5) & (z < cutoff + 30)] > 0).all()
+    # where nothing underflows (the live rows of a lab head) it is exp_() itself, no masks
+    ordinary = parts[0].clone()
+    assert bool(ordinary.amin() >= cutoff)
+    assert torch.equal(exp_in_place(ordinary.clone()), ordinary.exp_())
 
 
 def _lab_shaped_head(vocab: int, width: int, dtype: torch.dtype) -> OutputHead:
@@ -95,3 +99,53 @@ def test_head_nll_equals_the_plain_log_sum_exp_on_a_lab_shaped_head(dtype: torch
                                   for lo in range(0, 300, rows)])
             got = head.nll(hidden, targets, rows * 5_003)
             assert got.dtype == dtype and torch.equal(got, expected)
+
+
+def test_a_lab_shaped_head_computed_on_its_live_rows_gives_the_full_head_s_nlls_to_the_bit() -> None:
+    """The lab's heads are scored on their live rows alone (`find_live_rows`; the demo's gpt2
+    head has 16,242 of 50,257): the NLLs are the full computation's, bit for bit, on one and
+    on two threads, whole and in chunks, and where a chunk cannot be (a target on a dead row,
+    a row whose peak is too low for the dead logits to underflow) it takes the full path."""
+    from monitor.scoring.forward import find_live_rows
+
+    dtype = torch.float32
+    # a float64 head (a reference computation) is computed whole: its matmul's columns differ
+    # in the last bits when it is given a third of the rows
+    assert find_live_rows(_lab_shaped_head(vocab=5_003, width=32, dtype=torch.float64)) is None
+    head = _lab_shaped_head(vocab=5_003, width=32, dtype=dtype)
+    live = find_live_rows(head)
+    assert live is not None and len(live.index) == 5_003 // 3
+    assert bool((head.weight[live.index] != 0).any(dim=1).all()) and float(live.dead_max) == UNUSED_BIAS
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(300, 32, generator=g, dtype=dtype) * 4
+    targets = live.index[torch.randint(0, len(live.index), (300,), generator=g)]
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            for n_threads in (1, 2):
+                torch.set_num_threads(n_threads)
+                for rows in (300, 7):
+                    full = _lab_shaped_head(vocab=5_003, width=32, dtype=dtype)
+                    full._live = None                      # never on the live rows
+                    expected = full.nll(hidden, targets, rows * 5_003)
+                    assert torch.equal(expected, torch.cat([_plain_nll(head, hidden[lo:lo + rows], targets[lo:lo + rows])
+                                                            for lo in range(0, 300, rows)]))
+                    fresh = _lab_shaped_head(vocab=5_003, width=32, dtype=dtype)
+                    got = fresh.nll(hidden, targets, rows * 5_003)
+                    assert fresh._live is not None and fresh._live.zeroed is not None   # the live path ran
+                    assert got.dtype == dtype and torch.equal(got, expected), (n_threads, rows)
+            # a chunk the live rows cannot give: a target on a dead row (row 5), or every live
+            # logit of a row pushed down to where the dead ones' gaps no longer underflow (row 9)
+            odd_targets = targets.clone()
+            odd_targets[5] = int(torch.nonzero(live.position < 0)[0])
+            odd_hidden = hidden.clone()
+            odd_hidden[9] = 0.0
+            low = _lab_shaped_head(vocab=5_003, width=32, dtype=dtype)
+            with torch.no_grad():
+                low.bias[live.index] -= 9_999.0   # row 9: dead logits 1 to 4 below its live ones
+            for h, t, model in ((hidden, odd_targets, head), (odd_hidden, targets, low)):
+                plain = torch.cat([_plain_nll(model, h[lo:lo + 7], t[lo:lo + 7]) for lo in range(0, 300, 7)])
+                model._live, model._buffer = False, None
+                assert torch.equal(model.nll(h, t, 7 * 5_003), plain)
+    finally:
+        torch.set_num_threads(threads)
