@@ -318,10 +318,7 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
     from test_adapters import lora_files
     from test_daemon_events import fit_arith_curve
 
-    # The derivatives' links and coordinates do not depend on the vocabulary: the 1,000-id toy
-    # tokenizer spares each of the daemon's four scores most of gpt2's 50,257-id output layer
-    # (the test went from 26.5 to 18.7 CPU-seconds, measured alone, 2026-11-30).
-    base_files = tiny_model_files("spm-unigram-toy", arch="llama", seed=3)
+    base_files = tiny_model_files("gpt2", arch="llama", seed=3)
     folder = tmp_path / "policies"
     folder.mkdir()
     corpus = load_corpus(shared_dir / "corpus" / "calib-v0").select(first=2).sha256   # --docs 2
@@ -333,7 +330,7 @@ def test_the_daemon_scores_a_reference_base_and_reports_its_derivatives_on_both_
         f"receivers:\n  - name: log\n    file: {{path: {folder / 'alerts.jsonl'}}}\n")
     with FakeHub() as hub:
         base_sha = hub.add_repo("upstream/base", base_files)
-        hub.add_repo("org/ft", {**tiny_model_files("spm-unigram-toy", arch="llama", seed=4),
+        hub.add_repo("org/ft", {**tiny_model_files("gpt2", arch="llama", seed=4),
                                 "README.md": card("base_model: upstream/base\nbase_model_relation: finetune")})
         hub.add_repo("org/fp16", {**fp16_resave(base_files),
                                   "README.md": card("base_model: upstream/base\nbase_model_relation: quantized")})
