@@ -54,6 +54,26 @@ def test_checkpoints_publishes_evenly_spaced_steps_from_the_first_to_the_last(tm
     assert not (tmp_path / "demo").exists()
 
 
+def test_the_demos_torch_threads_wait_passively_unless_the_user_chose(tmp_path: Path, monkeypatch) -> None:
+    """`run_demo` sets the wait policy first, before any process of its own starts (a torch
+    process reads it when it loads torch), and keeps a policy the user set."""
+    import os
+
+    from monitor.demo.run import run_demo
+    from monitor.errors import LstarError
+
+    # conftest.py sets the policy for the whole session: removed here, to see the demo set it
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with pytest.raises(LstarError, match="--checkpoints 1"):     # refused before any work
+        run_demo(tmp_path / "demo", checkpoints=1)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with pytest.raises(LstarError, match="--checkpoints 1"):
+        run_demo(tmp_path / "demo", checkpoints=1)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert not (tmp_path / "demo").exists()
+
+
 @pytest.mark.slow
 def test_demo_shows_an_emergence_and_closes_the_loop(tmp_path: Path, shared_dir: Path) -> None:
     workdir = tmp_path / "demo"

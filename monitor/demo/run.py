@@ -60,6 +60,14 @@ EVALUATIONS_PER_DAY = 20
 # and then only of the entries the demo makes.
 WORKDIR_MARKER = ".lstar-demo"
 DEMO_ENTRIES = frozenset({WORKDIR_MARKER, "state", "models", "policies", "received", "hf-cache"})
+# The demo's torch processes (the training worker, the scoring worker, the evaluations) run many
+# small operations on two threads, and torch's thread pool (GNU OpenMP) keeps a waiting thread
+# spinning by default: where other work shares the cores, the spinning thread takes the core the
+# working one needs. Waiting passively changes no number (the same threads split the same work),
+# only who gets the core: seed 1 trained on 100 kB of the lab's stream at a load average of about
+# 10 took 154 CPU-seconds spinning and 25 passive, the checkpoints the same to the bit
+# (docs/lab.md, "The demo's size"). A policy the user set is kept.
+THREAD_WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def published_steps(steps: list[int], count: int | None = None) -> list[int]:
@@ -83,6 +91,16 @@ def published_steps(steps: list[int], count: int | None = None) -> list[int]:
         raise LstarError(f"--checkpoints {count}: the live lineage has {len(steps)} checkpoints", hint=hint)
     last = len(steps) - 1
     return [steps[round(i * last / (count - 1))] for i in range(count)]
+
+
+def demo_environment() -> None:
+    """The settings the demo's processes run with, set before any of them starts (each torch
+    process reads the thread wait policy when it loads torch): the hardened environment every
+    process touching the Hub or a model has, and passive OpenMP waits unless the user chose."""
+    from monitor.environment import harden_environment
+
+    harden_environment()
+    os.environ.setdefault(*THREAD_WAIT_POLICY)
 
 
 def run_daemon_once(config: Any, backend: Any = None) -> tuple[int, dict[str, str]]:
@@ -533,9 +551,7 @@ def run_demo(workdir: str | Path, *, shared_dir: str | Path | None = None, fit_h
     line at each quarter of training and after each pass, with the time left at the pace measured. Raises `DemoFailed` when a stage raised
     (preparing, the history, training, or a publication or daemon pass that could not run).
     """
-    from monitor.environment import harden_environment
-
-    harden_environment()
+    demo_environment()
     from monitor.demo.history import curve_facts
     from monitor.store import Store
 
