@@ -51,7 +51,9 @@ def lora_files(base: dict[str, bytes], *, config: dict | None = None, rank: int 
     weights = load_safetensors(base["model.safetensors"])
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, w in weights.items():
+    # In name order: safetensors' `load` hands the tensors in an order that changes from process
+    # to process, and the draws would go to other modules (another adapter, another L*, each run).
+    for name, w in sorted(weights.items()):
         if name.endswith(f"{module}.weight"):
             stem = "base_model.model." + name[: -len(".weight")]
             out_f, in_f = w.shape
@@ -86,6 +88,23 @@ def manual_merge(base: dict[str, bytes], adapter: dict[str, bytes]) -> dict[str,
             delta = lora[f"{stem}.lora_B.weight"] @ lora[f"{stem}.lora_A.weight"]
             merged[name] = weights[name] + (ALPHA / RANK) * delta
     return merged
+
+
+def test_the_test_adapter_is_the_same_whatever_order_safetensors_hands_the_tensors(base_files, monkeypatch) -> None:
+    """`lora_files` is a function of its arguments: safetensors' `load` returns the tensors in an
+    order that changes from process to process (seen: three processes, three orders), and the
+    seeded draws must not follow it (they did: the derivative test's adapter L* took one of two
+    values from run to run)."""
+    import sys
+
+    module = sys.modules[__name__]
+    load = module.load_safetensors
+    built = []
+    for backwards in (False, True):     # the tensors handed in name order, then in reverse
+        monkeypatch.setattr(module, "load_safetensors",
+                            lambda data, b=backwards: dict(sorted(load(data).items(), reverse=b)))
+        built.append(lora_files(base_files))
+    assert built[0] == built[1] and len(load(built[0]["adapter_model.safetensors"])) == 4
 
 
 def test_an_adapter_is_gated_fetched_with_its_base_merged_and_scored(tmp_path, base_files) -> None:
