@@ -17,7 +17,7 @@ from monitor.hub.gate import gate_pending
 from monitor.hub.poll import poll_once
 from monitor.hub.rules import WatchRule
 from monitor.demo.fakehub import FakeHub
-from monitor.demo.hub_repos import tiny_model_files
+from monitor.demo.hub_repos import lora_adapter_files, tiny_model_files
 from monitor.scoring import ScoreRequest
 from monitor.scoring.loader import load_checkpoint
 from monitor.scoring.scoring_driver import score_in_process, score_queue
@@ -47,24 +47,13 @@ def base_files(tmp_path_factory):
 
 def lora_files(base: dict[str, bytes], *, config: dict | None = None, rank: int = RANK, module: str = "query_key_value",
                seed: int = 1) -> dict[str, bytes]:
-    """A LoRA adapter for the tiny base, written as peft writes one, with non-zero updates."""
-    weights = load_safetensors(base["model.safetensors"])
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    # In name order: safetensors' `load` hands the tensors in an order that changes from process
-    # to process, and the draws would go to other modules (another adapter, another L*, each run).
-    for name, w in sorted(weights.items()):
-        if name.endswith(f"{module}.weight"):
-            stem = "base_model.model." + name[: -len(".weight")]
-            out_f, in_f = w.shape
-            tensors[f"{stem}.lora_A.weight"] = torch.randn(rank, in_f, generator=gen) * 0.5
-            tensors[f"{stem}.lora_B.weight"] = torch.randn(out_f, rank, generator=gen) * 0.5
-    cfg = {"peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": [module], "bias": "none",
-           "fan_in_fan_out": False, "lora_dropout": 0.0, "base_model_name_or_path": "org/base",
-           "task_type": "CAUSAL_LM", "inference_mode": True, **(config or {})}
+    """A LoRA adapter for the tiny base, written as peft writes one, with non-zero updates: the
+    demo's builder (`lora_adapter_files`, its draws in module-name order), with `config`'s keys
+    over its adapter_config.json and a card that declares the relation."""
+    files = lora_adapter_files(base, "org/base", rank=rank, alpha=ALPHA, module=module, seed=seed)
+    cfg = {**json.loads(files["adapter_config.json"]), **(config or {})}
     card = b"---\nbase_model: org/base\nbase_model_relation: adapter\nlibrary_name: peft\n---\n# adapter\n"
-    return {"adapter_config.json": json.dumps(cfg).encode(), "adapter_model.safetensors": save_safetensors(tensors),
-            "README.md": card}
+    return {**files, "adapter_config.json": json.dumps(cfg).encode(), "README.md": card}
 
 
 def hub_client(hub: FakeHub, store: Store | None = None) -> HubClient:
@@ -91,18 +80,16 @@ def manual_merge(base: dict[str, bytes], adapter: dict[str, bytes]) -> dict[str,
 
 
 def test_the_test_adapter_is_the_same_whatever_order_safetensors_hands_the_tensors(base_files, monkeypatch) -> None:
-    """`lora_files` is a function of its arguments: safetensors' `load` returns the tensors in an
+    """The adapter is a function of its arguments: safetensors' `load` returns the tensors in an
     order that changes from process to process (seen: three processes, three orders), and the
-    seeded draws must not follow it (they did: the derivative test's adapter L* took one of two
-    values from run to run)."""
-    import sys
+    seeded draws must not follow it (they did in an earlier copy of the builder: the derivative
+    test's adapter L* took one of two values from run to run)."""
+    import safetensors.torch
 
-    module = sys.modules[__name__]
-    load = module.load_safetensors
+    load = safetensors.torch.load
     built = []
     for backwards in (False, True):     # the tensors handed in name order, then in reverse
-        monkeypatch.setattr(module, "load_safetensors",
-                            lambda data, b=backwards: dict(sorted(load(data).items(), reverse=b)))
+        monkeypatch.setattr(safetensors.torch, "load", lambda data, b=backwards: dict(sorted(load(data).items(), reverse=b)))
         built.append(lora_files(base_files))
     assert built[0] == built[1] and len(load(built[0]["adapter_model.safetensors"])) == 4
 
