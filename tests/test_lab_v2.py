@@ -37,11 +37,24 @@ def _env() -> dict[str, str]:
     return env
 
 
-# The module's race scores every 20th document of calib-v0 (11 documents) instead of all 216:
-# scoring the whole corpus at each of the 8 checkpoints was half of the race's CPU, and every
-# check below (the whole of the calib corpus given is scored, its unigram baseline, the rows)
-# holds for any calib corpus; the numbers are compared against that corpus's own files.
-CALIB_EVERY = 20
+# The module's race scores every 40th document of calib-v0 (6 documents, 22,591 bytes) instead
+# of all 216: scoring the whole corpus at each of the 8 checkpoints was half of the race's CPU,
+# and every check below (the whole of the calib corpus given is scored, its unigram baseline,
+# the rows) holds for any calib corpus; the numbers are compared against that corpus's own
+# files. Every 20th (11 documents, 36,588 bytes) cost 6.6 CPU-seconds of scoring over the 8
+# checkpoints, every 40th 3.8 (measured in one warm process, under load).
+CALIB_EVERY = 40
+# The module's race scores every 30th addition (8 of 231) and 10 cloze items, fewer than the
+# other lab tests' cut (support/lab_cut.py: 24 and 30): what is checked (every item given is
+# scored, the options' chance level, the item counts in lab.json) holds for any number of them.
+# The tasks at the 8 checkpoints cost 8.8 CPU-seconds with 24 and 30 items, 2.7 with 8 and 10.
+ADD_EVERY = 30
+N_CLOZE = 10
+# And its lineages train on half the reduced race's byte budgets (30,000 and 40,000 bytes, still
+# two checkpoints each and the small budget below the large): no check reads how well a model
+# learnt, only that its checkpoints are ordinary models scored as the spec says. Training the
+# four lineages on the whole budgets cost 8-12 CPU-seconds.
+BUDGET_DIVISOR = 2
 # The race's held-out text is its first 2 documents (7,733 bytes, 2,321 gpt2 tokens, many windows
 # each) instead of 6 (22,545 bytes, 7,348 tokens) for the reduced race's 20,000 bytes: the float64
 # reference loop over the held-out text costs in proportion (23 against 7.5 CPU-seconds a family,
@@ -71,17 +84,23 @@ def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Pat
     The command runs in this process (`lstar_in_process`, then torch's settings put back):
     nothing here reads how a process starts, and a child imported torch, its compiler stack and
     transformers again, which the tests below import here anyway. It runs with the tests' cut
-    (`support/lab_cut.py`): 24 of the 231 additions and 30 cloze items (about 60 of this
-    fixture's 99 CPU-seconds; the reduced race's own item counts are checked on its inputs in
-    the record test), and HELDOUT_BYTES of held-out text."""
+    (`support/lab_cut.py`), here of ADD_EVERY and N_CLOZE (the reduced race's own item counts
+    are checked on its inputs in the record test), HELDOUT_BYTES of held-out text and the
+    budgets divided by BUDGET_DIVISOR."""
+    import dataclasses
+
     from support.cli_run import lstar_in_process
     from support.lab_cut import cut_lab
     from support.script_run import torch_settings_kept
 
+    from monitor.lab.config import race_reduced_config
+
+    sizes = tuple(dataclasses.replace(s, byte_budget=s.byte_budget // BUDGET_DIVISOR)
+                  for s in race_reduced_config(_pool(), race_shared).sizes)
     out = Path(os.environ["LSTAR_LAB_RACE_OUT"]) if os.environ.get("LSTAR_LAB_RACE_OUT") \
         else tmp_path_factory.mktemp("race") / "lab"
     with pytest.MonkeyPatch.context() as patch, torch_settings_kept():
-        cut_lab(patch.setattr, heldout_bytes=HELDOUT_BYTES)
+        cut_lab(patch.setattr, add_every=ADD_EVERY, n_cloze=N_CLOZE, heldout_bytes=HELDOUT_BYTES, sizes=sizes)
         proc = lstar_in_process("lab", "run", "--size", "reduced", "--out", out, "--pool", _pool(),
                                 "--shared", race_shared, "--workers", "1", "--json",
                                 env={**{k: None for k in os.environ if k.startswith("LSTAR_LAB_KILL")},
@@ -92,8 +111,6 @@ def race_dir(tmp_path_factory: pytest.TempPathFactory, race_shared: Path) -> Pat
 
 @pytest.mark.slow
 def test_reduced_race_record_and_rows(race_dir: Path, race_shared: Path, tmp_path: Path) -> None:
-    from support.lab_cut import ADD_EVERY, N_CLOZE
-
     from monitor.lab.config import race_reduced_config
     from monitor.lab.race import prepare_race
     from monitor.lab.record_file import load_lab
@@ -108,8 +125,8 @@ def test_reduced_race_record_and_rows(race_dir: Path, race_shared: Path, tmp_pat
     assert record.family_names() == list(FAMILIES)
     assert all(f.role == "primary" and f.lossless for f in record.families)
     config = record.config
-    # the fixture's race scored the tests' cut of them (support/lab_cut.py), all of it
-    assert config["tasks"]["add-words"]["items"] == n_add == 24 and config["tasks"]["cloze"]["items"] == N_CLOZE
+    # the fixture's race scored its cut of them (ADD_EVERY, N_CLOZE), all of it
+    assert config["tasks"]["add-words"]["items"] == n_add == 8 and config["tasks"]["cloze"]["items"] == N_CLOZE
     assert config["calib_corpus"]["selection"] == "all"
     rows = race_rows(record)
     assert len(rows) == 2 * len(record.checkpoints)
@@ -282,15 +299,18 @@ def test_race_rows_refuse_a_version_1_record() -> None:
     assert "lstar-lab/2" in info.value.one_line()
 
 
-# Resuming is checked on less work: one family and size, every 20th calib-v0 document, 10 cloze
-# items, every 10th of the 231 addition items (24), 5,000 held-out bytes, a 20,000-byte unigram
-# slice and a 20,000-byte training budget (two checkpoints); the lab's own sizes are the module
-# fixture's. Whether a finished lineage is reused and the lab.json comes out byte for byte the
-# same does not depend on how much text each lineage trains on or each checkpoint scores. The
-# additions are cut where the race builds them (`prepare_race`, in the process that runs
+# Resuming is checked on less work: one family and size, every 40th calib-v0 document (6), 10
+# cloze items, every 30th of the 231 addition items (8), 5,000 held-out bytes, a 20,000-byte
+# unigram slice and a 20,000-byte training budget (two checkpoints); the lab's own sizes are the
+# module fixture's. Whether a finished lineage is reused and the lab.json comes out byte for byte
+# the same does not depend on how much text each lineage trains on or each checkpoint scores.
+# The additions are cut where the race builds them (`prepare_race`, in the process that runs
 # `run_race`; spawned workers get the items with the race's inputs): the race has no setting for
 # their number, and scoring all 231 x 21 options and 231 greedy decodes at each of the 8
-# checkpoints this test scores was most of its CPU.
+# checkpoints this test scores was most of its CPU. A lineage trained and scored with 24
+# additions and every 20th calib document in 3.6 CPU-seconds, with 8 and every 40th in 2.9
+# (measured in a warm process, under load); the test runs four (two in spawned workers, one
+# killed, one resumed), and the spawned and killed processes' imports are most of the rest.
 RESUME = textwrap.dedent("""
     import dataclasses
     import sys
@@ -300,7 +320,7 @@ RESUME = textwrap.dedent("""
     from monitor.lab.race import run_race
     from monitor.lab.tasks import addition_items
     if __name__ == "__main__":
-        monitor.lab.race.addition_items = lambda problems: addition_items(problems)[::10]
+        monitor.lab.race.addition_items = lambda problems: addition_items(problems)[::30]
         config = race_reduced_config(Path(sys.argv[2]), Path(sys.argv[3]), families=("gpt2",), seeds=(0, 1),
                                      calib_corpus=Path(sys.argv[4]), n_cloze=10, heldout_bytes=5_000,
                                      oos_unigram_bytes=20_000)
@@ -320,7 +340,7 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     script = tmp_path / "race.py"
     script.write_text(RESUME)
     pool = _pool()
-    calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=20)
+    calib = calib_subset(shared_dir / "corpus" / "calib-v0", tmp_path / "calib", every=40)
 
     def run(out: Path, kill_after: int | None = None, workers: int = 1) -> subprocess.CompletedProcess:
         env = _env()
@@ -350,7 +370,7 @@ def test_a_race_split_over_two_sittings_writes_the_same_lab_json(tmp_path: Path,
     assert (tmp_path / "split" / done[0] / "scores.json").stat().st_mtime_ns == kept
     assert (tmp_path / "split" / "lab.json").read_bytes() == (tmp_path / "whole" / "lab.json").read_bytes()
     # the race scored the cut addition task (the script's cut took effect in the race's inputs)
-    assert json.loads((tmp_path / "whole" / "lab.json").read_text())["config"]["tasks"]["add-words"]["items"] == 24
+    assert json.loads((tmp_path / "whole" / "lab.json").read_text())["config"]["tasks"]["add-words"]["items"] == 8
 
 
 @pytest.mark.slow

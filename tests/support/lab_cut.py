@@ -9,7 +9,8 @@ every ADD_EVERY-th addition and N_CLOZE cloze items. The lab has no setting for 
 additions: the cut replaces `addition_items` where the races build their inputs (in the
 process that prepares the race; spawned workers get the items with the inputs), and the cloze
 count is the reduced configs' own `n_cloze`, so lab.json records both numbers as they were.
-A test may change further settings of the reduced configs the same way (`changes`).
+A test may change further settings of the reduced configs the same way (`changes`), and take
+every `add_every`-th addition instead.
 
 `python tests/support/lab_cut.py ARGS` is `lstar ARGS` with the cut.
 """
@@ -26,13 +27,13 @@ ADD_EVERY = 10      # 24 of the 231 additions
 N_CLOZE = 30
 
 
-def cut_items(problems: Any) -> list[dict[str, Any]]:
+def cut_items(problems: Any, *, add_every: int = ADD_EVERY) -> list[dict[str, Any]]:
     from monitor.lab.tasks import addition_items
 
-    return addition_items(problems)[::ADD_EVERY]
+    return addition_items(problems)[::add_every]
 
 
-def replacements(**changes: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
+def replacements(*, add_every: int = ADD_EVERY, **changes: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     """(module, attribute, value) for each replacement the cut makes; `changes` are further
     settings of both reduced configs."""
     import monitor.lab.config
@@ -40,17 +41,19 @@ def replacements(**changes: Any) -> list[tuple[Any, str, Callable[..., Any]]]:
     import monitor.lab.race_v3
 
     settings = {"n_cloze": N_CLOZE, **changes}
-    return [(monitor.lab.race, "addition_items", cut_items),
-            (monitor.lab.race_v3, "addition_items", cut_items),
+    items = functools.partial(cut_items, add_every=add_every)
+    return [(monitor.lab.race, "addition_items", items),
+            (monitor.lab.race_v3, "addition_items", items),
             (monitor.lab.config, "race_reduced_config",
              functools.partial(monitor.lab.config.race_reduced_config, **settings)),
             (monitor.lab.config, "race_v3_reduced_config",
              functools.partial(monitor.lab.config.race_v3_reduced_config, **settings))]
 
 
-def cut_lab(setattr_: Callable[[Any, str, Any], None] = setattr, **changes: Any) -> None:
+def cut_lab(setattr_: Callable[[Any, str, Any], None] = setattr, *, add_every: int = ADD_EVERY,
+            **changes: Any) -> None:
     """Make the cut in this process (`monkeypatch.setattr` to have it undone after a test)."""
-    for module, name, value in replacements(**changes):
+    for module, name, value in replacements(add_every=add_every, **changes):
         setattr_(module, name, value)
 
 
