@@ -180,10 +180,14 @@ def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
 def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_dir):
     """Row 50 (recycling): with --worker-max-jobs 2, jobs 1-2 share a worker, job 3 gets a new
     one, which starts under the same address-space limit. Both are forked from the pool's one
-    template process (which imported torch once), and die with it."""
+    template process (which imported torch once), and die with it. An evaluation before the
+    first job (the daemon's observe job at start) is handed the template the pool starts for
+    it: the one the jobs' workers are then forked from."""
     limit = 64 << 30
     pool = WarmBackend(workers=1, max_jobs=2, timeout_s=300, memory_bytes=limit, workdir=tmp_path / "work")
     try:
+        early = pool.evaluation_template()
+        assert early is not None and early.ready() and pool.templates_started == 1
         outcomes = list(pool.run([job_for(tiny_dir, calib_v0, checkpoint_id=i) for i in (1, 2, 3)]))
         pids = [pid_of(o) for o in outcomes]
         assert address_space_limit(pids[2]) == str(limit)     # the replacement, alive and idle
@@ -193,6 +197,7 @@ def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_d
         # An active evaluation forked from the running template (as the daemon's observe job
         # does) gives what the evaluation gives in this process; the template reaped it.
         template = pool.live_template()
+        assert template is early and pool.evaluation_template() is template
         forked_before = len(template._exits)
         spec = EvalSpec(model_dir=str(tiny_dir), kind="multiple_choice", metric="acc",
                         file=str(mc_task(tmp_path / "mc.jsonl")))
@@ -220,6 +225,43 @@ def test_a_worker_is_replaced_after_its_quota_of_jobs(tmp_path, calib_v0, tiny_d
     assert pool.recycled[0] == (pids[0], "2 jobs done")
     assert pool.started == 2 and pool.templates_started == 1
     assert {o.scored.result["lstar"] for o in outcomes} == {outcomes[0].scored.result["lstar"]}
+
+
+def test_an_evaluation_waits_only_so_long_for_a_template_that_does_not_start(tmp_path, monkeypatch):
+    """A template that never gets ready (it hangs before its imports) holds an evaluation up to
+    the bound it is given, then the evaluation starts a child of its own (None); the shutdown's
+    interrupt ends such a wait as an interruption, with no child started; a pool without
+    templates hands none and starts nothing for it."""
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    try:
+        started = time.monotonic()
+        assert pool.evaluation_template(timeout_s=1.0) is None
+        waited = time.monotonic() - started
+        assert pool.templates_started == 1 and pool.live_template() is None
+        raised: list[BaseException] = []
+
+        def wait_for_template() -> None:
+            try:
+                pool.evaluation_template(timeout_s=120)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                raised.append(exc)
+
+        waiter = threading.Thread(target=wait_for_template)
+        waiter.start()
+        time.sleep(0.5)   # the evaluation waits for the slot's template, still hung
+        assert pool.interrupt() == 1
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+        assert [type(e).__name__ for e in raised] == ["ScoringInterrupted"], raised
+    finally:
+        pool.close()
+    assert 1.0 <= waited < 10
+    off = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "off", use_template=False)
+    try:
+        assert off.evaluation_template() is None and off._threads == [] and off.started == 0
+    finally:
+        off.close()
 
 
 @pytest.mark.slow

@@ -103,7 +103,8 @@ def run_observations(store: ObserveStore, policies: Sequence[Policy], *, owner: 
                      stopping: Callable[[], bool] | None = None) -> list[dict[str, Any]]:
     """Run pending evaluation jobs until none is left (or `limit` ran, or the daemon stops);
     what happened to each. With `ray` (the daemon's `RayBackend`) each runs as a Ray task on
-    the cluster, else in a child process here."""
+    the cluster, else in a child process here, forked from `template` when there is one (the
+    warm pool's template process, or a function that gives it, asked when an evaluation runs)."""
     by_name = {p.name: p for p in policies}
     done: list[dict[str, Any]] = []
     tried: list[int] = []
@@ -179,6 +180,8 @@ def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests:
         result = evaluate_on_ray(ray, spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
                                  workdir=state_dir / "tmp")
     else:
+        if callable(template):   # the pool's template, asked for now that an evaluation runs here
+            template = template()
         result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
                                       workdir=state_dir / "tmp", log_path=state_dir / "scoring.log",
                                       template=template)
@@ -242,14 +245,15 @@ def _record_observation(store: ObserveStore, job: dict[str, Any], policy: Policy
 
 
 def _evaluation_template(ctx: JobContext) -> Any:
-    """The warm scoring pool's template process when one is running (it imported torch once):
-    evaluations are forked from it instead of importing torch in a new child. Never started
-    here: a template dies with the thread that started it, and a pool's slot thread lives as
-    long as the pool."""
+    """What gives the warm scoring pool's template process (it imported torch once) when an
+    evaluation is about to run, or None: evaluations are forked from it instead of importing
+    torch in a new child. Asked for only then, as it starts the pool's template when none runs
+    (in the pool's slot threads: a template dies with the thread that started it, and a slot
+    thread lives as long as the pool)."""
     if ctx.config.scoring_backend == "ray":
         return None
-    live = getattr(ctx.scoring_backend(), "live_template", None)
-    return live() if callable(live) else None
+    start = getattr(ctx.scoring_backend(), "evaluation_template", None)
+    return start if callable(start) else None
 
 
 def log_new_task_file_problems(ctx: JobContext, checks: Any) -> list[str]:

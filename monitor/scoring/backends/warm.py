@@ -55,6 +55,9 @@ RSS_SHARE = 0.5
 STOP_WAIT_S = 5.0
 # The longest a worker may take to import the scoring libraries (as the start-up probe's bound).
 START_TIMEOUT_S = PROBE_TIMEOUT_S
+# The longest an evaluation waits for a template the pool is starting (importing torch takes
+# seconds) before it starts a child of its own: a hung template holds it no longer than this.
+EVALUATION_TEMPLATE_WAIT_S = 60.0
 # How long a slot waits before replacing a worker that died with no job.
 IDLE_RESTART_WAIT_S = 5.0
 # After this many templates that stopped or could not fork, the pool's workers start on their
@@ -235,14 +238,16 @@ class WarmBackend:
         self._spawning = 0       # slots waiting for a worker to be forked (the template may still import)
         self._interrupts = 0     # interrupt() calls that ended such a wait
 
-    def _start(self) -> None:
+    def _start(self) -> bool:
+        """Start the slot threads (each starts its worker at once); whether this call did."""
         with self._lock:
             if self._threads or self._closed.is_set():
-                return
+                return False
             for slot in range(self.concurrency):
                 thread = threading.Thread(target=self._slot, args=(slot,), name=f"warm-scorer-{slot}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+            return True
 
     def _template_for_spawn(self) -> WorkerTemplate | None:
         """The pool's template process, started on first use (from a slot thread, which lives
@@ -310,6 +315,39 @@ class WarmBackend:
         with self._lock:
             template = self._template
         return template if template is not None and template.ready() else None
+
+    def evaluation_template(self, timeout_s: float = EVALUATION_TEMPLATE_WAIT_S) -> WorkerTemplate | None:
+        """The template for an evaluation to be forked from: the running one, or the one the
+        pool starts now (its slot threads start their workers, as for a first job), so that an
+        evaluation before the daemon's first score does not import torch in a child of its own.
+        None (the evaluation starts its own child) when templates are off, the pool is closed,
+        no template is starting, or none is ready within `timeout_s`. Raises ScoringInterrupted
+        when the shutdown ends the template it waits for (`interrupt`, `close`): a child of its
+        own would import torch while the daemon stops, and the attempt was not the job's fault."""
+        if not self.use_template or self._closed.is_set():
+            return None
+        with self._lock:
+            generation = self._interrupts
+        started_now = self._start()
+        # Slot threads just started have not yet begun their workers' start (`_spawning`).
+        grace = time.monotonic() + (2.0 if started_now else 0.0)
+        deadline = time.monotonic() + timeout_s
+        while not self._closed.is_set():
+            with self._lock:
+                template, spawning, enabled = self._template, self._spawning, self.use_template
+                interrupted = self._interrupts != generation
+            if interrupted:
+                raise ScoringInterrupted("the shutdown stopped the evaluation while the scoring workers' "
+                                         "template was starting")
+            if template is not None and template.ready():
+                return template
+            if not enabled or (template is not None and not template.alive()):
+                return None
+            now = time.monotonic()
+            if now > deadline or (template is None and spawning == 0 and now > grace):
+                return None
+            time.sleep(0.05)
+        raise ScoringInterrupted("the scoring pool was closed while its template was starting for an evaluation")
 
     def _spawn(self) -> WarmWorker:
         with self._lock:
