@@ -59,6 +59,82 @@ def test_the_direct_solve_matches_least_squares_to_the_bit() -> None:
     assert len(statuses) >= 2   # converged by more than one criterion (or not at all)
 
 
+def _same_bits(got: tuple, want: tuple) -> bool:
+    return all(type(a) is type(b) and np.asarray(a).tobytes() == np.asarray(b).tobytes() for a, b in zip(got, want))
+
+
+def test_the_reflected_step_in_floats_is_the_arrays_step_to_the_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`small_trf._reflected_step_floats` (the step of `_select_step` that leaves the bounds,
+    its elementwise arithmetic on Python floats) against `_reflected_step` (scipy's arrays and
+    helpers): the same step, scaled step and predicted reduction, bit for bit and of the same
+    types, on every reflected step of `_problems()`' solves and on variants of them; and the
+    arrays' step wherever the floats could differ (an input not finite, a step of 0)."""
+    from monitor.curves import small_trf
+
+    seen = []
+    real = small_trf._select_step
+
+    def recording(*args):
+        seen.append(tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args))
+        return real(*args)
+
+    monkeypatch.setattr(small_trf, "_select_step", recording)
+    for problem in _problems():
+        for start in problem.starts():
+            try:
+                problem.solve(start)
+            except ValueError:
+                pass
+    monkeypatch.undo()
+    reflected = [c for c in seen if not ((c[0] + c[4] >= c[8]) & (c[0] + c[4] <= c[9])).all()]
+    variants = []
+    for x, J_h, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta in reflected:
+        zero = p.copy(), p_h.copy()
+        zero[0][1] = zero[1][1] = 0.0                     # a coordinate the step does not move
+        variants += [(x, J_h, diag_h, g_h, *zero, d, Delta, lb, ub, theta),
+                     (x, J_h, diag_h, g_h, 8.0 * p, 8.0 * p_h, d, Delta, lb, ub, theta),   # past two bounds
+                     (x, J_h, diag_h, g_h, p, p_h, d, 0.5 * Delta, lb, ub, 0.999)]
+    cases = reflected + variants
+
+    def outcome(step, case):
+        try:
+            return step(*(a.copy() if isinstance(a, np.ndarray) else a for a in case))
+        except ValueError as exc:   # a step outside the halved region: both raise it
+            return str(exc)
+
+    floats = 0
+    for case in cases:
+        got, want = outcome(small_trf._reflected_step_floats, case), outcome(small_trf._reflected_step, case)
+        if got is not None:
+            floats += 1
+            assert got == want if isinstance(want, str) else _same_bits(got, want), case
+    # 94 reflected steps (one solve's count, see above) and their variants, nearly all in floats
+    assert len(reflected) >= 90 and floats >= 0.95 * len(cases)
+    x, J_h, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta = reflected[0]
+    unbounded, nan = lb.copy(), p.copy()
+    unbounded[0], nan[2] = -np.inf, np.nan
+    assert small_trf._reflected_step_floats(x, J_h, diag_h, g_h, p, p_h, d, Delta, unbounded, ub, theta) is None
+    assert small_trf._reflected_step_floats(x, J_h, diag_h, g_h, nan, p_h, d, Delta, lb, ub, theta) is None
+    on_bound = x.copy()
+    on_bound[np.argmax(np.abs(p))] = (ub if p[np.argmax(np.abs(p))] > 0 else lb)[np.argmax(np.abs(p))]
+    assert small_trf._reflected_step_floats(on_bound, J_h, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta) is None
+
+
+def test_the_least_of_a_quadratic_on_a_segment_is_scipys_and_takes_the_first_of_a_tie() -> None:
+    from scipy.optimize._lsq.common import minimize_quadratic_1d
+
+    from monitor.curves.small_trf import _least_on_segment
+
+    f = np.float64
+    cases = [(f(0.0), f(0.0), 0, 2.5, f(1.0)),          # flat: all three values tie, the first end wins
+             (f(-1.0), f(0.0), -1.0, 1.0, 0),            # both ends tie below the extremum's 0
+             (f(1.0), f(0.0), -1.0, 1.0, 0),             # the extremum, inside
+             (f(2.0), f(-3.0), 0, 0.25, 0), (f(0.3), f(7.0), -2.0, -1.0, f(-0.5)), (f(1e-300), f(1.0), 0, 1.0, 0)]
+    for a, b, lo, hi, c in cases:
+        assert _same_bits(_least_on_segment(a, b, lo, hi, c), minimize_quadratic_1d(a, b, lo, hi, c=c))
+    assert _least_on_segment(f(np.nan), f(1.0), 0, 1.0) is None
+
+
 def test_a_band_fit_batched_is_the_band_solved_one_at_a_time_by_scipys_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole sigmoid band (12 starts, then 200 warm-started resamples) solved in batches, and
     solved one problem at a time through scipy's own core: the same fit to rounding (the batch
