@@ -1,6 +1,7 @@
 """The emergence lab's shared machinery (version 1's training loop, which lab v2 and
-`lstar demo` use): resuming a lineage killed mid-training, the addition table, the seeded
-stream, and refusals of bad lab input. Lab v2 end to end is tests/test_lab_race.py."""
+`lstar demo` use): resuming a lineage killed mid-training, a checkpoint's files, the addition
+table, the seeded stream, and refusals of bad lab input. Lab v2 end to end is
+tests/test_lab_race.py."""
 
 from __future__ import annotations
 
@@ -215,7 +216,13 @@ def test_a_saved_checkpoint_is_the_full_model_built_with_its_random_init_then_ov
     from transformers import AutoModelForCausalLM
 
     from monitor.lab import train as train_mod
-    from monitor.lab.model import UNUSED_BIAS, VocabMap, build_compact_model, phi_config, save_full_model
+    from monitor.lab.model import (
+        UNUSED_BIAS,
+        VocabMap,
+        build_compact_model,
+        phi_config,
+        save_full_model,
+    )
     from monitor.lab.pipeline import prepare_inputs
     from monitor.lab.train import encode_family, train_lineage
 
