@@ -89,7 +89,7 @@ def parsed(path: Path) -> ast.Module:
     return _parse(path, stat.st_mtime_ns, stat.st_size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(path: Path, mtime_ns: int, size: int) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
