@@ -102,10 +102,38 @@ def test_the_guide_is_linked_and_its_blocks_are_marked() -> None:
 # huggingface_hub reads them at import, as in a shell; each `lstar` line goes through the real
 # command line (`monitor.cli.main`), in process, to keep torch's import to once; it is imported
 # at the first `lstar` line, after the guide's own `export HF_ENDPOINT=...`.
+# The guide's three `lstar run --once` share one scoring backend, lent to each daemon as
+# `lstar demo` lends its passes one: each run's own backend started a warm-worker template that
+# imported torch and transformers again (about 7 CPU-seconds of the test's 70 for the third run;
+# the second scores nothing and started none). Scoring still runs in the pool's worker process,
+# made on first use from the first run's settings, which all three runs give alike (checked).
 DRIVER = """
 import json, os, shlex, sys
 from pathlib import Path
 main = None
+lent = {}
+
+def lend_one_scoring_backend():
+    import monitor.service.daemon as daemon_module
+    made_by = daemon_module.make_scoring_backend
+
+    def make_scoring_backend(config):
+        settings = (config.scoring_backend, config.scoring_workers, config.worker_max_jobs, config.worker_max_rss,
+                    config.score_timeout, config.score_memory, config.state_dir)
+        if "backend" not in lent:
+            lent.update(backend=made_by(config), settings=settings)
+        if settings != lent["settings"]:
+            sys.exit(f"the lent scoring backend was made for {lent['settings']}, not {settings}")
+        return lent["backend"]
+
+    class Daemon(daemon_module.Daemon):
+        def __init__(self, config, *, backend=None):
+            super().__init__(config, backend=backend)
+            self.owns_backend = False   # closed by this driver after the last step
+
+    daemon_module.make_scoring_backend = make_scoring_backend
+    daemon_module.Daemon = Daemon
+
 for kind, body, path in json.load(open(sys.argv[1])):
     if kind == "file":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -121,6 +149,7 @@ for kind, body, path in json.load(open(sys.argv[1])):
             sys.exit(f"a tested block may hold only lstar and export lines: {line}")
         if main is None:
             from monitor.cli import main
+            lend_one_scoring_backend()
         print(f"\\n$ {line}", flush=True)
         print(f"$ {line}", file=sys.stderr, flush=True)
         code = main(argv[1:])
@@ -128,6 +157,9 @@ for kind, body, path in json.load(open(sys.argv[1])):
         print(f"exit {code}", file=sys.stderr, flush=True)
         if code != 0:
             sys.exit(f"exit {code}: {line}")
+if "backend" in lent:
+    print(f"scoring templates started: {lent['backend'].templates_started}", file=sys.stderr, flush=True)
+    lent["backend"].close()
 """
 
 
@@ -193,6 +225,8 @@ def test_the_guides_commands_run_against_the_fake_hub(tmp_path: Path, shared_dir
     daemon_err = proc.stderr.split("$ lstar run ", 1)[1].split("\n$ ", 1)[0]
     assert "Fetching" not in daemon_err and "it/s]" not in daemon_err, daemon_err[-2000:]
     assert len(ran) == proc.stderr.count("exit 0") and len(ran) >= 25
+    # The three watcher runs scored on one lent pool, whose worker template imported torch once.
+    assert "scoring templates started: 1\n" in proc.stderr, proc.stderr[-2000:]
     # What the commands left is what the guide says they leave.
     with Store.open(work / "state" / "lstar.duckdb", read_only=True) as store:
         repos = {r["model_repo"] for r in store.query("SELECT DISTINCT model_repo FROM score_runs")}
