@@ -176,6 +176,8 @@ def test_the_demo_starts_in_a_venv_without_extras(tmp_path: Path) -> None:
     assert help_.returncode == 0 and "--workdir" in help_.stdout, help_.stderr[-3000:]
     script = ("import monitor, monitor.demo.run, monitor.demo.receivers, monitor.demo.fakehub\n"
               "from monitor.demo.receivers import SmtpReceiver, WebhookReceiver\n"
+              "from monitor.store import Store\n"   # the state: duckdb and what it reads through
+              "with Store.open('state.duckdb') as store: store.query('SELECT 1')\n"
               "with SmtpReceiver() as smtp, WebhookReceiver() as hook: print(monitor.__file__, smtp.port > 0)\n")
     proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           cwd=tmp_path)
