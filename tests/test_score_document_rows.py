@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import scale_state as ss
 
+from monitor.errors import StoreError
 from monitor.store import Store
 from monitor.store.scores import DOCUMENT_ROWS_PER_INSERT
 
@@ -79,6 +80,20 @@ def test_a_duplicate_document_writes_nothing_of_the_score(tmp_path: Path) -> Non
     run, _ = ss.score_run("org/model", "b" * 40, None, 1.5, WHEN)
     with Store.open(tmp_path / "state.duckdb") as store:
         with pytest.raises(duckdb.ConstraintException):
+            store.record_score_run(run, docs, ss.CORPUS_ROW, ss.TOKENIZER)
+        assert stored(store, run["run_id"]) == []
+        assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 0
+
+
+def test_document_rows_of_the_wrong_length_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Flattened into one statement, a row of 7 values beside a row of 5 would shift values
+    across columns; each row's length is checked first, as executemany checked it."""
+    docs = documents(3)
+    docs[1] = (*docs[1], "one too many")
+    docs[2] = docs[2][:-1]
+    run, _ = ss.score_run("org/model", "d" * 40, None, 1.5, WHEN)
+    with Store.open(tmp_path / "state.duckdb") as store:
+        with pytest.raises(StoreError, match="document row 1 of the score has 7 values, not 6"):
             store.record_score_run(run, docs, ss.CORPUS_ROW, ss.TOKENIZER)
         assert stored(store, run["run_id"]) == []
         assert store.query("SELECT count(*) AS n FROM score_runs")[0]["n"] == 0

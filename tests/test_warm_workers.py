@@ -28,6 +28,7 @@ from monitor.hub.queue import process_pending
 from monitor.lab.tiny_models import build_tiny_model
 from monitor.scoring import compute_score, prepare
 from monitor.scoring.backends import LocalBackend, ScoreJob, WarmBackend, make_backend
+from monitor.scoring.child import ScoringInterrupted
 from monitor.scoring.engine import ScoreRequest, corpus_selection
 from monitor.scoring.process_cache import PrepareCache, folder_digest
 from monitor.scoring.scoring_driver import outcome_to_queue
@@ -262,6 +263,36 @@ def test_an_evaluation_waits_only_so_long_for_a_template_that_does_not_start(tmp
         assert off.evaluation_template() is None and off._threads == [] and off.started == 0
     finally:
         off.close()
+
+
+def test_a_shutdown_that_ends_the_template_as_the_evaluation_looks_at_it_is_an_interruption(tmp_path, monkeypatch):
+    """The shutdown marks itself, then ends the template: an evaluation that sees that template
+    dead must not take it for one that died of its own accord (it would start a child of its own
+    importing torch while the daemon stops). The interrupt is made to land inside the
+    evaluation's own look at the template, the narrowest window there is."""
+    from monitor.scoring.template import WorkerTemplate
+
+    monkeypatch.setenv("LSTAR_FAILPOINT", "hang_worker_template")
+    pool = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "work")
+    evaluation = threading.current_thread()
+    interrupted: list[int] = []
+    real_ready = WorkerTemplate.ready
+
+    def ready(template: WorkerTemplate) -> bool:
+        if threading.current_thread() is evaluation and not interrupted:
+            interrupted.append(pool.interrupt())
+            deadline = time.monotonic() + 30   # until the template is gone, as after a thread switch
+            while template.alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_ready(template)
+
+    monkeypatch.setattr(WorkerTemplate, "ready", ready)
+    try:
+        with pytest.raises(ScoringInterrupted):
+            pool.evaluation_template(timeout_s=60)
+    finally:
+        pool.close()
+    assert interrupted == [1]
 
 
 @pytest.mark.slow

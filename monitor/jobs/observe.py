@@ -181,7 +181,7 @@ def _evaluate(job: dict[str, Any], ids: dict[str, Any], snapshot: Path, digests:
                                  workdir=state_dir / "tmp")
     else:
         if callable(template):   # the pool's template, asked for now that an evaluation runs here
-            template = template()
+            template = _pool_template(template)
         result = run_evaluation_child(spec, timeout_s=timeout_s, memory_bytes=memory_bytes,
                                       workdir=state_dir / "tmp", log_path=state_dir / "scoring.log",
                                       template=template)
@@ -242,6 +242,21 @@ def _record_observation(store: ObserveStore, job: dict[str, Any], policy: Policy
     return {**ids, "status": "done" if held else "lease_lost", "observed_state": fields["observed_state"],
             "verdict": fields["verdict"], "alerts": 1 if held and alert is not None else 0,
             "linked_from": extra.get("linked_from")}
+
+
+def _pool_template(give: Callable[[], Any]) -> Any:
+    """The pool's template from `give()`, or None (the evaluation starts a child of its own)
+    when the pool fails to give one: a fault of the scoring pool (a thread it cannot start, a
+    template that cannot fork) must not cost the evaluation an attempt it could run cold. The
+    shutdown's interruption passes through: the attempt is given back."""
+    try:
+        return give()
+    except Exception as exc:
+        if type(exc).__name__ == "ScoringInterrupted":
+            raise
+        log.warning("the scoring pool gave no template for an evaluation (%s: %s); it starts a child of its own",
+                    type(exc).__name__, exc)
+        return None
 
 
 def _evaluation_template(ctx: JobContext) -> Any:

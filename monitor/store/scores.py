@@ -39,6 +39,12 @@ def insert_document_rows(conn: duckdb.DuckDBPyConnection, rows: Sequence[Sequenc
     same, and that a score of no documents is refused as before)."""
     if not rows:   # executemany refuses an empty list: a score of no documents stays an error
         conn.executemany("INSERT INTO score_documents VALUES (?, ?, ?, ?, ?, ?)", rows)
+    # executemany checked each row's length; flattened, a row of 7 beside a row of 5 would
+    # shift values across columns instead of failing.
+    wrong = next((i for i, row in enumerate(rows) if len(row) != 6), None)
+    if wrong is not None:
+        raise StoreError(f"document row {wrong} of the score has {len(rows[wrong])} values, not 6 "
+                         "(run_id, doc_id, slice, n_tokens, nll, n_bytes): nothing of the score was written")
     for start in range(0, len(rows), DOCUMENT_ROWS_PER_INSERT):
         chunk = rows[start:start + DOCUMENT_ROWS_PER_INSERT]
         conn.execute("INSERT INTO score_documents VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)),

@@ -236,6 +236,7 @@ class WarmBackend:
         self.templates_started = 0
         self._template_failures = 0
         self._spawning = 0       # slots waiting for a worker to be forked (the template may still import)
+        self._started_at = 0.0   # when the slot threads were started (0: not yet)
         self._interrupts = 0     # interrupt() calls that ended such a wait
 
     def _start(self) -> bool:
@@ -243,6 +244,7 @@ class WarmBackend:
         with self._lock:
             if self._threads or self._closed.is_set():
                 return False
+            self._started_at = time.monotonic()
             for slot in range(self.concurrency):
                 thread = threading.Thread(target=self._slot, args=(slot,), name=f"warm-scorer-{slot}", daemon=True)
                 thread.start()
@@ -328,26 +330,36 @@ class WarmBackend:
             return None
         with self._lock:
             generation = self._interrupts
-        started_now = self._start()
-        # Slot threads just started have not yet begun their workers' start (`_spawning`).
-        grace = time.monotonic() + (2.0 if started_now else 0.0)
+        self._start()
+        # Slot threads just started (by this call or by a job a moment ago) have not yet begun
+        # their workers' start (`_spawning`): until then, no template starting means none yet.
+        with self._lock:
+            grace = self._started_at + 2.0
         deadline = time.monotonic() + timeout_s
+
+        def stopped() -> bool:
+            """The shutdown's interrupt or close came: read under the lock, after whatever was
+            seen of the template (both mark themselves before they end the template)."""
+            with self._lock:
+                return self._interrupts != generation or self._closed.is_set()
+
         while not self._closed.is_set():
             with self._lock:
                 template, spawning, enabled = self._template, self._spawning, self.use_template
-                interrupted = self._interrupts != generation
-            if interrupted:
-                raise ScoringInterrupted("the shutdown stopped the evaluation while the scoring workers' "
-                                         "template was starting")
+            if stopped():
+                break
             if template is not None and template.ready():
                 return template
             if not enabled or (template is not None and not template.alive()):
+                if stopped():   # the template ended by the shutdown, not of its own accord
+                    break
                 return None
             now = time.monotonic()
             if now > deadline or (template is None and spawning == 0 and now > grace):
                 return None
             time.sleep(0.05)
-        raise ScoringInterrupted("the scoring pool was closed while its template was starting for an evaluation")
+        raise ScoringInterrupted("the shutdown stopped the evaluation while the scoring workers' "
+                                 "template was starting")
 
     def _spawn(self) -> WarmWorker:
         with self._lock:
