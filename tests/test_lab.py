@@ -207,7 +207,7 @@ def test_a_saved_checkpoint_is_the_full_model_built_with_its_random_init_then_ov
         tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`save_full_model` builds the full-vocabulary model without drawing its random initial
     weights, since every saved tensor is overwritten: the files are byte for byte those of the
-    model built with its initialisation and tied by `from_config`, then overwritten the same way;
+    model built with its initialisation and tied by `from_config`, then overwritten the same way (`fill_full_model`);
     torch's random state is left as it was; and training draws nothing from that state after
     its seeded initialisation, so the draws the initialisation made at each checkpoint changed
     no weight (a lineage trained with the random state disturbed at every checkpoint saves
@@ -217,9 +217,9 @@ def test_a_saved_checkpoint_is_the_full_model_built_with_its_random_init_then_ov
 
     from monitor.lab import train as train_mod
     from monitor.lab.model import (
-        UNUSED_BIAS,
         VocabMap,
         build_compact_model,
+        fill_full_model,
         phi_config,
         save_full_model,
     )
@@ -237,17 +237,7 @@ def test_a_saved_checkpoint_is_the_full_model_built_with_its_random_init_then_ov
     # the reference: what the function did before, a randomly initialised full model
     full = AutoModelForCausalLM.from_config(phi_config(arch, vocab.full_size, prefix_token_id=3))
     assert full.lm_head.weight is full.model.embed_tokens.weight     # tied by from_config
-    src, used = compact.state_dict(), torch.from_numpy(vocab.used)
-    with torch.no_grad():
-        for name, tensor in full.state_dict().items():
-            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                tensor.zero_()
-                tensor[used] = src[name]
-            elif name == "lm_head.bias":
-                tensor.fill_(UNUSED_BIAS)
-                tensor[used] = src[name]
-            else:
-                tensor.copy_(src[name])
+    fill_full_model(full, compact, vocab)
     full.save_pretrained(tmp_path / "reference", safe_serialization=True)
     for name in ("model.safetensors", "config.json", "generation_config.json"):
         assert (tmp_path / "saved" / name).read_bytes() == (tmp_path / "reference" / name).read_bytes(), name

@@ -148,6 +148,16 @@ def _select_step(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.nda
     return _reflected_step(x, J_h, diag_h, g_h, p, p_h, d, Delta, lb, ub, theta)
 
 
+def _reflection_stride_bounds(p_stride: Any, to_bound: Any, to_tr: Any, theta: float) -> tuple[Any, Any]:
+    """The segment of the reflected step's stride scipy's `select_step` searches (empty, lower
+    above upper, when the reflection cannot move), in the operations and types it is given:
+    numpy scalars from the arrays' path, Python floats from the floats' path."""
+    r_stride = min(to_bound, to_tr)
+    if r_stride > 0:
+        return (1 - theta) * p_stride / r_stride, theta * to_bound if r_stride == to_bound else to_tr
+    return 0, -1
+
+
 def _bound_steps(x: list[float], s: list[float], lb: list[float], ub: list[float]) -> tuple[float, list[float]] | None:
     """`step_size_to_bound(x, s, lb, ub)` of finite vectors in Python floats (the same IEEE
     divisions): the least step and every coordinate's step; or None where the arrays' answer
@@ -215,13 +225,7 @@ def _reflected_step_floats(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g
     if found is None:
         return None
     to_bound = found[0]
-    r_stride = min(to_bound, to_tr)
-    if r_stride > 0:
-        r_stride_l = (1 - theta) * p_stride / r_stride
-        r_stride_u = theta * to_bound if r_stride == to_bound else to_tr
-    else:
-        r_stride_l = 0
-        r_stride_u = -1
+    r_stride_l, r_stride_u = _reflection_stride_bounds(p_stride, to_bound, to_tr, theta)
     if r_stride_l <= r_stride_u:
         a, b, c = build_quadratic_1d(J_h, g_h, r_h_a, s0=p_h_a, diag=diag_h)
         least = _least_on_segment(a, b, r_stride_l, r_stride_u, c=c)
@@ -271,13 +275,7 @@ def _reflected_step(x: np.ndarray, J_h: np.ndarray, diag_h: np.ndarray, g_h: np.
     x_on_bound = x + p
     _, to_tr = intersect_trust_region(p_h, r_h, Delta)
     to_bound, _ = step_size_to_bound(x_on_bound, r, lb, ub)
-    r_stride = min(to_bound, to_tr)
-    if r_stride > 0:
-        r_stride_l = (1 - theta) * p_stride / r_stride
-        r_stride_u = theta * to_bound if r_stride == to_bound else to_tr
-    else:
-        r_stride_l = 0
-        r_stride_u = -1
+    r_stride_l, r_stride_u = _reflection_stride_bounds(p_stride, to_bound, to_tr, theta)
     if r_stride_l <= r_stride_u:
         a, b, c = build_quadratic_1d(J_h, g_h, r_h, s0=p_h, diag=diag_h)
         r_stride, r_value = minimize_quadratic_1d(a, b, r_stride_l, r_stride_u, c=c)

@@ -110,6 +110,26 @@ class VocabMap:
         return out
 
 
+def fill_full_model(full: Any, compact: Any, vocab: VocabMap) -> None:
+    """Write `compact`'s weights into the full-vocabulary model `full`: the used ids' rows of
+    the embeddings and output layer, zero rows and bias UNUSED_BIAS for the ids never seen,
+    every other tensor copied."""
+    import torch
+
+    src = compact.state_dict()
+    used = torch.from_numpy(vocab.used)
+    with torch.no_grad():
+        for name, tensor in full.state_dict().items():
+            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+                tensor.zero_()
+                tensor[used] = src[name]
+            elif name == "lm_head.bias":
+                tensor.fill_(UNUSED_BIAS)
+                tensor[used] = src[name]
+            else:
+                tensor.copy_(src[name])
+
+
 def save_full_model(compact: Any, vocab: VocabMap, arch: ArchConfig, out_dir: Path, *,
                     prefix_token_id: int | None) -> None:
     """Save `compact` as a full-vocabulary safetensors checkpoint in `out_dir`."""
@@ -125,18 +145,7 @@ def save_full_model(compact: Any, vocab: VocabMap, arch: ArchConfig, out_dir: Pa
     with no_init_weights():
         full = AutoModelForCausalLM.from_config(phi_config(arch, vocab.full_size, prefix_token_id=prefix_token_id))
     full.tie_weights()
-    src = compact.state_dict()
-    used = torch.from_numpy(vocab.used)
-    with torch.no_grad():
-        for name, tensor in full.state_dict().items():
-            if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-                tensor.zero_()
-                tensor[used] = src[name]
-            elif name == "lm_head.bias":
-                tensor.fill_(UNUSED_BIAS)
-                tensor[used] = src[name]
-            else:
-                tensor.copy_(src[name])
+    fill_full_model(full, compact, vocab)
     from transformers.utils import logging as hf_logging
 
     # transformers' own "Writing model shards" bar would break the lab's progress display

@@ -343,11 +343,9 @@ class WarmBackend:
             with self._lock:
                 return self._interrupts != generation or self._closed.is_set()
 
-        while not self._closed.is_set():
+        while not stopped():
             with self._lock:
                 template, spawning, enabled = self._template, self._spawning, self.use_template
-            if stopped():
-                break
             if template is not None and template.ready():
                 return template
             if not enabled or (template is not None and not template.alive()):
