@@ -26,6 +26,15 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for _offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.pop(_offline, None)
 
+# The suite starts hundreds of Python processes (daemons, scoring children, `lstar` commands)
+# that import the package. Where PYTHONDONTWRITEBYTECODE is set (container images often set it)
+# nothing is ever cached, and each of them compiles every package module it imports from source
+# again: 0.2 CPU-seconds for the daemon's modules alone. The suite writes bytecode (into the
+# checkout's __pycache__ folders, which git ignores) for its own processes, which inherit this
+# environment; pytest's rewritten test modules are cached the same way.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
+
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
