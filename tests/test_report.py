@@ -50,9 +50,10 @@ RUNS = [("r1", "org/a", 3.0, 0.02, "fp-neox", 7.0, 1), ("r2", "org/a", 1.5, 0.02
         ("r3", "org/a", 0.2, 0.02, "fp-neox", 7.0, 3), ("r4", "org/b", 2.9, 0.05, "fp-llama", 6.0, 2)]
 
 
-@pytest.fixture()
-def world(tmp_path: Path):
+@pytest.fixture(scope="module")
+def built_world(tmp_path_factory: pytest.TempPathFactory):
     """A store with 4 score runs, a fitted curve, a policy, and the outbox's predictions."""
+    folder = tmp_path_factory.mktemp("world")
     rng = np.random.default_rng(0)
     xs = np.linspace(0.0, 3.2, 16)
     labels = [Label(checkpoint=f"h{i}", value=float(np.clip(0.25 + 0.6 / (1 + np.exp(4 * (x - 1.2)))
@@ -61,22 +62,35 @@ def world(tmp_path: Path):
               for i, x in enumerate(xs)]
     curve = fit_curve(labels, task="cloze", metric="acc", baseline=0.25, margin=0.2, resamples=100, lofo=False,
                       corpus_sha256=CORPUS, scoring_spec=SPEC)
-    save_curve(curve, tmp_path / "curves" / "cloze.json")
-    audit = tmp_path / "audit.jsonl"
-    write_report_policy(tmp_path, audit)
+    save_curve(curve, folder / "curves" / "cloze.json")
+    write_report_policy(folder, folder / "audit.jsonl")
+    policy = load_policy(folder / "policy.yaml")
+    tcb = {"mean": 0.5, "median": 0.4, "p10": 0.1, "v_eff_mean": 12.0, "margin_mean": 1.5, "n_positions": 64}
+    with Store.open(folder / "lstar.duckdb") as store:
+        for run_id, repo, lstar, se, fp, ce_uni, hours in RUNS:
+            when = T0 + timedelta(hours=hours)
+            store.record_score_run(_run(run_id, repo, f"{run_id}sha".ljust(40, "0"), lstar, se, ce_uni, fp, when,
+                                        {**tcb, "mean": lstar / 10}),
+                                   [("d1", "web", 1000, 1.0, 4000)],
+                                   {"sha256": CORPUS, "name": "calib", "version": "0", "parent_sha256": CORPUS,
+                                    "selection": "all", "n_documents": 1, "n_bytes": 4000},
+                                   {"fingerprint": fp, "source": fp, "vocab_size": 10, "prefix_policy": "bos",
+                                    "prefix_token_id": 0})
+            evaluate_pending(store, [policy], now=when + timedelta(minutes=1))
+    assert not (folder / "audit.jsonl").exists()   # nothing sent: a test's copy starts with no audit file
+    return folder, curve
+
+
+@pytest.fixture()
+def world(built_world, tmp_path: Path):
+    """The module's world, copied into the test's own folder (tests write reports, deliveries
+    and a closed store into it): building it per test cost about 0.6 CPU-seconds each."""
+    folder, curve = built_world
+    shutil.copytree(folder / "curves", tmp_path / "curves")
+    shutil.copyfile(folder / "lstar.duckdb", tmp_path / "lstar.duckdb")
+    write_report_policy(tmp_path, tmp_path / "audit.jsonl")
     policy = load_policy(tmp_path / "policy.yaml")
     store = Store.open(tmp_path / "lstar.duckdb")
-    tcb = {"mean": 0.5, "median": 0.4, "p10": 0.1, "v_eff_mean": 12.0, "margin_mean": 1.5, "n_positions": 64}
-    for run_id, repo, lstar, se, fp, ce_uni, hours in RUNS:
-        when = T0 + timedelta(hours=hours)
-        store.record_score_run(_run(run_id, repo, f"{run_id}sha".ljust(40, "0"), lstar, se, ce_uni, fp, when,
-                                    {**tcb, "mean": lstar / 10}),
-                               [("d1", "web", 1000, 1.0, 4000)],
-                               {"sha256": CORPUS, "name": "calib", "version": "0", "parent_sha256": CORPUS,
-                                "selection": "all", "n_documents": 1, "n_bytes": 4000},
-                               {"fingerprint": fp, "source": fp, "vocab_size": 10, "prefix_policy": "bos",
-                                "prefix_token_id": 0})
-        evaluate_pending(store, [policy], now=when + timedelta(minutes=1))
     yield store, policy, curve, tmp_path
     store.close()
 
