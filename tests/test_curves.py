@@ -423,3 +423,21 @@ def test_bad_input_gives_clear_errors():
         fit_curve(good, task="cloze-v0", baseline=B, margin=0.0)
     with pytest.raises(LabelError, match="at least 2 families"):
         lofo_validate([l.with_(family="a") for l in good], baseline=B, margin=EPS)
+
+
+@pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.95, 0.975, 0.99, 0.999, 0.123456789])
+def test_the_bands_z_and_the_held_out_probabilities_are_norms_numbers(confidence):
+    """The fits take z from `ndtri` (kept per confidence) and the LOFO probabilities from
+    `ndtr`, the functions `norm.ppf` and `norm.cdf` call, without their per-call checks: the
+    same bits, also at the infinities, NaN and signed zero."""
+    from scipy.special import ndtr
+
+    from monitor.bands import two_sided_z
+    from monitor.curves.stats import _band_z
+
+    alpha = 1.0 - confidence
+    assert _band_z(confidence) == float(norm.ppf(1.0 - alpha / 2.0))
+    assert two_sided_z(confidence) == float(norm.ppf(0.5 + confidence / 2.0))
+    x = np.concatenate([np.linspace(-40.0, 40.0, 2001) * confidence,
+                        [np.inf, -np.inf, np.nan, -0.0, 0.0, 1e-300, -1e-300, 5e-324]])
+    assert np.array_equal(ndtr(x), norm.cdf(x), equal_nan=True)

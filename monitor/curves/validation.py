@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtr
 
+from monitor.bands import two_sided_z
 from monitor.curves.artifact import LofoRow, resolution_warnings  # noqa: F401  (its home was here)
 from monitor.curves.labels import Label
 from monitor.curves.stats import PREDICTORS, Predictor, fit_monotone, label_weights
@@ -224,7 +225,9 @@ def _probability_reaching(fit: Any, x: np.ndarray, p_hat: np.ndarray, weights: n
     se_obs = np.sqrt(fit.dispersion / weights)
     spread = np.sqrt(se_curve ** 2 + se_obs ** 2)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(spread > 0, norm.cdf((p_hat - level) / np.where(spread > 0, spread, 1.0)),
+        # `ndtr` is what `norm.cdf` computes for the standard normal, without its per-call
+        # argument checks (about 60 µs against 1 µs, once per fold of every validation)
+        return np.where(spread > 0, ndtr((p_hat - level) / np.where(spread > 0, spread, 1.0)),
                         (p_hat >= level).astype(float))
 
 
@@ -253,7 +256,7 @@ def lofo_axes(values: Sequence[float], families: Sequence[str],
     values = np.asarray(values, dtype=np.float64)
     weights, known = label_weights(values, n, stderr)
     proportion = bool(np.all((values >= 0) & (values <= 1)))
-    z = float(norm.ppf(0.5 + confidence / 2.0))
+    z = two_sided_z(confidence)
     rows: list[LofoRow] = []
     per_family: list[dict[str, Any]] = []
     points: dict[str, dict[str, np.ndarray]] = {}
