@@ -10,12 +10,33 @@ import pytest
 
 from monitor.cli import main
 from monitor.errors import SpecError
+from monitor.scoring import memory_limit
 from monitor.scoring.memory_limit import check_score_memory, is_memory_failure
 
 pytestmark = pytest.mark.slow  # the daemon or the scoring stack in subprocesses
 
 
-def test_lstar_run_refuses_a_score_memory_too_small_to_load_torch(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def unlimited_probe() -> memory_limit.ProbeResult:
+    """What the probe child measures without a limit: the machine's need, the same for every
+    test here. Measured once for the module (a child importing torch and transformers, about
+    8 CPU-seconds each, 18.5 for the file when each test measured it)."""
+    return memory_limit.probe(None)
+
+
+@pytest.fixture
+def measured_once(unlimited_probe, monkeypatch):
+    """`check_score_memory`'s probe without a limit answers the module's measurement; a probe
+    under a limit still runs its own child."""
+    real = memory_limit.probe
+
+    def probe(memory_bytes, **kwargs):
+        return unlimited_probe if memory_bytes is None else real(memory_bytes, **kwargs)
+
+    monkeypatch.setattr(memory_limit, "probe", probe)
+
+
+def test_lstar_run_refuses_a_score_memory_too_small_to_load_torch(tmp_path, capsys, measured_once):
     policies = tmp_path / "policies"
     policies.mkdir()
     state = tmp_path / "state"
@@ -31,7 +52,7 @@ def test_lstar_run_refuses_a_score_memory_too_small_to_load_torch(tmp_path, caps
     assert not state.exists()                      # refused before anything was written
 
 
-def test_no_limit_is_not_probed_and_a_large_one_passes():
+def test_no_limit_is_not_probed_and_a_large_one_passes(measured_once):
     assert check_score_memory(None) is None
     probed = check_score_memory(4 << 30)
     assert probed is not None and probed.ok

@@ -20,7 +20,7 @@ from monitor.scoring.corpus_build import build_manifest, documents_jsonl, manife
 from monitor.scoring.loader import load_checkpoint
 from monitor.scoring.tokenizer import load_tokenizer
 from monitor.stress.runner import parse_tests, run_stress
-from monitor.stress.segmentation import (collapse_whitespace, dropout_segmentations, encode_with,
+from monitor.stress.segmentation import (BpeReplay, collapse_whitespace, dropout_segmentations, encode_with,
                                          pruned_tokenizer)
 from monitor.stress.subject import StressCheckpoint, StressOptions, StressSubject
 from monitor.stress.tokenization import fit_alpha_beta, tokenization_stress, variant_numbers
@@ -86,6 +86,10 @@ def test_dropout_segmentations_are_seeded_and_keep_the_bytes(gpt2_dir) -> None:
     assert info["reproduces_library"] is True
     assert [handle.tokenizer.decode(s) for s in a] == TEXTS
     assert sum(map(len, a)) > sum(map(len, canonical))      # dropout only ever splits
+    # one replay lent to several rates (as the section does) segments as a replay of its own
+    replay = BpeReplay.of(handle)
+    assert dropout_segmentations(handle, TEXTS, 0.3, seed=7, replay=replay) == (a, info)
+    assert dropout_segmentations(handle, TEXTS, 0.3, seed=8, replay=replay)[0] == c
 
 
 def test_replay_at_rate_zero_is_the_library_segmentation(shared_dir) -> None:

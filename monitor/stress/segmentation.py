@@ -61,17 +61,9 @@ class BpeReplay:
     @classmethod
     def of(cls, handle: TokenizerHandle) -> "BpeReplay":
         data = _tokenizer_json(handle)
-        model = data.get("model") or {}
         where = f"{handle.source}/tokenizer.json"
-        if model.get("type") != "BPE":
-            raise TokenizerError(f"{where}: model type {model.get('type')!r} is not BPE",
-                                 hint="BPE-dropout and merge pruning apply to BPE tokenizers only")
-        if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
-            raise TokenizerError(f"{where}: a BPE with a subword prefix or word suffix is not replayed",
-                                 hint="use a byte-level BPE tokenizer (GPT-2 style)")
-        vocab = model.get("vocab")
-        if not isinstance(vocab, dict):
-            raise TokenizerError(f"{where}: model.vocab is not an object")
+        model = _replayable_model(data, where)
+        vocab = model["vocab"]
         ranks = {pair: rank for rank, pair in enumerate(_merge_pairs(model.get("merges") or [], where))}
         added = frozenset(int(t["id"]) for t in data.get("added_tokens") or [] if isinstance(t, dict))
         return cls(handle.tokenizer, vocab, ranks, added, bool(model.get("ignore_merges")),
@@ -122,6 +114,21 @@ class BpeReplay:
         return ids, kept
 
 
+def _replayable_model(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The `model` object of a tokenizer's JSON, refused (TokenizerError naming `where`) unless
+    it is a BPE the merges can be replayed on: what the replay and the pruning both require."""
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise TokenizerError(f"{where}: model type {model.get('type')!r} is not BPE",
+                             hint="BPE-dropout and merge pruning apply to BPE tokenizers only")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise TokenizerError(f"{where}: a BPE with a subword prefix or word suffix is not replayed",
+                             hint="use a byte-level BPE tokenizer (GPT-2 style)")
+    if not isinstance(model.get("vocab"), dict):
+        raise TokenizerError(f"{where}: model.vocab is not an object")
+    return model
+
+
 def _merge_pairs(merges: Sequence[Any], where: str) -> list[tuple[str, str]]:
     pairs = []
     for k, merge in enumerate(merges):
@@ -158,14 +165,17 @@ def document_rng(seed: int, rate: float, index: int) -> random.Random:
 
 
 def dropout_segmentations(handle: TokenizerHandle, texts: Sequence[str], rate: float,
-                          seed: int) -> tuple[list[list[int]], dict[str, Any]]:
+                          seed: int, replay: BpeReplay | None = None) -> tuple[list[list[int]], dict[str, Any]]:
     """Ids of each text under BPE-dropout at `rate`, seeded per document, and facts about the
     replay: `reproduces_library` (rate 0 gives exactly the library's ids on these texts; checked
     on every call so a replay that drifts from the library is never reported silently) and
-    `words_kept` (pre-tokens left as the library cut them)."""
+    `words_kept` (pre-tokens left as the library cut them). `replay`: `BpeReplay.of(handle)`
+    made once by a caller with several rates (reading a large vocabulary's merges is most of a
+    call's time); made here when not given."""
     if not 0.0 <= rate < 1.0:
         raise TokenizerError(f"BPE-dropout rate {rate} is outside [0, 1)", hint="use rates like 0.05,0.1")
-    replay = BpeReplay.of(handle)
+    if replay is None:
+        replay = BpeReplay.of(handle)
     seqs, kept = [], 0
     for index, text in enumerate(texts):
         ids, k = replay.segment(text, rate, document_rng(seed, rate, index))
@@ -183,9 +193,8 @@ def pruned_tokenizer(handle: TokenizerHandle, fraction: float) -> tuple[Tokenize
     if not 0.0 < fraction < 1.0:
         raise TokenizerError(f"merge-pruning fraction {fraction} is outside (0, 1)", hint="use e.g. 0.1")
     data = _tokenizer_json(handle)
-    BpeReplay.of(handle)                       # the same refusals as the replay
-    model = data["model"]
     where = f"{handle.source}/tokenizer.json"
+    model = _replayable_model(data, where)     # the same refusals as the replay
     pairs = _merge_pairs(model.get("merges") or [], where)
     keep = len(pairs) - int(round(len(pairs) * fraction))
     made_by_kept = {a + b for a, b in pairs[:keep]}

@@ -85,7 +85,7 @@ def fit_alpha_beta(lstar: Sequence[float], perturbed: Sequence[float]) -> dict[s
 def build_variants(handle: Any, texts: Sequence[str], options: StressOptions) -> tuple[list[Variant], list[str]]:
     """The base segmentation and every perturbation this tokenizer allows, plus notes on what
     was skipped and why."""
-    from monitor.stress.segmentation import (collapse_whitespace, dropout_segmentations, encode_with,
+    from monitor.stress.segmentation import (BpeReplay, collapse_whitespace, dropout_segmentations, encode_with,
                                              pruned_tokenizer)
 
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -105,8 +105,9 @@ def build_variants(handle: Any, texts: Sequence[str], options: StressOptions) ->
                                 note="scored bytes are the normalised text (spaces/tabs runs → one space)"))
 
     try:
+        replay = BpeReplay.of(handle) if options.dropout_rates else None   # one for every rate
         for rate in options.dropout_rates:
-            seqs, info = dropout_segmentations(handle, texts, float(rate), options.seed)
+            seqs, info = dropout_segmentations(handle, texts, float(rate), options.seed, replay)
             if not info["reproduces_library"]:
                 notes.append(f"bpe-dropout-{rate:g} not reported: the merge replay at rate 0 does not "
                              "reproduce the library's segmentation on this corpus")
