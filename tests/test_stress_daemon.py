@@ -1,9 +1,17 @@
-"""A curve flagged by a stress limit: the daemon's alert on it carries the caveat, on the fake
-Hub, in the webhook payload and in the email text rendered from it."""
+"""A curve flagged by a stress limit: the daemon's alert on it carries the caveat, in the webhook
+payload and in the email text rendered from it.
+
+The caveat is added where the daemon evaluates a stored score against the policy's curves
+(`monitor.alerts.evaluation_tick`), whatever scored it: the daemon here evaluates a score run
+recorded before it starts, as one it scored itself would be. Scoring a checkpoint from the fake
+Hub in the daemon (`tests/test_daemon_events.py` runs that same daemon) cost this test a warm
+pool importing torch and transformers and a tiny model built in the test's process: 20.4
+CPU-seconds measured, 12.9 of them in the daemon's process tree."""
 
 from __future__ import annotations
 
 import subprocess
+from datetime import datetime, timedelta, timezone
 from html import escape as html_escape
 
 import pytest
@@ -12,23 +20,24 @@ from monitor.alerts.channels.base import Outgoing
 from monitor.alerts.channels.email import render
 from monitor.curves.artifact import load_curve
 from monitor.demo.fakehub import FakeHub
-from monitor.demo.hub_repos import add_lineage
 from monitor.demo.receivers import WebhookReceiver
-from monitor.scoring.corpus import load_corpus
 from monitor.store import Store
 from monitor.stress.storage import save_stress_report
 from monitor.stress.subject import SCHEMA
 from support.daemon_harness import DaemonProcess
+from support.scores import CALIB_V0_SHA256, record_fake_score
 from tests.test_daemon_events import SECRET_ENV, fit_arith_curve, policy_text
 
-pytestmark = pytest.mark.slow  # the daemon scores a checkpoint in a subprocess
+pytestmark = pytest.mark.slow  # the daemon in a subprocess
+
+# An L* at which `fit_arith_curve`'s interval holds the level (near 5.6): the score is at risk.
+LSTAR, SE = 5.0, 0.01
 
 
-def test_daemon_alert_on_a_flagged_curve_carries_the_stress_caveat(tmp_path, shared_dir):
+def test_daemon_alert_on_a_flagged_curve_carries_the_stress_caveat(tmp_path):
     with FakeHub() as hub, WebhookReceiver() as hook:
-        add_lineage(hub, "fake-org/tiny", steps=(1000,))
         (tmp_path / "policies").mkdir()
-        corpus = load_corpus(shared_dir / "corpus" / "calib-v0").select(first=2).sha256   # --docs 2
+        corpus = CALIB_V0_SHA256
         curve = fit_arith_curve(corpus, tmp_path / "policies" / "arith.json")
         curve_id = load_curve(curve).curve_id
         (tmp_path / "policies" / "watcher.yaml").write_text(policy_text(hook.url, corpus=corpus, curve=curve))
@@ -37,10 +46,11 @@ def test_daemon_alert_on_a_flagged_curve_carries_the_stress_caveat(tmp_path, sha
                                        "sections": {"task_format": {"test": "task_format", "tasks": [
                                            {"task": "arith", "formats": [], "instability": 0.3,
                                             "accuracy_upper_bound": 0.7, "n_items": 50}]}}})
+            record_fake_score(store, repo="fake-org/tiny", sha="a" * 40, lstar=LSTAR, se=SE,
+                              finished_at=datetime.now(timezone.utc) - timedelta(minutes=1))
         daemon = DaemonProcess(
             tmp_path / "policies", tmp_path / "state", endpoint=hub.url, env=SECRET_ENV, fast=False,
-            args=["--once", "--cache-dir", str(tmp_path / "cache"), "--corpus", str(shared_dir / "corpus" / "calib-v0"),
-                  "--docs", "2", "--max-context", "128", "--n-boot", "10"])
+            args=["--once", "--cache-dir", str(tmp_path / "cache"), "--max-context", "128"])
         done = subprocess.run(daemon.command(), capture_output=True, text=True, env=daemon.env, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
         assert len(hook.requests) == 1, (done.stdout, done.stderr[-4000:])
