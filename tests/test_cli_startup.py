@@ -6,6 +6,12 @@ imported it yet. For scale, typer's own floor is measured the same way (a one-co
 app printing its help: typer's help renderer loads rich's Markdown and Traceback, hence
 markdown_it, pygments and attrs, and a command's parameters are built with pydantic); `lstar`
 imports that renderer without the two (`monitor.commands.help_render`), so it stays under it.
+
+The command counts come from one interpreter that imports `monitor.cli` (the first thing every
+`lstar` does, in a fresh interpreter too) and forks a child per command: the child's
+`sys.modules` is what a fresh `lstar ARGS` ends with, and the ~30 counts no longer pay Python's
+start and the command line's imports each (11.3 CPU-seconds for the file before).
+`test_a_forked_count_equals_a_fresh_interpreters` checks the two against each other.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +41,28 @@ _COUNT = textwrap.dedent("""
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(args)
     print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+""")
+
+# The same count, for every line of ARGS (JSON) read from stdin, in a child forked once
+# `monitor.cli` is imported; nothing else is loaded before the fork that _COUNT does not load.
+_FORKING_COUNT = textwrap.dedent("""
+    import contextlib, io, json, os, sys
+    from monitor.cli import main
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:
+            args = json.loads(line)
+            sys.argv = ["lstar", *args]
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    code = main(args)
+                answer = {"code": code, "modules": sorted(sys.modules)}
+            except BaseException as exc:
+                answer = {"error": repr(exc)}
+            sys.stdout.write(json.dumps(answer) + "\\n")
+            sys.stdout.flush()
+            os._exit(0)
+        os.waitpid(pid, 0)
 """)
 
 _TYPER_FLOOR = textwrap.dedent("""
@@ -75,6 +104,39 @@ def lstar_modules(*args: str, cwd: Path = ROOT) -> set[str]:
     answer = _run(_COUNT, list(args), cwd)
     assert answer["code"] == 0, args
     return set(answer["modules"])
+
+
+class _Counter:
+    """One `_FORKING_COUNT` interpreter, asked for one command at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _FORKING_COUNT], cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**_env(), "COLUMNS": "120"})
+
+    def modules(self, *args: str) -> set[str]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(list(args)) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, self.proc.stderr.read()[-3000:] if self.proc.poll() is not None else args
+        answer = json.loads(line)
+        assert answer.get("code") == 0, (args, answer.get("error"))
+        return set(answer["modules"])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=60) == 0, self.proc.stderr.read()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def counter() -> Iterator[_Counter]:
+    started = _Counter()
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 @functools.cache
@@ -138,18 +200,18 @@ DEFAULT_BOUND = 355
 
 
 @pytest.mark.parametrize("command", [e.name for e in COMMANDS])
-def test_each_command_help_stays_within_its_bound(command: str) -> None:
-    modules = lstar_modules(command, "--help")
+def test_each_command_help_stays_within_its_bound(command: str, counter: _Counter) -> None:
+    modules = counter.modules(command, "--help")
     assert f"monitor.commands.{dict((e.name, e.module) for e in COMMANDS)[command]}" in modules
     assert not {m.split(".")[0] for m in modules} & set(HEAVY), sorted({m.split(".")[0] for m in modules} & set(HEAVY))
     assert len(modules) <= HELP_BOUND.get(command, DEFAULT_BOUND), len(modules)
 
 
-def test_checkpoints_reads_an_empty_state_without_the_scoring_stack(tmp_path: Path) -> None:
+def test_checkpoints_reads_an_empty_state_without_the_scoring_stack(tmp_path: Path, counter: _Counter) -> None:
     state = tmp_path / "state"
-    lstar_modules("db", "migrate", "--state", str(state))
-    help_modules = lstar_modules("checkpoints", "--help")
-    read_modules = lstar_modules("checkpoints", "--state", str(state))
+    counter.modules("db", "migrate", "--state", str(state))
+    help_modules = counter.modules("checkpoints", "--help")
+    read_modules = counter.modules("checkpoints", "--state", str(state))
     for modules in (help_modules, read_modules):
         assert not {m.split(".")[0] for m in modules} & set(HEAVY)
     assert not {"duckdb", "httpx", "numpy"} & {m.split(".")[0] for m in help_modules}
@@ -182,3 +244,12 @@ def test_the_help_renderer_stand_ins_give_the_real_classes() -> None:
     assert answer["loaded"] == {"rich.markdown": False, "rich.traceback": False, "markdown_it": False,
                                 "pygments": False}
     assert answer["markdown"] and answer["traceback"] and answer["module"] == "module"
+
+
+def test_a_forked_count_equals_a_fresh_interpreters(tmp_path: Path, counter: _Counter) -> None:
+    """The forked counts above are those of fresh interpreters: the same modules for a command's
+    help that loads the most (`run`), one that defers its stage (`score`) and a read of a state."""
+    state = tmp_path / "state"
+    counter.modules("db", "migrate", "--state", str(state))
+    for args in (["run", "--help"], ["score", "--help"], ["checkpoints", "--state", str(state)]):
+        assert counter.modules(*args) == lstar_modules(*args), args

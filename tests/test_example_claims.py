@@ -3,7 +3,7 @@ recomputed from the committed labels: the post-training budget claims
 (`examples/post-training/budget_checks.py`) and the public-evals grouping and gaps.
 
 The recomputations here are independent of the monitor's fitting code: the CSV is read with
-`csv`, ties pooled by hand, the fits are scikit-learn's `IsotonicRegression` and the crossing a
+`csv`, ties pooled by hand, the fits are scikit-learn's isotonic regression and the crossing a
 linear interpolation written out; only the resampling scheme (seed 0, multinomial counts over
 the distinct FLOPs values) is shared, so that the intervals are those of the same resamples.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from scipy.stats import binomtest
-from sklearn.isotonic import IsotonicRegression
+from sklearn.isotonic import isotonic_regression
 
 REPO = Path(__file__).resolve().parents[1]
 POST = REPO / "examples" / "post-training"
@@ -65,7 +65,12 @@ def _grid(name: str, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 
 
 def _isotonic(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    return IsotonicRegression(increasing=True).fit(x, y, sample_weight=w).predict(x)
+    """The weighted increasing fit at `x` (distinct, ascending): what
+    `IsotonicRegression(increasing=True).fit(x, y, sample_weight=w).predict(x)` gives, from the
+    function it fits with. The estimator's checks, sorting and interpolator cost 1.3 ms a fit
+    against 0.35, and the bootstraps below make 2,000 fits a test."""
+    assert np.all(np.diff(x) > 0)
+    return isotonic_regression(y, sample_weight=w, increasing=True)
 
 
 def _first_at(x: np.ndarray, f: np.ndarray, level: float, start: float) -> float:

@@ -65,6 +65,10 @@ def _text(node: ast.AST) -> str | None:
     return None
 
 
+# the node types `_text` reads a text from (it answers None for every other)
+_TEXT_NODES = (ast.Constant, ast.JoinedStr, ast.BinOp, ast.Call)
+
+
 def _pieces(node: ast.AST) -> list[ast.AST]:
     """The nodes `_text` read to give `node`'s text (each is not a statement of its own)."""
     if isinstance(node, ast.JoinedStr):
@@ -82,12 +86,15 @@ def meta_writes(paths: list[Path]) -> list[tuple[str, int, str]]:
     found = []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        # Only these nodes have a text; each is read once, in one walk (two walks reading every
+        # node twice: 6.5 CPU-seconds for this file, most of it this scan of ~500 files).
+        texts = [(node, text) for node in ast.walk(tree) if isinstance(node, _TEXT_NODES)
+                 if (text := _text(node)) is not None]
         # a piece of a larger statement (an f-string's, a `+`'s, a `.format`'s), read with the whole
-        inner = {id(part) for node in ast.walk(tree) if _text(node) is not None for part in _pieces(node)}
-        for node in ast.walk(tree):
+        inner = {id(part) for node, _ in texts for part in _pieces(node)}
+        for node, text in texts:
             if id(node) in inner:
                 continue
-            text = _text(node)
             if text and _WRITE.search(text) and _WRITES_META.search(text):
                 found.append((str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), node.lineno, text))
     return found
