@@ -23,6 +23,11 @@ from monitor.scoring.scoring_driver import score_queue_on
 from monitor.store import Store
 
 
+# The driver's handling of the backend's answers is checked, not the models: the 1,000-id toy
+# tokenizer spares their scores most of gpt2's 50,257-id output layer.
+TOKENIZER = "spm-unigram-toy"
+
+
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
     """One warm scoring worker (the daemon's default backend) for the module's scored jobs: a
@@ -58,8 +63,8 @@ class ClusterLostAfterOne:
 @pytest.mark.slow
 def test_a_backend_that_fails_mid_batch_gives_the_unanswered_jobs_back(tmp_path: Path, calib_v0: Path, warm):
     with FakeHub() as hub:
-        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
-        hub.add_repo("acme/two", tiny_model_files("gpt2", arch="llama", seed=12))
+        hub.add_repo("acme/one", tiny_model_files(TOKENIZER, arch="llama", seed=11))
+        hub.add_repo("acme/two", tiny_model_files(TOKENIZER, arch="llama", seed=12))
         db, cache = tmp_path / "state.duckdb", tmp_path / "hf-cache"
         template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
                                 with_tcb=False, n_boot=10, progress=False)
@@ -112,7 +117,7 @@ def test_the_daemon_does_not_spin_when_every_job_goes_back(tmp_path: Path, calib
     from monitor.service.daemon import Daemon, DaemonConfig
 
     with FakeHub() as hub:
-        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
+        hub.add_repo("acme/one", tiny_model_files(TOKENIZER, arch="llama", seed=11))
         cache = tmp_path / "hf-cache"
         template = ScoreRequest(corpus_dir=calib_v0, docs=2, max_context=32, device="cpu", dtype="float32",
                                 with_tcb=False, n_boot=10, progress=False)
@@ -151,7 +156,7 @@ def test_a_missing_corpus_on_the_daemon_is_not_the_jobs_fault(tmp_path: Path, ca
     corpus = tmp_path / "corpus"
     shutil.copytree(calib_v0, corpus)
     with FakeHub() as hub:
-        hub.add_repo("acme/one", tiny_model_files("gpt2", arch="llama", seed=11))
+        hub.add_repo("acme/one", tiny_model_files(TOKENIZER, arch="llama", seed=11))
         db, cache = tmp_path / "state.duckdb", tmp_path / "hf-cache"
         template = ScoreRequest(corpus_dir=corpus, docs=2, max_context=32, device="cpu", dtype="float32",
                                 with_tcb=False, n_boot=10, progress=False)
