@@ -249,9 +249,10 @@ def test_a_card_naming_two_bases_is_overruled_by_the_config_and_that_is_recorded
 
 @pytest.mark.slow
 def test_the_scoring_child_merges_the_adapter_and_dedupe_tells_it_from_its_base(tmp_path, base_files) -> None:
-    """The daemon's path: each job in a child process (LocalBackend), the adapter and its base
-    laid out flat beside each other; the adapter's content key includes its base's."""
-    from monitor.scoring.backends import LocalBackend
+    """The daemon's path: each job in a scoring child (the daemon's default pool of one warm
+    worker, `WarmBackend`), the adapter and its base laid out flat beside each other; the
+    adapter's content key includes its base's."""
+    from monitor.scoring.backends import WarmBackend
     from monitor.scoring.scoring_driver import score_queue_on
 
     store = Store.open(tmp_path / "state.duckdb")
@@ -262,8 +263,16 @@ def test_the_scoring_child_merges_the_adapter_and_dedupe_tells_it_from_its_base(
         gate_all(hub, store, cache)
         template = ScoreRequest(corpus_dir=SHARED / "corpus" / "calib-v0", docs=2, max_context=32, n_boot=10,
                                 with_tcb=False, progress=False, dtype="float32", device="cpu")
-        results = score_queue_on(store, hub_client(hub, store), LocalBackend(), template, owner="t",
-                                 state_dir=tmp_path, cache_dir=cache)
+        # One warm worker scores both jobs, as the daemon's does: a fresh child per job (the
+        # `LocalBackend`) imported torch twice for the same merge (19.2 CPU-seconds for this
+        # test before, measured alone under load, 2026-11-30).
+        backend = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path / "w")
+        try:
+            results = score_queue_on(store, hub_client(hub, store), backend, template, owner="t",
+                                     state_dir=tmp_path, cache_dir=cache)
+        finally:
+            backend.close()
+        assert backend.started == 1   # both jobs in one child process
     assert sorted(r.status for r in results) == ["scored", "scored"], results
     rows = {r["model_repo"]: r for r in store.query("SELECT model_repo, lstar, model FROM score_runs")}
     assert json.loads(rows["org/lora"]["model"])["base"]["repo"] == "org/base"

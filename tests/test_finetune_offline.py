@@ -113,6 +113,11 @@ def test_a_rule_without_derivatives_of_keeps_its_watermark_key() -> None:
     assert WatchRule(name="w", derivatives_of="a/b").key("http://h") != WatchRule(name="w", derivatives_of="a/c").key("http://h")
 
 
+# The folders' scores are checked for the base their cards name, not for the model: the
+# 1,000-id toy tokenizer spares each of the five scores most of gpt-neox's 50,277-id output layer.
+TOKENIZER = "spm-unigram-toy"
+
+
 def _write(folder: Path, files: dict[str, bytes]) -> Path:
     folder.mkdir(parents=True)
     for name, data in files.items():
@@ -133,7 +138,7 @@ def test_scoring_a_local_folder_records_the_base_its_model_card_names(tmp_path, 
 
     state = tmp_path / "state"
     state.mkdir()
-    base = tiny_model_files(build_dir=tmp_path / "build")
+    base = tiny_model_files(TOKENIZER, build_dir=tmp_path / "build")
     with FakeHub() as hub:   # what a poll of the base saw: its `main` commit, offline from then on
         main_sha = hub.add_repo(BASE, base)
         with Store.open(state / "lstar.duckdb") as store:
@@ -142,7 +147,7 @@ def test_scoring_a_local_folder_records_the_base_its_model_card_names(tmp_path, 
     pinned = "ab" * 20
     ft = _write(tmp_path / "ft-model", {**base, "README.md": derivative_card(BASE, "finetune")})
     named = _write(tmp_path / "pinned-ft", {**base, "model.safetensors": tiny_model_files(
-        seed=9, build_dir=tmp_path / "build")["model.safetensors"], "README.md": derivative_card(f"org/other@{pinned}", None)})
+        TOKENIZER, seed=9, build_dir=tmp_path / "build")["model.safetensors"], "README.md": derivative_card(f"org/other@{pinned}", None)})
     plain = _write(tmp_path / "plain", base)
     for folder in (ft, named, plain):
         _score(folder, calib_v0, state)
@@ -172,7 +177,7 @@ def test_a_hostile_or_unpinnable_card_is_recorded_with_its_problem_not_a_crash(t
     from monitor.demo.hub_repos import derivative_card, tiny_model_files
 
     state = tmp_path / "state"
-    base = tiny_model_files(build_dir=tmp_path / "build")
+    base = tiny_model_files(TOKENIZER, build_dir=tmp_path / "build")
     bomb = b"---\na: &a [x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n" \
            b"c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c]\n" \
            b"e: [*d, *d, *d, *d, *d, *d, *d, *d]\nbase_model: org/x\n---\n"

@@ -123,8 +123,14 @@ def hub():
     from monitor.demo.hub_repos import add_lineage
 
     with FakeHub() as server:
-        add_lineage(server, "fake-org/tiny", steps=(1000, 2000))
+        add_lineage(server, "fake-org/tiny", steps=(1000, 2000), tokenizer=TOKENIZER)
         yield server
+
+
+# The tiny models' tokenizer. What is checked is which scores a curve's pin refuses, not the
+# vocabulary: the 1,000-id toy tokenizer spares the daemon's two scores most of gpt-neox's
+# 50,277-id output layer.
+TOKENIZER = "spm-unigram-toy"
 
 
 def daemon_corpus(shared_dir: Path) -> tuple[list[str], str, str]:
@@ -135,7 +141,7 @@ def daemon_corpus(shared_dir: Path) -> tuple[list[str], str, str]:
 
     corpus = shared_dir / "corpus" / "calib-v0"
     sha = corpus_selection(ScoreRequest(corpus_dir=corpus, docs=2)).sha256
-    prefix = load_tokenizer(tokenizer_dir("gpt-neox", None)).prefix_policy
+    prefix = load_tokenizer(tokenizer_dir(TOKENIZER, None)).prefix_policy
     return ["--corpus", str(corpus), "--docs", "2", "--n-boot", "10"], sha, prefix
 
 
@@ -180,7 +186,10 @@ def test_the_daemon_starts_degraded_and_records_each_checkpoint_it_cannot_evalua
         def both_recorded() -> bool:
             rows = daemon.get_json("/checkpoints")["items"]
             return len(rows) == 2 and all(r["not_evaluated"] for r in rows)
-        wait_for(both_recorded, timeout=240, what=f"two checkpoints recorded not_evaluated\n{daemon.log()}")
+        # Asked once a second, not five times: each ask is a page of the checkpoints, five
+        # queries in the daemon, for the 10 to 60 s its scores take.
+        wait_for(both_recorded, timeout=240, every=1.0,
+                 what=f"two checkpoints recorded not_evaluated\n{daemon.log()}")
         wait_for(lambda: gap_alerts_sent(policies / "alerts.jsonl"), timeout=60,
                  what=f"the operator alert delivered\n{daemon.log()}")
 

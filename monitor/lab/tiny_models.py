@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,27 @@ def copy_tokenizer(tokenizer_dir: str | Path, out_dir: str | Path) -> None:
         src = tokenizer_dir / name
         if src.exists():
             shutil.copyfile(src, out_dir / name)
+
+
+@functools.lru_cache(maxsize=32)
+def _vocab_size(tokenizer_json: str, mtime_ns: int, size: int) -> int:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_json)
+    # 1 + the largest id: some vocabularies (o200k) have gaps, so the count is too small.
+    return 1 + max(tok.get_vocab(with_added_tokens=True).values())
+
+
+def vocab_size(tokenizer_dir: str | Path) -> int:
+    """The number of ids a model needs for the tokenizer of `tokenizer_dir`.
+
+    Read once per tokenizer file (its path, modification time and size) and process: a
+    lineage of tiny checkpoints reads the same tokenizer for each, and parsing gpt-neox's
+    tokenizer.json takes about a third of a second.
+    """
+    path = (Path(tokenizer_dir) / "tokenizer.json").resolve()
+    stat = path.stat()
+    return _vocab_size(str(path), stat.st_mtime_ns, stat.st_size)
 
 
 def tiny_config(arch: str, vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4,
@@ -51,14 +73,11 @@ def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, *, arch: st
     the state dict; it is loaded back only by code that handles it explicitly.
     """
     import torch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
-    tok = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    # 1 + the largest id: some vocabularies (o200k) have gaps, so the count is too small.
-    vocab_size = 1 + max(tok.get_vocab(with_added_tokens=True).values())
-    config = tiny_config(arch, vocab_size, hidden=hidden, layers=layers, heads=heads,
+    n_ids = vocab_size(tokenizer_dir)
+    config = tiny_config(arch, n_ids, hidden=hidden, layers=layers, heads=heads,
                          max_positions=max_positions, tie_embeddings=tie_embeddings)
     config.initializer_range = init_std
     torch.manual_seed(seed)
@@ -66,7 +85,7 @@ def build_tiny_model(out_dir: str | Path, tokenizer_dir: str | Path, *, arch: st
     model.eval()
     head = model.get_output_embeddings()
     if lm_head_bias:
-        head.bias = torch.nn.Parameter(torch.randn(vocab_size) * init_std)
+        head.bias = torch.nn.Parameter(torch.randn(n_ids) * init_std)
     model.save_pretrained(out_dir, safe_serialization=True)
     copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
