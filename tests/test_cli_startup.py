@@ -21,6 +21,7 @@ import inspect
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,16 +111,23 @@ class _Counter:
     """One `_FORKING_COUNT` interpreter, asked for one command at a time."""
 
     def __init__(self) -> None:
+        # stderr to a file, not a pipe no one reads while the commands run: a command that
+        # wrote more than a pipe holds would block the counter
+        self.err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
         self.proc = subprocess.Popen([sys.executable, "-c", _FORKING_COUNT], cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdout=subprocess.PIPE, stderr=self.err, text=True,
                                      env={**_env(), "COLUMNS": "120"})
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read()[-3000:]
 
     def modules(self, *args: str) -> set[str]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(list(args)) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read()[-3000:] if self.proc.poll() is not None else args
+        assert line, self.stderr() if self.proc.poll() is not None else args
         answer = json.loads(line)
         assert answer.get("code") == 0, (args, answer.get("error"))
         return set(answer["modules"])
@@ -127,7 +135,10 @@ class _Counter:
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        assert self.proc.wait(timeout=60) == 0, self.proc.stderr.read()[-3000:]
+        try:
+            assert self.proc.wait(timeout=60) == 0, self.stderr()
+        finally:
+            self.err.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ import scale_state as ss
 from monitor.store import Store
 
 T_END = datetime(2026, 6, 1, 12, tzinfo=timezone.utc)
-# Each shape once (len(ss.SHAPES) == 4), and lineage 1 a fine-tune of lineage 0: the copy's
-# equality does not depend on how many lineages repeat a shape (with 6 lineages the
-# fixture cost 15.7 CPU-seconds, with 4 it costs 9.8).
+# Each shape once (len(ss.SHAPES) == 4), and lineage 1 a fine-tune of lineage 0 (with 6
+# lineages the fixture cost 15.7 CPU-seconds, with 4 it costs 9.8). Fewer lineages than the
+# template's 20, as before: the bulk copy's renaming of lineages past the template (repo,
+# run ids, time shift) is not exercised here.
 N_LINEAGES, PER_LINEAGE = 4, 5
 RETENTION = timedelta(days=2)    # the idle polls kept: 192 (a year's worth would take minutes)
 

@@ -33,7 +33,9 @@ def warm(tmp_path_factory):
     """One warm scoring worker (the daemon's default backend) for the module's scored jobs: a
     fresh child per job (`LocalBackend`) imported torch once for each test that scores (this
     file 32.2 CPU-seconds before, measured alone under load, 2026-11-30). What is checked is
-    the driver's handling of the backend's answers, the same from either."""
+    the driver's handling of the backend's answers, the same from either. The worker keeps
+    the unigram baselines it computed, so a later test's job may find its baseline cached;
+    no test here reads where a baseline came from."""
     backend = WarmBackend(workers=1, timeout_s=300, workdir=tmp_path_factory.mktemp("warm"))
     yield backend
     backend.close()

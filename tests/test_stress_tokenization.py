@@ -90,6 +90,8 @@ def test_dropout_segmentations_are_seeded_and_keep_the_bytes(gpt2_dir) -> None:
     replay = BpeReplay.of(handle)
     assert dropout_segmentations(handle, TEXTS, 0.3, seed=7, replay=replay) == (a, info)
     assert dropout_segmentations(handle, TEXTS, 0.3, seed=8, replay=replay)[0] == c
+    assert (dropout_segmentations(handle, TEXTS, 0.1, seed=7, replay=replay)
+            == dropout_segmentations(handle, TEXTS, 0.1, seed=7))       # a second rate on the same replay
 
 
 def test_replay_at_rate_zero_is_the_library_segmentation(shared_dir) -> None:

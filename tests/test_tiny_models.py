@@ -4,7 +4,9 @@ read once per tokenizer file and process, and the same as reading the file each 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,29 @@ def test_a_changed_tokenizer_file_is_read_again(shared_dir, tmp_path):
     (folder / "tokenizer.json").write_text(json.dumps(data))
     assert vocab_size(folder) == fresh_count(folder) == before + 1
     assert tiny_models._vocab_size.cache_info().currsize >= 2
+
+
+def test_a_rewrite_that_keeps_the_size_and_the_modification_time_is_read_again(shared_dir, tmp_path, monkeypatch):
+    """A file rewritten in place with its modification time set back (as `copy2` or `os.utime`
+    leave it) and the same size is parsed again: its change time moved."""
+    folder = tmp_path / "tok"
+    shutil.copytree(shared_dir / "tokenizers" / "spm-unigram-toy", folder)
+    path = folder / "tokenizer.json"
+    vocab_size(folder)
+    before = path.stat()
+    time.sleep(0.05)      # past the file system's clock tick, so the change time can move
+    path.write_bytes(path.read_bytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    expected = fresh_count(folder)
+    parsed = []
+    real = Tokenizer.from_file
+
+    def counting(name: str) -> Tokenizer:
+        parsed.append(name)
+        return real(name)
+
+    monkeypatch.setattr(Tokenizer, "from_file", counting)
+    assert vocab_size(folder) == expected
+    assert parsed == [str(path.resolve())]

@@ -21,7 +21,7 @@ def copy_tokenizer(tokenizer_dir: str | Path, out_dir: str | Path) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _vocab_size(tokenizer_json: str, mtime_ns: int, size: int) -> int:
+def _vocab_size(tokenizer_json: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> int:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_json)
@@ -32,13 +32,15 @@ def _vocab_size(tokenizer_json: str, mtime_ns: int, size: int) -> int:
 def vocab_size(tokenizer_dir: str | Path) -> int:
     """The number of ids a model needs for the tokenizer of `tokenizer_dir`.
 
-    Read once per tokenizer file (its path, modification time and size) and process: a
-    lineage of tiny checkpoints reads the same tokenizer for each, and parsing gpt-neox's
-    tokenizer.json takes about a third of a second.
+    Read once per tokenizer file and process: a lineage of tiny checkpoints reads the same
+    tokenizer for each, and parsing gpt-neox's tokenizer.json takes about a third of a second.
+    The file is known by its path, inode, size and both times: a copy keeps its source's
+    modification time (`copy2`) and `os.utime` sets it back, but the change time moves with
+    every write and rename and cannot be set.
     """
     path = (Path(tokenizer_dir) / "tokenizer.json").resolve()
     stat = path.stat()
-    return _vocab_size(str(path), stat.st_mtime_ns, stat.st_size)
+    return _vocab_size(str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def tiny_config(arch: str, vocab_size: int, *, hidden: int = 32, layers: int = 2, heads: int = 4,
