@@ -171,9 +171,13 @@ def solve_agrees(problem: parametric._Problem, got: parametric._Solves, i: int, 
         return False
     if ref.status > 0:
         # the fitted values, not the parameters: a steep fit's k and h are pinned only loosely
-        # (relative differences of 1e-6 there move the curve by 1e-11)
-        np.testing.assert_allclose(problem.curve(got.x[i], problem.u), problem.curve(ref.x, problem.u),
-                                   rtol=0, atol=1e-6)
+        # (relative differences of 1e-6 there move the curve by 1e-11). Only at the points the
+        # solve weighs: a bootstrap weighting that gives a point no weight leaves the curve there
+        # free, and two solves that stop at a near-zero cost by `xtol` on paths a rounding apart
+        # have been seen 1.8e-4 apart at such a point (on an AVX-512 machine, seed 1).
+        weighed = problem.w > 0
+        np.testing.assert_allclose(problem.curve(got.x[i], problem.u)[weighed],
+                                   problem.curve(ref.x, problem.u)[weighed], rtol=0, atol=1e-6)
         assert got.cost[i] == pytest.approx(ref.cost, rel=1e-6, abs=1e-9)
     else:
         assert got.reasons[i] == ref.message
