@@ -53,9 +53,16 @@ def calib_v0(shared_dir: Path) -> Path:
     return shared_dir / "corpus" / "calib-v0"
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker more than the cores (tests/support/file_costs.py says why)."""
+    from support.file_costs import suite_workers
+
+    return suite_workers()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The costliest test files first (tests/file_costs.json), so that with `--dist loadfile
-    --no-loadscope-reorder` the long files start at once and the two workers end together."""
+    --no-loadscope-reorder` the long files start at once and the workers end together."""
     from support.file_costs import costliest_first, load_costs
 
     items[:] = costliest_first(items, load_costs())

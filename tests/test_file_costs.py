@@ -11,7 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support.file_costs import (COSTS_FILE, costliest_first, estimate_wall_s, load_costs, per_file, recorded)
+from support.file_costs import (COSTS_FILE, MAX_WORKERS, costliest_first, estimate_wall_s, load_costs, per_file,
+                                recorded, suite_workers)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,12 +47,51 @@ def _brute_force_lpt(costs: list[float], workers: int) -> float:
 
 def test_the_wall_estimate_is_longest_first_on_two_workers() -> None:
     # by hand: 600 -> w1; 300 -> w2; 200 -> w2 (500); 100 -> w2 (600): both end at 600
-    assert estimate_wall_s({"a": 600, "b": 300, "c": 200, "d": 100}) == 600
+    assert estimate_wall_s({"a": 600, "b": 300, "c": 200, "d": 100}, workers=2, cores=2) == 600
     # one file longer than all the rest together bounds the run
-    assert estimate_wall_s({"demo": 1000, "b": 300, "c": 200}) == 1000
+    assert estimate_wall_s({"demo": 1000, "b": 300, "c": 200}, workers=2, cores=2) == 1000
     for costs in itertools.islice(itertools.product([5, 17, 40, 90], repeat=5), 0, None, 37):
-        assert estimate_wall_s(dict(enumerate(costs))) == _brute_force_lpt(list(costs), 2)
-        assert estimate_wall_s(dict(enumerate(costs))) >= sum(costs) / 2
+        assert estimate_wall_s(dict(enumerate(costs)), workers=2, cores=2) == _brute_force_lpt(list(costs), 2)
+        assert estimate_wall_s(dict(enumerate(costs)), workers=2, cores=2) >= sum(costs) / 2
+
+
+def _time_stepped(costs: list[float], workers: int, cores: int, dt: float = 0.01) -> float:
+    """The same schedule as a plain loop over small steps of time: the busy workers share the
+    cores evenly, a free worker takes the costliest file left."""
+    queue, running, t = sorted(costs, reverse=True), [], 0.0
+    while queue or running:
+        while queue and len(running) < workers:
+            running.append(queue.pop(0))
+        share = min(1.0, cores / len(running)) * dt
+        running = [left - share for left in running]
+        t += dt
+        running = [left for left in running if left > 1e-12]
+    return t
+
+
+def test_the_wall_estimate_shares_two_cores_among_three_workers() -> None:
+    # by hand: three files of 60 at 2/3 of a core each all end at 90 (= the floor, 180 / 2)
+    assert estimate_wall_s({"a": 60, "b": 60, "c": 60}) == pytest.approx(90)
+    # 90, 30, 30: all at 2/3 until the two 30s end at 45 (the 90 has 60 left), then alone: 105
+    assert estimate_wall_s({"a": 90, "b": 30, "c": 30}) == pytest.approx(105)
+    # a fourth 60 starts at 90 on the first free worker, alone on a core: 150
+    assert estimate_wall_s({"a": 60, "b": 60, "c": 60, "d": 60}) == pytest.approx(150)
+    # two files on three workers: each has a core of its own
+    assert estimate_wall_s({"a": 120.5, "b": 50}) == pytest.approx(120.5)
+    for costs in itertools.islice(itertools.product([5, 17, 40, 90], repeat=5), 0, None, 97):
+        assert estimate_wall_s(dict(enumerate(costs))) == pytest.approx(_time_stepped(list(costs), 3, 2), abs=0.05)
+        assert estimate_wall_s(dict(enumerate(costs))) >= sum(costs) / 2 - 1e-9
+
+
+def test_one_worker_more_than_the_cores_at_most_eight() -> None:
+    assert [suite_workers(cores) for cores in (1, 2, 4, 7, 64)] == [2, 3, 5, 8, MAX_WORKERS]
+    assert MAX_WORKERS == 8
+    import conftest
+
+    # `-n auto` in pyproject.toml asks conftest's hook, which gives this machine's number
+    assert conftest.pytest_xdist_auto_num_workers(None) == suite_workers()
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    assert "-n auto" in addopts and "--dist loadfile" in addopts
 
 
 def test_a_broken_or_missing_table_loses_only_the_order(tmp_path: Path) -> None:
@@ -123,8 +163,8 @@ def test_the_table_is_summed_printed_and_merged_into_the_committed_file(tmp_path
     (runs / "gw1.jsonl").write_text('{"nodeid": "tests/test_b.py::z", "cpu_s": 50.0, "wall_s": 55.0}\n')
     assert file_costs._main([str(runs), "--write"]) == 0
     out = capsys.readouterr().out
-    # a: 120.5 on one worker, b: 50 on the other -> 120.5 s = 2.0 min; floor 170.5 / 2 = 85 s = 1.4 min
-    assert "3 tests, 170 CPU-s; estimated wall on 2 idle cores: 2.0 min (floor 1.4 min)" in out
+    # a: 120.5 on one worker, b: 50 on another, each on a core -> 120.5 s = 2.0 min; floor 170.5 / 2 = 85 s
+    assert "3 tests, 170 CPU-s; estimated wall on 2 idle cores with 3 workers: 2.0 min (floor 1.4 min)" in out
     assert out.index("test_a.py") < out.index("test_b.py")
     # measured files replace their old cost, files not measured this time keep theirs, and files
     # that no longer exist are dropped

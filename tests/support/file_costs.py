@@ -1,29 +1,34 @@
-"""What each test file costs, and the order the two workers take the files in.
+"""What each test file costs, how many workers run the files, and the order they take them in.
 
 pytest-xdist's `--dist loadfile` hands out whole files from a queue. By default it sorts that
 queue by the number of tests in a file, most first, so the files with one long test (the demo's
 end to end, the daemon in subprocesses) were handed out last and ran alone at the end while the
 other worker sat idle. The suite now runs with `--no-loadscope-reorder`, and the collection is
 put in the order of `tests/file_costs.json` (CPU-seconds per file, measured), the costliest file
-first: the longest jobs start at once and the short ones fill the gaps, so the two workers
-finish close together (longest-processing-time-first scheduling).
+first: the longest jobs start at once and the short ones fill the gaps, so the workers finish
+close together (longest-processing-time-first scheduling).
+
+There is one worker more than the cores (`suite_workers`, through xdist's `-n auto`): many tests
+wait with a core idle (a job's time limit run out, a daemon's next tick, a client held at an API
+deadline), and the extra worker's tests use that core meanwhile (on 2 cores: 14:56 of wall time
+with two workers, 12:17 with three, docs/testing.md).
 
 `TEST_COSTS_DIR=DIR` makes each process of a run write, per test, the CPU-seconds it used
 (itself and the subprocesses it waited for) and its wall time to `DIR/<worker>.jsonl`;
 `python tests/support/file_costs.py DIR` sums them per file, prints the table, estimates the
-suite's wall time on two idle cores and, with `--write`, updates `tests/file_costs.json`
+suite's wall time on idle cores and, with `--write`, updates `tests/file_costs.json`
 (docs/testing.md).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import resource
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -98,23 +103,56 @@ def per_file(rows: Iterable[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def estimate_wall_s(costs: dict[str, float], workers: int = 2) -> float:
-    """The suite's wall time on `workers` idle cores, one worker per core, if each file takes its
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, lowered by a cgroup v2 CPU quota
+    (a container given 2 CPUs of a larger host sees all of the host's in its affinity)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                      # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+# Each worker is a Python process that may hold a model; more than this many is memory, not speed.
+MAX_WORKERS = 8
+
+
+def suite_workers(cores: int | None = None) -> int:
+    """The number of xdist workers: one more than the cores, at most MAX_WORKERS."""
+    return min((usable_cores() if cores is None else cores) + 1, MAX_WORKERS)
+
+
+def estimate_wall_s(costs: dict[str, float], workers: int = 3, cores: int = 2) -> float:
+    """The suite's wall time on `cores` idle cores with `workers` workers, if each file takes its
     CPU-seconds: files handed out costliest first, each to the worker that is free first (what
-    `--dist loadfile --no-loadscope-reorder` does with our order). A file whose tests use both
-    cores (torch threads) is counted at its CPU-seconds, so this is a lower bound when the other
-    worker is busy too; the sum of CPU-seconds / `workers` is the floor."""
-    finish = [0.0] * workers
-    for cost in sorted(costs.values(), reverse=True):
-        heapq.heapreplace(finish, finish[0] + cost)
-    return max(finish)
+    `--dist loadfile --no-loadscope-reorder` does with our order), the busy workers sharing the
+    cores evenly. It counts no waiting (what the extra worker is for) and counts a file whose
+    tests use two cores (torch threads) at its CPU-seconds, so it is an estimate, not a bound;
+    the sum of CPU-seconds / `cores` is the floor."""
+    queue = deque(sorted(costs.values(), reverse=True))
+    running: list[float] = []                   # CPU-seconds left of the file each busy worker runs
+    elapsed = 0.0
+    while queue or running:
+        while queue and len(running) < workers:
+            running.append(queue.popleft())
+        speed = min(1.0, cores / len(running))  # CPU-seconds per second of each busy worker
+        step = min(running) / speed
+        elapsed += step
+        running = [left - step * speed for left in running if left - step * speed > 1e-9]
+    return elapsed
 
 
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python tests/support/file_costs.py DIR [--write]\n"
               "Sum the per-test costs a run with TEST_COSTS_DIR=DIR wrote, per file; print the table and the "
-              "estimated wall time on 2 idle cores; --write stores the CPU-seconds in tests/file_costs.json.")
+              "estimated wall time on 2 idle cores with 3 workers; --write stores the CPU-seconds in tests/file_costs.json.")
         return 0 if argv else 2
     folder = Path(argv[0])
     rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()
@@ -125,7 +163,7 @@ def _main(argv: list[str]) -> int:
     for name, f in sorted(files.items(), key=lambda kv: -kv[1]["cpu_s"]):
         print(f"{name:44} {f['tests']:5d} {f['cpu_s']:9.1f} {f['wall_s']:9.1f}")
     estimate = estimate_wall_s({n: f["cpu_s"] for n, f in files.items()})
-    print(f"{len(rows)} tests, {total:.0f} CPU-s; estimated wall on 2 idle cores: {estimate / 60:.1f} min "
+    print(f"{len(rows)} tests, {total:.0f} CPU-s; estimated wall on 2 idle cores with 3 workers: {estimate / 60:.1f} min "
           f"(floor {total / 2 / 60:.1f} min)")
     if "--write" in argv[1:]:
         # files not measured keep their cost; files that no longer exist are dropped
