@@ -15,9 +15,9 @@ SHARED_DIR = (REPO_ROOT.parent / "shared").resolve()
 os.environ["DISABLE_SAFETENSORS_CONVERSION"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Two workers each run torch on its own threads, and many tests start subprocesses that do too,
+# The workers each run torch on its own threads, and many tests start subprocesses that do too,
 # so the cores are oversubscribed: OpenMP threads that spin while they wait then burn the CPU
-# the other worker needs (a small-model forward loop under load: 10 CPU-s passive, 13-14
+# another worker needs (a small-model forward loop under load: 10 CPU-s passive, 13-14
 # spinning, docs/testing.md). Waiting passively changes no number, only who gets the core.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The tests talk only to Hubs they start on 127.0.0.1; an air-gapped user's offline switch would
@@ -53,8 +53,12 @@ def calib_v0(shared_dir: Path) -> Path:
     return shared_dir / "corpus" / "calib-v0"
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker more than the cores (tests/support/file_costs.py says why)."""
+@pytest.hookimpl(optionalhook=True)      # an xdist hook: pytest without xdist must not refuse it
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: one worker more than the cores (tests/support/file_costs.py says why), unless
+    PYTEST_XDIST_AUTO_NUM_WORKERS names a number, which xdist then takes as it documents."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     from support.file_costs import suite_workers
 
     return suite_workers()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.file_costs import (COSTS_FILE, MAX_WORKERS, costliest_first, estimate_wall_s, load_costs, per_file,
-                                recorded, suite_workers)
+                                quota_cores, recorded, suite_workers, usable_cores)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,6 +92,45 @@ def test_one_worker_more_than_the_cores_at_most_eight() -> None:
     assert conftest.pytest_xdist_auto_num_workers(None) == suite_workers()
     addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
     assert "-n auto" in addopts and "--dist loadfile" in addopts
+
+
+def test_a_cgroup_cpu_quota_lowers_the_cores(tmp_path: Path) -> None:
+    assert [quota_cores(line) for line in ("max 100000", "150000 100000", "200000 100000", "50000 100000",
+                                           "", "max", "x 100000", "100000 0x", "100000 0")] == [None, 2, 2, 1, None, None,
+                                                                                                 None, None, None]
+    import os
+
+    affinity = len(os.sched_getaffinity(0))
+    root = tmp_path / "cgroup"
+    (root / "a" / "b").mkdir(parents=True)
+    proc = tmp_path / "self-cgroup"
+    proc.write_text("0::/a/b\n")
+    assert usable_cores(root, proc) == affinity                    # no cpu.max anywhere
+    (root / "a" / "cpu.max").write_text("100000 100000\n")          # a parent's quota binds
+    (root / "a" / "b" / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(root, proc) == 1
+    (root / "a" / "cpu.max").write_text("garbage\n")               # unreadable as a quota: ignored
+    assert usable_cores(root, proc) == affinity
+    (tmp_path / "cpu.max").write_text("100000 100000\n")            # outside the root: never read
+    proc.write_text("0::/../../escape\n")                          # a path leaving the root: root only
+    assert usable_cores(root, proc) == affinity
+    (root / "cpu.max").write_text("100000 100000\n")
+    assert usable_cores(root, proc) == 1
+
+
+def test_pytest_without_xdist_accepts_the_conftest() -> None:
+    """The worker-count hook is xdist's: with xdist off, pytest must still start."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", "tests/test_file_costs.py", "-k", "broken_or_missing"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_worker_count_set_in_the_environment_is_xdists(monkeypatch: pytest.MonkeyPatch) -> None:
+    import conftest
+
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "1")
+    assert conftest.pytest_xdist_auto_num_workers(None) is None
 
 
 def test_a_broken_or_missing_table_loses_only_the_order(tmp_path: Path) -> None:

@@ -103,19 +103,43 @@ def per_file(rows: Iterable[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, lowered by a cgroup v2 CPU quota
-    (a container given 2 CPUs of a larger host sees all of the host's in its affinity)."""
+def quota_cores(cpu_max: str) -> int | None:
+    """The cores a cgroup v2 `cpu.max` line allows ("QUOTA PERIOD", rounded up), or None for
+    "max" (no quota) or a line that is not one."""
+    try:
+        quota, period = cpu_max.split()[:2]
+        if quota == "max":
+            return None
+        return max(1, -(-int(quota) // int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup"), self_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+    """The cores this process may run on: its CPU affinity, lowered by the tightest cgroup v2 CPU
+    quota on its cgroup's path (a container given 2 CPUs of a larger host sees all of the host's
+    in its affinity; a quota set on a parent cgroup binds too)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:                      # not on Linux
         cores = os.cpu_count() or 1
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
+        path = next((line.split("::", 1)[1].strip() for line in self_cgroup.read_text().splitlines()
+                     if line.startswith("0::")), "/")
+    except OSError:
+        path = "/"
+    folder = (cgroup_root / path.lstrip("/")).resolve()
+    root = cgroup_root.resolve()
+    if folder != root and root not in folder.parents:
+        folder = root                           # a path that leaves the hierarchy: its root only
+    while True:
+        try:
+            cores = min(cores, quota_cores((folder / "cpu.max").read_text()) or cores)
+        except OSError:
+            pass
+        if folder == root:
+            break
+        folder = folder.parent
     return max(1, cores)
 
 
