@@ -27,8 +27,8 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Iterable, Iterator
 from collections import deque
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
