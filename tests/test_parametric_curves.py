@@ -253,3 +253,18 @@ def test_the_daemon_prediction_carries_the_distance_into_the_alert_numbers():
     assert predict_task(curve, task, value=3.0, se=0.0).as_dict()["extrapolation"] == 0.0
     words = task_annotations(beyond.as_dict(), repo="org/m", commit="1" * 40, state=beyond.state)["description"]
     assert "extrapolated by 0.25 nats/token beyond the most advanced reference" in words
+
+
+@pytest.mark.parametrize("resamples", [0, -3])
+def test_a_band_without_resamples_is_refused_by_name(resamples):
+    """Both band fits refuse a band with no bootstrap refits in one CurveError that names the
+    setting, rather than failing inside numpy; one resample is enough to draw a band."""
+    from monitor.curves.stats import fit_monotone
+
+    x, y, _ = synthetic("lstar", m=12)
+    w, _ = label_weights(y, [2000] * len(y))
+    for fit in (fit_monotone, fit_sigmoid_band):
+        with pytest.raises(CurveError, match="at least 1 bootstrap resample"):
+            fit(x, y, w, predictor=AXES["lstar"], level=0.5, resamples=resamples)
+        band = fit(x, y, w, predictor=AXES["lstar"], level=0.5, resamples=1)
+        assert np.all(band.lower <= band.upper)

@@ -51,7 +51,7 @@ except ImportError:   # a scipy that moved it: the public wrapper, same numbers,
 
 from monitor.bands import first_reach, threshold_crossing
 from monitor.curves.axes import Axis
-from monitor.curves.stats import _merge_ties
+from monitor.curves.stats import _merge_ties, check_resamples
 from monitor.errors import CurveError, LabelError
 
 # How far beyond the most advanced checkpoint the band's grid reaches, in units of the data's
@@ -437,6 +437,9 @@ class BandRequest:
     grid_size: int = 101
     proportion: bool = True
     extend: float = EXTRAPOLATION_SPAN
+
+    def __post_init__(self) -> None:
+        check_resamples(self.resamples)
 
 
 def fit_sigmoid_band(x: Sequence[float], y: Sequence[float], weights: Sequence[float], *, predictor: Axis,

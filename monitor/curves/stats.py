@@ -244,6 +244,7 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
 
     `bounds` clips the band to the metric's range (e.g. (0, 1) for proportions).
     """
+    check_resamples(resamples)
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
@@ -265,6 +266,14 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
     return monotone_fit_from(t, yu, wu, fitted, curves, crossings, grid_t, x=x, sign=sign,
                              predictor=predictor, level=level, confidence=confidence,
                              known_variance=known_variance, bounds=bounds)
+
+
+def check_resamples(resamples: int) -> None:
+    """A band is a percentile of bootstrap refits, so it needs at least one (the CLI and
+    `fit_curve` ask for 50 or more; this guards the library's lower-level fits)."""
+    if not (isinstance(resamples, (int, np.integer)) and resamples >= 1):
+        raise CurveError(f"a band needs at least 1 bootstrap resample (got {resamples!r})",
+                         hint="give resamples ≥ 50, as fit_curve requires")
 
 
 @functools.lru_cache(maxsize=64)
