@@ -132,6 +132,14 @@ def test_cli_report_json_on_a_v3_rows_file(tmp_path):
     assert any("8 families" in d for d in out["design"]["deviations"])
     md = (tmp_path / "rep" / "lab-report.md").read_text()
     assert "## Verdict" in md and out["primary"]["statement"] in md
+    # every secondary row names its axis, so two on one task, metric and text stay apart
+    table = md[md.index("## Secondary comparisons"):]
+    for s in out["secondary"]:
+        label = {"bits_per_byte": "bits/byte", "raw_ce": "raw CE", "lstar_oos": "L* (out-of-sample unigram)"}[s["axis"]]
+        assert f"| {s['text']} | {label} |" in table, s
+    control = out["negative_control"]
+    if control["ran"]:
+        assert f"bytes seen {control['family_mean_crossing_error']['bytes_seen']:.3g}" in md
 
 
 def test_cli_refuses_a_record_under_another_pre_registration(tmp_path, capsys):

@@ -79,6 +79,18 @@ def _g(v: Any, digits: int = 3) -> str:
     return "—" if v is None else f"{v:.{digits}g}" if isinstance(v, float) else str(v)
 
 
+def _axis_label(name: Any) -> str:
+    axis = race.AXES.get(name) if isinstance(name, str) else None
+    return axis.label if axis is not None else markdown_text(name)
+
+
+def _control_errors(control: Mapping[str, Any]) -> str:
+    """The family-mean crossing errors the negative control compares, as ' (bytes seen 0.06, …)'."""
+    errors = control.get("family_mean_crossing_error") or {}
+    shown = [f"{_axis_label(a)} {_g(v)}" for a, v in errors.items() if isinstance(v, (int, float))]
+    return f" (family-mean crossing error: {', '.join(shown)})" if shown else ""
+
+
 def to_markdown(data: Mapping[str, Any]) -> str:
     g, p, c, des = data["pilot_gate"], data["primary"], data["negative_control"], data["design"]
     pw = data["power"]
@@ -93,7 +105,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
            f"[{_g(p['lower'], 4)}, {_g(p['upper'], 4)}]; conditions failed: "
            f"{', '.join(p['failed']) if p['failed'] else 'none'}.",
            f"- Pilot gate: {'passed' if g['passed'] else 'stopped'} ({markdown_text(g.get('reason'))}).",
-           "- Negative control: " + (markdown_text(c.get("reading")) if c.get("ran")
+           "- Negative control: " + (markdown_text(c.get("reading")) + _control_errors(c) if c.get("ran")
                                      else f"not run ({markdown_text(c.get('reason'))})") + ".",
            f"- Power of the design as run ({pw['families']} families × {pw['seeds']} seeds, α {pw['alpha']:g}): "
            + (", ".join(f"{v:.2f} at standardised effect {e}" for e, v in (pw["by_effect"] or {}).items()) or "—")
@@ -113,11 +125,14 @@ def to_markdown(data: Mapping[str, Any]) -> str:
         out.append(f"Not run: {markdown_text(g.get('reason'))}.")
     out += ["", "## Secondary comparisons", ""]
     if data["secondary"]:
-        out += ["| task · metric | text | axis − L* | p | Holm p | passes |", "|---|---|---:|---:|---:|---|"]
+        # the axis is named: two secondaries can share a task, metric and text (bits/byte and raw
+        # CE on calib-v0), and a row without it reads as the same comparison twice
+        out += ["| task · metric | text | axis | axis − L* | p | Holm p | passes |",
+                "|---|---|---|---:|---:|---:|---|"]
         for s in data["secondary"]:
-            out.append(f"| {markdown_text(s['task'])} · {markdown_text(s['metric'])} | {s['text']} | "
-                       f"{_g(s['difference'], 4)} | {_g(s['p_value'])} | {_g(s['p_holm'])} | "
-                       f"{'yes' if s['passes'] else 'no'} |")
+            out.append(f"| {markdown_text(s['task'])} · {markdown_text(s['metric'])} | {markdown_text(s['text'])} | "
+                       f"{_axis_label(s['axis'])} | {_g(s['difference'], 4)} | {_g(s['p_value'])} | "
+                       f"{_g(s['p_holm'])} | {'yes' if s['passes'] else 'no'} |")
     else:
         out.append("Not run (the pilot gate did not pass).")
     return "\n".join(out) + "\n"
