@@ -112,7 +112,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
            + f" under the conservative model ({pw['source']}); under each v2 effect's measured spread: "
            + (", ".join(f"{v:.2f} ({markdown_text(name)})" for name, v in (pw.get("measured") or {}).items()
                         if v is not None) or "—") + ".",
-           "- Deviations from the pre-registration: " + ("; ".join(des["deviations"]) or "none seen") + ".", "",
+           "- Deviations from the pre-registration: " + ("; ".join(markdown_text(d) for d in des["deviations"]) or "none seen") + ".", "",
            f"Rule (pre-registered): {data['rule']}", "", "## Pilot gate", ""]
     if g.get("ran"):
         out += [f"Level {_g(g['level'], 4)}; {g['share_above_level']:.1%} of {g['n_rows']} pilot checkpoints at or "
@@ -146,15 +146,17 @@ def _write(path: Path, text: str) -> None:
 
 def write_v3_report(rows: Sequence[Mapping[str, Any]], out_dir: Path, *, pilot_rows: Sequence[Mapping[str, Any]] | None,
                     pin: Any, source: Mapping[str, str], resamples: int | None = None,
-                    prereg_path: Path | None = None) -> dict[str, Any]:
+                    prereg_path: Path | None = None, deviations: Sequence[str] = ()) -> dict[str, Any]:
     """Check the pin, analyse, write lab-report.json and lab-report.md; return the numbers.
-    `pilot_rows` None: the pre-registered pilot's rows of `rows` (its families, seed 0)."""
+    `pilot_rows` None: the pre-registered pilot's rows of `rows` (its families, seed 0).
+    `deviations`: those the rows cannot show (`family_set_deviations` of a record)."""
     sha = check_pin(pin, where=source["path"], path=prereg_path)
     prereg = load_preregistration(prereg_path)
     pilot, coverage = _pilot(rows, pilot_rows, prereg)
     data = analyse_v3(rows, prereg, pilot_rows=pilot, resamples=resamples)
     data["pilot_gate"]["pilot"] = coverage
     data["design"]["deviations"].extend(coverage["deviations"])    # a pilot other than the pre-registered one
+    data["design"]["deviations"].extend(deviations)
     data.update(source=dict(source), preregistration_sha256=sha)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +171,22 @@ def write_v3_report_from(path: Path, out_dir: Path, *, resamples: int | None = N
     data, sha = read_json(path)
     rows, pilot, pin = rows_of(data, Path(path))
     return write_v3_report(rows, out_dir, pilot_rows=pilot, pin=pin, source={"path": str(path), "sha256": sha},
-                           resamples=resamples, prereg_path=prereg_path)
+                           resamples=resamples, prereg_path=prereg_path, deviations=family_set_deviations(data))
+
+
+def family_set_deviations(data: Mapping[str, Any]) -> list[str]:
+    """What a record's family set shows and its rows cannot: families kept by the cut-off but not
+    raced (the pre-registration races every kept family). A rows file, or a record run without a
+    family folder, has no family set and shows none."""
+    chosen = data.get("family_set") if data.get("schema") == RECORD_SCHEMA else None
+    if not isinstance(chosen, Mapping):
+        return []
+    kept, raced = list(chosen.get("kept") or []), set(chosen.get("raced") or [])
+    left = [f for f in kept if f not in raced]
+    if not left:
+        return []
+    return [f"{len(left)} of the {len(kept)} families kept by the cut-off not raced ({', '.join(left)}); "
+            "the pre-registration races every kept family"]
 
 
 def pilot_gate_from(path: Path, *, prereg_path: Path | None = None) -> dict[str, Any]:
