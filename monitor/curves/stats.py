@@ -271,9 +271,9 @@ def fit_monotone(x: Sequence[float], y: Sequence[float], weights: Sequence[float
 def check_resamples(resamples: int) -> None:
     """A band is a percentile of bootstrap refits, so it needs at least one (the CLI and
     `fit_curve` ask for 50 or more; this guards the library's lower-level fits)."""
-    if not (isinstance(resamples, (int, np.integer)) and resamples >= 1):
+    if isinstance(resamples, bool) or not (isinstance(resamples, (int, np.integer)) and resamples >= 1):
         raise CurveError(f"a band needs at least 1 bootstrap resample (got {resamples!r})",
-                         hint="give resamples ≥ 50, as fit_curve requires")
+                         hint="give a whole number of resamples ≥ 1 (fit_curve and the CLI ask for 50 or more)")
 
 
 @functools.lru_cache(maxsize=64)

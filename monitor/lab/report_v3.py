@@ -87,7 +87,8 @@ def _axis_label(name: Any) -> str:
 def _control_errors(control: Mapping[str, Any]) -> str:
     """The family-mean crossing errors the negative control compares, as ' (bytes seen 0.06, …)'."""
     errors = control.get("family_mean_crossing_error") or {}
-    shown = [f"{_axis_label(a)} {_g(v)}" for a, v in errors.items() if isinstance(v, (int, float))]
+    shown = [f"{_axis_label(a)} {_g(v)}" for a, v in errors.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return f" (family-mean crossing error: {', '.join(shown)})" if shown else ""
 
 
@@ -112,7 +113,8 @@ def to_markdown(data: Mapping[str, Any]) -> str:
            + f" under the conservative model ({pw['source']}); under each v2 effect's measured spread: "
            + (", ".join(f"{v:.2f} ({markdown_text(name)})" for name, v in (pw.get("measured") or {}).items()
                         if v is not None) or "—") + ".",
-           "- Deviations from the pre-registration: " + ("; ".join(markdown_text(d) for d in des["deviations"]) or "none seen") + ".", "",
+           "- Deviations from the pre-registration: "
+           + ("; ".join(markdown_text(d) for d in des["deviations"]) or "none seen") + ".", "",
            f"Rule (pre-registered): {data['rule']}", "", "## Pilot gate", ""]
     if g.get("ran"):
         out += [f"Level {_g(g['level'], 4)}; {g['share_above_level']:.1%} of {g['n_rows']} pilot checkpoints at or "
@@ -175,18 +177,21 @@ def write_v3_report_from(path: Path, out_dir: Path, *, resamples: int | None = N
 
 
 def family_set_deviations(data: Mapping[str, Any]) -> list[str]:
-    """What a record's family set shows and its rows cannot: families kept by the cut-off but not
-    raced (the pre-registration races every kept family). A rows file, or a record run without a
-    family folder, has no family set and shows none."""
+    """What a record's family set shows and its rows cannot: families kept by the cut-off that
+    have no checkpoint in the record (the pre-registration races every kept family). The
+    families raced are read from the checkpoints, not from the record's own list of them. A rows
+    file, or a record run without a family folder, has no family set and shows none."""
     chosen = data.get("family_set") if data.get("schema") == RECORD_SCHEMA else None
     if not isinstance(chosen, Mapping):
         return []
-    kept, raced = list(chosen.get("kept") or []), set(chosen.get("raced") or [])
+    kept = list(dict.fromkeys(f for f in chosen.get("kept") or [] if isinstance(f, str)))
+    checkpoints = data.get("checkpoints")
+    raced = {c.get("family") for c in checkpoints if isinstance(c, Mapping)} if isinstance(checkpoints, list) else set()
     left = [f for f in kept if f not in raced]
     if not left:
         return []
-    return [f"{len(left)} of the {len(kept)} families kept by the cut-off not raced ({', '.join(left)}); "
-            "the pre-registration races every kept family"]
+    return [(f"{len(left)} of the {len(kept)} families kept by the cut-off not raced ({', '.join(left)}); "
+             "the pre-registration races every kept family")]
 
 
 def pilot_gate_from(path: Path, *, prereg_path: Path | None = None) -> dict[str, Any]:
