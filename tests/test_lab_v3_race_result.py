@@ -28,6 +28,14 @@ def record() -> dict:
 
 
 @pytest.fixture(scope="module")
+def rows(record: dict) -> list:
+    """The race rows of the record, validated once for the tests that recompute from them."""
+    from monitor.lab.records_v3 import parse_lab_v3, race_rows_v3
+
+    return race_rows_v3(parse_lab_v3(record, where="lab.json"))
+
+
+@pytest.fixture(scope="module")
 def report() -> dict:
     return json.loads((REPORT / "lab-report.json").read_text())
 
@@ -112,12 +120,6 @@ def _texts() -> tuple[str, str, str]:
     return _flat(section), _flat(brief), _flat(bullet)
 
 
-def _rows(record: dict) -> list:
-    from monitor.lab.records_v3 import parse_lab_v3, race_rows_v3
-
-    return race_rows_v3(parse_lab_v3(record, where="lab.json"))
-
-
 def test_the_docs_and_readme_quote_the_verdict(report):
     primary, control = report["primary"], report["negative_control"]
     section, brief, bullet = _texts()
@@ -169,7 +171,7 @@ def test_the_docs_quote_the_power_as_run_and_at_the_races_own_spread(report):
     assert f"little power at v2's effect sizes ({at[0.0278]:.2f}–{at[0.0509]:.2f})" in brief
 
 
-def test_the_docs_quote_the_secondaries(record, report):
+def test_the_docs_quote_the_secondaries(rows, report):
     from monitor.lab.analysis_v3 import compare
     from monitor.lab.preregistration import load_preregistration
 
@@ -182,7 +184,7 @@ def test_the_docs_quote_the_secondaries(record, report):
         assert row[2] == f"{s['p_value']:.4f}" and row[3] == f"{s['p_holm']:.4f}"
         assert (row[4] == "yes") == s["passes"]
     # the one that passes, against predicting "above" for every checkpoint
-    raw = compare(_rows(record), load_preregistration(), task="add-words", metric="logp_correct", text="heldout",
+    raw = compare(rows, load_preregistration(), task="add-words", metric="logp_correct", text="heldout",
                   axes=("raw_ce",), bootstrap=False)
     versus = raw["axes"]["raw_ce"]["vs_reference"]["crossing_error"]
     passing = [s for s in report["secondary"] if s["passes"]]
@@ -202,7 +204,7 @@ def _label(axis: str) -> str:
     return {"bits_per_byte": "bits/byte", "raw_ce": "raw CE", "lstar_oos": "L\\* (out-of-sample unigram)"}[axis]
 
 
-def test_the_clock_the_rmse_and_the_seed_0_and_1_readings(record, report):
+def test_the_clock_the_rmse_and_the_seed_0_and_1_readings(record, rows, report):
     """The readings docs/lab.md gives beyond the verdict, recomputed from the record: how many
     lineages are above the level at each checkpoint (bytes seen's error is the checkpoints a
     threshold between the first and second misplaces) and where each first reaches it; the
@@ -250,9 +252,9 @@ def test_the_clock_the_rmse_and_the_seed_0_and_1_readings(record, report):
             f"{means['bytes_seen']:.3f}), lower on bits/byte in {int(np.sum(diff < 0))} of the 21 families, "
             f"sign-flip p {p:.3f}") in section
 
-    rows = [r for r in _rows(record) if r["seed"] in (0, 1)]
+    early_rows = [r for r in rows if r["seed"] in (0, 1)]
     prereg = load_preregistration()
-    early = analyse_v3(rows, prereg, pilot_rows=pilot_rows(rows, prereg))    # as `lstar lab report --rows` does
+    early = analyse_v3(early_rows, prereg, pilot_rows=pilot_rows(early_rows, prereg))    # as `lstar lab report --rows` does
     errors = early["negative_control"]["family_mean_crossing_error"]
     assert (f"bits/byte − L\\* {early['primary']['difference']:.3f}, p {early['primary']['p_value']:.2f}, "
             f"bytes seen {errors['bytes_seen']:.3f} against L\\*'s {errors['lstar']:.3f} and bits/byte's "
