@@ -100,7 +100,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
            f"pre-registration sha256 {markdown_code(data['preregistration_sha256'][:16])}: {des['n_families']} "
            f"families, seeds {', '.join(map(str, des['seeds']))}, {des['n_checkpoints']} checkpoints.", "",
            "## Verdict", "",
-           f"- **{p['statement']}** (primary: {race.AXES[p['axis']].label} against L* on the family-averaged LOFO "
+           f"- **{p['statement']}** (primary: {_axis_label(p['axis'])} against L* on the family-averaged LOFO "
            f"crossing error of {p['task']} {p['metric']}, {p['text']} text).",
            f"- Difference {_g(p['difference'], 4)}, sign-flip p {_g(p['p_value'])}, interval "
            f"[{_g(p['lower'], 4)}, {_g(p['upper'], 4)}]; conditions failed: "
@@ -121,7 +121,7 @@ def to_markdown(data: Mapping[str, Any]) -> str:
                 "above it.", "", "| axis | crossing error | always above | shuffled (mean) | passes |",
                 "|---|---:|---:|---:|---|"]
         for a, v in g["axes"].items():
-            out.append(f"| {race.AXES[a].label} | {_g(v.get('crossing_error'))} | {_g(v.get('always_above_error'))} | "
+            out.append(f"| {_axis_label(a)} | {_g(v.get('crossing_error'))} | {_g(v.get('always_above_error'))} | "
                        f"{_g(v.get('shuffled_mean_error'))} | {'yes' if v['passed'] else 'no'} |")
     else:
         out.append(f"Not run: {markdown_text(g.get('reason'))}.")
